@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Proves that the remote cache serves a clean machine: starts BuildGrid on loopback, builds
+# TARGETS with remote cache writes into one empty local store, then builds them again into another
+# empty local store and fails unless the work was served from the remote cache (--stats-log).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GOAL=${KILN_CACHE_CHECK_GOAL:-test}
+TARGETS=("${@:-tests/pants_plugins::}")
+BUILDGRID_VENV="${KILN_BUILDGRID_VENV:-${HOME}/.cache/kiln/buildgrid-0.1.21}"
+WORK="$(mktemp -d)"
+trap 'kill "${BGD_PID:-}" 2>/dev/null || true; [[ -n "${KILN_KEEP_CACHE_CHECK:-}" ]] || rm -rf "${WORK}"' EXIT
+
+find_python311() {
+  local candidate
+  for candidate in "${PYENV_ROOT:-${HOME}/.pyenv}"/versions/3.11*/bin/python3.11 \
+    /usr/bin/python3.11 "$(command -v python3.11 || true)"; do
+    [[ -x "${candidate}" ]] && "${candidate}" -c 'import sys' 2>/dev/null && { echo "${candidate}"; return; }
+  done
+  echo "remote_cache_check: BuildGrid 0.1.21 needs CPython 3.11; none found." >&2
+  exit 1
+}
+
+if [[ ! -x "${BUILDGRID_VENV}/bin/bgd" ]]; then
+  echo "remote_cache_check: installing BuildGrid 0.1.21 into ${BUILDGRID_VENV}"
+  rm -rf "${BUILDGRID_VENV}"
+  "$(find_python311)" -m venv "${BUILDGRID_VENV}"
+  PIP_CONFIG_FILE=/dev/null "${BUILDGRID_VENV}/bin/pip" install --quiet buildgrid==0.1.21
+fi
+
+PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+sed -e "s|@PORT@|${PORT}|" -e "s|@STORAGE@|${WORK}/cas|" .ci/buildgrid.yml >"${WORK}/buildgrid.yml"
+"${BUILDGRID_VENV}/bin/bgd" server start "${WORK}/buildgrid.yml" >"${WORK}/bgd.log" 2>&1 &
+BGD_PID=$!
+for _ in $(seq 60); do
+  python3 -c "import socket; socket.create_connection(('127.0.0.1', ${PORT}), 1)" 2>/dev/null && break
+  sleep 0.5
+done
+
+pants_with_remote_cache() {
+  local store="$1"
+  shift
+  ./pants --no-pantsd --pants-config-files="['pants.toml','pants.remote-cache.toml']" \
+    --remote-store-address="grpc://127.0.0.1:${PORT}" --local-store-dir="${store}" \
+    --stats-log "$@"
+}
+
+echo "remote_cache_check: building ${TARGETS[*]} (${GOAL}) with remote cache writes"
+pants_with_remote_cache "${WORK}/store-writer" "${GOAL}" "${TARGETS[@]}" >"${WORK}/writer.log" 2>&1 ||
+  { cat "${WORK}/writer.log"; exit 1; }
+echo "remote_cache_check: rebuilding into an empty local store"
+pants_with_remote_cache "${WORK}/store-reader" "${GOAL}" "${TARGETS[@]}" >"${WORK}/reader.log" 2>&1 ||
+  { cat "${WORK}/reader.log"; exit 1; }
+
+counter() { grep -E "^\s+$1: [0-9]+" "${WORK}/reader.log" | awk '{print $2}' | tail -1; }
+served="$(counter remote_cache_requests_cached)"
+executed="$(counter local_execution_requests)"
+echo "remote_cache_check: remote cache hits ${served:-0}, local executions ${executed:-0}"
+if [[ "${served:-0}" -lt 1 ]]; then
+  echo "remote_cache_check: FAILED: nothing was served from the remote cache" >&2
+  cat "${WORK}/reader.log" "${WORK}/bgd.log" >&2
+  exit 1
+fi
+echo "remote_cache_check: OK"

@@ -1,0 +1,279 @@
+"""The artifact graph: each artifact target's identity config and fingerprint, inputs first.
+
+`Get(ArtifactGraph, ArtifactGraphRequest(addresses))` walks the transitive closure of the given
+targets. An artifact's identity is the JSON of its identity-bearing fields (literals only), with
+each input replaced by `name@version` and its fingerprint; files in the repo (local sources, a
+tokenizer directory) contribute their content digest, not their paths on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
+from pants.engine.addresses import Address, Addresses, UnparsedAddressInputs
+from pants.engine.collection import Collection
+from pants.engine.fs import Digest
+from pants.engine.rules import Get, MultiGet, collect_rules, rule
+from pants.engine.target import (
+    InvalidFieldException,
+    SourcesField,
+    Target,
+    TransitiveTargets,
+    TransitiveTargetsRequest,
+)
+
+from kiln_pants.fingerprint import canonical_json, fingerprint
+from kiln_pants.target_types import (
+    STDLIB_SOURCES,
+    ArtifactVersionField,
+    BatchSizeField,
+    CacheSourceField,
+    CacheSourcesField,
+    DatasetsField,
+    EvalsField,
+    HfRevisionField,
+    HfSubsetField,
+    LmCheckpointTarget,
+    MaxDocumentCharsField,
+    ModelField,
+    NumShardsField,
+    NumTrainStepsField,
+    OptimizerField,
+    RecordFilterField,
+    SeedField,
+    SeqLenField,
+    SplitField,
+    TextKeyField,
+    TokenizedCacheTarget,
+    TokenizerField,
+    ValidationField,
+    ZLossWeightField,
+    default_artifact_name,
+    is_mutable_version,
+    tokenizer_address,
+)
+
+# Bump when the meaning of an identity config changes (it changes every fingerprint).
+IDENTITY_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Artifact:
+    address: Address
+    kind: str  # the target alias: tokenized_cache | lm_checkpoint
+    name: str
+    version: str
+    identity_json: str  # canonical JSON of the identity config
+    fingerprint: str
+    inputs: tuple[Address, ...]
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return json.loads(self.identity_json)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def mutable(self) -> bool:
+        return is_mutable_version(self.version)
+
+
+class ArtifactGraph(Collection[Artifact]):
+    """Artifacts in build order: every artifact after its inputs."""
+
+    def get(self, address: Address) -> Artifact:
+        for artifact in self:
+            if artifact.address == address:
+                return artifact
+        raise KeyError(address)
+
+
+@dataclass(frozen=True)
+class ArtifactGraphRequest:
+    addresses: Addresses
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """A tokenizer directory from a `files`/`resources` target."""
+
+    digest: Digest
+    directory: str  # repo-relative directory holding tokenizer.json
+
+
+@dataclass(frozen=True)
+class TokenizerFilesRequest:
+    cache: Address
+    tokenizer: str  # the address string from the `tokenizer` field
+
+
+@rule(desc="Collecting a tokenizer's files")
+async def tokenizer_files(request: TokenizerFilesRequest) -> TokenizerFiles:
+    addresses = await Get(
+        Addresses,
+        UnparsedAddressInputs(
+            [request.tokenizer],
+            owning_address=request.cache,
+            description_of_origin=f"the `tokenizer` field of {request.cache}",
+        ),
+    )
+    closure = await Get(TransitiveTargets, TransitiveTargetsRequest(addresses))
+    sources = await Get(
+        SourceFiles,
+        SourceFilesRequest([t[SourcesField] for t in closure.closure if t.has_field(SourcesField)]),
+    )
+    directories = {f.rsplit("/", 1)[0] for f in sources.files if f.endswith("/tokenizer.json")}
+    if len(directories) != 1:
+        raise InvalidFieldException(
+            f"The `tokenizer` field in target {request.cache} refers to {request.tokenizer}, "
+            f"which must own exactly one directory with a tokenizer.json; found "
+            f"{sorted(directories) or 'none'} among {len(sources.files)} files."
+        )
+    return TokenizerFiles(sources.snapshot.digest, directories.pop())
+
+
+async def _cache_identity(target: Target) -> dict[str, Any]:
+    source = target[CacheSourceField].value
+    split = target[SplitField].value
+    if source is None:
+        files = await Get(SourceFiles, SourceFilesRequest([target[CacheSourcesField]]))
+        source_identity: dict[str, Any] = {
+            "kind": "files",
+            "files": sorted(files.files),
+            "digest": files.snapshot.digest.fingerprint,
+        }
+    elif source in STDLIB_SOURCES:
+        # The runtime is pinned to CPython 3.12 (3rdparty/python): its docs are the text.
+        source_identity = {
+            "kind": "python_stdlib",
+            "part": source.split(":", 1)[1],
+            "split": split,
+            "python": "3.12",
+        }
+    elif source.startswith("/"):
+        # Files outside the repo are identified by path: bump the version when they change.
+        source_identity = {"kind": "files", "paths": [source]}
+    else:
+        source_identity = {
+            "kind": "hf",
+            "id": source,
+            "revision": target[HfRevisionField].value,
+            "subset": target[HfSubsetField].value,
+            "split": split,
+        }
+    where = target[RecordFilterField].value
+    if where:
+        source_identity["where"] = dict(sorted(where.items()))
+
+    tokenizer = target[TokenizerField].value
+    if tokenizer_address(tokenizer):
+        files = await Get(TokenizerFiles, TokenizerFilesRequest(target.address, tokenizer))
+        tokenizer_identity: dict[str, Any] = {"kind": "local", "digest": files.digest.fingerprint}
+    elif tokenizer.startswith("package:"):
+        tokenizer_identity = {"kind": "package", "name": tokenizer.split(":", 1)[1]}
+    else:
+        tokenizer_identity = {"kind": "hf", "id": tokenizer}
+
+    return {
+        "kind": TokenizedCacheTarget.alias,
+        "format": IDENTITY_FORMAT,
+        "source": source_identity,
+        "tokenizer": tokenizer_identity,
+        "text_key": target[TextKeyField].value,
+        "max_document_chars": target[MaxDocumentCharsField].value,
+        "num_shards": target[NumShardsField].value,
+    }
+
+
+async def _resolve(target: Target, field_alias: str, values: tuple[str, ...]) -> list[Address]:
+    resolved = await MultiGet(
+        Get(
+            Addresses,
+            UnparsedAddressInputs(
+                [value],
+                owning_address=target.address,
+                description_of_origin=f"the `{field_alias}` field of {target.address}",
+            ),
+        )
+        for value in values
+    )
+    return [addresses[0] for addresses in resolved]
+
+
+async def _checkpoint_identity(
+    target: Target, caches: dict[Address, Artifact]
+) -> tuple[dict[str, Any], tuple[Address, ...]]:
+    weights = target[DatasetsField].value
+    dataset_addresses = await _resolve(target, "datasets", tuple(weights))
+    validation_addresses = await _resolve(target, "validation", target[ValidationField].value or ())
+
+    def input_ref(address: Address) -> dict[str, Any]:
+        cache = caches[address]
+        if cache.mutable and not is_mutable_version(target[ArtifactVersionField].value):
+            raise InvalidFieldException(
+                f"The `lm_checkpoint` {target.address} has the fixed version "
+                f"{target[ArtifactVersionField].value!r} but its input {address} has the mutable "
+                f"version {cache.version!r}: give the input a calendar version, or make this "
+                "checkpoint's version `dev` too."
+            )
+        return {"input": cache.ref, "fingerprint": cache.fingerprint}
+
+    datasets = [
+        {**input_ref(address), "weight": weight}
+        for address, weight in zip(dataset_addresses, weights.values())
+    ]
+    validation = [input_ref(address) for address in validation_addresses]
+    evals = target[EvalsField].value
+    identity = {
+        "kind": LmCheckpointTarget.alias,
+        "format": IDENTITY_FORMAT,
+        "model": target[ModelField].value.to_json(),
+        "optimizer": target[OptimizerField].value.to_json(),
+        "datasets": sorted(datasets, key=lambda d: d["input"]),
+        "validation": sorted(validation, key=lambda d: d["input"]),
+        "batch_size": target[BatchSizeField].value,
+        "seq_len": target[SeqLenField].value,
+        "num_train_steps": target[NumTrainStepsField].value,
+        "z_loss_weight": target[ZLossWeightField].value,
+        "evals": evals.to_json() if evals else None,
+        "seed": target[SeedField].value,
+    }
+    return identity, (*dataset_addresses, *validation_addresses)
+
+
+def _artifact(target: Target, identity: dict[str, Any], inputs: tuple[Address, ...]) -> Artifact:
+    return Artifact(
+        address=target.address,
+        kind=target.alias,
+        name=default_artifact_name(target),
+        version=target[ArtifactVersionField].value,
+        identity_json=canonical_json(identity),
+        fingerprint=fingerprint(identity),
+        inputs=inputs,
+    )
+
+
+@rule(desc="Computing artifact fingerprints")
+async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
+    closure = await Get(TransitiveTargets, TransitiveTargetsRequest(request.addresses))
+    targets = sorted(closure.closure, key=lambda t: t.address)
+    cache_targets = [t for t in targets if isinstance(t, TokenizedCacheTarget)]
+    checkpoint_targets = [t for t in targets if isinstance(t, LmCheckpointTarget)]
+
+    caches = {}
+    for target in cache_targets:
+        caches[target.address] = _artifact(target, await _cache_identity(target), ())
+    checkpoints = []
+    for target in checkpoint_targets:
+        identity, inputs = await _checkpoint_identity(target, caches)
+        checkpoints.append(_artifact(target, identity, inputs))
+    return ArtifactGraph([*caches.values(), *checkpoints])
+
+
+def rules():
+    return collect_rules()

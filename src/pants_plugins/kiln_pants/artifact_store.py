@@ -1,0 +1,60 @@
+"""What the artifact store holds for an artifact: read from `{prefix}/{name}/{version}/`.
+
+The runtime (`kiln.artifacts`) writes `artifact.json` (the record) and then `STATUS`; only a
+record whose STATUS is SUCCESS counts as built. This module only reads, from the Pants side, to
+answer "is it built, and with the same identity?" (see docs/artifacts.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from kiln_pants.artifact_graph import Artifact
+from kiln_pants.fingerprint import diff_fields
+
+RECORD_FILE = "artifact.json"
+STATUS_FILE = "STATUS"
+
+
+def artifact_path(prefix: str, artifact: Artifact) -> str:
+    return os.path.join(prefix, artifact.name, artifact.version)
+
+
+@dataclass(frozen=True)
+class StoredState:
+    status: str  # built | would run | drift | failed | incomplete | dev (always rebuilt)
+    detail: str = ""
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def stored_state(prefix: str, artifact: Artifact) -> StoredState:
+    path = artifact_path(prefix, artifact)
+    if artifact.mutable:
+        return StoredState("dev", "mutable version: always rebuilt")
+    status = (_read(os.path.join(path, STATUS_FILE)) or "").strip()
+    record_text = _read(os.path.join(path, RECORD_FILE))
+    if record_text is None:
+        return StoredState("would run")
+    record = json.loads(record_text)
+    if record.get("fingerprint") != artifact.fingerprint:
+        fields = diff_fields(record.get("identity", {}), artifact.identity)
+        return StoredState(
+            "drift",
+            f"built with fingerprint {record.get('fingerprint')}; differs in: "
+            f"{', '.join(fields) or 'identity format'}",
+        )
+    if status == "SUCCESS":
+        return StoredState("built")
+    if status == "FAILED":
+        return StoredState("failed", "will rerun")
+    return StoredState("incomplete", "will resume")

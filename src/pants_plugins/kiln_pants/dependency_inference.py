@@ -1,0 +1,107 @@
+"""Artifact inputs are real Pants dependencies.
+
+An `lm_checkpoint`'s `datasets` and `validation` addresses, and a `tokenized_cache`'s tokenizer
+target, are inferred as dependencies, so `pants dependencies`, `dependents` and `peek` answer graph
+questions ("which checkpoints depend on this tokenizer?"). Inference is also where a reference to
+the wrong kind of target is caught.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pants.engine.addresses import Addresses, UnparsedAddressInputs
+from pants.engine.rules import Get, collect_rules, rule
+from pants.engine.target import (
+    FieldSet,
+    InferDependenciesRequest,
+    InferredDependencies,
+    InvalidFieldException,
+    UnexpandedTargets,
+)
+from pants.engine.unions import UnionRule
+
+from kiln_pants.target_types import (
+    DatasetsField,
+    LmCheckpointDependencies,
+    TokenizedCacheDependencies,
+    TokenizedCacheTarget,
+    TokenizerField,
+    ValidationField,
+    tokenizer_address,
+)
+
+
+@dataclass(frozen=True)
+class LmCheckpointInputsFieldSet(FieldSet):
+    required_fields = (DatasetsField, ValidationField, LmCheckpointDependencies)
+
+    datasets: DatasetsField
+    validation: ValidationField
+    dependencies: LmCheckpointDependencies
+
+
+class InferLmCheckpointInputs(InferDependenciesRequest):
+    infer_from = LmCheckpointInputsFieldSet
+
+
+@rule(desc="Inferring the inputs of an lm_checkpoint")
+async def infer_lm_checkpoint_inputs(request: InferLmCheckpointInputs) -> InferredDependencies:
+    field_set = request.field_set
+    addresses = []
+    for field in (field_set.datasets, field_set.validation):
+        field_addresses = await Get(
+            Addresses,
+            UnparsedAddressInputs(
+                tuple(field.value or ()),
+                owning_address=field_set.address,
+                description_of_origin=f"the `{field.alias}` field of {field_set.address}",
+            ),
+        )
+        # Unexpanded: a `files` generator must be reported as itself, not as its first file.
+        targets = await Get(UnexpandedTargets, Addresses, field_addresses)
+        for target in targets:
+            if not isinstance(target, TokenizedCacheTarget):
+                raise InvalidFieldException(
+                    f"The `{field.alias}` field in target {field_set.address} refers to "
+                    f"{target.address}, a `{target.alias}` target; it must be a "
+                    "`tokenized_cache`."
+                )
+            addresses.append(target.address)
+    return InferredDependencies(addresses)
+
+
+@dataclass(frozen=True)
+class TokenizerFieldSet(FieldSet):
+    required_fields = (TokenizerField, TokenizedCacheDependencies)
+
+    tokenizer: TokenizerField
+    dependencies: TokenizedCacheDependencies
+
+
+class InferTokenizerTarget(InferDependenciesRequest):
+    infer_from = TokenizerFieldSet
+
+
+@rule(desc="Inferring the tokenizer target of a tokenized_cache")
+async def infer_tokenizer_target(request: InferTokenizerTarget) -> InferredDependencies:
+    address = tokenizer_address(request.field_set.tokenizer.value)
+    if address is None:
+        return InferredDependencies([])
+    addresses = await Get(
+        Addresses,
+        UnparsedAddressInputs(
+            [address],
+            owning_address=request.field_set.address,
+            description_of_origin=f"the `tokenizer` field of {request.field_set.address}",
+        ),
+    )
+    return InferredDependencies(addresses)
+
+
+def rules():
+    return [
+        *collect_rules(),
+        UnionRule(InferDependenciesRequest, InferLmCheckpointInputs),
+        UnionRule(InferDependenciesRequest, InferTokenizerTarget),
+    ]

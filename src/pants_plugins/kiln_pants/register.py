@@ -1,0 +1,19 @@
+"""Kiln's Pants backend: artifact target types, BUILD-file helpers and the rules that build them."""
+
+from pants.build_graph.build_file_aliases import BuildFileAliases
+
+from kiln_pants import artifact_graph, dependency_inference, plan
+from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
+from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
+
+
+def build_file_aliases() -> BuildFileAliases:
+    return BuildFileAliases(objects=BUILD_FILE_OBJECTS)
+
+
+def target_types():
+    return list(ARTIFACT_TARGET_TYPES)
+
+
+def rules():
+    return [*artifact_graph.rules(), *dependency_inference.rules(), *plan.rules()]

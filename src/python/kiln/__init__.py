@@ -1,0 +1,1 @@
+"""Kiln's runtime: runs inside Pants processes on CPython 3.12 (tokenize, train, evaluate)."""

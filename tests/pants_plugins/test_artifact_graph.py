@@ -1,0 +1,156 @@
+"""Fingerprints, inferred dependencies and the plan goal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pants.engine.addresses import Address, Addresses
+from pants.engine.internals.scheduler import ExecutionError
+from pants.engine.target import Dependencies, DependenciesRequest
+from pants.testutil.rule_runner import RuleRunner
+
+from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.plan import Plan
+
+BUILD = """
+tokenized_cache(
+    name="train",
+    sources=["train.jsonl"],
+    tokenizer="//exp/tok:tok",
+    version="2026.06.28",
+)
+tokenized_cache(
+    name="valid",
+    source="stdlib:docstrings",
+    split="validation",
+    tokenizer="//exp/tok:tok",
+    version="2026.06.28",
+)
+lm_checkpoint(
+    name="ckpt",
+    version="2026.06.28",
+    model=llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4,
+                num_kv_heads=2, num_layers=2),
+    optimizer=adam(learning_rate=1e-3, warmup=10),
+    datasets={":train": 1.0},
+    validation=[":valid"],
+    batch_size=8,
+    seq_len=128,
+    num_train_steps=100,
+    z_loss_weight=1e-4,
+    evals=None,
+    resources=RESOURCES,
+)
+"""
+
+FILES = {
+    "exp/train.jsonl": '{"text": "hello world"}\n',
+    "exp/tok/BUILD": 'files(name="tok", sources=["kiln-tok/*"])',
+    "exp/tok/kiln-tok/tokenizer.json": '{"model": "fake"}',
+}
+
+
+def graph(rule_runner: RuleRunner, resources: str = "cpu()", **files: str) -> ArtifactGraph:
+    rule_runner.write_files({**FILES, "exp/BUILD": BUILD.replace("RESOURCES", resources), **files})
+    return rule_runner.request(
+        ArtifactGraph, [ArtifactGraphRequest(Addresses([Address("exp", target_name="ckpt")]))]
+    )
+
+
+def fingerprints(g: ArtifactGraph) -> dict[str, str]:
+    return {a.address.target_name: a.fingerprint for a in g}
+
+
+def test_inputs_come_first_and_are_referenced_by_name_and_version(rule_runner: RuleRunner) -> None:
+    g = graph(rule_runner)
+    assert [a.address.target_name for a in g] == ["train", "valid", "ckpt"]
+    identity = g.get(Address("exp", target_name="ckpt")).identity
+    assert identity["datasets"] == [
+        {
+            "input": "tokenized/train@2026.06.28",
+            "fingerprint": fingerprints(g)["train"],
+            "weight": 1.0,
+        }
+    ]
+    assert "resources" not in identity
+
+
+def test_fingerprints_are_pinned(rule_runner: RuleRunner) -> None:
+    # The same BUILD and files give these values on every clone and machine: nothing of this
+    # machine (paths, prefix, environment) enters a fingerprint. Change them only with intent.
+    assert fingerprints(graph(rule_runner)) == {
+        "train": "b12ee569c12d99fc",
+        "valid": "9cab791bd006f5b2",
+        "ckpt": "55ac737956c535c0",
+    }
+
+
+def test_resources_do_not_change_the_fingerprint(rule_runner: RuleRunner) -> None:
+    on_cpu = fingerprints(graph(rule_runner))
+    on_gpus = fingerprints(graph(rule_runner, resources="gpu('H100', count=8)"))
+    assert on_cpu == on_gpus
+
+
+def test_changed_data_changes_the_cache_and_its_dependents(rule_runner: RuleRunner) -> None:
+    before = fingerprints(graph(rule_runner))
+    after = fingerprints(graph(rule_runner, **{"exp/train.jsonl": '{"text": "other"}\n'}))
+    assert after["valid"] == before["valid"]
+    assert after["train"] != before["train"]
+    assert after["ckpt"] != before["ckpt"]
+
+
+def test_changed_tokenizer_changes_every_cache(rule_runner: RuleRunner) -> None:
+    before = fingerprints(graph(rule_runner))
+    after = fingerprints(graph(rule_runner, **{"exp/tok/kiln-tok/tokenizer.json": "{}"}))
+    assert all(after[name] != before[name] for name in before)
+
+
+def test_dependencies_are_inferred(rule_runner: RuleRunner) -> None:
+    rule_runner.write_files({**FILES, "exp/BUILD": BUILD.replace("RESOURCES", "cpu()")})
+    target = rule_runner.get_target(Address("exp", target_name="ckpt"))
+    deps = rule_runner.request(Addresses, [DependenciesRequest(target[Dependencies])])
+    assert {a.target_name for a in deps} == {"train", "valid"}
+
+
+def test_a_dataset_that_is_not_a_cache_is_refused(rule_runner: RuleRunner) -> None:
+    rule_runner.write_files(
+        {
+            **FILES,
+            "exp/BUILD": BUILD.replace("RESOURCES", "cpu()").replace(
+                ':train": 1.0', '//exp/tok:tok": 1.0'
+            ),
+        }
+    )
+    target = rule_runner.get_target(Address("exp", target_name="ckpt"))
+    with pytest.raises(ExecutionError) as error:
+        rule_runner.request(Addresses, [DependenciesRequest(target[Dependencies])])
+    assert "The `datasets` field in target exp:ckpt refers to exp/tok:tok, a `files` target" in str(
+        error.value
+    )
+
+
+def test_plan_reports_built_would_run_and_drift(rule_runner: RuleRunner, tmp_path) -> None:
+    g = graph(rule_runner)
+    ckpt = g.get(Address("exp", target_name="ckpt"))
+    args = [f"--kiln-prefix={tmp_path}", "exp:ckpt"]
+
+    result = rule_runner.run_goal_rule(Plan, args=args)
+    assert result.exit_code == 0
+    assert "3 artifacts: 3 would run" in result.stdout
+    assert f"{tmp_path}/checkpoints/ckpt/2026.06.28" in result.stdout
+
+    record_dir = tmp_path / "checkpoints/ckpt/2026.06.28"
+    record_dir.mkdir(parents=True)
+    record = {"fingerprint": ckpt.fingerprint, "identity": ckpt.identity}
+    (record_dir / "artifact.json").write_text(json.dumps(record))
+    (record_dir / "STATUS").write_text("SUCCESS\n")
+    assert "1 built, 2 would run" in rule_runner.run_goal_rule(Plan, args=args).stdout
+
+    stale = {**ckpt.identity, "batch_size": 16}
+    (record_dir / "artifact.json").write_text(
+        json.dumps({"fingerprint": "0" * 16, "identity": stale})
+    )
+    drift = rule_runner.run_goal_rule(Plan, args=args)
+    assert drift.exit_code == 1
+    assert "differs in: batch_size" in drift.stdout
