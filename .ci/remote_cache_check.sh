@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Proves that the remote cache serves a clean machine: starts BuildGrid on loopback, builds
-# TARGETS with remote cache writes into one empty local store, then builds them again into another
-# empty local store and fails unless the work was served from the remote cache (--stats-log).
+# Proves that the remote cache serves a clean machine: starts BuildGrid on loopback, packages the
+# tiny CI checkpoint (tokenization + training, all cached processes) with remote cache writes into
+# one empty local store, then again into another empty local store, and fails unless the
+# training was served from the remote cache rather than rerun (--stats-log, process log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-GOAL=${KILN_CACHE_CHECK_GOAL:-test}
-TARGETS=("${@:-tests/pants_plugins::}")
+TARGET="experiments:ci_tiny"
+TRAINING="Training checkpoints/ci_tiny@"
 BUILDGRID_VENV="${KILN_BUILDGRID_VENV:-${HOME}/.cache/kiln/buildgrid-0.1.21}"
 WORK="$(mktemp -d)"
 trap 'kill "${BGD_PID:-}" 2>/dev/null || true; [[ -n "${KILN_KEEP_CACHE_CHECK:-}" ]] || rm -rf "${WORK}"' EXIT
@@ -45,20 +46,22 @@ pants_with_remote_cache() {
     --stats-log "$@"
 }
 
-echo "remote_cache_check: building ${TARGETS[*]} (${GOAL}) with remote cache writes"
-pants_with_remote_cache "${WORK}/store-writer" "${GOAL}" "${TARGETS[@]}" >"${WORK}/writer.log" 2>&1 ||
+echo "remote_cache_check: packaging ${TARGET} with remote cache writes"
+pants_with_remote_cache "${WORK}/store-writer" package "${TARGET}" >"${WORK}/writer.log" 2>&1 ||
   { cat "${WORK}/writer.log"; exit 1; }
-echo "remote_cache_check: rebuilding into an empty local store"
-pants_with_remote_cache "${WORK}/store-reader" "${GOAL}" "${TARGETS[@]}" >"${WORK}/reader.log" 2>&1 ||
+echo "remote_cache_check: packaging it again from an empty local store"
+pants_with_remote_cache "${WORK}/store-reader" package "${TARGET}" >"${WORK}/reader.log" 2>&1 ||
   { cat "${WORK}/reader.log"; exit 1; }
 
 counter() { grep -E "^\s+$1: [0-9]+" "${WORK}/reader.log" | awk '{print $2}' | tail -1; }
 served="$(counter remote_cache_requests_cached)"
 executed="$(counter local_execution_requests)"
 echo "remote_cache_check: remote cache hits ${served:-0}, local executions ${executed:-0}"
-if [[ "${served:-0}" -lt 1 ]]; then
-  echo "remote_cache_check: FAILED: nothing was served from the remote cache" >&2
+if [[ "${served:-0}" -lt 1 ]] || grep -q "Starting: ${TRAINING}" "${WORK}/reader.log"; then
+  echo "remote_cache_check: FAILED: the checkpoint was not served from the remote cache" >&2
   cat "${WORK}/reader.log" "${WORK}/bgd.log" >&2
   exit 1
 fi
+[[ -f dist/checkpoints/ci_tiny/2026.11.29/STATUS ]] ||
+  { echo "remote_cache_check: FAILED: no packaged checkpoint in dist/" >&2; exit 1; }
 echo "remote_cache_check: OK"

@@ -32,6 +32,7 @@ from kiln_pants.target_types import (
     BatchSizeField,
     CacheSourceField,
     CacheSourcesField,
+    ComputeDtypeField,
     DatasetsField,
     EvalsField,
     HfRevisionField,
@@ -242,6 +243,7 @@ async def _checkpoint_identity(
         "z_loss_weight": target[ZLossWeightField].value,
         "evals": evals.to_json() if evals else None,
         "seed": target[SeedField].value,
+        "compute_dtype": target[ComputeDtypeField].value,
     }
     return identity, (*dataset_addresses, *validation_addresses)
 

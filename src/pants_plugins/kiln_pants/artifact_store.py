@@ -19,6 +19,19 @@ RECORD_FILE = "artifact.json"
 STATUS_FILE = "STATUS"
 
 
+def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> dict:
+    """The identity part of `artifact.json`; the runtime adds provenance when it builds."""
+    return {
+        "record_version": 1,
+        "kind": artifact.kind,
+        "name": artifact.name,
+        "version": artifact.version,
+        "fingerprint": artifact.fingerprint,
+        "identity": artifact.identity,
+        "inputs": [{"ref": i.ref, "fingerprint": i.fingerprint} for i in inputs],
+    }
+
+
 def artifact_path(prefix: str, artifact: Artifact) -> str:
     return os.path.join(prefix, artifact.name, artifact.version)
 

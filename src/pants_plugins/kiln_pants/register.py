@@ -2,7 +2,15 @@
 
 from pants.build_graph.build_file_aliases import BuildFileAliases
 
-from kiln_pants import artifact_graph, dependency_inference, plan
+from kiln_pants import (
+    artifact_graph,
+    dependency_inference,
+    package,
+    plan,
+    runtime,
+    tokenize_rules,
+    train_rules,
+)
 from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
 from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
 
@@ -16,4 +24,12 @@ def target_types():
 
 
 def rules():
-    return [*artifact_graph.rules(), *dependency_inference.rules(), *plan.rules()]
+    return [
+        *artifact_graph.rules(),
+        *dependency_inference.rules(),
+        *package.rules(),
+        *plan.rules(),
+        *runtime.rules(),
+        *tokenize_rules.rules(),
+        *train_rules.rules(),
+    ]

@@ -413,6 +413,13 @@ class ResourcesField(_SymbolField):
     )
 
 
+class ComputeDtypeField(StringField):
+    alias = "compute_dtype"
+    default = "bfloat16"
+    valid_choices = ("bfloat16", "float32")
+    help = "The dtype of activations and matmuls (parameters stay float32)."
+
+
 class SeedField(IntField):
     alias = "seed"
     default = 0
@@ -440,6 +447,7 @@ class LmCheckpointTarget(Target):
         EvalsField,
         ResourcesField,
         SeedField,
+        ComputeDtypeField,
         LmCheckpointDependencies,
     )
     help = (

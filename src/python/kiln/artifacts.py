@@ -4,6 +4,7 @@ Layout of one artifact (see docs/artifacts.md):
 
     {prefix}/{name}/{version}/
         artifact.json     the record: name, version, fingerprint, config, inputs, provenance
+        summary.txt       what `pants run` prints for a built artifact
         STATUS            one of SUCCESS, FAILED, RUNNING; written last, so a record
                           without SUCCESS is never served
         .lease            held by the one process building the artifact
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 RECORD_FILE = "artifact.json"
+SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed when it is served
 STATUS_FILE = "STATUS"
 LEASE_FILE = ".lease"
 

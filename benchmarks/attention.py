@@ -1,0 +1,249 @@
+"""Kiln's Pallas flash attention against XLA and cuDNN attention: error first, then speed.
+
+    PYTHONPATH=src/python python3 benchmarks/attention.py            # full sweep (GPU)
+    PYTHONPATH=src/python python3 benchmarks/attention.py --quick    # tiny sizes, CPU interpret mode
+
+For every config it checks each implementation's output (and, for fwd+bwd, dQ/dK/dV) against
+reference_attention in fp32 on one batch row and one kv-head group, then times forward and
+forward+backward (jit, warmup, block_until_ready, median of --iters). FLOPs: forward
+4*batch*heads*seq^2*dim, halved when causal; forward+backward counts 3.5x forward (the backward
+does 5 of the 7 matmuls). Needs only jax: runs on the device image without a kiln install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kiln.artifacts import atomic_write_json
+from kiln.kernels.flash_attention import default_block_sizes, flash_attention
+from kiln.kernels.reference import reference_attention
+
+IMPLEMENTATIONS = ("ours", "xla", "cudnn")
+PASSES = ("fwd", "fwd+bwd")
+BACKWARD_FLOPS_FACTOR = 3.5
+DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seq_len: int
+    head_dim: int
+    causal: bool
+    batch: int
+    num_heads: int
+    num_kv_heads: int
+
+    def forward_flops(self) -> float:
+        flops = 4.0 * self.batch * self.num_heads * self.seq_len**2 * self.head_dim
+        return flops / 2 if self.causal else flops
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One implementation on one config and pass; None where it failed or does not apply."""
+
+    implementation: str
+    seconds: float | None
+    error: float | None
+    note: str = ""
+
+
+def attention(implementation: str, causal: bool) -> Callable[..., jax.Array]:
+    if implementation == "ours":
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+    return lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, implementation=implementation
+    )
+
+
+def as_pass(fn: Callable[..., jax.Array], pass_name: str) -> Callable[..., object]:
+    """The jitted function a pass times: the output, or dQ/dK/dV for a cotangent d_out."""
+    if pass_name == "fwd":
+        return jax.jit(lambda q, k, v, d_out: fn(q, k, v))
+
+    def loss(q, k, v, d_out):
+        return jnp.sum(fn(q, k, v).astype(jnp.float32) * d_out.astype(jnp.float32))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+
+
+def relative_error(actual: jax.Array, expected: jax.Array) -> float:
+    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+    return float(np.max(np.abs(actual - expected)) / np.max(np.abs(expected)))
+
+
+def check_error(result, reference, config: Config) -> float:
+    """Largest relative error over the outputs, restricted to batch row 0 and kv head 0's group."""
+    group = config.num_heads // config.num_kv_heads
+    results = result if isinstance(result, tuple) else (result,)
+    references = reference if isinstance(reference, tuple) else (reference,)
+    head_counts = (group, group, 1, 1)  # out/dq carry q heads; dk, dv carry kv heads.
+    return max(
+        relative_error(actual[:1, :, :heads], expected)
+        for actual, expected, heads in zip(results, references, head_counts[-len(results) :])
+    )
+
+
+def reference_on_slice(q, k, v, d_out, config: Config, pass_name: str):
+    """fp32 reference on batch row 0 and kv head 0 (rows and kv groups are independent)."""
+    group = config.num_heads // config.num_kv_heads
+    q, d_out = q[:1, :, :group].astype(jnp.float32), d_out[:1, :, :group].astype(jnp.float32)
+    k, v = k[:1, :, :1].astype(jnp.float32), v[:1, :, :1].astype(jnp.float32)
+    fn = jax.jit(lambda q, k, v: reference_attention(q, k, v, causal=config.causal))
+    return as_pass(fn, pass_name)(q, k, v, d_out)
+
+
+def median_seconds(fn: Callable[..., object], args: tuple, warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(
+    implementation: str, config: Config, pass_name: str, args: tuple, reference, options
+) -> Measurement:
+    if implementation == "cudnn" and jax.default_backend() != "gpu":
+        return Measurement(implementation, None, None, "n/a")
+    fn = as_pass(attention(implementation, config.causal), pass_name)
+    try:
+        error = check_error(fn(*args), reference, config)
+        seconds = median_seconds(fn, args, options.warmup, options.iters)
+    except Exception as exc:  # noqa: BLE001 - a failing baseline (OOM, unsupported) is a table cell
+        print(
+            f"  {implementation} {pass_name} {config}: {type(exc).__name__}: {exc}"[:400],
+            file=sys.stderr,
+        )
+        return Measurement(implementation, None, None, "fail")
+    return Measurement(implementation, seconds, error)
+
+
+def make_inputs(config: Config, dtype, seed: int = 0) -> tuple[jax.Array, ...]:
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    q_shape = (config.batch, config.seq_len, config.num_heads, config.head_dim)
+    kv_shape = (config.batch, config.seq_len, config.num_kv_heads, config.head_dim)
+    return (
+        jax.random.normal(keys[0], q_shape, dtype),
+        jax.random.normal(keys[1], kv_shape, dtype),
+        jax.random.normal(keys[2], kv_shape, dtype),
+        jax.random.normal(keys[3], q_shape, dtype),
+    )
+
+
+def sweep(options) -> list[Config]:
+    configs = []
+    for seq_len in options.seqs:
+        for head_dim in options.head_dims:
+            num_heads = options.num_heads or max(1, options.model_dim // head_dim)
+            for causal in (True, False):
+                configs.append(
+                    Config(
+                        seq_len=seq_len,
+                        head_dim=head_dim,
+                        causal=causal,
+                        batch=max(1, options.tokens // seq_len),
+                        num_heads=num_heads,
+                        num_kv_heads=num_heads // options.group,
+                    )
+                )
+    return configs
+
+
+def format_cell(measurement: Measurement, flops: float) -> tuple[str, str]:
+    if measurement.seconds is None:
+        return measurement.note, measurement.note
+    return f"{flops / measurement.seconds / 1e12:.3g}", f"{measurement.error:.1e}"
+
+
+HEADER = (
+    f"{'seq':>6} {'dim':>4} {'causal':>6} {'pass':>8} {'ours ms':>9} "
+    + " ".join(f"{name + ' TF/s':>10}" for name in IMPLEMENTATIONS)
+    + f" {'ours/cuDNN':>10} "
+    + " ".join(f"{name + ' err':>10}" for name in IMPLEMENTATIONS)
+)
+
+
+def table_row(config: Config, pass_name: str, measurements: list[Measurement]) -> str:
+    flops = config.forward_flops() * (BACKWARD_FLOPS_FACTOR if pass_name == "fwd+bwd" else 1)
+    cells = [format_cell(m, flops) for m in measurements]
+    ours, cudnn = measurements[0], measurements[2]
+    ratio = "n/a"
+    if ours.seconds is not None and cudnn.seconds is not None:
+        ratio = f"{cudnn.seconds / ours.seconds:.2f}"
+    ours_ms = "fail" if ours.seconds is None else f"{ours.seconds * 1e3:.3f}"
+    return (
+        f"{config.seq_len:>6} {config.head_dim:>4} {config.causal!s:>6} {pass_name:>8} "
+        f"{ours_ms:>9} "
+        + " ".join(f"{tflops:>10}" for tflops, _ in cells)
+        + f" {ratio:>10} "
+        + " ".join(f"{error:>10}" for _, error in cells)
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
+    parser.add_argument("--num-heads", type=int, default=0, help="overrides --model-dim")
+    parser.add_argument("--group", type=int, default=1, help="q heads per kv head (GQA)")
+    parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--json", help="also write the rows to this JSON file")
+    options = parser.parse_args(argv)
+    if options.quick:
+        options.seqs, options.head_dims, options.num_heads = [128, 256], [64], 2
+        options.tokens, options.warmup, options.iters = 256, 1, 3
+    return options
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse_args(argv)
+    device = jax.devices()[0]
+    print(
+        f"jax {jax.__version__} on {device.platform}: {device.device_kind}; dtype {options.dtype}"
+    )
+    for head_dim in options.head_dims:
+        print(f"  block sizes (d={head_dim}): {default_block_sizes(device.device_kind, head_dim)}")
+    print(HEADER)
+    rows = []
+    for config in sweep(options):
+        args = make_inputs(config, DTYPES[options.dtype])
+        for pass_name in PASSES:
+            reference = reference_on_slice(*args, config, pass_name)
+            measurements = [
+                measure(name, config, pass_name, args, reference, options)
+                for name in IMPLEMENTATIONS
+            ]
+            print(table_row(config, pass_name, measurements), flush=True)
+            rows.append(
+                {
+                    "config": dataclasses.asdict(config),
+                    "pass": pass_name,
+                    "dtype": options.dtype,
+                    "device_kind": device.device_kind,
+                    "results": [dataclasses.asdict(m) for m in measurements],
+                }
+            )
+    if options.json:
+        atomic_write_json(options.json, rows)
+
+
+if __name__ == "__main__":
+    main()

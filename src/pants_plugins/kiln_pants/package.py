@@ -1,0 +1,36 @@
+"""`pants package` for artifacts: the hermetic path. Everything runs as cached Pants processes, so
+a local or remote cache serves a built artifact to a clean machine; the result lands in dist/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
+from pants.engine.fs import AddPrefix, Digest
+from pants.engine.rules import Get, collect_rules, rule
+from pants.engine.unions import UnionRule
+
+from kiln_pants.target_types import NumShardsField, TokenizerField
+from kiln_pants.tokenize_rules import BuildCacheRequest, BuiltCache
+
+
+@dataclass(frozen=True)
+class TokenizedCachePackageFieldSet(PackageFieldSet):
+    required_fields = (TokenizerField, NumShardsField)
+
+    tokenizer: TokenizerField
+
+
+@rule(desc="Packaging a tokenized cache")
+async def package_tokenized_cache(field_set: TokenizedCachePackageFieldSet) -> BuiltPackage:
+    built = await Get(BuiltCache, BuildCacheRequest(field_set.address))
+    location = f"{built.artifact.name}/{built.artifact.version}"
+    digest = await Get(Digest, AddPrefix(built.digest, location))
+    return BuiltPackage(digest, (BuiltPackageArtifact(location),))
+
+
+def rules():
+    return [
+        *collect_rules(),
+        UnionRule(PackageFieldSet, TokenizedCachePackageFieldSet),
+    ]

@@ -1,0 +1,109 @@
+"""The Kiln runtime as Pants builds it: a venv PEX of one entry point's third-party closure (from
+the runtime lockfile, CPython 3.12) plus that entry point's first-party sources.
+
+Each entry point gets only its own transitive sources, so a process's cache key covers exactly the
+code it runs: editing the trainer does not invalidate tokenization processes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pants.backend.python.target_types import EntryPoint
+from pants.backend.python.util_rules.pex import PexRequest, VenvPex, VenvPexProcess
+from pants.backend.python.util_rules.pex_from_targets import PexFromTargetsRequest
+from pants.backend.python.util_rules.python_sources import (
+    PythonSourceFiles,
+    PythonSourceFilesRequest,
+)
+from pants.engine.addresses import Address
+from pants.engine.fs import Digest, MergeDigests
+from pants.engine.process import Process, ProcessCacheScope
+from pants.engine.rules import Get, MultiGet, collect_rules, rule
+from pants.engine.target import TransitiveTargets, TransitiveTargetsRequest
+from pants.util.logging import LogLevel
+
+# The runtime's entry points, as modules and the files that own them.
+TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
+RUN_STEP = ("kiln.runner", Address("src/python/kiln", relative_file_path="runner.py"))
+
+
+@dataclass(frozen=True)
+class RuntimeRequest:
+    module: str
+    address: Address
+
+
+@dataclass(frozen=True)
+class Runtime:
+    pex_request: PexRequest
+    pex: VenvPex
+    sources: Digest
+    source_roots: tuple[str, ...]
+
+    def sys_path(self, root: str = ".") -> str:
+        return os.pathsep.join(os.path.join(root, source_root) for source_root in self.source_roots)
+
+
+@rule(desc="Building a Kiln runtime PEX")
+async def kiln_runtime(request: RuntimeRequest) -> Runtime:
+    closure = await Get(TransitiveTargets, TransitiveTargetsRequest([request.address]))
+    pex_request, sources = await MultiGet(
+        Get(
+            PexRequest,
+            PexFromTargetsRequest(
+                [request.address],
+                output_filename=f"{request.module}.pex",
+                internal_only=True,
+                include_source_files=False,
+                main=EntryPoint(request.module),
+                # The sources join through PEX_EXTRA_SYS_PATH: keep it.
+                additional_args=("--no-strip-pex-env",),
+            ),
+        ),
+        Get(PythonSourceFiles, PythonSourceFilesRequest(closure.closure, include_files=True)),
+    )
+    pex = await Get(VenvPex, PexRequest, pex_request)
+    return Runtime(
+        pex_request, pex, sources.source_files.snapshot.digest, tuple(sources.source_roots)
+    )
+
+
+@dataclass(frozen=True)
+class RuntimeProcess:
+    """A cached (or per-session) process running a runtime entry point in a sandbox."""
+
+    runtime: Runtime
+    argv: tuple[str, ...]
+    description: str
+    input_digest: Digest
+    output_directories: tuple[str, ...]
+    cache_scope: ProcessCacheScope = ProcessCacheScope.SUCCESSFUL
+    timeout_seconds: int | None = None
+
+
+@rule
+async def runtime_process(request: RuntimeProcess) -> Process:
+    input_digest = await Get(
+        Digest, MergeDigests([request.input_digest, request.runtime.sources])
+    )
+    return await Get(
+        Process,
+        VenvPexProcess(
+            request.runtime.pex,
+            argv=request.argv,
+            description=request.description,
+            level=LogLevel.INFO,
+            input_digest=input_digest,
+            extra_env={"PEX_EXTRA_SYS_PATH": request.runtime.sys_path()},
+            output_directories=request.output_directories,
+            cache_scope=request.cache_scope,
+            timeout_seconds=request.timeout_seconds,
+        ),
+    )
+
+
+def rules():
+    return collect_rules()
+

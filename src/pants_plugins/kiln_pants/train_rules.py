@@ -1,0 +1,288 @@
+"""Building an `lm_checkpoint`.
+
+`pants run experiments:X` builds the input caches (cached processes), then runs
+`python -m kiln.runner` interactively (live progress, Ctrl-C resumable) against the artifact
+store. `pants package experiments:X` runs the same runner as a cached process writing into the
+sandbox: the hermetic path, whose result a remote cache serves to a clean machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from pants.backend.python.util_rules.interpreter_constraints import InterpreterConstraints
+from pants.backend.python.util_rules.pex import VenvPex, VenvPexRequest
+from pants.backend.python.util_rules.pex_environment import PexEnvironment, PythonExecutable
+from pants.base.build_root import BuildRoot
+from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
+from pants.core.goals.run import RunFieldSet, RunInSandboxBehavior, RunRequest
+from pants.engine.addresses import Address, Addresses
+from pants.engine.fs import AddPrefix, CreateDigest, Digest, FileContent, MergeDigests, RemovePrefix
+from pants.engine.process import Process, ProcessCacheScope, ProcessResult
+from pants.engine.rules import Get, MultiGet, collect_rules, rule
+from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.engine.unions import UnionRule
+
+from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_store import artifact_record
+from kiln_pants.build_symbols import Resources
+from kiln_pants.runtime import RUN_STEP, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.subsystem import KilnSubsystem
+from kiln_pants.target_types import (
+    BatchSizeField,
+    ComputeDtypeField,
+    DatasetsField,
+    EvalsField,
+    ModelField,
+    NumTrainStepsField,
+    OptimizerField,
+    ResourcesField,
+    SeedField,
+    SeqLenField,
+    ZLossWeightField,
+)
+from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cache_location
+
+STEP_FILE = "step.json"
+OUTPUT_DIR = "out"
+
+def runtime_defaults(num_train_steps: int, resources: dict[str, Any]) -> dict[str, Any]:
+    """Operational choices (not identity): how the trainer runs, not what it makes.
+
+    Validation runs ~10 times per run (at most every 1000 steps); temporary checkpoints every
+    10 minutes, or every minute on a CPU, where runs are short and saves cost ~0.2 s.
+    """
+    return {
+        "resources": {k: v for k, v in resources.items() if v is not None},
+        "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
+        "attention": "auto",
+        "gradient_checkpointing": "none",
+        "validation_every": max(1, min(1000, num_train_steps // 10)),
+        "validation_batches": 8,
+        "checkpointer": {
+            "save_interval_minutes": 1 if resources["kind"] == "cpu" else 10,
+            "keep_last_temporary": 2,
+            "every": 10000,
+            "temporary_base_path": None,
+        },
+        "wandb": {"mode": "offline", "project": "kiln", "entity": None, "run_id": None},
+        "control": {"enabled": True, "host": "127.0.0.1", "port": 0, "token_ttl_minutes": 720},
+        "progress": "auto",
+        "max_steps_this_run": None,
+    }
+
+
+@dataclass(frozen=True)
+class LmCheckpointFieldSet(RunFieldSet, PackageFieldSet):
+    required_fields = (ModelField, DatasetsField)
+    run_in_sandbox_behavior = RunInSandboxBehavior.NOT_SUPPORTED
+
+    model: ModelField
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    artifact: Artifact
+    runtime: Runtime
+    digest: Digest  # step.json + the input caches under inputs/
+
+
+def _input_entry(artifact: Artifact) -> dict[str, Any]:
+    return {"name": artifact.name, "version": artifact.version, "fingerprint": artifact.fingerprint}
+
+
+def _step(target: Any, artifact: Artifact, graph: ArtifactGraph, runtime: Runtime) -> dict:
+    # Artifact.inputs lists the `datasets` in declaration order, then the `validation` sets.
+    weights = target[DatasetsField].value
+    dataset_inputs = [graph.get(a) for a in artifact.inputs[: len(weights)]]
+    validation_inputs = [graph.get(a) for a in artifact.inputs[len(weights) :]]
+    datasets = [
+        {**_input_entry(cache), "weight": weight}
+        for cache, weight in zip(dataset_inputs, weights.values())
+    ]
+    validation = [_input_entry(cache) for cache in validation_inputs]
+    inputs = list({cache.address: cache for cache in dataset_inputs + validation_inputs}.values())
+    evals = target[EvalsField].value
+    return {
+        "step_version": 1,
+        "kind": "lm_checkpoint",
+        "name": artifact.name,
+        "version": artifact.version,
+        "fingerprint": artifact.fingerprint,
+        "record": artifact_record(artifact, inputs),
+        "config": {
+            "model": target[ModelField].value.to_json(),
+            "optimizer": target[OptimizerField].value.to_json(),
+            "datasets": datasets,
+            "validation": validation,
+            "batch_size": target[BatchSizeField].value,
+            "seq_len": target[SeqLenField].value,
+            "num_train_steps": target[NumTrainStepsField].value,
+            "z_loss_weight": target[ZLossWeightField].value,
+            "evals": evals.to_json() if evals else None,
+            "seed": target[SeedField].value,
+            "compute_dtype": target[ComputeDtypeField].value,
+            "param_dtype": "float32",
+        },
+        "runtime": runtime_defaults(
+            target[NumTrainStepsField].value, target[ResourcesField].value.to_json()
+        ),
+        "inputs": [
+            {
+                "ref": i.ref,
+                "name": i.name,
+                "version": i.version,
+                "location": cache_location(i),
+                "record": artifact_record(i, []),
+            }
+            for i in inputs
+        ],
+        "provenance": {"code_digest": runtime.sources.fingerprint},
+    }
+
+
+@dataclass(frozen=True)
+class PrepareStepRequest:
+    address: Address
+
+
+@rule(desc="Preparing an lm_checkpoint step")
+async def prepare_step(request: PrepareStepRequest) -> PreparedStep:
+    address = request.address
+    wrapped, graph, runtime = await MultiGet(
+        Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
+        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
+        Get(Runtime, RuntimeRequest(*RUN_STEP)),
+    )
+    artifact = graph.get(address)
+    caches = await Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs))))
+    step = _step(wrapped.target, artifact, graph, runtime)
+    step_digest = await Get(
+        Digest, CreateDigest([FileContent(STEP_FILE, json.dumps(step, indent=2).encode())])
+    )
+    return PreparedStep(artifact, runtime, await Get(Digest, MergeDigests([step_digest, caches.digest])))
+
+
+# Counts this machine's accelerator device nodes, without PATH (Pants processes do not get one).
+_DEVICE_PROBE = {
+    "gpu": 'n=0; for d in /dev/nvidia[0-9]*; do [ -e "$d" ] && n=$((n+1)); done; echo $n',
+    "tpu": 'n=0; for d in /dev/accel[0-9]* /dev/vfio/[0-9]*; do [ -e "$d" ] && n=$((n+1)); done; echo $n',
+}
+
+
+class MissingAccelerators(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class AcceleratorsPresent:
+    count: int
+
+
+@dataclass(frozen=True)
+class CheckAcceleratorsRequest:
+    address: Address
+    resources: Resources
+
+
+@rule(desc="Checking for accelerators")
+async def check_accelerators(request: CheckAcceleratorsRequest) -> AcceleratorsPresent:
+    """Fails in seconds, before any data is built, when the run's hardware is not here."""
+    resources = request.resources
+    if resources.kind == "cpu":
+        return AcceleratorsPresent(0)
+    probe = await Get(
+        ProcessResult,
+        Process(
+            argv=("/bin/sh", "-c", _DEVICE_PROBE[resources.kind]),
+            description=f"Looking for {resources.kind.upper()}s",
+            cache_scope=ProcessCacheScope.PER_SESSION,
+        ),
+    )
+    found = int(probe.stdout.decode().strip() or 0)
+    if found == 0:
+        wanted = f"{resources.kind}({resources.type!r}" + (
+            f", count={resources.count})" if resources.count else ")"
+        )
+        raise MissingAccelerators(
+            f"{request.address} trains on resources={wanted}, and this machine has no "
+            f"{resources.kind.upper()}. Run it where one is, or plan it here: "
+            f"./pants plan {request.address}. Nothing was built."
+        )
+    return AcceleratorsPresent(found)
+
+
+@rule(desc="Running an lm_checkpoint")
+async def run_lm_checkpoint(
+    field_set: LmCheckpointFieldSet,
+    kiln: KilnSubsystem,
+    build_root: BuildRoot,
+    pex_env: PexEnvironment,
+) -> RunRequest:
+    wrapped = await Get(
+        WrappedTarget, WrappedTargetRequest(field_set.address, description_of_origin="<kiln run>")
+    )
+    await Get(
+        AcceleratorsPresent,
+        CheckAcceleratorsRequest(field_set.address, wrapped.target[ResourcesField].value),
+    )
+    prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address))
+    runtime = prepared.runtime
+    environment = pex_env.in_sandbox(working_directory=None)
+    venv_pex, python = await MultiGet(
+        Get(VenvPex, VenvPexRequest(runtime.pex_request, environment)),
+        Get(PythonExecutable, InterpreterConstraints, runtime.pex_request.interpreter_constraints),
+    )
+    digest = await Get(Digest, MergeDigests([prepared.digest, venv_pex.digest, runtime.sources]))
+    chroot = "{chroot}"
+    return RunRequest(
+        digest=digest,
+        args=(
+            os.path.join(chroot, venv_pex.pex.argv0),
+            os.path.join(chroot, STEP_FILE),
+            "--inputs",
+            chroot,
+            "--prefix",
+            kiln.prefix_path(build_root.path),
+        ),
+        extra_env={
+            **environment.environment_dict(python=python),
+            "PEX_EXTRA_SYS_PATH": runtime.sys_path(chroot),
+        },
+        append_only_caches={
+            **environment.append_only_caches,
+            **(venv_pex.append_only_caches or {}),
+        },
+    )
+
+
+@rule(desc="Packaging an lm_checkpoint")
+async def package_lm_checkpoint(field_set: LmCheckpointFieldSet) -> BuiltPackage:
+    prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address))
+    artifact = prepared.artifact
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            prepared.runtime,
+            argv=(STEP_FILE, "--inputs", ".", "--output", OUTPUT_DIR),
+            description=f"Training {artifact.ref}",
+            input_digest=prepared.digest,
+            output_directories=(OUTPUT_DIR,),
+        ),
+    )
+    result = await Get(ProcessResult, Process, process)
+    location = f"{artifact.name}/{artifact.version}"
+    digest = await Get(Digest, RemovePrefix(result.output_digest, OUTPUT_DIR))
+    digest = await Get(Digest, AddPrefix(digest, location))
+    return BuiltPackage(digest, (BuiltPackageArtifact(location),))
+
+
+def rules():
+    return [
+        *collect_rules(),
+        *LmCheckpointFieldSet.rules(),
+        UnionRule(PackageFieldSet, LmCheckpointFieldSet),
+    ]

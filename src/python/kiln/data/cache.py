@@ -1,0 +1,188 @@
+"""The token cache: its on-disk layout (format_version 1, docs/token-cache.md) and its reader.
+
+    CACHE_DIR/
+      STATUS                    SUCCESS, written last by merge
+      cache.json                format_version, name, version, fingerprint, tokenizer, source, split, totals
+      ledger.json               per shard: name, documents, tokens, first_document, first_token; finished
+      stats.json                tokens, documents, text bytes, mean/max document length
+      token_byte_lengths.npy    int32 [vocab_size]: UTF-8 bytes per token id, for bits-per-byte
+      shards/shard-00000/       one jagged array in TensorStore zarr3 (as Marin/Levanter):
+          offsets/              uint64 [documents + 1]: offsets[0] = documents, offsets[1 + i] = end of doc i
+          data/                 uint16 (vocab <= 65536) or uint32 token ids, all documents concatenated
+          shard.json, STATUS    the shard's own record and success marker
+
+The packed stream is all documents in cache order (each ends with EOS); window i of length L is
+stream[i*L : (i+1)*L]. Reads touch only the shard slices a window needs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from kiln.artifacts import SUCCESS, read_status
+from kiln.data.errors import KilnDataError
+from kiln.data.tokenizer import TokenizerInfo
+
+FORMAT_VERSION = 1
+CACHE_FILE = "cache.json"
+LEDGER_FILE = "ledger.json"
+STATS_FILE = "stats.json"
+BYTE_LENGTHS_FILE = "token_byte_lengths.npy"
+SHARDS_DIR = "shards"
+SHARD_FILE = "shard.json"
+OFFSETS_ARRAY = "offsets"
+DATA_ARRAY = "data"
+# Decoded chunks kept in memory: neighbouring windows usually share a 256K-token chunk.
+READ_CACHE_BYTES = 256 << 20
+
+
+def shard_dir_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def zarr_spec(path: Path) -> dict[str, Any]:
+    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+
+
+class CacheNotReady(KilnDataError):
+    """The folder is not a finished cache (no STATUS SUCCESS): never read a partial cache."""
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Windows of the packed stream, each array [n, seq_len].
+
+    segment_ids number the documents within each window from 0 (a window that starts mid-document
+    starts at 0 too); loss_mask[t] = 1 where tokens[t] predicts tokens[t+1] of the same segment.
+    """
+
+    tokens: np.ndarray  # int32
+    segment_ids: np.ndarray  # int32
+    loss_mask: np.ndarray  # float32
+
+
+class TokenCache:
+    def __init__(self, path: Path, info: dict[str, Any], ledger: dict[str, Any]) -> None:
+        self.path = path
+        self.info = info
+        self.ledger = ledger
+        self.num_documents = int(ledger["documents"])
+        self.num_tokens = int(ledger["tokens"])
+        self.tokenizer = TokenizerInfo(
+            **{key: value for key, value in info["tokenizer"].items() if key != "spec"},
+            token_byte_lengths=np.load(path / BYTE_LENGTHS_FILE),
+        )
+        context = ts.Context({"cache_pool": {"total_bytes_limit": READ_CACHE_BYTES}})
+        shards = ledger["shards"]
+        self._first_documents = [int(s["first_document"]) for s in shards]
+        self._first_tokens = [int(s["first_token"]) for s in shards]
+        # Opens and offset reads are issued for all shards at once; TensorStore overlaps them.
+        data = [self._open(s["name"], DATA_ARRAY, context) for s in shards]
+        offsets = [self._open(s["name"], OFFSETS_ARRAY, context) for s in shards]
+        self._data = [future.result() for future in data]
+        offset_reads = [future.result().read() for future in offsets]
+        # Global end (exclusive) of every document in the stream, for segment ids and document(i).
+        self._document_ends = np.concatenate(
+            [np.zeros(0, np.int64)]
+            + [
+                first + read.result()[1:].astype(np.int64)
+                for first, read in zip(self._first_tokens, offset_reads)
+            ]
+        )
+
+    @classmethod
+    def open(cls, path: str | Path) -> TokenCache:
+        path = Path(path)
+        status = read_status(path)
+        if status != SUCCESS:
+            found = "no STATUS file" if status is None else f"STATUS {status}"
+            raise CacheNotReady(
+                f"{path} is not a finished token cache ({found}); build it with "
+                "`python -m kiln.data.tokenize build` (or its Pants target) first."
+            )
+        info = json.loads((path / CACHE_FILE).read_text())
+        if info.get("format_version") != FORMAT_VERSION:
+            raise CacheNotReady(
+                f"{path}: cache format_version {info.get('format_version')}; this kiln reads "
+                f"{FORMAT_VERSION}. Rebuild the cache with this version of kiln."
+            )
+        return cls(path, info, json.loads((path / LEDGER_FILE).read_text()))
+
+    @property
+    def token_byte_lengths(self) -> np.ndarray:
+        return self.tokenizer.token_byte_lengths
+
+    def document(self, i: int) -> np.ndarray:
+        if not 0 <= i < self.num_documents:
+            raise IndexError(f"document {i} out of range: the cache has {self.num_documents}.")
+        start = int(self._document_ends[i - 1]) if i else 0
+        return self._read_range(start, int(self._document_ends[i]))
+
+    def num_windows(self, seq_len: int) -> int:
+        return self.num_tokens // seq_len
+
+    def windows(self, indices: Sequence[int], seq_len: int) -> PackedBatch:
+        available = self.num_windows(seq_len)
+        starts = np.asarray(indices, np.int64) * seq_len
+        if len(starts) and not (0 <= min(indices) and max(indices) < available):
+            raise IndexError(
+                f"window indices must be in [0, {available}) for seq_len {seq_len}; got {list(indices)}."
+            )
+        tokens = self._read_windows(starts, seq_len)
+        positions = starts[:, None] + np.arange(seq_len)
+        documents = np.searchsorted(self._document_ends, positions, side="right")
+        segment_ids = (documents - documents[:, :1]).astype(np.int32)
+        loss_mask = np.zeros((len(starts), seq_len), np.float32)
+        loss_mask[:, :-1] = segment_ids[:, 1:] == segment_ids[:, :-1]
+        return PackedBatch(tokens=tokens, segment_ids=segment_ids, loss_mask=loss_mask)
+
+    def _read_windows(self, starts: np.ndarray, seq_len: int) -> np.ndarray:
+        out = np.empty((len(starts), seq_len), np.int32)
+        # Issue every slice read first, then wait: TensorStore runs them concurrently.
+        pending = [
+            (row, column, future)
+            for row, start in enumerate(starts)
+            for column, future in self._slice_reads(int(start), int(start) + seq_len)
+        ]
+        for row, column, future in pending:
+            piece = future.result()
+            out[row, column : column + len(piece)] = piece
+        return out
+
+    def _read_range(self, start: int, end: int) -> np.ndarray:
+        out = np.empty(end - start, np.int32)
+        for column, future in self._slice_reads(start, end):
+            piece = future.result()
+            out[column : column + len(piece)] = piece
+        return out
+
+    def _slice_reads(self, start: int, end: int) -> list[tuple[int, ts.Future]]:
+        """Futures reading global tokens [start, end) from the shards that hold them."""
+        reads = []
+        shard = bisect.bisect_right(self._first_tokens, start) - 1
+        position = start
+        while position < end:
+            shard_end = (
+                self._first_tokens[shard + 1] if shard + 1 < len(self._data) else self.num_tokens
+            )
+            stop = min(end, shard_end)
+            if stop > position:
+                local = position - self._first_tokens[shard]
+                reads.append(
+                    (position - start, self._data[shard][local : local + stop - position].read())
+                )
+            position = stop
+            shard += 1
+        return reads
+
+    def _open(self, shard_name: str, array: str, context: ts.Context) -> ts.Future:
+        spec = zarr_spec(self.path / SHARDS_DIR / shard_name / array)
+        return ts.open(spec, open=True, read=True, context=context)

@@ -1,0 +1,239 @@
+"""Writing token caches: one shard folder at a time (ShardWriter), then assembling the cache.
+
+Atomicity: a shard is written into a hidden temp sibling and renamed into place after its
+shard.json and STATUS; a cache gets STATUS SUCCESS only after everything else is on disk, and an
+existing STATUS is removed before a re-assembly starts. A process killed at any point therefore
+leaves no folder that claims to be complete. The layout is documented in kiln.data.cache.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from kiln.artifacts import (
+    STATUS_FILE,
+    SUCCESS,
+    atomic_write_bytes,
+    atomic_write_json,
+    read_status,
+    write_status,
+)
+from kiln.data.cache import (
+    BYTE_LENGTHS_FILE,
+    CACHE_FILE,
+    DATA_ARRAY,
+    FORMAT_VERSION,
+    LEDGER_FILE,
+    OFFSETS_ARRAY,
+    SHARD_FILE,
+    SHARDS_DIR,
+    STATS_FILE,
+    shard_dir_name,
+    zarr_spec,
+)
+from kiln.data.errors import CacheError
+from kiln.data.tokenizer import EncodedDocuments
+
+# Zarr3 sharding: files ("outer chunks") of 4M elements made of 256K-element compressed chunks.
+INNER_CHUNK = 1 << 18
+OUTER_CHUNK = 1 << 22
+
+
+class ShardWriter:
+    """Appends encoded documents to one shard folder; `finish` makes it visible, atomically.
+
+    Tokens are buffered and written in whole outer chunks, so each zarr file is written once.
+    """
+
+    def __init__(self, out_dir: Path, dtype: np.dtype) -> None:
+        self.out_dir = out_dir
+        self.dtype = np.dtype(dtype)
+        self.tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self.tmp_dir.mkdir(parents=True)
+        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype)
+        self._pending: list[np.ndarray] = []
+        self._pending_tokens = 0
+        self._written_tokens = 0
+        self._lengths: list[np.ndarray] = []
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)  # a no-op after finish()
+
+    def append(self, encoded: EncodedDocuments) -> None:
+        self._pending.append(encoded.tokens.astype(self.dtype, copy=False))
+        self._pending_tokens += len(encoded.tokens)
+        self._lengths.append(encoded.lengths)
+        if self._pending_tokens >= OUTER_CHUNK:
+            self._flush(final=False)
+
+    def finish(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Writes the rest, the offsets, shard.json (record + counts) and STATUS; then renames."""
+        self._flush(final=True)
+        lengths = np.concatenate([np.zeros(0, np.int64), *self._lengths])
+        offsets = np.concatenate([[len(lengths)], np.cumsum(lengths)]).astype(np.uint64)
+        offsets_array = _create_array(self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64))
+        _write_at(offsets_array, 0, offsets)
+        record = {
+            **record,
+            "format_version": FORMAT_VERSION,
+            "dtype": self.dtype.name,
+            "documents": len(lengths),
+            "tokens": self._written_tokens,
+            "max_document_tokens": int(lengths.max(initial=0)),
+        }
+        atomic_write_json(self.tmp_dir / SHARD_FILE, record)
+        write_status(self.tmp_dir, SUCCESS)
+        _replace_dir(self.tmp_dir, self.out_dir)
+        return record
+
+    def _flush(self, final: bool) -> None:
+        if not self._pending:
+            return
+        block = np.concatenate(self._pending)
+        size = len(block) if final else len(block) // OUTER_CHUNK * OUTER_CHUNK
+        _write_at(self._data, self._written_tokens, block[:size])
+        self._written_tokens += size
+        self._pending = [block[size:]]
+        self._pending_tokens = len(block) - size
+
+
+def read_shard_record(shard_dir: Path) -> dict[str, Any]:
+    """The shard.json of a complete shard folder; CacheError if the shard is missing or unfinished."""
+    if not shard_dir.is_dir():
+        raise CacheError(f"{shard_dir}: no such shard folder.")
+    if read_status(shard_dir) != SUCCESS or not (shard_dir / SHARD_FILE).is_file():
+        raise CacheError(
+            f"{shard_dir}: the shard is incomplete (no {STATUS_FILE} SUCCESS): its tokenize step "
+            "was interrupted or failed. Re-run `python -m kiln.data.tokenize shard` for it."
+        )
+    return json.loads((shard_dir / SHARD_FILE).read_text())
+
+
+def assemble_cache(
+    cache_dir: Path,
+    shards: list[tuple[Path, dict[str, Any]]],
+    cache_record: dict[str, Any],
+    token_byte_lengths: np.ndarray,
+) -> None:
+    """Moves complete shard folders (in index order) into cache_dir and writes the cache files.
+
+    Shard folders are moved (renamed), falling back to a copy across file systems or for a
+    symlinked folder; the ledger, stats and cache.json follow, and STATUS SUCCESS last.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    (cache_dir / STATUS_FILE).unlink(missing_ok=True)
+    ledger_shards, first_document, first_token = [], 0, 0
+    for index, (shard_dir, record) in enumerate(shards):
+        name = shard_dir_name(index)
+        _move_dir(shard_dir, cache_dir / SHARDS_DIR / name)
+        ledger_shards.append(
+            {
+                "name": name,
+                "documents": record["documents"],
+                "tokens": record["tokens"],
+                "first_document": first_document,
+                "first_token": first_token,
+            }
+        )
+        first_document += record["documents"]
+        first_token += record["tokens"]
+    totals = {"documents": first_document, "tokens": first_token}
+    atomic_write_json(
+        cache_dir / LEDGER_FILE, {"shards": ledger_shards, **totals, "finished": True}
+    )
+    atomic_write_json(cache_dir / STATS_FILE, _stats([record for _, record in shards]))
+    atomic_write_bytes(cache_dir / BYTE_LENGTHS_FILE, _npy_bytes(token_byte_lengths))
+    atomic_write_json(cache_dir / CACHE_FILE, {**cache_record, **totals})
+    write_status(cache_dir, SUCCESS)
+
+
+def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
+    documents = sum(r["documents"] for r in records)
+    tokens = sum(r["tokens"] for r in records)
+    return {
+        "documents": documents,
+        "tokens": tokens,
+        "text_bytes": sum(r["text_bytes"] for r in records),
+        "skipped_empty_documents": sum(r["skipped_empty_documents"] for r in records),
+        "mean_document_tokens": tokens / documents if documents else 0.0,
+        "max_document_tokens": max((r["max_document_tokens"] for r in records), default=0),
+    }
+
+
+def _create_array(path: Path, dtype: np.dtype) -> ts.TensorStore:
+    blosc = {"cname": "zstd", "clevel": 3, "shuffle": "shuffle", "typesize": dtype.itemsize}
+    metadata = {
+        "shape": [0],
+        "data_type": dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [OUTER_CHUNK]}},
+        "codecs": [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": [INNER_CHUNK],
+                    "codecs": [
+                        {"name": "bytes", "configuration": {"endian": "little"}},
+                        {"name": "blosc", "configuration": blosc},
+                    ],
+                    "index_codecs": [
+                        {"name": "bytes", "configuration": {"endian": "little"}},
+                        {"name": "crc32c"},
+                    ],
+                },
+            }
+        ],
+    }
+    return ts.open({**zarr_spec(path), "metadata": metadata}, create=True).result()
+
+
+def _write_at(array: ts.TensorStore, start: int, values: np.ndarray) -> None:
+    if not len(values):
+        return
+    end = start + len(values)
+    resized = array.resize(exclusive_max=[end], expand_only=True).result()
+    resized[start:end].write(values).result()
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _replace_dir(source: Path, destination: Path) -> None:
+    if destination.exists():
+        shutil.rmtree(destination)
+    os.rename(source, destination)
+
+
+def _move_dir(source: Path, destination: Path) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if destination.exists():
+        shutil.rmtree(destination)
+    if not source.is_symlink():
+        try:
+            os.rename(source, destination)
+            return
+        except OSError:
+            pass  # another file system: copy below
+    staging = destination.parent / f".{destination.name}.tmp-{os.getpid()}"
+    shutil.copytree(source, staging)
+    os.rename(staging, destination)

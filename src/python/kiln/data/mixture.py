@@ -1,0 +1,230 @@
+"""A deterministic weighted mixture of token caches, block by block (Marin/Levanter semantics).
+
+The global sequence stream is cut into blocks of `block_size` sequences. Every block holds a
+fixed count of sequences per dataset (weight x block_size, remainders to the largest fractional
+parts), in an order permuted by a PRNG seeded with (seed, block index). The k-th sequence a dataset
+contributes overall is its window `feistel_permutation(k mod W, key(seed, dataset, epoch))` where W
+is its number of windows and epoch = k // W: each dataset is shuffled without materialising a
+permutation (a 3.8T-token cache has ~1e9 windows) and wraps around into a fresh shuffle per epoch.
+
+Everything is a pure function of (seed, step), so a run resumed at step k reads exactly the
+batches an uninterrupted run would. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+DEFAULT_BLOCK_SIZE = 2048
+FEISTEL_ROUNDS = 4
+
+# Stream labels keep the PRNG streams of different uses independent for one seed.
+_BLOCK_ORDER_STREAM = 0
+_DATASET_SHUFFLE_STREAM = 1
+
+Batch = dict[str, np.ndarray]
+
+
+class WindowSource(Protocol):
+    """What the mixture needs from a token cache (kiln.data.cache.TokenCache)."""
+
+    info: dict[str, Any]
+
+    def num_windows(self, seq_len: int) -> int: ...
+
+    def windows(self, indices: Sequence[int], seq_len: int) -> Any: ...
+
+
+class MixtureError(ValueError):
+    """The mixture cannot be built from these caches/weights; the message says which."""
+
+
+def block_counts(weights: Sequence[float], block_size: int) -> np.ndarray:
+    """Sequences per dataset in each block: weight share x block_size, largest remainder rounding.
+
+    Ties between equal remainders go to the earlier dataset, so the counts are deterministic.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or len(w) == 0 or np.any(w < 0) or not np.isfinite(w).all() or w.sum() <= 0:
+        raise MixtureError(f"mixture weights must be finite, >= 0 and not all 0, got {list(w)}")
+    exact = w / w.sum() * block_size
+    counts = np.floor(exact).astype(np.int64)
+    remainder_order = np.argsort(-(exact - counts), kind="stable")
+    counts[remainder_order[: block_size - counts.sum()]] += 1
+    return counts
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a cheap, well-mixed hash of uint64 arrays (wraps mod 2**64)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def feistel_permutation(indices: np.ndarray, n: int, round_keys: np.ndarray) -> np.ndarray:
+    """Maps `indices` (each in [0, n)) through a keyed pseudo-random permutation of [0, n).
+
+    A balanced Feistel network is a bijection on [0, 4**h) for any round function; cycle walking
+    (re-applying it while a value falls outside [0, n)) restricts that bijection to [0, n).
+    The domain is < 4n, so a value walks fewer than 4 times on average.
+    """
+    half_bits = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half_bits) - 1)
+    shift = np.uint64(half_bits)
+
+    def permute_domain(x: np.ndarray) -> np.ndarray:
+        left, right = x >> shift, x & mask
+        for key in round_keys:
+            left, right = right, left ^ (_mix64(right ^ key) & mask)
+        return (left << shift) | right
+
+    x = permute_domain(np.asarray(indices, dtype=np.uint64))
+    outside = x >= np.uint64(n)
+    while outside.any():
+        x[outside] = permute_domain(x[outside])
+        outside = x >= np.uint64(n)
+    return x.astype(np.int64)
+
+
+class MixtureDataset:
+    """Batches drawn from weighted token caches; `batch(step, batch_size)` is a pure function.
+
+    `components` pairs each cache with its weight; zero-weight caches drop out (a validation set
+    listed at weight 0 is read only by validation). `block_size` is the number of sequences per
+    mixture block: 2048 like Marin; a smaller block (a multiple of the batch size) makes a short
+    run see the exact proportions sooner.
+    """
+
+    def __init__(
+        self,
+        components: Sequence[tuple[WindowSource, float]],
+        seq_len: int,
+        seed: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ):
+        if seed < 0:
+            raise MixtureError(f"the mixture seed must be >= 0, got {seed}")
+        if block_size < 1:
+            raise MixtureError(f"block_size must be positive, got {block_size}")
+        active = [(i, cache, w) for i, (cache, w) in enumerate(components) if w > 0]
+        if not active:
+            raise MixtureError("the mixture has no dataset with a weight > 0")
+        self.seq_len = seq_len
+        self.seed = seed
+        self.block_size = block_size
+        # The position in `components` (not among active ones) keys each dataset's shuffle, so
+        # adding a zero-weight entry does not reshuffle the others.
+        self._dataset_keys = [i for i, _, _ in active]
+        self._caches = [cache for _, cache, _ in active]
+        self._num_windows = [self._windows_in(cache) for cache in self._caches]
+        self.counts = block_counts([w for _, _, w in active], block_size)
+        self._block_layout = functools.lru_cache(maxsize=4)(self._compute_block_layout)
+
+    def _windows_in(self, cache: WindowSource) -> int:
+        n = cache.num_windows(self.seq_len)
+        if n < 1:
+            name = cache.info.get("name", "?")
+            raise MixtureError(
+                f"dataset {name} has fewer tokens than one window of seq_len={self.seq_len}; "
+                "give it weight 0 or use a shorter seq_len"
+            )
+        return n
+
+    def _compute_block_layout(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        """For each position in the block: which dataset, and its rank among that dataset's."""
+        assignment = np.repeat(np.arange(len(self.counts)), self.counts)
+        rng = np.random.Generator(np.random.PCG64([self.seed, _BLOCK_ORDER_STREAM, block]))
+        dataset_at = assignment[rng.permutation(self.block_size)]
+        rank_at = np.empty(self.block_size, dtype=np.int64)
+        for d in range(len(self.counts)):
+            positions = np.flatnonzero(dataset_at == d)
+            rank_at[positions] = np.arange(len(positions))
+        return dataset_at, rank_at
+
+    def _window_indices(self, d: int, sequence_numbers: np.ndarray) -> np.ndarray:
+        """The window each of dataset d's k-th sequences reads: shuffled, a new shuffle per epoch."""
+        n = self._num_windows[d]
+        epochs, offsets = np.divmod(sequence_numbers, n)
+        windows = np.empty_like(sequence_numbers)
+        for epoch in np.unique(epochs):
+            in_epoch = epochs == epoch
+            windows[in_epoch] = feistel_permutation(
+                offsets[in_epoch], n, self._round_keys(d, epoch)
+            )
+        return windows
+
+    def _round_keys(self, d: int, epoch: int) -> np.ndarray:
+        entropy = [self.seed, _DATASET_SHUFFLE_STREAM, self._dataset_keys[d], int(epoch)]
+        return np.random.SeedSequence(entropy).generate_state(FEISTEL_ROUNDS, dtype=np.uint64)
+
+    def sources(self, step: int, batch_size: int) -> list[tuple[int, int]]:
+        """(dataset position among active ones, window index) for each row of batch `step`."""
+        sequence = step * batch_size + np.arange(batch_size, dtype=np.int64)
+        blocks, positions = np.divmod(sequence, self.block_size)
+        dataset_of_row = np.empty(batch_size, dtype=np.int64)
+        number_of_row = np.empty(batch_size, dtype=np.int64)
+        for block in np.unique(blocks):
+            rows = np.flatnonzero(blocks == block)
+            dataset_at, rank_at = self._block_layout(int(block))
+            d = dataset_at[positions[rows]]
+            dataset_of_row[rows] = d
+            number_of_row[rows] = block * self.counts[d] + rank_at[positions[rows]]
+        window_of_row = np.empty(batch_size, dtype=np.int64)
+        for d in np.unique(dataset_of_row):
+            rows = dataset_of_row == d
+            window_of_row[rows] = self._window_indices(int(d), number_of_row[rows])
+        return list(zip(dataset_of_row.tolist(), window_of_row.tolist()))
+
+    def batch(self, step: int, batch_size: int) -> Batch:
+        """The batch for optimizer step `step` (0-based): tokens, segment_ids, loss_mask [B, L]."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        sources = self.sources(step, batch_size)
+        out = _empty_batch(batch_size, self.seq_len)
+        for d in sorted({d for d, _ in sources}):
+            rows = [r for r, (dd, _) in enumerate(sources) if dd == d]
+            packed = self._caches[d].windows([sources[r][1] for r in rows], self.seq_len)
+            _fill_rows(out, rows, packed)
+        return out
+
+
+def fixed_batches(
+    cache: WindowSource, seq_len: int, batch_size: int, num_batches: int
+) -> list[Batch]:
+    """The first num_batches x batch_size windows of a cache (all if fewer), in order.
+
+    Used for validation: the same windows at every evaluation and on every resume. The last batch
+    is padded with all-zero rows whose loss_mask is 0, so every batch has the same shape (one
+    compilation) and padding contributes nothing to a loss.
+    """
+    total = min(num_batches * batch_size, cache.num_windows(seq_len))
+    if total < 1:
+        name = cache.info.get("name", "?")
+        raise MixtureError(
+            f"validation set {name} has fewer tokens than one window of seq_len={seq_len}"
+        )
+    batches = []
+    for start in range(0, total, batch_size):
+        indices = list(range(start, min(start + batch_size, total)))
+        out = _empty_batch(batch_size, seq_len)
+        _fill_rows(out, list(range(len(indices))), cache.windows(indices, seq_len))
+        batches.append(out)
+    return batches
+
+
+def _empty_batch(batch_size: int, seq_len: int) -> Batch:
+    return {
+        "tokens": np.zeros((batch_size, seq_len), np.int32),
+        "segment_ids": np.zeros((batch_size, seq_len), np.int32),
+        "loss_mask": np.zeros((batch_size, seq_len), np.float32),
+    }
+
+
+def _fill_rows(out: Batch, rows: list[int], packed: Any) -> None:
+    out["tokens"][rows] = packed.tokens
+    out["segment_ids"][rows] = packed.segment_ids
+    out["loss_mask"][rows] = packed.loss_mask

@@ -1,0 +1,303 @@
+"""Where documents come from: local files, Hugging Face datasets, the Python stdlib corpus.
+
+`shard_documents(source, text_key, num_shards, index)` yields the documents of one shard, in a
+deterministic order; concatenating shards 0..n-1 gives the cache's document order.
+
+Sharding:
+  - files: whole files are assigned to shards by size, greedily (largest first, ties by path, each
+    to the least-loaded shard); within a shard, files are read in sorted path order. A single file is
+    never split, so a source with fewer files than shards leaves some shards empty.
+  - python_stdlib: the same greedy assignment over its units (one .py file, or the pydoc topics).
+  - hf: `datasets` streaming with `split_dataset_by_node(rank=index, world_size=num_shards)`.
+
+Formats (`format: "auto"` picks by extension): `.jsonl`, `.jsonl.gz`, `.jsonl.zst` (one JSON object
+per line, blank lines skipped), `.parquet` (the `text_key` column), `.txt` (one document per file).
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import heapq
+import io
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from kiln.data import stdlib_corpus
+from kiln.data.errors import SourceError
+from kiln.data.spec import FilesSource, HfSource, Source, StdlibSource
+
+PARQUET_BATCH_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    origin: str  # where it came from, for error messages: "path:line", "org/name[row 17]"
+
+
+def shard_documents(
+    source: Source, text_key: str, num_shards: int, index: int
+) -> Iterator[Document]:
+    if not 0 <= index < num_shards:
+        raise SourceError(f"shard index {index} is out of range for num_shards={num_shards}.")
+    if isinstance(source, FilesSource):
+        return _file_shard_documents(source, text_key, num_shards, index)
+    if isinstance(source, HfSource):
+        return _hf_shard_documents(source, text_key, num_shards, index)
+    return _stdlib_shard_documents(source, num_shards, index)
+
+
+def provenance(source: Source) -> dict[str, Any]:
+    """What identifies the source's content, recorded in cache.json."""
+    if isinstance(source, FilesSource):
+        files = expand_paths(source.paths)
+        return {
+            "kind": "files",
+            "paths": list(source.paths),
+            "files": [{"path": str(p), "bytes": p.stat().st_size} for p in files],
+        }
+    if isinstance(source, HfSource):
+        return {
+            "kind": "hf",
+            "id": source.id,
+            "revision": source.revision,
+            "subset": source.subset,
+            "where": dict(source.where),
+        }
+    return {"kind": "python_stdlib", "part": source.part, **stdlib_corpus.provenance()}
+
+
+def split_name(source: Source) -> str | None:
+    return None if isinstance(source, FilesSource) else source.split
+
+
+def assign_to_shards(sizes: dict[str, int], num_shards: int) -> list[list[str]]:
+    """Greedy size balancing: largest first (ties by key) to the least-loaded shard (ties by index)."""
+    loads = [(0, shard) for shard in range(num_shards)]
+    assigned: list[list[str]] = [[] for _ in range(num_shards)]
+    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        load, shard = heapq.heappop(loads)
+        assigned[shard].append(key)
+        heapq.heappush(loads, (load + sizes[key], shard))
+    return [sorted(keys) for keys in assigned]
+
+
+# --- local files ---------------------------------------------------------------------------------
+
+
+def expand_paths(patterns: Iterable[str]) -> list[Path]:
+    """Expands globs (`**` allowed), relative to CWD; every pattern must match a non-empty file."""
+    found: set[Path] = set()
+    for pattern in patterns:
+        matches = (
+            sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        )
+        if glob.has_magic(pattern) and not matches:
+            raise SourceError(f"{pattern}: the glob matches no file (CWD is {os.getcwd()}).")
+        for match in matches:
+            path = Path(match)
+            if not path.is_file():
+                raise SourceError(f"{path}: no such file (CWD is {os.getcwd()}).")
+            if path.stat().st_size == 0:
+                raise SourceError(f"{path}: the file is empty; remove it from the source's paths.")
+            found.add(path)
+    return sorted(found)
+
+
+def _file_shard_documents(
+    source: FilesSource, text_key: str, num_shards: int, index: int
+) -> Iterator[Document]:
+    files = {str(path): path.stat().st_size for path in expand_paths(source.paths)}
+    for path in assign_to_shards(files, num_shards)[index]:
+        yield from read_file(Path(path), source.format, text_key)
+
+
+def read_file(path: Path, file_format: str, text_key: str) -> Iterator[Document]:
+    resolved = _format_of(path) if file_format == "auto" else file_format
+    if resolved == "jsonl":
+        return _read_jsonl(path, text_key)
+    if resolved == "parquet":
+        return _read_parquet(path, text_key)
+    return _read_text(path)
+
+
+def _format_of(path: Path) -> str:
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(".txt"):
+        return "text"
+    raise SourceError(
+        f"{path}: cannot tell the format from the extension; use .jsonl, .jsonl.gz, .jsonl.zst, "
+        '.parquet or .txt, or set the source\'s "format" to "jsonl", "parquet" or "text".'
+    )
+
+
+def _open_binary(path: Path) -> IO[bytes]:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        # BufferedReader gives the zstd stream line iteration.
+        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+        return io.BufferedReader(reader)  # type: ignore[arg-type]
+    return open(path, "rb")
+
+
+def _read_jsonl(path: Path, text_key: str) -> Iterator[Document]:
+    with _open_binary(path) as lines:
+        # Lines are decoded one by one so that an error names its line.
+        for number, line in enumerate(lines, start=1):
+            origin = f"{path}:{number}"
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise SourceError(f"{origin}: the line is not valid UTF-8 ({e.reason}).") from None
+            except json.JSONDecodeError as e:
+                raise SourceError(f"{origin}: the line is not valid JSON ({e.msg}).") from None
+            yield Document(text_of(record, text_key, origin), origin)
+
+
+def _read_parquet(path: Path, text_key: str) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow raises several types for a corrupt file
+        raise SourceError(f"{path}: not a readable parquet file ({e}).") from None
+    columns = table.schema_arrow.names
+    if text_key not in columns:
+        raise SourceError(
+            f"{path}: no column {text_key!r} (the text_key); columns present: {columns}."
+        )
+    row = 0
+    for batch in table.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_key]):
+        for text in batch.column(0).to_pylist():
+            origin = f"{path}[row {row}]"
+            row += 1
+            yield Document(text_of({text_key: text}, text_key, origin), origin)
+
+
+def _read_text(path: Path) -> Iterator[Document]:
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise SourceError(f"{path}:{line}: the file is not valid UTF-8 ({e.reason}).") from None
+    yield Document(text, str(path))
+
+
+def text_of(record: Any, text_key: str, origin: str) -> str:
+    if not isinstance(record, dict):
+        raise SourceError(f"{origin}: expected a JSON object, got {type(record).__name__}.")
+    if text_key not in record:
+        raise SourceError(
+            f"{origin}: no field {text_key!r} (the text_key); fields present: {sorted(record)}."
+        )
+    text = record[text_key]
+    if not isinstance(text, str):
+        raise SourceError(
+            f"{origin}: field {text_key!r} must be a string, got {type(text).__name__}."
+        )
+    return text
+
+
+# --- Hugging Face datasets -----------------------------------------------------------------------
+
+
+def _hf_shard_documents(
+    source: HfSource, text_key: str, num_shards: int, index: int
+) -> Iterator[Document]:
+    from datasets.distributed import split_dataset_by_node
+
+    dataset = split_dataset_by_node(load_hf_dataset(source), rank=index, world_size=num_shards)
+    for row, record in enumerate(dataset):
+        if any(record.get(key) != value for key, value in source.where):
+            continue
+        origin = f"{source.id}[shard {index}/{num_shards}, row {row}]"
+        yield Document(text_of(record, text_key, origin), origin)
+
+
+def load_hf_dataset(source: HfSource) -> Any:
+    """The streaming IterableDataset of `source`; a local dataset folder works as an id too.
+
+    Unreachable hub: with HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set, `datasets` fails in well under a
+    second; without them it retries for ~25 s, so we probe the hub once first and fail at once.
+    """
+    import datasets
+
+    is_local = Path(source.id).exists()
+    if not is_local and not _hf_offline():
+        _probe_hub(source)
+    try:
+        return datasets.load_dataset(
+            source.id,
+            name=source.subset,
+            split=source.split,
+            revision=source.revision,
+            streaming=True,
+        )
+    except Exception as e:  # datasets raises ConnectionError, FileNotFoundError, ValueError, ...
+        raise SourceError(
+            f"Could not load the Hugging Face dataset {source.id!r} (split {source.split!r}): "
+            f"{type(e).__name__}: {_first_line(e)}. {_hf_advice()}"
+        ) from None
+
+
+def _probe_hub(source: HfSource) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        HfApi().dataset_info(source.id, revision=source.revision, timeout=10)
+    except RepositoryNotFoundError:
+        raise SourceError(
+            f"The Hugging Face dataset {source.id!r} does not exist (or is private). {_hf_advice()}"
+        ) from None
+    except Exception as e:  # connection errors come from httpx / requests, whichever hub uses
+        raise SourceError(
+            f"The Hugging Face hub is unreachable while looking up dataset {source.id!r} "
+            f"({type(e).__name__}: {_first_line(e)}). {_hf_advice()}"
+        ) from None
+
+
+def _hf_offline() -> bool:
+    return any(
+        os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE")
+        for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    )
+
+
+def _hf_advice() -> str:
+    return (
+        "Without the hub, use a files source instead: download the data elsewhere as "
+        'jsonl/parquet and point {"kind": "files", "paths": [...]} at it. (With '
+        "HF_DATASETS_OFFLINE=1, a copy already in the local Hugging Face cache is used.)"
+    )
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"
+
+
+# --- the Python standard library -----------------------------------------------------------------
+
+
+def _stdlib_shard_documents(
+    source: StdlibSource, num_shards: int, index: int
+) -> Iterator[Document]:
+    sizes = {unit.key: unit.size for unit in stdlib_corpus.units(source.part)}
+    for key in assign_to_shards(sizes, num_shards)[index]:
+        for doc in stdlib_corpus.documents(key, source.split):
+            yield Document(doc.text, doc.id)

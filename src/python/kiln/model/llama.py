@@ -1,0 +1,226 @@
+"""A Llama in flax.nnx: RMSNorm, RoPE, grouped-query attention, SwiGLU (see docs/model.md).
+
+Parameters are stored in `param_dtype` and cast to `compute_dtype` where they are used; norms,
+RoPE and the attention softmax run in float32; logits come out in float32.
+Every parameter carries a sharding annotation over the mesh axes ("data", "fsdp", "tensor"):
+hidden (embed) dimensions over "fsdp", heads / MLP / vocab dimensions over "tensor".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kiln.model.attention import attention, resolve_attention_impl
+from kiln.model.config import LlamaConfig
+from kiln.model.partitioning import constrain_batch_sharding, param_sharding
+
+REMAT_POLICIES = ("none", "full", "save_dots", "offload")
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, *, param_dtype: jnp.dtype) -> None:
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), **param_sharding(None))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        rngs: nnx.Rngs,
+        compute_dtype: jnp.dtype,
+        param_dtype: jnp.dtype,
+        attention_impl: str,
+    ) -> None:
+        d, head_dim = config.hidden_dim, config.head_dim
+        linear = _linear_factory(config, rngs, compute_dtype, param_dtype)
+        self.q_proj = linear(d, config.num_heads * head_dim, ("fsdp", "tensor"))
+        self.k_proj = linear(d, config.num_kv_heads * head_dim, ("fsdp", "tensor"))
+        self.v_proj = linear(d, config.num_kv_heads * head_dim, ("fsdp", "tensor"))
+        self.o_proj = linear(config.num_heads * head_dim, d, ("tensor", "fsdp"))
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = head_dim
+        self.attention_impl = attention_impl
+
+    def __call__(
+        self, x: jax.Array, segment_ids: jax.Array | None, cos: jax.Array, sin: jax.Array
+    ) -> jax.Array:
+        batch, seq_len, _ = x.shape
+        q = self.q_proj(x).reshape(batch, seq_len, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(batch, seq_len, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(batch, seq_len, self.num_kv_heads, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attention(q, k, v, segment_ids, impl=self.attention_impl)
+        return self.o_proj(out.reshape(batch, seq_len, self.num_heads * self.head_dim))
+
+
+class SwiGLU(nnx.Module):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        rngs: nnx.Rngs,
+        compute_dtype: jnp.dtype,
+        param_dtype: jnp.dtype,
+    ) -> None:
+        d, hidden = config.hidden_dim, config.intermediate_dim
+        linear = _linear_factory(config, rngs, compute_dtype, param_dtype)
+        self.gate_proj = linear(d, hidden, ("fsdp", "tensor"))
+        self.up_proj = linear(d, hidden, ("fsdp", "tensor"))
+        self.down_proj = linear(hidden, d, ("tensor", "fsdp"))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        rngs: nnx.Rngs,
+        compute_dtype: jnp.dtype,
+        param_dtype: jnp.dtype,
+        attention_impl: str,
+    ) -> None:
+        dtypes = {"compute_dtype": compute_dtype, "param_dtype": param_dtype}
+        self.attention_norm = RMSNorm(config.hidden_dim, config.norm_eps, param_dtype=param_dtype)
+        self.attention = Attention(config, rngs=rngs, attention_impl=attention_impl, **dtypes)
+        self.mlp_norm = RMSNorm(config.hidden_dim, config.norm_eps, param_dtype=param_dtype)
+        self.mlp = SwiGLU(config, rngs=rngs, **dtypes)
+
+    def __call__(
+        self, x: jax.Array, segment_ids: jax.Array | None, cos: jax.Array, sin: jax.Array
+    ) -> jax.Array:
+        x = x + self.attention(self.attention_norm(x), segment_ids, cos, sin)
+        x = x + self.mlp(self.mlp_norm(x))
+        return constrain_batch_sharding(x)
+
+
+class Llama(nnx.Module):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        rngs: nnx.Rngs,
+        compute_dtype: jnp.dtype = jnp.bfloat16,
+        param_dtype: jnp.dtype = jnp.float32,
+        attention: str = "xla",
+        remat: str = "none",
+    ) -> None:
+        if remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {remat!r}")
+        attention_impl = resolve_attention_impl(attention)
+        dtypes = {"compute_dtype": compute_dtype, "param_dtype": param_dtype}
+        self.config = config
+        self.remat = remat
+        self.compute_dtype = compute_dtype
+        self.embed = nnx.Embed(
+            config.vocab_size,
+            config.hidden_dim,
+            dtype=compute_dtype,
+            param_dtype=param_dtype,
+            embedding_init=nnx.initializers.normal(config.init_std),
+            embedding_metadata=param_sharding("tensor", "fsdp"),
+            rngs=rngs,
+        )
+        self.blocks = nnx.List(
+            [
+                Block(config, rngs=rngs, attention_impl=attention_impl, **dtypes)
+                for _ in range(config.num_layers)
+            ]
+        )
+        self.final_norm = RMSNorm(config.hidden_dim, config.norm_eps, param_dtype=param_dtype)
+        linear = _linear_factory(config, rngs, compute_dtype, param_dtype)
+        self.lm_head = (
+            None
+            if config.tie_embeddings
+            else linear(
+                config.hidden_dim, config.vocab_size, ("fsdp", "tensor"), output_dtype=jnp.float32
+            )
+        )
+
+    def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """tokens int32 [B, T], segment_ids int32 [B, T] or None -> float32 logits [B, T, V]."""
+        seq_len = tokens.shape[1]
+        if seq_len > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds LlamaConfig.max_seq_len "
+                f"{self.config.max_seq_len}"
+            )
+        # Positions count from 0 per window, not per packed document (see docs/model.md).
+        cos, sin = rope_tables(seq_len, self.config.head_dim, self.config.rope_theta)
+        x = constrain_batch_sharding(self.embed(tokens))
+        run_block = _remat(Block.__call__, self.remat)
+        for block in self.blocks:
+            x = run_block(block, x, segment_ids, cos, sin)
+        x = self.final_norm(x)
+        # Logits leave the matmul in float32 (float32 accumulation, no rounding to bf16).
+        if self.lm_head is None:
+            table = self.embed.embedding[...].astype(self.compute_dtype)
+            return jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
+        return self.lm_head(x)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin, float32 [T, D/2], for positions 0..T-1."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates [B, T, H, D] features pairwise (i, i + D/2), the Hugging Face Llama layout."""
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def _remat(block_call: Callable, policy: str) -> Callable:
+    if policy == "none":
+        return block_call
+    policies = {
+        "full": jax.checkpoint_policies.nothing_saveable,
+        "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    }
+    return nnx.remat(block_call, policy=policies[policy])
+
+
+def _linear_factory(
+    config: LlamaConfig, rngs: nnx.Rngs, compute_dtype: jnp.dtype, param_dtype: jnp.dtype
+) -> Callable[..., nnx.Linear]:
+    def linear(
+        in_features: int,
+        out_features: int,
+        sharding: tuple[str, str],
+        output_dtype: jnp.dtype | None = None,
+    ) -> nnx.Linear:
+        return nnx.Linear(
+            in_features,
+            out_features,
+            use_bias=False,
+            dtype=compute_dtype,
+            param_dtype=param_dtype,
+            kernel_init=nnx.initializers.normal(config.init_std),
+            kernel_metadata=param_sharding(*sharding),
+            preferred_element_type=output_dtype,
+            rngs=rngs,
+        )
+
+    return linear

@@ -1,0 +1,82 @@
+"""Reading metrics.jsonl and tracker_metrics.jsonl, the trainer's append-only metric logs.
+
+metrics.jsonl holds one JSON object per line, each with an integer "step" and metric keys such as
+"train/loss", "optim/learning_rate", "throughput/tokens_per_second", "eval/<set>/loss",
+"lm_eval/<task>/<metric>". The trainer may be killed mid-append, so a truncated LAST line is
+skipped; a malformed line anywhere else is an error, since it means the file was damaged.
+tracker_metrics.jsonl holds {"config": ..., "summary": {...}} lines; the last one counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+TRACKER_FILE = "tracker_metrics.jsonl"
+
+TRAIN_LOSS = "train/loss"
+LEARNING_RATE = "optim/learning_rate"
+TOKENS_PER_SECOND = "throughput/tokens_per_second"
+
+Record = dict[str, Any]
+
+
+class MetricsError(ValueError):
+    """A metrics file is missing or damaged."""
+
+
+def _parse_lines(path: Path) -> list[Record]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise MetricsError(f"{path} does not exist: has this run logged any steps?") from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            if number == len(lines):  # cut short by a kill during the append
+                break
+            raise MetricsError(f"{path}:{number} is not valid JSON ({e})") from e
+        if not isinstance(record, dict):
+            raise MetricsError(f"{path}:{number} is not a JSON object")
+        records.append(record)
+    return records
+
+
+def read_metrics(path: Path) -> list[Record]:
+    """One record per step, in step order. Lines with the same step are merged, later values
+    winning: an eval line shares its step with a train line, and a resumed run may re-log a step."""
+    by_step: dict[int, Record] = {}
+    for record in _parse_lines(Path(path)):
+        step = record.get("step")
+        if not isinstance(step, int):
+            raise MetricsError(f"{path}: a line has no integer 'step': {str(record)[:120]}")
+        by_step[step] = {**by_step.get(step, {}), **record}
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def read_summary(run_dir: Path) -> Record:
+    """The last summary in tracker_metrics.jsonl, or {} when the run has not finished."""
+    path = Path(run_dir) / TRACKER_FILE
+    if not path.exists():
+        return {}
+    records = _parse_lines(path)
+    summary = records[-1].get("summary", {}) if records else {}
+    return summary if isinstance(summary, dict) else {}
+
+
+def series(records: list[Record], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of one metric over the records that have a finite number for it."""
+    steps, values = [], []
+    for record in records:
+        value = record.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            steps.append(record["step"])
+            values.append(float(value))
+    return steps, values

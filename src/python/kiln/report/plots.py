@@ -1,0 +1,58 @@
+"""The training plot: loss (train and each eval set), learning rate and throughput against step.
+
+Drawn with matplotlib's object API on an Agg canvas rather than pyplot, so that it keeps no global
+figure state and is safe to call from the trainer while it runs.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from kiln.artifacts import atomic_write_bytes
+from kiln.report.metrics_log import (
+    LEARNING_RATE,
+    TOKENS_PER_SECOND,
+    TRAIN_LOSS,
+    Record,
+    read_metrics,
+    series,
+)
+
+
+def eval_loss_keys(records: list[Record]) -> list[str]:
+    """`eval/loss` and every `eval/<set>/loss` present, in sorted order."""
+    keys = {key for record in records for key in record}
+    return sorted(key for key in keys if key.startswith("eval/") and key.endswith("/loss"))
+
+
+def write_training_plot(metrics_jsonl: Path, out_png: Path) -> None:
+    """Reads metrics_jsonl and writes a three-panel PNG to out_png (atomically)."""
+    records = read_metrics(Path(metrics_jsonl))
+    figure = Figure(figsize=(8, 9), layout="constrained")
+    loss_axes, lr_axes, throughput_axes = figure.subplots(3, 1, sharex=True)
+
+    loss_axes.plot(*series(records, TRAIN_LOSS), label=TRAIN_LOSS, linewidth=1)
+    for key in eval_loss_keys(records):
+        loss_axes.plot(*series(records, key), marker="o", markersize=3, label=key)
+    loss_axes.set_ylabel("loss")
+    loss_axes.legend(fontsize="small")
+
+    lr_axes.plot(*series(records, LEARNING_RATE), color="tab:green")
+    lr_axes.set_ylabel("learning rate")
+    lr_axes.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+
+    throughput_axes.plot(*series(records, TOKENS_PER_SECOND), color="tab:purple", linewidth=1)
+    throughput_axes.set_ylabel("tokens / s")
+    throughput_axes.set_xlabel("step")
+
+    for axes in (loss_axes, lr_axes, throughput_axes):
+        axes.grid(alpha=0.3)
+    figure.suptitle(f"{Path(metrics_jsonl).parent.name}: {len(records)} steps logged")
+
+    png = io.BytesIO()
+    FigureCanvasAgg(figure).print_png(png)
+    atomic_write_bytes(out_png, png.getvalue())

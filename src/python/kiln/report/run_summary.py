@@ -1,0 +1,261 @@
+"""The end-of-run summary a finished checkpoint prints: `write_run_summary(output_path)`.
+
+kiln.runner calls it once, after training, and prints the text; it is also written to
+`output_path/summary.txt`, so that a later "already built" run prints it without restoring the
+model or reading the caches again. It shows, in this order:
+
+- the run, its steps and speed; where the artifact, its final checkpoint and loss curve are;
+- the final training loss and, per validation set, the final validation loss next to the
+  unigram baseline of the training mixture over the same positions (kiln.report.baseline);
+- a few continuations sampled from the final model (kiln.model.sample) for prompts taken from
+  the first validation set's first documents.
+
+Everything reads the artifact's own files: summary.json and metrics (the trainer's), the step
+spec (train_spec.json: config and input caches) and the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
+from kiln.data.cache import TokenCache
+from kiln.data.errors import KilnDataError
+from kiln.train.checkpoints import Checkpointer, CheckpointInfo
+from kiln.train.spec import TrainSpec, load_spec
+from kiln.train.trainer import PLOT_FILE, SUMMARY_FILE, TrainingError, open_caches
+
+SPEC_FILE = "train_spec.json"
+NUM_SAMPLES = 3
+PROMPT_TOKENS = 24
+NEW_TOKENS = 40
+TEMPERATURE = 0.8
+SAMPLE_SEED = 0
+REPO_MARKER = "pants.toml"
+
+
+def write_run_summary(output_path: Path) -> str:
+    """Computes the summary of the finished run at `output_path`, writes it atomically to
+    output_path/summary.txt and returns it."""
+    output_path = Path(output_path)
+    text = format_run_summary(output_path)
+    atomic_write_text(output_path / SUMMARY_TEXT_FILE, text)
+    return text
+
+
+def format_run_summary(output_path: Path) -> str:
+    spec = load_spec(output_path / SPEC_FILE)
+    summary = json.loads((output_path / SUMMARY_FILE).read_text())
+    checkpointer = Checkpointer.from_spec(
+        output_path, spec.runtime.checkpointer, name=spec.name, version=spec.version
+    )
+    try:
+        checkpoint = checkpointer.latest()
+        sections = [_run_lines(spec, summary) + _location_lines(output_path, checkpoint)]
+        try:
+            caches = open_caches([*spec.config.datasets, *spec.config.validation])
+        except TrainingError as e:
+            sections += [_loss_lines(spec, summary, None), [f"No baseline or samples: {e}"]]
+        else:
+            validation = caches[len(spec.config.datasets) :]
+            sections.append(_loss_lines(spec, summary, caches))
+            sections.append(_sample_lines(spec, checkpointer, checkpoint, validation))
+        return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
+    finally:
+        checkpointer.close()
+
+
+# --- what ran and where it is -----------------------------------------------------------------
+
+
+def _run_lines(spec: TrainSpec, summary: dict[str, Any]) -> list[str]:
+    state = "complete" if summary.get("complete") else "INCOMPLETE"
+    speed = summary.get("tokens_per_second")
+    wall = summary.get("wall_time_seconds")
+    facts = [f"{summary.get('step')}/{spec.config.num_train_steps} steps, {state}"]
+    if speed:
+        facts.append(f"{speed:,.0f} tokens/s")
+    if wall is not None:
+        facts.append(f"{wall / 60:.1f} min this run")
+    return [f"{spec.name} {spec.version}: {', '.join(facts)}"]
+
+
+def _location_lines(output_path: Path, checkpoint: CheckpointInfo | None) -> list[str]:
+    plot = output_path / PLOT_FILE
+    return [
+        f"  artifact    {output_path}",
+        f"  checkpoint  {checkpoint.path if checkpoint else 'none (no complete checkpoint)'}",
+        f"  loss curve  {plot}" + ("" if plot.is_file() else "  (missing: no plot was written)"),
+    ]
+
+
+# --- losses -------------------------------------------------------------------------------------
+
+
+def _loss_lines(
+    spec: TrainSpec, summary: dict[str, Any], caches: Sequence[TokenCache] | None
+) -> list[str]:
+    """Final losses; each validation loss against the unigram baseline on the same positions."""
+    cfg = spec.config
+    names = ["train (last step)", *(d.name for d in cfg.validation)]
+    width = max(map(len, names))
+    lines = [
+        "Final loss, nats/token (unigram: training-token frequencies alone, same positions)",
+        f"  {names[0]:<{width}}  {_number(summary.get('train/loss'))}",
+    ]
+    baselines = [None] * len(cfg.validation) if caches is None else _unigram_losses(spec, caches)
+    for d, unigram in zip(cfg.validation, baselines):
+        loss = summary.get(f"eval/{d.name}/loss")
+        line = f"  {d.name:<{width}}  {_number(loss)}"
+        if isinstance(unigram, str):
+            line += f"  (no unigram baseline: {unigram})"
+        elif unigram is not None:
+            line += f"  vs unigram {unigram:.3f}"
+            if loss is not None:
+                line += f": {loss - unigram:+.3f}"
+        lines.append(line)
+    return lines
+
+
+def _unigram_losses(spec: TrainSpec, caches: Sequence[TokenCache]) -> list[float | str]:
+    """Per validation set, its unigram cross-entropy, or why there is none. The positions are
+    the trainer's validation windows: the first validation_batches x batch_size of seq_len."""
+    from kiln.report.baseline import cross_entropy, unigram_log_probs
+
+    cfg = spec.config
+    train = list(zip(caches[: len(cfg.datasets)], (d.weight for d in cfg.datasets)))
+    validation = caches[len(cfg.datasets) :]
+    windows = spec.runtime.validation_batches * cfg.batch_size
+    try:
+        log_probs = unigram_log_probs(train)
+    except ValueError as e:
+        return [str(e)] * len(validation)
+    losses: list[float | str] = []
+    for cache in validation:
+        try:
+            losses.append(cross_entropy(log_probs, cache, cfg.seq_len, windows))
+        except ValueError as e:
+            losses.append(str(e))
+    return losses
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+# --- samples ------------------------------------------------------------------------------------
+
+
+def _sample_lines(
+    spec: TrainSpec,
+    checkpointer: Checkpointer,
+    checkpoint: CheckpointInfo | None,
+    validation: Sequence[TokenCache],
+) -> list[str]:
+    """Continuations of the first validation documents by the final model, or why there are
+    none: samples are a convenience, so a missing tokenizer or checkpoint is a note, not an error."""
+    from kiln.data.tokenizer import load_tokenizer
+
+    if not validation or checkpoint is None:
+        return ["Samples: skipped (no validation set to take prompts from, or no checkpoint)"]
+    cache = validation[0]
+    tokenizer_spec = resolve_tokenizer_spec(
+        cache.info["tokenizer"].get("spec"), [Path.cwd(), checkpoint.path, cache.path]
+    )
+    try:
+        tokenizer = load_tokenizer(tokenizer_spec)
+    except (KilnDataError, OSError, ValueError) as e:
+        return [f"Samples: skipped (cannot load the tokenizer {tokenizer_spec}: {e})"]
+    model_config = spec.config.model_config(cache.tokenizer.vocab_size)
+    try:
+        state = restore_state(spec, model_config, checkpointer, checkpoint)
+    except Exception as e:  # orbax raises many types; all mean "cannot sample from this one"
+        return [f"Samples: skipped (cannot restore {checkpoint.path}: {e})"]
+    prompts = sample_prompts(cache, max_length=model_config.max_seq_len // 2)
+    tokens = _generate(state, prompts, model_config.max_seq_len)
+    lines = [
+        f"Samples from {checkpoint.path.name} (temperature {TEMPERATURE}, seed {SAMPLE_SEED}; "
+        f"prompts: the first documents of {spec.config.validation[0].name})"
+    ]
+    for i, row in enumerate(tokens, 1):
+        continuation = up_to_eos(row[prompts.shape[1] :], cache.tokenizer.eos_id)
+        lines.append(f"  [{i}] prompt: {tokenizer.decode(row[: prompts.shape[1]].tolist())!r}")
+        lines.append(f"      model:  {tokenizer.decode(continuation.tolist())!r}")
+    return lines
+
+
+def _generate(state: Any, prompts: np.ndarray, max_seq_len: int) -> np.ndarray:
+    from kiln.model.sample import generate
+
+    return generate(
+        state.graphdef, state.params, prompts,
+        max_new_tokens=min(NEW_TOKENS, max_seq_len - prompts.shape[1]),
+        temperature=TEMPERATURE, seed=SAMPLE_SEED, max_seq_len=max_seq_len,
+    )  # fmt: skip
+
+
+def up_to_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
+    """The continuation up to and including its first EOS: what follows is another document."""
+    ends = np.flatnonzero(tokens == eos_id) if eos_id is not None else []
+    return tokens[: ends[0] + 1] if len(ends) else tokens
+
+
+def sample_prompts(cache: TokenCache, *, max_length: int) -> np.ndarray:
+    """int32 [n, P]: the first P tokens of the cache's first NUM_SAMPLES documents. One P for all
+    (a batch): at most PROMPT_TOKENS and max_length, and short of every document's end (its
+    EOS is no prompt)."""
+    docs = [cache.document(i) for i in range(min(NUM_SAMPLES, cache.num_documents))]
+    length = max(1, min(PROMPT_TOKENS, max_length, *(len(doc) - 1 for doc in docs)))
+    return np.stack([doc[:length] for doc in docs]).astype(np.int32)
+
+
+def restore_state(
+    spec: TrainSpec, model_config: Any, checkpointer: Checkpointer, checkpoint: CheckpointInfo
+) -> Any:
+    """The TrainState at `checkpoint`, restored as the trainer resumes one (abstract_train_state
+    on the run's mesh, Checkpointer.restore). Attention is XLA whatever the run used: a short
+    sampling buffer need not suit a kernel's block sizes, and the parameters are the same."""
+    from kiln.train.mesh import make_mesh
+    from kiln.train.step import abstract_train_state
+
+    cfg = spec.config
+    target = abstract_train_state(
+        model_config, cfg.optimizer, cfg.num_train_steps,
+        mesh=make_mesh(spec.runtime.mesh), compute_dtype=cfg.compute_dtype,
+        param_dtype=cfg.param_dtype, attention="xla", remat="none",
+    )  # fmt: skip
+    return checkpointer.restore(checkpoint, target)
+
+
+def resolve_tokenizer_spec(spec: Any, search_from: Sequence[Path]) -> Any:
+    """The cache's tokenizer spec with a relative local path made absolute.
+
+    BUILD files name local tokenizers relative to the repository root (as cache.json records
+    them), while this may run elsewhere (a Pants sandbox, another cwd). Tries the path as given
+    (relative to the cwd), then relative to each repository root (a folder with pants.toml) above
+    `search_from`; returns the spec unchanged when none exists, for load_tokenizer to report.
+    """
+    if not isinstance(spec, dict) or spec.get("kind") != "local" or "path" not in spec:
+        return spec
+    path = Path(spec["path"])
+    if path.is_absolute():
+        return spec
+    for candidate in [path.resolve(), *(root / path for root in _repo_roots(search_from))]:
+        if candidate.is_dir():
+            return {**spec, "path": str(candidate)}
+    return spec
+
+
+def _repo_roots(starts: Sequence[Path]) -> Iterator[Path]:
+    for start in starts:
+        start = Path(start).resolve()
+        for folder in [start, *start.parents]:
+            if (folder / REPO_MARKER).is_file():
+                yield folder
+                break

@@ -1,0 +1,260 @@
+"""`python -m kiln.runner STEP.json ...`: build one lm_checkpoint artifact, Marin's StepRunner for
+one step, run by `pants run` (interactive) and `pants package` (a cached process).
+
+The Pants backend has already built the input caches (cached processes) and placed them under
+`--inputs`. This runner:
+  1. places each input cache in the artifact store at `{prefix}/{name}/{version}` (atomic copy;
+     an existing copy must have the same fingerprint), so records point at stable paths;
+  2. decides: already built with this fingerprint -> report and stop; built with another
+     fingerprint -> refuse, naming the fields that differ (bump the version); otherwise train,
+     resuming from the newest checkpoint;
+  3. holds the artifact's lease while training (a second run refuses at once), writes the record
+     with provenance, then STATUS last.
+A code-only change does not retrain a finished artifact: the record keeps the code digest it was
+built with, and a differing one is reported ("built by other code"), never silently discarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kiln import artifacts
+
+STEP_VERSION = 1
+
+
+class StepError(RuntimeError):
+    """An expected failure: printed as one paragraph, no traceback."""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def _diff(old: Any, new: Any, path: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            field
+            for key in sorted(set(old) | set(new))
+            for field in (
+                [f"{path}{key}"]
+                if key not in old or key not in new
+                else _diff(old[key], new[key], f"{path}{key}.")
+            )
+        ]
+    return [] if old == new else [path.rstrip(".") or "<root>"]
+
+
+def check_drift(directory: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored record if `directory` holds this artifact; StepError if it holds another."""
+    stored = _read_json(directory / artifacts.RECORD_FILE)
+    if stored is None:
+        return None
+    if stored.get("fingerprint") != record["fingerprint"]:
+        fields = _diff(stored.get("identity", {}), record["identity"])
+        raise StepError(
+            f"{record['name']}@{record['version']} already exists at {directory} with fingerprint "
+            f"{stored.get('fingerprint')}, but the target now has fingerprint "
+            f"{record['fingerprint']}; it differs in: {', '.join(fields) or 'identity format'}. "
+            "Bump `version` in the BUILD file to build a new artifact (the old one is kept)."
+        )
+    return stored
+
+
+def place_input(source: Path, destination: Path, record: dict[str, Any]) -> Path:
+    """Copies a built cache into the artifact store unless the same one is already there."""
+    if artifacts.is_built(destination) and check_drift(destination, record):
+        return destination
+    if not artifacts.is_built(source):
+        raise StepError(f"input cache {source} is not complete (no STATUS SUCCESS)")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}."))
+    shutil.copytree(source, staging, dirs_exist_ok=True)
+    try:
+        os.replace(staging, destination)
+    except OSError:
+        # A concurrent run placed it first (rename onto a non-empty folder fails): use theirs.
+        shutil.rmtree(staging)
+        if not (artifacts.is_built(destination) and check_drift(destination, record)):
+            raise StepError(
+                f"{destination} exists but is not a complete copy of {record['name']}; "
+                "move it away and rerun"
+            ) from None
+    return destination
+
+
+def _provenance(step: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **step.get("provenance", {}),
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "argv": sys.argv,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _resolved_inputs(entries: list[dict[str, Any]], paths: dict[str, Path]) -> list[dict[str, Any]]:
+    return [{**entry, "path": str(paths[f"{entry['name']}@{entry['version']}"])} for entry in entries]
+
+
+def train_spec(step: dict[str, Any], output: Path, paths: dict[str, Path]) -> dict[str, Any]:
+    """The trainer's spec (docs/step-spec.md): the step's config with absolute input paths."""
+    config = dict(step["config"])
+    config["datasets"] = _resolved_inputs(config["datasets"], paths)
+    config["validation"] = _resolved_inputs(config["validation"], paths)
+    return {
+        "spec_version": 1,
+        "kind": "lm_checkpoint",
+        "name": step["name"],
+        "version": step["version"],
+        "fingerprint": step["fingerprint"],
+        "output_path": str(output),
+        "config": config,
+        "runtime": step["runtime"],
+    }
+
+
+def place_inputs(step: dict[str, Any], inputs_root: Path, prefix: Path | None) -> dict[str, Path]:
+    """Each input's path for the trainer: in the artifact store, or in place (hermetic runs)."""
+    paths = {}
+    for entry in step["inputs"]:
+        built = inputs_root / entry["location"]
+        if prefix is None:
+            paths[entry["ref"]] = built.resolve()
+        else:
+            store = prefix / entry["name"] / entry["version"]
+            paths[entry["ref"]] = place_input(built, store, entry["record"])
+    return paths
+
+
+def run_step(step: dict[str, Any], inputs_root: Path, output: Path, prefix: Path | None) -> int:
+    record = step["record"]
+    ref = f"{record['name']}@{record['version']}"
+    mutable = record["version"] == "dev" or record["version"].endswith("-dev")
+    stored = None if mutable else check_drift(output, record)
+    if stored is not None and artifacts.is_built(output):
+        print(f"kiln: {ref} is already built at {output} (fingerprint {record['fingerprint']}).")
+        built_by = stored.get("provenance", {}).get("code_digest")
+        now = step.get("provenance", {}).get("code_digest")
+        if built_by and now and built_by != now:
+            print(
+                f"kiln: note: it was built by other code (runtime digest {built_by[:12]}, now "
+                f"{now[:12]}); the code is not part of its identity, so it is kept. Bump "
+                "`version` to retrain with the current code."
+            )
+        _print_report(output)
+        return 0
+
+    paths = place_inputs(step, inputs_root, prefix)
+    output.mkdir(parents=True, exist_ok=True)
+    try:
+        with artifacts.lease(output, wait=False):
+            if mutable and artifacts.is_built(output):
+                shutil.rmtree(output / "checkpoints", ignore_errors=True)
+            artifacts.write_status(output, artifacts.RUNNING)
+            artifacts.atomic_write_json(
+                output / artifacts.RECORD_FILE, {**record, "provenance": _provenance(step)}
+            )
+            spec_path = output / "train_spec.json"
+            artifacts.atomic_write_json(spec_path, train_spec(step, output, paths))
+            from kiln.train.__main__ import main as train_main
+
+            exit_code = train_main([str(spec_path)])
+            if exit_code == 0:
+                from kiln.report.run_summary import write_run_summary
+
+                summary = write_run_summary(output)
+                artifacts.write_status(output, artifacts.SUCCESS)
+                print(f"kiln: built {ref} at {output}\n{summary}")
+            elif exit_code in (1, 2):
+                artifacts.write_status(output, artifacts.FAILED)
+            return exit_code
+    except artifacts.LeaseHeld as e:
+        raise StepError(f"{e} A second run of {ref} is refused; nothing was changed.") from None
+
+
+def _print_report(output: Path) -> None:
+    """The summary written when the artifact was built (losses vs a unigram baseline, where
+    things are, samples): printing it needs no jax, so an already-built run answers fast."""
+    summary = output / artifacts.SUMMARY_TEXT_FILE
+    if summary.exists():
+        print(summary.read_text())
+
+
+def apply_overrides(step: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Run-time choices from the command line (`pants run X -- --max-steps 300`)."""
+    runtime = dict(step["runtime"])
+    if args.max_steps is not None:
+        runtime["max_steps_this_run"] = args.max_steps
+    if args.attention is not None:
+        runtime["attention"] = args.attention
+    if args.gradient_checkpointing is not None:
+        runtime["gradient_checkpointing"] = args.gradient_checkpointing
+    if args.validation_every is not None:
+        runtime["validation_every"] = args.validation_every
+    config = dict(step["config"])
+    if args.batch_size is not None:
+        # Identity changes: only for scratch runs (throughput checks), never into the store.
+        if args.output is None:
+            raise StepError(
+                "--batch-size changes the artifact's identity: give --output DIR as well, so the "
+                "run goes to a scratch folder and not to the artifact store"
+            )
+        config["batch_size"] = args.batch_size
+    return {**step, "runtime": runtime, "config": config}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kiln.runner", description=__doc__.split("\n")[0])
+    parser.add_argument("step", type=Path, help="the step JSON written by the Pants backend")
+    parser.add_argument("--inputs", type=Path, required=True, help="where the built inputs are")
+    parser.add_argument("--prefix", type=Path, help="the artifact store (interactive runs)")
+    parser.add_argument("--output", type=Path, help="build here instead of the artifact store")
+    overrides = parser.add_argument_group("run-time overrides (not part of the artifact's identity)")
+    overrides.add_argument("--max-steps", type=int, help="stop after N steps this run (resumable)")
+    overrides.add_argument("--attention", choices=("auto", "xla", "pallas", "cudnn"))
+    overrides.add_argument(
+        "--gradient-checkpointing", choices=("none", "full", "save_dots", "offload")
+    )
+    overrides.add_argument("--validation-every", type=int)
+    overrides.add_argument(
+        "--batch-size", type=int, help="scratch runs only (needs --output): throughput checks"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    step = json.loads(args.step.read_text())
+    if step.get("step_version") != STEP_VERSION:
+        print(f"kiln: error: {args.step}: step_version must be {STEP_VERSION}", file=sys.stderr)
+        return 1
+    if args.output is None and args.prefix is None:
+        parser.error("give --prefix (artifact store) or --output")
+    output = args.output or args.prefix / step["name"] / step["version"]
+    try:
+        step = apply_overrides(step, args)
+        return run_step(step, args.inputs, output.absolute(), None if args.output else args.prefix)
+    except StepError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

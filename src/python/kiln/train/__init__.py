@@ -1,0 +1,1 @@
+"""Training: the step spec, the loop, checkpoints, metrics and the train math (step.py)."""

@@ -1,0 +1,57 @@
+"""`python -m kiln.train SPEC.json`: train (or resume) one lm_checkpoint step.
+
+Exit codes: 0 complete; 1 bad input or expected error (one-paragraph message, no traceback);
+2 non-finite loss; 3 stopped early by runtime.max_steps_this_run (a checkpoint was saved: rerun
+to continue); 128 + signal number when interrupted by SIGINT/SIGTERM (a checkpoint was saved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+EXIT_STOPPED_EARLY = 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m kiln.train", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("spec", help="the step spec JSON (docs/step-spec.md)")
+    args = parser.parse_args(argv)
+    # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kiln").setLevel(logging.INFO)
+    # Heavy imports (jax) after argument parsing, so `--help` is instant.
+    from kiln.data.errors import KilnDataError
+    from kiln.data.mixture import MixtureError
+    from kiln.train.spec import SpecError, load_spec
+    from kiln.train.trainer import TrainingError, TrainingInterrupted, train
+
+    try:
+        summary = train(load_spec(args.spec))
+    except (SpecError, KilnDataError, MixtureError) as e:
+        print(f"kiln.train: error: {e}", file=sys.stderr)
+        return 1
+    except TrainingError as e:
+        kind = "" if isinstance(e, TrainingInterrupted) else "error: "
+        print(f"kiln.train: {kind}{e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("kiln.train: interrupted before a checkpoint could be saved", file=sys.stderr)
+        return 130
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    if not summary["complete"]:
+        print(
+            f"kiln.train: stopped early at step {summary['step']} of {summary['num_train_steps']} "
+            "(runtime.max_steps_this_run); rerun without it to finish",
+            file=sys.stderr,
+        )
+        return EXIT_STOPPED_EARLY
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

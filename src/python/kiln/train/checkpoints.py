@@ -1,0 +1,202 @@
+"""Rolling checkpoints: temporary by time, permanent by step, on demand; resume from the newest.
+
+Layout of one checkpoint (under the permanent root, output_path/checkpoints, or the temporary
+root when runtime.checkpointer.temporary_base_path is set):
+
+    step-N/state/          the TrainState pytree, written by orbax (its own temp dir + rename)
+    step-N/metadata.json   {"step": N, "timestamp": unix seconds, "is_temporary": bool}, written
+                           LAST: its presence means the checkpoint is complete
+
+The data position is the step itself (the mixture is a pure function of the step) and the model
+has no RNG state to carry, so the state pytree plus N is everything a resume needs.
+A step-N folder without metadata.json is a save that was killed: ignored, and deleted on start.
+Older checkpoints are deleted only after a newer one is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from kiln.artifacts import atomic_write_json
+from kiln.train.spec import CheckpointerSpec
+
+log = logging.getLogger(__name__)
+
+METADATA_FILE = "metadata.json"
+STATE_DIR = "state"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int
+    timestamp: float
+    is_temporary: bool
+
+
+def checkpoint_roots(output_path: Path, spec: CheckpointerSpec, name: str, version: str):
+    """(permanent root, temporary root). Temporaries under a shared base get a per-run folder."""
+    permanent = output_path / "checkpoints"
+    if spec.temporary_base_path is None:
+        return permanent, permanent
+    return permanent, spec.temporary_base_path / name / version / "checkpoints"
+
+
+def read_checkpoint(path: Path) -> CheckpointInfo | None:
+    """The checkpoint at `path` if it is complete (has readable metadata), else None."""
+    try:
+        meta = json.loads((path / METADATA_FILE).read_text())
+        return CheckpointInfo(path, int(meta["step"]), float(meta["timestamp"]),
+                              bool(meta["is_temporary"]))  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Checkpointer:
+    """Decides when to save, saves and restores TrainState pytrees, and prunes old temporaries."""
+
+    def __init__(
+        self,
+        permanent_root: Path,
+        temporary_root: Path,
+        *,
+        save_interval_seconds: float,
+        keep_last_temporary: int,
+        every: int | None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.permanent_root = permanent_root
+        self.temporary_root = temporary_root
+        self.save_interval_seconds = save_interval_seconds
+        self.keep_last_temporary = keep_last_temporary
+        self.every = every
+        self._clock = clock
+        self._last_save_time = clock()
+        self._orbax = ocp.StandardCheckpointer()
+        self._is_writer = jax.process_index() == 0
+
+    @classmethod
+    def from_spec(
+        cls, output_path: Path, spec: CheckpointerSpec, *, name: str, version: str
+    ) -> Checkpointer:
+        permanent, temporary = checkpoint_roots(output_path, spec, name, version)
+        return cls(
+            permanent,
+            temporary,
+            save_interval_seconds=spec.save_interval_minutes * 60.0,
+            keep_last_temporary=spec.keep_last_temporary,
+            every=spec.every,
+        )
+
+    def _roots(self) -> list[Path]:
+        return list(dict.fromkeys([self.permanent_root, self.temporary_root]))
+
+    def _step_dirs(self) -> list[Path]:
+        return [
+            p
+            for root in self._roots()
+            if root.is_dir()
+            for p in sorted(root.iterdir())
+            if p.is_dir() and _STEP_DIR.match(p.name)
+        ]
+
+    def complete(self) -> list[CheckpointInfo]:
+        """Complete checkpoints across both roots, oldest first (a permanent after a temporary)."""
+        infos = [info for p in self._step_dirs() if (info := read_checkpoint(p)) is not None]
+        return sorted(infos, key=lambda c: (c.step, not c.is_temporary))
+
+    def latest(self) -> CheckpointInfo | None:
+        """The checkpoint to resume from: the newest complete one, permanent winning a tie."""
+        infos = self.complete()
+        return infos[-1] if infos else None
+
+    def remove_incomplete(self) -> list[Path]:
+        """Deletes step folders without metadata.json (saves that were killed midway)."""
+        if not self._is_writer:
+            return []
+        removed = [p for p in self._step_dirs() if read_checkpoint(p) is None]
+        for path in removed:
+            log.warning("removing incomplete checkpoint %s (its save did not finish)", path)
+            shutil.rmtree(path, ignore_errors=True)
+        return removed
+
+    def restore(self, info: CheckpointInfo, like: Any) -> Any:
+        """Restores the state saved at `info` with the structure, dtypes and shardings of `like`."""
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        return self._orbax.restore(info.path / STATE_DIR, abstract)
+
+    def due(self, step: int, *, final: bool = False, requested: bool = False) -> str | None:
+        """Which save, if any, is due after `step`: "permanent", "temporary" or None."""
+        if final or (self.every is not None and step % self.every == 0):
+            return "permanent"
+        if requested or self._clock() - self._last_save_time >= self.save_interval_seconds:
+            return "temporary"
+        return None
+
+    def save_if_due(
+        self, step: int, state: Any, *, final: bool = False, requested: bool = False
+    ) -> CheckpointInfo | None:
+        kind = self.due(step, final=final, requested=requested)
+        if kind is None:
+            return None
+        return self.save(step, state, temporary=kind == "temporary")
+
+    def save(self, step: int, state: Any, *, temporary: bool) -> CheckpointInfo:
+        """Saves `state` as step-N (blocking until complete), then prunes what it supersedes."""
+        existing = self._existing(step)
+        if existing is not None and (temporary or not existing.is_temporary):
+            return existing  # already saved at this step, as durably as asked
+        root = self.temporary_root if temporary else self.permanent_root
+        path = root / f"step-{step}"
+        if existing is not None and existing.path == path:
+            info = self._write_metadata(path, step, temporary=False)  # promote in place
+        else:
+            if path.exists() and self._is_writer:
+                shutil.rmtree(path)  # a killed save of this very step
+            self._orbax.save(path / STATE_DIR, state)
+            self._orbax.wait_until_finished()
+            info = self._write_metadata(path, step, temporary=temporary)
+        self._last_save_time = self._clock()
+        self._prune(info)
+        return info
+
+    def _existing(self, step: int) -> CheckpointInfo | None:
+        matches = [c for c in self.complete() if c.step == step]
+        return matches[-1] if matches else None
+
+    def _write_metadata(self, path: Path, step: int, *, temporary: bool) -> CheckpointInfo:
+        info = CheckpointInfo(path, step, time.time(), temporary)
+        if self._is_writer:
+            atomic_write_json(
+                path / METADATA_FILE,
+                {"step": step, "timestamp": info.timestamp, "is_temporary": temporary},
+            )
+        return info
+
+    def _prune(self, newest: CheckpointInfo) -> None:
+        """A permanent save supersedes all older temporaries; beyond that keep the last N."""
+        if not self._is_writer:
+            return
+        temporaries = [c for c in self.complete() if c.is_temporary and c.path != newest.path]
+        if newest.is_temporary:
+            keep = self.keep_last_temporary - 1
+            doomed = temporaries[: max(0, len(temporaries) - keep)]
+        else:
+            doomed = [c for c in temporaries if c.step <= newest.step]
+        for c in doomed:
+            shutil.rmtree(c.path, ignore_errors=True)
+
+    def close(self) -> None:
+        self._orbax.close()

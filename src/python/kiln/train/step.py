@@ -1,0 +1,255 @@
+"""The jitted training math: TrainState, init, train / eval / log-prob steps, batch placement.
+
+The model is split once (nnx.split) into a static graphdef and a params State; every step is a
+plain jax.jit function that nnx.merge's them back inside. See docs/model.md ("Train step").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from kiln.model.config import LlamaConfig
+from kiln.model.llama import Llama
+from kiln.train.loss import next_token_loss, per_token_log_probs
+from kiln.train.mesh import batch_parallelism, batch_sharding, state_shardings
+from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
+
+BATCH_FIELDS = {"tokens": np.int32, "segment_ids": np.int32, "loss_mask": np.float32}
+
+
+@struct.dataclass
+class TrainState:
+    """Arrays plus the static model structure: what a checkpoint saves (graphdef is not saved)."""
+
+    graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+    params: nnx.State
+    opt_state: optax.OptState
+    step: jax.Array  # int32 scalar: optimizer steps taken
+
+
+def init_train_state(
+    model_config: LlamaConfig,
+    adam_config: AdamConfig,
+    num_train_steps: int,
+    *,
+    seed: int,
+    mesh: Mesh,
+    compute_dtype: str | jnp.dtype = "bfloat16",
+    param_dtype: str | jnp.dtype = "float32",
+    attention: str = "auto",
+    remat: str = "none",
+) -> TrainState:
+    """A fresh state, created directly in its sharded layout on `mesh` (same seed, same values)."""
+    options = _model_options(compute_dtype, param_dtype, attention, remat)
+    init = _sharded_initializer(model_config, adam_config, num_train_steps, options, mesh)
+    with jax.set_mesh(mesh):
+        return init(jax.random.key(seed))
+
+
+def abstract_train_state(
+    model_config: LlamaConfig,
+    adam_config: AdamConfig,
+    num_train_steps: int,
+    *,
+    mesh: Mesh,
+    compute_dtype: str | jnp.dtype = "bfloat16",
+    param_dtype: str | jnp.dtype = "float32",
+    attention: str = "auto",
+    remat: str = "none",
+) -> TrainState:
+    """init_train_state's result as jax.ShapeDtypeStructs with shardings: an orbax restore target."""
+    options = _model_options(compute_dtype, param_dtype, attention, remat)
+    init = _initializer(model_config, adam_config, num_train_steps, options)
+    abstract = jax.eval_shape(init, jax.random.key(0))
+    return jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        abstract,
+        state_shardings(abstract, mesh),
+    )
+
+
+def make_train_step(
+    adam_config: AdamConfig,
+    num_train_steps: int,
+    *,
+    z_loss_weight: float | None,
+    mesh: Mesh,
+) -> Callable[[TrainState, Mapping[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
+    """fn(state, batch) -> (next state, {loss, cross_entropy, z_loss, grad_norm, learning_rate}).
+
+    The input state is donated: use only the returned one. learning_rate is the rate applied in
+    this step; grad_norm is the global norm before clipping.
+    """
+    step = train_step_fn(adam_config, num_train_steps, z_loss_weight=z_loss_weight, mesh=mesh)
+    return _under_mesh(jax.jit(step, donate_argnums=0), mesh)
+
+
+def train_step_fn(
+    adam_config: AdamConfig,
+    num_train_steps: int,
+    *,
+    z_loss_weight: float | None,
+    mesh: Mesh | None,
+) -> Callable[[TrainState, Mapping[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
+    """make_train_step's function before jit, for jax.export. With a mesh, the next state is
+    constrained to the state's shardings."""
+    optimizer = build_optimizer(adam_config, num_train_steps)
+    schedule = learning_rate_schedule(adam_config, num_train_steps)
+
+    def train_step(state: TrainState, batch: Mapping[str, jax.Array]):
+        def loss_fn(params: nnx.State):
+            logits = nnx.merge(state.graphdef, params)(batch["tokens"], batch["segment_ids"])
+            return next_token_loss(logits, batch["tokens"], batch["loss_mask"], z_loss_weight)
+
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        next_state = state.replace(
+            params=optax.apply_updates(state.params, updates),
+            opt_state=opt_state,
+            step=state.step + 1,
+        )
+        if mesh is not None:
+            # Pin the layout so the next call sees the same input shardings (no recompiles).
+            next_state = jax.lax.with_sharding_constraint(
+                next_state, state_shardings(next_state, mesh)
+            )
+        metrics = {
+            "loss": loss,
+            **metrics,
+            "grad_norm": optax.tree.norm(grads),
+            "learning_rate": schedule(state.step),
+        }
+        return next_state, metrics
+
+    return train_step
+
+
+def make_eval_step(
+    *, mesh: Mesh
+) -> Callable[[TrainState, Mapping[str, Any]], dict[str, jax.Array]]:
+    """fn(state, batch) -> {"loss_sum": sum of masked next-token CE in nats, "token_count"}."""
+
+    def eval_step(state: TrainState, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        logits = nnx.merge(state.graphdef, state.params)(batch["tokens"], batch["segment_ids"])
+        mask = batch["loss_mask"][:, :-1].astype(jnp.float32)
+        log_probs = per_token_log_probs(logits, batch["tokens"])
+        return {"loss_sum": -(log_probs * mask).sum(), "token_count": mask.sum()}
+
+    return _under_mesh(jax.jit(eval_step), mesh)
+
+
+def make_logprob_fn(
+    graphdef: nnx.GraphDef, *, with_is_argmax: bool = False
+) -> Callable[[TrainState | nnx.State, np.ndarray], Any]:
+    """fn(state or params, tokens int32 [B, T]) -> float32 numpy [B, T - 1] of
+    log p(tokens[:, t + 1] | tokens[:, :t + 1]); with_is_argmax: also a bool [B, T - 1] that says
+    whether tokens[:, t + 1] is the model's argmax (lm-eval's is_greedy).
+
+    Jitted per (B, T): callers bucket shapes. Rows are single sequences (no segment ids).
+    """
+
+    @jax.jit
+    def log_probs(params: nnx.State, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = nnx.merge(graphdef, params)(tokens)
+        is_argmax = jnp.argmax(logits[:, :-1], axis=-1) == tokens[:, 1:]
+        return per_token_log_probs(logits, tokens), is_argmax
+
+    def logprob_fn(state_or_params: TrainState | nnx.State, tokens: np.ndarray) -> Any:
+        params = state_or_params
+        if isinstance(state_or_params, TrainState):
+            params = state_or_params.params
+        values, is_argmax = jax.device_get(log_probs(params, jnp.asarray(tokens, jnp.int32)))
+        return (values, is_argmax) if with_is_argmax else values
+
+    return logprob_fn
+
+
+def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Host numpy batch -> global arrays split over ("data", "fsdp") along the batch dimension.
+
+    With several processes, each passes its own slice; the global batch is their concatenation.
+    """
+    missing = sorted(set(BATCH_FIELDS) - set(batch))
+    if missing:
+        raise ValueError(f"batch is missing field(s) {missing}; expected {sorted(BATCH_FIELDS)}")
+    shapes = {name: np.shape(batch[name]) for name in BATCH_FIELDS}
+    if len(set(shapes.values())) != 1 or len(shapes["tokens"]) != 2:
+        raise ValueError(f"batch fields must all be [batch, seq_len] arrays, got shapes {shapes}")
+    global_batch = shapes["tokens"][0] * jax.process_count()
+    ways = batch_parallelism(mesh)
+    if global_batch % ways:
+        raise ValueError(
+            f"global batch size {global_batch} is not divisible by the mesh's data * fsdp = {ways}"
+        )
+    sharding = batch_sharding(mesh)
+    return {
+        name: jax.make_array_from_process_local_data(sharding, np.asarray(batch[name], dtype))
+        for name, dtype in BATCH_FIELDS.items()
+    }
+
+
+def _model_options(
+    compute_dtype: str | jnp.dtype, param_dtype: str | jnp.dtype, attention: str, remat: str
+) -> tuple[tuple[str, Any], ...]:
+    """Llama's keyword options, as a hashable tuple of items."""
+    return (
+        ("compute_dtype", jnp.dtype(compute_dtype)),
+        ("param_dtype", jnp.dtype(param_dtype)),
+        ("attention", attention),
+        ("remat", remat),
+    )
+
+
+def _initializer(
+    model_config: LlamaConfig,
+    adam_config: AdamConfig,
+    num_train_steps: int,
+    model_options: tuple[tuple[str, Any], ...],
+) -> Callable[[jax.Array], TrainState]:
+    optimizer = build_optimizer(adam_config, num_train_steps)
+
+    def init(key: jax.Array) -> TrainState:
+        model = Llama(model_config, rngs=nnx.Rngs(params=key), **dict(model_options))
+        graphdef, params = nnx.split(model)
+        return TrainState(
+            graphdef=graphdef,
+            params=params,
+            opt_state=optimizer.init(params),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    return init
+
+
+@functools.cache
+def _sharded_initializer(
+    model_config: LlamaConfig,
+    adam_config: AdamConfig,
+    num_train_steps: int,
+    model_options: tuple[tuple[str, Any], ...],
+    mesh: Mesh,
+) -> Callable[[jax.Array], TrainState]:
+    """The jitted initializer, cached so that another seed (or a second run) does not recompile."""
+    init = _initializer(model_config, adam_config, num_train_steps, model_options)
+    shardings = state_shardings(jax.eval_shape(init, jax.random.key(0)), mesh)
+    return jax.jit(init, out_shardings=shardings)
+
+
+def _under_mesh(fn: Callable, mesh: Mesh) -> Callable:
+    """Traces and runs `fn` with `mesh` as the context mesh (the model's activation sharding
+    constraints name its axes)."""
+
+    def run(*args: Any) -> Any:
+        with jax.set_mesh(mesh):
+            return fn(*args)
+
+    return run

@@ -1,0 +1,521 @@
+"""The training loop: `train(spec)` turns a TrainSpec into a checkpoint directory.
+
+Per step: batch (a pure function of the step) -> train_step -> metrics -> [validation] -> [evals]
+-> [checkpoint] -> control endpoint. Resumes from the newest complete checkpoint. Stops with a
+TrainingError (a clear message, no traceback from `python -m kiln.train`) on a non-finite loss,
+on SIGINT/SIGTERM (after saving a temporary checkpoint) and on bad inputs. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from kiln.artifacts import atomic_write_json, atomic_write_text
+from kiln.data.cache import TokenCache
+from kiln.data.mixture import DEFAULT_BLOCK_SIZE, MixtureDataset, fixed_batches
+from kiln.eval.validation import ValidationSet, validation_metrics
+from kiln.train.checkpoints import Checkpointer, CheckpointInfo
+from kiln.train.metrics import (
+    MetricsLogger,
+    Throughput,
+    WandbSettings,
+    peak_flops_per_device,
+    wandb_run_id,
+)
+from kiln.train.progress import Progress, make_progress
+from kiln.train.spec import DatasetInput, Resources, TrainSpec
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+TRACKER_FILE = "tracker_metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+PLOT_FILE = "plots/training.png"
+PREFETCH_BATCHES = 2
+
+
+class TrainingError(RuntimeError):
+    """An expected failure: the message says what happened and what to do."""
+
+    exit_code = 1
+
+
+class TrainingDiverged(TrainingError):
+    exit_code = 2
+
+
+class TrainingInterrupted(TrainingError):
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The opened inputs: training mixture, validation sets and their shared tokenizer."""
+
+    mixture: MixtureDataset
+    validation: tuple[ValidationSet, ...]
+    tokenizer: Any  # kiln.data.tokenizer.TokenizerInfo
+    tokenizer_spec: Any  # what kiln.data.tokenizer.load_tokenizer takes (for evals)
+
+
+def mixture_block_size(batch_size: int, num_train_steps: int) -> int:
+    """Marin's 2048 sequences per block, or the whole run when it is shorter than one block,
+    so a small run sees its mixture weights exactly."""
+    return min(DEFAULT_BLOCK_SIZE, batch_size * num_train_steps)
+
+
+def open_caches(inputs: Sequence[DatasetInput]) -> list[TokenCache]:
+    from kiln.data.errors import KilnDataError
+
+    caches = []
+    for d in inputs:
+        try:
+            caches.append(TokenCache.open(d.path))
+        except (KilnDataError, OSError, ValueError) as e:
+            raise TrainingError(f"dataset {d.name} ({d.path}): {e}") from None
+    return caches
+
+
+def check_one_tokenizer(inputs: Sequence[DatasetInput], caches: Sequence[TokenCache]) -> Any:
+    """All caches must share one tokenizer (same digest); returns its TokenizerInfo."""
+    digests = {d.name: c.tokenizer.digest for d, c in zip(inputs, caches)}
+    if len(set(digests.values())) > 1:
+        listing = ", ".join(f"{name}: {c.tokenizer.name} {digest[:12]}"
+                            for (name, digest), c in zip(digests.items(), caches))  # fmt: skip
+        raise TrainingError(
+            f"the datasets were tokenized with different tokenizers ({listing}); "
+            "retokenize them with one tokenizer"
+        )
+    return caches[0].tokenizer
+
+
+def open_data(spec: TrainSpec) -> RunData:
+    cfg, runtime = spec.config, spec.runtime
+    inputs = [*cfg.datasets, *cfg.validation]
+    caches = open_caches(inputs)
+    tokenizer = check_one_tokenizer(inputs, caches)
+    train_caches = caches[: len(cfg.datasets)]
+    mixture = MixtureDataset(
+        [(c, d.weight) for c, d in zip(train_caches, cfg.datasets)],
+        cfg.seq_len,
+        cfg.seed,
+        block_size=mixture_block_size(cfg.batch_size, cfg.num_train_steps),
+    )
+    validation = tuple(
+        ValidationSet.build(
+            d.name,
+            fixed_batches(c, cfg.seq_len, cfg.batch_size, runtime.validation_batches),
+            tokenizer.token_byte_lengths,
+        )
+        for d, c in zip(cfg.validation, caches[len(cfg.datasets) :])
+    )
+    return RunData(mixture, validation, tokenizer, caches[0].info["tokenizer"].get("spec"))
+
+
+def check_devices(resources: Resources) -> None:
+    """The devices jax sees must be of the kind the spec asks for: a GPU run silently falling back
+    to the CPU (jax without CUDA) would take months, not hours."""
+    backend = jax.default_backend()
+    if resources.kind != "cpu" and backend != resources.kind:
+        raise TrainingError(
+            f"runtime.resources asks for {resources.kind} but jax found only {backend} devices; "
+            f"install the jax build for {resources.kind} or run with resources cpu()"
+        )
+    if resources.count is not None and resources.count != jax.device_count():
+        log.warning(
+            "runtime.resources asks for %d %s devices; jax sees %d: the mesh uses what it sees",
+            resources.count, resources.kind, jax.device_count(),
+        )  # fmt: skip
+
+
+def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Iterator[Any]:
+    """make(step) for each step, computed `depth` steps ahead on a background thread."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-data") as pool:
+        pending = deque(pool.submit(make, s) for s in steps[:depth])
+        for s in steps[depth:]:
+            pending.append(pool.submit(make, s))
+            yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+class StopSignals:
+    """Turns the first SIGINT/SIGTERM into a flag checked after each step; a second one of the
+    same kind gets the default behaviour (kill now)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        signal.signal(
+            signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
+        )
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+class EvalHook:
+    """The lm-eval suite (kiln.eval.harness), checked when the run starts so that a task that
+    cannot load fails at step 0, not after hours of training."""
+
+    def __init__(self, suite: Any, tokenizer_spec: Any, max_length: int):
+        try:
+            from kiln.eval import harness
+        except ImportError as e:
+            raise TrainingError(
+                f"config.evals is set but the lm-eval harness cannot be imported ({e}); install "
+                "lm-eval (3rdparty/python/runtime-requirements.txt) or set evals to null"
+            ) from None
+        from kiln.data.tokenizer import load_tokenizer
+
+        try:
+            harness.load_suite_tasks(suite)
+            self.tokenizer = load_tokenizer(tokenizer_spec)
+        except Exception as e:  # any failure to set evals up is a bad input, reported at once
+            raise TrainingError(f"config.evals: {e}") from None
+        self.run_suite = harness.run_eval_suite
+        self.suite = suite.to_dict()
+        self.max_length = max_length
+
+    def __call__(self, logprob_fn: Callable[[Any], Any], step: int) -> dict[str, float]:
+        return self.run_suite(
+            logprob_fn, self.tokenizer, self.suite, step, max_length=self.max_length
+        )
+
+
+def _finite(metrics: dict[str, float]) -> bool:
+    return math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+class Trainer:
+    def __init__(self, spec: TrainSpec):
+        from kiln.train.mesh import make_mesh
+
+        self.spec = spec
+        self.cfg = spec.config
+        self.runtime = spec.runtime
+        self.output = spec.output_path
+        self.is_main = jax.process_index() == 0
+        check_devices(self.runtime.resources)
+        self.data = open_data(spec)
+        self.model_config = self.cfg.model_config(self.data.tokenizer.vocab_size)
+        self.mesh = make_mesh(self.runtime.mesh)
+        self.run_id = wandb_run_id(self.runtime.wandb.run_id, spec.name, spec.version)
+        self.checkpointer = Checkpointer.from_spec(
+            self.output, self.runtime.checkpointer, name=spec.name, version=spec.version
+        )
+        self.throughput = self._throughput()
+        self.last_checkpoint: CheckpointInfo | None = None
+        self.control: Any = None
+        self.step_times: list[float] = []
+        self._plotted_step: int | None = None
+
+    # --- setup ------------------------------------------------------------------------------
+
+    def resolved_config(self) -> dict[str, Any]:
+        devices = jax.devices()
+        return {
+            "spec": self.spec.raw,
+            "run_id": self.run_id,
+            "model": self.model_config.to_dict(),
+            "tokenizer": self.data.tokenizer.to_json(),
+            "mixture": {
+                "block_size": self.data.mixture.block_size,
+                "sequences_per_block": {
+                    d.name: int(n)
+                    for d, n in zip(
+                        [d for d in self.cfg.datasets if d.weight > 0], self.data.mixture.counts
+                    )
+                },
+            },
+            "mesh": dict(self.mesh.shape),
+            "devices": {"count": len(devices), "kind": devices[0].device_kind},
+            "process_count": jax.process_count(),
+        }
+
+    def _throughput(self) -> Throughput:
+        from kiln.model.config import flops_per_token
+
+        devices = jax.devices()
+        peak = peak_flops_per_device(devices[0].device_kind, self.cfg.compute_dtype)
+        return Throughput(
+            tokens_per_step=self.cfg.batch_size * self.cfg.seq_len,
+            flops_per_token=flops_per_token(self.model_config, self.cfg.seq_len),
+            peak_flops=peak * len(devices) if peak else None,
+        )
+
+    def _model_options(self) -> dict[str, Any]:
+        return {
+            "mesh": self.mesh,
+            "compute_dtype": self.cfg.compute_dtype,
+            "param_dtype": self.cfg.param_dtype,
+            "attention": self.runtime.attention,
+            "remat": self.runtime.gradient_checkpointing,
+        }
+
+    def initial_state(self) -> tuple[Any, int]:
+        """(state, step): restored from the newest complete checkpoint, else freshly initialised."""
+        from kiln.train.step import abstract_train_state, init_train_state
+
+        self.checkpointer.remove_incomplete()
+        latest = self.checkpointer.latest()
+        args = (self.model_config, self.cfg.optimizer, self.cfg.num_train_steps)
+        if latest is None:
+            return init_train_state(*args, seed=self.cfg.seed, **self._model_options()), 0
+        target = abstract_train_state(*args, **self._model_options())
+        try:
+            state = self.checkpointer.restore(latest, target)
+        except Exception as e:  # orbax raises many types; all mean "not this run's state"
+            raise TrainingError(
+                f"cannot restore {latest.path} into this run's model and optimizer ({e}). "
+                "If the config changed, give the run a new version; else delete the checkpoint."
+            ) from None
+        if int(state.step) != latest.step:
+            raise TrainingError(
+                f"checkpoint {latest.path} says step {latest.step} but holds a state at step "
+                f"{int(state.step)}; delete it to resume from an earlier one"
+            )
+        self.last_checkpoint = latest
+        return state, latest.step
+
+    def _setup_evals(self) -> None:
+        from kiln.train.step import make_logprob_fn
+
+        if self.cfg.evals is None:
+            return
+        self.evals = EvalHook(
+            self.cfg.evals, self.data.tokenizer_spec, self.model_config.max_seq_len
+        )
+        self.logprobs = make_logprob_fn(self.state.graphdef)
+
+    def _metrics_logger(self, resume_step: int) -> MetricsLogger:
+        wandb = None
+        if self.is_main and self.runtime.wandb.mode != "disabled":
+            w = self.runtime.wandb
+            wandb = WandbSettings(w.mode, w.project, w.entity, self.run_id, self.resolved_config())
+        return MetricsLogger(self.output, resume_step=resume_step, wandb=wandb, write=self.is_main)
+
+    def _control_server(self, progress: Progress) -> Any:
+        control = self.runtime.control
+        if not (control.enabled and self.is_main):
+            return None
+        try:
+            from kiln.control.server import ControlServer
+        except ImportError as e:
+            log.warning("training control endpoint unavailable (%s); continuing without it", e)
+            return None
+        server = ControlServer(
+            self.output,
+            {"run_id": self.run_id, "name": self.spec.name, "version": self.spec.version,
+             "fingerprint": self.spec.fingerprint, "output_path": str(self.output)},
+            self.resolved_config(),
+            host=control.host,
+            port=control.port,
+            token_ttl_minutes=control.token_ttl_minutes,
+        )  # fmt: skip
+        progress.message(f"training control: {server.start()}")
+        return server
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        total = self.cfg.num_train_steps
+        self.output.mkdir(parents=True, exist_ok=True)
+        if self.is_main:
+            atomic_write_json(self.output / CONFIG_FILE, self.resolved_config())
+        with contextlib.ExitStack() as cleanup:
+            start_step = self._start(cleanup)
+            end_step = total
+            if self.runtime.max_steps_this_run is not None:
+                end_step = min(total, start_step + self.runtime.max_steps_this_run)
+            signals = cleanup.enter_context(StopSignals())
+            batches = prefetched(self._batch, range(start_step, end_step), PREFETCH_BATCHES)
+            cleanup.callback(batches.close)
+            for step in range(start_step + 1, end_step + 1):
+                began = time.monotonic()  # step time includes waiting for data, not evaluation
+                self._train_one(step, next(batches), began)
+                self._after_step(step, signals.received, stopping_early=step == end_step < total)
+            return self._finish(started, end_step)
+
+    def _start(self, cleanup: contextlib.ExitStack) -> int:
+        """Restores or initialises the state and opens what the loop writes to (closed by
+        `cleanup`). Returns the step to continue from."""
+        from kiln.train.step import make_eval_step, make_train_step
+
+        cleanup.callback(self.checkpointer.close)
+        self.state, start_step = self.initial_state()
+        self.train_step = make_train_step(
+            self.cfg.optimizer,
+            self.cfg.num_train_steps,
+            z_loss_weight=self.cfg.z_loss_weight,
+            mesh=self.mesh,
+        )
+        self.eval_step = make_eval_step(mesh=self.mesh)
+        self._setup_evals()
+        self.metrics = self._metrics_logger(start_step)
+        cleanup.callback(self.metrics.close)
+        self.progress = make_progress(
+            self.runtime.progress, total_steps=self.cfg.num_train_steps, start_step=start_step
+        )
+        cleanup.callback(self.progress.close)
+        if start_step:
+            self.progress.message(f"resumed from {self.last_checkpoint.path}")
+        self.control = self._control_server(self.progress)
+        if self.control is not None:
+            cleanup.callback(self.control.stop)
+        return start_step
+
+    def _batch(self, step: int) -> dict[str, Any]:
+        from kiln.train.step import shard_batch
+
+        return shard_batch(self.data.mixture.batch(step, self.cfg.batch_size), self.mesh)
+
+    def _eval_batch(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from kiln.train.step import shard_batch
+
+        return jax.device_get(self.eval_step(self.state, shard_batch(batch, self.mesh)))
+
+    def _train_one(self, step: int, batch: dict[str, Any], began: float) -> None:
+        self.state, out = self.train_step(self.state, batch)
+        values = {k: float(v) for k, v in jax.device_get(out).items()}
+        seconds = time.monotonic() - began
+        self.step_times.append(seconds)
+        metrics = {
+            "train/loss": values["loss"],
+            "train/cross_entropy": values["cross_entropy"],
+            "train/z_loss": values["z_loss"],
+            "optim/learning_rate": values["learning_rate"],
+            "optim/grad_norm": values["grad_norm"],
+            **self.throughput.metrics(seconds),
+            "timestamp": time.time(),
+        }
+        self.metrics.log(step, metrics)
+        if not _finite(values):
+            last = self.last_checkpoint.path if self.last_checkpoint else "none yet"
+            raise TrainingDiverged(
+                f"non-finite training loss at step {step} (loss {values['loss']}, grad_norm "
+                f"{values['grad_norm']}); stopped without saving this state. Last good checkpoint: "
+                f"{last}. Lower the learning rate, raise warmup or enable z-loss, with a new version."
+            )
+        self.progress.update(step, values["loss"], metrics["throughput/tokens_per_second"])
+
+    def _after_step(self, step: int, signum: int | None, *, stopping_early: bool) -> None:
+        total = self.cfg.num_train_steps
+        final = step == total
+        if self.data.validation and (final or step % self.runtime.validation_every == 0):
+            self.metrics.log(step, validation_metrics(self._eval_batch, self.data.validation))
+            self._write_plot(step)
+        evals = self.cfg.evals
+        if evals is not None and (final or step % evals.every == 0):
+            self._run_evals(step)
+        requested = self.control is not None and self.control.take_checkpoint_request()
+        saved = self.checkpointer.save_if_due(
+            step, self.state, final=final,
+            requested=requested or signum is not None or stopping_early,
+        )  # fmt: skip
+        if saved is not None:
+            self.last_checkpoint = saved
+            kind = "temporary" if saved.is_temporary else "permanent"
+            self.progress.message(f"saved {kind} checkpoint {saved.path}")
+        if self.control is not None:
+            self.control.update(
+                step=step, total_steps=total, loss=self.metrics.latest.get("train/loss"),
+                tokens_per_second=self.metrics.latest.get("throughput/tokens_per_second"),
+                eta_seconds=self._eta_seconds(step),
+                last_checkpoint=str(self.last_checkpoint.path) if self.last_checkpoint else None,
+            )  # fmt: skip
+        if signum is not None:
+            raise TrainingInterrupted(
+                f"interrupted by {signal.Signals(signum).name} after step {step}; saved "
+                f"{self.last_checkpoint.path}. Rerun to resume.",
+                signum,
+            )
+
+    def _eta_seconds(self, step: int) -> float:
+        recent = self.step_times[-20:]
+        return sum(recent) / len(recent) * (self.cfg.num_train_steps - step)
+
+    def _run_evals(self, step: int) -> None:
+        self.metrics.log(step, self.evals(lambda tokens: self.logprobs(self.state, tokens), step))
+
+    def _write_plot(self, step: int) -> None:
+        if not self.is_main or self._plotted_step == step:
+            return
+        self._plotted_step = step
+        try:
+            from kiln.report.plots import write_training_plot
+
+            write_training_plot(self.metrics.path, self.output / PLOT_FILE)
+        except Exception as e:  # a plot is a convenience: never let it stop training
+            log.warning("could not write the training plot: %s", e)
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def _finish(self, started: float, end_step: int) -> dict[str, Any]:
+        complete = end_step == self.cfg.num_train_steps
+        if complete:  # a no-op when the last step already saved it (the usual case)
+            self.last_checkpoint = self.checkpointer.save(end_step, self.state, temporary=False)
+        self._write_plot(end_step)
+        summary = self._summary(started, end_step, complete)
+        if self.is_main:
+            atomic_write_json(self.output / SUMMARY_FILE, summary)
+            if complete:
+                record = {"config": self.resolved_config(), "summary": summary}
+                atomic_write_text(self.output / TRACKER_FILE, _json_line(record))
+        return summary
+
+    def _summary(self, started: float, end_step: int, complete: bool) -> dict[str, Any]:
+        # The first step of a run includes compilation: leave it out of the throughput.
+        timed = self.step_times[1:] or self.step_times
+        tokens_per_second = (
+            self.throughput.tokens_per_step * len(timed) / sum(timed) if timed else None
+        )
+        latest = {k: v for k, v in self.metrics.latest.items() if not k.startswith("throughput/")}
+        latest.pop("timestamp", None)
+        return {
+            **latest,
+            "complete": complete,
+            "step": end_step,
+            "num_train_steps": self.cfg.num_train_steps,
+            "steps_this_run": len(self.step_times),
+            "tokens_per_second": tokens_per_second,
+            "wall_time_seconds": time.monotonic() - started,
+            "output_path": str(self.output),
+            "checkpoint": str(self.last_checkpoint.path) if self.last_checkpoint else None,
+            "metrics_file": str(self.metrics.path),
+        }
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    return json.dumps(record, sort_keys=True) + "\n"
+
+
+def train(spec: TrainSpec) -> dict[str, Any]:
+    """Trains (or resumes) the run described by `spec`; returns the summary dict."""
+    return Trainer(spec).run()

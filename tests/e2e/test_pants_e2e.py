@@ -1,0 +1,74 @@
+"""End to end: real ./pants on a copy of this workspace, building the tiny CI checkpoint.
+
+Build it, build it again (every process a cache hit), change one identity field (only training
+reruns; the caches stay hits). Runs without pantsd, so each call also pays Pants' start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+WORKSPACE = ("pants", "pants.toml", "ruff.toml", "3rdparty", "src", "experiments")
+TARGET = "experiments:ci_tiny"
+TRAINING = "Training checkpoints/ci_tiny@2026.11.29"
+TOKENIZING = "Tokenizing tokenized/quickstart/stdlib_validation@2026.11.29"
+
+
+def copy_workspace(destination: Path) -> Path:
+    for name in WORKSPACE:
+        source = Path(name)
+        if source.is_dir():
+            shutil.copytree(source, destination / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, destination / name)
+    return destination
+
+
+def pants(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["./pants", "--no-pantsd", "--stats-log", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def counter(result: subprocess.CompletedProcess[str], name: str) -> int:
+    match = re.search(rf"^\s+{name}: (\d+)$", result.stderr, re.MULTILINE)
+    assert match, f"no {name} in the stats log:\n{result.stderr}"
+    return int(match.group(1))
+
+
+def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
+    repo = copy_workspace(tmp_path)
+    artifact = repo / "dist/checkpoints/ci_tiny/2026.11.29"
+
+    first = pants(repo, "package", TARGET)
+    assert (artifact / "STATUS").read_text().strip() == "SUCCESS"
+    record = json.loads((artifact / "artifact.json").read_text())
+    assert record["name"] == "checkpoints/ci_tiny"
+    assert record["identity"]["num_train_steps"] == 20
+    assert (artifact / "checkpoints/step-20/metadata.json").exists()
+    assert TRAINING in first.stderr
+
+    second = pants(repo, "package", TARGET)
+    assert TRAINING not in second.stderr and TOKENIZING not in second.stderr
+    assert counter(second, "local_cache_requests_cached") >= 3  # 1 shard + merge + training
+
+    build = repo / "experiments/BUILD"
+    text = build.read_text()
+    assert text.count("num_train_steps=20,") == 1
+    build.write_text(text.replace("num_train_steps=20,", "num_train_steps=22,"))
+    third = pants(repo, "package", TARGET)
+    assert TRAINING in third.stderr
+    assert TOKENIZING not in third.stderr
+    record = json.loads((artifact / "artifact.json").read_text())
+    assert record["identity"]["num_train_steps"] == 22
+    assert (artifact / "checkpoints/step-22/metadata.json").exists()

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+from kiln_testing.data import sample_texts, write_corpus, write_jsonl
+
+from kiln.data.errors import SourceError
+from kiln.data.sources import assign_to_shards, expand_paths, shard_documents
+from kiln.data.spec import FilesSource, HfSource
+
+
+def _texts(source, num_shards=1, text_key="text") -> list[str]:
+    return [
+        doc.text
+        for index in range(num_shards)
+        for doc in shard_documents(source, text_key, num_shards, index)
+    ]
+
+
+def test_reads_every_format(tmp_path: Path):
+    texts = sample_texts(6)
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts[:2]).encode()
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines))
+    (tmp_path / "b.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    pq.write_table(pa.table({"text": texts[2:4], "n": [1, 2]}), tmp_path / "c.parquet")
+    (tmp_path / "d.txt").write_text(texts[4] + "\n\n" + texts[5])
+    write_jsonl(tmp_path / "e.jsonl", texts[:1])
+    source = FilesSource(paths=(str(tmp_path / "*"),))
+    expected = [*texts[:2], *texts[:2], *texts[2:4], texts[4] + "\n\n" + texts[5], texts[0]]
+    assert _texts(source) == expected
+
+
+def test_globs_and_relative_paths(tmp_path: Path, monkeypatch):
+    texts = write_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    assert _texts(FilesSource(paths=("corpus/**/*.jsonl",))) == texts
+    assert (
+        _texts(FilesSource(paths=("corpus/c.jsonl", "corpus/a.jsonl"))) == texts[:50] + texts[70:]
+    )
+
+
+def test_shards_partition_files_by_size(tmp_path: Path):
+    texts = write_corpus(tmp_path)
+    source = FilesSource(paths=(str(tmp_path / "*.jsonl"),))
+    # a.jsonl (largest) alone in shard 0; b and c, sorted, in shard 1.
+    assert _texts(source, num_shards=2) == texts
+    assert [doc.text for doc in shard_documents(source, "text", 2, 1)] == texts[50:]
+    assert [len(list(shard_documents(source, "text", 4, i))) for i in range(4)] == [50, 20, 20, 0]
+
+
+def test_assign_to_shards_balances_deterministically():
+    sizes = {"e": 1, "a": 10, "b": 7, "c": 5, "d": 3}
+    # a(10)->0, b(7)->1, c(5)->1 (7<10), d(3)->0 (10<12), e(1)->1 (12<13)
+    assert assign_to_shards(sizes, 2) == [["a", "d"], ["b", "c", "e"]]
+    assert assign_to_shards(sizes, 2) == assign_to_shards(dict(reversed(sizes.items())), 2)
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"text": "ok"}\n{"text": "\xff"}\n', "bad.jsonl:2: the line is not valid UTF-8"),
+        (b'{"text": "ok"}\n\n{"text": \n', "bad.jsonl:3: the line is not valid JSON"),
+        (
+            b'{"body": "x", "id": 1}\n',
+            "bad.jsonl:1: no field 'text' (the text_key); fields present: ['body', 'id']",
+        ),
+        (b'{"text": 5}\n', "bad.jsonl:1: field 'text' must be a string"),
+        (b"[1, 2]\n", "bad.jsonl:1: expected a JSON object"),
+    ],
+)
+def test_bad_lines_name_file_and_line(tmp_path: Path, content: bytes, message: str):
+    (tmp_path / "bad.jsonl").write_bytes(content)
+    with pytest.raises(SourceError, match="bad.jsonl") as error:
+        _texts(FilesSource(paths=(str(tmp_path / "bad.jsonl"),)))
+    assert message in str(error.value)
+
+
+def test_missing_empty_and_unmatched_files(tmp_path: Path):
+    with pytest.raises(SourceError, match=r"nope\.jsonl: no such file"):
+        expand_paths([str(tmp_path / "nope.jsonl")])
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    with pytest.raises(SourceError, match=r"empty\.jsonl: the file is empty"):
+        expand_paths([str(tmp_path / "empty.jsonl")])
+    with pytest.raises(SourceError, match=r"\*\.parquet: the glob matches no file"):
+        expand_paths([str(tmp_path / "*.parquet")])
+    (tmp_path / "data.csv").write_text("text\nhello\n")
+    with pytest.raises(SourceError, match=r"data\.csv: cannot tell the format"):
+        _texts(FilesSource(paths=(str(tmp_path / "data.csv"),)))
+
+
+def test_parquet_missing_column_names_the_columns(tmp_path: Path):
+    pq.write_table(pa.table({"content": ["a"], "id": [1]}), tmp_path / "x.parquet")
+    with pytest.raises(SourceError, match=r"x\.parquet: no column 'text'.*\['content', 'id'\]"):
+        _texts(FilesSource(paths=(str(tmp_path / "x.parquet"),)))
+
+
+def test_hf_loading_path_on_a_local_dataset_folder(tmp_path: Path):
+    """The code path that handles hub ids, run on a local folder (no hub here)."""
+    folder = tmp_path / "dataset"
+    texts = write_corpus(folder)
+    source = HfSource(id=str(folder), split="train")
+    assert sorted(_texts(source)) == sorted(texts)
+    sharded = [_texts_of_shard(source, 3, i) for i in range(3)]
+    assert all(sharded) and sorted(sum(sharded, [])) == sorted(texts)
+    assert _texts(source, num_shards=3) == _texts(source, num_shards=3)  # deterministic order
+
+
+def _texts_of_shard(source, num_shards, index) -> list[str]:
+    return [doc.text for doc in shard_documents(source, "text", num_shards, index)]
+
+
+def test_hf_offline_fails_fast_naming_the_dataset():
+    with pytest.raises(SourceError) as error:
+        _texts(HfSource(id="kiln-test/no-such-dataset", split="train"))
+    message = str(error.value)
+    assert "'kiln-test/no-such-dataset'" in message
+    assert '"kind": "files"' in message

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kiln_testing.data import make_spec, write_corpus
+
+from kiln.artifacts import read_status
+from kiln.data.cache import TokenCache
+from kiln.data.tokenize import main
+
+
+def _write_spec(tmp_path: Path, spec: dict) -> str:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def test_shard_and_merge_commands(tmp_path: Path, monkeypatch, capsys):
+    texts = write_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)  # relative paths in the spec are relative to CWD, as in Pants
+    spec = _write_spec(
+        tmp_path, make_spec({"kind": "files", "paths": ["corpus/*.jsonl"]}, num_shards=2)
+    )
+    assert main(["shard", spec, "--index", "1", "--out", "out/s1"]) == 0
+    assert main(["shard", spec, "--index", "0", "--out", "out/s0"]) == 0
+    assert read_status(tmp_path / "out/s0") == "SUCCESS"
+    assert main(["merge", spec, "--shards", "out/s0", "out/s1", "--out", "cache"]) == 0
+    assert TokenCache.open(tmp_path / "cache").num_documents == len(texts)
+    assert "cache ready at cache" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["shard", "{spec}", "--index", "2", "--out", "s"], "--index 2 is out of range"),
+        (["merge", "{spec}", "--shards", "nowhere", "--out", "c"], "nowhere: no such shard folder"),
+        (["build", "missing.json", "--out", "c"], "missing.json: no such spec file"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(tmp_path, monkeypatch, capsys, argv, message):
+    write_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    spec = _write_spec(
+        tmp_path, make_spec({"kind": "files", "paths": ["corpus/a.jsonl"]}, num_shards=2)
+    )
+    assert main([arg.replace("{spec}", spec) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):
+    spec = make_spec({"kind": "hf", "id": "kiln-test/missing", "split": "train"})
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),  # as this process sees
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kiln.data.tokenize",
+            "build",
+            _write_spec(tmp_path, spec),
+            "--out",
+            "c",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "'kiln-test/missing'" in result.stderr and '"kind": "files"' in result.stderr
+    assert not (tmp_path / "c" / "STATUS").exists()

@@ -1,0 +1,247 @@
+"""Pallas flash attention (interpret mode on CPU) against fp32 references, on fresh random inputs.
+
+Each tensor (output, dQ, dK, dV) is compared with reference_attention in fp32 on the same
+(dtype-rounded) inputs by two relative errors: ||kernel - ref|| / ||ref|| (norm) and
+max |kernel - ref| / max |ref| (max, which catches a few wrong rows). Tolerances, also in
+docs/attention-kernel.md, about 3x the worst seen over 60-100 seeds per case:
+    fp32: norm 3e-5, max 1e-4   (fp32 end to end; outlier logits in the hundreds cost digits)
+    bf16: norm 3e-2, max 1e-1   (bf16 output and bf16 operands of every dot, as on the GPU)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import warnings
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import ClosedJaxpr, Jaxpr, subjaxprs
+
+from kiln.kernels.flash_attention import (
+    GENERIC_BLOCK_SIZES,
+    TUNED_BLOCK_SIZES,
+    BlockSizes,
+    default_block_sizes,
+    flash_attention,
+)
+from kiln.kernels.h200_export import export_for_h200
+from kiln.kernels.reference import reference_attention
+
+TOLERANCES = {  # dtype -> (norm, max) relative errors, for the output and every gradient
+    jnp.float32: (3e-5, 1e-4),
+    jnp.bfloat16: (3e-2, 1e-1),
+}
+SMALL_BLOCKS = BlockSizes(32, 32, 32, 32, 32, 32)
+# Unequal tiles in every kernel exercise the causal loop-bound arithmetic.
+MIXED_BLOCKS = BlockSizes(
+    block_q=32, block_kv=64, block_q_dkv=64, block_kv_dkv=32, block_q_dq=32, block_kv_dq=64
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    seq_len: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: type
+    causal: bool
+    segments: bool
+    outliers: bool
+    block_sizes: BlockSizes = SMALL_BLOCKS
+    batch: int = 2
+
+
+# Each case covers several features at once: the whole folder must stay well under a minute.
+CASES = {
+    "f32-d64-causal-gqa4:2-segments": Case(128, 4, 2, 64, jnp.float32, True, True, False),
+    "f32-d128-full-gqa4:1-segments-outliers-pad100": Case(
+        100, 4, 1, 128, jnp.float32, False, True, True, BlockSizes()
+    ),
+    "f32-d128-causal-segments-outliers-pad72": Case(72, 2, 2, 128, jnp.float32, True, True, True),
+    "bf16-d128-causal-gqa4:2-segments-pad80": Case(80, 4, 2, 128, jnp.bfloat16, True, True, False),
+    "bf16-d64-full-gqa4:1-outliers": Case(128, 4, 1, 64, jnp.bfloat16, False, False, True),
+    "bf16-d64-causal-mixed-blocks-segments-pad200": Case(
+        200, 2, 1, 64, jnp.bfloat16, True, True, True, MIXED_BLOCKS, batch=1
+    ),
+}
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """The test id's hash plus a fresh random offset: new inputs on every run. Failure messages
+    print the seed; make_inputs(case, seed) reproduces the inputs."""
+    return zlib.crc32(request.node.name.encode()) + random.randrange(2**20)
+
+
+def make_inputs(case: Case, seed: int):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((case.batch, case.seq_len, case.num_heads, case.head_dim))
+    k = rng.standard_normal((case.batch, case.seq_len, case.num_kv_heads, case.head_dim))
+    v = rng.standard_normal(k.shape)
+    if case.outliers:
+        # A few huge logits: the online softmax's running max must absorb them without overflow.
+        for x in (q, k):
+            rows = rng.integers(0, case.seq_len, size=3)
+            x[:, rows] *= 8.0
+    segment_ids = ragged_segment_ids(rng, case.batch, case.seq_len) if case.segments else None
+    cast = lambda x: jnp.asarray(x, case.dtype)  # noqa: E731
+    return cast(q), cast(k), cast(v), segment_ids
+
+
+def ragged_segment_ids(rng: np.random.Generator, batch: int, seq_len: int) -> jax.Array:
+    """Packed documents of random lengths (1 token up to most of the row), different per row."""
+    rows = []
+    for _ in range(batch):
+        starts = np.zeros(seq_len, np.int32)
+        starts[rng.choice(np.arange(1, seq_len), size=rng.integers(1, 6), replace=False)] = 1
+        starts[seq_len - 1] = 1  # A one-token document at the end.
+        rows.append(np.cumsum(starts))
+    return jnp.asarray(np.stack(rows), jnp.int32)
+
+
+def relative_errors(actual: jax.Array, expected: jax.Array) -> tuple[float, float]:
+    """(norm, max) relative errors of `actual` against `expected`."""
+    actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+    assert np.all(np.isfinite(actual)), "non-finite values in kernel result"
+    difference = actual - expected
+    return (
+        float(np.linalg.norm(difference) / np.linalg.norm(expected)),
+        float(np.max(np.abs(difference)) / np.max(np.abs(expected))),
+    )
+
+
+def forward_and_grads(attention, q, k, v, segment_ids, d_out, **kwargs):
+    out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, segment_ids, **kwargs), q, k, v)
+    return (out, *vjp(d_out))
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_matches_reference(case: Case, seed: int) -> None:
+    q, k, v, segment_ids = make_inputs(case, seed)
+    d_out = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), case.dtype)
+
+    ours = jax.jit(
+        lambda *a: forward_and_grads(
+            flash_attention, *a, causal=case.causal, block_sizes=case.block_sizes
+        )
+    )(q, k, v, segment_ids, d_out)
+    # Jitted: op-by-op the reference costs more CPU time than compiling the kernel.
+    expected = jax.jit(lambda *a: forward_and_grads(reference_attention, *a, causal=case.causal))(
+        q, k, v, segment_ids, d_out
+    )
+
+    tolerances = TOLERANCES[case.dtype]
+    for name, actual, want in zip(("out", "dq", "dk", "dv"), ours, expected):
+        assert actual.dtype == case.dtype and actual.shape == want.shape, name
+        errors = relative_errors(actual, want)
+        assert all(e <= tol for e, tol in zip(errors, tolerances)), (
+            f"{name}: (norm, max) relative errors {errors} > {tolerances} (seed={seed})"
+        )
+
+
+def test_matches_jax_pallas_mha(seed: int) -> None:
+    """jax's own Pallas kernel as a second reference where features overlap (no GQA, no padding)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from jax.experimental.pallas.ops.gpu import attention as jax_attention
+
+    case = Case(128, 2, 2, 64, jnp.float32, causal=True, segments=True, outliers=True)
+    q, k, v, segment_ids = make_inputs(case, seed)
+    d_out = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), jnp.float32)
+    sm_scale = 0.125
+    jax_blocks = jax_attention.BlockSizes(32, 32, 32, 32, 32, 32)
+
+    def jax_mha(q, k, v, segment_ids):
+        return jax_attention.mha(
+            q, k, v, segment_ids, sm_scale, causal=True, block_sizes=jax_blocks, interpret=True
+        )
+
+    theirs = forward_and_grads(jax_mha, q, k, v, segment_ids, d_out)
+    ours = forward_and_grads(
+        flash_attention, q, k, v, segment_ids, d_out, sm_scale=sm_scale, block_sizes=SMALL_BLOCKS
+    )
+    for name, actual, want in zip(("out", "dq", "dk", "dv"), ours, theirs):
+        errors = relative_errors(actual, want)
+        assert all(e <= tol for e, tol in zip(errors, TOLERANCES[jnp.float32])), (
+            f"{name}: (norm, max) relative errors {errors} vs jax mha (seed={seed})"
+        )
+
+
+def pallas_call_operand_shapes(closed: ClosedJaxpr) -> list[list[tuple[int, ...]]]:
+    shapes = []
+
+    def walk(jaxpr: Jaxpr) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                shapes.append([tuple(var.aval.shape) for var in eqn.invars])
+        for sub in subjaxprs(jaxpr):
+            walk(sub)
+
+    walk(closed.jaxpr)
+    return shapes
+
+
+def test_grouped_query_attention_never_repeats_kv() -> None:
+    q = jnp.zeros((1, 64, 8, 64))
+    kv = jnp.zeros((1, 64, 2, 64))
+
+    def loss(q, k, v):
+        return flash_attention(q, k, v, block_sizes=SMALL_BLOCKS).sum()
+
+    calls = pallas_call_operand_shapes(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, kv, kv))
+    assert len(calls) == 3, "expected forward, dK/dV and dQ kernels"
+    for operands in calls:
+        assert operands[1] == operands[2] == kv.shape, operands  # k, v keep their kv heads
+
+
+@pytest.mark.parametrize("with_grad", [False, True], ids=["forward", "forward+grad"])
+def test_lowers_for_h200(with_grad: bool) -> None:
+    batch, seq_len, heads, kv_heads, dim = 2, 1000, 8, 2, 128  # 1000: exercises padding
+    q = jax.ShapeDtypeStruct((batch, seq_len, heads, dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
+    segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+
+    def loss(q, k, v, segment_ids):
+        return flash_attention(q, k, v, segment_ids).astype(jnp.float32).sum()
+
+    fn = jax.grad(loss, argnums=(0, 1, 2)) if with_grad else flash_attention
+    exported = export_for_h200(fn, q, kv, kv, segment_ids)
+    module = exported.mlir_module()
+    kernels = ["fwd", "dkv", "dq"] if with_grad else ["fwd"]
+    assert module.count("@__gpu$xla.gpu.triton(") == len(kernels)
+    for kernel in kernels:
+        assert f"kiln_flash_attention_{kernel}" in module
+    assert exported.platforms == ("cuda",)
+
+
+def test_default_block_sizes_by_device_kind() -> None:
+    assert default_block_sizes("NVIDIA H200", 128) is TUNED_BLOCK_SIZES["NVIDIA H200"][128]
+    assert default_block_sizes("cpu", 64) is GENERIC_BLOCK_SIZES[64]
+    assert default_block_sizes("some new GPU", 256) is GENERIC_BLOCK_SIZES[128]
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((1, 64, 4, 64), (1, 64, 3, 64), None), "multiple of kv heads"),
+        (((1, 64, 2, 48), (1, 64, 2, 48), None), "power of two"),
+        (((1, 64, 2, 64), (1, 32, 2, 64), None), "share batch, seq"),
+        (((1, 64, 2, 64), (1, 64, 2, 64), (1, 32)), "segment_ids"),
+    ],
+)
+def test_rejects_bad_inputs(shapes, message: str) -> None:
+    q_shape, kv_shape, segment_shape = shapes
+    q, kv = jnp.zeros(q_shape), jnp.zeros(kv_shape)
+    segment_ids = None if segment_shape is None else jnp.zeros(segment_shape, jnp.int32)
+    with pytest.raises(ValueError, match=message):
+        flash_attention(q, kv, kv, segment_ids)
+
+
+def test_rejects_bad_block_size() -> None:
+    with pytest.raises(ValueError, match="block_kv=48"):
+        BlockSizes(block_kv=48)

@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kiln.train.checkpoints import METADATA_FILE, Checkpointer, read_checkpoint
+
+
+class FakeClock:
+    """Minutes of training pass at the test's command (the save interval is by time)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def state_at(step: int) -> dict:
+    return {
+        "params": {"w": jnp.full((3, 4), float(step)), "b": jnp.arange(3, dtype=jnp.bfloat16)},
+        "step": jnp.asarray(step, jnp.int32),
+    }
+
+
+def make_checkpointer(tmp_path: Path, clock: FakeClock, temporary_root: Path | None = None, **kw):
+    options = {"save_interval_seconds": 600.0, "keep_last_temporary": 2, "every": 10} | kw
+    root = tmp_path / "checkpoints"
+    return Checkpointer(root, temporary_root or root, clock=clock, **options)
+
+
+def steps(checkpointer: Checkpointer) -> list[tuple[int, bool]]:
+    return [(c.step, c.is_temporary) for c in checkpointer.complete()]
+
+
+def test_save_then_restore_is_exact(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    info = checkpointer.save(3, state_at(3), temporary=True)
+    meta = json.loads((info.path / METADATA_FILE).read_text())
+    assert info.path == tmp_path / "checkpoints/step-3"
+    assert meta["step"] == 3 and meta["is_temporary"] is True and meta["timestamp"] > 0
+    restored = checkpointer.restore(checkpointer.latest(), state_at(0))
+    np.testing.assert_array_equal(restored["params"]["w"], state_at(3)["params"]["w"])
+    assert restored["params"]["b"].dtype == jnp.bfloat16 and int(restored["step"]) == 3
+    checkpointer.close()
+
+
+def test_due_by_step_by_time_and_on_request(tmp_path: Path) -> None:
+    clock = FakeClock()
+    checkpointer = make_checkpointer(tmp_path, clock)
+    assert checkpointer.due(1) is None
+    assert checkpointer.due(1, requested=True) == "temporary"
+    assert checkpointer.due(10) == "permanent" and checkpointer.due(7, final=True) == "permanent"
+    clock.now = 599.0
+    assert checkpointer.due(2) is None
+    clock.now = 600.0
+    assert checkpointer.due(2) == "temporary"
+    checkpointer.save_if_due(2, state_at(2))
+    assert checkpointer.due(3) is None  # the interval restarts at each save
+    checkpointer.close()
+
+
+def test_temporaries_roll_and_a_permanent_prunes_them(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    for step in (1, 2, 3):
+        checkpointer.save(step, state_at(step), temporary=True)
+    assert steps(checkpointer) == [(2, True), (3, True)]  # keep_last_temporary = 2
+    checkpointer.save(4, state_at(4), temporary=False)
+    checkpointer.save(5, state_at(5), temporary=True)
+    assert steps(checkpointer) == [(4, False), (5, True)]
+    assert not (tmp_path / "checkpoints/step-3").exists()
+    checkpointer.close()
+
+
+def test_a_permanent_save_promotes_a_temporary_of_the_same_step(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    checkpointer.save(6, state_at(6), temporary=True)
+    checkpointer.save(6, state_at(6), temporary=False)
+    assert steps(checkpointer) == [(6, False)]
+    assert checkpointer.save(6, state_at(6), temporary=True).is_temporary is False
+    checkpointer.close()
+
+
+def test_incomplete_checkpoints_are_ignored_and_removed(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    checkpointer.save(4, state_at(4), temporary=True)
+    killed = checkpointer.save(8, state_at(8), temporary=True).path
+    (killed / METADATA_FILE).unlink()  # as if killed before metadata.json was written
+    (tmp_path / "checkpoints/step-9/state.orbax-checkpoint-tmp").mkdir(parents=True)
+    assert read_checkpoint(killed) is None
+    assert checkpointer.latest().step == 4
+    assert checkpointer.remove_incomplete() == [killed, tmp_path / "checkpoints/step-9"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-4"]
+    checkpointer.close()
+
+
+def test_resume_takes_the_newest_across_both_roots(tmp_path: Path) -> None:
+    temporary_root = tmp_path / "scratch/checkpoints"
+    checkpointer = make_checkpointer(tmp_path, FakeClock(), temporary_root=temporary_root)
+    checkpointer.save(10, state_at(10), temporary=False)
+    checkpointer.save(12, state_at(12), temporary=True)
+    assert (temporary_root / "step-12").is_dir() and (tmp_path / "checkpoints/step-10").is_dir()
+    latest = checkpointer.latest()
+    assert (latest.step, latest.is_temporary) == (12, True)
+    assert int(checkpointer.restore(latest, state_at(0))["step"]) == 12
+    checkpointer.save(20, state_at(20), temporary=False)
+    assert steps(checkpointer) == [(10, False), (20, False)]  # the permanent pruned step-12
+    checkpointer.close()
+
+
+@pytest.mark.parametrize("metadata", ["{", '{"step": 3}', ""])
+def test_unreadable_metadata_means_incomplete(tmp_path: Path, metadata: str) -> None:
+    folder = tmp_path / "step-3"
+    folder.mkdir()
+    (folder / METADATA_FILE).write_text(metadata)
+    assert read_checkpoint(folder) is None

@@ -1,0 +1,96 @@
+"""Exact resumption: a run SIGKILLed mid-training and rerun ends where an uninterrupted run does.
+
+The uninterrupted reference runs in this process; the killed run and its resumption run as
+`python -m kiln.train SPEC.json` subprocesses. On CPU the comparison is bit-for-bit: batches are
+a pure function of the step, the restored state is the saved arrays exactly, and XLA:CPU is
+deterministic for a given program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from kiln_testing.training import build_tiny_cache, make_spec, read_jsonl
+
+from kiln.train.spec import parse_spec
+from kiln.train.trainer import train
+
+NUM_STEPS = 20
+KILL_AFTER_STEP = 8  # a permanent checkpoint exists from step 5 on
+
+
+def train_command(spec_path: Path) -> list[str]:
+    return [sys.executable, "-m", "kiln.train", str(spec_path)]
+
+
+def subprocess_env() -> dict[str, str]:
+    # This process's import path (source roots, and under Pants the PEX's dependencies too).
+    pythonpath = os.pathsep.join(p for p in sys.path if p)
+    return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu"}
+
+
+def run_and_kill(spec_path: Path, after_step: int) -> int:
+    """Runs the trainer until it reports `after_step` on stdout, then SIGKILLs it."""
+    process = subprocess.Popen(
+        train_command(spec_path), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=subprocess_env(), text=True,
+    )  # fmt: skip
+    for line in process.stdout:
+        if line.startswith(f"step {after_step}/"):
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=120)
+    return process.returncode
+
+
+def final_params(output: Path) -> list[np.ndarray]:
+    state = ocp.StandardCheckpointer().restore(output / f"checkpoints/step-{NUM_STEPS}/state")
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
+
+
+def losses(output: Path) -> list[tuple[int, float]]:
+    return [
+        (r["step"], r["train/loss"])
+        for r in read_jsonl(output / "metrics.jsonl")
+        if "train/loss" in r
+    ]
+
+
+@pytest.mark.skipif(
+    jax.device_count() != 1, reason="the reference run must use the subprocess's 1 device"
+)
+def test_killed_run_resumes_bit_for_bit(tmp_path: Path) -> None:
+    caches = {"tokenized/a": build_tiny_cache(tmp_path, "tokenized/a", 120, seed=0)}
+    validation = {"tokenized/val": build_tiny_cache(tmp_path, "tokenized/val", 20, seed=1)}
+    overrides = {"config.num_train_steps": NUM_STEPS, "runtime.validation_every": 10}
+    reference_output, resumed_output = tmp_path / "reference", tmp_path / "resumed"
+    train(parse_spec(make_spec(reference_output, caches, validation, **overrides)))
+
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(make_spec(resumed_output, caches, validation, **overrides)))
+    assert run_and_kill(spec_path, KILL_AFTER_STEP) == -signal.SIGKILL
+    assert not (resumed_output / "tracker_metrics.jsonl").exists()  # really killed mid-run
+    assert max(step for step, _ in losses(resumed_output)) >= KILL_AFTER_STEP
+
+    finished = subprocess.run(
+        train_command(spec_path), capture_output=True, text=True, env=subprocess_env()
+    )
+    assert finished.returncode == 0, finished.stderr
+    summary = json.loads(finished.stdout[finished.stdout.index("\n{") :])
+    assert summary["complete"] and summary["steps_this_run"] < NUM_STEPS  # it resumed
+
+    assert losses(resumed_output) == losses(reference_output)
+    for resumed, reference in zip(final_params(resumed_output), final_params(reference_output)):
+        np.testing.assert_array_equal(resumed, reference)
+    evals = [read_jsonl(o / "tracker_metrics.jsonl")[0]["summary"]["eval/loss"]
+             for o in (resumed_output, reference_output)]  # fmt: skip
+    assert evals[0] == evals[1]

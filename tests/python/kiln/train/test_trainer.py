@@ -1,0 +1,248 @@
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kiln_testing.training import (
+    EVAL_TASK,
+    build_tiny_cache,
+    make_spec,
+    read_jsonl,
+    write_eval_task,
+)
+
+from kiln.train.spec import parse_spec
+from kiln.train.trainer import (
+    TrainingDiverged,
+    TrainingError,
+    TrainingInterrupted,
+    open_data,
+    train,
+)
+
+NUM_STEPS = 24  # enough that a signal sent after step 1 arrives before the end
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("caches")
+    return {
+        "tokenized/a": build_tiny_cache(folder, "tokenized/a", 150, seed=0),
+        "tokenized/b": build_tiny_cache(folder, "tokenized/b", 60, seed=1),
+        "tokenized/val": build_tiny_cache(folder, "tokenized/val", 30, seed=2),
+    }
+
+
+def spec_for(output: Path, caches: dict[str, Path], **overrides):
+    train_caches = {k: v for k, v in caches.items() if k != "tokenized/val"}
+    overrides = {"weights": {"tokenized/a": 0.7, "tokenized/b": 0.3},
+                 "config.num_train_steps": NUM_STEPS, "runtime.checkpointer.every": 10,
+                 "runtime.validation_every": 12, **overrides}  # fmt: skip
+    return parse_spec(
+        make_spec(output, train_caches, {"tokenized/val": caches["tokenized/val"]}, **overrides)
+    )
+
+
+def train_losses(output: Path) -> dict[int, float]:
+    return {
+        r["step"]: r["train/loss"]
+        for r in read_jsonl(output / "metrics.jsonl")
+        if "train/loss" in r
+    }
+
+
+@pytest.fixture(scope="module")
+def finished_run(caches: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("run")
+    output = root / "out"
+    evals = {"tasks": [{"name": EVAL_TASK, "num_fewshot": 0, "alias": "mc"}], "every": 12,
+             "task_paths": [str(write_eval_task(root / "tasks"))]}  # fmt: skip
+    spec = spec_for(output, caches, **{"runtime.control.enabled": True, "config.evals": evals})
+    return output, spec, train(spec)
+
+
+def test_a_run_writes_the_artifact_layout(finished_run) -> None:
+    output, spec, summary = finished_run
+    records = read_jsonl(output / "metrics.jsonl")
+    train_lines = [r for r in records if "train/loss" in r]
+    assert [r["step"] for r in train_lines] == list(range(1, NUM_STEPS + 1))
+    for key in ("train/cross_entropy", "train/z_loss", "optim/learning_rate", "optim/grad_norm",
+                "throughput/tokens_per_second", "throughput/step_time"):  # fmt: skip
+        assert key in train_lines[-1]
+    assert train_lines[0]["optim/learning_rate"] == 0.0  # linear warmup from 0
+    eval_lines = [r for r in records if "eval/loss" in r]
+    assert [r["step"] for r in eval_lines] == [12, 24]  # validation_every=12 and the end
+    assert {
+        "eval/tokenized/val/loss",
+        "eval/tokenized/val/bpb",
+        "eval/bpb",
+        "eval/macro_bpb",
+    } <= set(eval_lines[0])
+
+    eval_harness_lines = [r for r in records if "lm_eval/mc/acc" in r]
+    assert [r["step"] for r in eval_harness_lines] == [12, 24]  # evals.every=12 and the end
+    assert all(r["lm_eval/mc/acc"] in (0.0, 1 / 3, 2 / 3, 1.0) for r in eval_harness_lines)
+
+    checkpoints = {p.name: json.loads((p / "metadata.json").read_text())
+                   for p in (output / "checkpoints").iterdir()}  # fmt: skip
+    assert {k: v["is_temporary"] for k, v in checkpoints.items()} == {
+        "step-10": False, "step-20": False, "step-24": False
+    }  # fmt: skip
+
+    config = json.loads((output / "config.json").read_text())
+    assert config["model"]["vocab_size"] == 8192 and config["spec"]["name"] == "checkpoints/tiny"
+    # block = the whole run (4 x 24 sequences < 2048): 0.7 x 96 = 67.2, 0.3 x 96 = 28.8 -> 67, 29
+    assert config["mixture"] == {
+        "block_size": 96,
+        "sequences_per_block": {"tokenized/a": 67, "tokenized/b": 29},
+    }
+    (tracker,) = read_jsonl(output / "tracker_metrics.jsonl")
+    assert tracker["summary"] == summary and tracker["config"] == config
+    assert summary["complete"] is True and summary["step"] == NUM_STEPS
+    assert summary["train/loss"] == train_lines[-1]["train/loss"] < train_lines[0]["train/loss"]
+    assert summary["eval/tokenized/val/loss"] == eval_lines[-1]["eval/tokenized/val/loss"]
+    assert summary["checkpoint"] == str(output / "checkpoints/step-24")
+    assert (output / "plots/training.png").stat().st_size > 0
+    assert not (output / "control/endpoint.json").exists()  # the control server stopped
+
+
+def test_rerunning_a_finished_run_trains_nothing(finished_run) -> None:
+    output, spec, summary = finished_run
+    before = (output / "metrics.jsonl").read_text()
+    again = train(spec)
+    assert again["steps_this_run"] == 0 and again["complete"] is True
+    assert again["train/loss"] == summary["train/loss"]
+    assert (output / "metrics.jsonl").read_text() == before
+
+
+def test_stopping_early_then_resuming_matches_the_uninterrupted_run(
+    finished_run, caches, tmp_path
+) -> None:
+    reference_output, _, reference = finished_run
+    output = tmp_path / "out"
+    first = train(spec_for(output, caches, **{"runtime.max_steps_this_run": 2}))
+    assert first["complete"] is False and first["step"] == 2
+    assert json.loads((output / "checkpoints/step-2/metadata.json").read_text())["is_temporary"]
+    assert not (output / "tracker_metrics.jsonl").exists()
+    second = train(spec_for(output, caches))
+    assert second["complete"] is True and second["steps_this_run"] == NUM_STEPS - 2
+    # Bit-for-bit: same batches (a pure function of the step), same restored state, same XLA.
+    assert train_losses(output) == train_losses(reference_output)
+    assert second["eval/loss"] == reference["eval/loss"]
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == [
+        "step-10",
+        "step-20",
+        "step-24",
+    ]
+
+
+def test_datasets_must_share_one_tokenizer(caches, tmp_path) -> None:
+    gpt2 = build_tiny_cache(
+        tmp_path, "tokenized/gpt2", 5, seed=3, tokenizer={"kind": "package", "name": "gpt2"}
+    )
+    spec = spec_for(tmp_path / "out", {**caches, "tokenized/b": gpt2})
+    with pytest.raises(
+        TrainingError, match="different tokenizers.*tokenized/a: kiln-stdlib-8k.*tokenized/b: gpt2"
+    ):
+        open_data(spec)
+
+
+def test_a_gpu_spec_refuses_to_run_on_cpu(caches, tmp_path) -> None:
+    spec = spec_for(
+        tmp_path / "out",
+        caches,
+        **{"runtime.resources": {"kind": "gpu", "type": "H100", "count": 8}},
+    )
+    with pytest.raises(TrainingError, match="asks for gpu but jax found only cpu devices"):
+        train(spec)
+
+
+def test_a_missing_cache_names_the_dataset(caches, tmp_path) -> None:
+    spec = spec_for(tmp_path / "out", {**caches, "tokenized/b": tmp_path / "nowhere"})
+    with pytest.raises(
+        TrainingError, match="dataset tokenized/b .*nowhere.*not a finished token cache"
+    ):
+        open_data(spec)
+
+
+def test_an_eval_task_that_cannot_load_fails_before_training(caches, tmp_path) -> None:
+    task_dir = write_eval_task(tmp_path / "tasks")
+    (task_dir / "mc.jsonl").unlink()  # its data is gone
+    evals = {"tasks": [{"name": EVAL_TASK, "num_fewshot": 0}], "every": 10,
+             "task_paths": [str(task_dir)]}  # fmt: skip
+    spec = spec_for(tmp_path / "out", caches, **{"config.evals": evals})
+    with pytest.raises(TrainingError, match=f"config.evals: cannot load the data of .*{EVAL_TASK}"):
+        train(spec)
+    assert not (tmp_path / "out/metrics.jsonl").exists()
+
+
+def test_a_control_endpoint_request_saves_a_temporary_checkpoint(caches, tmp_path, capsys) -> None:
+    from kiln.control.__main__ import mint
+
+    output = tmp_path / "out"
+    spec = spec_for(
+        output, caches, **{"runtime.control.enabled": True, "runtime.checkpointer.every": None}
+    )
+    answers = []
+
+    def request_after_first_step() -> None:
+        while not (output / "metrics.jsonl").exists() or not (output / "metrics.jsonl").read_text():
+            time.sleep(0.005)
+        request = urllib.request.Request(
+            mint(output, ttl_minutes=5) + "checkpoint", data=b"", method="POST",
+            headers={"X-Levanter-Training-Control": "request-checkpoint"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request) as response:
+            answers.append(response.status)
+
+    requester = threading.Thread(target=request_after_first_step, daemon=True)
+    requester.start()
+    train(spec)
+    requester.join(timeout=10)
+    assert answers == [202]
+    saves = [line for line in capsys.readouterr().out.splitlines() if line.startswith("saved ")]
+    assert (
+        len(saves) == 2
+        and saves[-1] == f"saved permanent checkpoint {output}/checkpoints/step-{NUM_STEPS}"
+    )
+    assert saves[0].startswith(f"saved temporary checkpoint {output}/checkpoints/step-")
+
+
+def test_divergence_stops_without_saving_the_bad_state(caches, tmp_path) -> None:
+    output = tmp_path / "out"
+    spec = spec_for(output, caches, **{"config.optimizer.learning_rate": 1e30,
+                                       "config.optimizer.warmup": 0,
+                                       "runtime.checkpointer.every": 1})  # fmt: skip
+    with pytest.raises(TrainingDiverged, match="non-finite training loss at step 2.*step-1") as e:
+        train(spec)
+    assert e.value.exit_code == 2
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == ["step-1"]
+    assert not (output / "tracker_metrics.jsonl").exists()
+
+
+def test_sigint_saves_a_temporary_checkpoint_and_stops(caches, tmp_path) -> None:
+    output = tmp_path / "out"
+    spec = spec_for(output, caches, **{"runtime.checkpointer.every": None})
+
+    def interrupt_after_first_step() -> None:
+        while not (output / "metrics.jsonl").exists() or not (output / "metrics.jsonl").read_text():
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_after_first_step, daemon=True).start()
+    with pytest.raises(
+        TrainingInterrupted, match="interrupted by SIGINT after step .*Rerun to resume"
+    ) as e:
+        train(spec)
+    assert e.value.exit_code == 128 + signal.SIGINT
+    (saved,) = (output / "checkpoints").iterdir()
+    meta = json.loads((saved / "metadata.json").read_text())
+    assert meta["is_temporary"] and 1 <= meta["step"] < NUM_STEPS
+    assert max(train_losses(output)) == meta["step"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
