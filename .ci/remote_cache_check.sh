@@ -57,7 +57,9 @@ counter() { grep -E "^\s+$1: [0-9]+" "${WORK}/reader.log" | awk '{print $2}' | t
 served="$(counter remote_cache_requests_cached)"
 executed="$(counter local_execution_requests)"
 echo "remote_cache_check: remote cache hits ${served:-0}, local executions ${executed:-0}"
-if [[ "${served:-0}" -lt 1 ]] || grep -q "Starting: ${TRAINING}" "${WORK}/reader.log"; then
+# With a remote cache Pants starts a process while it looks the key up and cancels it on a hit:
+# only a "Completed" training line means it ran.
+if [[ "${served:-0}" -lt 1 ]] || grep -q "Completed: ${TRAINING}" "${WORK}/reader.log"; then
   echo "remote_cache_check: FAILED: the checkpoint was not served from the remote cache" >&2
   cat "${WORK}/reader.log" "${WORK}/bgd.log" >&2
   exit 1

@@ -1,7 +1,8 @@
 """End to end: real ./pants on a copy of this workspace, building the tiny CI checkpoint.
 
-Build it, build it again (every process a cache hit), change one identity field (only training
-reruns; the caches stay hits). Runs without pantsd, so each call also pays Pants' start-up.
+Build it, build it again (every process a cache hit), then change one identity field and edit the
+trainer's code: training reruns, tokenization (whose processes never see trainer code) stays a
+cache hit. Runs without pantsd, so each call also pays Pants' start-up.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     text = build.read_text()
     assert text.count("num_train_steps=20,") == 1
     build.write_text(text.replace("num_train_steps=20,", "num_train_steps=22,"))
+    trainer = repo / "src/python/kiln/train/trainer.py"
+    trainer.write_text(trainer.read_text() + "\n# An edit to the trainer's code.\n")
     third = pants(repo, "package", TARGET)
     assert TRAINING in third.stderr
     assert TOKENIZING not in third.stderr

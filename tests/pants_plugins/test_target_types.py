@@ -7,6 +7,8 @@ from pants.engine.addresses import Address
 from pants.engine.internals.scheduler import ExecutionError
 from pants.testutil.rule_runner import RuleRunner
 
+from kiln_pants.build_symbols import CORE_TASKS
+
 CACHE = """
 tokenized_cache(name="cache", source="org/data", tokenizer="package:gpt2", version="2026.06.28")
 """
@@ -119,3 +121,22 @@ def test_cache_rejects_unknown_stdlib_source(rule_runner: RuleRunner) -> None:
         'tokenized_cache(name="c", source="stdlib:poems", tokenizer="package:gpt2", version="dev")'
     )
     assert "unknown stdlib source 'stdlib:poems'" in load_error(rule_runner, build, name="c")
+
+
+def test_core_tasks_are_the_reference_suite() -> None:
+    # DCLM's CORE set as the reference runs it: (name, shots, alias).
+    assert [(t.name, t.num_fewshot, t.alias) for t in CORE_TASKS] == [
+        ("agieval_lsat_ar", 3, None),
+        ("arc_easy", 10, None),
+        ("arc_challenge", 10, None),
+        ("boolq", 10, None),
+        ("commonsense_qa", 10, None),
+        ("copa", 0, None),
+        ("hellaswag", 0, "hellaswag_0shot"),
+        ("hellaswag", 10, "hellaswag_10shot"),
+        ("lambada_openai", 0, None),
+        ("openbookqa", 0, None),
+        ("piqa", 10, None),
+        ("wsc273", 0, None),
+        ("winogrande", 0, None),
+    ]

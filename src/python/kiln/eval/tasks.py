@@ -1,4 +1,7 @@
-"""Which lm-eval-harness tasks a run evaluates: the suite config and the reference CORE_TASKS.
+"""Which lm-eval-harness tasks a run evaluates: the suite config.
+
+The reference CORE_TASKS list lives where experiments name it, in the BUILD-file symbols
+(src/pants_plugins/kiln_pants/build_symbols.py); the runtime runs whatever suite the spec gives.
 
 A suite is plain JSON in the step spec (`config.evals`, part of the checkpoint's fingerprint):
 
@@ -88,24 +91,6 @@ class EvalSuiteConfig:
             "max_examples": self.max_examples,
             "task_paths": list(self.task_paths),
         }
-
-
-# The reference suite (DCLM's CORE tasks, as Marin runs them), exactly.
-CORE_TASKS: tuple[EvalTask, ...] = (
-    EvalTask("agieval_lsat_ar", 3),
-    EvalTask("arc_easy", 10),
-    EvalTask("arc_challenge", 10),
-    EvalTask("boolq", 10),
-    EvalTask("commonsense_qa", 10),
-    EvalTask("copa", 0),
-    EvalTask("hellaswag", 0, "hellaswag_0shot"),
-    EvalTask("hellaswag", 10, "hellaswag_10shot"),
-    EvalTask("lambada_openai", 0),
-    EvalTask("openbookqa", 0),
-    EvalTask("piqa", 10),
-    EvalTask("wsc273", 0),
-    EvalTask("winogrande", 0),
-)
 
 
 def _check_keys(

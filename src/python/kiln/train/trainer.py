@@ -311,7 +311,7 @@ class Trainer:
         self.evals = EvalHook(
             self.cfg.evals, self.data.tokenizer_spec, self.model_config.max_seq_len
         )
-        self.logprobs = make_logprob_fn(self.state.graphdef)
+        self.logprobs = make_logprob_fn(self.state.graphdef, with_is_argmax=True)
 
     def _metrics_logger(self, resume_step: int) -> MetricsLogger:
         wandb = None
