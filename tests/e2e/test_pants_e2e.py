@@ -75,3 +75,34 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     record = json.loads((artifact / "artifact.json").read_text())
     assert record["identity"]["num_train_steps"] == 22
     assert (artifact / "checkpoints/step-22/metadata.json").exists()
+
+
+STORE_CACHE = """
+tokenized_cache(
+    name="topics",
+    source="stdlib:pydoc_topics",
+    split="validation",
+    tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+    version="2026.11.29",
+    num_shards=2,
+    storage="store",
+)
+"""
+
+
+def test_store_mode_builds_in_the_artifact_store_and_resumes_there(tmp_path: Path) -> None:
+    repo = copy_workspace(tmp_path)
+    (repo / "experiments/store_check").mkdir()
+    (repo / "experiments/store_check/BUILD").write_text(STORE_CACHE)
+    cache = repo / "artifacts/tokenized/topics/2026.11.29"
+
+    pants(repo, "package", "experiments/store_check:topics")
+    assert (cache / "STATUS").read_text().strip() == "SUCCESS"
+    record = json.loads((cache / "artifact.json").read_text())
+    manifest = json.loads((repo / "dist/tokenized/topics/2026.11.29/manifest.json").read_text())
+    assert manifest == {"store_path": str(cache), "fingerprint": record["fingerprint"]}
+    ledger = (cache / "ledger.json").stat().st_mtime_ns
+
+    pants(repo, "package", "experiments/store_check:topics")  # the store serves it: no rewrite
+    assert (cache / "ledger.json").stat().st_mtime_ns == ledger
+    assert not list((cache.parent / ".2026.11.29.shards").glob("shard-*"))

@@ -3,15 +3,18 @@ a local or remote cache serves a built artifact to a clean machine; the result l
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
-from pants.engine.fs import AddPrefix, Digest
+from pants.engine.fs import AddPrefix, CreateDigest, Digest, FileContent
 from pants.engine.rules import Get, collect_rules, rule
 from pants.engine.unions import UnionRule
 
 from kiln_pants.target_types import NumShardsField, TokenizerField
 from kiln_pants.tokenize_rules import BuildCacheRequest, BuiltCache
+
+MANIFEST_FILE = "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,14 @@ class TokenizedCachePackageFieldSet(PackageFieldSet):
 async def package_tokenized_cache(field_set: TokenizedCachePackageFieldSet) -> BuiltPackage:
     built = await Get(BuiltCache, BuildCacheRequest(field_set.address))
     location = f"{built.artifact.name}/{built.artifact.version}"
-    digest = await Get(Digest, AddPrefix(built.digest, location))
+    if built.store_path is not None:  # storage="store": the package is a pointer to it
+        manifest = {"store_path": built.store_path, "fingerprint": built.artifact.fingerprint}
+        digest = await Get(
+            Digest,
+            CreateDigest([FileContent(f"{location}/{MANIFEST_FILE}", json.dumps(manifest).encode())]),
+        )
+    else:
+        digest = await Get(Digest, AddPrefix(built.digest, location))
     return BuiltPackage(digest, (BuiltPackageArtifact(location),))
 
 

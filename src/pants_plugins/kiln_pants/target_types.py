@@ -258,6 +258,19 @@ class NumShardsField(_PositiveIntField):
     )
 
 
+class CacheStorageField(StringField):
+    alias = "storage"
+    default = "inline"
+    valid_choices = ("inline", "store")
+    help = (
+        "Where the cache's bytes live while Pants builds it. `inline`: they are the output of "
+        "cached processes, so Pants' local and remote caches serve them (right for small data). "
+        "`store`: the processes write straight into the artifact store `{prefix}/{name}/{version}` "
+        "and resume there (shard by shard), for data too large for Pants' store (DCLM). Not part "
+        "of the fingerprint."
+    )
+
+
 class TokenizedCacheDependencies(Dependencies):
     pass
 
@@ -278,6 +291,7 @@ class TokenizedCacheTarget(Target):
         TextKeyField,
         MaxDocumentCharsField,
         NumShardsField,
+        CacheStorageField,
         TokenizedCacheDependencies,
     )
     help = (

@@ -1,21 +1,27 @@
-"""Building a `tokenized_cache`: one cached Pants process per shard, then a merge process.
+"""Building a `tokenized_cache`: one Pants process per shard (in parallel), then a merge process.
 
 Each process runs `python -m kiln.data.tokenize` from the tokenize runtime PEX, whose sources are
-kiln.data's closure only; so identical inputs are cache hits (locally and in a remote cache), a
-changed field or tokenizer reruns, and trainer edits do not. The merged cache is the process
-output: it travels through Pants' store and remote cache. (Caches too large for that — the DCLM
-components — need an artifact-store mode writing straight to `{prefix}`; see docs/artifacts.md.)
+kiln.data's closure only, so trainer edits never re-tokenize. Two storage modes (the `storage`
+field):
+- inline: the shards and the merged cache are process outputs; identical inputs are cache hits,
+  locally and in a remote cache, and the cache travels through Pants' store.
+- store: the processes write straight into `{prefix}/{name}/{version}` (shards beside it) and are
+  never served from Pants' cache; the store itself skips a finished shard or cache, so a rerun
+  resumes where a killed build stopped. For data too large for Pants' store.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
+from pants.base.build_root import BuildRoot
 from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
 from pants.engine.addresses import Address, Addresses
 from pants.engine.fs import (
+    EMPTY_DIGEST,
     AddPrefix,
     CreateDigest,
     Digest,
@@ -23,9 +29,10 @@ from pants.engine.fs import (
     MergeDigests,
     RemovePrefix,
 )
-from pants.engine.process import Process, ProcessResult
+from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.util.frozendict import FrozenDict
 
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -34,12 +41,14 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import RECORD_FILE, artifact_record
+from kiln_pants.artifact_store import artifact_path, artifact_record
 from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
     STDLIB_SOURCES,
     CacheSourceField,
     CacheSourcesField,
+    CacheStorageField,
     HfRevisionField,
     HfSubsetField,
     MaxDocumentCharsField,
@@ -53,6 +62,7 @@ from kiln_pants.target_types import (
 
 SPEC_VERSION = 1
 SPEC_FILE = "tokenize_spec.json"
+RECORD_INPUT = "artifact_record.json"
 CACHE_DIR = "cache"
 
 
@@ -64,7 +74,36 @@ class BuildCacheRequest:
 @dataclass(frozen=True)
 class BuiltCache:
     artifact: Artifact
-    digest: Digest  # the cache's files, at the digest root
+    digest: Digest  # inline storage: the cache's files, at the digest root; else empty
+    store_path: Optional[str] = None  # store storage: where the cache is, outside Pants
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the shards and the cache go: sandbox-relative outputs, or absolute store paths."""
+
+    shards: tuple[str, ...]
+    cache: str
+    cache_scope: ProcessCacheScope
+
+    @classmethod
+    def for_storage(cls, storage: str, num_shards: int, store_path: str) -> _Layout:
+        if storage == "inline":
+            shards = tuple(f"shard-{i}" for i in range(num_shards))
+            return cls(shards, CACHE_DIR, ProcessCacheScope.SUCCESSFUL)
+        # The store resumes and skips by itself (a finished shard or cache is a no-op), and its
+        # contents can vanish behind Pants' back: never serve these processes from a cache.
+        building = os.path.join(os.path.dirname(store_path), f".{os.path.basename(store_path)}.shards")
+        shards = tuple(os.path.join(building, f"shard-{i}") for i in range(num_shards))
+        return cls(shards, store_path, ProcessCacheScope.PER_SESSION)
+
+    @property
+    def skip(self) -> tuple[str, ...]:
+        """Shards moved into a finished cache are gone: skip them when the cache is built."""
+        return ("--unless-built", self.cache) if os.path.isabs(self.cache) else ()
+
+    def outputs(self, path: str) -> tuple[str, ...]:
+        return () if os.path.isabs(path) else (path,)
 
 
 def _source_spec(target: Any, files: SourceFiles | None) -> dict[str, Any]:
@@ -97,7 +136,9 @@ def _tokenizer_spec(tokenizer: str, files: TokenizerFiles | None) -> dict[str, A
 
 
 @rule(desc="Tokenizing a cache")
-async def build_tokenized_cache(request: BuildCacheRequest) -> BuiltCache:
+async def build_tokenized_cache(
+    request: BuildCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
+) -> BuiltCache:
     wrapped, graph, runtime = await MultiGet(
         Get(
             WrappedTarget,
@@ -138,22 +179,31 @@ async def build_tokenized_cache(request: BuildCacheRequest) -> BuiltCache:
         },
     }
     spec_digest = await Get(
-        Digest, CreateDigest([FileContent(SPEC_FILE, json.dumps(spec, indent=2).encode())])
+        Digest,
+        CreateDigest(
+            [
+                FileContent(SPEC_FILE, json.dumps(spec, indent=2).encode()),
+                FileContent(RECORD_INPUT, json.dumps(artifact_record(artifact, []), indent=2).encode()),
+            ]
+        ),
     )
     input_digest = await Get(Digest, MergeDigests([spec_digest, *inputs]))
+    store_path = artifact_path(kiln.prefix_path(build_root.path), artifact)
+    layout = _Layout.for_storage(target[CacheStorageField].value, num_shards, store_path)
 
     shard_processes = await MultiGet(
         Get(
             Process,
             RuntimeProcess(
                 runtime,
-                argv=("shard", SPEC_FILE, "--index", str(index), "--out", f"shard-{index}"),
+                argv=("shard", SPEC_FILE, "--index", str(index), "--out", shard, *layout.skip),
                 description=f"Tokenizing {artifact.ref} shard {index + 1}/{num_shards}",
                 input_digest=input_digest,
-                output_directories=(f"shard-{index}",),
+                output_directories=layout.outputs(shard),
+                cache_scope=layout.cache_scope,
             ),
         )
-        for index in range(num_shards)
+        for index, shard in enumerate(layout.shards)
     )
     shards = await MultiGet(Get(ProcessResult, Process, p) for p in shard_processes)
     merge_input = await Get(
@@ -164,29 +214,19 @@ async def build_tokenized_cache(request: BuildCacheRequest) -> BuiltCache:
         RuntimeProcess(
             runtime,
             argv=(
-                "merge",
-                SPEC_FILE,
-                "--shards",
-                *(f"shard-{index}" for index in range(num_shards)),
-                "--out",
-                CACHE_DIR,
+                "merge", SPEC_FILE, "--shards", *layout.shards, "--out", layout.cache,
+                "--record", RECORD_INPUT,
             ),
             description=f"Merging {num_shards} shard(s) of {artifact.ref}",
             input_digest=merge_input,
-            output_directories=(CACHE_DIR,),
+            output_directories=layout.outputs(layout.cache),
+            cache_scope=layout.cache_scope,
         ),
     )
     merged = await Get(ProcessResult, Process, merge_process)
-    cache, record = await MultiGet(
-        Get(Digest, RemovePrefix(merged.output_digest, CACHE_DIR)),
-        Get(
-            Digest,
-            CreateDigest(
-                [FileContent(RECORD_FILE, json.dumps(artifact_record(artifact, []), indent=2).encode())]
-            ),
-        ),
-    )
-    return BuiltCache(artifact, await Get(Digest, MergeDigests([cache, record])))
+    if os.path.isabs(layout.cache):
+        return BuiltCache(artifact, EMPTY_DIGEST, store_path=layout.cache)
+    return BuiltCache(artifact, await Get(Digest, RemovePrefix(merged.output_digest, CACHE_DIR)))
 
 
 def cache_location(artifact: Artifact) -> str:
@@ -196,7 +236,8 @@ def cache_location(artifact: Artifact) -> str:
 
 @dataclass(frozen=True)
 class CachesAsInputs:
-    digest: Digest
+    digest: Digest  # inline caches under their cache_location
+    store_paths: FrozenDict[Address, str]  # store caches, where they are
 
 
 @dataclass(frozen=True)
@@ -210,9 +251,16 @@ async def caches_as_inputs(request: CachesAsInputsRequest) -> CachesAsInputs:
         Get(BuiltCache, BuildCacheRequest(address)) for address in request.addresses
     )
     placed = await MultiGet(
-        Get(Digest, AddPrefix(cache.digest, cache_location(cache.artifact))) for cache in built
+        Get(Digest, AddPrefix(cache.digest, cache_location(cache.artifact)))
+        for cache in built
+        if cache.store_path is None
     )
-    return CachesAsInputs(await Get(Digest, MergeDigests(placed)))
+    return CachesAsInputs(
+        await Get(Digest, MergeDigests(placed)),
+        FrozenDict(
+            {cache.artifact.address: cache.store_path for cache in built if cache.store_path}
+        ),
+    )
 
 
 def rules():

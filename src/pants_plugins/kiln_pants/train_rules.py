@@ -94,7 +94,9 @@ def _input_entry(artifact: Artifact) -> dict[str, Any]:
     return {"name": artifact.name, "version": artifact.version, "fingerprint": artifact.fingerprint}
 
 
-def _step(target: Any, artifact: Artifact, graph: ArtifactGraph, runtime: Runtime) -> dict:
+def _step(
+    target: Any, artifact: Artifact, graph: ArtifactGraph, runtime: Runtime, caches: CachesAsInputs
+) -> dict:
     # Artifact.inputs lists the `datasets` in declaration order, then the `validation` sets.
     weights = target[DatasetsField].value
     dataset_inputs = [graph.get(a) for a in artifact.inputs[: len(weights)]]
@@ -135,8 +137,13 @@ def _step(target: Any, artifact: Artifact, graph: ArtifactGraph, runtime: Runtim
                 "ref": i.ref,
                 "name": i.name,
                 "version": i.version,
-                "location": cache_location(i),
                 "record": artifact_record(i, []),
+                # Inline caches travel with the step; store caches are already in place.
+                **(
+                    {"store_path": caches.store_paths[i.address]}
+                    if i.address in caches.store_paths
+                    else {"location": cache_location(i)}
+                ),
             }
             for i in inputs
         ],
@@ -159,7 +166,7 @@ async def prepare_step(request: PrepareStepRequest) -> PreparedStep:
     )
     artifact = graph.get(address)
     caches = await Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs))))
-    step = _step(wrapped.target, artifact, graph, runtime)
+    step = _step(wrapped.target, artifact, graph, runtime, caches)
     step_digest = await Get(
         Digest, CreateDigest([FileContent(STEP_FILE, json.dumps(step, indent=2).encode())])
     )

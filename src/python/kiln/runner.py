@@ -133,6 +133,9 @@ def place_inputs(step: dict[str, Any], inputs_root: Path, prefix: Path | None) -
     """Each input's path for the trainer: in the artifact store, or in place (hermetic runs)."""
     paths = {}
     for entry in step["inputs"]:
+        if "store_path" in entry:  # built in place in the artifact store (storage="store")
+            paths[entry["ref"]] = place_input(Path(entry["store_path"]), Path(entry["store_path"]), entry["record"])
+            continue
         built = inputs_root / entry["location"]
         if prefix is None:
             paths[entry["ref"]] = built.resolve()

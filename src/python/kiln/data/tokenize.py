@@ -22,8 +22,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_bytes, read_status
 from kiln.data import sources
-from kiln.data.cache import FORMAT_VERSION, shard_dir_name
+from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, shard_dir_name
 from kiln.data.cache_writer import ShardWriter, assemble_cache, read_shard_record
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.spec import CacheSpec, parse_cache_spec
@@ -191,13 +192,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
+        finished = args.out if args.command != "shard" else args.unless_built
+        if finished is not None and _already_built(spec, finished):
+            print(f"{spec.name}@{spec.version}: already built at {finished}", file=sys.stderr)
+            return 0
         if args.command == "shard":
             if not 0 <= args.index < spec.num_shards:
                 raise SpecError(
                     f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
                 )
-            tokenize_shard(spec, args.index, args.out)
+            tokenizer = load_tokenizer(spec.tokenizer)
+            if _is_reusable_shard(args.out, spec, args.index, tokenizer):
+                print(f"{spec.name}: shard {args.index} is already at {args.out}", file=sys.stderr)
+                return 0
+            tokenize_shard(spec, args.index, args.out, tokenizer)
         elif args.command == "merge":
+            if args.record is not None:  # the artifact record (docs/artifacts.md), before STATUS
+                atomic_write_bytes(args.out / RECORD_FILE, args.record.read_bytes())
             merge_cache(spec, args.shards, args.out)
         else:
             build_cache(raw_spec, args.out)
@@ -207,6 +218,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "shard":
         print(f"{spec.name}@{spec.version}: cache ready at {args.out}", file=sys.stderr)
     return 0
+
+
+def _already_built(spec: CacheSpec, out_dir: Path) -> bool:
+    """A finished cache of this spec is served as is (the artifact store resumes, not Pants);
+    a finished cache of another fingerprint under the same name and version is refused."""
+    if read_status(out_dir) != SUCCESS:
+        return False
+    built = json.loads((out_dir / CACHE_FILE).read_text()).get("fingerprint")
+    if built != spec.fingerprint:
+        raise CacheError(
+            f"{out_dir} already holds {spec.name}@{spec.version} with fingerprint {built}, not "
+            f"{spec.fingerprint}: the target's configuration changed. Bump its `version`."
+        )
+    return True
 
 
 def _read_spec_file(path: Path) -> Any:
@@ -227,10 +252,14 @@ def _parser() -> argparse.ArgumentParser:
     shard.add_argument("spec", type=Path)
     shard.add_argument("--index", type=int, required=True)
     shard.add_argument("--out", type=Path, required=True)
+    shard.add_argument(
+        "--unless-built", type=Path, help="do nothing if this cache is already built (store mode)"
+    )
     merge = commands.add_parser("merge", help="assemble shard folders into a cache")
     merge.add_argument("spec", type=Path)
     merge.add_argument("--shards", type=Path, nargs="+", required=True)
     merge.add_argument("--out", type=Path, required=True)
+    merge.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     build = commands.add_parser("build", help="all shards in this process, then merge")
     build.add_argument("spec", type=Path)
     build.add_argument("--out", type=Path, required=True)

@@ -81,3 +81,25 @@ def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):
     assert "Traceback" not in result.stderr
     assert "'kiln-test/missing'" in result.stderr and '"kind": "files"' in result.stderr
     assert not (tmp_path / "c" / "STATUS").exists()
+
+
+def test_a_finished_cache_is_served_and_a_changed_one_refused(tmp_path: Path) -> None:
+    # The artifact-store mode runs shard/merge straight into {prefix}: reruns must be cheap no-ops.
+    write_corpus(tmp_path / "corpus")
+    spec = make_spec({"kind": "files", "paths": [str(tmp_path / "corpus/*.jsonl")]}, num_shards=1)
+    spec_file = _write_spec(tmp_path, spec)
+    shard, cache = tmp_path / "store/.building/shard-0", tmp_path / "store/cache"
+    assert main(["shard", spec_file, "--index", "0", "--out", str(shard)]) == 0
+    assert main(["shard", spec_file, "--index", "0", "--out", str(shard)]) == 0  # reused
+    assert main(["merge", spec_file, "--shards", str(shard), "--out", str(cache)]) == 0
+    before = (cache / "ledger.json").read_text()
+    assert main(["merge", spec_file, "--shards", str(shard), "--out", str(cache)]) == 0
+    assert (cache / "ledger.json").read_text() == before
+
+    (tmp_path / "changed").mkdir()
+    changed = _write_spec(tmp_path / "changed", {**spec, "fingerprint": "0" * 16})
+    assert main(["merge", changed, "--shards", str(shard), "--out", str(cache)]) == 2
+    # A shard of a finished cache is not tokenized again (its folder was moved into the cache).
+    again = tmp_path / "store/.building/shard-0-again"
+    assert main(["shard", spec_file, "--index", "0", "--out", str(again), "--unless-built", str(cache)]) == 0
+    assert not again.exists()
