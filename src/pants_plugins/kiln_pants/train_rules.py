@@ -49,6 +49,7 @@ from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cac
 STEP_FILE = "step.json"
 OUTPUT_DIR = "out"
 
+
 def runtime_defaults(num_train_steps: int, resources: dict[str, Any]) -> dict[str, Any]:
     """Operational choices (not identity): how the trainer runs, not what it makes.
 

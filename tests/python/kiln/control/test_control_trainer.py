@@ -19,97 +19,36 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from kiln.data.tokenize import build_cache  # noqa: E402
+from kiln_testing.training import build_tiny_cache, make_spec  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[4]
-TOKENIZER = {"kind": "local", "path": str(REPO_ROOT / "experiments/tokenizers/kiln-stdlib-8k")}
 HEADER = {"X-Levanter-Training-Control": "request-checkpoint"}
 WAIT_SECONDS = 120  # a generous bound for a loaded 2-core machine; not a timing assertion
 
 
-def _tiny_cache(root: Path) -> Path:
-    words = "the trainer reads windows of tokens and saves a checkpoint when asked to".split()
-    texts = [
-        " ".join(words[(i * 3 + j) % len(words)] for j in range(20 + i % 15)) for i in range(200)
-    ]
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    spec = {
-        "spec_version": 1,
-        "kind": "tokenized_cache",
-        "name": "tokenized/control-test",
-        "version": "1",
-        "fingerprint": "00",
-        "config": {"source": {"kind": "files", "paths": [str(corpus)]}, "tokenizer": TOKENIZER},
-    }
-    return build_cache(spec, root / "cache")
-
-
-def _train_spec(cache: Path, output: Path) -> dict[str, Any]:
-    identity = {"version": "1", "fingerprint": "00"}
-    return {
-        "spec_version": 1,
-        "kind": "lm_checkpoint",
-        "name": "checkpoints/control-test",
-        **identity,
-        "output_path": str(output),
-        "config": {
-            "model": {
-                "max_seq_len": 32,
-                "hidden_dim": 32,
-                "intermediate_dim": 64,
-                "num_heads": 2,
-                "num_kv_heads": 1,
-                "num_layers": 1,
-                "rope_theta": 10000.0,
-                "norm_eps": 1e-5,
-                "tie_embeddings": False,
-                "init_std": 0.02,
-            },
-            "optimizer": {
-                "learning_rate": 1e-3,
-                "weight_decay": 0.0,
-                "beta1": 0.9,
-                "beta2": 0.95,
-                "epsilon": 1e-8,
-                "max_grad_norm": 1.0,
-                "warmup": 0,
-                "decay": None,
-                "min_lr_ratio": 0.1,
-                "lr_schedule": "cosine",
-            },
-            "datasets": [
-                {"name": "tokenized/control-test", **identity, "weight": 1.0, "path": str(cache)}
-            ],
-            "validation": [],
-            "batch_size": 2,
-            "seq_len": 32,
-            "num_train_steps": 100_000,  # stopped by the test with SIGTERM
-            "z_loss_weight": None,
-            "evals": None,
-            "seed": 0,
-            "compute_dtype": "float32",
-            "param_dtype": "float32",
+def _train_spec(root: Path, output: Path) -> dict[str, Any]:
+    """The shared tiny-run spec, stretched so that only the test's SIGTERM ends it and only the
+    requested checkpoint is saved."""
+    cache = build_tiny_cache(root, "tokenized/control-test", 200, seed=0)
+    return make_spec(
+        output,
+        {"tokenized/control-test": cache},
+        {},
+        **{
+            "config.model.max_seq_len": 32,
+            "config.seq_len": 32,
+            "config.batch_size": 2,
+            "config.num_train_steps": 100_000,
+            "config.z_loss_weight": None,
+            "runtime.attention": "xla",
+            "runtime.validation_every": 100_000,
+            "runtime.validation_batches": 1,
+            "runtime.checkpointer.save_interval_minutes": 10_000,
+            "runtime.checkpointer.keep_last_temporary": 5,
+            "runtime.checkpointer.every": None,
+            "runtime.control.enabled": True,
+            "runtime.control.token_ttl_minutes": 10,
         },
-        "runtime": {
-            "resources": {"kind": "cpu"},
-            "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
-            "attention": "xla",
-            "gradient_checkpointing": "none",
-            "validation_every": 100_000,
-            "validation_batches": 1,
-            "checkpointer": {
-                "save_interval_minutes": 10_000,  # no time-based saves: only the requested one
-                "keep_last_temporary": 5,
-                "every": None,
-                "temporary_base_path": None,
-            },
-            "wandb": {"mode": "disabled", "project": "kiln", "entity": None, "run_id": None},
-            "control": {"enabled": True, "host": "127.0.0.1", "port": 0, "token_ttl_minutes": 10},
-            "progress": "log",
-            "max_steps_this_run": None,
-        },
-    }
+    )
 
 
 def _request(
@@ -151,7 +90,7 @@ def _step(url: str) -> int:
 def test_checkpoint_requested_over_http_is_saved_once(tmp_path: Path) -> None:
     output = tmp_path / "run"
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(_train_spec(_tiny_cache(tmp_path), output)))
+    spec_path.write_text(json.dumps(_train_spec(tmp_path, output)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     trainer = subprocess.Popen(
         [sys.executable, "-m", "kiln.train", str(spec_path)],
