@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from pants.backend.python.subsystems.setup import PythonSetup
 from pants.backend.python.util_rules.interpreter_constraints import InterpreterConstraints
 from pants.backend.python.util_rules.pex import VenvPex, VenvPexRequest
 from pants.backend.python.util_rules.pex_environment import PexEnvironment, PythonExecutable
@@ -20,7 +21,15 @@ from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
 from pants.core.goals.run import RunFieldSet, RunInSandboxBehavior, RunRequest
 from pants.engine.addresses import Address, Addresses
-from pants.engine.fs import AddPrefix, CreateDigest, Digest, FileContent, MergeDigests, RemovePrefix
+from pants.engine.fs import (
+    AddPrefix,
+    CreateDigest,
+    Digest,
+    FileContent,
+    MergeDigests,
+    PathGlobs,
+    RemovePrefix,
+)
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
@@ -96,7 +105,12 @@ def _input_entry(artifact: Artifact) -> dict[str, Any]:
 
 
 def _step(
-    target: Any, artifact: Artifact, graph: ArtifactGraph, runtime: Runtime, caches: CachesAsInputs
+    target: Any,
+    artifact: Artifact,
+    graph: ArtifactGraph,
+    runtime: Runtime,
+    caches: CachesAsInputs,
+    lockfile: Digest,
 ) -> dict:
     # Artifact.inputs lists the `datasets` in declaration order, then the `validation` sets.
     weights = target[DatasetsField].value
@@ -148,7 +162,10 @@ def _step(
             }
             for i in inputs
         ],
-        "provenance": {"code_digest": runtime.sources.fingerprint},
+        "provenance": {
+            "code_digest": runtime.sources.fingerprint,
+            "lockfile_digest": lockfile.fingerprint,
+        },
     }
 
 
@@ -158,8 +175,11 @@ class PrepareStepRequest:
 
 
 @rule(desc="Preparing an lm_checkpoint step")
-async def prepare_step(request: PrepareStepRequest) -> PreparedStep:
+async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -> PreparedStep:
     address = request.address
+    lockfile = await Get(
+        Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])
+    )
     wrapped, graph, runtime = await MultiGet(
         Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
@@ -167,7 +187,7 @@ async def prepare_step(request: PrepareStepRequest) -> PreparedStep:
     )
     artifact = graph.get(address)
     caches = await Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs))))
-    step = _step(wrapped.target, artifact, graph, runtime, caches)
+    step = _step(wrapped.target, artifact, graph, runtime, caches, lockfile)
     step_digest = await Get(
         Digest, CreateDigest([FileContent(STEP_FILE, json.dumps(step, indent=2).encode())])
     )

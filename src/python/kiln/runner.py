@@ -242,6 +242,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # transformers (tokenizers for evals and samples) warns that PyTorch is absent: irrelevant.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = _parser()
     args = parser.parse_args(argv)
     step = json.loads(args.step.read_text())
