@@ -23,7 +23,9 @@ def copy_workspace(destination: Path) -> Path:
     for name in WORKSPACE:
         source = Path(name)
         if source.is_dir():
-            shutil.copytree(source, destination / name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                source, destination / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
         else:
             shutil.copy2(source, destination / name)
     return destination

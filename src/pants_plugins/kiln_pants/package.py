@@ -32,7 +32,9 @@ async def package_tokenized_cache(field_set: TokenizedCachePackageFieldSet) -> B
         manifest = {"store_path": built.store_path, "fingerprint": built.artifact.fingerprint}
         digest = await Get(
             Digest,
-            CreateDigest([FileContent(f"{location}/{MANIFEST_FILE}", json.dumps(manifest).encode())]),
+            CreateDigest(
+                [FileContent(f"{location}/{MANIFEST_FILE}", json.dumps(manifest).encode())]
+            ),
         )
     else:
         digest = await Get(Digest, AddPrefix(built.digest, location))

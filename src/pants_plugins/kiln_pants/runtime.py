@@ -85,9 +85,7 @@ class RuntimeProcess:
 
 @rule
 async def runtime_process(request: RuntimeProcess) -> Process:
-    input_digest = await Get(
-        Digest, MergeDigests([request.input_digest, request.runtime.sources])
-    )
+    input_digest = await Get(Digest, MergeDigests([request.input_digest, request.runtime.sources]))
     return await Get(
         Process,
         VenvPexProcess(
@@ -106,4 +104,3 @@ async def runtime_process(request: RuntimeProcess) -> Process:
 
 def rules():
     return collect_rules()
-

@@ -93,7 +93,9 @@ class _Layout:
             return cls(shards, CACHE_DIR, ProcessCacheScope.SUCCESSFUL)
         # The store resumes and skips by itself (a finished shard or cache is a no-op), and its
         # contents can vanish behind Pants' back: never serve these processes from a cache.
-        building = os.path.join(os.path.dirname(store_path), f".{os.path.basename(store_path)}.shards")
+        building = os.path.join(
+            os.path.dirname(store_path), f".{os.path.basename(store_path)}.shards"
+        )
         shards = tuple(os.path.join(building, f"shard-{i}") for i in range(num_shards))
         return cls(shards, store_path, ProcessCacheScope.PER_SESSION)
 
@@ -183,7 +185,9 @@ async def build_tokenized_cache(
         CreateDigest(
             [
                 FileContent(SPEC_FILE, json.dumps(spec, indent=2).encode()),
-                FileContent(RECORD_INPUT, json.dumps(artifact_record(artifact, []), indent=2).encode()),
+                FileContent(
+                    RECORD_INPUT, json.dumps(artifact_record(artifact, []), indent=2).encode()
+                ),
             ]
         ),
     )
@@ -214,8 +218,14 @@ async def build_tokenized_cache(
         RuntimeProcess(
             runtime,
             argv=(
-                "merge", SPEC_FILE, "--shards", *layout.shards, "--out", layout.cache,
-                "--record", RECORD_INPUT,
+                "merge",
+                SPEC_FILE,
+                "--shards",
+                *layout.shards,
+                "--out",
+                layout.cache,
+                "--record",
+                RECORD_INPUT,
             ),
             description=f"Merging {num_shards} shard(s) of {artifact.ref}",
             input_digest=merge_input,

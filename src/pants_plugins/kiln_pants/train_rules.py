@@ -177,9 +177,7 @@ class PrepareStepRequest:
 @rule(desc="Preparing an lm_checkpoint step")
 async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -> PreparedStep:
     address = request.address
-    lockfile = await Get(
-        Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])
-    )
+    lockfile = await Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]]))
     wrapped, graph, runtime = await MultiGet(
         Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
@@ -191,7 +189,9 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
     step_digest = await Get(
         Digest, CreateDigest([FileContent(STEP_FILE, json.dumps(step, indent=2).encode())])
     )
-    return PreparedStep(artifact, runtime, await Get(Digest, MergeDigests([step_digest, caches.digest])))
+    return PreparedStep(
+        artifact, runtime, await Get(Digest, MergeDigests([step_digest, caches.digest]))
+    )
 
 
 # Counts this machine's accelerator device nodes, without PATH (Pants processes do not get one).

@@ -109,7 +109,9 @@ def _provenance(step: dict[str, Any]) -> dict[str, Any]:
 
 
 def _resolved_inputs(entries: list[dict[str, Any]], paths: dict[str, Path]) -> list[dict[str, Any]]:
-    return [{**entry, "path": str(paths[f"{entry['name']}@{entry['version']}"])} for entry in entries]
+    return [
+        {**entry, "path": str(paths[f"{entry['name']}@{entry['version']}"])} for entry in entries
+    ]
 
 
 def train_spec(step: dict[str, Any], output: Path, paths: dict[str, Path]) -> dict[str, Any]:
@@ -134,7 +136,8 @@ def place_inputs(step: dict[str, Any], inputs_root: Path, prefix: Path | None) -
     paths = {}
     for entry in step["inputs"]:
         if "store_path" in entry:  # built in place in the artifact store (storage="store")
-            paths[entry["ref"]] = place_input(Path(entry["store_path"]), Path(entry["store_path"]), entry["record"])
+            in_store = Path(entry["store_path"])
+            paths[entry["ref"]] = place_input(in_store, in_store, entry["record"])
             continue
         built = inputs_root / entry["location"]
         if prefix is None:
@@ -223,12 +226,16 @@ def apply_overrides(step: dict[str, Any], args: argparse.Namespace) -> dict[str,
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kiln.runner", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kiln.runner", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("step", type=Path, help="the step JSON written by the Pants backend")
     parser.add_argument("--inputs", type=Path, required=True, help="where the built inputs are")
     parser.add_argument("--prefix", type=Path, help="the artifact store (interactive runs)")
     parser.add_argument("--output", type=Path, help="build here instead of the artifact store")
-    overrides = parser.add_argument_group("run-time overrides (not part of the artifact's identity)")
+    overrides = parser.add_argument_group(
+        "run-time overrides (not part of the artifact's identity)"
+    )
     overrides.add_argument("--max-steps", type=int, help="stop after N steps this run (resumable)")
     overrides.add_argument("--attention", choices=("auto", "xla", "pallas", "cudnn"))
     overrides.add_argument(
