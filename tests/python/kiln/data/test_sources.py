@@ -111,6 +111,18 @@ def test_hf_loading_path_on_a_local_dataset_folder(tmp_path: Path):
     assert _texts(source, num_shards=3) == _texts(source, num_shards=3)  # deterministic order
 
 
+def test_hf_where_keeps_one_category(tmp_path: Path):
+    """`where` selects records by field, as one Uncheatable Eval category out of its snapshot."""
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    records = [
+        {"text": f"document {i}", "category": "bbc_news" if i % 3 else "arxiv"} for i in range(12)
+    ]
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    source = HfSource(id=str(folder), split="test", where=(("category", "arxiv"),))
+    assert _texts(source) == [r["text"] for r in records if r["category"] == "arxiv"]
+
+
 def _texts_of_shard(source, num_shards, index) -> list[str]:
     return [doc.text for doc in shard_documents(source, "text", num_shards, index)]
 
