@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 
 TARGET="experiments:ci_tiny"
 TRAINING="Training checkpoints/ci_tiny@"
-BUILDGRID_VENV="${KILN_BUILDGRID_VENV:-${HOME}/.cache/kiln/buildgrid-0.1.21}"
+# One venv per pinned requirements file: editing the pins installs afresh.
+BUILDGRID_PINS="$(sha256sum .ci/buildgrid-requirements.txt | cut -c1-12)"
+BUILDGRID_VENV="${KILN_BUILDGRID_VENV:-${HOME}/.cache/kiln/buildgrid-${BUILDGRID_PINS}}"
 WORK="$(mktemp -d)"
 trap 'kill "${BGD_PID:-}" 2>/dev/null || true; [[ -n "${KILN_KEEP_CACHE_CHECK:-}" ]] || rm -rf "${WORK}"' EXIT
 
@@ -23,10 +25,11 @@ find_python311() {
 }
 
 if [[ ! -x "${BUILDGRID_VENV}/bin/bgd" ]]; then
-  echo "remote_cache_check: installing BuildGrid 0.1.21 into ${BUILDGRID_VENV}"
+  echo "remote_cache_check: installing BuildGrid (.ci/buildgrid-requirements.txt) into ${BUILDGRID_VENV}"
   rm -rf "${BUILDGRID_VENV}"
   "$(find_python311)" -m venv "${BUILDGRID_VENV}"
-  PIP_CONFIG_FILE=/dev/null "${BUILDGRID_VENV}/bin/pip" install --quiet buildgrid==0.1.21
+  PIP_CONFIG_FILE=/dev/null "${BUILDGRID_VENV}/bin/pip" install --quiet \
+    -r .ci/buildgrid-requirements.txt
 fi
 
 PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
