@@ -154,3 +154,22 @@ def test_plan_reports_built_would_run_and_drift(rule_runner: RuleRunner, tmp_pat
     drift = rule_runner.run_goal_rule(Plan, args=args)
     assert drift.exit_code == 1
     assert "differs in: batch_size" in drift.stdout
+
+
+def test_a_tokenizer_directory_on_disk_is_identified_by_its_path(rule_runner: RuleRunner) -> None:
+    def cache_fingerprint(tokenizer: str) -> str:
+        rule_runner.write_files(
+            {
+                "disk/BUILD": (
+                    f'tokenized_cache(name="c", source="org/data", tokenizer="{tokenizer}", '
+                    'version="2026.06.28")'
+                )
+            }
+        )
+        graph = rule_runner.request(
+            ArtifactGraph, [ArtifactGraphRequest(Addresses([Address("disk", target_name="c")]))]
+        )
+        assert graph[0].identity["tokenizer"] == {"kind": "local", "path": tokenizer}
+        return graph[0].fingerprint
+
+    assert cache_fingerprint("/data/tokenizers/a") != cache_fingerprint("/data/tokenizers/b")

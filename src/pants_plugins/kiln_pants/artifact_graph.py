@@ -55,6 +55,7 @@ from kiln_pants.target_types import (
     default_artifact_name,
     is_mutable_version,
     tokenizer_address,
+    tokenizer_directory,
 )
 
 # Bump when the meaning of an identity config changes (it changes every fingerprint).
@@ -175,6 +176,8 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
     if tokenizer_address(tokenizer):
         files = await Get(TokenizerFiles, TokenizerFilesRequest(target.address, tokenizer))
         tokenizer_identity: dict[str, Any] = {"kind": "local", "digest": files.digest.fingerprint}
+    elif tokenizer_directory(tokenizer):
+        tokenizer_identity = {"kind": "local", "path": tokenizer}
     elif tokenizer.startswith("package:"):
         tokenizer_identity = {"kind": "package", "name": tokenizer.split(":", 1)[1]}
     else:

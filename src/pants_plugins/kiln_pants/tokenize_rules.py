@@ -58,6 +58,7 @@ from kiln_pants.target_types import (
     TextKeyField,
     TokenizerField,
     tokenizer_address,
+    tokenizer_directory,
 )
 
 SPEC_VERSION = 1
@@ -132,6 +133,8 @@ def _source_spec(target: Any, files: SourceFiles | None) -> dict[str, Any]:
 def _tokenizer_spec(tokenizer: str, files: TokenizerFiles | None) -> dict[str, Any]:
     if files is not None:
         return {"kind": "local", "path": files.directory}
+    if tokenizer_directory(tokenizer):
+        return {"kind": "local", "path": tokenizer}
     if tokenizer.startswith("package:"):
         return {"kind": "package", "name": tokenizer.split(":", 1)[1]}
     return {"kind": "hf", "id": tokenizer, "revision": None}
