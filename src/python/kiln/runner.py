@@ -180,7 +180,7 @@ def run_step(step: dict[str, Any], inputs_root: Path, output: Path, prefix: Path
             artifacts.atomic_write_json(spec_path, train_spec(step, output, paths))
             from kiln.train.__main__ import main as train_main
 
-            exit_code = train_main([str(spec_path)])
+            exit_code = train_main([str(spec_path), "--quiet"])
             if exit_code == 0:
                 from kiln.report.run_summary import write_run_summary
 

@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m kiln.train", description=__doc__.split("\n")[0]
     )
     parser.add_argument("spec", help="the step spec JSON (docs/step-spec.md)")
+    parser.add_argument(
+        "--quiet", action="store_true", help="do not print the summary JSON (the caller reports)"
+    )
     args = parser.parse_args(argv)
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -42,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kiln.train: interrupted before a checkpoint could be saved", file=sys.stderr)
         return 130
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    if not args.quiet:
+        print(json.dumps(summary, indent=2, sort_keys=True))
     if not summary["complete"]:
         print(
             f"kiln.train: stopped early at step {summary['step']} of {summary['num_train_steps']} "
