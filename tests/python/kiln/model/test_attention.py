@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,8 +9,6 @@ import pytest
 
 from kiln.model.attention import attention, resolve_attention_impl
 from kiln.train.mesh import make_mesh
-
-HAS_KERNEL = importlib.util.find_spec("kiln.kernels.flash_attention") is not None
 
 
 def numpy_attention(q, k, v, segment_ids, causal: bool) -> np.ndarray:
@@ -78,7 +74,6 @@ def test_xla_keeps_bf16_and_stays_close() -> None:
     np.testing.assert_allclose(np.asarray(out, np.float32), expected, atol=5e-2)
 
 
-@pytest.mark.skipif(not HAS_KERNEL, reason="kiln.kernels.flash_attention is not there yet")
 def test_pallas_under_a_mesh_runs_per_shard_and_matches_xla() -> None:
     q, k, v = random_qkv(1, 4, 2, seq_len=32)
     segment_ids = packed_segments(32)
