@@ -173,3 +173,34 @@ def test_a_tokenizer_directory_on_disk_is_identified_by_its_path(rule_runner: Ru
         return graph[0].fingerprint
 
     assert cache_fingerprint("/data/tokenizers/a") != cache_fingerprint("/data/tokenizers/b")
+
+
+def test_local_eval_task_files_are_a_dependency_and_count_by_content(
+    rule_runner: RuleRunner,
+) -> None:
+    def evals_identity(yaml: str) -> dict:
+        build = BUILD.replace("RESOURCES", "cpu()").replace(
+            "evals=None",
+            'evals=eval_suite(["stdlib_mc"], every=50, task_files="//exp/tasks:tasks")',
+        )
+        rule_runner.write_files(
+            {
+                **FILES,
+                "exp/BUILD": build,
+                "exp/tasks/BUILD": 'files(name="tasks", sources=["*.yaml", "*.jsonl"])',
+                "exp/tasks/stdlib_mc.yaml": yaml,
+                "exp/tasks/data.jsonl": "{}\n",
+            }
+        )
+        target = rule_runner.get_target(Address("exp", target_name="ckpt"))
+        deps = rule_runner.request(Addresses, [DependenciesRequest(target[Dependencies])])
+        assert Address("exp/tasks", target_name="tasks") in deps
+        graph = rule_runner.request(
+            ArtifactGraph, [ArtifactGraphRequest(Addresses([target.address]))]
+        )
+        return graph.get(target.address).identity["evals"]
+
+    first = evals_identity("task: stdlib_mc\n")
+    assert first["tasks"] == [{"name": "stdlib_mc", "num_fewshot": 0, "alias": None}]
+    assert first["task_files"] != "//exp/tasks:tasks"  # a content digest, not the address
+    assert evals_identity("task: stdlib_mc\nnum_fewshot: 1\n")["task_files"] != first["task_files"]

@@ -106,6 +106,13 @@ def test_build_symbols_validate_at_parse_time(
     assert "exp/BUILD" in message
 
 
+def test_eval_suite_task_files_must_be_an_address(rule_runner: RuleRunner) -> None:
+    message = load_error(
+        rule_runner, checkpoint(evals="eval_suite(['t'], every=5, task_files='tasks/')")
+    )
+    assert "eval_suite(): `task_files` must be the address of a files target" in message
+
+
 def test_adam_rejects_bad_schedule(rule_runner: RuleRunner) -> None:
     message = load_error(rule_runner, checkpoint(optimizer="adam(lr_schedule='cosin')"))
     assert "adam(): `lr_schedule` must be one of cosine, linear, constant, inv_sqrt" in message

@@ -114,20 +114,36 @@ class TokenizerFilesRequest:
     tokenizer: str  # the address string from the `tokenizer` field
 
 
-@rule(desc="Collecting a tokenizer's files")
-async def tokenizer_files(request: TokenizerFilesRequest) -> TokenizerFiles:
+@dataclass(frozen=True)
+class ReferencedFilesRequest:
+    """The files of a target named by address in a field (a tokenizer, eval task YAML)."""
+
+    owner: Address
+    address: str
+    field_alias: str
+
+
+@rule(desc="Collecting referenced files")
+async def referenced_files(request: ReferencedFilesRequest) -> SourceFiles:
     addresses = await Get(
         Addresses,
         UnparsedAddressInputs(
-            [request.tokenizer],
-            owning_address=request.cache,
-            description_of_origin=f"the `tokenizer` field of {request.cache}",
+            [request.address],
+            owning_address=request.owner,
+            description_of_origin=f"the `{request.field_alias}` field of {request.owner}",
         ),
     )
     closure = await Get(TransitiveTargets, TransitiveTargetsRequest(addresses))
-    sources = await Get(
+    return await Get(
         SourceFiles,
         SourceFilesRequest([t[SourcesField] for t in closure.closure if t.has_field(SourcesField)]),
+    )
+
+
+@rule(desc="Collecting a tokenizer's files")
+async def tokenizer_files(request: TokenizerFilesRequest) -> TokenizerFiles:
+    sources = await Get(
+        SourceFiles, ReferencedFilesRequest(request.cache, request.tokenizer, "tokenizer")
     )
     directories = {f.rsplit("/", 1)[0] for f in sources.files if f.endswith("/tokenizer.json")}
     if len(directories) != 1:
@@ -233,6 +249,12 @@ async def _checkpoint_identity(
     ]
     validation = [input_ref(address) for address in validation_addresses]
     evals = target[EvalsField].value
+    evals_identity = evals.to_json() if evals else None
+    if evals and evals.task_files:  # local task files count by content, not by address
+        files = await Get(
+            SourceFiles, ReferencedFilesRequest(target.address, evals.task_files, "evals")
+        )
+        evals_identity["task_files"] = files.snapshot.digest.fingerprint
     identity = {
         "kind": LmCheckpointTarget.alias,
         "format": IDENTITY_FORMAT,
@@ -244,7 +266,7 @@ async def _checkpoint_identity(
         "seq_len": target[SeqLenField].value,
         "num_train_steps": target[NumTrainStepsField].value,
         "z_loss_weight": target[ZLossWeightField].value,
-        "evals": evals.to_json() if evals else None,
+        "evals": evals_identity,
         "seed": target[SeedField].value,
         "compute_dtype": target[ComputeDtypeField].value,
     }

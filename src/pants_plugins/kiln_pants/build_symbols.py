@@ -158,11 +158,21 @@ class EvalSuite(BuildSymbol):
     tasks: Tuple[EvalTask, ...]
     every: int
     max_examples: Optional[int] = None
+    # The address of a `files`/`resources` target with local lm-eval task YAML (and its data),
+    # for tasks that are not lm-eval's own or must run without the hub.
+    task_files: Optional[str] = None
 
-    def __init__(self, tasks: Any, every: int, max_examples: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        tasks: Any,
+        every: int,
+        max_examples: Optional[int] = None,
+        task_files: Optional[str] = None,
+    ) -> None:
         object.__setattr__(self, "tasks", tuple(_eval_task(t) for t in tasks))
         object.__setattr__(self, "every", every)
         object.__setattr__(self, "max_examples", max_examples)
+        object.__setattr__(self, "task_files", task_files)
         self.__post_init__()
 
     def __post_init__(self) -> None:
@@ -171,6 +181,13 @@ class EvalSuite(BuildSymbol):
         _check_int("eval_suite", "every", self.every)
         if self.max_examples is not None:
             _check_int("eval_suite", "max_examples", self.max_examples)
+        if self.task_files is not None and not (
+            isinstance(self.task_files, str) and self.task_files.startswith(("//", ":"))
+        ):
+            raise BuildSymbolError(
+                "eval_suite(): `task_files` must be the address of a files target with lm-eval "
+                f"task YAML, e.g. ':eval_tasks'; got {self.task_files!r}."
+            )
 
 
 def _eval_task(task: Any) -> EvalTask:

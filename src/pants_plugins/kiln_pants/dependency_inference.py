@@ -23,6 +23,7 @@ from pants.engine.unions import UnionRule
 
 from kiln_pants.target_types import (
     DatasetsField,
+    EvalsField,
     LmCheckpointDependencies,
     TokenizedCacheDependencies,
     TokenizedCacheTarget,
@@ -34,10 +35,11 @@ from kiln_pants.target_types import (
 
 @dataclass(frozen=True)
 class LmCheckpointInputsFieldSet(FieldSet):
-    required_fields = (DatasetsField, ValidationField, LmCheckpointDependencies)
+    required_fields = (DatasetsField, ValidationField, EvalsField, LmCheckpointDependencies)
 
     datasets: DatasetsField
     validation: ValidationField
+    evals: EvalsField
     dependencies: LmCheckpointDependencies
 
 
@@ -68,6 +70,18 @@ async def infer_lm_checkpoint_inputs(request: InferLmCheckpointInputs) -> Inferr
                     "`tokenized_cache`."
                 )
             addresses.append(target.address)
+    evals = field_set.evals.value
+    if evals and evals.task_files:
+        addresses.extend(
+            await Get(
+                Addresses,
+                UnparsedAddressInputs(
+                    [evals.task_files],
+                    owning_address=field_set.address,
+                    description_of_origin=f"the `evals` field of {field_set.address}",
+                ),
+            )
+        )
     return InferredDependencies(addresses)
 
 

@@ -20,8 +20,10 @@ from pants.backend.python.util_rules.pex_environment import PexEnvironment, Pyth
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
 from pants.core.goals.run import RunFieldSet, RunInSandboxBehavior, RunRequest
+from pants.core.util_rules.source_files import SourceFiles
 from pants.engine.addresses import Address, Addresses
 from pants.engine.fs import (
+    EMPTY_DIGEST,
     AddPrefix,
     CreateDigest,
     Digest,
@@ -35,7 +37,12 @@ from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.engine.unions import UnionRule
 
-from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_graph import (
+    Artifact,
+    ArtifactGraph,
+    ArtifactGraphRequest,
+    ReferencedFilesRequest,
+)
 from kiln_pants.artifact_store import artifact_record
 from kiln_pants.build_symbols import Resources
 from kiln_pants.runtime import RUN_STEP, Runtime, RuntimeProcess, RuntimeRequest
@@ -111,6 +118,7 @@ def _step(
     runtime: Runtime,
     caches: CachesAsInputs,
     lockfile: Digest,
+    eval_task_dirs: tuple[str, ...],
 ) -> dict:
     # Artifact.inputs lists the `datasets` in declaration order, then the `validation` sets.
     weights = target[DatasetsField].value
@@ -139,7 +147,7 @@ def _step(
             "seq_len": target[SeqLenField].value,
             "num_train_steps": target[NumTrainStepsField].value,
             "z_loss_weight": target[ZLossWeightField].value,
-            "evals": evals.to_json() if evals else None,
+            "evals": _evals_config(evals, eval_task_dirs),
             "seed": target[SeedField].value,
             "compute_dtype": target[ComputeDtypeField].value,
             "param_dtype": "float32",
@@ -169,6 +177,14 @@ def _step(
     }
 
 
+def _evals_config(evals: Any, task_dirs: tuple[str, ...]) -> dict[str, Any] | None:
+    """The runtime's suite config: local task directories relative to the step's inputs."""
+    if evals is None:
+        return None
+    config = {k: v for k, v in evals.to_json().items() if k != "task_files"}
+    return {**config, "task_paths": list(task_dirs)}
+
+
 @dataclass(frozen=True)
 class PrepareStepRequest:
     address: Address
@@ -185,12 +201,30 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
     )
     artifact = graph.get(address)
     caches = await Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs))))
-    step = _step(wrapped.target, artifact, graph, runtime, caches, lockfile)
+    evals = wrapped.target[EvalsField].value
+    task_files = (
+        await Get(SourceFiles, ReferencedFilesRequest(address, evals.task_files, "evals"))
+        if evals and evals.task_files
+        else None
+    )
+    task_dirs = tuple(
+        sorted(
+            {
+                os.path.dirname(f)
+                for f in (task_files.files if task_files else ())
+                if f.endswith(".yaml")
+            }
+        )
+    )
+    step = _step(wrapped.target, artifact, graph, runtime, caches, lockfile, task_dirs)
     step_digest = await Get(
         Digest, CreateDigest([FileContent(STEP_FILE, json.dumps(step, indent=2).encode())])
     )
+    task_digest = task_files.snapshot.digest if task_files else EMPTY_DIGEST
     return PreparedStep(
-        artifact, runtime, await Get(Digest, MergeDigests([step_digest, caches.digest]))
+        artifact,
+        runtime,
+        await Get(Digest, MergeDigests([step_digest, caches.digest, task_digest])),
     )
 
 

@@ -114,11 +114,19 @@ def _resolved_inputs(entries: list[dict[str, Any]], paths: dict[str, Path]) -> l
     ]
 
 
-def train_spec(step: dict[str, Any], output: Path, paths: dict[str, Path]) -> dict[str, Any]:
+def train_spec(
+    step: dict[str, Any], output: Path, paths: dict[str, Path], inputs_root: Path
+) -> dict[str, Any]:
     """The trainer's spec (docs/step-spec.md): the step's config with absolute input paths."""
     config = dict(step["config"])
     config["datasets"] = _resolved_inputs(config["datasets"], paths)
     config["validation"] = _resolved_inputs(config["validation"], paths)
+    if config.get("evals"):  # local lm-eval task directories travel with the step's inputs
+        task_paths = config["evals"].get("task_paths", [])
+        config["evals"] = {
+            **config["evals"],
+            "task_paths": [str((inputs_root / p).resolve()) for p in task_paths],
+        }
     return {
         "spec_version": 1,
         "kind": "lm_checkpoint",
@@ -177,7 +185,7 @@ def run_step(step: dict[str, Any], inputs_root: Path, output: Path, prefix: Path
                 output / artifacts.RECORD_FILE, {**record, "provenance": _provenance(step)}
             )
             spec_path = output / "train_spec.json"
-            artifacts.atomic_write_json(spec_path, train_spec(step, output, paths))
+            artifacts.atomic_write_json(spec_path, train_spec(step, output, paths, inputs_root))
             from kiln.train.__main__ import main as train_main
 
             exit_code = train_main([str(spec_path), "--quiet"])

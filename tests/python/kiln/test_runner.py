@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kiln import artifacts
-from kiln.runner import StepError, check_drift, place_input, run_step
+from kiln.runner import StepError, check_drift, place_input, run_step, train_spec
 
 IDENTITY = {"kind": "lm_checkpoint", "batch_size": 8, "model": {"hidden_dim": 64}}
 
@@ -97,3 +97,24 @@ def test_an_incomplete_input_is_refused(tmp_path: Path) -> None:
 
 def test_check_drift_without_a_record(tmp_path: Path) -> None:
     assert check_drift(tmp_path, record()) is None
+
+
+def test_the_train_spec_gets_absolute_input_and_task_paths(tmp_path: Path) -> None:
+    entry = {"name": "tokenized/a", "version": "2026.11.29", "fingerprint": "a" * 16}
+    step = {
+        "name": "checkpoints/x",
+        "version": "2026.11.29",
+        "fingerprint": "f" * 16,
+        "config": {
+            "datasets": [{**entry, "weight": 1.0}],
+            "validation": [entry],
+            "evals": {"tasks": [], "every": 5, "max_examples": None, "task_paths": ["exp/tasks"]},
+        },
+        "runtime": {},
+    }
+    cache = tmp_path / "store/tokenized/a/2026.11.29"
+    spec = train_spec(step, tmp_path / "out", {"tokenized/a@2026.11.29": cache}, tmp_path)
+    assert spec["config"]["datasets"][0]["path"] == str(cache)
+    assert spec["config"]["validation"][0]["path"] == str(cache)
+    assert spec["config"]["evals"]["task_paths"] == [str(tmp_path / "exp/tasks")]
+    assert spec["output_path"] == str(tmp_path / "out")
