@@ -64,6 +64,9 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     assert record["name"] == "checkpoints/ci_tiny"
     assert record["identity"]["num_train_steps"] == 20
     assert (artifact / "checkpoints/step-20/metadata.json").exists()
+    # The harness ran the local lm-eval task (experiments/eval_tasks) at the last step.
+    summary = json.loads((artifact / "summary.json").read_text())
+    assert 0.0 <= summary["lm_eval/kiln_stdlib_mc/acc"] <= 1.0
     assert TRAINING in first.stderr
 
     second = pants(repo, "package", TARGET)

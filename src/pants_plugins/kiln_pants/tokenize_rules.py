@@ -76,6 +76,9 @@ class BuildCacheRequest:
 class BuiltCache:
     artifact: Artifact
     digest: Digest  # inline storage: the cache's files, at the digest root; else empty
+    # A repo tokenizer's files at their repo paths: cache.json names that path, and evals
+    # reload the tokenizer from it.
+    tokenizer: Digest = EMPTY_DIGEST
     store_path: Optional[str] = None  # store storage: where the cache is, outside Pants
 
 
@@ -237,9 +240,11 @@ async def build_tokenized_cache(
         ),
     )
     merged = await Get(ProcessResult, Process, merge_process)
+    tokenizer_digest = tokenizer_files.digest if tokenizer_files else EMPTY_DIGEST
     if os.path.isabs(layout.cache):
-        return BuiltCache(artifact, EMPTY_DIGEST, store_path=layout.cache)
-    return BuiltCache(artifact, await Get(Digest, RemovePrefix(merged.output_digest, CACHE_DIR)))
+        return BuiltCache(artifact, EMPTY_DIGEST, tokenizer_digest, store_path=layout.cache)
+    cache = await Get(Digest, RemovePrefix(merged.output_digest, CACHE_DIR))
+    return BuiltCache(artifact, cache, tokenizer_digest)
 
 
 def cache_location(artifact: Artifact) -> str:
@@ -249,7 +254,7 @@ def cache_location(artifact: Artifact) -> str:
 
 @dataclass(frozen=True)
 class CachesAsInputs:
-    digest: Digest  # inline caches under their cache_location
+    digest: Digest  # inline caches under their cache_location, and their tokenizers' files
     store_paths: FrozenDict[Address, str]  # store caches, where they are
 
 
@@ -268,8 +273,9 @@ async def caches_as_inputs(request: CachesAsInputsRequest) -> CachesAsInputs:
         for cache in built
         if cache.store_path is None
     )
+    tokenizers = [cache.tokenizer for cache in built]
     return CachesAsInputs(
-        await Get(Digest, MergeDigests(placed)),
+        await Get(Digest, MergeDigests([*placed, *tokenizers])),
         FrozenDict(
             {cache.artifact.address: cache.store_path for cache in built if cache.store_path}
         ),

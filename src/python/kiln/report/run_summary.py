@@ -66,12 +66,27 @@ def format_run_summary(output_path: Path) -> str:
             validation = caches[len(spec.config.datasets) :]
             sections.append(_loss_lines(spec, summary, caches))
             sections.append(_sample_lines(spec, checkpointer, checkpoint, validation))
+        sections += (
+            [_eval_lines(summary)] if any(k.startswith(EVAL_PREFIX) for k in summary) else []
+        )
         return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
     finally:
         checkpointer.close()
 
 
 # --- what ran and where it is -----------------------------------------------------------------
+
+EVAL_PREFIX = "lm_eval/"
+
+
+def _eval_lines(summary: dict[str, Any]) -> list[str]:
+    """The harness's last scores (lm_eval/{task}/{metric}), timing keys left out."""
+    scores = {
+        key[len(EVAL_PREFIX) :]: value
+        for key, value in sorted(summary.items())
+        if key.startswith(EVAL_PREFIX) and not key.endswith(("seconds", "sample_len"))
+    }
+    return ["lm-eval (last run)"] + [f"  {name:<38} {value:.3f}" for name, value in scores.items()]
 
 
 def _run_lines(spec: TrainSpec, summary: dict[str, Any]) -> list[str]:
