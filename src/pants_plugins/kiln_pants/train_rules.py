@@ -15,7 +15,6 @@ from typing import Any
 
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.backend.python.util_rules.interpreter_constraints import InterpreterConstraints
-from pants.backend.python.util_rules.pex import VenvPex, VenvPexRequest
 from pants.backend.python.util_rules.pex_environment import PexEnvironment, PythonExecutable
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
@@ -293,10 +292,11 @@ async def run_lm_checkpoint(
     )
     prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address))
     runtime = prepared.runtime
+    # The runtime's venv PEX is already built for the sandbox environment: the one used here.
+    venv_pex = runtime.pex
     environment = pex_env.in_sandbox(working_directory=None)
-    venv_pex, python = await MultiGet(
-        Get(VenvPex, VenvPexRequest(runtime.pex_request, environment)),
-        Get(PythonExecutable, InterpreterConstraints, runtime.pex_request.interpreter_constraints),
+    python = await Get(
+        PythonExecutable, InterpreterConstraints, runtime.pex_request.interpreter_constraints
     )
     digest = await Get(Digest, MergeDigests([prepared.digest, venv_pex.digest, runtime.sources]))
     chroot = "{chroot}"
