@@ -5,7 +5,7 @@
 
 For every config it checks each implementation's output (and, for fwd+bwd, dQ/dK/dV) against
 reference_attention in fp32 on one batch row and one kv-head group, then times forward and
-forward+backward (jit, warmup, block_until_ready, median of --iters). FLOPs: forward
+forward+backward (jit, two warm-up calls). FLOPs: forward
 4*batch*heads*seq^2*dim, halved when causal; forward+backward counts 3.5x forward (the backward
 does 5 of the 7 matmuls). Needs only jax: runs on the device image without a kiln install.
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import statistics
 import sys
 import time
@@ -24,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kiln.artifacts import atomic_write_json
-from kiln.kernels.flash_attention import default_block_sizes, flash_attention
+from kiln.kernels.flash_attention import BlockSizes, default_block_sizes, flash_attention
 from kiln.kernels.reference import reference_attention
 
 IMPLEMENTATIONS = ("ours", "xla", "cudnn")
@@ -57,9 +59,11 @@ class Measurement:
     note: str = ""
 
 
-def attention(implementation: str, causal: bool) -> Callable[..., jax.Array]:
+def attention(
+    implementation: str, causal: bool, block_sizes: BlockSizes | None = None
+) -> Callable[..., jax.Array]:
     if implementation == "ours":
-        return lambda q, k, v: flash_attention(q, k, v, causal=causal)
+        return lambda q, k, v: flash_attention(q, k, v, causal=causal, block_sizes=block_sizes)
     return lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, is_causal=causal, implementation=implementation
     )
@@ -77,7 +81,10 @@ def as_pass(fn: Callable[..., jax.Array], pass_name: str) -> Callable[..., objec
 
 
 def relative_error(actual: jax.Array, expected: jax.Array) -> float:
+    """max |actual - expected| / max |expected|; inf when anything is not finite."""
     actual, expected = np.asarray(actual, np.float32), np.asarray(expected, np.float32)
+    if not np.all(np.isfinite(actual)):
+        return math.inf
     return float(np.max(np.abs(actual - expected)) / np.max(np.abs(expected)))
 
 
@@ -102,15 +109,19 @@ def reference_on_slice(q, k, v, d_out, config: Config, pass_name: str):
     return as_pass(fn, pass_name)(q, k, v, d_out)
 
 
-def median_seconds(fn: Callable[..., object], args: tuple, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
+def device_seconds(fn: Callable, args: tuple, iters: int, repeats: int = 3) -> float:
+    """Median over `repeats` of (iters calls queued back to back) / iters: device throughput
+    without a host round trip per call. The first two calls compile and warm up."""
+    jax.block_until_ready(fn(*args))
+    jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for _ in range(iters):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / iters)
+    return statistics.median(samples)
 
 
 def measure(
@@ -118,10 +129,11 @@ def measure(
 ) -> Measurement:
     if implementation == "cudnn" and jax.default_backend() != "gpu":
         return Measurement(implementation, None, None, "n/a")
-    fn = as_pass(attention(implementation, config.causal), pass_name)
+    block_sizes = options.block_sizes.get(config.head_dim)
+    fn = as_pass(attention(implementation, config.causal, block_sizes), pass_name)
     try:
         error = check_error(fn(*args), reference, config)
-        seconds = median_seconds(fn, args, options.warmup, options.iters)
+        seconds = device_seconds(fn, args, options.iters)
     except Exception as exc:  # noqa: BLE001 - a failing baseline (OOM, unsupported) is a table cell
         print(
             f"  {implementation} {pass_name} {config}: {type(exc).__name__}: {exc}"[:400],
@@ -198,19 +210,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke run)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
-    parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--num-heads", type=int, default=0, help="overrides --model-dim")
     parser.add_argument("--group", type=int, default=1, help="q heads per kv head (GQA)")
     parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--json", help="also write the rows to this JSON file")
+    parser.add_argument("--iters", type=int, default=10, help="calls per timed sample (3 samples)")
+    parser.add_argument(
+        "--block-sizes",
+        help="JSON {head_dim: BlockSizes fields} (attention_tune.py --json) instead of the table",
+    )
+    parser.add_argument("--json", help="also write the rows to this JSON file (after each row)")
     options = parser.parse_args(argv)
     if options.quick:
         options.seqs, options.head_dims, options.num_heads = [128, 256], [64], 2
-        options.tokens, options.warmup, options.iters = 256, 1, 3
+        options.tokens, options.iters = 256, 2
+    options.block_sizes = load_block_sizes(options.block_sizes)
     return options
+
+
+def load_block_sizes(path: str | None) -> dict[int, BlockSizes]:
+    if path is None:
+        return {}
+    with open(path) as file:
+        entries = json.load(file)
+    return {int(dim): BlockSizes(**fields) for dim, fields in entries.items() if dim.isdigit()}
+
+
+def matmul_tflops(size: int = 8192) -> float:
+    """A bf16 size^3 matrix product on random data: the device's arithmetic ceiling, this run."""
+    a, b = (
+        jax.random.normal(key, (size, size), jnp.bfloat16)
+        for key in jax.random.split(jax.random.PRNGKey(1))
+    )
+    seconds = device_seconds(jax.jit(jnp.matmul), (a, b), iters=10)
+    return 2.0 * size**3 / seconds / 1e12
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,8 +253,13 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"jax {jax.__version__} on {device.platform}: {device.device_kind}; dtype {options.dtype}"
     )
+    if device.platform == "gpu":
+        print(f"  bf16 8192^3 matmul (ceiling, this run): {matmul_tflops():.0f} TF/s")
     for head_dim in options.head_dims:
-        print(f"  block sizes (d={head_dim}): {default_block_sizes(device.device_kind, head_dim)}")
+        blocks = options.block_sizes.get(head_dim) or default_block_sizes(
+            device.device_kind, head_dim
+        )
+        print(f"  block sizes (d={head_dim}): {blocks}")
     print(HEADER)
     rows = []
     for config in sweep(options):
@@ -241,8 +280,8 @@ def main(argv: list[str] | None = None) -> None:
                     "results": [dataclasses.asdict(m) for m in measurements],
                 }
             )
-    if options.json:
-        atomic_write_json(options.json, rows)
+            if options.json:
+                atomic_write_json(options.json, rows)
 
 
 if __name__ == "__main__":

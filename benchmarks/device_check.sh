@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
 # The one script a GPU session runs on the lent device (see benchmarks/RESULTS.md):
-#   run(command="bash benchmarks/device_check.sh", timeout_s=540)
-# It uses the device image's python3 (jax with CUDA; no kiln install: PYTHONPATH=src/python),
-# checks the Pallas kernel against the fp32 reference on fresh random inputs before timing each
-# configuration (attention.py prints the error column), times attention (ours, XLA, cuDNN) and
-# the 1.4B train step (xla vs pallas vs cudnn attention), prints the tables last and leaves JSON
-# and logs under $OUT. Each part is bounded so a slow one cannot eat the whole lease.
+#   run(command="bash benchmarks/device_check.sh", timeout_s=575)
+# It uses the device image's python3 (jax with CUDA; no kiln install: PYTHONPATH=src/python).
+#  1. attention_tune.py: each kernel's block sizes / warps / stages on its own (causal, seq 4096,
+#     d=128 then 64), every candidate checked against the fp32 reference before it is timed.
+#  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,
+#     seq 1k-16k, d 128/64, causal and not, forward and forward+backward.
+#  3. train_step.py: the 1.4B train step with pallas (tuned), cudnn and xla attention.
+# Each part has its own time limit so a slow one cannot eat the lease; each writes as it goes.
+# Tables last; everything under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src/python
+export PYTHONPATH=src/python PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/kiln-device}"
 mkdir -p "${OUT}"
 
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv >"${OUT}/gpu.txt" 2>&1
-python3 -c 'import jax; print(jax.__version__, jax.devices())' >"${OUT}/jax.txt" 2>&1
+{
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv
+  python3 -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
+} >"${OUT}/env.txt" 2>&1
 
-# Causal and not, head dims 64/128, seq 1k-16k, bf16: the issue's table (and its 0.9x-cuDNN goal).
-timeout 300 python3 benchmarks/attention.py --iters 10 --json "${OUT}/attention.json" \
+timeout 160 python3 benchmarks/attention_tune.py --json "${OUT}/tuned.json" >"${OUT}/tune.txt" 2>&1
+echo "attention_tune.py exit $?" >>"${OUT}/tune.txt"
+tuned=()
+[[ -f "${OUT}/tuned.json" ]] && tuned=(--block-sizes "${OUT}/tuned.json")
+
+timeout 230 python3 benchmarks/attention.py ${tuned[@]+"${tuned[@]}"} --json "${OUT}/attention.json" \
   >"${OUT}/attention.txt" 2>&1
 echo "attention.py exit $?" >>"${OUT}/attention.txt"
 
-timeout 200 python3 benchmarks/train_step.py --model 1.4b --attention xla,pallas,cudnn \
-  >"${OUT}/train_step.txt" 2>&1
+timeout 240 python3 benchmarks/train_step.py --model 1.4b --attention pallas,cudnn,xla \
+  --steps 5 ${tuned[@]+"${tuned[@]}"} >"${OUT}/train_step.txt" 2>&1
 echo "train_step.py exit $?" >>"${OUT}/train_step.txt"
 
-cat "${OUT}/gpu.txt" "${OUT}/jax.txt"
-tail -n 40 "${OUT}/attention.txt"
-tail -n 12 "${OUT}/train_step.txt"
+cat "${OUT}/env.txt"
+grep -E "tuned d=|jax |cudnn|ours fwd|exit" "${OUT}/tune.txt"
+grep -v "^  ours\|^  xla\|^  cudnn\|Warning\|warn" "${OUT}/attention.txt" | tail -n 50
+tail -n 8 "${OUT}/train_step.txt"

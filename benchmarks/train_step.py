@@ -17,7 +17,9 @@ import time
 
 import jax
 import numpy as np
+from attention import load_block_sizes  # benchmarks/attention.py
 
+from kiln.kernels.flash_attention import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
@@ -62,18 +64,20 @@ def main() -> None:
     batch_size, seq_len = args.batch_size or batch_size, args.seq_len or seq_len
     remat = args.remat or remat
     device = jax.devices()[0]
+    if args.block_sizes:
+        TUNED_BLOCK_SIZES[device.device_kind] = load_block_sizes(args.block_sizes)
     print(
         f"model {args.model}: {num_parameters(config) / 1e6:.1f}M params, batch {batch_size} x "
         f"{seq_len}, remat {remat}, compute {args.compute_dtype}, "
         f"{jax.device_count()} x {device.device_kind}"
     )
-    rows = []
+    print_header()
     for attention in args.attention.split(","):
         try:
-            rows.append(measure(config, attention, batch_size, seq_len, remat, args))
+            row = measure(config, attention, batch_size, seq_len, remat, args)
         except Exception as error:  # report the failure in the table and go on
-            rows.append({"attention": attention, "error": f"{type(error).__name__}: {error}"})
-    print_table(rows)
+            row = {"attention": attention, "error": f"{type(error).__name__}: {error}"}
+        print_row(row)  # as each finishes: a run stopped by a timeout keeps its rows
 
 
 def parse_args() -> argparse.Namespace:
@@ -90,6 +94,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--compute-dtype", default="bfloat16")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument(
+        "--block-sizes",
+        help="JSON {head_dim: BlockSizes fields} (attention_tune.py --json): use it as this "
+        "device's entry in the kernel's block-size table",
+    )
     return parser.parse_args()
 
 
@@ -154,19 +163,26 @@ def measure(
     }
 
 
-def print_table(rows: list[dict]) -> None:
-    header = f"{'attention':<10} {'tokens/s':>12} {'step ms':>10} {'MFU':>7} {'1st step s':>11} {'loss':>8}"
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        if "error" in row:
-            print(f"{row['attention']:<10} failed: {row['error'][:200]}")
-            continue
-        mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
-        print(
-            f"{row['attention']:<10} {row['tokens_per_second']:>12,.0f} {row['step_ms']:>10.1f} "
-            f"{mfu:>7} {row['first_step_s']:>11.1f} {row['loss']:>8.4f}"
-        )
+TABLE_HEADER = (
+    f"{'attention':<10} {'tokens/s':>12} {'step ms':>10} {'MFU':>7} {'1st step s':>11} {'loss':>8}"
+)
+
+
+def print_header() -> None:
+    print(TABLE_HEADER)
+    print("-" * len(TABLE_HEADER), flush=True)
+
+
+def print_row(row: dict) -> None:
+    if "error" in row:
+        print(f"{row['attention']:<10} failed: {row['error'][:200]}", flush=True)
+        return
+    mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+    print(
+        f"{row['attention']:<10} {row['tokens_per_second']:>12,.0f} {row['step_ms']:>10.1f} "
+        f"{mfu:>7} {row['first_step_s']:>11.1f} {row['loss']:>8.4f}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

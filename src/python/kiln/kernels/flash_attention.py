@@ -41,6 +41,8 @@ class BlockSizes:
     block_q, block_kv: forward (a program owns a q tile and loops over kv tiles).
     block_q_dkv, block_kv_dkv: dK/dV (a program owns a kv tile, loops over q tiles and heads).
     block_q_dq, block_kv_dq: dQ (a program owns a q tile and loops over kv tiles).
+    num_warps_*, num_stages_*: Triton's warps per program and software-pipelining depth, per
+    kernel (each kernel has its own best setting on the device).
     """
 
     block_q: int = 64
@@ -50,9 +52,11 @@ class BlockSizes:
     block_q_dq: int = 64
     block_kv_dq: int = 64
     num_warps_fwd: int = 4
-    num_warps_bwd: int = 4
+    num_warps_dkv: int = 4
+    num_warps_dq: int = 4
     num_stages_fwd: int = 2
-    num_stages_bwd: int = 2
+    num_stages_dkv: int = 2
+    num_stages_dq: int = 2
 
     def __post_init__(self) -> None:
         for name in _BLOCK_FIELDS:
@@ -76,33 +80,36 @@ _BLOCK_FIELDS = tuple(
     f"block_{suffix}" for suffix in ("q", "kv", "q_dkv", "kv_dkv", "q_dq", "kv_dq")
 )
 
-# UNTUNED: starting points taken from the Triton fused-attention tutorial's Hopper settings, not
-# yet measured with this kernel. Replace them with numbers from benchmarks/attention.py on the
-# device (docs/attention-kernel.md keeps the table's status).
+# Tuned on an H200 on 2026-11-30 by benchmarks/attention_tune.py (each kernel on its own, causal,
+# seq 4096, bf16; numbers in benchmarks/RESULTS.md). The H100 shares the chip and uses them unmeasured.
 _HOPPER_BLOCK_SIZES = {
     64: BlockSizes(
-        block_q=128,
+        block_q=64,
         block_kv=64,
-        block_q_dkv=32,
-        block_kv_dkv=128,
+        block_q_dkv=64,
+        block_kv_dkv=64,
         block_q_dq=128,
-        block_kv_dq=32,
+        block_kv_dq=64,
         num_warps_fwd=4,
-        num_warps_bwd=4,
+        num_warps_dkv=4,
+        num_warps_dq=8,
         num_stages_fwd=3,
-        num_stages_bwd=3,
+        num_stages_dkv=2,
+        num_stages_dq=3,
     ),
     128: BlockSizes(
         block_q=128,
-        block_kv=64,
-        block_q_dkv=32,
+        block_kv=128,
+        block_q_dkv=64,
         block_kv_dkv=64,
-        block_q_dq=64,
-        block_kv_dq=32,
+        block_q_dq=128,
+        block_kv_dq=128,
         num_warps_fwd=8,
-        num_warps_bwd=4,
+        num_warps_dkv=4,
+        num_warps_dq=8,
         num_stages_fwd=3,
-        num_stages_bwd=2,
+        num_stages_dkv=2,
+        num_stages_dq=2,
     ),
 }
 TUNED_BLOCK_SIZES: dict[str, dict[int, BlockSizes]] = {
@@ -489,7 +496,7 @@ def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig
         ],
         out_specs=[kv_tile, kv_tile],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
+        compiler_params=_compiler_params(blocks.num_warps_dkv, blocks.num_stages_dkv),
         interpret=config.interpret,
         name="kiln_flash_attention_dkv",
     )(q, k, v, segment_ids, d_out, lse, delta)
@@ -553,7 +560,7 @@ def _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig)
         ],
         out_specs=q_tile,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_compiler_params(blocks.num_warps_bwd, blocks.num_stages_bwd),
+        compiler_params=_compiler_params(blocks.num_warps_dq, blocks.num_stages_dq),
         interpret=config.interpret,
         name="kiln_flash_attention_dq",
     )(q, k, v, segment_ids, d_out, lse, delta)

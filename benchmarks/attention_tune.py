@@ -1,0 +1,299 @@
+"""Tunes the Pallas flash-attention block sizes on the device: each kernel on its own.
+
+    PYTHONPATH=src/python python3 benchmarks/attention_tune.py --json tuned.json      # GPU
+    PYTHONPATH=src/python python3 benchmarks/attention_tune.py --quick                # CPU smoke
+
+For each head dim it times the forward, dK/dV and dQ kernels separately over a list of
+candidate (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k
+tokens). Each candidate's output is checked against the fp32 reference on batch row 0 / head 0
+before it is timed; a candidate that fails to compile (shared memory, registers) or whose error is
+over --max-error is dropped. Prints one row per candidate and, per head dim, the winning
+`BlockSizes` (the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten
+after every kernel so a run stopped early keeps what it found. A few context rows time jax's own
+kernels (Triton `mha`, Mosaic GPU `attention_mgpu`) on the same problem.
+
+Reaches into flash_attention's private kernel functions on purpose: tuning is per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from attention import device_seconds, relative_error  # benchmarks/attention.py
+
+from kiln.artifacts import atomic_write_json
+from kiln.kernels import flash_attention as fa
+from kiln.kernels.reference import reference_attention
+
+# (block_q, block_kv, num_warps, num_stages) per kernel; the current table entry is added first.
+CANDIDATES = {
+    "fwd": [
+        (128, 64, 8, 3),
+        (128, 128, 8, 3),
+        (128, 128, 8, 2),
+        (128, 64, 4, 3),
+        (128, 64, 8, 4),
+        (128, 32, 4, 3),
+        (64, 64, 4, 3),
+        (64, 128, 4, 3),
+        (64, 32, 4, 2),
+    ],
+    "dkv": [
+        (32, 128, 8, 2),
+        (32, 64, 4, 2),
+        (64, 64, 4, 2),
+        (64, 128, 8, 2),
+        (64, 128, 8, 3),
+        (32, 128, 4, 3),
+        (64, 64, 4, 3),
+        (16, 128, 8, 2),
+        (128, 128, 8, 2),
+    ],
+    "dq": [
+        (128, 32, 8, 2),
+        (64, 32, 4, 2),
+        (64, 64, 4, 2),
+        (128, 64, 8, 2),
+        (128, 64, 8, 3),
+        (128, 32, 4, 3),
+        (64, 64, 4, 3),
+        (128, 128, 8, 2),
+        (64, 128, 4, 2),
+    ],
+}
+# Matmuls of seq x seq x dim each kernel does (the backward recomputes q k^T and dout v^T).
+MATMULS = {"fwd": 2, "dkv": 4, "dq": 3}
+FIELDS = {
+    "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
+    "dkv": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
+    "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    seq_len: int
+    head_dim: int
+    causal: bool
+    batch: int
+    num_heads: int
+
+    def matmul_flops(self, kernel: str) -> float:
+        flops = (
+            2.0 * MATMULS[kernel] * self.batch * self.num_heads * self.seq_len**2 * self.head_dim
+        )
+        return flops / 2 if self.causal else flops
+
+
+class KernelBench:
+    """Inputs, residuals and fp32 references for one problem; builds and checks each kernel."""
+
+    def __init__(self, problem: Problem, dtype, interpret: bool):
+        self.problem, self.interpret = problem, interpret
+        keys = jax.random.split(jax.random.PRNGKey(int(time.time())), 4)  # fresh every run
+        shape = (problem.batch, problem.seq_len, problem.num_heads, problem.head_dim)
+        self.q, self.k, self.v, self.d_out = (jax.random.normal(key, shape, dtype) for key in keys)
+        base = self.config(fa.default_block_sizes("", problem.head_dim))
+        self.out, self.lse = jax.jit(lambda q, k, v: fa._forward(q, k, v, None, base))(
+            self.q, self.k, self.v
+        )
+        self.delta = jnp.einsum(
+            "bthd,bthd->bht", self.out.astype(jnp.float32), self.d_out.astype(jnp.float32)
+        )
+        self.expected = self._references()
+
+    def config(self, blocks: fa.BlockSizes) -> fa._KernelConfig:
+        problem = self.problem
+        return fa._KernelConfig(
+            causal=problem.causal,
+            sm_scale=1.0 / math.sqrt(problem.head_dim),
+            seq_len=problem.seq_len,
+            padded_len=problem.seq_len,
+            block_sizes=blocks.fit_to(problem.seq_len),
+            interpret=self.interpret,
+        )
+
+    def _references(self) -> dict[str, tuple]:
+        def head0(x):
+            return x[:1, :, :1].astype(jnp.float32)
+
+        q, k, v, d_out = map(head0, (self.q, self.k, self.v, self.d_out))
+        causal = self.problem.causal
+        out, vjp = jax.vjp(lambda q, k, v: reference_attention(q, k, v, causal=causal), q, k, v)
+        dq, dk, dv = vjp(d_out)
+        return {"fwd": (out,), "dkv": (dk, dv), "dq": (dq,)}
+
+    def kernel(self, name: str, blocks: fa.BlockSizes) -> tuple[Callable, tuple]:
+        config = self.config(blocks)
+        if name == "fwd":
+            return jax.jit(lambda q, k, v: fa._forward(q, k, v, None, config)[0]), (
+                self.q,
+                self.k,
+                self.v,
+            )
+        body = {"dkv": fa._backward_dkv, "dq": fa._backward_dq}[name]
+        fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
+        return fn, (self.q, self.k, self.v, self.d_out, self.lse, self.delta)
+
+    def error(self, name: str, result) -> float:
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        return max(
+            relative_error(actual[:1, :, :1], expected)
+            for actual, expected in zip(results, self.expected[name])
+        )
+
+
+def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
+    """The current setting first (the one to beat), then the others."""
+    current = tuple(getattr(base, field) for field in FIELDS[kernel])
+    return [current] + [c for c in candidates if c != current]
+
+
+def tune_kernel(
+    bench: KernelBench, kernel: str, base: fa.BlockSizes, options, candidates=None
+) -> fa.BlockSizes:
+    """The fastest candidate for one kernel (others fields kept from base) within the error cap."""
+    best, best_seconds = base, math.inf
+    candidates = CANDIDATES[kernel] if candidates is None else candidates
+    for candidate in ordered_candidates(base, kernel, candidates)[: options.max_candidates]:
+        label = ",".join(map(str, candidate))
+        try:
+            blocks = dataclasses.replace(base, **dict(zip(FIELDS[kernel], candidate)))
+            fn, args = bench.kernel(kernel, blocks)
+            error = bench.error(kernel, fn(*args))
+            seconds = device_seconds(fn, args, options.iters)
+        except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: drop the candidate
+            print(f"  {kernel:<4} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
+            continue
+        tflops = bench.problem.matmul_flops(kernel) / seconds / 1e12
+        verdict = "rejected (error)" if error > options.max_error else ""
+        print(
+            f"  {kernel:<4} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
+            f"err {error:.1e} {verdict}",
+            flush=True,
+        )
+        if not verdict and seconds < best_seconds:
+            best, best_seconds = blocks, seconds
+    return best
+
+
+def context_rows(bench: KernelBench, options) -> None:
+    """jax's own kernels on the same problem, for scale (their failures are printed, not fatal)."""
+    problem = bench.problem
+    sm_scale = 1.0 / math.sqrt(problem.head_dim)
+    args = (bench.q, bench.k, bench.v)
+    rows: list[tuple[str, Callable]] = []
+    try:
+        from jax.experimental.pallas.ops.gpu import attention as jax_triton
+
+        def mha(q, k, v):
+            return jax_triton.mha(q, k, v, None, sm_scale=sm_scale, causal=problem.causal)
+
+        rows.append(("jax triton mha fwd", jax.jit(mha)))
+        rows.append(("jax triton mha fwd+bwd", _grad(mha)))
+    except ImportError as exc:
+        print(f"  jax triton mha: {exc}")
+    try:
+        from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+        mgpu_config = attention_mgpu.TuningConfig(
+            block_q=64, block_kv=128, max_concurrent_steps=2, causal=problem.causal
+        )
+        rows.append(
+            (
+                "jax mosaic-gpu fwd",
+                jax.jit(lambda q, k, v: attention_mgpu.attention(q, k, v, mgpu_config)),
+            )
+        )
+    except ImportError as exc:
+        print(f"  jax mosaic-gpu attention: {exc}")
+    rows.append(("cudnn fwd", jax.jit(_cudnn(problem.causal))))
+    rows.append(("cudnn fwd+bwd", _grad(_cudnn(problem.causal))))
+    rows.append(
+        (
+            "ours fwd+bwd (tuned)",
+            _grad(
+                lambda q, k, v: fa.flash_attention(
+                    q, k, v, causal=problem.causal, block_sizes=options.tuned
+                )
+            ),
+        )
+    )
+    forward_flops = bench.problem.matmul_flops("fwd")
+    for label, fn in rows:
+        try:
+            seconds = device_seconds(fn, args, options.iters)
+        except Exception as exc:  # noqa: BLE001
+            print(f"  {label:<24} failed: {type(exc).__name__}: {exc}"[:300])
+            continue
+        flops = forward_flops * (3.5 if "bwd" in label else 1.0)
+        print(f"  {label:<24} {seconds * 1e3:8.3f} ms {flops / seconds / 1e12:7.1f} TF/s")
+
+
+def _cudnn(causal: bool) -> Callable:
+    return lambda q, k, v: jax.nn.dot_product_attention(
+        q, k, v, is_causal=causal, implementation="cudnn"
+    )
+
+
+def _grad(fn: Callable) -> Callable:
+    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), (0, 1, 2)))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, CPU interpret mode")
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    parser.add_argument("--non-causal", action="store_true")
+    parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
+    parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--max-candidates", type=int, default=100)
+    parser.add_argument("--max-error", type=float, default=5e-2, help="bf16 relative error cap")
+    parser.add_argument("--json", help="write {head_dim: BlockSizes fields} here")
+    options = parser.parse_args(argv)
+    if options.quick:
+        options.seq_len, options.head_dims, options.tokens, options.model_dim = 128, [64], 128, 128
+        options.iters, options.max_candidates = 1, 2
+    return options
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse_args(argv)
+    device = jax.devices()[0]
+    interpret = device.platform == "cpu"
+    print(f"jax {jax.__version__} on {device.platform}: {device.device_kind}")
+    tuned: dict[str, dict] = {}
+    for head_dim in options.head_dims:
+        problem = Problem(
+            seq_len=options.seq_len,
+            head_dim=head_dim,
+            causal=not options.non_causal,
+            batch=max(1, options.tokens // options.seq_len),
+            num_heads=max(1, options.model_dim // head_dim),
+        )
+        print(f"{problem} (bf16)", flush=True)
+        bench = KernelBench(problem, jnp.bfloat16, interpret)
+        blocks = fa.default_block_sizes(device.device_kind, head_dim)
+        for kernel in ("fwd", "dkv", "dq"):
+            blocks = tune_kernel(bench, kernel, blocks, options)
+            tuned[str(head_dim)] = dataclasses.asdict(blocks)
+            if options.json:
+                atomic_write_json(options.json, {"device_kind": device.device_kind, **tuned})
+        print(f"  tuned d={head_dim}: {blocks!r}", flush=True)
+        if not interpret:
+            options.tuned = blocks
+            context_rows(bench, options)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""The attention benchmark scripts run end to end in CPU interpret mode (--quick) and what they
+write is usable: the tuner's JSON is a valid block-size table entry that attention.py reads back.
+The GPU numbers themselves are in benchmarks/RESULTS.md."""
+
+import json
+
+import attention
+import attention_tune
+
+from kiln.kernels.flash_attention import BlockSizes
+
+
+def test_tuner_output_feeds_the_attention_table(tmp_path, capsys):
+    tuned_path, rows_path = tmp_path / "tuned.json", tmp_path / "rows.json"
+    attention_tune.main(["--quick", "--json", str(tuned_path)])
+    tuned = json.loads(tuned_path.read_text())
+    assert tuned["device_kind"] == "cpu"
+    blocks = attention.load_block_sizes(str(tuned_path))
+    assert set(blocks) == {64} and isinstance(blocks[64], BlockSizes)
+    assert "tuned d=64" in capsys.readouterr().out
+
+    attention.main(["--quick", "--block-sizes", str(tuned_path), "--json", str(rows_path)])
+    rows = json.loads(rows_path.read_text())
+    assert {(row["config"]["seq_len"], row["pass"]) for row in rows} >= {
+        (128, "fwd"),
+        (256, "fwd+bwd"),
+    }
+    for row in rows:
+        ours = row["results"][0]
+        assert ours["implementation"] == "ours" and ours["seconds"] > 0
+        assert ours["error"] < 3e-2, row  # bf16 against the fp32 reference
+
+
+def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
+    problem = attention_tune.Problem(seq_len=64, head_dim=64, causal=True, batch=1, num_heads=1)
+    bench = attention_tune.KernelBench(problem, attention_tune.jnp.bfloat16, interpret=True)
+    options = attention_tune.parse_args(["--quick"])
+    options.max_candidates = 10
+    base = BlockSizes(block_q=32, block_kv=32)
+    candidates = [(48, 64, 4, 2), (16, 64, 4, 2)]  # 48 is not a power of two: ValueError
+
+    best = attention_tune.tune_kernel(bench, "fwd", base, options, candidates)
+    output = capsys.readouterr().out
+    assert "48,64,4,2        failed: ValueError" in output
+    assert (best.block_q, best.block_kv) in {(32, 32), (16, 64)}
+
+    options.max_error = -1.0  # nothing passes: the base setting is kept
+    assert attention_tune.tune_kernel(bench, "fwd", base, options, candidates) == base
+    assert capsys.readouterr().out.count("rejected (error)") == 2
