@@ -3,15 +3,20 @@ the runtime lockfile, CPython 3.12) plus that entry point's first-party sources.
 
 Each entry point gets only its own transitive sources, so a process's cache key covers exactly the
 code it runs: editing the trainer does not invalidate tokenization processes.
+
+The runtime lockfile pins jax[cpu]. A step that trains on gpu(...) also gets jax's CUDA plugin and
+NVIDIA's libraries from the `cuda` resolve, as a second PEX on the runtime's PEX_PATH: CPU runs and
+CI never download them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from pants.backend.python.target_types import EntryPoint
-from pants.backend.python.util_rules.pex import PexRequest, VenvPex, VenvPexProcess
+from pants.backend.python.util_rules.pex import Pex, PexRequest, VenvPex, VenvPexProcess
 from pants.backend.python.util_rules.pex_from_targets import PexFromTargetsRequest
 from pants.backend.python.util_rules.python_sources import (
     PythonSourceFiles,
@@ -27,12 +32,37 @@ from pants.util.logging import LogLevel
 # The runtime's entry points, as modules and the files that own them.
 TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
 RUN_STEP = ("kiln.runner", Address("src/python/kiln", relative_file_path="runner.py"))
+# Extra requirements per accelerator kind, each from its own resolve (3rdparty/python/BUILD).
+ACCELERATOR_PLUGINS = {
+    "gpu": tuple(
+        Address("3rdparty/python", target_name="cuda", generated_name=name)
+        for name in ("jax-cuda13-plugin", "jax-cuda13-pjrt")
+    ),
+}
 
 
 @dataclass(frozen=True)
 class RuntimeRequest:
     module: str
     address: Address
+    accelerator: str = "cpu"  # A resources kind: "gpu" layers ACCELERATOR_PLUGINS["gpu"] on.
+
+
+@dataclass(frozen=True)
+class AcceleratorPluginsRequest:
+    accelerator: str
+
+
+@rule(desc="Resolving accelerator plugins for the Kiln runtime")
+async def accelerator_plugins(request: AcceleratorPluginsRequest) -> PexRequest:
+    return await Get(
+        PexRequest,
+        PexFromTargetsRequest(
+            ACCELERATOR_PLUGINS[request.accelerator],
+            output_filename=f"kiln-{request.accelerator}-plugins.pex",
+            internal_only=True,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -64,6 +94,10 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
         ),
         Get(PythonSourceFiles, PythonSourceFilesRequest(closure.closure, include_files=True)),
     )
+    if request.accelerator in ACCELERATOR_PLUGINS:
+        plugins_request = await Get(PexRequest, AcceleratorPluginsRequest(request.accelerator))
+        plugins = await Get(Pex, PexRequest, plugins_request)
+        pex_request = dataclasses.replace(pex_request, pex_path=(*pex_request.pex_path, plugins))
     pex = await Get(VenvPex, PexRequest, pex_request)
     return Runtime(
         pex_request, pex, sources.source_files.snapshot.digest, tuple(sources.source_roots)

@@ -192,11 +192,15 @@ class PrepareStepRequest:
 @rule(desc="Preparing an lm_checkpoint step")
 async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -> PreparedStep:
     address = request.address
-    lockfile = await Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]]))
-    wrapped, graph, runtime = await MultiGet(
+    wrapped, graph = await MultiGet(
         Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
-        Get(Runtime, RuntimeRequest(*RUN_STEP)),
+    )
+    accelerator = wrapped.target[ResourcesField].value.kind
+    resolves = [python_setup.default_resolve] + (["cuda"] if accelerator == "gpu" else [])
+    lockfile, runtime = await MultiGet(
+        Get(Digest, PathGlobs([python_setup.resolves[name] for name in resolves])),
+        Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=accelerator)),
     )
     artifact = graph.get(address)
     caches = await Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs))))

@@ -133,8 +133,9 @@ def check_devices(resources: Resources) -> None:
     backend = jax.default_backend()
     if resources.kind != "cpu" and backend != resources.kind:
         raise TrainingError(
-            f"runtime.resources asks for {resources.kind} but jax found only {backend} devices; "
-            f"install the jax build for {resources.kind} or run with resources cpu()"
+            f"runtime.resources asks for {resources.kind} but jax found only {backend} devices "
+            f"(its log above says why: no driver or device here, or no jax {resources.kind} "
+            "plugin installed); run it where one is, or with resources cpu()"
         )
     if resources.count is not None and resources.count != jax.device_count():
         log.warning(
