@@ -89,7 +89,10 @@ def test_fingerprints_are_pinned(rule_runner: RuleRunner) -> None:
 def test_resources_do_not_change_the_fingerprint(rule_runner: RuleRunner) -> None:
     on_cpu = fingerprints(graph(rule_runner))
     on_gpus = fingerprints(graph(rule_runner, resources="gpu('H100', count=8)"))
-    assert on_cpu == on_gpus
+    accumulating = fingerprints(
+        graph(rule_runner, resources="gpu('H100', count=8), per_device_parallelism=2")
+    )
+    assert on_cpu == on_gpus == accumulating
 
 
 def test_changed_data_changes_the_cache_and_its_dependents(rule_runner: RuleRunner) -> None:

@@ -52,6 +52,11 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
     [
         ({"batch_size": "0"}, "The `batch_size` field in target exp:ckpt must be > 0, got 0"),
         ({"num_train_steps": "-5"}, "`num_train_steps` field in target exp:ckpt must be > 0"),
+        ({"gradient_checkpointing": '"some"'}, "gradient_checkpointing"),
+        (
+            {"per_device_parallelism": "0"},
+            "`per_device_parallelism` field in target exp:ckpt must be > 0, got 0",
+        ),
         (
             {"seq_len": "512"},
             "`seq_len` field in target exp:ckpt is 512, larger than the model's max_seq_len 256",

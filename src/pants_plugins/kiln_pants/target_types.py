@@ -435,6 +435,37 @@ class ResourcesField(_SymbolField):
     )
 
 
+class PerDeviceParallelismField(IntField):
+    alias = "per_device_parallelism"
+    help = (
+        "Sequences per device in one forward/backward pass (Levanter's per_device_parallelism). "
+        "Below batch_size / data-parallel devices, each step accumulates gradients over "
+        "microbatches: the same update in less memory. Default: the whole per-device batch at "
+        "once. A run-time choice, excluded from the fingerprint."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[int], address: Address) -> Optional[int]:
+        value = super().compute_value(raw_value, address)
+        if value is not None and value <= 0:
+            raise InvalidFieldException(
+                f"The `{cls.alias}` field in target {address} must be > 0, got {value}."
+            )
+        return value
+
+
+class GradientCheckpointingField(StringField):
+    alias = "gradient_checkpointing"
+    default = "none"
+    valid_choices = ("none", "full", "save_dots", "offload")
+    help = (
+        "What each transformer block keeps for the backward pass: `none` (everything), `full` "
+        "(only its input; recompute the rest), `save_dots` (matmul outputs), `offload` (matmul "
+        "outputs, in host memory). Trades memory for compute; the result is the same. A "
+        "run-time choice, excluded from the fingerprint."
+    )
+
+
 class ComputeDtypeField(StringField):
     alias = "compute_dtype"
     default = "bfloat16"
@@ -468,6 +499,8 @@ class LmCheckpointTarget(Target):
         ZLossWeightField,
         EvalsField,
         ResourcesField,
+        PerDeviceParallelismField,
+        GradientCheckpointingField,
         SeedField,
         ComputeDtypeField,
         LmCheckpointDependencies,

@@ -51,9 +51,11 @@ from kiln_pants.target_types import (
     ComputeDtypeField,
     DatasetsField,
     EvalsField,
+    GradientCheckpointingField,
     ModelField,
     NumTrainStepsField,
     OptimizerField,
+    PerDeviceParallelismField,
     ResourcesField,
     SeedField,
     SeqLenField,
@@ -65,7 +67,12 @@ STEP_FILE = "step.json"
 OUTPUT_DIR = "out"
 
 
-def runtime_defaults(num_train_steps: int, resources: dict[str, Any]) -> dict[str, Any]:
+def runtime_defaults(
+    num_train_steps: int,
+    resources: dict[str, Any],
+    per_device_parallelism: int | None = None,
+    gradient_checkpointing: str = "none",
+) -> dict[str, Any]:
     """Operational choices (not identity): how the trainer runs, not what it makes.
 
     Validation runs ~10 times per run (at most every 1000 steps); temporary checkpoints every
@@ -75,7 +82,8 @@ def runtime_defaults(num_train_steps: int, resources: dict[str, Any]) -> dict[st
         "resources": {k: v for k, v in resources.items() if v is not None},
         "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
         "attention": "auto",
-        "gradient_checkpointing": "none",
+        "gradient_checkpointing": gradient_checkpointing,
+        "per_device_parallelism": per_device_parallelism,
         "validation_every": max(1, min(1000, num_train_steps // 10)),
         "validation_batches": 8,
         "checkpointer": {
@@ -152,7 +160,10 @@ def _step(
             "param_dtype": "float32",
         },
         "runtime": runtime_defaults(
-            target[NumTrainStepsField].value, target[ResourcesField].value.to_json()
+            target[NumTrainStepsField].value,
+            target[ResourcesField].value.to_json(),
+            target[PerDeviceParallelismField].value,
+            target[GradientCheckpointingField].value,
         ),
         "inputs": [
             {

@@ -221,6 +221,8 @@ def apply_overrides(step: dict[str, Any], args: argparse.Namespace) -> dict[str,
         runtime["gradient_checkpointing"] = args.gradient_checkpointing
     if args.validation_every is not None:
         runtime["validation_every"] = args.validation_every
+    if args.per_device_parallelism is not None:
+        runtime["per_device_parallelism"] = args.per_device_parallelism
     config = dict(step["config"])
     if args.batch_size is not None:
         # Identity changes: only for scratch runs (throughput checks), never into the store.
@@ -250,6 +252,11 @@ def _parser() -> argparse.ArgumentParser:
         "--gradient-checkpointing", choices=("none", "full", "save_dots", "offload")
     )
     overrides.add_argument("--validation-every", type=int)
+    overrides.add_argument(
+        "--per-device-parallelism",
+        type=int,
+        help="sequences per device per forward/backward; fewer accumulates gradients",
+    )
     overrides.add_argument(
         "--batch-size", type=int, help="scratch runs only (needs --output): throughput checks"
     )

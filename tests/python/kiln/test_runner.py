@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from kiln import artifacts
-from kiln.runner import StepError, check_drift, place_input, run_step, train_spec
+from kiln.runner import (
+    StepError,
+    _parser,
+    apply_overrides,
+    check_drift,
+    place_input,
+    run_step,
+    train_spec,
+)
 
 IDENTITY = {"kind": "lm_checkpoint", "batch_size": 8, "model": {"hidden_dim": 64}}
 
@@ -118,3 +126,18 @@ def test_the_train_spec_gets_absolute_input_and_task_paths(tmp_path: Path) -> No
     assert spec["config"]["validation"][0]["path"] == str(cache)
     assert spec["config"]["evals"]["task_paths"] == [str(tmp_path / "exp/tasks")]
     assert spec["output_path"] == str(tmp_path / "out")
+
+
+def test_run_time_overrides_leave_the_identity_alone() -> None:
+    base = {
+        "runtime": {"attention": "auto", "per_device_parallelism": None},
+        "config": {"batch_size": 8},
+    }
+    args = _parser().parse_args(
+        ["step.json", "--inputs", ".", "--per-device-parallelism", "2", "--attention", "xla"]
+    )
+    overridden = apply_overrides(base, args)
+    assert overridden["runtime"] == {"attention": "xla", "per_device_parallelism": 2}
+    assert overridden["config"] == base["config"]
+    with pytest.raises(StepError, match="--batch-size changes the artifact's identity"):
+        apply_overrides(base, _parser().parse_args(["s", "--inputs", ".", "--batch-size", "4"]))

@@ -115,6 +115,7 @@ EXAMPLE_SPEC: dict[str, Any] = {
         "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
         "attention": "auto",
         "gradient_checkpointing": "none",
+        "per_device_parallelism": None,
         "validation_every": 6,
         "validation_batches": 2,
         "checkpointer": {

@@ -11,6 +11,7 @@ def next_token_loss(
     tokens: jax.Array,
     loss_mask: jax.Array,
     z_loss_weight: float | None,
+    num_tokens: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Masked mean over positions t of CE(logits[t], tokens[t+1]) + w * logsumexp(logits[t])^2.
 
@@ -18,10 +19,13 @@ def next_token_loss(
     tokens[t + 1] of the same document (the last position is never used).
     Returns (loss, {"cross_entropy", "z_loss"}); z_loss is the weighted term, so
     loss = cross_entropy + z_loss, and it is 0 when z_loss_weight is None.
+    num_tokens: the divisor, by default this batch's masked positions (at least 1). A microbatch
+    passes its whole batch's count (batch_loss_tokens), so microbatch losses sum to the batch's.
     """
     cross_entropy, log_normalizer = _cross_entropy_and_log_normalizer(logits, tokens)
     mask = loss_mask[:, :-1].astype(jnp.float32)
-    num_tokens = jnp.maximum(mask.sum(), 1.0)
+    if num_tokens is None:
+        num_tokens = batch_loss_tokens(loss_mask)
     mean_cross_entropy = (cross_entropy * mask).sum() / num_tokens
     if z_loss_weight is None:
         mean_z_loss = jnp.zeros((), jnp.float32)
@@ -29,6 +33,11 @@ def next_token_loss(
         mean_z_loss = z_loss_weight * (jnp.square(log_normalizer) * mask).sum() / num_tokens
     loss = mean_cross_entropy + mean_z_loss
     return loss, {"cross_entropy": mean_cross_entropy, "z_loss": mean_z_loss}
+
+
+def batch_loss_tokens(loss_mask: jax.Array) -> jax.Array:
+    """The number of positions next_token_loss averages over (at least 1)."""
+    return jnp.maximum(loss_mask[:, :-1].astype(jnp.float32).sum(), 1.0)
 
 
 def per_token_log_probs(logits: jax.Array, tokens: jax.Array) -> jax.Array:

@@ -186,6 +186,7 @@ class RuntimeSpec:
     mesh: Mapping[str, int]
     attention: str
     gradient_checkpointing: str
+    per_device_parallelism: int | None  # sequences per device per microbatch; None: all at once
     validation_every: int
     validation_batches: int
     checkpointer: CheckpointerSpec
@@ -342,8 +343,8 @@ def _parse_runtime(obj: Mapping[str, Any]) -> RuntimeSpec:
     f = _Fields(
         obj,
         "runtime",
-        ("resources", "mesh", "attention", "gradient_checkpointing", "validation_every",
-         "validation_batches", "checkpointer", "wandb", "control", "progress",
+        ("resources", "mesh", "attention", "gradient_checkpointing", "per_device_parallelism",
+         "validation_every", "validation_batches", "checkpointer", "wandb", "control", "progress",
          "max_steps_this_run"),
     )  # fmt: skip
     return RuntimeSpec(
@@ -351,6 +352,7 @@ def _parse_runtime(obj: Mapping[str, Any]) -> RuntimeSpec:
         mesh=_parse_mesh(f.get("mesh", dict)),
         attention=f.choice("attention", ATTENTION_IMPLS),
         gradient_checkpointing=f.choice("gradient_checkpointing", REMAT_POLICIES),
+        per_device_parallelism=f.positive_int("per_device_parallelism", optional=True),
         validation_every=f.positive_int("validation_every"),
         validation_batches=f.positive_int("validation_batches"),
         checkpointer=_parse_checkpointer(f.get("checkpointer", dict)),

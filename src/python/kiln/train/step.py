@@ -15,11 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx, struct
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
-from kiln.train.loss import next_token_loss, per_token_log_probs
+from kiln.model.partitioning import BATCH_AXES
+from kiln.train.loss import batch_loss_tokens, next_token_loss, per_token_log_probs
 from kiln.train.mesh import batch_parallelism, batch_sharding, state_shardings
 from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
 
@@ -83,13 +84,19 @@ def make_train_step(
     *,
     z_loss_weight: float | None,
     mesh: Mesh,
+    microbatches: int = 1,
 ) -> Callable[[TrainState, Mapping[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
     """fn(state, batch) -> (next state, {loss, cross_entropy, z_loss, grad_norm, learning_rate}).
 
     The input state is donated: use only the returned one. learning_rate is the rate applied in
-    this step; grad_norm is the global norm before clipping.
+    this step; grad_norm is the global norm before clipping. microbatches > 1 accumulates the
+    gradient over that many slices of the batch (one slice's activations in memory at a time):
+    the same update as one pass, up to float summation order.
     """
-    step = train_step_fn(adam_config, num_train_steps, z_loss_weight=z_loss_weight, mesh=mesh)
+    step = train_step_fn(
+        adam_config, num_train_steps, z_loss_weight=z_loss_weight, mesh=mesh,
+        microbatches=microbatches,
+    )  # fmt: skip
     return _under_mesh(jax.jit(step, donate_argnums=0), mesh)
 
 
@@ -99,6 +106,7 @@ def train_step_fn(
     *,
     z_loss_weight: float | None,
     mesh: Mesh | None,
+    microbatches: int = 1,
 ) -> Callable[[TrainState, Mapping[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
     """make_train_step's function before jit, for jax.export. With a mesh, the next state is
     constrained to the state's shardings."""
@@ -106,11 +114,20 @@ def train_step_fn(
     schedule = learning_rate_schedule(adam_config, num_train_steps)
 
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]):
-        def loss_fn(params: nnx.State):
-            logits = nnx.merge(state.graphdef, params)(batch["tokens"], batch["segment_ids"])
-            return next_token_loss(logits, batch["tokens"], batch["loss_mask"], z_loss_weight)
+        num_tokens = batch_loss_tokens(batch["loss_mask"])
 
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        def loss_fn(params: nnx.State, micro: Mapping[str, jax.Array]):
+            logits = nnx.merge(state.graphdef, params)(micro["tokens"], micro["segment_ids"])
+            return next_token_loss(
+                logits, micro["tokens"], micro["loss_mask"], z_loss_weight, num_tokens
+            )
+
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        if microbatches == 1:
+            (loss, metrics), grads = grad_fn(state.params, batch)
+        else:
+            split = split_microbatches(batch, microbatches, mesh)
+            (loss, metrics), grads = _accumulate(grad_fn, state.params, split)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         next_state = state.replace(
             params=optax.apply_updates(state.params, updates),
@@ -131,6 +148,40 @@ def train_step_fn(
         return next_state, metrics
 
     return train_step
+
+
+def split_microbatches(
+    batch: Mapping[str, jax.Array], microbatches: int, mesh: Mesh | None
+) -> dict[str, jax.Array]:
+    """[B, ...] fields -> [microbatches, B / microbatches, ...]. Microbatch i takes rows i,
+    i + microbatches, ...: a split of each device's own rows, so no data moves between devices."""
+
+    def split(x: jax.Array) -> jax.Array:
+        rows = x.shape[0]
+        if rows % microbatches:
+            raise ValueError(f"batch of {rows} rows does not split into {microbatches} microbatches")
+        x = x.reshape(rows // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
+        if mesh is None:
+            return x
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(mesh, PartitionSpec(None, BATCH_AXES))
+        )
+
+    return {name: split(x) for name, x in batch.items()}
+
+
+def _accumulate(grad_fn: Callable, params: nnx.State, split: Mapping[str, jax.Array]) -> Any:
+    """Sums grad_fn(params, microbatch) = ((loss, metrics), grads) over the leading axis."""
+
+    def add(total: Any, micro: Mapping[str, jax.Array]) -> tuple[Any, None]:
+        return jax.tree.map(jnp.add, total, grad_fn(params, micro)), None
+
+    first = {name: x[0] for name, x in split.items()}
+    zeros = jax.tree.map(
+        lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), jax.eval_shape(grad_fn, params, first)
+    )
+    total, _ = jax.lax.scan(add, zeros, split)
+    return total
 
 
 def make_eval_step(

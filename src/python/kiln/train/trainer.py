@@ -127,6 +127,21 @@ def open_data(spec: TrainSpec) -> RunData:
     return RunData(mixture, validation, tokenizer, caches[0].info["tokenizer"].get("spec"))
 
 
+def microbatch_count(batch_size: int, per_device_parallelism: int | None, ways: int) -> int:
+    """Gradient-accumulation steps per optimizer step (Levanter's per_device_parallelism): each
+    microbatch holds per_device_parallelism sequences on each of the `ways` batch shards."""
+    if per_device_parallelism is None:
+        return 1
+    microbatch = per_device_parallelism * ways
+    if batch_size % microbatch:
+        raise TrainingError(
+            f"runtime.per_device_parallelism={per_device_parallelism} on {ways} data-parallel "
+            f"device(s) makes microbatches of {microbatch} sequences, which do not divide "
+            f"batch_size={batch_size}; pick a per_device_parallelism that does"
+        )
+    return batch_size // microbatch
+
+
 def check_devices(resources: Resources) -> None:
     """The devices jax sees must be of the kind the spec asks for: a GPU run silently falling back
     to the CPU (jax without CUDA) would take months, not hours."""
@@ -215,7 +230,7 @@ def _finite(metrics: dict[str, float]) -> bool:
 
 class Trainer:
     def __init__(self, spec: TrainSpec):
-        from kiln.train.mesh import make_mesh
+        from kiln.train.mesh import batch_parallelism, make_mesh
 
         self.spec = spec
         self.cfg = spec.config
@@ -226,6 +241,9 @@ class Trainer:
         self.data = open_data(spec)
         self.model_config = self.cfg.model_config(self.data.tokenizer.vocab_size)
         self.mesh = make_mesh(self.runtime.mesh)
+        self.microbatches = microbatch_count(
+            self.cfg.batch_size, self.runtime.per_device_parallelism, batch_parallelism(self.mesh)
+        )
         self.run_id = wandb_run_id(self.runtime.wandb.run_id, spec.name, spec.version)
         self.checkpointer = Checkpointer.from_spec(
             self.output, self.runtime.checkpointer, name=spec.name, version=spec.version
@@ -255,6 +273,7 @@ class Trainer:
                 },
             },
             "mesh": dict(self.mesh.shape),
+            "microbatches": self.microbatches,
             "devices": {"count": len(devices), "kind": devices[0].device_kind},
             "process_count": jax.process_count(),
         }
@@ -376,6 +395,7 @@ class Trainer:
             self.cfg.num_train_steps,
             z_loss_weight=self.cfg.z_loss_weight,
             mesh=self.mesh,
+            microbatches=self.microbatches,
         )
         self.eval_step = make_eval_step(mesh=self.mesh)
         self._setup_evals()

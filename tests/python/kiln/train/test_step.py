@@ -138,6 +138,29 @@ def test_state_round_trips_through_orbax(mesh, train_step, tmp_path) -> None:
     assert float(actual["loss"]) == float(expected["loss"])
 
 
+def test_microbatches_give_the_one_pass_update(mesh) -> None:
+    batch = make_batch(3, batch_size=8)
+    batch["loss_mask"][1, :12] = 0  # microbatches with unequal token counts: the mean is global
+    batch["loss_mask"][6, 3:] = 0
+    batch = shard_batch(batch, mesh)
+    one_pass, expected = make_train_step(ADAM, STEPS, z_loss_weight=1e-4, mesh=mesh)(
+        new_state(mesh), batch
+    )
+    for microbatches in (2, 4):
+        step = make_train_step(
+            ADAM, STEPS, z_loss_weight=1e-4, mesh=mesh, microbatches=microbatches
+        )
+        state, metrics = step(new_state(mesh), batch)
+        for name in ("loss", "cross_entropy", "z_loss", "grad_norm", "learning_rate"):
+            np.testing.assert_allclose(metrics[name], expected[name], rtol=1e-5, err_msg=name)
+        for actual, wanted in zip(jax.tree.leaves(state.params), jax.tree.leaves(one_pass.params)):
+            np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="does not split into 3 microbatches"):
+        make_train_step(ADAM, STEPS, z_loss_weight=None, mesh=mesh, microbatches=3)(
+            new_state(mesh), batch
+        )
+
+
 def test_shard_batch_rejects_bad_batches(mesh) -> None:
     batch = make_batch(0)
     with pytest.raises(ValueError, match=r"missing field\(s\) \['loss_mask'\]"):
@@ -154,11 +177,13 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     from kiln.train.mesh import make_mesh
     from kiln.train.step import init_train_state, make_train_step, shard_batch
 
-    def losses(mesh_config, devices, attention="xla"):
+    def losses(mesh_config, devices, attention="xla", microbatches=1):
         mesh = make_mesh(mesh_config, devices)
         options = {**OPTIONS, "attention": attention}
         state = init_train_state(MODEL, ADAM, STEPS, seed=0, mesh=mesh, **options)
-        step = make_train_step(ADAM, STEPS, z_loss_weight=1e-4, mesh=mesh)
+        step = make_train_step(
+            ADAM, STEPS, z_loss_weight=1e-4, mesh=mesh, microbatches=microbatches
+        )
         out = []
         for i in range(5):
             state, metrics = step(state, shard_batch(make_batch(i, batch_size=8), mesh))
@@ -173,6 +198,7 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
     results = {"single": losses({"data": 1}, jax.devices()[:1])}
     results["data=4"] = losses({"data": 4}, None)
     results["data=2,fsdp=2"] = losses({"data": 2, "fsdp": 2}, None)
+    results["data=2,fsdp=2,microbatches=2"] = losses({"data": 2, "fsdp": 2}, None, microbatches=2)
     # The Pallas kernel (interpret mode) runs per shard under shard_map.
     results["fsdp=2,tensor=2,pallas"] = losses({"fsdp": 2, "tensor": 2}, None, "pallas")
     try:

@@ -8,6 +8,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kiln_testing.training import (
     EVAL_TASK,
@@ -140,6 +141,22 @@ def test_stopping_early_then_resuming_matches_the_uninterrupted_run(
         "step-20",
         "step-24",
     ]
+
+
+def test_gradient_accumulation_follows_the_one_pass_run(finished_run, caches, tmp_path) -> None:
+    reference_output, _, _ = finished_run
+    output = tmp_path / "out"
+    overrides = {"runtime.per_device_parallelism": 2, "runtime.max_steps_this_run": 3}
+    train(spec_for(output, caches, **overrides))
+    assert json.loads((output / "config.json").read_text())["microbatches"] == 2
+    # Same batches, same update up to float summation order.
+    losses, reference = train_losses(output), train_losses(reference_output)
+    assert sorted(losses) == [1, 2, 3]
+    np.testing.assert_allclose(
+        [losses[step] for step in (1, 2, 3)], [reference[step] for step in (1, 2, 3)], rtol=1e-5
+    )
+    with pytest.raises(TrainingError, match="per_device_parallelism=3 .* batch_size=4"):
+        train(spec_for(tmp_path / "bad", caches, **{"runtime.per_device_parallelism": 3}))
 
 
 def test_datasets_must_share_one_tokenizer(caches, tmp_path) -> None:
