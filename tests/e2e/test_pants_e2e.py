@@ -14,7 +14,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-WORKSPACE = ("pants", "pants.toml", "ruff.toml", "3rdparty", "src", "experiments")
+WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
 TARGET = "experiments:ci_tiny"
 TRAINING = "Training checkpoints/ci_tiny@2026.11.29"
 TOKENIZING = "Tokenizing tokenized/quickstart/stdlib_validation@2026.11.29"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
 from pants.engine.addresses import Address, Addresses, UnparsedAddressInputs
@@ -190,8 +190,13 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
 
     tokenizer = target[TokenizerField].value
     if tokenizer_address(tokenizer):
-        files = await Get(TokenizerFiles, TokenizerFilesRequest(target.address, tokenizer))
-        tokenizer_identity: dict[str, Any] = {"kind": "local", "digest": files.digest.fingerprint}
+        tokenizer_files = await Get(
+            TokenizerFiles, TokenizerFilesRequest(target.address, tokenizer)
+        )
+        tokenizer_identity: dict[str, Any] = {
+            "kind": "local",
+            "digest": tokenizer_files.digest.fingerprint,
+        }
     elif tokenizer_directory(tokenizer):
         tokenizer_identity = {"kind": "local", "path": tokenizer}
     elif tokenizer.startswith("package:"):
@@ -249,12 +254,15 @@ async def _checkpoint_identity(
     ]
     validation = [input_ref(address) for address in validation_addresses]
     evals = target[EvalsField].value
-    evals_identity = evals.to_json() if evals else None
-    if evals and evals.task_files:  # local task files count by content, not by address
-        files = await Get(
-            SourceFiles, ReferencedFilesRequest(target.address, evals.task_files, "evals")
-        )
-        evals_identity["task_files"] = files.snapshot.digest.fingerprint
+    evals_identity: Optional[dict[str, Any]] = None
+    if evals:
+        evals_json: dict[str, Any] = evals.to_json()
+        if evals.task_files:  # local task files count by content, not by address
+            files = await Get(
+                SourceFiles, ReferencedFilesRequest(target.address, evals.task_files, "evals")
+            )
+            evals_json["task_files"] = files.snapshot.digest.fingerprint
+        evals_identity = evals_json
     identity = {
         "kind": LmCheckpointTarget.alias,
         "format": IDENTITY_FORMAT,
@@ -296,9 +304,9 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     for target in cache_targets:
         caches[target.address] = _artifact(target, await _cache_identity(target), ())
     checkpoints = []
-    for target in checkpoint_targets:
-        identity, inputs = await _checkpoint_identity(target, caches)
-        checkpoints.append(_artifact(target, identity, inputs))
+    for checkpoint in checkpoint_targets:
+        identity, inputs = await _checkpoint_identity(checkpoint, caches)
+        checkpoints.append(_artifact(checkpoint, identity, inputs))
     return ArtifactGraph([*caches.values(), *checkpoints])
 
 

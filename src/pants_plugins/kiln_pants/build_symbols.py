@@ -46,7 +46,8 @@ class BuildSymbol:
     """Common JSON form: the dataclass fields, plus nothing a machine or run contributes."""
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        fields = dataclasses.fields(self)  # type: ignore[arg-type]  # subclasses are dataclasses
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields}
 
 
 def _jsonable(value: Any) -> Any:

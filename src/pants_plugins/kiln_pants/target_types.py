@@ -43,6 +43,7 @@ def is_mutable_version(version: str) -> bool:
 
 
 class ArtifactVersionField(StringField):
+    value: str
     alias = "version"
     required = True
     help = (
@@ -103,6 +104,7 @@ class ArtifactNameField(StringField):
 
 
 class _PositiveIntField(IntField):
+    value: int
     required = True
 
     @classmethod
@@ -117,6 +119,7 @@ class _PositiveIntField(IntField):
 
 
 class _SymbolField(Field):
+    value: Any
     """A field holding one of the typed BUILD-file helper objects (llama(...), adam(...), ...)."""
 
     symbol_type: type
@@ -196,6 +199,7 @@ class RecordFilterField(DictStringToStringField):
 
 
 class SplitField(StringField):
+    value: str
     alias = "split"
     default = "train"
     help = (
@@ -205,6 +209,7 @@ class SplitField(StringField):
 
 
 class TokenizerField(StringField):
+    value: str
     alias = "tokenizer"
     required = True
     help = (
@@ -267,6 +272,7 @@ class NumShardsField(_PositiveIntField):
 
 
 class CacheStorageField(StringField):
+    value: str
     alias = "storage"
     default = "inline"
     valid_choices = ("inline", "store")

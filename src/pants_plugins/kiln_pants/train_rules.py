@@ -331,7 +331,7 @@ async def run_lm_checkpoint(
         },
         append_only_caches={
             **environment.append_only_caches,
-            **(venv_pex.append_only_caches or {}),
+            **dict(venv_pex.append_only_caches or {}),
         },
     )
 

@@ -144,9 +144,8 @@ class ControlServer:
         with self._lock:
             if step != self._progress.step:
                 self._last_step_time = time.monotonic()
-            self._progress = replace(
-                self._progress, step=step, **{k: v for k, v in given.items() if v is not None}
-            )
+            updates: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+            self._progress = replace(self._progress, step=step, **updates)
 
     def take_checkpoint_request(self) -> bool:
         """True once per batch of requests received since the previous call."""

@@ -25,7 +25,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from kiln.data import stdlib_corpus
 from kiln.data.errors import SourceError
@@ -142,7 +142,7 @@ def _format_of(path: Path) -> str:
 
 def _open_binary(path: Path) -> IO[bytes]:
     if path.name.endswith(".gz"):
-        return gzip.open(path, "rb")
+        return cast(IO[bytes], gzip.open(path, "rb"))
     if path.name.endswith(".zst"):
         import zstandard
 

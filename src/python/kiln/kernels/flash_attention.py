@@ -283,7 +283,7 @@ def _tile_mask(
         masks.append(q_positions[:, None] >= kv_positions[None, :])
     if config.masks_padded_keys:
         masks.append((kv_positions < config.seq_len)[None, :])
-    if q_segments is not None:
+    if q_segments is not None and kv_segments is not None:
         masks.append(q_segments[:, None] == kv_segments[None, :])
     return functools.reduce(jnp.logical_and, masks) if masks else None
 

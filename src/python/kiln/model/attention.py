@@ -59,7 +59,8 @@ def _pallas_attention(
     tensor = mesh.shape.get("tensor", 1)
     heads = "tensor" if q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
     qkv_spec = PartitionSpec(BATCH_AXES, None, heads, None)
-    args, in_specs = (q, k, v), (qkv_spec,) * 3
+    args: tuple[jax.Array, ...] = (q, k, v)
+    in_specs: tuple[PartitionSpec, ...] = (qkv_spec,) * 3
     if segment_ids is not None:
         args, in_specs = (*args, segment_ids), (*in_specs, PartitionSpec(BATCH_AXES, None))
     sharded = jax.shard_map(

@@ -217,7 +217,7 @@ def _generate(state: Any, prompts: np.ndarray, max_seq_len: int) -> np.ndarray:
 
 def up_to_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
     """The continuation up to and including its first EOS: what follows is another document."""
-    ends = np.flatnonzero(tokens == eos_id) if eos_id is not None else []
+    ends = np.flatnonzero(tokens == eos_id) if eos_id is not None else np.empty(0, np.int64)
     return tokens[: ends[0] + 1] if len(ends) else tokens
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def _latest(records: list[Record], key: str) -> tuple[int, float] | None:
     return (steps[-1], values[-1]) if steps else None
 
 
-def _aligned(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+def _aligned(rows: Sequence[tuple[str, ...]], indent: str = "  ") -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return [
         indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows

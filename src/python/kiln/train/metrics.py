@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from kiln.artifacts import atomic_write_text
 
@@ -198,7 +198,7 @@ class _WandbThread:
             name=s.run_id,
             resume="allow",
             dir=str(self._dir),
-            mode=os.environ.get("WANDB_MODE") or s.mode,
+            mode=cast(Any, os.environ.get("WANDB_MODE") or s.mode),  # validated by wandb
             config=dict(s.config),
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
         )

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 SPEC_VERSION = 1
 SPEC_KIND = "lm_checkpoint"
@@ -73,6 +73,10 @@ class _Fields:
             raise SpecError(f"{self.path(key)}: expected a finite number >= {minimum}, got {value}")
         return float(value)
 
+    @overload
+    def positive_int(self, key: str, *, optional: Literal[False] = False) -> int: ...
+    @overload
+    def positive_int(self, key: str, *, optional: bool) -> int | None: ...
     def positive_int(self, key: str, *, optional: bool = False) -> int | None:
         value = self.get(key, int, optional=optional)
         if value is not None and value < 1:
@@ -87,6 +91,10 @@ class _Fields:
             )
         return value
 
+    @overload
+    def absolute_path(self, key: str, *, optional: Literal[False] = False) -> Path: ...
+    @overload
+    def absolute_path(self, key: str, *, optional: bool) -> Path | None: ...
     def absolute_path(self, key: str, *, optional: bool = False) -> Path | None:
         value = self.get(key, str, optional=optional)
         if value is None:
@@ -292,7 +300,7 @@ def _parse_optimizer(obj: Mapping[str, Any]) -> Any:
     from kiln.train.optimizer import AdamConfig
 
     try:
-        return AdamConfig.from_dict(obj)
+        return AdamConfig.from_dict(dict(obj))
     except (TypeError, ValueError, KeyError) as e:
         raise SpecError(f"config.optimizer: {e}") from None
 

@@ -6,6 +6,7 @@ plain jax.jit function that nnx.merge's them back inside. See docs/model.md ("Tr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -129,7 +130,8 @@ def train_step_fn(
             split = split_microbatches(batch, microbatches, mesh)
             (loss, metrics), grads = _accumulate(grad_fn, state.params, split)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        next_state = state.replace(
+        next_state = dataclasses.replace(
+            state,
             params=optax.apply_updates(state.params, updates),
             opt_state=opt_state,
             step=state.step + 1,

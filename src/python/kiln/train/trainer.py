@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -159,7 +159,7 @@ def check_devices(resources: Resources) -> None:
         )  # fmt: skip
 
 
-def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Iterator[Any]:
+def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Generator[Any, None, None]:
     """make(step) for each step, computed `depth` steps ahead on a background thread."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-data") as pool:
         pending = deque(pool.submit(make, s) for s in steps[:depth])
@@ -405,7 +405,7 @@ class Trainer:
             self.runtime.progress, total_steps=self.cfg.num_train_steps, start_step=start_step
         )
         cleanup.callback(self.progress.close)
-        if start_step:
+        if start_step and self.last_checkpoint is not None:
             self.progress.message(f"resumed from {self.last_checkpoint.path}")
         self.control = self._control_server(self.progress)
         if self.control is not None:
@@ -472,6 +472,7 @@ class Trainer:
                 last_checkpoint=str(self.last_checkpoint.path) if self.last_checkpoint else None,
             )  # fmt: skip
         if signum is not None:
+            assert self.last_checkpoint is not None  # saved just above
             raise TrainingInterrupted(
                 f"interrupted by {signal.Signals(signum).name} after step {step}; saved "
                 f"{self.last_checkpoint.path}. Rerun to resume.",
