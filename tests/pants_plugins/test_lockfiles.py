@@ -1,32 +1,57 @@
-"""The lockfiles agree with each other: the CUDA plugin that gpu(...) steps layer onto the runtime
-must be built for the runtime's jaxlib (jax refuses a plugin of another version at start-up), and
-the CPU runtime must not pull CUDA wheels (every CPU run and CI would download them)."""
+"""The lockfiles agree with each other and with the plugin: what a gpu(...) or tpu(...) step layers
+onto the runtime (kiln_pants.runtime.ACCELERATOR_PLUGINS) is locked, at the versions the runtime's
+own jax asks for in its `cuda13` / `tpu` extras (jax refuses a plugin of another version at
+start-up), and the CPU runtime pulls no accelerator wheels (every CPU run and CI would download
+them)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from kiln_pants.runtime import ACCELERATOR_PLUGINS
+
 LOCKS = Path("3rdparty/python")
+JAX_EXTRAS = {"cuda": "cuda13", "tpu": "tpu"}  # plugin resolve -> the jax extra it stands for
 
 
-def locked_versions(name: str) -> dict[str, str]:
-    text = (LOCKS / name).read_text()
+def locked(name: str) -> dict[str, dict]:
+    text = (LOCKS / f"{name}.lock").read_text()
     lock = json.loads("".join(line for line in text.splitlines() if not line.startswith("//")))
     (resolve,) = lock["locked_resolves"]
-    return {req["project_name"]: req["version"] for req in resolve["locked_requirements"]}
+    return {canonicalize_name(req["project_name"]): req for req in resolve["locked_requirements"]}
 
 
-def test_cuda_plugin_is_built_for_the_runtime_jaxlib() -> None:
-    runtime, cuda = locked_versions("runtime.lock"), locked_versions("cuda.lock")
-    assert runtime["jax"] == runtime["jaxlib"]
-    assert cuda["jax-cuda13-plugin"] == cuda["jax-cuda13-pjrt"] == runtime["jaxlib"], (
-        "3rdparty/python/cuda-requirements.txt must pin jax's CUDA plugin to the runtime's jaxlib "
-        f"({runtime['jaxlib']}); regenerate with ./pants generate-lockfiles --resolve=cuda"
-    )
-    assert any(name.startswith("nvidia-cudnn") for name in cuda)
+def jax_extra_requirements(extra: str) -> list[Requirement]:
+    jax = locked("runtime")["jax"]
+    requirements = [Requirement(text) for text in jax["requires_dists"]]
+    return [r for r in requirements if r.marker and r.marker.evaluate({"extra": extra})]
 
 
-def test_cpu_runtime_pulls_no_cuda_wheels() -> None:
-    runtime = locked_versions("runtime.lock")
-    assert not [name for name in runtime if name.startswith(("nvidia-", "jax-cuda"))]
+@pytest.mark.parametrize("kind", sorted(ACCELERATOR_PLUGINS))
+def test_accelerator_plugins_are_locked_at_the_versions_jax_wants(kind: str) -> None:
+    plugins = ACCELERATOR_PLUGINS[kind]
+    lock = locked(plugins.resolve)
+    for name in plugins.requirements:
+        assert canonicalize_name(name) in lock, f"{name} is not in {plugins.resolve}.lock"
+    runtime = locked("runtime")
+    wanted = jax_extra_requirements(JAX_EXTRAS[plugins.resolve])
+    assert wanted, f"jax {runtime['jax']['version']} has no {JAX_EXTRAS[plugins.resolve]} extra"
+    for requirement in wanted:
+        name = canonicalize_name(requirement.name)
+        version = (lock.get(name) or runtime.get(name) or {}).get("version")
+        assert version is not None, f"{name} (jax[{JAX_EXTRAS[plugins.resolve]}]) is not locked"
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"{plugins.resolve}.lock has {name} {version}; jax {runtime['jax']['version']} wants "
+            f"{requirement}. Fix 3rdparty/python/{plugins.resolve}-requirements.txt and run "
+            f"./pants generate-lockfiles --resolve={plugins.resolve}"
+        )
+
+
+def test_cpu_runtime_pulls_no_accelerator_wheels() -> None:
+    runtime = locked("runtime")
+    assert not [n for n in runtime if n.startswith(("nvidia-", "jax-cuda", "libtpu"))]

@@ -5,8 +5,8 @@ Each entry point gets only its own transitive sources, so a process's cache key 
 code it runs: editing the trainer does not invalidate tokenization processes.
 
 The runtime lockfile pins jax[cpu]. A step that trains on gpu(...) also gets jax's CUDA plugin and
-NVIDIA's libraries from the `cuda` resolve, as a second PEX on the runtime's PEX_PATH: CPU runs and
-CI never download them.
+NVIDIA's libraries from the `cuda` resolve (tpu(...): libtpu from the `tpu` resolve), as a second
+PEX on the runtime's PEX_PATH: CPU runs and CI never download them.
 """
 
 from __future__ import annotations
@@ -32,12 +32,26 @@ from pants.util.logging import LogLevel
 # The runtime's entry points, as modules and the files that own them.
 TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
 RUN_STEP = ("kiln.runner", Address("src/python/kiln", relative_file_path="runner.py"))
-# Extra requirements per accelerator kind, each from its own resolve (3rdparty/python/BUILD).
+
+
+@dataclass(frozen=True)
+class AcceleratorPlugins:
+    """What jax needs for one accelerator kind, from its own resolve (3rdparty/python/BUILD)."""
+
+    resolve: str  # also the python_requirements target's name
+    requirements: tuple[str, ...]
+
+    @property
+    def addresses(self) -> tuple[Address, ...]:
+        return tuple(
+            Address("3rdparty/python", target_name=self.resolve, generated_name=name)
+            for name in self.requirements
+        )
+
+
 ACCELERATOR_PLUGINS = {
-    "gpu": tuple(
-        Address("3rdparty/python", target_name="cuda", generated_name=name)
-        for name in ("jax-cuda13-plugin", "jax-cuda13-pjrt")
-    ),
+    "gpu": AcceleratorPlugins("cuda", ("jax-cuda13-plugin", "jax-cuda13-pjrt")),
+    "tpu": AcceleratorPlugins("tpu", ("libtpu", "requests")),
 }
 
 
@@ -45,7 +59,7 @@ ACCELERATOR_PLUGINS = {
 class RuntimeRequest:
     module: str
     address: Address
-    accelerator: str = "cpu"  # A resources kind: "gpu" layers ACCELERATOR_PLUGINS["gpu"] on.
+    accelerator: str = "cpu"  # A resources kind; gpu and tpu layer their ACCELERATOR_PLUGINS on.
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,7 @@ async def accelerator_plugins(request: AcceleratorPluginsRequest) -> PexRequest:
     return await Get(
         PexRequest,
         PexFromTargetsRequest(
-            ACCELERATOR_PLUGINS[request.accelerator],
+            ACCELERATOR_PLUGINS[request.accelerator].addresses,
             output_filename=f"kiln-{request.accelerator}-plugins.pex",
             internal_only=True,
         ),

@@ -44,7 +44,13 @@ from kiln_pants.artifact_graph import (
 )
 from kiln_pants.artifact_store import artifact_record
 from kiln_pants.build_symbols import Resources
-from kiln_pants.runtime import RUN_STEP, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import (
+    ACCELERATOR_PLUGINS,
+    RUN_STEP,
+    Runtime,
+    RuntimeProcess,
+    RuntimeRequest,
+)
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
     BatchSizeField,
@@ -208,7 +214,9 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
     )
     accelerator = wrapped.target[ResourcesField].value.kind
-    resolves = [python_setup.default_resolve] + (["cuda"] if accelerator == "gpu" else [])
+    resolves = [python_setup.default_resolve]
+    if accelerator in ACCELERATOR_PLUGINS:
+        resolves.append(ACCELERATOR_PLUGINS[accelerator].resolve)
     lockfile, runtime = await MultiGet(
         Get(Digest, PathGlobs([python_setup.resolves[name] for name in resolves])),
         Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=accelerator)),
