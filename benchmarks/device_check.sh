@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The one script a GPU session runs on the lent device (see benchmarks/RESULTS.md):
-#   run(command="bash benchmarks/device_check.sh", timeout_s=575)
+#   run(command="bash benchmarks/device_check.sh", timeout_s=590)
 # It uses the device image's python3 (jax with CUDA; no kiln install: PYTHONPATH=src/python).
 #  1. attention_tune.py: each kernel's block sizes / warps / stages on its own (causal, seq 4096,
 #     d=128 then 64), every candidate checked against the fp32 reference before it is timed.
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,
 #     seq 1k-16k, d 128/64, causal and not, forward and forward+backward.
-#  3. train_step.py: the 1.4B train step with pallas (tuned), cudnn and xla attention.
+#  3. ncu (hardware counters, clocks left alone) on one forward+backward of ours: speed of light,
+#     occupancy, launch stats (registers, shared memory) per kernel.
+#  4. train_step.py: the 1.4B train step with pallas (tuned) and cudnn attention (xla measured:
+#     17.0k tokens/s, benchmarks/RESULTS.md).
 # Each part has its own time limit so a slow one cannot eat the lease; each writes as it goes.
 # Tables last; everything under $OUT.
 set -uo pipefail
@@ -29,11 +32,19 @@ timeout 230 python3 benchmarks/attention.py ${tuned[@]+"${tuned[@]}"} --json "${
   >"${OUT}/attention.txt" 2>&1
 echo "attention.py exit $?" >>"${OUT}/attention.txt"
 
-timeout 240 python3 benchmarks/train_step.py --model 1.4b --attention pallas,cudnn,xla \
+ncu_sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
+  --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
+timeout 90 ncu --clock-control none --kernel-name regex:kiln_flash --launch-count 3 \
+  "${ncu_sections[@]}" python3 benchmarks/attention_once.py >"${OUT}/ncu.txt" 2>&1
+echo "ncu exit $?" >>"${OUT}/ncu.txt"
+
+timeout 180 python3 benchmarks/train_step.py --model 1.4b --attention pallas,cudnn \
   --steps 5 ${tuned[@]+"${tuned[@]}"} >"${OUT}/train_step.txt" 2>&1
 echo "train_step.py exit $?" >>"${OUT}/train_step.txt"
 
 cat "${OUT}/env.txt"
 grep -E "tuned d=|jax |cudnn|ours fwd|exit" "${OUT}/tune.txt"
 grep -v "^  ours\|^  xla\|^  cudnn\|Warning\|warn" "${OUT}/attention.txt" | tail -n 50
+grep -E "kiln_flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|exit" \
+  "${OUT}/ncu.txt" | head -n 30
 tail -n 8 "${OUT}/train_step.txt"
