@@ -73,13 +73,23 @@ CANDIDATES = {
         (128, 128, 8, 3),
         (128, 128, 4, 2),
     ],
+    # The dK/dV kernel with dQ accumulated by atomics (fused_dq): against dK/dV + dQ.
+    "fused": [
+        (64, 64, 4, 2),
+        (64, 64, 8, 2),
+        (64, 128, 8, 2),
+        (128, 64, 8, 2),
+        (32, 128, 4, 2),
+        (128, 128, 8, 2),
+    ],
 }
-# Matmuls of seq x seq x dim each kernel does (the backward recomputes q k^T and dout v^T).
-MATMULS = {"fwd": 2, "dkv": 4, "dq": 3}
+# Matmuls of seq x seq x dim each kernel does (the split backward recomputes q k^T and dout v^T).
+MATMULS = {"fwd": 2, "dkv": 4, "dq": 3, "fused": 5}
 FIELDS = {
     "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
     "dkv": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
+    "fused": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
 }
 
 
@@ -134,7 +144,8 @@ class KernelBench:
         causal = self.problem.causal
         out, vjp = jax.vjp(lambda q, k, v: reference_attention(q, k, v, causal=causal), q, k, v)
         dq, dk, dv = vjp(d_out)
-        return {"fwd": (out,), "dkv": (dk, dv), "dq": (dq,)}
+        sm_scale = 1.0 / math.sqrt(self.problem.head_dim)  # the fused kernel's dQ is unscaled
+        return {"fwd": (out,), "dkv": (dk, dv), "dq": (dq,), "fused": (dq / sm_scale, dk, dv)}
 
     def kernel(self, name: str, blocks: fa.BlockSizes) -> tuple[Callable, tuple]:
         config = self.config(blocks)
@@ -144,7 +155,9 @@ class KernelBench:
                 self.k,
                 self.v,
             )
-        body = {"dkv": fa._backward_dkv, "dq": fa._backward_dq}[name]
+        if name == "fused":
+            config = self.config(dataclasses.replace(blocks, fused_dq=True))
+        body = {"dkv": fa._backward_dkv, "fused": fa._backward_dkv, "dq": fa._backward_dq}[name]
         fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
         return fn, (self.q, self.k, self.v, self.d_out, self.lse, self.delta)
 
@@ -164,8 +177,9 @@ def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tup
 
 def tune_kernel(
     bench: KernelBench, kernel: str, base: fa.BlockSizes, options, candidates=None
-) -> fa.BlockSizes:
-    """The fastest candidate for one kernel (others fields kept from base) within the error cap."""
+) -> tuple[fa.BlockSizes, float]:
+    """The fastest candidate for one kernel (other fields kept from base) within the error cap,
+    and its seconds (inf when none passed: then base comes back)."""
     best, best_seconds = base, math.inf
     candidates = CANDIDATES[kernel] if candidates is None else candidates
     for candidate in ordered_candidates(base, kernel, candidates)[: options.max_candidates]:
@@ -176,18 +190,37 @@ def tune_kernel(
             error = bench.error(kernel, fn(*args))
             seconds = device_seconds(fn, args, options.iters)
         except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: drop the candidate
-            print(f"  {kernel:<4} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
+            print(f"  {kernel:<5} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
             continue
         tflops = bench.problem.matmul_flops(kernel) / seconds / 1e12
         verdict = "rejected (error)" if error > options.max_error else ""
         print(
-            f"  {kernel:<4} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
+            f"  {kernel:<5} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
             f"err {error:.1e} {verdict}",
             flush=True,
         )
         if not verdict and seconds < best_seconds:
             best, best_seconds = blocks, seconds
-    return best
+    return best, best_seconds
+
+
+def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable) -> fa.BlockSizes:
+    """Each kernel in turn, then the backward layout: fused dQ if it beats dK/dV + dQ."""
+    seconds = {}
+    for kernel in ("fwd", "dkv", "dq"):
+        blocks, seconds[kernel] = tune_kernel(bench, kernel, blocks, options)
+        on_update(blocks)
+    fused, fused_seconds = tune_kernel(bench, "fused", blocks, options)
+    split_seconds = seconds["dkv"] + seconds["dq"]
+    print(
+        f"  backward: dK/dV + dQ {split_seconds * 1e3:.3f} ms, fused dQ "
+        f"{fused_seconds * 1e3:.3f} ms",
+        flush=True,
+    )
+    if fused_seconds < split_seconds:
+        blocks = dataclasses.replace(fused, fused_dq=True)
+        on_update(blocks)
+    return blocks
 
 
 def context_rows(bench: KernelBench, options) -> None:
@@ -289,11 +322,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{problem} (bf16)", flush=True)
         bench = KernelBench(problem, jnp.bfloat16, interpret)
         blocks = fa.default_block_sizes(device.device_kind, head_dim)
-        for kernel in ("fwd", "dkv", "dq"):
-            blocks = tune_kernel(bench, kernel, blocks, options)
+
+        def record(blocks: fa.BlockSizes, head_dim: int = head_dim) -> None:
             tuned[str(head_dim)] = dataclasses.asdict(blocks)
             if options.json:
                 atomic_write_json(options.json, {"device_kind": device.device_kind, **tuned})
+
+        blocks = tune(bench, blocks, options, record)
         print(f"  tuned d={head_dim}: {blocks!r}", flush=True)
         if not interpret:
             options.tuned = blocks

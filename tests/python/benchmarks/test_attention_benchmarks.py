@@ -3,6 +3,7 @@ write is usable: the tuner's JSON is a valid block-size table entry that attenti
 The GPU numbers themselves are in benchmarks/RESULTS.md."""
 
 import json
+import math
 
 import attention
 import attention_tune
@@ -17,7 +18,10 @@ def test_tuner_output_feeds_the_attention_table(tmp_path, capsys):
     assert tuned["device_kind"] == "cpu"
     blocks = attention.load_block_sizes(str(tuned_path))
     assert set(blocks) == {64} and isinstance(blocks[64], BlockSizes)
-    assert "tuned d=64" in capsys.readouterr().out
+    output = capsys.readouterr().out
+    assert "tuned d=64" in output and "backward: dK/dV + dQ" in output
+    # Every candidate of every kernel, the fused backward included, matched the fp32 reference.
+    assert "rejected" not in output and "failed" not in output, output
 
     attention.main(["--quick", "--block-sizes", str(tuned_path), "--json", str(rows_path)])
     rows = json.loads(rows_path.read_text())
@@ -39,11 +43,11 @@ def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
     base = BlockSizes(block_q=32, block_kv=32)
     candidates = [(48, 64, 4, 2), (16, 64, 4, 2)]  # 48 is not a power of two: ValueError
 
-    best = attention_tune.tune_kernel(bench, "fwd", base, options, candidates)
+    best, _ = attention_tune.tune_kernel(bench, "fwd", base, options, candidates)
     output = capsys.readouterr().out
     assert "48,64,4,2        failed: ValueError" in output
     assert (best.block_q, best.block_kv) in {(32, 32), (16, 64)}
 
     options.max_error = -1.0  # nothing passes: the base setting is kept
-    assert attention_tune.tune_kernel(bench, "fwd", base, options, candidates) == base
+    assert attention_tune.tune_kernel(bench, "fwd", base, options, candidates) == (base, math.inf)
     assert capsys.readouterr().out.count("rejected (error)") == 2

@@ -8,7 +8,9 @@ docs/attention-kernel.md describes the design; the short version:
   with an online softmax in base 2, writing the output and the row log-sum-exp (lse, base 2).
 - dK/dV: grid (kv blocks, batch, kv heads); each program loops over the q heads of its group and
   their q tiles, so GQA gradients are summed in the kernel without repeating K/V.
-- dQ: grid (q blocks, batch, heads); each program loops over kv tiles.
+- dQ: grid (q blocks, batch, heads); each program loops over kv tiles. Or, with
+  BlockSizes.fused_dq, no dQ kernel: the dK/dV kernel adds each tile's dQ into an fp32 buffer
+  with atomics (5 matmuls instead of 7; dQ's summation order then varies between GPU runs).
 - GQA: q head h reads kv head h // group in the BlockSpec index maps.
 - Causal: loop bounds skip tiles fully in the future; only tiles on the diagonal build a mask.
 - Lengths that are not a multiple of the block are padded here; padded keys are masked.
@@ -43,6 +45,9 @@ class BlockSizes:
     block_q_dq, block_kv_dq: dQ (a program owns a q tile and loops over kv tiles).
     num_warps_*, num_stages_*: Triton's warps per program and software-pipelining depth, per
     kernel (each kernel has its own best setting on the device).
+    fused_dq: the dK/dV kernel also computes dQ and adds it into an fp32 buffer with atomics
+    (FlashAttention-2's layout: 5 matmuls instead of 7, no dQ kernel; dQ's summation order then
+    varies between runs on a GPU). Off: a separate dQ kernel recomputes what it needs.
     """
 
     block_q: int = 64
@@ -57,6 +62,7 @@ class BlockSizes:
     num_stages_fwd: int = 2
     num_stages_dkv: int = 2
     num_stages_dq: int = 2
+    fused_dq: bool = False
 
     def __post_init__(self) -> None:
         for name in _BLOCK_FIELDS:
@@ -250,8 +256,12 @@ def _flash_attention_bwd(config: _KernelConfig, residuals, d_out):
     # delta_i = sum_d out_i * dout_i = sum_j p_ij * dp_ij: an elementwise product and row sum
     # that XLA fuses well, so it needs no kernel of its own.
     delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), d_out.astype(jnp.float32))
-    dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
-    dq = _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config)
+    if config.block_sizes.fused_dq:
+        dq, dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+        dq = (dq * config.sm_scale).astype(q.dtype)
+    else:
+        dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+        dq = _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config)
     return dq, dk, dv, None
 
 
@@ -431,8 +441,11 @@ def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, ja
 
 
 def _backward_dkv_kernel(
-    q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dk_ref, dv_ref, *, config
+    q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, *out_refs, config
 ):
+    # Fused: (zeroed dQ input, the dQ accumulator aliasing it, dK, dV); else (dK, dV).
+    dq_ref = out_refs[1] if config.block_sizes.fused_dq else None
+    dk_ref, dv_ref = out_refs[-2:]
     block_q, block_kv = config.block_sizes.block_q_dkv, config.block_sizes.block_kv_dkv
     kv_start = pl.program_id(0) * block_kv
     k, v = k_ref[...], v_ref[...]
@@ -462,6 +475,8 @@ def _backward_dkv_kernel(
         d_probs = _dot(d_out, v.T)
         d_logits = probs * (d_probs - delta_ref[head, q_slice][:, None])
         dk = dk + _dot(d_logits.astype(q.dtype).T, q)
+        if dq_ref is not None:  # sm_scale is applied once, outside the kernel
+            plgpu.atomic_add(dq_ref, (q_slice, head, slice(None)), _dot(d_logits.astype(k.dtype), k))
         return dk, dv
 
     def visit_head(head, carry):
@@ -475,6 +490,7 @@ def _backward_dkv_kernel(
 
 
 def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig):
+    """(dK, dV), or (unscaled fp32 dQ, dK, dV) with fused_dq."""
     batch, padded_len, num_kv_heads, head_dim = k.shape
     group = q.shape[2] // num_kv_heads
     blocks = config.block_sizes
@@ -482,24 +498,36 @@ def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig
     q_group = pl.BlockSpec((None, padded_len, group, head_dim), lambda _, b, h: (b, 0, h, 0))
     row_stats_group = pl.BlockSpec((None, group, padded_len), lambda _, b, h: (b, h, 0))
     kv_tile = pl.BlockSpec((None, block_kv, None, head_dim), lambda j, b, h: (b, j, h, 0))
+    inputs = [q, k, v, segment_ids, d_out, lse, delta]
+    in_specs = [
+        q_group,
+        kv_tile,
+        kv_tile,
+        None if segment_ids is None else _segment_spec(padded_len),
+        q_group,
+        row_stats_group,
+        row_stats_group,
+    ]
+    out_specs = [kv_tile, kv_tile]
+    out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    aliases = {}
+    if blocks.fused_dq:
+        inputs.append(jnp.zeros(q.shape, jnp.float32))
+        in_specs.append(q_group)
+        out_specs.insert(0, q_group)
+        out_shape.insert(0, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+        aliases = {len(jax.tree.leaves(inputs)) - 1: 0}  # None (no segment ids) is no input
     return pl.pallas_call(
         functools.partial(_backward_dkv_kernel, config=config),
         grid=(padded_len // block_kv, batch, num_kv_heads),
-        in_specs=[
-            q_group,
-            kv_tile,
-            kv_tile,
-            None if segment_ids is None else _segment_spec(padded_len),
-            q_group,
-            row_stats_group,
-            row_stats_group,
-        ],
-        out_specs=[kv_tile, kv_tile],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        input_output_aliases=aliases,
         compiler_params=_compiler_params(blocks.num_warps_dkv, blocks.num_stages_dkv),
         interpret=config.interpret,
         name="kiln_flash_attention_dkv",
-    )(q, k, v, segment_ids, d_out, lse, delta)
+    )(*inputs)
 
 
 def _backward_dq_kernel(

@@ -14,6 +14,7 @@ import dataclasses
 import random
 import warnings
 import zlib
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -67,6 +68,13 @@ CASES = {
     "bf16-d64-full-gqa4:1-outliers": Case(128, 4, 1, 64, jnp.bfloat16, False, False, True),
     "bf16-d64-causal-mixed-blocks-segments-pad200": Case(
         200, 2, 1, 64, jnp.bfloat16, True, True, True, MIXED_BLOCKS, batch=1
+    ),
+    # dQ accumulated by atomics in the dK/dV kernel (GQA: several q heads per kv program).
+    "fused-dq-f32-d64-causal-gqa4:2-segments-mixed-blocks-pad100": Case(
+        100, 4, 2, 64, jnp.float32, True, True, True, replace(MIXED_BLOCKS, fused_dq=True)
+    ),
+    "fused-dq-bf16-d128-full-gqa4:1-pad80": Case(
+        80, 4, 1, 128, jnp.bfloat16, False, False, True, replace(SMALL_BLOCKS, fused_dq=True)
     ),
 }
 
@@ -199,20 +207,28 @@ def test_grouped_query_attention_never_repeats_kv() -> None:
         assert operands[1] == operands[2] == kv.shape, operands  # k, v keep their kv heads
 
 
-@pytest.mark.parametrize("with_grad", [False, True], ids=["forward", "forward+grad"])
-def test_lowers_for_h200(with_grad: bool) -> None:
+@pytest.mark.parametrize(
+    "with_grad, fused_dq",
+    [(False, False), (True, False), (True, True)],
+    ids=["forward", "forward+grad", "forward+grad-fused-dq"],
+)
+def test_lowers_for_h200(with_grad: bool, fused_dq: bool) -> None:
     batch, seq_len, heads, kv_heads, dim = 2, 1000, 8, 2, 128  # 1000: exercises padding
     q = jax.ShapeDtypeStruct((batch, seq_len, heads, dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
     segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][dim], fused_dq=fused_dq)
+
+    def attention(q, k, v, segment_ids):
+        return flash_attention(q, k, v, segment_ids, block_sizes=blocks)
 
     def loss(q, k, v, segment_ids):
-        return flash_attention(q, k, v, segment_ids).astype(jnp.float32).sum()
+        return attention(q, k, v, segment_ids).astype(jnp.float32).sum()
 
-    fn = jax.grad(loss, argnums=(0, 1, 2)) if with_grad else flash_attention
+    fn = jax.grad(loss, argnums=(0, 1, 2)) if with_grad else attention
     exported = export_for_h200(fn, q, kv, kv, segment_ids)
     module = exported.mlir_module()
-    kernels = ["fwd", "dkv", "dq"] if with_grad else ["fwd"]
+    kernels = ["fwd", "dkv"] + ([] if fused_dq else ["dq"]) if with_grad else ["fwd"]
     assert module.count("@__gpu$xla.gpu.triton(") == len(kernels)
     for kernel in kernels:
         assert f"kiln_flash_attention_{kernel}" in module
