@@ -104,14 +104,13 @@ class ArtifactNameField(StringField):
 
 
 class _PositiveIntField(IntField):
-    value: int
     required = True
+    value: int
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[int], address: Address) -> int:
+    def compute_value(cls, raw_value: Optional[int], address: Address) -> Optional[int]:
         value = super().compute_value(raw_value, address)
-        assert value is not None
-        if value <= 0:
+        if value is not None and value <= 0:
             raise InvalidFieldException(
                 f"The `{cls.alias}` field in target {address} must be > 0, got {value}."
             )
@@ -441,23 +440,16 @@ class ResourcesField(_SymbolField):
     )
 
 
-class PerDeviceParallelismField(IntField):
+class PerDeviceParallelismField(_PositiveIntField):
     alias = "per_device_parallelism"
+    required = False
+    value: Optional[int]  # type: ignore[assignment]  # None: the whole per-device batch
     help = (
         "Sequences per device in one forward/backward pass (Levanter's per_device_parallelism). "
         "Below batch_size / data-parallel devices, each step accumulates gradients over "
         "microbatches: the same update in less memory. Default: the whole per-device batch at "
         "once. A run-time choice, excluded from the fingerprint."
     )
-
-    @classmethod
-    def compute_value(cls, raw_value: Optional[int], address: Address) -> Optional[int]:
-        value = super().compute_value(raw_value, address)
-        if value is not None and value <= 0:
-            raise InvalidFieldException(
-                f"The `{cls.alias}` field in target {address} must be > 0, got {value}."
-            )
-        return value
 
 
 class GradientCheckpointingField(StringField):
