@@ -90,7 +90,10 @@ def test_resources_do_not_change_the_fingerprint(rule_runner: RuleRunner) -> Non
     on_cpu = fingerprints(graph(rule_runner))
     on_gpus = fingerprints(graph(rule_runner, resources="gpu('H100', count=8)"))
     accumulating = fingerprints(
-        graph(rule_runner, resources="gpu('H100', count=8), per_device_parallelism=2")
+        graph(
+            rule_runner,
+            resources="gpu('H100', count=8), per_device_parallelism=2, mesh={'fsdp': -1}",
+        )
     )
     assert on_cpu == on_gpus == accumulating
 

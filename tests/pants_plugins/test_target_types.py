@@ -53,6 +53,9 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
         ({"batch_size": "0"}, "The `batch_size` field in target exp:ckpt must be > 0, got 0"),
         ({"num_train_steps": "-5"}, "`num_train_steps` field in target exp:ckpt must be > 0"),
         ({"gradient_checkpointing": '"some"'}, "gradient_checkpointing"),
+        ({"mesh": '{"model": 2}'}, "its keys must be among ['data', 'fsdp', 'tensor']"),
+        ({"mesh": '{"data": -1, "fsdp": -1}'}, "at most one of them -1"),
+        ({"mesh": '{"fsdp": 0}'}, "sizes positive integers"),
         (
             {"per_device_parallelism": "0"},
             "`per_device_parallelism` field in target exp:ckpt must be > 0, got 0",

@@ -452,6 +452,45 @@ class PerDeviceParallelismField(_PositiveIntField):
     )
 
 
+MESH_AXES = ("data", "fsdp", "tensor")  # kiln.model.partitioning.MESH_AXES
+
+
+class MeshField(Field):
+    alias = "mesh"
+    help = (
+        "How the devices are split, as sizes of the `data`, `fsdp` (parameters and optimizer "
+        "state sharded, batch split) and `tensor` (heads and MLP split) axes, e.g. "
+        "`{'fsdp': -1}` or `{'data': 2, 'fsdp': 4}`. Missing axes are 1; one axis may be -1 "
+        "(all remaining devices). Default `{'data': -1}`: plain data parallelism. A run-time "
+        "choice, excluded from the fingerprint."
+    )
+    default = None
+    value: FrozenDict[str, int]
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> FrozenDict[str, int]:
+        value = super().compute_value(raw_value, address)
+        if value is None:
+            return FrozenDict({"data": -1, "fsdp": 1, "tensor": 1})
+        if not isinstance(value, dict):
+            raise InvalidFieldTypeException(
+                address, cls.alias, value, expected_type="a dict of mesh axis -> size"
+            )
+        unknown = sorted(set(value) - set(MESH_AXES))
+        sizes = {axis: value.get(axis, 1) for axis in MESH_AXES}
+        bad = {
+            axis: size
+            for axis, size in sizes.items()
+            if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1)
+        }
+        if unknown or bad or list(sizes.values()).count(-1) > 1:
+            raise InvalidFieldException(
+                f"The `mesh` field in target {address} is {value!r}: its keys must be among "
+                f"{list(MESH_AXES)}, its sizes positive integers, and at most one of them -1."
+            )
+        return FrozenDict(sizes)
+
+
 class GradientCheckpointingField(StringField):
     alias = "gradient_checkpointing"
     default = "none"
@@ -499,6 +538,7 @@ class LmCheckpointTarget(Target):
         ResourcesField,
         PerDeviceParallelismField,
         GradientCheckpointingField,
+        MeshField,
         SeedField,
         ComputeDtypeField,
         LmCheckpointDependencies,

@@ -58,6 +58,7 @@ from kiln_pants.target_types import (
     DatasetsField,
     EvalsField,
     GradientCheckpointingField,
+    MeshField,
     ModelField,
     NumTrainStepsField,
     OptimizerField,
@@ -78,6 +79,7 @@ def runtime_defaults(
     resources: dict[str, Any],
     per_device_parallelism: int | None = None,
     gradient_checkpointing: str = "none",
+    mesh: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Operational choices (not identity): how the trainer runs, not what it makes.
 
@@ -86,7 +88,7 @@ def runtime_defaults(
     """
     return {
         "resources": {k: v for k, v in resources.items() if v is not None},
-        "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
+        "mesh": mesh or {"data": -1, "fsdp": 1, "tensor": 1},
         "attention": "auto",
         "gradient_checkpointing": gradient_checkpointing,
         "per_device_parallelism": per_device_parallelism,
@@ -170,6 +172,7 @@ def _step(
             target[ResourcesField].value.to_json(),
             target[PerDeviceParallelismField].value,
             target[GradientCheckpointingField].value,
+            dict(target[MeshField].value),
         ),
         "inputs": [
             {
