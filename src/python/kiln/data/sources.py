@@ -4,9 +4,11 @@
 deterministic order; concatenating shards 0..n-1 gives the cache's document order.
 
 Sharding:
-  - files: whole files are assigned to shards by size, greedily (largest first, ties by path, each
-    to the least-loaded shard); within a shard, files are read in sorted path order. A single file is
-    never split, so a source with fewer files than shards leaves some shards empty.
+  - files: files are assigned to shards by size, greedily (largest first, ties by key, each to the
+    least-loaded shard); within a shard, they are read in sorted key order. An uncompressed JSONL
+    file of at least 2 * MIN_PIECE_BYTES is first cut into up to num_shards byte ranges, each
+    owning the lines that start inside it (key `path@start-end`), so one big file still spreads
+    over the shards; compressed files, parquet and text files stay whole.
   - python_stdlib: the same greedy assignment over its units (one .py file, or the pydoc topics).
   - hf: `datasets` streaming with `split_dataset_by_node(rank=index, world_size=num_shards)`.
 
@@ -32,6 +34,7 @@ from kiln.data.errors import SourceError
 from kiln.data.spec import FilesSource, HfSource, Source, StdlibSource
 
 PARQUET_BATCH_ROWS = 4096
+MIN_PIECE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -112,9 +115,63 @@ def expand_paths(patterns: Iterable[str]) -> list[Path]:
 def _file_shard_documents(
     source: FilesSource, text_key: str, num_shards: int, index: int
 ) -> Iterator[Document]:
-    files = {str(path): path.stat().st_size for path in expand_paths(source.paths)}
-    for path in assign_to_shards(files, num_shards)[index]:
-        yield from read_file(Path(path), source.format, text_key)
+    pieces: dict[str, _Piece] = {}
+    for path in expand_paths(source.paths):
+        for piece in _pieces(path, source.format, num_shards):
+            pieces[piece.key] = piece
+    sizes = {key: piece.size for key, piece in pieces.items()}
+    for key in assign_to_shards(sizes, num_shards)[index]:
+        yield from pieces[key].documents(source.format, text_key)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A whole file (end None), or the lines of an uncompressed JSONL file that start in
+    [start, end)."""
+
+    path: Path
+    size: int
+    start: int = 0
+    end: int | None = None
+
+    @property
+    def key(self) -> str:  # zero-padded: a file's pieces sort in file order
+        return (
+            str(self.path) if self.end is None else f"{self.path}@{self.start:020d}-{self.end:020d}"
+        )
+
+    def documents(self, file_format: str, text_key: str) -> Iterator[Document]:
+        if self.end is None:
+            return read_file(self.path, file_format, text_key)
+        return _jsonl_documents(_lines_in_range(self.path, self.start, self.end), text_key)
+
+
+def _pieces(path: Path, file_format: str, num_shards: int) -> list[_Piece]:
+    size = path.stat().st_size
+    resolved = _format_of(path) if file_format == "auto" else file_format
+    compressed = path.name.endswith((".gz", ".zst"))
+    count = min(num_shards, size // MIN_PIECE_BYTES)
+    if resolved != "jsonl" or compressed or count < 2:
+        return [_Piece(path, size)]
+    bounds = [size * i // count for i in range(count + 1)]
+    # One nominal size for every piece: ties go by key, so the pieces of a file cut into
+    # num_shards land in shards 0, 1, ... in file order.
+    return [_Piece(path, size // count, start, end) for start, end in zip(bounds, bounds[1:])]
+
+
+def _lines_in_range(path: Path, start: int, end: int) -> Iterator[tuple[str, bytes]]:
+    """(origin, line) for each line of `path` whose first byte lies in [start, end)."""
+    with open(path, "rb") as file:
+        if start > 0:
+            file.seek(start - 1)
+            file.readline()  # Ends the line running through start - 1: the previous piece's.
+        offset = file.tell()
+        while offset < end:
+            line = file.readline()
+            if not line:
+                return
+            yield f"{path}:byte {offset}", line
+            offset += len(line)
 
 
 def read_file(path: Path, file_format: str, text_key: str) -> Iterator[Document]:
@@ -154,18 +211,23 @@ def _open_binary(path: Path) -> IO[bytes]:
 
 def _read_jsonl(path: Path, text_key: str) -> Iterator[Document]:
     with _open_binary(path) as lines:
-        # Lines are decoded one by one so that an error names its line.
-        for number, line in enumerate(lines, start=1):
-            origin = f"{path}:{number}"
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise SourceError(f"{origin}: the line is not valid UTF-8 ({e.reason}).") from None
-            except json.JSONDecodeError as e:
-                raise SourceError(f"{origin}: the line is not valid JSON ({e.msg}).") from None
-            yield Document(text_of(record, text_key, origin), origin)
+        numbered = ((f"{path}:{number}", line) for number, line in enumerate(lines, start=1))
+        yield from _jsonl_documents(numbered, text_key)
+
+
+def _jsonl_documents(lines: Iterable[tuple[str, bytes]], text_key: str) -> Iterator[Document]:
+    """Documents from (origin, line) pairs: lines are decoded one by one, so an error names its
+    line; blank lines are skipped."""
+    for origin, line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise SourceError(f"{origin}: the line is not valid UTF-8 ({e.reason}).") from None
+        except json.JSONDecodeError as e:
+            raise SourceError(f"{origin}: the line is not valid JSON ({e.msg}).") from None
+        yield Document(text_of(record, text_key, origin), origin)
 
 
 def _read_parquet(path: Path, text_key: str) -> Iterator[Document]:

@@ -4,12 +4,14 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
 from kiln_testing.data import sample_texts, write_corpus, write_jsonl
 
+from kiln.data import sources
 from kiln.data.errors import SourceError
 from kiln.data.sources import assign_to_shards, expand_paths, shard_documents
 from kiln.data.spec import FilesSource, HfSource
@@ -133,3 +135,43 @@ def test_hf_offline_fails_fast_naming_the_dataset():
     message = str(error.value)
     assert "'kiln-test/no-such-dataset'" in message
     assert '"kind": "files"' in message
+
+
+@pytest.mark.parametrize("line_bytes", [None, 100], ids=["ragged-lines", "boundaries-on-newlines"])
+def test_a_big_jsonl_file_is_cut_on_line_boundaries(tmp_path: Path, monkeypatch, line_bytes):
+    rng = np.random.default_rng(0)
+    if line_bytes is None:  # lengths from 1 character to far beyond a piece
+        texts = ["x" * int(n) for n in rng.integers(1, 400, size=300)] + ["y" * 5000]
+        rng.shuffle(texts)
+    else:  # every line exactly line_bytes long: the 10000 bytes are cut at multiples of 100
+        texts = [f"{i:0{line_bytes - 13}d}" for i in range(100)]  # {"text": "..."}\n is 13 more
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    (tmp_path / "big.jsonl").write_text(lines)
+    if line_bytes is not None:
+        assert len(lines) == 100 * line_bytes
+    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 1000)
+    source = FilesSource(paths=(str(tmp_path / "big.jsonl"),))
+    for num_shards in (2, 3, 4, 7):
+        shards = [
+            [d.text for d in shard_documents(source, "text", num_shards, i)]
+            for i in range(num_shards)
+        ]
+        assert [t for shard in shards for t in shard] == texts, num_shards
+        assert all(shards), f"a shard got no lines with {num_shards} shards"
+    # Compressed files cannot be cut: all of it lands in one shard.
+    (tmp_path / "big.jsonl.gz").write_bytes(gzip.compress((tmp_path / "big.jsonl").read_bytes()))
+    whole = FilesSource(paths=(str(tmp_path / "big.jsonl.gz"),))
+    counts = [len(list(shard_documents(whole, "text", 3, i))) for i in range(3)]
+    assert sorted(counts) == [0, 0, len(texts)]
+
+
+def test_a_bad_line_in_a_piece_names_its_byte_offset(tmp_path: Path, monkeypatch):
+    lines = [json.dumps({"text": "a" * 90}) + "\n" for _ in range(30)]
+    lines[20] = "{not json}\n"
+    (tmp_path / "big.jsonl").write_text("".join(lines))
+    offset = sum(len(line) for line in lines[:20])
+    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 500)
+    source = FilesSource(paths=(str(tmp_path / "big.jsonl"),))
+    with pytest.raises(SourceError, match=rf"big.jsonl:byte {offset}: the line is not valid JSON"):
+        for index in range(2):
+            list(shard_documents(source, "text", 2, index))
