@@ -453,6 +453,9 @@ class PerDeviceParallelismField(_PositiveIntField):
 
 
 MESH_AXES = ("data", "fsdp", "tensor")  # kiln.model.partitioning.MESH_AXES
+# Levanter's default: every device shards the parameters and optimizer state (FSDP) and takes
+# its slice of the batch.
+DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
 
 
 class MeshField(Field):
@@ -461,8 +464,9 @@ class MeshField(Field):
         "How the devices are split, as sizes of the `data`, `fsdp` (parameters and optimizer "
         "state sharded, batch split) and `tensor` (heads and MLP split) axes, e.g. "
         "`{'fsdp': -1}` or `{'data': 2, 'fsdp': 4}`. Missing axes are 1; one axis may be -1 "
-        "(all remaining devices). Default `{'data': -1}`: plain data parallelism. A run-time "
-        "choice, excluded from the fingerprint."
+        "(all remaining devices). Default `{'fsdp': -1}`, Levanter's: parameters and optimizer "
+        "state sharded over all devices, each with its slice of the batch (`{'data': -1}` "
+        "replicates them instead). A run-time choice, excluded from the fingerprint."
     )
     default = None
     value: FrozenDict[str, int]
@@ -471,7 +475,7 @@ class MeshField(Field):
     def compute_value(cls, raw_value: Optional[Any], address: Address) -> FrozenDict[str, int]:
         value = super().compute_value(raw_value, address)
         if value is None:
-            return FrozenDict({"data": -1, "fsdp": 1, "tensor": 1})
+            return FrozenDict(DEFAULT_MESH)
         if not isinstance(value, dict):
             raise InvalidFieldTypeException(
                 address, cls.alias, value, expected_type="a dict of mesh axis -> size"

@@ -53,6 +53,7 @@ from kiln_pants.runtime import (
 )
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
+    DEFAULT_MESH,
     BatchSizeField,
     ComputeDtypeField,
     DatasetsField,
@@ -79,7 +80,7 @@ def runtime_defaults(
     resources: dict[str, Any],
     per_device_parallelism: int | None = None,
     gradient_checkpointing: str = "none",
-    mesh: dict[str, int] | None = None,
+    mesh: dict[str, int] = DEFAULT_MESH,
 ) -> dict[str, Any]:
     """Operational choices (not identity): how the trainer runs, not what it makes.
 
@@ -88,7 +89,7 @@ def runtime_defaults(
     """
     return {
         "resources": {k: v for k, v in resources.items() if v is not None},
-        "mesh": mesh or {"data": -1, "fsdp": 1, "tensor": 1},
+        "mesh": dict(mesh),
         "attention": "auto",
         "gradient_checkpointing": gradient_checkpointing,
         "per_device_parallelism": per_device_parallelism,
