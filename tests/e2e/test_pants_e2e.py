@@ -64,6 +64,10 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     assert record["name"] == "checkpoints/ci_tiny"
     assert record["identity"]["num_train_steps"] == 20
     assert (artifact / "checkpoints/step-20/metadata.json").exists()
+    # Run-time BUILD fields reach the trainer: per_device_parallelism=2 on 1 device, batch 4.
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["microbatches"] == 2
+    assert config["spec"]["runtime"]["mesh"] == {"data": 1, "fsdp": -1, "tensor": 1}
     # The harness ran the local lm-eval task (experiments/eval_tasks) at the last step.
     summary = json.loads((artifact / "summary.json").read_text())
     assert 0.0 <= summary["lm_eval/kiln_stdlib_mc/acc"] <= 1.0
