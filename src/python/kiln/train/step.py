@@ -128,7 +128,7 @@ def train_step_fn(
             (loss, metrics), grads = grad_fn(state.params, batch)
         else:
             split = split_microbatches(batch, microbatches, mesh)
-            (loss, metrics), grads = _accumulate(grad_fn, state.params, split)
+            (loss, metrics), grads = _accumulate(grad_fn, state.params, split, mesh)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         next_state = dataclasses.replace(
             state,
@@ -172,17 +172,21 @@ def split_microbatches(
     return {name: split(x) for name, x in batch.items()}
 
 
-def _accumulate(grad_fn: Callable, params: nnx.State, split: Mapping[str, jax.Array]) -> Any:
+def _accumulate(
+    grad_fn: Callable, params: nnx.State, split: Mapping[str, jax.Array], mesh: Mesh | None
+) -> Any:
     """Sums grad_fn(params, microbatch) = ((loss, metrics), grads) over the leading axis."""
 
     def add(total: Any, micro: Mapping[str, jax.Array]) -> tuple[Any, None]:
         return jax.tree.map(jnp.add, total, grad_fn(params, micro)), None
 
     first = {name: x[0] for name, x in split.items()}
-    zeros = jax.tree.map(
+    (loss, metrics), grads = jax.tree.map(
         lambda leaf: jnp.zeros(leaf.shape, leaf.dtype), jax.eval_shape(grad_fn, params, first)
     )
-    total, _ = jax.lax.scan(add, zeros, split)
+    if mesh is not None:  # the gradient sum lives sharded like the parameters (FSDP)
+        grads = jax.lax.with_sharding_constraint(grads, state_shardings(grads, mesh))
+    total, _ = jax.lax.scan(add, ((loss, metrics), grads), split)
     return total
 
 
