@@ -223,6 +223,8 @@ def apply_overrides(step: dict[str, Any], args: argparse.Namespace) -> dict[str,
         runtime["validation_every"] = args.validation_every
     if args.per_device_parallelism is not None:
         runtime["per_device_parallelism"] = args.per_device_parallelism
+    if args.mesh is not None:
+        runtime["mesh"] = args.mesh
     config = dict(step["config"])
     if args.batch_size is not None:
         # Identity changes: only for scratch runs (throughput checks), never into the store.
@@ -253,6 +255,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     overrides.add_argument("--validation-every", type=int)
     overrides.add_argument(
+        "--mesh",
+        type=_mesh_sizes,
+        help="device mesh as AXIS=SIZE,... over data, fsdp, tensor (one may be -1), e.g. data=-1",
+    )
+    overrides.add_argument(
         "--per-device-parallelism",
         type=int,
         help="sequences per device per forward/backward; fewer accumulates gradients",
@@ -261,6 +268,16 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, help="scratch runs only (needs --output): throughput checks"
     )
     return parser
+
+
+def _mesh_sizes(text: str) -> dict[str, int]:
+    """'data=2,fsdp=-1' -> {"data": 2, "fsdp": -1}; the trainer checks axes and sizes."""
+    try:
+        return {axis.strip(): int(size) for axis, size in (p.split("=") for p in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected AXIS=SIZE pairs separated by commas, e.g. data=2,fsdp=-1"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -135,9 +135,16 @@ def test_run_time_overrides_leave_the_identity_alone() -> None:
     }
     args = _parser().parse_args(
         ["step.json", "--inputs", ".", "--per-device-parallelism", "2", "--attention", "xla"]
+        + ["--mesh", "data=2, fsdp=-1"]
     )
     overridden = apply_overrides(base, args)
-    assert overridden["runtime"] == {"attention": "xla", "per_device_parallelism": 2}
+    assert overridden["runtime"] == {
+        "attention": "xla",
+        "per_device_parallelism": 2,
+        "mesh": {"data": 2, "fsdp": -1},
+    }
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["s", "--inputs", ".", "--mesh", "fsdp"])
     assert overridden["config"] == base["config"]
     with pytest.raises(StepError, match="--batch-size changes the artifact's identity"):
         apply_overrides(base, _parser().parse_args(["s", "--inputs", ".", "--batch-size", "4"]))

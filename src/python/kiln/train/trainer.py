@@ -240,7 +240,10 @@ class Trainer:
         check_devices(self.runtime.resources)
         self.data = open_data(spec)
         self.model_config = self.cfg.model_config(self.data.tokenizer.vocab_size)
-        self.mesh = make_mesh(self.runtime.mesh)
+        try:
+            self.mesh = make_mesh(self.runtime.mesh)
+        except ValueError as e:  # e.g. sizes that do not cover this machine's devices
+            raise TrainingError(f"runtime.mesh: {e}") from None
         self.microbatches = microbatch_count(
             self.cfg.batch_size, self.runtime.per_device_parallelism, batch_parallelism(self.mesh)
         )

@@ -180,6 +180,12 @@ def test_a_gpu_spec_refuses_to_run_on_cpu(caches, tmp_path) -> None:
         train(spec)
 
 
+def test_a_mesh_this_machine_cannot_hold_is_a_clear_error(caches, tmp_path) -> None:
+    spec = spec_for(tmp_path / "out", caches, **{"runtime.mesh": {"data": 2}})
+    with pytest.raises(TrainingError, match="runtime.mesh: .*needs a multiple of 2 devices"):
+        train(spec)
+
+
 def test_a_missing_cache_names_the_dataset(caches, tmp_path) -> None:
     spec = spec_for(tmp_path / "out", {**caches, "tokenized/b": tmp_path / "nowhere"})
     with pytest.raises(
