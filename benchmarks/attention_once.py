@@ -16,14 +16,14 @@ import jax.numpy as jnp
 from kiln.kernels.flash_attention import flash_attention
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--non-causal", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     shape = (
         max(1, args.tokens // args.seq_len),
         args.seq_len,

@@ -6,6 +6,7 @@ import json
 import math
 
 import attention
+import attention_once
 import attention_tune
 
 from kiln.kernels.flash_attention import BlockSizes
@@ -51,3 +52,10 @@ def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
     options.max_error = -1.0  # nothing passes: the base setting is kept
     assert attention_tune.tune_kernel(bench, "fwd", base, options, candidates) == (base, math.inf)
     assert capsys.readouterr().out.count("rejected (error)") == 2
+
+
+def test_the_profiling_script_runs_at_a_small_size(capsys):
+    attention_once.main(
+        ["--seq-len", "64", "--head-dim", "64", "--tokens", "64", "--model-dim", "128"]
+    )
+    assert "ran fwd+bwd once: (1, 64, 2, 64)" in capsys.readouterr().out
