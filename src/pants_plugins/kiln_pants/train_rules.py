@@ -53,7 +53,6 @@ from kiln_pants.runtime import (
 )
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
-    DEFAULT_MESH,
     BatchSizeField,
     ComputeDtypeField,
     DatasetsField,
@@ -75,14 +74,15 @@ STEP_FILE = "step.json"
 OUTPUT_DIR = "out"
 
 
-def runtime_defaults(
+def runtime_section(
     num_train_steps: int,
     resources: dict[str, Any],
-    per_device_parallelism: int | None = None,
-    gradient_checkpointing: str = "none",
-    mesh: dict[str, int] = DEFAULT_MESH,
+    per_device_parallelism: int | None,
+    gradient_checkpointing: str,
+    mesh: dict[str, int],
 ) -> dict[str, Any]:
-    """Operational choices (not identity): how the trainer runs, not what it makes.
+    """Operational choices (not identity): how the trainer runs, not what it makes. The BUILD
+    file's run-time fields, plus Kiln's defaults for the rest.
 
     Validation runs ~10 times per run (at most every 1000 steps); temporary checkpoints every
     10 minutes, or every minute on a CPU, where runs are short and saves cost ~0.2 s.
@@ -168,7 +168,7 @@ def _step(
             "compute_dtype": target[ComputeDtypeField].value,
             "param_dtype": "float32",
         },
-        "runtime": runtime_defaults(
+        "runtime": runtime_section(
             target[NumTrainStepsField].value,
             target[ResourcesField].value.to_json(),
             target[PerDeviceParallelismField].value,
