@@ -26,7 +26,14 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from attention import device_seconds, relative_error  # benchmarks/attention.py
+from attention import (  # benchmarks/attention.py
+    BACKWARD_FLOPS_FACTOR,
+    PASSES,
+    as_pass,
+    attention,
+    device_seconds,
+    relative_error,
+)
 
 from kiln.artifacts import atomic_write_json
 from kiln.kernels import flash_attention as fa
@@ -224,19 +231,21 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
 
 
 def context_rows(bench: KernelBench, options) -> None:
-    """jax's own kernels on the same problem, for scale (their failures are printed, not fatal)."""
+    """jax's own kernels and cuDNN on the same problem, for scale, timed like attention.py's
+    table (their failures are printed, not fatal)."""
     problem = bench.problem
     sm_scale = 1.0 / math.sqrt(problem.head_dim)
-    args = (bench.q, bench.k, bench.v)
-    rows: list[tuple[str, Callable]] = []
+    implementations = {
+        "ours (tuned)": attention("ours", problem.causal, options.tuned),
+        "cudnn": attention("cudnn", problem.causal),
+    }
+    forward_only = set()
     try:
         from jax.experimental.pallas.ops.gpu import attention as jax_triton
 
-        def mha(q, k, v):
-            return jax_triton.mha(q, k, v, None, sm_scale=sm_scale, causal=problem.causal)
-
-        rows.append(("jax triton mha fwd", jax.jit(mha)))
-        rows.append(("jax triton mha fwd+bwd", _grad(mha)))
+        implementations["jax triton mha"] = lambda q, k, v: jax_triton.mha(
+            q, k, v, None, sm_scale=sm_scale, causal=problem.causal
+        )
     except ImportError as exc:
         print(f"  jax triton mha: {exc}")
     try:
@@ -245,45 +254,24 @@ def context_rows(bench: KernelBench, options) -> None:
         mgpu_config = attention_mgpu.TuningConfig(
             block_q=64, block_kv=128, max_concurrent_steps=2, causal=problem.causal
         )
-        rows.append(
-            (
-                "jax mosaic-gpu fwd",
-                jax.jit(lambda q, k, v: attention_mgpu.attention(q, k, v, mgpu_config)),
-            )
+        implementations["jax mosaic-gpu"] = lambda q, k, v: attention_mgpu.attention(
+            q, k, v, mgpu_config
         )
+        forward_only.add("jax mosaic-gpu")  # its backward does not take causal masks
     except ImportError as exc:
         print(f"  jax mosaic-gpu attention: {exc}")
-    rows.append(("cudnn fwd", jax.jit(_cudnn(problem.causal))))
-    rows.append(("cudnn fwd+bwd", _grad(_cudnn(problem.causal))))
-    rows.append(
-        (
-            "ours fwd+bwd (tuned)",
-            _grad(
-                lambda q, k, v: fa.flash_attention(
-                    q, k, v, causal=problem.causal, block_sizes=options.tuned
-                )
-            ),
-        )
-    )
-    forward_flops = bench.problem.matmul_flops("fwd")
-    for label, fn in rows:
-        try:
-            seconds = device_seconds(fn, args, options.iters)
-        except Exception as exc:  # noqa: BLE001
-            print(f"  {label:<24} failed: {type(exc).__name__}: {exc}"[:300])
-            continue
-        flops = forward_flops * (3.5 if "bwd" in label else 1.0)
-        print(f"  {label:<24} {seconds * 1e3:8.3f} ms {flops / seconds / 1e12:7.1f} TF/s")
-
-
-def _cudnn(causal: bool) -> Callable:
-    return lambda q, k, v: jax.nn.dot_product_attention(
-        q, k, v, is_causal=causal, implementation="cudnn"
-    )
-
-
-def _grad(fn: Callable) -> Callable:
-    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), (0, 1, 2)))
+    args = (bench.q, bench.k, bench.v, bench.d_out)
+    for name, fn in implementations.items():
+        for pass_name in ("fwd",) if name in forward_only else PASSES:
+            label = f"{name} {pass_name}"
+            try:
+                seconds = device_seconds(as_pass(fn, pass_name), args, options.iters)
+            except Exception as exc:  # noqa: BLE001
+                print(f"  {label:<24} failed: {type(exc).__name__}: {exc}"[:300])
+                continue
+            flops = problem.matmul_flops("fwd")
+            flops *= BACKWARD_FLOPS_FACTOR if pass_name == "fwd+bwd" else 1.0
+            print(f"  {label:<24} {seconds * 1e3:8.3f} ms {flops / seconds / 1e12:7.1f} TF/s")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -45,7 +45,7 @@ timeout 140 python3 benchmarks/train_step.py --model 1.4b --attention pallas,cud
 echo "train_step.py exit $?" >>"${OUT}/train_step.txt"
 
 cat "${OUT}/env.txt"
-grep -E "tuned d=|jax |cudnn|ours fwd|exit" "${OUT}/tune.txt"
+grep -E "tuned d=|backward:|jax |cudnn|ours \(tuned\)|exit" "${OUT}/tune.txt"
 grep -v "^  ours\|^  xla\|^  cudnn\|Warning\|warn" "${OUT}/attention.txt" | tail -n 50
 grep -E "kiln_flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|exit" \
   "${OUT}/ncu.txt" | head -n 30

@@ -59,3 +59,14 @@ def test_the_profiling_script_runs_at_a_small_size(capsys):
         ["--seq-len", "64", "--head-dim", "64", "--tokens", "64", "--model-dim", "128"]
     )
     assert "ran fwd+bwd once: (1, 64, 2, 64)" in capsys.readouterr().out
+
+
+def test_context_rows_time_ours_and_report_what_cannot_run_here(capsys):
+    problem = attention_tune.Problem(seq_len=64, head_dim=64, causal=True, batch=1, num_heads=2)
+    bench = attention_tune.KernelBench(problem, attention_tune.jnp.bfloat16, interpret=True)
+    options = attention_tune.parse_args(["--quick"])
+    options.tuned = BlockSizes()
+    attention_tune.context_rows(bench, options)
+    output = capsys.readouterr().out
+    assert "ours (tuned) fwd+bwd" in output and "ours (tuned) fwd+bwd    failed" not in output
+    assert "cudnn fwd+bwd            failed" in output  # no GPU here: a row, not a crash
