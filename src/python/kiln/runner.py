@@ -210,21 +210,23 @@ def _print_report(output: Path) -> None:
         print(summary.read_text())
 
 
+# Command-line options (argparse dests) -> the step's `runtime` keys they override.
+RUNTIME_OVERRIDES = {
+    "max_steps": "max_steps_this_run",
+    "attention": "attention",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "validation_every": "validation_every",
+    "per_device_parallelism": "per_device_parallelism",
+    "mesh": "mesh",
+}
+
+
 def apply_overrides(step: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Run-time choices from the command line (`pants run X -- --max-steps 300`)."""
     runtime = dict(step["runtime"])
-    if args.max_steps is not None:
-        runtime["max_steps_this_run"] = args.max_steps
-    if args.attention is not None:
-        runtime["attention"] = args.attention
-    if args.gradient_checkpointing is not None:
-        runtime["gradient_checkpointing"] = args.gradient_checkpointing
-    if args.validation_every is not None:
-        runtime["validation_every"] = args.validation_every
-    if args.per_device_parallelism is not None:
-        runtime["per_device_parallelism"] = args.per_device_parallelism
-    if args.mesh is not None:
-        runtime["mesh"] = args.mesh
+    for option, key in RUNTIME_OVERRIDES.items():
+        if getattr(args, option) is not None:
+            runtime[key] = getattr(args, option)
     config = dict(step["config"])
     if args.batch_size is not None:
         # Identity changes: only for scratch runs (throughput checks), never into the store.
