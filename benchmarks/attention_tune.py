@@ -5,12 +5,13 @@
 
 For each head dim it times the forward, dK/dV and dQ kernels separately over a list of
 candidate (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k
-tokens). Each candidate's output is checked against the fp32 reference on batch row 0 / head 0
+tokens), then the alternatives of a layout against what they replace: the Hopper (Mosaic GPU)
+forward against the Triton one, the fused-dQ backward against dK/dV + dQ. Each candidate's output is checked against the fp32 reference on batch row 0 / head 0
 before it is timed; a candidate that fails to compile (shared memory, registers) or whose error is
 over --max-error is dropped. Prints one row per candidate and, per head dim, the winning
 `BlockSizes` (the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten
-after every kernel so a run stopped early keeps what it found. A few context rows time jax's own
-kernels (Triton `mha`, Mosaic GPU `attention_mgpu`) on the same problem.
+after every kernel so a run stopped early keeps what it found. Context rows time cuDNN and jax's
+Triton `mha` on the same problem.
 
 Reaches into flash_attention's private kernel functions on purpose: tuning is per kernel.
 """
@@ -39,46 +40,41 @@ from kiln.artifacts import atomic_write_json
 from kiln.kernels import flash_attention as fa
 from kiln.kernels.reference import reference_attention
 
-# (block_q, block_kv, num_warps, num_stages) per kernel; the current table entry is added first.
+# Per kernel, the fields of FIELDS; the current table entry is added first. The Triton lists keep
+# the candidates that came within ~30% of the best on the H200 (benchmarks/RESULTS.md).
 CANDIDATES = {
     "fwd": [
-        (128, 64, 8, 3),
         (128, 128, 8, 3),
-        (128, 128, 8, 2),
-        (128, 64, 4, 3),
-        (128, 64, 8, 4),
-        (128, 32, 4, 3),
+        (128, 64, 8, 3),
         (64, 64, 4, 3),
+        (128, 64, 8, 4),
         (64, 128, 4, 3),
-        (64, 32, 4, 2),
         (128, 128, 8, 4),
-        (128, 128, 4, 2),
+    ],
+    # The Mosaic GPU forward: (rows per compute warpgroup, K/V tile, K/V tiles in flight).
+    "hopper": [
+        (64, 128, 2),
+        (64, 64, 2),
+        (64, 64, 3),
+        (64, 128, 3),
+        (64, 64, 4),
+        (64, 256, 2),
     ],
     "dkv": [
-        (32, 128, 8, 2),
-        (32, 64, 4, 2),
         (64, 64, 4, 2),
-        (64, 128, 8, 2),
-        (64, 128, 8, 3),
-        (32, 128, 4, 3),
         (64, 64, 4, 3),
-        (16, 128, 8, 2),
         (128, 128, 8, 2),
         (64, 64, 8, 2),
         (128, 64, 4, 2),
+        (32, 128, 4, 3),
     ],
     "dq": [
-        (128, 32, 8, 2),
-        (64, 32, 4, 2),
-        (64, 64, 4, 2),
-        (128, 64, 8, 2),
-        (128, 64, 8, 3),
-        (128, 32, 4, 3),
-        (64, 64, 4, 3),
         (128, 128, 8, 2),
+        (128, 64, 8, 3),
+        (64, 64, 4, 2),
         (64, 128, 4, 2),
         (128, 128, 8, 3),
-        (128, 128, 4, 2),
+        (64, 64, 4, 3),
     ],
     # The dK/dV kernel with dQ accumulated by atomics (fused_dq): against dK/dV + dQ.
     "fused": [
@@ -91,12 +87,21 @@ CANDIDATES = {
     ],
 }
 # Matmuls of seq x seq x dim each kernel does (the split backward recomputes q k^T and dout v^T).
-MATMULS = {"fwd": 2, "dkv": 4, "dq": 3, "fused": 5}
+MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "dq": 3, "fused": 5}
 FIELDS = {
     "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
+    "hopper": ("block_q", "block_kv", "num_stages_fwd"),
     "dkv": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
     "fused": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
+}
+# The layout switch each kernel runs under.
+LAYOUT = {
+    "fwd": {"hopper_forward": False},
+    "hopper": {"hopper_forward": True},
+    "dkv": {"fused_dq": False},
+    "dq": {"fused_dq": False},
+    "fused": {"fused_dq": True},
 }
 
 
@@ -134,14 +139,17 @@ class KernelBench:
 
     def config(self, blocks: fa.BlockSizes) -> fa._KernelConfig:
         problem = self.problem
-        return fa._KernelConfig(
+        config = fa._kernel_config(
+            problem.seq_len,
+            problem.head_dim,
+            self.q.dtype,
             causal=problem.causal,
             sm_scale=1.0 / math.sqrt(problem.head_dim),
-            seq_len=problem.seq_len,
-            padded_len=problem.seq_len,
-            block_sizes=blocks.fit_to(problem.seq_len),
+            block_sizes=blocks,
             interpret=self.interpret,
         )
+        assert config.padded_len == problem.seq_len, "pick a seq_len the tiles divide"
+        return config
 
     def _references(self) -> dict[str, tuple]:
         def head0(x):
@@ -152,18 +160,22 @@ class KernelBench:
         out, vjp = jax.vjp(lambda q, k, v: reference_attention(q, k, v, causal=causal), q, k, v)
         dq, dk, dv = vjp(d_out)
         sm_scale = 1.0 / math.sqrt(self.problem.head_dim)  # the fused kernel's dQ is unscaled
-        return {"fwd": (out,), "dkv": (dk, dv), "dq": (dq,), "fused": (dq / sm_scale, dk, dv)}
+        return {
+            "fwd": (out,),
+            "hopper": (out,),
+            "dkv": (dk, dv),
+            "dq": (dq,),
+            "fused": (dq / sm_scale, dk, dv),
+        }
 
     def kernel(self, name: str, blocks: fa.BlockSizes) -> tuple[Callable, tuple]:
         config = self.config(blocks)
-        if name == "fwd":
+        if name in ("fwd", "hopper"):
             return jax.jit(lambda q, k, v: fa._forward(q, k, v, None, config)[0]), (
                 self.q,
                 self.k,
                 self.v,
             )
-        if name == "fused":
-            config = self.config(dataclasses.replace(blocks, fused_dq=True))
         body = {"dkv": fa._backward_dkv, "fused": fa._backward_dkv, "dq": fa._backward_dq}[name]
         fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
         return fn, (self.q, self.k, self.v, self.d_out, self.lse, self.delta)
@@ -177,7 +189,10 @@ class KernelBench:
 
 
 def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
-    """The current setting first (the one to beat), then the others."""
+    """The current setting first (the one to beat), then the others. For the Hopper forward
+    when base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
+    if kernel == "hopper" and not base.hopper_forward:
+        return list(candidates)
     current = tuple(getattr(base, field) for field in FIELDS[kernel])
     return [current] + [c for c in candidates if c != current]
 
@@ -192,7 +207,8 @@ def tune_kernel(
     for candidate in ordered_candidates(base, kernel, candidates)[: options.max_candidates]:
         label = ",".join(map(str, candidate))
         try:
-            blocks = dataclasses.replace(base, **dict(zip(FIELDS[kernel], candidate)))
+            fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
+            blocks = dataclasses.replace(base, **fields)
             fn, args = bench.kernel(kernel, blocks)
             error = bench.error(kernel, fn(*args))
             seconds = device_seconds(fn, args, options.iters)
@@ -212,9 +228,21 @@ def tune_kernel(
 
 
 def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable) -> fa.BlockSizes:
-    """Each kernel in turn, then the backward layout: fused dQ if it beats dK/dV + dQ."""
+    """Forward: the Triton kernel, then the Hopper one, the faster wins. Backward: dK/dV and dQ,
+    then the fused-dQ kernel, the faster layout wins."""
+    blocks, triton_seconds = tune_kernel(bench, "fwd", blocks, options)
+    on_update(blocks)
+    hopper, hopper_seconds = tune_kernel(bench, "hopper", blocks, options)
+    print(
+        f"  forward: triton {triton_seconds * 1e3:.3f} ms, hopper (mosaic gpu) "
+        f"{hopper_seconds * 1e3:.3f} ms",
+        flush=True,
+    )
+    if hopper_seconds < triton_seconds:
+        blocks = hopper
+        on_update(blocks)
     seconds = {}
-    for kernel in ("fwd", "dkv", "dq"):
+    for kernel in ("dkv", "dq"):
         blocks, seconds[kernel] = tune_kernel(bench, kernel, blocks, options)
         on_update(blocks)
     fused, fused_seconds = tune_kernel(bench, "fused", blocks, options)
@@ -225,7 +253,7 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
         flush=True,
     )
     if fused_seconds < split_seconds:
-        blocks = dataclasses.replace(fused, fused_dq=True)
+        blocks = fused
         on_update(blocks)
     return blocks
 
@@ -239,7 +267,6 @@ def context_rows(bench: KernelBench, options) -> None:
         "ours (tuned)": attention("ours", problem.causal, options.tuned),
         "cudnn": attention("cudnn", problem.causal),
     }
-    forward_only = set()
     try:
         from jax.experimental.pallas.ops.gpu import attention as jax_triton
 
@@ -248,21 +275,9 @@ def context_rows(bench: KernelBench, options) -> None:
         )
     except ImportError as exc:
         print(f"  jax triton mha: {exc}")
-    try:
-        from jax.experimental.pallas.ops.gpu import attention_mgpu
-
-        mgpu_config = attention_mgpu.TuningConfig(
-            block_q=64, block_kv=128, max_concurrent_steps=2, causal=problem.causal
-        )
-        implementations["jax mosaic-gpu"] = lambda q, k, v: attention_mgpu.attention(
-            q, k, v, mgpu_config
-        )
-        forward_only.add("jax mosaic-gpu")  # its backward does not take causal masks
-    except ImportError as exc:
-        print(f"  jax mosaic-gpu attention: {exc}")
     args = (bench.q, bench.k, bench.v, bench.d_out)
     for name, fn in implementations.items():
-        for pass_name in ("fwd",) if name in forward_only else PASSES:
+        for pass_name in PASSES:
             label = f"{name} {pass_name}"
             try:
                 seconds = device_seconds(as_pass(fn, pass_name), args, options.iters)

@@ -11,6 +11,8 @@ docs/attention-kernel.md describes the design; the short version:
 - dQ: grid (q blocks, batch, heads); each program loops over kv tiles. Or, with
   BlockSizes.fused_dq, no dQ kernel: the dK/dV kernel adds each tile's dQ into an fp32 buffer
   with atomics (5 matmuls instead of 7; dQ's summation order then varies between GPU runs).
+- Hopper forward (BlockSizes.hopper_forward, 16-bit inputs): the forward runs as a Mosaic GPU
+  kernel instead (flash_attention_hopper.py: warp-specialised, TMA, wgmma) with the same outputs.
 - GQA: q head h reads kv head h // group in the BlockSpec index maps.
 - Causal: loop bounds skip tiles fully in the future; only tiles on the diagonal build a mask.
 - Lengths that are not a multiple of the block are padded here; padded keys are masked.
@@ -27,6 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from kiln.kernels.flash_attention_hopper import WGMMA_ROWS, HopperForwardConfig, hopper_forward
 
 # Finite on purpose: a row whose keys are all masked inside one tile gets exp2(0) = 1 instead of
 # NaN, and the online softmax's correction erases it once a real key arrives (every query attends
@@ -48,6 +52,10 @@ class BlockSizes:
     fused_dq: the dK/dV kernel also computes dQ and adds it into an fp32 buffer with atomics
     (FlashAttention-2's layout: 5 matmuls instead of 7, no dQ kernel; dQ's summation order then
     varies between runs on a GPU). Off: a separate dQ kernel recomputes what it needs.
+    hopper_forward: for 16-bit inputs the forward is the Mosaic GPU kernel of
+    flash_attention_hopper.py; block_q is then each compute warpgroup's rows (a program owns
+    two q tiles), num_stages_fwd the K/V tiles in flight, and num_warps_fwd is unused (three
+    warpgroups). fp32 inputs keep the Triton forward with the same fields.
     """
 
     block_q: int = 64
@@ -63,28 +71,43 @@ class BlockSizes:
     num_stages_dkv: int = 2
     num_stages_dq: int = 2
     fused_dq: bool = False
+    hopper_forward: bool = False
 
     def __post_init__(self) -> None:
         for name in _BLOCK_FIELDS:
             size = getattr(self, name)
-            if size < MIN_BLOCK or size & (size - 1):
-                raise ValueError(f"BlockSizes.{name}={size} must be a power of two >= {MIN_BLOCK}")
+            if size < self._smallest(name) or size & (size - 1):
+                raise ValueError(
+                    f"BlockSizes.{name}={size} must be a power of two >= {self._smallest(name)}"
+                    + (" (hopper_forward)" if self._smallest(name) > MIN_BLOCK else "")
+                )
+        if self.hopper_forward and self.num_stages_fwd < 2:
+            raise ValueError("BlockSizes.num_stages_fwd must be >= 2 with hopper_forward")
+
+    def _smallest(self, name: str) -> int:
+        # wgmma covers 64 rows of a warpgroup: the Hopper forward's tiles are multiples of 64.
+        return WGMMA_ROWS if self.hopper_forward and name in _FORWARD_FIELDS else MIN_BLOCK
 
     def fit_to(self, seq_len: int) -> BlockSizes:
         """Shrinks tiles longer than the (power-of-two rounded) sequence: no work on pure padding."""
-        limit = max(MIN_BLOCK, pl.next_power_of_2(seq_len))
+        limit = pl.next_power_of_2(seq_len)
         return dataclasses.replace(
-            self, **{name: min(getattr(self, name), limit) for name in _BLOCK_FIELDS}
+            self,
+            **{name: min(getattr(self, name), max(self._smallest(name), limit)) for name in _BLOCK_FIELDS},
         )
 
     @property
-    def largest_block(self) -> int:
-        return max(getattr(self, name) for name in _BLOCK_FIELDS)
+    def padding_multiple(self) -> int:
+        """What the padded length must be a multiple of (the Hopper forward's program owns two
+        q tiles)."""
+        largest = max(getattr(self, name) for name in _BLOCK_FIELDS)
+        return max(largest, 2 * self.block_q) if self.hopper_forward else largest
 
 
 _BLOCK_FIELDS = tuple(
     f"block_{suffix}" for suffix in ("q", "kv", "q_dkv", "kv_dkv", "q_dq", "kv_dq")
 )
+_FORWARD_FIELDS = ("block_q", "block_kv")
 
 # Tuned on an H200 on 2026-11-30 by benchmarks/attention_tune.py (each kernel on its own, causal,
 # seq 4096, bf16; numbers in benchmarks/RESULTS.md). The H100 shares the chip and uses them unmeasured.
@@ -142,6 +165,7 @@ class _KernelConfig:
     padded_len: int
     block_sizes: BlockSizes
     interpret: bool
+    hopper: HopperForwardConfig | None = None  # Set: the forward is the Mosaic GPU kernel.
 
     @property
     def masks_padded_keys(self) -> bool:
@@ -176,22 +200,59 @@ def flash_attention(
     _check_inputs(q, k, v, segment_ids)
     seq_len, head_dim = q.shape[1], q.shape[3]
     platform, device_kind = _target_device()
-    if block_sizes is None:
-        block_sizes = default_block_sizes(device_kind, head_dim)
-    block_sizes = block_sizes.fit_to(seq_len)
-    padded_len = -(-seq_len // block_sizes.largest_block) * block_sizes.largest_block
-    config = _KernelConfig(
+    config = _kernel_config(
+        seq_len,
+        head_dim,
+        q.dtype,
         causal=causal,
         sm_scale=1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale),
-        seq_len=seq_len,
-        padded_len=padded_len,
-        block_sizes=block_sizes,
+        block_sizes=default_block_sizes(device_kind, head_dim) if block_sizes is None else block_sizes,
         interpret=platform == "cpu" if interpret is None else interpret,
     )
-    q, k, v = (_pad_seq(x, padded_len, 0) for x in (q, k, v))
+    q, k, v = (_pad_seq(x, config.padded_len, 0) for x in (q, k, v))
     if segment_ids is not None:
-        segment_ids = _pad_seq(segment_ids.astype(jnp.int32), padded_len, -1)
+        segment_ids = _pad_seq(segment_ids.astype(jnp.int32), config.padded_len, -1)
     return _flash_attention(q, k, v, segment_ids, config)[:, :seq_len]
+
+
+def _kernel_config(
+    seq_len: int,
+    head_dim: int,
+    dtype: jnp.dtype,
+    *,
+    causal: bool,
+    sm_scale: float,
+    block_sizes: BlockSizes,
+    interpret: bool,
+) -> _KernelConfig:
+    """Tiles fitted to the sequence, the padded length, and the forward to use."""
+    block_sizes = block_sizes.fit_to(seq_len)
+    unit = block_sizes.padding_multiple
+    config = _KernelConfig(
+        causal=causal,
+        sm_scale=sm_scale,
+        seq_len=seq_len,
+        padded_len=-(-seq_len // unit) * unit,
+        block_sizes=block_sizes,
+        interpret=interpret,
+    )
+    if block_sizes.hopper_forward and jnp.dtype(dtype).itemsize == 2:
+        config = dataclasses.replace(config, hopper=_hopper_config(config))
+    return config
+
+
+def _hopper_config(config: _KernelConfig) -> HopperForwardConfig:
+    blocks = config.block_sizes
+    return HopperForwardConfig(
+        causal=config.causal,
+        logit_scale=config.logit_scale,
+        seq_len=config.seq_len,
+        block_q=blocks.block_q,
+        block_kv=blocks.block_kv,
+        stages=blocks.num_stages_fwd,
+        mask_value=MASK_VALUE,
+        interpret=config.interpret,
+    )
 
 
 def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:
@@ -404,6 +465,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *, c
 
 def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, jax.Array]:
     """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
+    if config.hopper is not None:
+        return hopper_forward(q, k, v, segment_ids, config.hopper)
     batch, padded_len, num_heads, head_dim = q.shape
     group = num_heads // k.shape[2]
     blocks = config.block_sizes

@@ -41,6 +41,8 @@ SMALL_BLOCKS = BlockSizes(32, 32, 32, 32, 32, 32)
 MIXED_BLOCKS = BlockSizes(
     block_q=32, block_kv=64, block_q_dkv=64, block_kv_dkv=32, block_q_dq=32, block_kv_dq=64
 )
+# The Mosaic GPU forward (GPU interpret mode on CPU): its tiles are multiples of 64.
+HOPPER_BLOCKS = replace(SMALL_BLOCKS, block_q=64, block_kv=64, hopper_forward=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +77,16 @@ CASES = {
     ),
     "fused-dq-bf16-d128-full-gqa4:1-pad80": Case(
         80, 4, 1, 128, jnp.bfloat16, False, False, True, replace(SMALL_BLOCKS, fused_dq=True)
+    ),
+    # Several causal programs (the diagonal, skipped tiles, a 3-deep K/V ring) and ragged segments.
+    "hopper-bf16-d64-causal-gqa4:2-segments-outliers-pad300": Case(
+        300, 4, 2, 64, jnp.bfloat16, True, True, True, replace(HOPPER_BLOCKS, num_stages_fwd=3),
+        batch=1,
+    ),
+    # Unequal tiles, padded keys masked in the last kv tile only.
+    "hopper-bf16-d128-full-gqa4:1-pad200": Case(
+        200, 4, 1, 128, jnp.bfloat16, False, False, True, replace(HOPPER_BLOCKS, block_kv=128),
+        batch=1,
     ),
 }
 
@@ -208,16 +220,18 @@ def test_grouped_query_attention_never_repeats_kv() -> None:
 
 
 @pytest.mark.parametrize(
-    "with_grad, fused_dq",
-    [(False, False), (True, False), (True, True)],
-    ids=["forward", "forward+grad", "forward+grad-fused-dq"],
+    "with_grad, fused_dq, hopper_forward",
+    [(False, False, False), (True, False, False), (True, True, False), (True, False, True)],
+    ids=["forward", "forward+grad", "forward+grad-fused-dq", "forward+grad-hopper-forward"],
 )
-def test_lowers_for_h200(with_grad: bool, fused_dq: bool) -> None:
+def test_lowers_for_h200(with_grad: bool, fused_dq: bool, hopper_forward: bool) -> None:
     batch, seq_len, heads, kv_heads, dim = 2, 1000, 8, 2, 128  # 1000: exercises padding
     q = jax.ShapeDtypeStruct((batch, seq_len, heads, dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
     segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
     blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][dim], fused_dq=fused_dq)
+    if hopper_forward:  # 64-row q tiles per warpgroup, 128-row K/V tiles: fits in SMEM
+        blocks = replace(blocks, hopper_forward=True, block_q=64, block_kv=128, num_stages_fwd=2)
 
     def attention(q, k, v, segment_ids):
         return flash_attention(q, k, v, segment_ids, block_sizes=blocks)
@@ -229,10 +243,24 @@ def test_lowers_for_h200(with_grad: bool, fused_dq: bool) -> None:
     exported = export_for_h200(fn, q, kv, kv, segment_ids)
     module = exported.mlir_module()
     kernels = ["fwd", "dkv"] + ([] if fused_dq else ["dq"]) if with_grad else ["fwd"]
+    if hopper_forward:
+        kernels.remove("fwd")
+        assert module.count("@mosaic_gpu_v2(") == 1
     assert module.count("@__gpu$xla.gpu.triton(") == len(kernels)
     for kernel in kernels:
         assert f"kiln_flash_attention_{kernel}" in module
     assert exported.platforms == ("cuda",)
+
+
+def test_hopper_forward_takes_16_bit_inputs_only() -> None:
+    """fp32 inputs keep the Triton forward even where the table turns the Hopper one on."""
+    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][64], hopper_forward=True)
+    for dtype, mosaic_calls in ((jnp.bfloat16, 1), (jnp.float16, 1), (jnp.float32, 0)):
+        x = jax.ShapeDtypeStruct((1, 256, 2, 64), dtype)
+        module = export_for_h200(
+            lambda q, k, v: flash_attention(q, k, v, block_sizes=blocks), x, x, x
+        ).mlir_module()
+        assert module.count("@mosaic_gpu_v2(") == mosaic_calls, dtype
 
 
 def test_default_block_sizes_by_device_kind() -> None:
@@ -261,3 +289,7 @@ def test_rejects_bad_inputs(shapes, message: str) -> None:
 def test_rejects_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_kv=48"):
         BlockSizes(block_kv=48)
+    with pytest.raises(ValueError, match=r"block_q=32 must be a power of two >= 64 \(hopper"):
+        BlockSizes(block_q=32, hopper_forward=True)
+    with pytest.raises(ValueError, match="num_stages_fwd"):
+        BlockSizes(num_stages_fwd=1, hopper_forward=True)

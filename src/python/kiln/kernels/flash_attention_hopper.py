@@ -1,0 +1,363 @@
+"""Flash attention's forward for Hopper in Pallas Mosaic GPU: warp-specialised, TMA and wgmma.
+
+FlashAttention-3's forward layout, shaped like jax.experimental.pallas.ops.gpu.attention_mgpu.
+A program owns two q tiles of one head, one per compute warpgroup; a third warpgroup streams
+K/V tiles through a ring of SMEM slots with TMA. The compute warpgroups run q k^T and p v on the
+tensor cores (wgmma) and take turns at the softmax (a schedule barrier ping-pongs them), so one
+warpgroup's exponentials overlap the other's matmuls.
+
+Same contract as the Triton forward in flash_attention.py (out, and the base-2 log-sum-exp of the
+scaled logits), so both forwards share the backward kernels. Differences from jax's kernel:
+- any 16-bit dtype (its SMEM scratch is fp16 only, so bf16 fails there), sm_scale, segment ids,
+  the padded-key mask, and the finite MASK_VALUE of the Triton kernel (no NaN for a row whose
+  keys are all masked in one tile);
+- p reaches the p v wgmma through SMEM rather than registers, and each p v product starts a
+  fresh accumulator that is folded into the running one with one multiply-add: Pallas' GPU
+  interpret mode takes wgmma operands from memory only and has no rule for accumulator
+  run_state, and this way the CPU tests check the very kernel the GPU runs;
+- every barrier phase is waited on by the threads that share it (the memory warpgroup drains
+  its ring, a warpgroup that finishes early still takes its unused slots), which the
+  interpreter's barrier checks require;
+- q tiles are scheduled last to first, so under causal masking the longest programs start first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+COMPUTE_WARPGROUPS = 2
+WGMMA_ROWS = 64  # A warpgroup's wgmma covers 64 rows: q tiles and kv tiles are multiples.
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperForwardConfig:
+    """Static description of one call (flash_attention.py builds it from its own config)."""
+
+    causal: bool
+    logit_scale: float  # sm_scale * log2(e): the kernel works in base 2.
+    seq_len: int  # Real length; the arrays are padded to a multiple of both tile sizes.
+    block_q: int  # Rows per compute warpgroup; a program owns COMPUTE_WARPGROUPS * block_q.
+    block_kv: int
+    stages: int  # K/V tiles in flight (SMEM ring slots), >= 2 for double buffering.
+    mask_value: float
+    interpret: bool
+
+    def __post_init__(self) -> None:
+        for name in ("block_q", "block_kv"):
+            if getattr(self, name) % WGMMA_ROWS:
+                raise ValueError(f"Hopper forward: {name} must be a multiple of {WGMMA_ROWS}")
+
+    @property
+    def program_rows(self) -> int:
+        return COMPUTE_WARPGROUPS * self.block_q
+
+
+def hopper_forward(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segment_ids: jax.Array | None,
+    config: HopperForwardConfig,
+) -> tuple[jax.Array, jax.Array]:
+    """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
+    batch, padded_len, num_heads, head_dim = q.shape
+    if q.dtype.itemsize != 2 or head_dim % WGMMA_ROWS:
+        raise ValueError(
+            f"Hopper forward wants 16-bit inputs and head dim a multiple of {WGMMA_ROWS}; "
+            f"got {q.dtype}, head dim {head_dim}"
+        )
+    if padded_len % config.program_rows or padded_len % config.block_kv:
+        raise ValueError(
+            f"Hopper forward: padded length {padded_len} must be a multiple of "
+            f"{config.program_rows} and {config.block_kv}"
+        )
+    # A ring longer than the sequence's K/V tiles would only hold out-of-bounds slices.
+    stages = min(config.stages, padded_len // config.block_kv)
+    config = dataclasses.replace(config, stages=stages)
+    # 16-bit tiles: (8, 64) tiling with the 128-byte swizzle is what wgmma reads.
+    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
+    scratch = (
+        plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q, head_dim), q.dtype, transforms=transforms),
+        plgpu.SMEM((stages, config.block_kv, head_dim), q.dtype, transforms=transforms),
+        plgpu.SMEM((stages, config.block_kv, head_dim), q.dtype, transforms=transforms),
+        plgpu.SMEM(
+            (COMPUTE_WARPGROUPS, config.block_q, config.block_kv), q.dtype, transforms=transforms
+        ),
+        plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q), jnp.float32),
+    )
+    barriers = (
+        plgpu.Barrier(num_barriers=stages),  # K tile landed
+        plgpu.Barrier(num_barriers=stages),  # V tile landed
+        plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # q tile landed
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # K slot free
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # V slot free
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),  # softmax/matmul turn-taking
+    )
+
+    def entry(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref):
+        pl.run_scoped(
+            lambda *scoped: _kernel(
+                q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *scoped, config=config
+            ),
+            scratch,
+            *barriers,
+            collective_axes="wg",
+        )
+
+    def entry_without_segments(q_ref, k_ref, v_ref, out_ref, lse_ref):
+        entry(q_ref, k_ref, v_ref, None, out_ref, lse_ref)
+
+    inputs = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
+    return plgpu.kernel(
+        entry_without_segments if segment_ids is None else entry,
+        out_type=(
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((batch, num_heads, padded_len), jnp.float32),
+        ),
+        grid=(num_heads, padded_len // config.program_rows, batch),
+        grid_names=("heads", "q_seq", "batch"),
+        num_threads=COMPUTE_WARPGROUPS + 1,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=plgpu.InterpretGPUParams() if config.interpret else None,
+    )(*inputs)
+
+
+def _kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    segment_ids_ref,
+    out_ref,
+    lse_ref,
+    scratch,
+    k_landed,
+    v_landed,
+    q_landed,
+    k_free,
+    v_free,
+    turn,
+    *,
+    config: HopperForwardConfig,
+):
+    q_smem, k_smem, v_smem, p_smem, lse_smem = scratch
+    num_programs = q_ref.shape[1] // config.program_rows
+    program_row = (num_programs - 1 - lax.axis_index("q_seq")) * config.program_rows
+    batch, head = lax.axis_index("batch"), lax.axis_index("heads")
+    real_kv_tiles = pl.cdiv(config.seq_len, config.block_kv)
+    if config.causal:  # K/V tiles this program's last row can see.
+        program_kv_tiles = pl.cdiv(program_row + config.program_rows, config.block_kv)
+    else:
+        program_kv_tiles = jnp.int32(real_kv_tiles)
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg < COMPUTE_WARPGROUPS)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        _compute_warpgroup(
+            q_ref.at[batch, :, head],
+            segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
+            out_ref.at[batch, :, head],
+            lse_ref.at[batch, head],
+            q_smem.at[wg],
+            k_smem,
+            v_smem,
+            p_smem.at[wg],
+            lse_smem.at[wg],
+            (k_landed, v_landed, q_landed.at[wg], k_free, v_free, turn),
+            q_start=program_row + wg * config.block_q,
+            program_kv_tiles=program_kv_tiles,
+            first=wg == 0,
+            config=config,
+        )
+
+    @pl.when(wg == COMPUTE_WARPGROUPS)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        kv_head = lax.div(head, jnp.int32(q_ref.shape[2] // k_ref.shape[2]))
+        _memory_warpgroup(
+            k_ref.at[batch, :, kv_head],
+            v_ref.at[batch, :, kv_head],
+            k_smem,
+            v_smem,
+            (k_landed, v_landed, k_free, v_free),
+            program_kv_tiles,
+            config,
+        )
+
+
+def _memory_warpgroup(k_ref, v_ref, k_smem, v_smem, barriers, num_tiles, config):
+    """Streams K/V tiles 0..num_tiles into the ring; a slot is refilled once both compute
+    warpgroups have released it."""
+    k_landed, v_landed, k_free, v_free = barriers
+    stages, block_kv = config.stages, config.block_kv
+
+    def load(tile, slot):
+        rows = pl.ds(tile * block_kv, block_kv)
+        plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_landed.at[slot])
+        plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_landed.at[slot])
+
+    for slot in range(stages):
+        pl.when(slot < num_tiles)(functools.partial(load, slot, slot))
+
+    @pl.loop(stages, jnp.maximum(num_tiles, stages))
+    def _refill(tile):
+        slot = lax.rem(tile, stages)
+        plgpu.barrier_wait(k_free.at[slot])
+        plgpu.barrier_wait(v_free.at[slot])
+        load(tile, slot)
+
+    @pl.loop(jnp.maximum(num_tiles - stages, 0), num_tiles)
+    def _drain(tile):  # The last releases: nothing left to load into those slots.
+        slot = lax.rem(tile, stages)
+        plgpu.barrier_wait(k_free.at[slot])
+        plgpu.barrier_wait(v_free.at[slot])
+
+
+def _compute_warpgroup(
+    q_ref,
+    segment_ids_ref,
+    out_ref,
+    lse_ref,
+    q_smem,
+    k_smem,
+    v_smem,
+    p_smem,
+    lse_smem,
+    barriers,
+    *,
+    q_start,
+    program_kv_tiles,
+    first,
+    config: HopperForwardConfig,
+):
+    """One q tile: online softmax over its K/V tiles, then out and lse back to GMEM via TMA."""
+    k_landed, v_landed, q_landed, k_free, v_free, turn = barriers
+    block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
+    head_dim = q_smem.shape[-1]
+    q_rows = pl.ds(q_start, block_q)
+    plgpu.copy_gmem_to_smem(q_ref.at[q_rows], q_smem, q_landed)
+    plgpu.barrier_wait(q_landed)
+
+    def take_turn():
+        plgpu.barrier_arrive(turn)
+        plgpu.barrier_wait(turn)
+
+    def row_vector(x, shape):  # [block_q] -> broadcast along the columns of `shape`.
+        return lax.broadcast_in_dim(x, shape, [0])
+
+    # Tiles [0, unmasked_tiles) need no mask: causal, those before the diagonal; not causal,
+    # all but a last tile that holds padded keys. Segment ids mask every tile.
+    if config.causal:
+        num_tiles = pl.cdiv(q_start + block_q, block_kv)
+        unmasked_tiles = lax.div(q_start, jnp.int32(block_kv))
+    else:
+        num_tiles = program_kv_tiles
+        unmasked_tiles = num_tiles - int(config.seq_len % block_kv != 0)
+    if segment_ids_ref is not None:
+        unmasked_tiles = jnp.int32(0)
+    if segment_ids_ref is not None:
+        # Plain loads (no TMA): a few hundred bytes per tile, and Mosaic has no optimised path
+        # from GMEM into a WGMMA row/column layout.
+        q_segments = plgpu.load(
+            segment_ids_ref.at[q_rows], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False
+        )
+
+    def tile_mask(kv_start):
+        shape = (block_q, block_kv)
+        q_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + q_start
+        kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + kv_start
+        mask = q_pos >= kv_pos if config.causal else kv_pos < config.seq_len
+        if segment_ids_ref is not None:
+            kv_segments = plgpu.load(
+                segment_ids_ref.at[pl.ds(kv_start, block_kv)],
+                layout=plgpu.Layout.WGMMA.reduce(0),
+                optimized=False,
+            )
+            mask &= row_vector(q_segments, shape) == lax.broadcast_in_dim(
+                kv_segments, shape, [1]
+            )
+        return mask
+
+    def visit_tile(tile, carry, masked):
+        acc, row_max, row_sum = carry
+        slot = lax.rem(tile, stages)
+
+        def q_kt(acc_ref):
+            plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+            take_turn()  # Hand the tensor cores over while this warpgroup does the softmax.
+            return acc_ref[...]
+
+        logits = pl.run_scoped(q_kt, plgpu.ACC((block_q, block_kv), jnp.float32))
+        plgpu.barrier_arrive(k_free.at[slot])
+        logits = logits * config.logit_scale
+        if masked:
+            logits = jnp.where(tile_mask(tile * block_kv), logits, config.mask_value)
+        new_max = jnp.maximum(row_max, logits.max(axis=1))
+        correction = jnp.exp2(row_max - new_max)
+        probs = jnp.exp2(logits - row_vector(new_max, logits.shape))
+        row_sum = row_sum * correction + probs.sum(axis=1)
+        p_smem[...] = probs.astype(p_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(turn)  # Softmax done: the other warpgroup may finish its turn.
+        plgpu.barrier_wait(v_landed.at[slot])
+        plgpu.barrier_wait(turn)  # Wait until the tensor cores are ours again.
+
+        def p_v(acc_ref):
+            plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+
+            @pl.when(tile + 1 < num_tiles)
+            def _():
+                plgpu.barrier_wait(k_landed.at[lax.rem(tile + 1, stages)])
+
+            return acc_ref[...]
+
+        pv = pl.run_scoped(p_v, plgpu.ACC((block_q, head_dim), jnp.float32))
+        plgpu.barrier_arrive(v_free.at[slot])
+        return acc * row_vector(correction, acc.shape) + pv, new_max, row_sum
+
+    def skip_tile(tile, _):
+        # Tiles the other warpgroup still needs: take them and release them so the ring keeps
+        # moving, and keep the turn-taking in step.
+        slot = lax.rem(tile, stages)
+        plgpu.barrier_wait(k_landed.at[slot])
+        plgpu.barrier_wait(v_landed.at[slot])
+        plgpu.barrier_arrive(k_free.at[slot])
+        plgpu.barrier_arrive(v_free.at[slot])
+        take_turn()
+        take_turn()
+
+    carry = (
+        plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+        plgpu.layout_cast(
+            jnp.full((block_q,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)
+        ),
+        plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+    )
+
+    @pl.when(num_tiles > 0)
+    def _():
+        plgpu.barrier_wait(k_landed.at[0])
+
+    pl.when(jnp.logical_not(first))(take_turn)  # The second warpgroup starts one turn behind.
+    carry = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), carry)
+    carry = lax.fori_loop(
+        unmasked_tiles, num_tiles, functools.partial(visit_tile, masked=True), carry
+    )
+    lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
+    pl.when(first)(take_turn)
+    acc, row_max, row_sum = carry
+
+    q_smem[...] = (acc / row_vector(row_sum, acc.shape)).astype(q_smem.dtype)
+    lse_smem[...] = row_max + jnp.log2(row_sum)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, out_ref.at[q_rows])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[q_rows])
+    plgpu.wait_smem_to_gmem(0)
