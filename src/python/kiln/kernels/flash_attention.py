@@ -250,7 +250,6 @@ def _hopper_config(config: _KernelConfig) -> HopperForwardConfig:
         block_q=blocks.block_q,
         block_kv=blocks.block_kv,
         stages=blocks.num_stages_fwd,
-        mask_value=MASK_VALUE,
         interpret=config.interpret,
     )
 

@@ -8,9 +8,11 @@ warpgroup's exponentials overlap the other's matmuls.
 
 Same contract as the Triton forward in flash_attention.py (out, and the base-2 log-sum-exp of the
 scaled logits), so both forwards share the backward kernels. Differences from jax's kernel:
-- any 16-bit dtype (its SMEM scratch is fp16 only, so bf16 fails there), sm_scale, segment ids,
-  the padded-key mask, and the finite MASK_VALUE of the Triton kernel (no NaN for a row whose
-  keys are all masked in one tile);
+- any 16-bit dtype (its SMEM scratch is fp16 only, so bf16 fails there), sm_scale, segment ids
+  and the padded-key mask. Masked logits are -inf, and a row whose keys so far are all masked
+  is shifted by 0, not by its -inf max (no NaN). The Triton kernel's finite MASK_VALUE would
+  not do here: the scale-and-subtract is one fused multiply-add, whose rounding of a huge
+  masked logit differs from the rounded max it is measured against;
 - p reaches the p v wgmma through SMEM rather than registers, and each p v product starts a
   fresh accumulator that is folded into the running one with one multiply-add: Pallas' GPU
   interpret mode takes wgmma operands from memory only and has no rule for accumulator
@@ -46,7 +48,6 @@ class HopperForwardConfig:
     block_q: int  # Rows per compute warpgroup; a program owns COMPUTE_WARPGROUPS * block_q.
     block_kv: int
     stages: int  # K/V tiles in flight (SMEM ring slots), >= 2 for double buffering.
-    mask_value: float
     interpret: bool
 
     def __post_init__(self) -> None:
@@ -297,12 +298,15 @@ def _compute_warpgroup(
 
         logits = pl.run_scoped(q_kt, plgpu.ACC((block_q, block_kv), jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
-        logits = logits * config.logit_scale
         if masked:
-            logits = jnp.where(tile_mask(tile * block_kv), logits, config.mask_value)
-        new_max = jnp.maximum(row_max, logits.max(axis=1))
-        correction = jnp.exp2(row_max - new_max)
-        probs = jnp.exp2(logits - row_vector(new_max, logits.shape))
+            logits = jnp.where(tile_mask(tile * block_kv), logits, -jnp.inf)
+        # The running max is kept scaled, so scaling and subtracting it is one multiply-add.
+        new_max = jnp.maximum(row_max, logits.max(axis=1) * config.logit_scale)
+        # A row whose keys so far are all masked has max -inf: shift it by 0 instead, so its
+        # masked logits give exp2(-inf) = 0 rather than NaN.
+        shift = jnp.where(new_max == -jnp.inf, 0.0, new_max)
+        correction = jnp.exp2(row_max - shift)
+        probs = jnp.exp2(logits * config.logit_scale - row_vector(shift, logits.shape))
         row_sum = row_sum * correction + probs.sum(axis=1)
         p_smem[...] = probs.astype(p_smem.dtype)
         plgpu.commit_smem()

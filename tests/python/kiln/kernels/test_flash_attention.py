@@ -252,6 +252,20 @@ def test_lowers_for_h200(with_grad: bool, fused_dq: bool, hopper_forward: bool) 
     assert exported.platforms == ("cuda",)
 
 
+@pytest.mark.parametrize("sm_scale", [0.01, 8.0])
+def test_hopper_forward_rows_that_start_on_fully_masked_tiles(sm_scale: float, seed: int) -> None:
+    """Segments starting mid-tile: some rows see only masked keys in their first tile. At a
+    small scale, a huge finite mask value broke the fused scale-and-subtract (inf, then NaN)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, 256, 2, 64)), jnp.bfloat16) for _ in range(3))
+    segment_ids = jnp.asarray(np.searchsorted([100, 200], np.arange(256), side="right")[None])
+    ours = flash_attention(q, k, v, segment_ids, sm_scale=sm_scale, block_sizes=HOPPER_BLOCKS)
+    f32 = (x.astype(jnp.float32) for x in (q, k, v))
+    expected = reference_attention(*f32, segment_ids, sm_scale=sm_scale)
+    errors = relative_errors(ours, expected)
+    assert all(e <= tol for e, tol in zip(errors, TOLERANCES[jnp.bfloat16])), (errors, seed)
+
+
 def test_hopper_forward_takes_16_bit_inputs_only() -> None:
     """fp32 inputs keep the Triton forward even where the table turns the Hopper one on."""
     blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][64], hopper_forward=True)
