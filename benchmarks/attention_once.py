@@ -1,9 +1,9 @@
 """One forward+backward of Kiln's flash attention (tuned table) at one size: what a profiler looks at.
 
     ncu --clock-control none --kernel-name regex:kiln_flash --launch-count 3 \
-        python3 benchmarks/attention_once.py --seq-len 4096 --head-dim 128
+        python3 benchmarks/attention_once.py --seq-len 4096 --head-dim 128 [--block-sizes tuned.json]
 
-Each of the three kernels (forward, dK/dV, dQ) launches exactly once after compilation.
+Each kernel (forward, dK/dV, dQ; two with fused dQ) launches exactly once after compilation.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 
 import jax
 import jax.numpy as jnp
+from attention import load_block_sizes  # benchmarks/attention.py
 
 from kiln.kernels.flash_attention import flash_attention
 
@@ -23,7 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--non-causal", action="store_true")
+    parser.add_argument("--block-sizes", help="a tuner's JSON instead of the table")
     args = parser.parse_args(argv)
+    block_sizes = load_block_sizes(args.block_sizes).get(args.head_dim)
     shape = (
         max(1, args.tokens // args.seq_len),
         args.seq_len,
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     def loss(q, k, v):
-        out = flash_attention(q, k, v, causal=not args.non_causal)
+        out = flash_attention(q, k, v, causal=not args.non_causal, block_sizes=block_sizes)
         return jnp.sum(out.astype(jnp.float32))
 
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()

@@ -38,7 +38,8 @@ echo "attention.py exit $?" >>"${OUT}/attention.txt"
 ncu_sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
   --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
 timeout 60 ncu --clock-control none --kernel-name regex:kiln_flash --launch-count 3 \
-  "${ncu_sections[@]}" python3 benchmarks/attention_once.py >"${OUT}/ncu.txt" 2>&1
+  "${ncu_sections[@]}" python3 benchmarks/attention_once.py ${tuned[@]+"${tuned[@]}"} \
+  >"${OUT}/ncu.txt" 2>&1
 echo "ncu exit $?" >>"${OUT}/ncu.txt"
 
 timeout 140 python3 benchmarks/train_step.py --model 1.4b --attention pallas,cudnn \
