@@ -270,17 +270,19 @@ def _compute_warpgroup(
             segment_ids_ref.at[q_rows], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False
         )
 
-    def tile_mask(kv_start):
+    def load_kv_segments(kv_start):
+        return plgpu.load(
+            segment_ids_ref.at[pl.ds(kv_start, block_kv)],
+            layout=plgpu.Layout.WGMMA.reduce(0),
+            optimized=False,
+        )
+
+    def tile_mask(kv_start, kv_segments):
         shape = (block_q, block_kv)
         q_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + q_start
         kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + kv_start
         mask = q_pos >= kv_pos if config.causal else kv_pos < config.seq_len
-        if segment_ids_ref is not None:
-            kv_segments = plgpu.load(
-                segment_ids_ref.at[pl.ds(kv_start, block_kv)],
-                layout=plgpu.Layout.WGMMA.reduce(0),
-                optimized=False,
-            )
+        if kv_segments is not None:
             mask &= row_vector(q_segments, shape) == lax.broadcast_in_dim(
                 kv_segments, shape, [1]
             )
@@ -289,6 +291,9 @@ def _compute_warpgroup(
     def visit_tile(tile, carry, masked):
         acc, row_max, row_sum = carry
         slot = lax.rem(tile, stages)
+        # Loaded before the matmul so that the global load's latency hides behind it.
+        has_segments = masked and segment_ids_ref is not None
+        kv_segments = load_kv_segments(tile * block_kv) if has_segments else None
 
         def q_kt(acc_ref):
             plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
@@ -298,7 +303,7 @@ def _compute_warpgroup(
         logits = pl.run_scoped(q_kt, plgpu.ACC((block_q, block_kv), jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
         if masked:
-            logits = jnp.where(tile_mask(tile * block_kv), logits, -jnp.inf)
+            logits = jnp.where(tile_mask(tile * block_kv, kv_segments), logits, -jnp.inf)
         # The running max is kept scaled, so scaling and subtracting it is one multiply-add.
         new_max = jnp.maximum(row_max, logits.max(axis=1) * config.logit_scale)
         # A row whose keys so far are all masked has max -inf: shift it by 0 instead, so its
