@@ -5,10 +5,12 @@ deterministic order; concatenating shards 0..n-1 gives the cache's document orde
 
 Sharding:
   - files: files are assigned to shards by size, greedily (largest first, ties by key, each to the
-    least-loaded shard); within a shard, they are read in sorted key order. An uncompressed JSONL
-    file of at least 2 * MIN_PIECE_BYTES is first cut into up to num_shards byte ranges, each
-    owning the lines that start inside it (key `path@start-end`), so one big file still spreads
-    over the shards; compressed files, parquet and text files stay whole.
+    least-loaded shard); within a shard, they are read in sorted key order. A file of at least
+    2 * MIN_PIECE_BYTES is first cut into up to num_shards pieces, so one big file still spreads
+    over the shards: an uncompressed JSONL file into byte ranges, each owning the lines that start
+    inside it (key `path@start-end`); a parquet file into runs of whole row groups, each owning the
+    row groups that start inside its share of the file's bytes (key `path#row-groups-start-end`).
+    Compressed JSONL and text files stay whole.
   - python_stdlib: the same greedy assignment over its units (one .py file, or the pydoc topics).
   - hf: `datasets` streaming with `split_dataset_by_node(rank=index, world_size=num_shards)`.
 
@@ -22,6 +24,7 @@ import glob
 import gzip
 import heapq
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -126,37 +129,66 @@ def _file_shard_documents(
 
 @dataclass(frozen=True)
 class _Piece:
-    """A whole file (end None), or the lines of an uncompressed JSONL file that start in
-    [start, end)."""
+    """A whole file (end None); or [start, end) of a file: the lines of an uncompressed JSONL
+    file that start in that byte range, or those row groups of a parquet file."""
 
     path: Path
     size: int
     start: int = 0
     end: int | None = None
+    row_groups: bool = False  # start/end count row groups, not bytes
 
     @property
     def key(self) -> str:  # zero-padded: a file's pieces sort in file order
-        return (
-            str(self.path) if self.end is None else f"{self.path}@{self.start:020d}-{self.end:020d}"
-        )
+        if self.end is None:
+            return str(self.path)
+        if self.row_groups:
+            return f"{self.path}#row-groups-{self.start:09d}-{self.end:09d}"
+        return f"{self.path}@{self.start:020d}-{self.end:020d}"
 
     def documents(self, file_format: str, text_key: str) -> Iterator[Document]:
         if self.end is None:
             return read_file(self.path, file_format, text_key)
+        if self.row_groups:
+            return _read_parquet(self.path, text_key, range(self.start, self.end))
         return _jsonl_documents(_lines_in_range(self.path, self.start, self.end), text_key)
 
 
 def _pieces(path: Path, file_format: str, num_shards: int) -> list[_Piece]:
     size = path.stat().st_size
     resolved = _format_of(path) if file_format == "auto" else file_format
-    compressed = path.name.endswith((".gz", ".zst"))
     count = min(num_shards, size // MIN_PIECE_BYTES)
-    if resolved != "jsonl" or compressed or count < 2:
+    if resolved == "parquet" and count >= 2:
+        return _row_group_pieces(path, size, count)
+    if resolved != "jsonl" or path.name.endswith((".gz", ".zst")) or count < 2:
         return [_Piece(path, size)]
     bounds = [size * i // count for i in range(count + 1)]
     # One nominal size for every piece: ties go by key, so the pieces of a file cut into
     # num_shards land in shards 0, 1, ... in file order.
     return [_Piece(path, size // count, start, end) for start, end in zip(bounds, bounds[1:])]
+
+
+def _row_group_pieces(path: Path, size: int, count: int) -> list[_Piece]:
+    """Up to `count` runs of whole row groups: run i owns the row groups whose first byte (by
+    their compressed sizes, in file order) lies in the i-th of `count` equal shares of the data."""
+    metadata = _parquet_file(path).metadata
+    group_bytes = [
+        sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+        for group in map(metadata.row_group, range(metadata.num_row_groups))
+    ]
+    total = sum(group_bytes)
+    owner, first_byte = [], 0
+    for nbytes in group_bytes:
+        owner.append(min(count - 1, first_byte * count // max(total, 1)))
+        first_byte += nbytes
+    runs, start = [], 0
+    for _, members in itertools.groupby(owner):  # owner never decreases: runs are contiguous
+        end = start + len(list(members))
+        runs.append((start, end))
+        start = end
+    if len(runs) < 2:
+        return [_Piece(path, size)]
+    return [_Piece(path, size // len(runs), start, end, row_groups=True) for start, end in runs]
 
 
 def _lines_in_range(path: Path, start: int, end: int) -> Iterator[tuple[str, bytes]]:
@@ -230,20 +262,29 @@ def _jsonl_documents(lines: Iterable[tuple[str, bytes]], text_key: str) -> Itera
         yield Document(text_of(record, text_key, origin), origin)
 
 
-def _read_parquet(path: Path, text_key: str) -> Iterator[Document]:
+def _parquet_file(path: Path) -> Any:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for a corrupt file
         raise SourceError(f"{path}: not a readable parquet file ({e}).") from None
+
+
+def _read_parquet(path: Path, text_key: str, row_groups: range | None = None) -> Iterator[Document]:
+    """The text_key column, row by row: all of the file, or the row groups in `row_groups`."""
+    table = _parquet_file(path)
     columns = table.schema_arrow.names
     if text_key not in columns:
         raise SourceError(
             f"{path}: no column {text_key!r} (the text_key); columns present: {columns}."
         )
-    row = 0
-    for batch in table.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[text_key]):
+    groups = range(table.metadata.num_row_groups) if row_groups is None else row_groups
+    row = sum(table.metadata.row_group(group).num_rows for group in range(groups.start))
+    batches = table.iter_batches(
+        batch_size=PARQUET_BATCH_ROWS, columns=[text_key], row_groups=list(groups)
+    )
+    for batch in batches:
         for text in batch.column(0).to_pylist():
             origin = f"{path}[row {row}]"
             row += 1

@@ -175,3 +175,31 @@ def test_a_bad_line_in_a_piece_names_its_byte_offset(tmp_path: Path, monkeypatch
     with pytest.raises(SourceError, match=rf"big.jsonl:byte {offset}: the line is not valid JSON"):
         for index in range(2):
             list(shard_documents(source, "text", 2, index))
+
+
+def test_a_big_parquet_file_is_cut_into_runs_of_row_groups(tmp_path: Path, monkeypatch):
+    rng = np.random.default_rng(0)
+    texts = ["x" * int(n) + str(i) for i, n in enumerate(rng.integers(1, 300, size=300))]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "big.parquet", row_group_size=20)
+    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 100)
+    source = FilesSource(paths=(str(tmp_path / "big.parquet"),))
+    for num_shards in (2, 3, 4, 7):
+        shards = [_texts_of_shard(source, num_shards, i) for i in range(num_shards)]
+        assert [t for shard in shards for t in shard] == texts, num_shards
+        assert all(shards), f"a shard got no row groups with {num_shards} shards"
+        assert all(len(shard) % 20 == 0 for shard in shards[:-1])  # whole row groups
+    # One row group cannot be cut: all of it lands in one shard.
+    pq.write_table(pa.table({"text": texts}), tmp_path / "one.parquet")
+    whole = FilesSource(paths=(str(tmp_path / "one.parquet"),))
+    assert sorted(len(_texts_of_shard(whole, 3, i)) for i in range(3)) == [0, 0, len(texts)]
+
+
+def test_a_bad_row_in_a_row_group_piece_names_its_row_in_the_file(tmp_path: Path, monkeypatch):
+    texts: list[object] = [f"document {i}" for i in range(100)]
+    texts[73] = None
+    pq.write_table(pa.table({"text": texts}), tmp_path / "big.parquet", row_group_size=10)
+    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 10)
+    source = FilesSource(paths=(str(tmp_path / "big.parquet"),))
+    with pytest.raises(SourceError, match=r"big\.parquet\[row 73\]"):
+        for index in range(4):
+            list(shard_documents(source, "text", 4, index))
