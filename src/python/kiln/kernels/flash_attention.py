@@ -412,6 +412,18 @@ def _segment_spec(padded_len: int) -> pl.BlockSpec:
     return pl.BlockSpec((None, padded_len), lambda _, b, __: (b, 0))
 
 
+def _q_tile_specs(q_shape, num_kv_heads: int, block_q: int) -> tuple[pl.BlockSpec, ...]:
+    """BlockSpecs of the kernels whose grid is (q tiles, batch, heads): the program's q-shaped
+    tile, its kv head's whole K or V (q head h reads kv head h // group), its row-stats tile."""
+    _, padded_len, num_heads, head_dim = q_shape
+    group = num_heads // num_kv_heads
+    return (
+        pl.BlockSpec((None, block_q, None, head_dim), lambda i, b, h: (b, i, h, 0)),
+        pl.BlockSpec((None, padded_len, None, head_dim), lambda _, b, h: (b, 0, h // group, 0)),
+        pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i)),
+    )
+
+
 def _compiler_params(num_warps: int, num_stages: int) -> plgpu.CompilerParams:
     # Pins the Triton lowering (jax 0.11 warns it is deprecated in favour of Mosaic GPU, which
     # cannot run in interpret mode with these BlockSpecs).
@@ -466,27 +478,19 @@ def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, ja
     """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
     if config.hopper is not None:
         return hopper_forward(q, k, v, segment_ids, config.hopper)
-    batch, padded_len, num_heads, head_dim = q.shape
-    group = num_heads // k.shape[2]
+    batch, padded_len, num_heads, _ = q.shape
     blocks = config.block_sizes
-    block_q = blocks.block_q
-    q_tile = pl.BlockSpec((None, block_q, None, head_dim), lambda i, b, h: (b, i, h, 0))
-    kv_whole = pl.BlockSpec(
-        (None, padded_len, None, head_dim), lambda _, b, h: (b, 0, h // group, 0)
-    )
+    q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q)
     return pl.pallas_call(
         functools.partial(_forward_kernel, config=config),
-        grid=(padded_len // block_q, batch, num_heads),
+        grid=(padded_len // blocks.block_q, batch, num_heads),
         in_specs=[
             q_tile,
             kv_whole,
             kv_whole,
             None if segment_ids is None else _segment_spec(padded_len),
         ],
-        out_specs=[
-            q_tile,
-            pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i)),
-        ],
+        out_specs=[q_tile, row_stats_tile],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((batch, num_heads, padded_len), jnp.float32),
@@ -627,18 +631,12 @@ def _backward_dq_kernel(
 
 
 def _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig):
-    batch, padded_len, num_heads, head_dim = q.shape
-    group = num_heads // k.shape[2]
+    batch, padded_len, num_heads, _ = q.shape
     blocks = config.block_sizes
-    block_q = blocks.block_q_dq
-    q_tile = pl.BlockSpec((None, block_q, None, head_dim), lambda i, b, h: (b, i, h, 0))
-    kv_whole = pl.BlockSpec(
-        (None, padded_len, None, head_dim), lambda _, b, h: (b, 0, h // group, 0)
-    )
-    row_stats_tile = pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))
+    q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q_dq)
     return pl.pallas_call(
         functools.partial(_backward_dq_kernel, config=config),
-        grid=(padded_len // block_q, batch, num_heads),
+        grid=(padded_len // blocks.block_q_dq, batch, num_heads),
         in_specs=[
             q_tile,
             kv_whole,
