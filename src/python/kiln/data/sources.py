@@ -58,6 +58,17 @@ def shard_documents(
     return _stdlib_shard_documents(source, num_shards, index)
 
 
+def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
+    """What shard `index` reads, in order: file piece keys, stdlib unit keys, or the hf node
+    split. Recorded in shard.json, so a shard cut under other sharding rules (an older Kiln) is
+    rebuilt rather than merged with shards that may hold the same documents."""
+    if isinstance(source, FilesSource):
+        return _assigned_keys(_file_pieces(source, num_shards), num_shards, index)
+    if isinstance(source, HfSource):
+        return [f"split_dataset_by_node(rank={index}, world_size={num_shards})"]
+    return _assigned_keys(_stdlib_units(source), num_shards, index)
+
+
 def provenance(source: Source) -> dict[str, Any]:
     """What identifies the source's content, recorded in cache.json."""
     if isinstance(source, FilesSource):
@@ -115,15 +126,24 @@ def expand_paths(patterns: Iterable[str]) -> list[Path]:
     return sorted(found)
 
 
+def _assigned_keys(sized: dict[str, Any], num_shards: int, index: int) -> list[str]:
+    """Shard `index`'s keys of `sized` (key -> something with a .size), in read order."""
+    return assign_to_shards({key: item.size for key, item in sized.items()}, num_shards)[index]
+
+
+def _file_pieces(source: FilesSource, num_shards: int) -> dict[str, _Piece]:
+    return {
+        piece.key: piece
+        for path in expand_paths(source.paths)
+        for piece in _pieces(path, source.format, num_shards)
+    }
+
+
 def _file_shard_documents(
     source: FilesSource, text_key: str, num_shards: int, index: int
 ) -> Iterator[Document]:
-    pieces: dict[str, _Piece] = {}
-    for path in expand_paths(source.paths):
-        for piece in _pieces(path, source.format, num_shards):
-            pieces[piece.key] = piece
-    sizes = {key: piece.size for key, piece in pieces.items()}
-    for key in assign_to_shards(sizes, num_shards)[index]:
+    pieces = _file_pieces(source, num_shards)
+    for key in _assigned_keys(pieces, num_shards, index):
         yield from pieces[key].documents(source.format, text_key)
 
 
@@ -397,10 +417,13 @@ def _first_line(error: Exception) -> str:
 # --- the Python standard library -----------------------------------------------------------------
 
 
+def _stdlib_units(source: StdlibSource) -> dict[str, Any]:
+    return {unit.key: unit for unit in stdlib_corpus.units(source.part)}
+
+
 def _stdlib_shard_documents(
     source: StdlibSource, num_shards: int, index: int
 ) -> Iterator[Document]:
-    sizes = {unit.key: unit.size for unit in stdlib_corpus.units(source.part)}
-    for key in assign_to_shards(sizes, num_shards)[index]:
+    for key in _assigned_keys(_stdlib_units(source), num_shards, index):
         for doc in stdlib_corpus.documents(key, source.split):
             yield Document(doc.text, doc.id)

@@ -63,7 +63,10 @@ def tokenize_shard(
         for texts in _checked_batches(documents, spec.max_document_chars, counts):
             writer.append(tokenizer.encode_documents(texts))
             counts["text_bytes"] += sum(len(text.encode("utf-8")) for text in texts)
-        record = writer.finish({**_identity(spec, tokenizer), "index": index, **counts})
+        plan = sources.shard_plan(spec.source, spec.num_shards, index)
+        record = writer.finish(
+            {**_identity(spec, tokenizer), "index": index, "plan": plan, **counts}
+        )
     elapsed = time.monotonic() - started
     print(
         f"{spec.name}: shard {index}/{spec.num_shards}: {record['documents']} documents, "
@@ -92,6 +95,7 @@ def merge_cache(
                 f"{shard_dir} and {by_index[record['index']][0]} are both shard {record['index']}."
             )
         by_index[record["index"]] = (shard_dir, record)
+        _check_shard_plan(shard_dir, record, spec)
     missing = sorted(set(range(spec.num_shards)) - set(by_index))
     if missing:
         raise CacheError(
@@ -133,15 +137,28 @@ def _check_shard_identity(
         raise CacheError(f"{shard_dir} was built from a different spec ({details}).")
 
 
+def _check_shard_plan(shard_dir: Path, record: dict[str, Any], spec: CacheSpec) -> None:
+    plan = sources.shard_plan(spec.source, spec.num_shards, record["index"])
+    if record.get("plan") != plan:
+        raise CacheError(
+            f"{shard_dir} read other parts of the source than shard {record['index']} reads now "
+            f"(it read {record.get('plan')}, now {plan}): it was cut under other sharding rules "
+            "(another Kiln version); delete it so it is rebuilt."
+        )
+
+
 def _is_reusable_shard(
     shard_dir: Path, spec: CacheSpec, index: int, tokenizer: LoadedTokenizer
 ) -> bool:
     try:
         record = read_shard_record(shard_dir)
         _check_shard_identity(shard_dir, record, _identity(spec, tokenizer))
+        if record["index"] != index:
+            return False
+        _check_shard_plan(shard_dir, record, spec)
     except KilnDataError:
         return False
-    return record["index"] == index
+    return True
 
 
 def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import pytest
 from kiln_testing.data import make_spec, write_corpus
 
 from kiln.artifacts import read_status
+from kiln.data import sources
 from kiln.data.cache import TokenCache
 from kiln.data.tokenize import main
 
@@ -103,3 +104,28 @@ def test_a_finished_cache_is_served_and_a_changed_one_refused(tmp_path: Path) ->
     again = tmp_path / "store/.building/shard-0-again"
     assert main(["shard", spec_file, "--index", "0", "--out", str(again), "--unless-built", str(cache)]) == 0
     assert not again.exists()
+
+
+def test_a_shard_cut_under_other_sharding_rules_is_rebuilt_not_merged(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A big file is cut into pieces from 2 * MIN_PIECE_BYTES up; shards built before a rule
+    change read other pieces (here: the whole file) and must not meet the new ones."""
+    texts = write_corpus(tmp_path / "corpus")
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join((tmp_path / "corpus" / f"{name}.jsonl").read_text() for name in "abc"))
+    spec = make_spec({"kind": "files", "paths": [str(big)]}, num_shards=2)
+    spec_file = _write_spec(tmp_path, spec)
+    old_shard = tmp_path / "old-shard-0"
+    assert main(["shard", spec_file, "--index", "0", "--out", str(old_shard)]) == 0  # whole file
+
+    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", big.stat().st_size // 4)  # now: 2 pieces
+    new_shard = tmp_path / "new-shard-1"
+    assert main(["shard", spec_file, "--index", "1", "--out", str(new_shard)]) == 0
+    shards = ["--shards", str(old_shard), str(new_shard)]
+    capsys.readouterr()
+    assert main(["merge", spec_file, *shards, "--out", str(tmp_path / "cache")]) == 2
+    assert "other sharding rules" in capsys.readouterr().err
+    assert main(["shard", spec_file, "--index", "0", "--out", str(old_shard)]) == 0  # rebuilt
+    assert main(["merge", spec_file, *shards, "--out", str(tmp_path / "cache")]) == 0
+    assert TokenCache.open(tmp_path / "cache").num_documents == len(texts)
