@@ -229,7 +229,7 @@ def test_lowers_for_h200(with_grad: bool, fused_dq: bool, hopper_forward: bool) 
     q = jax.ShapeDtypeStruct((batch, seq_len, heads, dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
     segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
-    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][dim], fused_dq=fused_dq)
+    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][dim], fused_dq=fused_dq, hopper_forward=False)
     if hopper_forward:  # 64-row q tiles per warpgroup, 128-row K/V tiles: fits in SMEM
         blocks = replace(blocks, hopper_forward=True, block_q=64, block_kv=128, num_stages_fwd=2)
 
