@@ -26,6 +26,11 @@ def test_tuner_output_feeds_the_attention_table(tmp_path, capsys):
     # fp32 reference.
     assert "rejected" not in output and "failed" not in output, output
 
+    # The profiling script takes the same file (device_check.sh profiles the tuned layout).
+    once = ["--seq-len", "128", "--head-dim", "64", "--tokens", "128", "--model-dim", "128"]
+    attention_once.main([*once, "--block-sizes", str(tuned_path)])
+    assert "ran fwd+bwd once: (1, 128, 2, 64)" in capsys.readouterr().out
+
     attention.main(["--quick", "--block-sizes", str(tuned_path), "--json", str(rows_path)])
     rows = json.loads(rows_path.read_text())
     assert {(row["config"]["seq_len"], row["pass"]) for row in rows} >= {
