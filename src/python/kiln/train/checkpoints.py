@@ -29,6 +29,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from kiln.artifacts import atomic_write_json
+from kiln.train.multihost import barrier
 from kiln.train.spec import CheckpointerSpec
 
 log = logging.getLogger(__name__)
@@ -125,11 +126,13 @@ class Checkpointer:
     def remove_incomplete(self) -> list[Path]:
         """Deletes step folders without metadata.json (saves that were killed midway)."""
         if not self._is_writer:
+            barrier("kiln: incomplete checkpoints removed")
             return []
         removed = [p for p in self._step_dirs() if read_checkpoint(p) is None]
         for path in removed:
             log.warning("removing incomplete checkpoint %s (its save did not finish)", path)
             shutil.rmtree(path, ignore_errors=True)
+        barrier("kiln: incomplete checkpoints removed")
         return removed
 
     def restore(self, info: CheckpointInfo, like: Any) -> Any:
@@ -145,16 +148,12 @@ class Checkpointer:
             return "temporary"
         return None
 
-    def save_if_due(
-        self, step: int, state: Any, *, final: bool = False, requested: bool = False
-    ) -> CheckpointInfo | None:
-        kind = self.due(step, final=final, requested=requested)
-        if kind is None:
-            return None
-        return self.save(step, state, temporary=kind == "temporary")
-
     def save(self, step: int, state: Any, *, temporary: bool) -> CheckpointInfo:
-        """Saves `state` as step-N (blocking until complete), then prunes what it supersedes."""
+        """Saves `state` as step-N (blocking until complete), then prunes what it supersedes.
+
+        Multi-host: every process calls it with the same arguments (orbax saves collectively);
+        process 0 writes the metadata and prunes, and all leave together, so the next decision
+        each makes from the file system sees the same folders."""
         existing = self._existing(step)
         if existing is not None and (temporary or not existing.is_temporary):
             return existing  # already saved at this step, as durably as asked
@@ -170,6 +169,7 @@ class Checkpointer:
             info = self._write_metadata(path, step, temporary=temporary)
         self._last_save_time = self._clock()
         self._prune(info)
+        barrier(f"kiln: saved {path}")
         return info
 
     def _existing(self, step: int) -> CheckpointInfo | None:

@@ -233,7 +233,8 @@ def make_logprob_fn(
 def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Host numpy batch -> global arrays split over ("data", "fsdp") along the batch dimension.
 
-    With several processes, each passes its own slice; the global batch is their concatenation.
+    `batch` is the whole global batch. With several processes (multi-host) every process passes
+    the same one (the mixture is deterministic) and places only the rows its own devices hold.
     """
     missing = sorted(set(BATCH_FIELDS) - set(batch))
     if missing:
@@ -241,16 +242,17 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
     shapes = {name: np.shape(batch[name]) for name in BATCH_FIELDS}
     if len(set(shapes.values())) != 1 or len(shapes["tokens"]) != 2:
         raise ValueError(f"batch fields must all be [batch, seq_len] arrays, got shapes {shapes}")
-    global_batch = shapes["tokens"][0] * jax.process_count()
+    global_batch = shapes["tokens"][0]
     ways = batch_parallelism(mesh)
     if global_batch % ways:
         raise ValueError(
             f"global batch size {global_batch} is not divisible by the mesh's data * fsdp = {ways}"
         )
     sharding = batch_sharding(mesh)
+    arrays = {name: np.asarray(batch[name], dtype) for name, dtype in BATCH_FIELDS.items()}
     return {
-        name: jax.make_array_from_process_local_data(sharding, np.asarray(batch[name], dtype))
-        for name, dtype in BATCH_FIELDS.items()
+        name: jax.make_array_from_callback(array.shape, sharding, array.__getitem__)
+        for name, array in arrays.items()
     }
 
 

@@ -35,6 +35,7 @@ from kiln.train.metrics import (
     peak_flops_per_device,
     wandb_run_id,
 )
+from kiln.train.multihost import agree_max
 from kiln.train.progress import Progress, make_progress
 from kiln.train.spec import DatasetInput, Resources, TrainSpec
 
@@ -459,10 +460,18 @@ class Trainer:
         if evals is not None and (final or step % evals.every == 0):
             self._run_evals(step)
         requested = self.control is not None and self.control.take_checkpoint_request()
-        saved = self.checkpointer.save_if_due(
-            step, self.state, final=final,
-            requested=requested or signum is not None or stopping_early,
-        )  # fmt: skip
+        kind = self.checkpointer.due(
+            step, final=final, requested=requested or signum is not None or stopping_early
+        )
+        # A control request (process 0's endpoint), a signal and the save clock are one
+        # process's: agree on them, or one process would enter a save (a collective) alone.
+        wants_temporary, any_signal = agree_max([kind == "temporary", signum or 0])
+        signum = any_signal or None
+        if kind != "permanent":  # permanent saves follow the step number: all agree already
+            kind = "temporary" if wants_temporary else None
+        saved = None
+        if kind is not None:
+            saved = self.checkpointer.save(step, self.state, temporary=kind == "temporary")
         if saved is not None:
             self.last_checkpoint = saved
             kind = "temporary" if saved.is_temporary else "permanent"

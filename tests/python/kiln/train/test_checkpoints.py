@@ -59,7 +59,7 @@ def test_due_by_step_by_time_and_on_request(tmp_path: Path) -> None:
     assert checkpointer.due(2) is None
     clock.now = 600.0
     assert checkpointer.due(2) == "temporary"
-    checkpointer.save_if_due(2, state_at(2))
+    checkpointer.save(2, state_at(2), temporary=True)
     assert checkpointer.due(3) is None  # the interval restarts at each save
     checkpointer.close()
 

@@ -1,0 +1,160 @@
+"""A multi-host run on one machine: two `python -m kiln.train` processes joined by jax.distributed
+(gloo between them), two CPU devices each, against one process with four devices.
+
+Same spec, same data=2 x fsdp=2 mesh: the two runs do the same arithmetic, so their losses,
+validation and lm-eval scores agree. The two-process run also stops early (runtime.max_steps_this_run)
+and resumes, which exercises the agreed save decision and a restore across processes; only
+process 0 writes the run's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kiln_testing.training import (
+    EVAL_TASK,
+    build_tiny_cache,
+    make_spec,
+    read_jsonl,
+    write_eval_task,
+)
+
+NUM_STEPS = 8
+STOP_AFTER = 5  # the first two-process run stops here (a temporary checkpoint) and resumes
+
+
+# Each process places the rows its devices hold of the same global batch (kiln.train.step).
+SHARD_BATCH_SCRIPT = """
+import sys
+import jax, numpy as np
+from jax.experimental import multihost_utils
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+from kiln.train.mesh import make_mesh
+from kiln.train.step import shard_batch
+tokens = np.arange(4 * 8, dtype=np.int32).reshape(4, 8)
+batch = {"tokens": tokens, "segment_ids": tokens * 0, "loss_mask": tokens * 0 + 1}
+placed = shard_batch(batch, make_mesh({"data": 2, "fsdp": 2}))["tokens"]
+assert placed.shape == (4, 8), placed.shape
+assert len(placed.addressable_shards) == 2
+np.testing.assert_array_equal(multihost_utils.process_allgather(placed, tiled=True), tokens)
+jax.distributed.shutdown()
+"""
+
+
+def run_processes(spec_path: Path, num_processes: int) -> list[subprocess.CompletedProcess]:
+    command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
+    if num_processes == 1:
+        return run_each([command], devices=4)
+    command += ["--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", str(num_processes)]
+    return run_each(
+        [command + ["--process-id", str(i)] for i in range(num_processes)],
+        devices=4 // num_processes,
+    )
+
+
+def run_each(commands: list[list[str]], devices: int) -> list[subprocess.CompletedProcess]:
+    """Starts every command at once (one process each), then waits for all of them."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    }
+    processes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for command in commands
+    ]
+    results = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_each_process_places_its_rows_of_one_global_batch() -> None:
+    coordinator = f"127.0.0.1:{free_port()}"
+    commands = [[sys.executable, "-c", SHARD_BATCH_SCRIPT, coordinator, str(i)] for i in (0, 1)]
+    results = run_each(commands, devices=2)
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
+
+
+@pytest.fixture(scope="module")
+def spec_paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("multihost")
+    train = build_tiny_cache(root / "caches", "tokenized/a", 150, seed=0)
+    validation = build_tiny_cache(root / "caches", "tokenized/val", 30, seed=2)
+    evals = {"tasks": [{"name": EVAL_TASK, "num_fewshot": 0, "alias": "mc"}], "every": NUM_STEPS,
+             "task_paths": [str(write_eval_task(root / "tasks"))]}  # fmt: skip
+    paths = {}
+    for name in ("one-process", "two-processes"):
+        spec = make_spec(
+            root / name, {"tokenized/a": train}, {"tokenized/val": validation},
+            **{"config.num_train_steps": NUM_STEPS, "config.evals": evals,
+               "runtime.mesh": {"data": 2, "fsdp": 2, "tensor": 1},
+               "runtime.validation_every": 4, "runtime.checkpointer.every": 4},
+        )  # fmt: skip
+        paths[name] = root / f"{name}.json"
+        paths[name].write_text(json.dumps(spec))
+    return paths
+
+
+def test_two_processes_train_like_one_and_resume(spec_paths: dict[str, Path]) -> None:
+    [single] = run_processes(spec_paths["one-process"], 1)
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    spec = json.loads(spec_paths["two-processes"].read_text())
+    spec["runtime"]["max_steps_this_run"] = STOP_AFTER
+    stopping = spec_paths["two-processes"].with_name("stopping.json")
+    stopping.write_text(json.dumps(spec))
+    first = run_processes(stopping, 2)
+    assert [r.returncode for r in first] == [3, 3], [r.stderr[-3000:] for r in first]
+    second = run_processes(spec_paths["two-processes"], 2)
+    assert [r.returncode for r in second] == [0, 0], [r.stderr[-3000:] for r in second]
+    assert "resumed from" in second[1].stdout + second[1].stderr  # each process restored
+
+    one, two = (Path(json.loads(p.read_text())["output_path"]) for p in spec_paths.values())
+    records = {run: read_jsonl(run / "metrics.jsonl") for run in (one, two)}
+    train_losses = {
+        run: [(r["step"], r["train/loss"]) for r in lines if "train/loss" in r]
+        for run, lines in records.items()
+    }
+    # One line per step: process 1 wrote nothing, and the resumed run continued from step 5.
+    assert [step for step, _ in train_losses[two]] == list(range(1, NUM_STEPS + 1))
+    np.testing.assert_allclose(
+        [loss for _, loss in train_losses[two]], [loss for _, loss in train_losses[one]], rtol=1e-5
+    )
+    final = {run: json.loads((run / "summary.json").read_text()) for run in (one, two)}
+    for key in ("eval/macro_loss", "lm_eval/mc/acc"):
+        assert final[two][key] == pytest.approx(final[one][key], rel=1e-5), key
+    assert final[two]["checkpoint"].endswith(f"checkpoints/step-{NUM_STEPS}")
+    assert json.loads((two / "config.json").read_text())["process_count"] == 2
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--coordinator", "127.0.0.1:1"], "needs --num-processes and --process-id"),
+        (["--num-processes", "2", "--process-id", "0"], "go with --coordinator HOST:PORT"),
+        (["--coordinator", "auto", "--process-id", "1"], "go with --coordinator HOST:PORT"),
+    ],
+)
+def test_incomplete_multihost_flags_are_refused(flags: list[str], message: str, capsys) -> None:
+    from kiln.train.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["spec.json", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
