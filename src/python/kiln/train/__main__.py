@@ -50,7 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.train.spec import SpecError, load_spec
     from kiln.train.trainer import TrainingError, TrainingInterrupted, train
 
-    distributed = _start_distributed(args)
+    try:
+        distributed = _start_distributed(args)
+    except (ValueError, RuntimeError) as e:  # no cluster found, coordinator unreachable, ...
+        print(
+            f"kiln.train: error: cannot join the multi-host run ({str(e).splitlines()[0]}); "
+            "give --coordinator HOST:PORT --num-processes N --process-id I, or run --coordinator "
+            "auto where jax can detect the cluster (TPU pods, SLURM)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         summary = train(load_spec(args.spec))
     except (SpecError, KilnDataError, MixtureError) as e:

@@ -144,6 +144,13 @@ def test_two_processes_train_like_one_and_resume(spec_paths: dict[str, Path]) ->
     assert json.loads((two / "config.json").read_text())["process_count"] == 2
 
 
+def test_auto_without_a_cluster_is_a_clear_error() -> None:
+    result = run_each([[sys.executable, "-m", "kiln.train", "spec.json", "--coordinator", "auto"]], 1)
+    assert result[0].returncode == 1, result[0].stderr[-2000:]
+    assert "cannot join the multi-host run (coordinator_address" in result[0].stderr
+    assert "Traceback" not in result[0].stderr
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
