@@ -124,14 +124,14 @@ class Checkpointer:
         return infos[-1] if infos else None
 
     def remove_incomplete(self) -> list[Path]:
-        """Deletes step folders without metadata.json (saves that were killed midway)."""
-        if not self._is_writer:
-            barrier("kiln: incomplete checkpoints removed")
-            return []
-        removed = [p for p in self._step_dirs() if read_checkpoint(p) is None]
-        for path in removed:
-            log.warning("removing incomplete checkpoint %s (its save did not finish)", path)
-            shutil.rmtree(path, ignore_errors=True)
+        """Deletes step folders without metadata.json (saves that were killed midway); process 0
+        deletes, and every process waits for it."""
+        removed = []
+        if self._is_writer:
+            removed = [p for p in self._step_dirs() if read_checkpoint(p) is None]
+            for path in removed:
+                log.warning("removing incomplete checkpoint %s (its save did not finish)", path)
+                shutil.rmtree(path, ignore_errors=True)
         barrier("kiln: incomplete checkpoints removed")
         return removed
 

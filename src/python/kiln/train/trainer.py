@@ -469,12 +469,10 @@ class Trainer:
         signum = any_signal or None
         if kind != "permanent":  # permanent saves follow the step number: all agree already
             kind = "temporary" if wants_temporary else None
-        saved = None
         if kind is not None:
             saved = self.checkpointer.save(step, self.state, temporary=kind == "temporary")
-        if saved is not None:
             self.last_checkpoint = saved
-            kind = "temporary" if saved.is_temporary else "permanent"
+            kind = "temporary" if saved.is_temporary else "permanent"  # it may have been promoted
             self.progress.message(f"saved {kind} checkpoint {saved.path}")
         if self.control is not None:
             self.control.update(
