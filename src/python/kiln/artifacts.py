@@ -28,6 +28,7 @@ from typing import Any
 RECORD_FILE = "artifact.json"
 SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed when it is served
 STATUS_FILE = "STATUS"
+TRAIN_SPEC_FILE = "train_spec.json"  # a checkpoint's trainer spec (docs/step-spec.md)
 LEASE_FILE = ".lease"
 
 SUCCESS = "SUCCESS"

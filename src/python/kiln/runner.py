@@ -12,11 +12,16 @@ The Pants backend has already built the input caches (cached processes) and plac
      with provenance, then STATUS last.
 A code-only change does not retrain a finished artifact: the record keeps the code digest it was
 built with, and a differing one is reported ("built by other code"), never silently discarded.
+
+Multi-host (`--coordinator ...`, the same command on every host, docs/training.md): every process
+serves or refuses alike; process 0 alone places the inputs, holds the lease and writes STATUS and
+the record; then all train and compute the report (both collectives), and process 0 writes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
@@ -30,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import artifacts
+from kiln.train import multihost
 
 STEP_VERSION = 1
 
@@ -156,50 +162,92 @@ def place_inputs(step: dict[str, Any], inputs_root: Path, prefix: Path | None) -
     return paths
 
 
-def run_step(step: dict[str, Any], inputs_root: Path, output: Path, prefix: Path | None) -> int:
+def run_step(
+    step: dict[str, Any],
+    inputs_root: Path,
+    output: Path,
+    prefix: Path | None,
+    cluster: multihost.Cluster = multihost.ALONE,
+) -> int:
+    """Serves, refuses or builds the step at `output`. In a multi-host run every process calls
+    this; process 0 alone places the inputs, holds the lease and writes STATUS and the record."""
     record = step["record"]
     ref = f"{record['name']}@{record['version']}"
-    mutable = record["version"] == "dev" or record["version"].endswith("-dev")
-    stored = None if mutable else check_drift(output, record)
+    stored = None if _is_mutable(record) else check_drift(output, record)
     if stored is not None and artifacts.is_built(output):
-        print(f"kiln: {ref} is already built at {output} (fingerprint {record['fingerprint']}).")
-        built_by = stored.get("provenance", {}).get("code_digest")
-        now = step.get("provenance", {}).get("code_digest")
-        if built_by and now and built_by != now:
-            print(
-                f"kiln: note: it was built by other code (runtime digest {built_by[:12]}, now "
-                f"{now[:12]}); the code is not part of its identity, so it is kept. Bump "
-                "`version` to retrain with the current code."
-            )
-        _print_report(output)
+        _serve(step, stored, output)
         return 0
+    with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
+        failure = None
+        if process_index == 0:
+            try:
+                _start_run(step, inputs_root, output, prefix, held)
+            except StepError as e:
+                failure = e
+        if cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
+            failure = failure or StepError(f"process 0 could not start {ref}; its output says why")
+        if failure is not None:
+            raise failure
+        from kiln.report.run_summary import write_run_summary
+        from kiln.train.__main__ import run_training
 
+        exit_code = run_training(output / artifacts.TRAIN_SPEC_FILE, quiet=True)
+        if exit_code == 0:
+            summary = write_run_summary(output)  # on every process: sampling is a collective
+            if process_index == 0:
+                artifacts.write_status(output, artifacts.SUCCESS)
+                print(f"kiln: built {ref} at {output}\n{summary}")
+        elif exit_code in (1, 2) and process_index == 0:
+            artifacts.write_status(output, artifacts.FAILED)
+        return exit_code
+
+
+def _start_run(
+    step: dict[str, Any], inputs_root: Path, output: Path, prefix: Path | None,
+    held: contextlib.ExitStack,
+) -> None:
+    """Places the inputs, takes the artifact's lease into `held` (a second run is refused at
+    once) and writes STATUS RUNNING, the record and the train spec."""
+    record = step["record"]
     paths = place_inputs(step, inputs_root, prefix)
     output.mkdir(parents=True, exist_ok=True)
     try:
-        with artifacts.lease(output, wait=False):
-            if mutable and artifacts.is_built(output):
-                shutil.rmtree(output / "checkpoints", ignore_errors=True)
-            artifacts.write_status(output, artifacts.RUNNING)
-            artifacts.atomic_write_json(
-                output / artifacts.RECORD_FILE, {**record, "provenance": _provenance(step)}
-            )
-            spec_path = output / "train_spec.json"
-            artifacts.atomic_write_json(spec_path, train_spec(step, output, paths, inputs_root))
-            from kiln.train.__main__ import main as train_main
-
-            exit_code = train_main([str(spec_path), "--quiet"])
-            if exit_code == 0:
-                from kiln.report.run_summary import write_run_summary
-
-                summary = write_run_summary(output)
-                artifacts.write_status(output, artifacts.SUCCESS)
-                print(f"kiln: built {ref} at {output}\n{summary}")
-            elif exit_code in (1, 2):
-                artifacts.write_status(output, artifacts.FAILED)
-            return exit_code
+        held.enter_context(artifacts.lease(output, wait=False))
     except artifacts.LeaseHeld as e:
-        raise StepError(f"{e} A second run of {ref} is refused; nothing was changed.") from None
+        raise StepError(
+            f"{e} A second run of {record['name']}@{record['version']} is refused; nothing was "
+            "changed."
+        ) from None
+    if _is_mutable(record) and artifacts.is_built(output):
+        shutil.rmtree(output / "checkpoints", ignore_errors=True)  # a built dev run starts over
+    artifacts.write_status(output, artifacts.RUNNING)
+    artifacts.atomic_write_json(
+        output / artifacts.RECORD_FILE, {**record, "provenance": _provenance(step)}
+    )
+    spec = train_spec(step, output, paths, inputs_root)
+    artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec)
+
+
+def _is_mutable(record: dict[str, Any]) -> bool:
+    """A dev version is rebuilt on every run instead of served."""
+    return record["version"] == "dev" or record["version"].endswith("-dev")
+
+
+def _serve(step: dict[str, Any], stored: dict[str, Any], output: Path) -> None:
+    record = step["record"]
+    print(
+        f"kiln: {record['name']}@{record['version']} is already built at {output} "
+        f"(fingerprint {record['fingerprint']})."
+    )
+    built_by = stored.get("provenance", {}).get("code_digest")
+    now = step.get("provenance", {}).get("code_digest")
+    if built_by and now and built_by != now:
+        print(
+            f"kiln: note: it was built by other code (runtime digest {built_by[:12]}, now "
+            f"{now[:12]}); the code is not part of its identity, so it is kept. Bump "
+            "`version` to retrain with the current code."
+        )
+    _print_report(output)
 
 
 def _print_report(output: Path) -> None:
@@ -269,6 +317,7 @@ def _parser() -> argparse.ArgumentParser:
     overrides.add_argument(
         "--batch-size", type=int, help="scratch runs only (needs --output): throughput checks"
     )
+    multihost.add_flags(parser)
     return parser
 
 
@@ -293,11 +342,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.output is None and args.prefix is None:
         parser.error("give --prefix (artifact store) or --output")
+    cluster = multihost.cluster_from_flags(parser, args)
     output = args.output or args.prefix / step["name"] / step["version"]
     try:
         step = apply_overrides(step, args)
-        return run_step(step, args.inputs, output.absolute(), None if args.output else args.prefix)
-    except StepError as e:
+        prefix = None if args.output else args.prefix
+        return run_step(step, args.inputs, output.absolute(), prefix, cluster)
+    except (StepError, multihost.JoinError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
 

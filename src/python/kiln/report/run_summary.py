@@ -22,16 +22,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
-from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
+from kiln.artifacts import SUMMARY_TEXT_FILE, TRAIN_SPEC_FILE, atomic_write_text
 from kiln.data.cache import TokenCache
 from kiln.data.errors import KilnDataError
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo
 from kiln.train.spec import TrainSpec, load_spec
 from kiln.train.trainer import PLOT_FILE, SUMMARY_FILE, TrainingError, open_caches
 
-SPEC_FILE = "train_spec.json"
 NUM_SAMPLES = 3
 PROMPT_TOKENS = 24
 NEW_TOKENS = 40
@@ -42,15 +42,17 @@ REPO_MARKER = "pants.toml"
 
 def write_run_summary(output_path: Path) -> str:
     """Computes the summary of the finished run at `output_path`, writes it atomically to
-    output_path/summary.txt and returns it."""
+    output_path/summary.txt and returns it. In a multi-host run every process computes it (the
+    restore and the sampling are collectives) and process 0 writes it."""
     output_path = Path(output_path)
     text = format_run_summary(output_path)
-    atomic_write_text(output_path / SUMMARY_TEXT_FILE, text)
+    if jax.process_index() == 0:
+        atomic_write_text(output_path / SUMMARY_TEXT_FILE, text)
     return text
 
 
 def format_run_summary(output_path: Path) -> str:
-    spec = load_spec(output_path / SPEC_FILE)
+    spec = load_spec(output_path / TRAIN_SPEC_FILE)
     summary = json.loads((output_path / SUMMARY_FILE).read_text())
     checkpointer = Checkpointer.from_spec(
         output_path, spec.runtime.checkpointer, name=spec.name, version=spec.version

@@ -16,6 +16,9 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
+
+from kiln.train import multihost
 
 EXIT_STOPPED_EARLY = 3
 
@@ -24,23 +27,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kiln.train", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("spec", help="the step spec JSON (docs/step-spec.md)")
+    parser.add_argument("spec", type=Path, help="the step spec JSON (docs/step-spec.md)")
     parser.add_argument(
         "--quiet", action="store_true", help="do not print the summary JSON (the caller reports)"
     )
-    parser.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT|auto",
-        help="multi-host: process 0's address (every process gives the same), or auto",
-    )
-    parser.add_argument("--num-processes", type=int, help="multi-host: how many processes")
-    parser.add_argument("--process-id", type=int, help="multi-host: this process, 0-based")
+    multihost.add_flags(parser)
     args = parser.parse_args(argv)
-    explicit = (args.num_processes, args.process_id)
-    if args.coordinator not in (None, "auto") and None in explicit:
-        parser.error("--coordinator HOST:PORT needs --num-processes and --process-id")
-    if args.coordinator in (None, "auto") and explicit != (None, None):
-        parser.error("--num-processes and --process-id go with --coordinator HOST:PORT")
+    cluster = multihost.cluster_from_flags(parser, args)
+    try:
+        with multihost.joined(cluster):
+            return run_training(args.spec, quiet=args.quiet)
+    except multihost.JoinError as e:
+        print(f"kiln.train: error: {e}", file=sys.stderr)
+        return 1
+
+
+def run_training(spec_path: Path, *, quiet: bool) -> int:
+    """Trains the run `spec_path` describes (on every process of a multi-host run); returns the
+    exit code, with expected failures printed as one paragraph."""
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kiln").setLevel(logging.INFO)
@@ -51,17 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from kiln.train.trainer import TrainingError, TrainingInterrupted, train
 
     try:
-        distributed = _start_distributed(args)
-    except (ValueError, RuntimeError) as e:  # no cluster found, coordinator unreachable, ...
-        print(
-            f"kiln.train: error: cannot join the multi-host run ({str(e).splitlines()[0]}); "
-            "give --coordinator HOST:PORT --num-processes N --process-id I, or run --coordinator "
-            "auto where jax can detect the cluster (TPU pods, SLURM)",
-            file=sys.stderr,
-        )
-        return 1
-    try:
-        summary = train(load_spec(args.spec))
+        summary = train(load_spec(spec_path))
     except (SpecError, KilnDataError, MixtureError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1
@@ -72,12 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kiln.train: interrupted before a checkpoint could be saved", file=sys.stderr)
         return 130
-    finally:
-        if distributed:  # every process leaves together: none tears down a collective in use
-            import jax
-
-            jax.distributed.shutdown()
-    if not args.quiet:
+    if not quiet:
         print(json.dumps(summary, indent=2, sort_keys=True))
     if not summary["complete"]:
         print(
@@ -87,21 +76,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return EXIT_STOPPED_EARLY
     return 0
-
-
-def _start_distributed(args: argparse.Namespace) -> bool:
-    """Joins the multi-process jax runtime when --coordinator is given; True if it did."""
-    if args.coordinator is None:
-        return False
-    import jax
-
-    # CPU hosts need a collectives backend across processes; GPUs and TPUs bring their own.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    if args.coordinator == "auto":
-        jax.distributed.initialize()
-    else:
-        jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-    return True
 
 
 if __name__ == "__main__":

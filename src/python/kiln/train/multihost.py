@@ -1,26 +1,111 @@
-"""Agreement between the processes of a multi-host run (one jax runtime over several hosts).
+"""Multi-host runs: one jax runtime over the processes of several hosts.
 
-Every process runs the same program, and every collective (a train step, an orbax save) must be
-entered by all of them. Decisions that read per-process state (a clock, a signal, a control
-request, the file system) are therefore agreed on before they start a collective. With one
-process these are no-ops.
+Joining: every host runs the same command with `--coordinator HOST:PORT --num-processes N
+--process-id I` (process 0's address and a free port), or `--coordinator auto` where jax detects
+the cluster itself (TPU pods, SLURM, ...); `joined` starts jax.distributed and leaves it.
+
+Agreeing: every process runs the same program, and every collective (a train step, an orbax
+save) must be entered by all of them. Decisions that read per-process state (a clock, a signal, a
+control request, the file system) are therefore agreed on before they start a collective. With
+one process these are no-ops.
+
+jax is imported on use: the flags are parsed, and a built artifact served, before it loads.
 """
 
 from __future__ import annotations
 
-import jax
-import numpy as np
-from jax.experimental import multihost_utils
+import argparse
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class JoinError(RuntimeError):
+    """This process could not join the multi-host run (one paragraph, names the flags)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """How this process joins a run; no coordinator: it runs alone."""
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+    @property
+    def is_multihost(self) -> bool:
+        return self.coordinator is not None
+
+
+ALONE = Cluster()
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("multi-host runs (the same command on every host)")
+    group.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT|auto",
+        help="process 0's address (every process gives the same), or auto",
+    )
+    group.add_argument("--num-processes", type=int, help="how many processes")
+    group.add_argument("--process-id", type=int, help="this process, 0-based")
+
+
+def cluster_from_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Cluster:
+    """The Cluster the flags of `add_flags` describe; a parser error when they are incomplete."""
+    explicit = (args.num_processes, args.process_id)
+    if args.coordinator not in (None, "auto") and None in explicit:
+        parser.error("--coordinator HOST:PORT needs --num-processes and --process-id")
+    if args.coordinator in (None, "auto") and explicit != (None, None):
+        parser.error("--num-processes and --process-id go with --coordinator HOST:PORT")
+    return Cluster(args.coordinator, args.num_processes, args.process_id)
+
+
+@contextmanager
+def joined(cluster: Cluster) -> Iterator[int]:
+    """Joins the run (nothing to do alone) and yields this process's index; on the way out,
+    every process leaves together, so none tears down a collective another is still in."""
+    if not cluster.is_multihost:
+        yield 0
+        return
+    import jax
+
+    # CPU hosts need a collectives backend across processes; GPUs and TPUs bring their own.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        if cluster.coordinator == "auto":
+            jax.distributed.initialize()
+        else:
+            jax.distributed.initialize(
+                cluster.coordinator, cluster.num_processes, cluster.process_id
+            )
+    except (ValueError, RuntimeError) as e:  # no cluster found, coordinator unreachable, ...
+        raise JoinError(
+            f"cannot join the multi-host run ({str(e).splitlines()[0]}); give --coordinator "
+            "HOST:PORT --num-processes N --process-id I, or run --coordinator auto where jax can "
+            "detect the cluster (TPU pods, SLURM)"
+        ) from None
+    try:
+        yield jax.process_index()
+    finally:
+        jax.distributed.shutdown()
 
 
 def barrier(name: str) -> None:
     """Returns once every process has reached the barrier `name`."""
+    import jax
+    from jax.experimental import multihost_utils
+
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices(name)
 
 
 def agree_max(values: list[int]) -> list[int]:
     """Element-wise maximum over all processes of each process's `values` (flags: any process)."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
     if jax.process_count() == 1:
         return list(values)
     gathered = multihost_utils.process_allgather(np.asarray(values, np.int64))

@@ -35,7 +35,7 @@ from kiln.train.metrics import (
     peak_flops_per_device,
     wandb_run_id,
 )
-from kiln.train.multihost import agree_max
+from kiln.train.multihost import agree_max, barrier
 from kiln.train.progress import Progress, make_progress
 from kiln.train.spec import DatasetInput, Resources, TrainSpec
 
@@ -520,6 +520,7 @@ class Trainer:
             if complete:
                 record = {"config": self.resolved_config(), "summary": summary}
                 atomic_write_text(self.output / TRACKER_FILE, _json_line(record))
+        barrier("run files written")  # what follows on any process (the report) may read them
         return summary
 
     def _summary(self, started: float, end_step: int, complete: bool) -> dict[str, Any]:

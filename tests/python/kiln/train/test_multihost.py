@@ -10,14 +10,13 @@ process 0 writes the run's files.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from kiln_testing.multihost import free_port, multihost_flags, run_each
 from kiln_testing.training import (
     EVAL_TASK,
     build_tiny_cache,
@@ -53,36 +52,10 @@ def run_processes(spec_path: Path, num_processes: int) -> list[subprocess.Comple
     command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
     if num_processes == 1:
         return run_each([command], devices=4)
-    command += ["--coordinator", f"127.0.0.1:{free_port()}", "--num-processes", str(num_processes)]
     return run_each(
-        [command + ["--process-id", str(i)] for i in range(num_processes)],
+        [command + flags for flags in multihost_flags(num_processes)],
         devices=4 // num_processes,
     )
-
-
-def run_each(commands: list[list[str]], devices: int) -> list[subprocess.CompletedProcess]:
-    """Starts every command at once (one process each), then waits for all of them."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    }
-    processes = [
-        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for command in commands
-    ]
-    results = []
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=300)
-        results.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
-    return results
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_each_process_places_its_rows_of_one_global_batch() -> None:

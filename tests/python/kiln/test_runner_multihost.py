@@ -1,0 +1,98 @@
+"""`python -m kiln.runner` as a multi-host run on one machine: two runner processes (the same
+command on every "host", two CPU devices each) build one checkpoint artifact.
+
+Process 0 alone holds the lease and writes the record and STATUS; both train and compute the
+end-of-run report (restore and sampling are collectives); a second run serves the built artifact
+on every process without joining; when process 0 cannot start, no process trains.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kiln_testing.multihost import multihost_flags, run_each
+from kiln_testing.training import build_tiny_cache, make_spec, read_jsonl
+
+from kiln import artifacts
+
+NUM_STEPS = 6
+
+
+def write_step(root: Path) -> Path:
+    """A step JSON as the Pants backend writes it (docs/step-spec.md), its inputs under root."""
+    caches = {
+        "tokenized/a": build_tiny_cache(root, "tokenized/a", 120, seed=0),
+        "tokenized/val": build_tiny_cache(root, "tokenized/val", 30, seed=2),
+    }
+    spec = make_spec(
+        root / "unused", {"tokenized/a": caches["tokenized/a"]},
+        {"tokenized/val": caches["tokenized/val"]},
+        **{"config.num_train_steps": NUM_STEPS, "runtime.mesh": {"data": 2, "fsdp": 2, "tensor": 1},
+           "runtime.checkpointer.every": 3},
+    )  # fmt: skip
+    entries = spec["config"]["datasets"] + spec["config"]["validation"]
+    inputs: list[dict[str, Any]] = [
+        {"ref": f"{e['name']}@{e['version']}", "name": e["name"], "version": e["version"],
+         "record": {}, "location": caches[e["name"]].name}
+        for e in entries
+    ]  # fmt: skip
+    identity = {"kind": "lm_checkpoint", "config": spec["config"]}
+    step = {
+        "step_version": 1, "kind": "lm_checkpoint", "name": spec["name"],
+        "version": spec["version"], "fingerprint": spec["fingerprint"],
+        "record": {"name": spec["name"], "version": spec["version"],
+                   "fingerprint": spec["fingerprint"], "identity": identity},
+        "config": spec["config"], "runtime": spec["runtime"], "inputs": inputs,
+        "provenance": {"code_digest": "a" * 64},
+    }  # fmt: skip
+    path = root / "step.json"
+    path.write_text(json.dumps(step))
+    return path
+
+
+def run_runners(step: Path, output: Path) -> list[subprocess.CompletedProcess]:
+    command = [sys.executable, "-m", "kiln.runner", str(step), "--inputs", str(step.parent)]
+    command += ["--output", str(output)]
+    return run_each([command + flags for flags in multihost_flags(2)], devices=2)
+
+
+@pytest.fixture(scope="module")
+def step_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_step(tmp_path_factory.mktemp("runner-multihost"))
+
+
+def test_two_runner_processes_build_one_artifact(step_path: Path) -> None:
+    output = step_path.parent / "built"
+    results = run_runners(step_path, output)
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
+    assert (output / artifacts.STATUS_FILE).read_text().strip() == artifacts.SUCCESS
+    assert "kiln: built checkpoints/tiny@" in results[0].stdout
+    assert "kiln: built" not in results[1].stdout  # process 0 reports
+    losses = [r["step"] for r in read_jsonl(output / "metrics.jsonl") if "train/loss" in r]
+    assert losses == list(range(1, NUM_STEPS + 1))  # one writer
+    summary = (output / artifacts.SUMMARY_TEXT_FILE).read_text()
+    assert f"Samples from step-{NUM_STEPS}" in summary, summary  # sampled across both processes
+    record = json.loads((output / artifacts.RECORD_FILE).read_text())
+    argv = record["provenance"]["argv"]
+    assert argv[argv.index("--process-id") + 1] == "0"  # process 0 wrote it
+
+    served = run_runners(step_path, output)
+    assert [r.returncode for r in served] == [0, 0], [r.stderr[-3000:] for r in served]
+    assert all("is already built" in r.stdout and summary in r.stdout for r in served)
+
+
+def test_no_process_trains_when_process_0_cannot_start(step_path: Path) -> None:
+    output = step_path.parent / "leased"
+    output.mkdir()
+    with artifacts.lease(output, wait=False):  # another run of this artifact is under way
+        results = run_runners(step_path, output)
+    assert [r.returncode for r in results] == [1, 1], [r.stderr[-3000:] for r in results]
+    assert "A second run of checkpoints/tiny@2026.11.29 is refused" in results[0].stderr
+    assert "process 0 could not start checkpoints/tiny@2026.11.29" in results[1].stderr
+    assert not (output / artifacts.STATUS_FILE).exists()
+    assert not (output / "checkpoints").exists()
