@@ -178,11 +178,11 @@ def run_step(
         _serve(step, stored, output)
         return 0
     with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
-        failure = None
+        failure: Exception | None = None
         if process_index == 0:
             try:
                 _start_run(step, inputs_root, output, prefix, held)
-            except StepError as e:
+            except Exception as e:  # noqa: BLE001 - raised below, once the others know
                 failure = e
         if cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
             failure = failure or StepError(f"process 0 could not start {ref}; its output says why")
