@@ -51,14 +51,15 @@ CANDIDATES = {
         (64, 128, 4, 3),
         (128, 128, 8, 4),
     ],
-    # The Mosaic GPU forward: (rows per compute warpgroup, K/V tile, K/V tiles in flight).
+    # The Mosaic GPU forward: (rows per compute warpgroup, K/V tile, K/V tiles in flight, p from
+    # registers). At d=128 a ring of 3 tiles of 128 does not fit beside the q tiles.
     "hopper": [
-        (64, 128, 2),
-        (64, 64, 2),
-        (64, 64, 3),
-        (64, 128, 3),
-        (64, 64, 4),
-        (64, 256, 2),
+        (64, 128, 2, True),
+        (64, 128, 2, False),
+        (64, 64, 3, True),
+        (64, 64, 4, True),
+        (64, 64, 2, False),
+        (64, 64, 4, False),
     ],
     "dkv": [
         (64, 64, 4, 2),
@@ -90,7 +91,7 @@ CANDIDATES = {
 MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "dq": 3, "fused": 5}
 FIELDS = {
     "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
-    "hopper": ("block_q", "block_kv", "num_stages_fwd"),
+    "hopper": ("block_q", "block_kv", "num_stages_fwd", "hopper_p_in_registers"),
     "dkv": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
     "fused": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),

@@ -56,6 +56,8 @@ class BlockSizes:
     flash_attention_hopper.py; block_q is then each compute warpgroup's rows (a program owns
     two q tiles), num_stages_fwd the K/V tiles in flight, and num_warps_fwd is unused (three
     warpgroups). fp32 inputs keep the Triton forward with the same fields.
+    hopper_p_in_registers: the Hopper forward's p v step takes p from registers (FlashAttention-3's
+    form) instead of through SMEM; on a GPU only: interpret mode always runs the SMEM form.
     """
 
     block_q: int = 64
@@ -72,6 +74,7 @@ class BlockSizes:
     num_stages_dq: int = 2
     fused_dq: bool = False
     hopper_forward: bool = False
+    hopper_p_in_registers: bool = False
 
     def __post_init__(self) -> None:
         for name in _BLOCK_FIELDS:
@@ -250,6 +253,7 @@ def _hopper_config(config: _KernelConfig) -> HopperForwardConfig:
         block_q=blocks.block_q,
         block_kv=blocks.block_kv,
         stages=blocks.num_stages_fwd,
+        p_in_registers=blocks.hopper_p_in_registers and not config.interpret,
         interpret=config.interpret,
     )
 

@@ -13,10 +13,14 @@ scaled logits), so both forwards share the backward kernels. Differences from ja
   is shifted by 0, not by its -inf max (no NaN). The Triton kernel's finite MASK_VALUE would
   not do here: the scale-and-subtract is one fused multiply-add, whose rounding of a huge
   masked logit differs from the rounded max it is measured against;
-- p reaches the p v wgmma through SMEM rather than registers, and each p v product starts a
-  fresh accumulator that is folded into the running one with one multiply-add: Pallas' GPU
-  interpret mode takes wgmma operands from memory only and has no rule for accumulator
-  run_state, and this way the CPU tests check the very kernel the GPU runs;
+- two forms of the p v step. By default p reaches the wgmma through SMEM, and each p v product
+  starts a fresh accumulator that is folded into the running one with one multiply-add: Pallas'
+  GPU interpret mode takes wgmma operands from memory only and has no rule for accumulator
+  run_state, so this is the form the CPU tests check. With `p_in_registers` (GPU only) p stays
+  in registers and the running accumulator is updated in place, as in FlashAttention-3 and
+  jax's kernel: no 16 KiB SMEM store and fence per tile, one accumulator fewer, p's SMEM freed.
+  That form differs in those few lines only; lowering checks it on CPU and the tuner checks its
+  output against the fp32 reference on the device before timing it;
 - every barrier phase is waited on by the threads that share it (the memory warpgroup drains
   its ring, a warpgroup that finishes early still takes its unused slots), which the
   interpreter's barrier checks require;
@@ -48,12 +52,18 @@ class HopperForwardConfig:
     block_q: int  # Rows per compute warpgroup; a program owns COMPUTE_WARPGROUPS * block_q.
     block_kv: int
     stages: int  # K/V tiles in flight (SMEM ring slots), >= 2 for double buffering.
+    p_in_registers: bool  # p v takes p from registers, in place; else through SMEM (interpretable).
     interpret: bool
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv"):
             if getattr(self, name) % WGMMA_ROWS:
                 raise ValueError(f"Hopper forward: {name} must be a multiple of {WGMMA_ROWS}")
+        if self.p_in_registers and self.interpret:
+            raise ValueError(
+                "Hopper forward: GPU interpret mode takes wgmma operands from SMEM only; "
+                "interpret with p_in_registers=False"
+            )
 
     @property
     def program_rows(self) -> int:
@@ -84,14 +94,14 @@ def hopper_forward(
     config = dataclasses.replace(config, stages=stages)
     # 16-bit tiles: (8, 64) tiling with the 128-byte swizzle is what wgmma reads.
     transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
+    p_shape = (COMPUTE_WARPGROUPS, config.block_q, config.block_kv)
+    p_smem = () if config.p_in_registers else (plgpu.SMEM(p_shape, q.dtype, transforms=transforms),)
     scratch = (
         plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q, head_dim), q.dtype, transforms=transforms),
         plgpu.SMEM((stages, config.block_kv, head_dim), q.dtype, transforms=transforms),
         plgpu.SMEM((stages, config.block_kv, head_dim), q.dtype, transforms=transforms),
-        plgpu.SMEM(
-            (COMPUTE_WARPGROUPS, config.block_q, config.block_kv), q.dtype, transforms=transforms
-        ),
         plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q), jnp.float32),
+        *p_smem,  # p, on its way to the p v wgmma
     )
     barriers = (
         plgpu.Barrier(num_barriers=stages),  # K tile landed
@@ -147,7 +157,7 @@ def _kernel(
     *,
     config: HopperForwardConfig,
 ):
-    q_smem, k_smem, v_smem, p_smem, lse_smem = scratch
+    q_smem, k_smem, v_smem, lse_smem, *p_smem = scratch
     num_programs = q_ref.shape[1] // config.program_rows
     program_row = (num_programs - 1 - lax.axis_index("q_seq")) * config.program_rows
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
@@ -169,7 +179,7 @@ def _kernel(
             q_smem.at[wg],
             k_smem,
             v_smem,
-            p_smem.at[wg],
+            p_smem[0].at[wg] if p_smem else None,
             lse_smem.at[wg],
             (k_landed, v_landed, q_landed.at[wg], k_free, v_free, turn),
             q_start=program_row + wg * config.block_q,
@@ -312,24 +322,37 @@ def _compute_warpgroup(
         correction = jnp.exp2(row_max - shift)
         probs = jnp.exp2(logits * config.logit_scale - row_vector(shift, logits.shape))
         row_sum = row_sum * correction + probs.sum(axis=1)
-        p_smem[...] = probs.astype(p_smem.dtype)
-        plgpu.commit_smem()
+        if p_smem is None:  # p stays in registers; acc is rescaled now and accumulated in place
+            acc = acc * row_vector(correction, acc.shape)
+            p = probs.astype(v_smem.dtype)
+            # As in jax's attention_mgpu: the softmax finishes before the turn is handed over.
+            acc, row_sum, new_max, p = lax.optimization_barrier((acc, row_sum, new_max, p))
+        else:
+            p_smem[...] = probs.astype(p_smem.dtype)
+            plgpu.commit_smem()
+            p = p_smem
         plgpu.barrier_arrive(turn)  # Softmax done: the other warpgroup may finish its turn.
         plgpu.barrier_wait(v_landed.at[slot])
         plgpu.barrier_wait(turn)  # Wait until the tensor cores are ours again.
 
         def p_v(acc_ref):
-            plgpu.wgmma(acc_ref, p_smem, v_smem.at[slot])
+            plgpu.wgmma(acc_ref, p, v_smem.at[slot])
 
             @pl.when(tile + 1 < num_tiles)
             def _():
                 plgpu.barrier_wait(k_landed.at[lax.rem(tile + 1, stages)])
 
+        def p_v_fresh(acc_ref):
+            p_v(acc_ref)
             return acc_ref[...]
 
-        pv = pl.run_scoped(p_v, plgpu.ACC((block_q, head_dim), jnp.float32))
+        if p_smem is None:
+            acc = pl.run_state(p_v)(plgpu.ACC.init(acc))
+        else:
+            pv = pl.run_scoped(p_v_fresh, plgpu.ACC((block_q, head_dim), jnp.float32))
+            acc = acc * row_vector(correction, acc.shape) + pv
         plgpu.barrier_arrive(v_free.at[slot])
-        return acc * row_vector(correction, acc.shape) + pv, new_max, row_sum
+        return acc, new_max, row_sum
 
     def skip_tile(tile, _):
         # Tiles the other warpgroup still needs: take them and release them so the ring keeps

@@ -220,18 +220,32 @@ def test_grouped_query_attention_never_repeats_kv() -> None:
 
 
 @pytest.mark.parametrize(
-    "with_grad, fused_dq, hopper_forward",
-    [(False, False, False), (True, False, False), (True, True, False), (True, False, True)],
-    ids=["forward", "forward+grad", "forward+grad-fused-dq", "forward+grad-hopper-forward"],
+    "with_grad, fused_dq, hopper",
+    [
+        (False, False, None),
+        (True, False, None),
+        (True, True, None),
+        (True, False, {"num_stages_fwd": 2}),
+        # p from registers: GPU only, so lowering is its check here.
+        (True, False, {"num_stages_fwd": 2, "hopper_p_in_registers": True}),
+    ],
+    ids=[
+        "forward",
+        "forward+grad",
+        "forward+grad-fused-dq",
+        "forward+grad-hopper-forward",
+        "forward+grad-hopper-forward-p-in-registers",
+    ],
 )
-def test_lowers_for_h200(with_grad: bool, fused_dq: bool, hopper_forward: bool) -> None:
+def test_lowers_for_h200(with_grad: bool, fused_dq: bool, hopper: dict | None) -> None:
     batch, seq_len, heads, kv_heads, dim = 2, 1000, 8, 2, 128  # 1000: exercises padding
     q = jax.ShapeDtypeStruct((batch, seq_len, heads, dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
     segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
     blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][dim], fused_dq=fused_dq, hopper_forward=False)
-    if hopper_forward:  # 64-row q tiles per warpgroup, 128-row K/V tiles: fits in SMEM
-        blocks = replace(blocks, hopper_forward=True, block_q=64, block_kv=128, num_stages_fwd=2)
+    hopper_forward = hopper is not None
+    if hopper_forward:  # 64-row q tiles per warpgroup, 128-row K/V tiles
+        blocks = replace(blocks, hopper_forward=True, block_q=64, block_kv=128, **hopper)
 
     def attention(q, k, v, segment_ids):
         return flash_attention(q, k, v, segment_ids, block_sizes=blocks)

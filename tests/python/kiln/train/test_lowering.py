@@ -33,13 +33,15 @@ ADAM = AdamConfig()
 
 
 H200 = "NVIDIA H200"
-# The two layouts the tuner can switch on (what benchmarks/train_step.py --block-sizes does).
+# The layouts the tuner can switch on (what benchmarks/train_step.py --block-sizes does); the
+# Hopper forward in its GPU-only form (p from registers), whose check here is lowering.
 HOPPER_FORWARD_FUSED_DQ = dataclasses.replace(
     flash_attention.TUNED_BLOCK_SIZES[H200][64],
     block_q=64,
     block_kv=128,
     num_stages_fwd=2,
     hopper_forward=True,
+    hopper_p_in_registers=True,
     fused_dq=True,
 )
 
