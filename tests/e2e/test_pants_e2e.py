@@ -2,14 +2,17 @@
 
 Build it, build it again (every process a cache hit), then change one identity field and edit the
 trainer's code: training reruns, tokenization (whose processes never see trainer code) stays a
-cache hit. Runs without pantsd, so each call also pays Pants' start-up.
+cache hit. A `store` cache builds in the artifact store. Two `pants run`s, one per "host", train
+the checkpoint as one multi-host run. Runs without pantsd, so each call also pays Pants' start-up.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
+import socket
 import subprocess
 import uuid
 from pathlib import Path
@@ -32,13 +35,13 @@ def copy_workspace(destination: Path) -> Path:
     return destination
 
 
+def pants_command(*args: str) -> list[str]:
+    return ["./pants", "--no-pantsd", "--stats-log", *args]
+
+
 def pants(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        ["./pants", "--no-pantsd", "--stats-log", *args],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=900,
+        pants_command(*args), cwd=repo, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -120,3 +123,42 @@ def test_store_mode_builds_in_the_artifact_store_and_resumes_there(tmp_path: Pat
     pants(repo, "package", "experiments/store_check:topics")  # the store serves it: no rewrite
     assert (cache / "ledger.json").stat().st_mtime_ns == ledger
     assert not list((cache.parent / ".2026.11.29.shards").glob("shard-*"))
+
+
+def test_two_pants_runs_train_one_checkpoint_as_a_multihost_run(tmp_path: Path) -> None:
+    """`pants run X -- --coordinator ...` on each "host" (here: two at once on one machine, one CPU
+    device each): one jax runtime, one artifact; process 0 holds the lease and writes STATUS."""
+    repo = copy_workspace(tmp_path)
+    coordinator = f"127.0.0.1:{unused_port()}"
+    runs = [
+        subprocess.Popen(
+            pants_command("run", TARGET, "--", "--coordinator", coordinator,
+                          "--num-processes", "2", "--process-id", str(i)),
+            cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        for i in (0, 1)
+    ]
+    outputs = [run.communicate(timeout=900) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err[-3000:] for _, err in outputs]
+    artifact = repo / "artifacts/checkpoints/ci_tiny/2026.11.29"
+    assert (artifact / "STATUS").read_text().strip() == "SUCCESS"
+    assert "kiln: built checkpoints/ci_tiny@2026.11.29" in outputs[0][0]
+    assert "kiln: built" not in outputs[1][0]
+    config = json.loads((artifact / "config.json").read_text())
+    assert config["process_count"] == 2 and config["devices"]["count"] == 2
+    argv = json.loads((artifact / "artifact.json").read_text())["provenance"]["argv"]
+    assert argv[argv.index("--process-id") + 1] == "0"
+    assert "Samples from step-20" in (artifact / "summary.txt").read_text()
+
+
+def unused_port() -> int:
+    """A free port below Linux's ephemeral range (32768-60999), so that no connection opened
+    while Pants builds can take it before the coordinator listens on it."""
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")
