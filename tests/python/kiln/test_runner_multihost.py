@@ -96,3 +96,13 @@ def test_no_process_trains_when_process_0_cannot_start(step_path: Path) -> None:
     assert "process 0 could not start checkpoints/tiny@2026.11.29" in results[1].stderr
     assert not (output / artifacts.STATUS_FILE).exists()
     assert not (output / "checkpoints").exists()
+
+
+def test_auto_without_a_cluster_is_a_clear_error(step_path: Path) -> None:
+    output = step_path.parent / "no-cluster"
+    command = [sys.executable, "-m", "kiln.runner", str(step_path), "--inputs", str(step_path.parent)]
+    [result] = run_each([[*command, "--output", str(output), "--coordinator", "auto"]], devices=1)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "kiln: error: cannot join the multi-host run" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not output.exists()  # nothing started
