@@ -386,8 +386,13 @@ def _compute_warpgroup(
     pl.when(first)(take_turn)
     acc, row_max, row_sum = carry
 
-    q_smem[...] = (acc / row_vector(row_sum, acc.shape)).astype(q_smem.dtype)
-    lse_smem[...] = row_max + jnp.log2(row_sum)
+    # A padded query row can see no key at all (not causal, segment ids: its segment is -1 and
+    # the padded keys are masked). Its out is 0 and its lse +inf, so that the backward gives
+    # every key probability 0 for it, where 0/0 and lse -inf gave NaN gradients.
+    no_keys = row_sum == 0.0
+    safe_sum = jnp.where(no_keys, 1.0, row_sum)
+    q_smem[...] = (acc / row_vector(safe_sum, acc.shape)).astype(q_smem.dtype)
+    lse_smem[...] = jnp.where(no_keys, jnp.inf, row_max + jnp.log2(safe_sum))
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, out_ref.at[q_rows])
     plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[q_rows])

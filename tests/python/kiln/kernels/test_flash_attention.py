@@ -83,9 +83,10 @@ CASES = {
         300, 4, 2, 64, jnp.bfloat16, True, True, True, replace(HOPPER_BLOCKS, num_stages_fwd=3),
         batch=1,
     ),
-    # Unequal tiles, padded keys masked in the last kv tile only.
-    "hopper-bf16-d128-full-gqa4:1-pad200": Case(
-        200, 4, 1, 128, jnp.bfloat16, False, False, True, replace(HOPPER_BLOCKS, block_kv=128),
+    # Unequal tiles, padded keys masked in the last kv tile only; padded query rows (segment -1)
+    # then see no key at all.
+    "hopper-bf16-d128-full-gqa4:1-segments-pad200": Case(
+        200, 4, 1, 128, jnp.bfloat16, False, True, True, replace(HOPPER_BLOCKS, block_kv=128),
         batch=1,
     ),
 }
