@@ -25,12 +25,19 @@ scaled logits), so both forwards share the backward kernels. Differences from ja
   its ring, a warpgroup that finishes early still takes its unused slots), which the
   interpreter's barrier checks require;
 - q tiles are scheduled last to first, so under causal masking the longest programs start first.
+
+GPU interpret mode runs each program's warpgroups as CPU threads that execute XLA computations
+and block inside callbacks at barriers. XLA's CPU client runs those computations on one thread
+pool, sized by PJRT_NPROC (else NPROC, else the cores): smaller than a program's warpgroups, two
+of them can wait at a barrier while the third never gets a thread (a hang, seen on 2 cores). The
+interpreted kernel therefore refuses to start there (`check_interpreter_threads`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 COMPUTE_WARPGROUPS = 2
+WARPGROUPS = COMPUTE_WARPGROUPS + 1  # And one that streams K/V.
 WGMMA_ROWS = 64  # A warpgroup's wgmma covers 64 rows: q tiles and kv tiles are multiples.
 
 
@@ -124,6 +132,8 @@ def hopper_forward(
             collective_axes="wg",
         )
 
+    if config.interpret:
+        check_interpreter_threads()
     inputs = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
     return plgpu.kernel(
         kiln_flash_attention_fwd_hopper,
@@ -133,11 +143,35 @@ def hopper_forward(
         ),
         grid=(num_heads, padded_len // config.program_rows, batch),
         grid_names=("heads", "q_seq", "batch"),
-        num_threads=COMPUTE_WARPGROUPS + 1,
+        num_threads=WARPGROUPS,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=plgpu.InterpretGPUParams() if config.interpret else None,
     )(*inputs)
+
+
+def xla_cpu_threads() -> int:
+    """The size of XLA's CPU client thread pool, as xla/pjrt/cpu/cpu_client.cc picks it."""
+    for name in ("PJRT_NPROC", "NPROC"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on.
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_interpreter_threads() -> None:
+    """Raises instead of hanging: interpreted, every warpgroup of a program needs a pool thread."""
+    threads = xla_cpu_threads()
+    if threads < WARPGROUPS:
+        raise RuntimeError(
+            f"Hopper forward in GPU interpret mode: XLA's CPU thread pool has {threads} threads, "
+            f"fewer than the kernel's {WARPGROUPS} warpgroups, so the interpreter would hang "
+            f"at a barrier. Set PJRT_NPROC={WARPGROUPS + 1} in the environment before jax "
+            "starts (the tests' BUILD file does), or use the Triton forward "
+            "(BlockSizes.hopper_forward=False)."
+        )
 
 
 def _kernel(

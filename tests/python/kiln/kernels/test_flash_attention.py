@@ -146,9 +146,6 @@ def test_matches_reference(case: Case, seed: int) -> None:
     q, k, v, segment_ids = make_inputs(case, seed)
     d_out = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), case.dtype)
 
-    # Jitted: jax's GPU interpreter hangs on some shapes of the Hopper kernel with segment ids
-    # and gradients, more of them eagerly (docs/attention-kernel.md); the Hopper cases' shapes
-    # are ones it runs.
     ours = jax.jit(
         lambda *a: forward_and_grads(
             flash_attention, *a, causal=case.causal, block_sizes=case.block_sizes
@@ -283,6 +280,15 @@ def test_hopper_forward_rows_that_start_on_fully_masked_tiles(sm_scale: float, s
     expected = reference_attention(*f32, segment_ids, sm_scale=sm_scale)
     errors = relative_errors(ours, expected)
     assert all(e <= tol for e, tol in zip(errors, TOLERANCES[jnp.bfloat16])), (errors, seed)
+
+
+def test_hopper_interpreter_refuses_a_thread_pool_it_would_hang_on(monkeypatch) -> None:
+    """Fewer XLA CPU threads than warpgroups hang the interpreter at a barrier: a clear error
+    instead (the check reads the environment the pool was sized from)."""
+    monkeypatch.setenv("PJRT_NPROC", "2")
+    x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+    with pytest.raises(RuntimeError, match="3 warpgroups.*Set PJRT_NPROC=4"):
+        flash_attention(x, x, x, block_sizes=replace(HOPPER_BLOCKS, block_kv=128))
 
 
 def test_hopper_forward_takes_16_bit_inputs_only() -> None:
