@@ -6,7 +6,8 @@
 For each head dim it times the forward, dK/dV and dQ kernels separately over a list of
 candidate (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k
 tokens), then the alternatives of a layout against what they replace: the Hopper (Mosaic GPU)
-forward against the Triton one, the fused-dQ backward against dK/dV + dQ. Each candidate's output is checked against the fp32 reference on batch row 0 / head 0
+forward against the Triton one; the fused-dQ backward and dK/dV + the Hopper dQ against dK/dV +
+dQ. Each candidate's output is checked against the fp32 reference on batch row 0 / head 0
 before it is timed; a candidate that fails to compile (shared memory, registers) or whose error is
 over --max-error is dropped. Prints one row per candidate and, per head dim, the winning
 `BlockSizes` (the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten
@@ -38,6 +39,7 @@ from attention import (  # benchmarks/attention.py
 
 from kiln.artifacts import atomic_write_json
 from kiln.kernels import flash_attention as fa
+from kiln.kernels.flash_attention_hopper_dq import hopper_dq
 from kiln.kernels.reference import reference_attention
 
 # Per kernel, the fields of FIELDS; the current table entry is added first. The Triton lists keep
@@ -77,6 +79,14 @@ CANDIDATES = {
         (128, 128, 8, 3),
         (64, 64, 4, 3),
     ],
+    # The Mosaic GPU dQ: (rows per compute warpgroup, K/V tile, K/V tiles in flight). At d=128
+    # q, dO, ds and a ring of 2 tiles of 128 take 224 KiB of the 227.
+    "hopper_dq": [
+        (64, 64, 2),
+        (64, 64, 3),
+        (64, 64, 4),
+        (64, 128, 2),
+    ],
     # The dK/dV kernel with dQ accumulated by atomics (fused_dq): against dK/dV + dQ.
     "fused": [
         (64, 64, 4, 2),
@@ -88,12 +98,13 @@ CANDIDATES = {
     ],
 }
 # Matmuls of seq x seq x dim each kernel does (the split backward recomputes q k^T and dout v^T).
-MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "dq": 3, "fused": 5}
+MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "dq": 3, "hopper_dq": 3, "fused": 5}
 FIELDS = {
     "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
     "hopper": ("block_q", "block_kv", "num_stages_fwd", "hopper_p_in_registers"),
     "dkv": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
+    "hopper_dq": ("block_q_dq", "block_kv_dq", "num_stages_dq"),
     "fused": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
 }
 # The layout switch each kernel runs under.
@@ -101,9 +112,12 @@ LAYOUT = {
     "fwd": {"hopper_forward": False},
     "hopper": {"hopper_forward": True},
     "dkv": {"fused_dq": False},
-    "dq": {"fused_dq": False},
-    "fused": {"fused_dq": True},
+    "dq": {"fused_dq": False, "hopper_dq": False},
+    "hopper_dq": {"fused_dq": False, "hopper_dq": True},
+    "fused": {"fused_dq": True, "hopper_dq": False},
 }
+# What the forward's choice decides; the backward's choice decides the rest.
+FORWARD_FIELDS = (*FIELDS["fwd"], "hopper_p_in_registers", "hopper_forward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +180,7 @@ class KernelBench:
             "hopper": (out,),
             "dkv": (dk, dv),
             "dq": (dq,),
+            "hopper_dq": (dq,),
             "fused": (dq / sm_scale, dk, dv),
         }
 
@@ -177,8 +192,11 @@ class KernelBench:
                 self.k,
                 self.v,
             )
-        body = {"dkv": fa._backward_dkv, "fused": fa._backward_dkv, "dq": fa._backward_dq}[name]
-        fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
+        if name == "hopper_dq":
+            fn = jax.jit(lambda *args: hopper_dq(*args[:3], None, *args[3:], config.hopper_dq))
+        else:
+            body = {"dkv": fa._backward_dkv, "fused": fa._backward_dkv, "dq": fa._backward_dq}[name]
+            fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
         return fn, (self.q, self.k, self.v, self.d_out, self.lse, self.delta)
 
     def error(self, name: str, result) -> float:
@@ -190,9 +208,10 @@ class KernelBench:
 
 
 def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
-    """The current setting first (the one to beat), then the others. For the Hopper forward
-    when base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
-    if kernel == "hopper" and not base.hopper_forward:
+    """The current setting first (the one to beat), then the others. For a Hopper kernel when
+    base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
+    switch = {"hopper": "hopper_forward", "hopper_dq": "hopper_dq"}.get(kernel)
+    if switch is not None and not getattr(base, switch):
         return list(candidates)
     current = tuple(getattr(base, field) for field in FIELDS[kernel])
     return [current] + [c for c in candidates if c != current]
@@ -214,12 +233,12 @@ def tune_kernel(
             error = bench.error(kernel, fn(*args))
             seconds = device_seconds(fn, args, options.iters)
         except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: drop the candidate
-            print(f"  {kernel:<5} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
+            print(f"  {kernel:<9} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
             continue
         tflops = bench.problem.matmul_flops(kernel) / seconds / 1e12
         verdict = "rejected (error)" if error > options.max_error else ""
         print(
-            f"  {kernel:<5} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
+            f"  {kernel:<9} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
             f"err {error:.1e} {verdict}",
             flush=True,
         )
@@ -229,32 +248,35 @@ def tune_kernel(
 
 
 def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable) -> fa.BlockSizes:
-    """Backward: dK/dV and dQ, then the fused-dQ kernel, the faster layout wins. Forward: the
-    Triton kernel, then the Hopper one, the faster wins. The Hopper kernel goes last: it is the
-    one never yet run on a device, so if it hangs the time limit cuts only its own stage."""
+    """Triton forward, dK/dV and dQ first, then each alternative against what it replaces:
+    backward, dK/dV + dQ against the fused-dQ kernel and against dK/dV + the Hopper dQ; forward,
+    Triton against Hopper. The Hopper kernels go last: they are the ones never yet run on a
+    device, so if one hangs the time limit cuts only its own stage (on_update has the rest)."""
     seconds = {}
     for kernel in ("fwd", "dkv", "dq"):
         blocks, seconds[kernel] = tune_kernel(bench, kernel, blocks, options)
         on_update(blocks)
+    backward = {"dK/dV + dQ": (seconds["dkv"] + seconds["dq"], blocks)}
+    forward = {"triton": (seconds["fwd"], blocks)}
+
+    def best_so_far() -> fa.BlockSizes:
+        _, back = min(backward.values(), key=lambda choice: choice[0])
+        _, front = min(forward.values(), key=lambda choice: choice[0])
+        return dataclasses.replace(back, **{f: getattr(front, f) for f in FORWARD_FIELDS})
+
     fused, fused_seconds = tune_kernel(bench, "fused", blocks, options)
-    split_seconds = seconds["dkv"] + seconds["dq"]
-    print(
-        f"  backward: dK/dV + dQ {split_seconds * 1e3:.3f} ms, fused dQ "
-        f"{fused_seconds * 1e3:.3f} ms",
-        flush=True,
-    )
-    if fused_seconds < split_seconds:
-        blocks = fused
-        on_update(blocks)
+    backward["fused dQ"] = (fused_seconds, fused)
+    on_update(best_so_far())
     hopper, hopper_seconds = tune_kernel(bench, "hopper", blocks, options)
-    print(
-        f"  forward: triton {seconds['fwd'] * 1e3:.3f} ms, hopper (mosaic gpu) "
-        f"{hopper_seconds * 1e3:.3f} ms",
-        flush=True,
-    )
-    if hopper_seconds < seconds["fwd"]:
-        blocks = hopper
-        on_update(blocks)
+    forward["hopper (mosaic gpu)"] = (hopper_seconds, hopper)
+    on_update(best_so_far())
+    hopper_dq_blocks, hopper_dq_seconds = tune_kernel(bench, "hopper_dq", blocks, options)
+    backward["dK/dV + hopper dQ (mosaic gpu)"] = (seconds["dkv"] + hopper_dq_seconds, hopper_dq_blocks)
+    for name, choices in (("backward", backward), ("forward", forward)):
+        times = ", ".join(f"{label} {sec * 1e3:.3f} ms" for label, (sec, _) in choices.items())
+        print(f"  {name}: {times}", flush=True)
+    blocks = best_so_far()
+    on_update(blocks)
     return blocks
 
 

@@ -3,9 +3,9 @@
 #   run(command="bash benchmarks/device_check.sh", timeout_s=590)
 # It uses the device image's python3 (jax with CUDA; no kiln install: PYTHONPATH=src/python).
 #  1. attention_tune.py: each kernel's block sizes / warps / stages on its own, the Hopper
-#     (Mosaic GPU) forward against the Triton one, the fused-dQ backward against dK/dV + dQ
-#     (causal, seq 4096, d=128 then 64), every candidate checked against the fp32 reference
-#     before it is timed.
+#     (Mosaic GPU) forward against the Triton one, the fused-dQ backward and the Hopper dQ
+#     against dK/dV + dQ (causal, seq 4096, d=128 then 64), every candidate checked against the
+#     fp32 reference before it is timed.
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,
 #     seq 1k-16k, d 128/64, causal and not, forward and forward+backward.
 #  3. ncu (hardware counters, clocks left alone) on one forward+backward of ours: speed of light,

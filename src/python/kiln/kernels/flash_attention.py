@@ -11,8 +11,9 @@ docs/attention-kernel.md describes the design; the short version:
 - dQ: grid (q blocks, batch, heads); each program loops over kv tiles. Or, with
   BlockSizes.fused_dq, no dQ kernel: the dK/dV kernel adds each tile's dQ into an fp32 buffer
   with atomics (5 matmuls instead of 7; dQ's summation order then varies between GPU runs).
-- Hopper forward (BlockSizes.hopper_forward, 16-bit inputs): the forward runs as a Mosaic GPU
-  kernel instead (flash_attention_hopper.py: warp-specialised, TMA, wgmma) with the same outputs.
+- Hopper forward and dQ (BlockSizes.hopper_forward, hopper_dq; 16-bit inputs): that kernel runs
+  as a Mosaic GPU kernel instead (flash_attention_hopper.py, flash_attention_hopper_dq.py:
+  warp-specialised, TMA, wgmma) with the same inputs and outputs.
 - GQA: q head h reads kv head h // group in the BlockSpec index maps.
 - Causal: loop bounds skip tiles fully in the future; only tiles on the diagonal build a mask.
 - Lengths that are not a multiple of the block are padded here; padded keys are masked.
@@ -30,7 +31,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kiln.kernels.flash_attention_hopper import WGMMA_ROWS, HopperForwardConfig, hopper_forward
+from kiln.kernels.flash_attention_hopper import WGMMA_ROWS, HopperConfig, hopper_forward
+from kiln.kernels.flash_attention_hopper_dq import hopper_dq
 
 # Finite on purpose: a row whose keys are all masked inside one tile gets exp2(0) = 1 instead of
 # NaN, and the online softmax's correction erases it once a real key arrives (every query attends
@@ -58,6 +60,9 @@ class BlockSizes:
     warpgroups). fp32 inputs keep the Triton forward with the same fields.
     hopper_p_in_registers: the Hopper forward's p v step takes p from registers (FlashAttention-3's
     form) instead of through SMEM; on a GPU only: interpret mode always runs the SMEM form.
+    hopper_dq: for 16-bit inputs the dQ kernel is the Mosaic GPU kernel of
+    flash_attention_hopper_dq.py (the forward's layout: block_q_dq rows per compute warpgroup,
+    num_stages_dq K/V tiles in flight, num_warps_dq unused). Not with fused_dq.
     """
 
     block_q: int = 64
@@ -75,6 +80,7 @@ class BlockSizes:
     fused_dq: bool = False
     hopper_forward: bool = False
     hopper_p_in_registers: bool = False
+    hopper_dq: bool = False
 
     def __post_init__(self) -> None:
         for name in _BLOCK_FIELDS:
@@ -82,14 +88,20 @@ class BlockSizes:
             if size < self._smallest(name) or size & (size - 1):
                 raise ValueError(
                     f"BlockSizes.{name}={size} must be a power of two >= {self._smallest(name)}"
-                    + (" (hopper_forward)" if self._smallest(name) > MIN_BLOCK else "")
+                    + (" (a Hopper kernel's tile)" if self._smallest(name) > MIN_BLOCK else "")
                 )
-        if self.hopper_forward and self.num_stages_fwd < 2:
-            raise ValueError("BlockSizes.num_stages_fwd must be >= 2 with hopper_forward")
+        for switch, stages in (("hopper_forward", "num_stages_fwd"), ("hopper_dq", "num_stages_dq")):
+            if getattr(self, switch) and getattr(self, stages) < 2:
+                raise ValueError(f"BlockSizes.{stages} must be >= 2 with {switch}")
+        if self.hopper_dq and self.fused_dq:
+            raise ValueError("BlockSizes: hopper_dq and fused_dq exclude each other (fused: no dQ kernel)")
 
     def _smallest(self, name: str) -> int:
-        # wgmma covers 64 rows of a warpgroup: the Hopper forward's tiles are multiples of 64.
-        return WGMMA_ROWS if self.hopper_forward and name in _FORWARD_FIELDS else MIN_BLOCK
+        # wgmma covers 64 rows of a warpgroup: the Hopper kernels' tiles are multiples of 64.
+        hopper = (self.hopper_forward and name in _FORWARD_FIELDS) or (
+            self.hopper_dq and name in _DQ_FIELDS
+        )
+        return WGMMA_ROWS if hopper else MIN_BLOCK
 
     def fit_to(self, seq_len: int) -> BlockSizes:
         """Shrinks tiles longer than the (power-of-two rounded) sequence: no work on pure padding."""
@@ -101,16 +113,19 @@ class BlockSizes:
 
     @property
     def padding_multiple(self) -> int:
-        """What the padded length must be a multiple of (the Hopper forward's program owns two
-        q tiles)."""
-        largest = max(getattr(self, name) for name in _BLOCK_FIELDS)
-        return max(largest, 2 * self.block_q) if self.hopper_forward else largest
+        """What the padded length must be a multiple of (a Hopper kernel's program owns two q
+        tiles)."""
+        sizes = [getattr(self, name) for name in _BLOCK_FIELDS]
+        sizes += [2 * self.block_q] if self.hopper_forward else []
+        sizes += [2 * self.block_q_dq] if self.hopper_dq else []
+        return max(sizes)
 
 
 _BLOCK_FIELDS = tuple(
     f"block_{suffix}" for suffix in ("q", "kv", "q_dkv", "kv_dkv", "q_dq", "kv_dq")
 )
 _FORWARD_FIELDS = ("block_q", "block_kv")
+_DQ_FIELDS = ("block_q_dq", "block_kv_dq")
 
 # Tuned on an H200 on 2026-11-30 by benchmarks/attention_tune.py (each kernel on its own, causal,
 # seq 4096, bf16; numbers in benchmarks/RESULTS.md). The H100 shares the chip and uses them unmeasured.
@@ -168,7 +183,8 @@ class _KernelConfig:
     padded_len: int
     block_sizes: BlockSizes
     interpret: bool
-    hopper: HopperForwardConfig | None = None  # Set: the forward is the Mosaic GPU kernel.
+    hopper_forward: HopperConfig | None = None  # Set: the forward is the Mosaic GPU kernel.
+    hopper_dq: HopperConfig | None = None  # Set: so is the dQ kernel.
 
     @property
     def masks_padded_keys(self) -> bool:
@@ -239,23 +255,31 @@ def _kernel_config(
         block_sizes=block_sizes,
         interpret=interpret,
     )
-    if block_sizes.hopper_forward and jnp.dtype(dtype).itemsize == 2:
-        config = dataclasses.replace(config, hopper=_hopper_config(config))
-    return config
-
-
-def _hopper_config(config: _KernelConfig) -> HopperForwardConfig:
-    blocks = config.block_sizes
-    return HopperForwardConfig(
-        causal=config.causal,
-        logit_scale=config.logit_scale,
-        seq_len=config.seq_len,
-        block_q=blocks.block_q,
-        block_kv=blocks.block_kv,
-        stages=blocks.num_stages_fwd,
-        p_in_registers=blocks.hopper_p_in_registers and not config.interpret,
-        interpret=config.interpret,
+    if jnp.dtype(dtype).itemsize != 2:  # wgmma takes 16-bit operands: fp32 stays on Triton.
+        return config
+    hopper = functools.partial(
+        HopperConfig,
+        causal=causal,
+        sm_scale=sm_scale,
+        seq_len=seq_len,
+        interpret=interpret,
     )
+    if block_sizes.hopper_forward:
+        forward = hopper(
+            block_q=block_sizes.block_q,
+            block_kv=block_sizes.block_kv,
+            stages=block_sizes.num_stages_fwd,
+            p_in_registers=block_sizes.hopper_p_in_registers and not interpret,
+        )
+        config = dataclasses.replace(config, hopper_forward=forward)
+    if block_sizes.hopper_dq:
+        dq = hopper(
+            block_q=block_sizes.block_q_dq,
+            block_kv=block_sizes.block_kv_dq,
+            stages=block_sizes.num_stages_dq,
+        )
+        config = dataclasses.replace(config, hopper_dq=dq)
+    return config
 
 
 def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:
@@ -325,7 +349,10 @@ def _flash_attention_bwd(config: _KernelConfig, residuals, d_out):
         dq = (dq * config.sm_scale).astype(q.dtype)
     else:
         dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
-        dq = _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config)
+        if config.hopper_dq is not None:
+            dq = hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dq)
+        else:
+            dq = _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config)
     return dq, dk, dv, None
 
 
@@ -480,8 +507,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *, c
 
 def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, jax.Array]:
     """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
-    if config.hopper is not None:
-        return hopper_forward(q, k, v, segment_ids, config.hopper)
+    if config.hopper_forward is not None:
+        return hopper_forward(q, k, v, segment_ids, config.hopper_forward)
     batch, padded_len, num_heads, _ = q.shape
     blocks = config.block_sizes
     q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 
 import jax
@@ -48,25 +49,28 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 COMPUTE_WARPGROUPS = 2
 WARPGROUPS = COMPUTE_WARPGROUPS + 1  # And one that streams K/V.
 WGMMA_ROWS = 64  # A warpgroup's wgmma covers 64 rows: q tiles and kv tiles are multiples.
+# 16-bit SMEM tiles: (8, 64) tiling with the 128-byte swizzle is what wgmma reads.
+WGMMA_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
 
 
 @dataclasses.dataclass(frozen=True)
-class HopperForwardConfig:
-    """Static description of one call (flash_attention.py builds it from its own config)."""
+class HopperConfig:
+    """Static description of one call of a Hopper kernel (the forward here, or the dQ kernel of
+    flash_attention_hopper_dq.py); flash_attention.py builds it from its own config."""
 
     causal: bool
-    logit_scale: float  # sm_scale * log2(e): the kernel works in base 2.
+    sm_scale: float
     seq_len: int  # Real length; the arrays are padded to a multiple of both tile sizes.
     block_q: int  # Rows per compute warpgroup; a program owns COMPUTE_WARPGROUPS * block_q.
     block_kv: int
     stages: int  # K/V tiles in flight (SMEM ring slots), >= 2 for double buffering.
-    p_in_registers: bool  # p v takes p from registers, in place; else through SMEM (interpretable).
     interpret: bool
+    p_in_registers: bool = False  # Forward: p v takes p from registers, in place (GPU only).
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv"):
             if getattr(self, name) % WGMMA_ROWS:
-                raise ValueError(f"Hopper forward: {name} must be a multiple of {WGMMA_ROWS}")
+                raise ValueError(f"Hopper kernels: {name} must be a multiple of {WGMMA_ROWS}")
         if self.p_in_registers and self.interpret:
             raise ValueError(
                 "Hopper forward: GPU interpret mode takes wgmma operands from SMEM only; "
@@ -74,8 +78,28 @@ class HopperForwardConfig:
             )
 
     @property
+    def logit_scale(self) -> float:
+        return self.sm_scale * math.log2(math.e)  # The kernels work in base 2.
+
+    @property
     def program_rows(self) -> int:
         return COMPUTE_WARPGROUPS * self.block_q
+
+    def fit_to(self, q: jax.Array, kernel: str) -> HopperConfig:
+        """Checks q [batch, padded_len, heads, dim] against the tiles, and shortens a ring longer
+        than the sequence's K/V tiles (it would only hold out-of-bounds slices)."""
+        padded_len, head_dim = q.shape[1], q.shape[3]
+        if q.dtype.itemsize != 2 or head_dim % WGMMA_ROWS:
+            raise ValueError(
+                f"Hopper {kernel} wants 16-bit inputs and head dim a multiple of {WGMMA_ROWS}; "
+                f"got {q.dtype}, head dim {head_dim}"
+            )
+        if padded_len % self.program_rows or padded_len % self.block_kv:
+            raise ValueError(
+                f"Hopper {kernel}: padded length {padded_len} must be a multiple of "
+                f"{self.program_rows} and {self.block_kv}"
+            )
+        return dataclasses.replace(self, stages=min(self.stages, padded_len // self.block_kv))
 
 
 def hopper_forward(
@@ -83,25 +107,13 @@ def hopper_forward(
     k: jax.Array,
     v: jax.Array,
     segment_ids: jax.Array | None,
-    config: HopperForwardConfig,
+    config: HopperConfig,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
     batch, padded_len, num_heads, head_dim = q.shape
-    if q.dtype.itemsize != 2 or head_dim % WGMMA_ROWS:
-        raise ValueError(
-            f"Hopper forward wants 16-bit inputs and head dim a multiple of {WGMMA_ROWS}; "
-            f"got {q.dtype}, head dim {head_dim}"
-        )
-    if padded_len % config.program_rows or padded_len % config.block_kv:
-        raise ValueError(
-            f"Hopper forward: padded length {padded_len} must be a multiple of "
-            f"{config.program_rows} and {config.block_kv}"
-        )
-    # A ring longer than the sequence's K/V tiles would only hold out-of-bounds slices.
-    stages = min(config.stages, padded_len // config.block_kv)
-    config = dataclasses.replace(config, stages=stages)
-    # 16-bit tiles: (8, 64) tiling with the 128-byte swizzle is what wgmma reads.
-    transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
+    config = config.fit_to(q, "forward")
+    stages = config.stages
+    transforms = WGMMA_TRANSFORMS
     p_shape = (COMPUTE_WARPGROUPS, config.block_q, config.block_kv)
     p_smem = () if config.p_in_registers else (plgpu.SMEM(p_shape, q.dtype, transforms=transforms),)
     scratch = (
@@ -166,11 +178,11 @@ def check_interpreter_threads() -> None:
     threads = xla_cpu_threads()
     if threads < WARPGROUPS:
         raise RuntimeError(
-            f"Hopper forward in GPU interpret mode: XLA's CPU thread pool has {threads} threads, "
+            f"Hopper kernel in GPU interpret mode: XLA's CPU thread pool has {threads} threads, "
             f"fewer than the kernel's {WARPGROUPS} warpgroups, so the interpreter would hang "
             f"at a barrier. Set PJRT_NPROC={WARPGROUPS + 1} in the environment before jax "
-            "starts (the tests' BUILD file does), or use the Triton forward "
-            "(BlockSizes.hopper_forward=False)."
+            "starts (the tests' BUILD file does), or use the Triton kernels "
+            "(BlockSizes.hopper_forward=False, hopper_dq=False)."
         )
 
 
@@ -189,17 +201,11 @@ def _kernel(
     v_free,
     turn,
     *,
-    config: HopperForwardConfig,
+    config: HopperConfig,
 ):
     q_smem, k_smem, v_smem, lse_smem, *p_smem = scratch
-    num_programs = q_ref.shape[1] // config.program_rows
-    program_row = (num_programs - 1 - lax.axis_index("q_seq")) * config.program_rows
+    program_row, program_kv_tiles = program_position(q_ref.shape[1], config)
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
-    real_kv_tiles = pl.cdiv(config.seq_len, config.block_kv)
-    if config.causal:  # K/V tiles this program's last row can see.
-        program_kv_tiles = pl.cdiv(program_row + config.program_rows, config.block_kv)
-    else:
-        program_kv_tiles = jnp.int32(real_kv_tiles)
     wg = lax.axis_index("wg")
 
     @pl.when(wg < COMPUTE_WARPGROUPS)
@@ -224,22 +230,31 @@ def _kernel(
 
     @pl.when(wg == COMPUTE_WARPGROUPS)
     def _memory():
-        plgpu.set_max_registers(40, action="decrease")
-        kv_head = lax.div(head, jnp.int32(q_ref.shape[2] // k_ref.shape[2]))
-        _memory_warpgroup(
-            k_ref.at[batch, :, kv_head],
-            v_ref.at[batch, :, kv_head],
-            k_smem,
-            v_smem,
-            (k_landed, v_landed, k_free, v_free),
-            program_kv_tiles,
-            config,
-        )
+        barriers = (k_landed, v_landed, k_free, v_free)
+        group = q_ref.shape[2] // k_ref.shape[2]
+        stream_kv_tiles(k_ref, v_ref, k_smem, v_smem, barriers, program_kv_tiles, group, config)
 
 
-def _memory_warpgroup(k_ref, v_ref, k_smem, v_smem, barriers, num_tiles, config):
-    """Streams K/V tiles 0..num_tiles into the ring; a slot is refilled once both compute
-    warpgroups have released it."""
+def program_position(num_rows: int, config: HopperConfig) -> tuple[jax.Array, jax.Array]:
+    """(this program's first q row, the K/V tiles its last row can see). Programs run last to
+    first, so under causal masking the longest start first."""
+    num_programs = num_rows // config.program_rows
+    program_row = (num_programs - 1 - lax.axis_index("q_seq")) * config.program_rows
+    if config.causal:
+        return program_row, pl.cdiv(program_row + config.program_rows, config.block_kv)
+    return program_row, jnp.int32(pl.cdiv(config.seq_len, config.block_kv))
+
+
+def stream_kv_tiles(
+    k_ref, v_ref, k_smem, v_smem, barriers, num_tiles, group: int, config: HopperConfig
+):
+    """The memory warpgroup: streams K/V tiles 0..num_tiles of the program's kv head (q head h
+    reads kv head h // group) into the ring; a slot is refilled once both compute warpgroups
+    have released it."""
+    plgpu.set_max_registers(40, action="decrease")
+    batch, head = lax.axis_index("batch"), lax.axis_index("heads")
+    kv_head = lax.div(head, jnp.int32(group))
+    k_ref, v_ref = k_ref.at[batch, :, kv_head], v_ref.at[batch, :, kv_head]
     k_landed, v_landed, k_free, v_free = barriers
     stages, block_kv = config.stages, config.block_kv
 
@@ -265,6 +280,43 @@ def _memory_warpgroup(k_ref, v_ref, k_smem, v_smem, barriers, num_tiles, config)
         plgpu.barrier_wait(v_free.at[slot])
 
 
+def row_vector(x: jax.Array, shape: tuple[int, int]) -> jax.Array:
+    """[rows] -> broadcast along the columns of `shape`."""
+    return lax.broadcast_in_dim(x, shape, [0])
+
+
+def kv_tile_counts(q_start, program_kv_tiles, has_segments: bool, config: HopperConfig):
+    """(K/V tiles a q tile visits, how many of the first ones need no mask): causal, those
+    before the diagonal; not causal, all but a last tile that holds padded keys. Segment ids
+    mask every tile."""
+    if config.causal:
+        num_tiles = pl.cdiv(q_start + config.block_q, config.block_kv)
+        unmasked_tiles = lax.div(q_start, jnp.int32(config.block_kv))
+    else:
+        num_tiles = program_kv_tiles
+        unmasked_tiles = num_tiles - int(config.seq_len % config.block_kv != 0)
+    return num_tiles, jnp.int32(0) if has_segments else unmasked_tiles
+
+
+def load_segments(segment_ids_ref, start, size: int, reduced_dim: int) -> jax.Array:
+    """Segment ids of rows (reduced_dim 1) or columns (0) of a [block_q, block_kv] tile. Plain
+    loads (no TMA): a few hundred bytes per tile, and Mosaic has no optimised path from GMEM
+    into a WGMMA row/column layout."""
+    layout = plgpu.Layout.WGMMA.reduce(reduced_dim)
+    return plgpu.load(segment_ids_ref.at[pl.ds(start, size)], layout=layout, optimized=False)
+
+
+def tile_mask(q_start, kv_start, q_segments, kv_segments, config: HopperConfig) -> jax.Array:
+    """[block_q, block_kv] bool, True where the query attends to the key."""
+    shape = (config.block_q, config.block_kv)
+    q_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + q_start
+    kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + kv_start
+    mask = q_pos >= kv_pos if config.causal else kv_pos < config.seq_len
+    if kv_segments is not None:
+        mask &= row_vector(q_segments, shape) == lax.broadcast_in_dim(kv_segments, shape, [1])
+    return mask
+
+
 def _compute_warpgroup(
     q_ref,
     segment_ids_ref,
@@ -280,7 +332,7 @@ def _compute_warpgroup(
     q_start,
     program_kv_tiles,
     first,
-    config: HopperForwardConfig,
+    config: HopperConfig,
 ):
     """One q tile: online softmax over its K/V tiles, then out and lse back to GMEM via TMA."""
     k_landed, v_landed, q_landed, k_free, v_free, turn = barriers
@@ -294,50 +346,19 @@ def _compute_warpgroup(
         plgpu.barrier_arrive(turn)
         plgpu.barrier_wait(turn)
 
-    def row_vector(x, shape):  # [block_q] -> broadcast along the columns of `shape`.
-        return lax.broadcast_in_dim(x, shape, [0])
-
-    # Tiles [0, unmasked_tiles) need no mask: causal, those before the diagonal; not causal,
-    # all but a last tile that holds padded keys. Segment ids mask every tile.
-    if config.causal:
-        num_tiles = pl.cdiv(q_start + block_q, block_kv)
-        unmasked_tiles = lax.div(q_start, jnp.int32(block_kv))
-    else:
-        num_tiles = program_kv_tiles
-        unmasked_tiles = num_tiles - int(config.seq_len % block_kv != 0)
-    if segment_ids_ref is not None:
-        unmasked_tiles = jnp.int32(0)
-    if segment_ids_ref is not None:
-        # Plain loads (no TMA): a few hundred bytes per tile, and Mosaic has no optimised path
-        # from GMEM into a WGMMA row/column layout.
-        q_segments = plgpu.load(
-            segment_ids_ref.at[q_rows], layout=plgpu.Layout.WGMMA.reduce(1), optimized=False
-        )
-
-    def load_kv_segments(kv_start):
-        return plgpu.load(
-            segment_ids_ref.at[pl.ds(kv_start, block_kv)],
-            layout=plgpu.Layout.WGMMA.reduce(0),
-            optimized=False,
-        )
-
-    def tile_mask(kv_start, kv_segments):
-        shape = (block_q, block_kv)
-        q_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + q_start
-        kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + kv_start
-        mask = q_pos >= kv_pos if config.causal else kv_pos < config.seq_len
-        if kv_segments is not None:
-            mask &= row_vector(q_segments, shape) == lax.broadcast_in_dim(
-                kv_segments, shape, [1]
-            )
-        return mask
+    has_segments = segment_ids_ref is not None
+    num_tiles, unmasked_tiles = kv_tile_counts(q_start, program_kv_tiles, has_segments, config)
+    q_segments = load_segments(segment_ids_ref, q_start, block_q, 1) if has_segments else None
 
     def visit_tile(tile, carry, masked):
         acc, row_max, row_sum = carry
         slot = lax.rem(tile, stages)
         # Loaded before the matmul so that the global load's latency hides behind it.
-        has_segments = masked and segment_ids_ref is not None
-        kv_segments = load_kv_segments(tile * block_kv) if has_segments else None
+        kv_start = tile * block_kv
+        if masked and has_segments:
+            kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 0)
+        else:
+            kv_segments = None
 
         def q_kt(acc_ref):
             plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
@@ -347,7 +368,8 @@ def _compute_warpgroup(
         logits = pl.run_scoped(q_kt, plgpu.ACC((block_q, block_kv), jnp.float32))
         plgpu.barrier_arrive(k_free.at[slot])
         if masked:
-            logits = jnp.where(tile_mask(tile * block_kv, kv_segments), logits, -jnp.inf)
+            mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
+            logits = jnp.where(mask, logits, -jnp.inf)
         # The running max is kept scaled, so scaling and subtracting it is one multiply-add.
         new_max = jnp.maximum(row_max, logits.max(axis=1) * config.logit_scale)
         # A row whose keys so far are all masked has max -inf: shift it by 0 instead, so its

@@ -41,8 +41,11 @@ SMALL_BLOCKS = BlockSizes(32, 32, 32, 32, 32, 32)
 MIXED_BLOCKS = BlockSizes(
     block_q=32, block_kv=64, block_q_dkv=64, block_kv_dkv=32, block_q_dq=32, block_kv_dq=64
 )
-# The Mosaic GPU forward (GPU interpret mode on CPU): its tiles are multiples of 64.
-HOPPER_BLOCKS = replace(SMALL_BLOCKS, block_q=64, block_kv=64, hopper_forward=True)
+# The Mosaic GPU forward and dQ (GPU interpret mode on CPU): their tiles are multiples of 64.
+HOPPER_BLOCKS = replace(
+    SMALL_BLOCKS, block_q=64, block_kv=64, block_q_dq=64, block_kv_dq=64, hopper_forward=True,
+    hopper_dq=True,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,15 +81,22 @@ CASES = {
     "fused-dq-bf16-d128-full-gqa4:1-pad80": Case(
         80, 4, 1, 128, jnp.bfloat16, False, False, True, replace(SMALL_BLOCKS, fused_dq=True)
     ),
-    # Several causal programs (the diagonal, skipped tiles, a 3-deep K/V ring) and ragged segments.
-    "hopper-bf16-d64-causal-gqa4:2-segments-outliers-pad300": Case(
-        300, 4, 2, 64, jnp.bfloat16, True, True, True, replace(HOPPER_BLOCKS, num_stages_fwd=3),
-        batch=1,
+    # Several causal programs (the diagonal, skipped tiles, a 3-deep K/V ring) and ragged
+    # segments, through both Hopper kernels.
+    "hopper-fwd+dq-bf16-d64-causal-gqa4:2-segments-outliers-pad300": Case(
+        300, 4, 2, 64, jnp.bfloat16, True, True, True,
+        replace(HOPPER_BLOCKS, num_stages_fwd=3, num_stages_dq=3), batch=1,
     ),
     # Unequal tiles, padded keys masked in the last kv tile only; padded query rows (segment -1)
     # then see no key at all.
-    "hopper-bf16-d128-full-gqa4:1-segments-pad200": Case(
-        200, 4, 1, 128, jnp.bfloat16, False, True, True, replace(HOPPER_BLOCKS, block_kv=128),
+    "hopper-fwd-bf16-d128-full-gqa4:1-segments-pad200": Case(
+        200, 4, 1, 128, jnp.bfloat16, False, True, True,
+        replace(HOPPER_BLOCKS, block_kv=128, hopper_dq=False), batch=1,
+    ),
+    # The Hopper dQ after the Triton forward (whose lse is finite where the Hopper one's is +inf).
+    "hopper-dq-bf16-d128-full-gqa4:2-segments-pad200": Case(
+        200, 4, 2, 128, jnp.bfloat16, False, True, False,
+        replace(HOPPER_BLOCKS, block_q=32, block_kv=32, hopper_forward=False, block_kv_dq=128),
         batch=1,
     ),
 }
@@ -220,15 +230,20 @@ def test_grouped_query_attention_never_repeats_kv() -> None:
         assert operands[1] == operands[2] == kv.shape, operands  # k, v keep their kv heads
 
 
+HOPPER_FORWARD = {"hopper_forward": True, "block_q": 64, "block_kv": 128, "num_stages_fwd": 2}
+HOPPER_DQ = {"hopper_dq": True, "block_q_dq": 64, "block_kv_dq": 128, "num_stages_dq": 2}
+
+
 @pytest.mark.parametrize(
-    "with_grad, fused_dq, hopper",
+    "with_grad, layout",
     [
-        (False, False, None),
-        (True, False, None),
-        (True, True, None),
-        (True, False, {"num_stages_fwd": 2}),
+        (False, {}),
+        (True, {}),
+        (True, {"fused_dq": True}),
+        (True, HOPPER_FORWARD),
         # p from registers: GPU only, so lowering is its check here.
-        (True, False, {"num_stages_fwd": 2, "hopper_p_in_registers": True}),
+        (True, {**HOPPER_FORWARD, "hopper_p_in_registers": True}),
+        (True, {**HOPPER_FORWARD, **HOPPER_DQ}),
     ],
     ids=[
         "forward",
@@ -236,17 +251,15 @@ def test_grouped_query_attention_never_repeats_kv() -> None:
         "forward+grad-fused-dq",
         "forward+grad-hopper-forward",
         "forward+grad-hopper-forward-p-in-registers",
+        "forward+grad-hopper-forward-hopper-dq",
     ],
 )
-def test_lowers_for_h200(with_grad: bool, fused_dq: bool, hopper: dict | None) -> None:
+def test_lowers_for_h200(with_grad: bool, layout: dict) -> None:
     batch, seq_len, heads, kv_heads, dim = 2, 1000, 8, 2, 128  # 1000: exercises padding
     q = jax.ShapeDtypeStruct((batch, seq_len, heads, dim), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
     segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
-    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][dim], fused_dq=fused_dq, hopper_forward=False)
-    hopper_forward = hopper is not None
-    if hopper_forward:  # 64-row q tiles per warpgroup, 128-row K/V tiles
-        blocks = replace(blocks, hopper_forward=True, block_q=64, block_kv=128, **hopper)
+    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][dim], **{"hopper_forward": False, **layout})
 
     def attention(q, k, v, segment_ids):
         return flash_attention(q, k, v, segment_ids, block_sizes=blocks)
@@ -257,14 +270,16 @@ def test_lowers_for_h200(with_grad: bool, fused_dq: bool, hopper: dict | None) -
     fn = jax.grad(loss, argnums=(0, 1, 2)) if with_grad else attention
     exported = export_for_h200(fn, q, kv, kv, segment_ids)
     module = exported.mlir_module()
-    kernels = ["fwd", "dkv"] + ([] if fused_dq else ["dq"]) if with_grad else ["fwd"]
-    if hopper_forward:
-        kernels.remove("fwd")
-        assert module.count("@mosaic_gpu_v2(") == 1
-        assert "kiln_flash_attention_fwd_hopper" in module  # what profilers show
-    assert module.count("@__gpu$xla.gpu.triton(") == len(kernels)
-    for kernel in kernels:
-        assert f"kiln_flash_attention_{kernel}" in module
+    triton = ["fwd", "dkv", "dq"] if with_grad else ["fwd"]
+    mosaic = []
+    for kernel, replaced in (("fused_dq", "dq"), ("hopper_forward", "fwd"), ("hopper_dq", "dq")):
+        if getattr(blocks, kernel):
+            triton.remove(replaced)
+            mosaic += [] if kernel == "fused_dq" else [f"{replaced}_hopper"]
+    assert module.count("@__gpu$xla.gpu.triton(") == len(triton)
+    assert module.count("@mosaic_gpu_v2(") == len(mosaic)
+    for kernel in triton + mosaic:
+        assert f"kiln_flash_attention_{kernel}" in module  # what profilers show
     assert exported.platforms == ("cuda",)
 
 
@@ -291,14 +306,16 @@ def test_hopper_interpreter_refuses_a_thread_pool_it_would_hang_on(monkeypatch) 
         flash_attention(x, x, x, block_sizes=replace(HOPPER_BLOCKS, block_kv=128))
 
 
-def test_hopper_forward_takes_16_bit_inputs_only() -> None:
-    """fp32 inputs keep the Triton forward even where the table turns the Hopper one on."""
-    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][64], hopper_forward=True)
-    for dtype, mosaic_calls in ((jnp.bfloat16, 1), (jnp.float16, 1), (jnp.float32, 0)):
+def test_hopper_kernels_take_16_bit_inputs_only() -> None:
+    """fp32 inputs keep the Triton forward and dQ even where the table turns the Hopper ones on."""
+    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][64], hopper_forward=True, hopper_dq=True)
+
+    def loss(q, k, v):
+        return flash_attention(q, k, v, block_sizes=blocks).astype(jnp.float32).sum()
+
+    for dtype, mosaic_calls in ((jnp.bfloat16, 2), (jnp.float16, 2), (jnp.float32, 0)):
         x = jax.ShapeDtypeStruct((1, 256, 2, 64), dtype)
-        module = export_for_h200(
-            lambda q, k, v: flash_attention(q, k, v, block_sizes=blocks), x, x, x
-        ).mlir_module()
+        module = export_for_h200(jax.grad(loss, argnums=(0, 1, 2)), x, x, x).mlir_module()
         assert module.count("@mosaic_gpu_v2(") == mosaic_calls, dtype
 
 
@@ -328,7 +345,11 @@ def test_rejects_bad_inputs(shapes, message: str) -> None:
 def test_rejects_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_kv=48"):
         BlockSizes(block_kv=48)
-    with pytest.raises(ValueError, match=r"block_q=32 must be a power of two >= 64 \(hopper"):
+    with pytest.raises(ValueError, match=r"block_q=32 must be a power of two >= 64 \(a Hopper"):
         BlockSizes(block_q=32, hopper_forward=True)
     with pytest.raises(ValueError, match="num_stages_fwd"):
         BlockSizes(num_stages_fwd=1, hopper_forward=True)
+    with pytest.raises(ValueError, match=r"block_kv_dq=32 must be a power of two >= 64 \(a Hopper"):
+        BlockSizes(block_kv_dq=32, hopper_dq=True)
+    with pytest.raises(ValueError, match="hopper_dq and fused_dq"):
+        BlockSizes(hopper_dq=True, fused_dq=True)

@@ -35,26 +35,31 @@ ADAM = AdamConfig()
 H200 = "NVIDIA H200"
 # The layouts the tuner can switch on (what benchmarks/train_step.py --block-sizes does); the
 # Hopper forward in its GPU-only form (p from registers), whose check here is lowering.
-HOPPER_FORWARD_FUSED_DQ = dataclasses.replace(
+HOPPER_FORWARD = dataclasses.replace(
     flash_attention.TUNED_BLOCK_SIZES[H200][64],
     block_q=64,
     block_kv=128,
     num_stages_fwd=2,
     hopper_forward=True,
     hopper_p_in_registers=True,
-    fused_dq=True,
 )
+LAYOUTS = {
+    "hopper-forward+fused-dq": dataclasses.replace(HOPPER_FORWARD, fused_dq=True),
+    "hopper-forward+hopper-dq": dataclasses.replace(
+        HOPPER_FORWARD, hopper_dq=True, block_q_dq=64, block_kv_dq=128
+    ),
+}
 
 
 @pytest.mark.parametrize("remat", ["none", "save_dots", "offload"])
-@pytest.mark.parametrize("layout", ["table", "hopper-forward+fused-dq"])
+@pytest.mark.parametrize("layout", ["table", *LAYOUTS])
 def test_bf16_train_step_with_pallas_lowers_for_h200(
     remat: str, layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # flash_attention reads the table when it is traced: drop traces made under another table.
     jax.clear_caches()
     if layout != "table":
-        monkeypatch.setitem(flash_attention.TUNED_BLOCK_SIZES, H200, {64: HOPPER_FORWARD_FUSED_DQ})
+        monkeypatch.setitem(flash_attention.TUNED_BLOCK_SIZES, H200, {64: LAYOUTS[layout]})
     blocks = flash_attention.TUNED_BLOCK_SIZES[H200][64]
     state = abstract_train_state(
         MODEL,
@@ -77,11 +82,12 @@ def test_bf16_train_step_with_pallas_lowers_for_h200(
     module = exported.mlir_module()
     # Every kernel of the layout lowered, each at least once (the jitted kernel becomes a
     # function that every layer calls): the forward in Triton or Mosaic GPU (hopper_forward),
-    # dK/dV, and dQ unless the dK/dV kernel computes it (fused_dq).
-    triton_kernels = 1 + (not blocks.hopper_forward) + (not blocks.fused_dq)
+    # dK/dV, and dQ in Triton or Mosaic GPU (hopper_dq) unless dK/dV computes it (fused_dq).
+    triton_kernels = 1 + (not blocks.hopper_forward) + (not (blocks.fused_dq or blocks.hopper_dq))
     triton_calls, mosaic_calls = module.count(TRITON_CUSTOM_CALL), module.count("@mosaic_gpu_v2(")
     assert triton_calls >= triton_kernels, (triton_calls, blocks)
-    assert (mosaic_calls > 0) == blocks.hopper_forward, (mosaic_calls, blocks)
+    assert (mosaic_calls > 0) == (blocks.hopper_forward or blocks.hopper_dq), (mosaic_calls, blocks)
+    assert ("kiln_flash_attention_dq_hopper" in module) == blocks.hopper_dq
     assert "bf16" in module
     if remat == "offload":
         assert "pinned_host" in module  # saved activations go to host memory

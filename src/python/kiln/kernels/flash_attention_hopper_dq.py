@@ -1,0 +1,201 @@
+"""Flash attention's dQ for Hopper in Pallas Mosaic GPU: the Hopper forward's layout, three wgmma.
+
+A program owns two q tiles of one head, one per compute warpgroup, and the memory warpgroup
+streams the kv head's K/V tiles through the same SMEM ring as the forward
+(flash_attention_hopper.stream_kv_tiles). Per K/V tile a compute warpgroup recomputes
+p = exp2(q kᵀ · scale - lse), takes dp = dO vᵀ, forms ds = p (dp - delta) and adds ds k to its
+dQ accumulator: three matmuls on the tensor cores, where the Triton dQ kernel runs them through
+Triton's mma. Same inputs and output as that kernel (flash_attention._backward_dq), so either
+forward feeds it; masked logits are -inf, so a row with lse +inf (the Hopper forward's padded
+rows that see no key) or a finite lse (the Triton forward's) gets probability 0 for them.
+
+In the form jax's GPU interpret mode runs (the CPU tests check it): ds reaches its wgmma through
+SMEM and every product starts a fresh accumulator. No ping-pong between the two compute
+warpgroups yet: each runs its tiles at its own pace.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kiln.kernels.flash_attention_hopper import (
+    COMPUTE_WARPGROUPS,
+    WARPGROUPS,
+    WGMMA_TRANSFORMS,
+    HopperConfig,
+    check_interpreter_threads,
+    kv_tile_counts,
+    load_segments,
+    program_position,
+    row_vector,
+    stream_kv_tiles,
+    tile_mask,
+)
+
+
+def hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig) -> jax.Array:
+    """dQ [batch, seq, heads, dim] in q's dtype. lse and delta: fp32 [batch, heads, seq]."""
+    batch, padded_len, num_heads, head_dim = q.shape
+    config = config.fit_to(q, "dQ")
+    transforms = WGMMA_TRANSFORMS
+    q_tiles = (COMPUTE_WARPGROUPS, config.block_q, head_dim)
+    ring = (config.stages, config.block_kv, head_dim)
+    scratch = (
+        plgpu.SMEM(q_tiles, q.dtype, transforms=transforms),  # q, then dQ on its way out
+        plgpu.SMEM(q_tiles, q.dtype, transforms=transforms),  # dO
+        plgpu.SMEM(ring, q.dtype, transforms=transforms),  # K
+        plgpu.SMEM(ring, q.dtype, transforms=transforms),  # V
+        # ds, on its way to the ds k wgmma
+        plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q, config.block_kv), q.dtype, transforms=transforms),
+    )
+    barriers = (
+        plgpu.Barrier(num_barriers=config.stages),  # K tile landed
+        plgpu.Barrier(num_barriers=config.stages),  # V tile landed
+        plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # q tile landed
+        plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # dO tile landed
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=config.stages),  # K slot free
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=config.stages),  # V slot free
+    )
+
+    def kiln_flash_attention_dq_hopper(*refs):  # The kernel's name in profiles.
+        gmem_refs = list(refs)
+        if segment_ids is None:
+            gmem_refs.insert(3, None)
+        pl.run_scoped(
+            lambda smem, *barrier_refs: _kernel(gmem_refs, smem, barrier_refs, config),
+            scratch,
+            *barriers,
+            collective_axes="wg",
+        )
+
+    if config.interpret:
+        check_interpreter_threads()
+    inputs = [q, k, v, segment_ids, d_out, lse, delta]
+    return plgpu.kernel(
+        kiln_flash_attention_dq_hopper,
+        out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        grid=(num_heads, padded_len // config.program_rows, batch),
+        grid_names=("heads", "q_seq", "batch"),
+        num_threads=WARPGROUPS,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=plgpu.InterpretGPUParams() if config.interpret else None,
+    )(*[x for x in inputs if x is not None])
+
+
+def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
+    q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dq_ref = gmem_refs
+    q_smem, d_out_smem, k_smem, v_smem, ds_smem = smem
+    k_landed, v_landed, q_landed, d_out_landed, k_free, v_free = barriers
+    program_row, program_kv_tiles = program_position(q_ref.shape[1], config)
+    batch, head = lax.axis_index("batch"), lax.axis_index("heads")
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg < COMPUTE_WARPGROUPS)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        _compute_warpgroup(
+            q_ref.at[batch, :, head],
+            d_out_ref.at[batch, :, head],
+            lse_ref.at[batch, head],
+            delta_ref.at[batch, head],
+            segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
+            dq_ref.at[batch, :, head],
+            (q_smem.at[wg], d_out_smem.at[wg], k_smem, v_smem, ds_smem.at[wg]),
+            (k_landed, v_landed, q_landed.at[wg], d_out_landed.at[wg], k_free, v_free),
+            q_start=program_row + wg * config.block_q,
+            program_kv_tiles=program_kv_tiles,
+            config=config,
+        )
+
+    @pl.when(wg == COMPUTE_WARPGROUPS)
+    def _memory():
+        ring_barriers = (k_landed, v_landed, k_free, v_free)
+        group = q_ref.shape[2] // k_ref.shape[2]
+        stream_kv_tiles(k_ref, v_ref, k_smem, v_smem, ring_barriers, program_kv_tiles, group, config)
+
+
+def _compute_warpgroup(
+    q_ref,
+    d_out_ref,
+    lse_ref,
+    delta_ref,
+    segment_ids_ref,
+    dq_ref,
+    smem,
+    barriers,
+    *,
+    q_start,
+    program_kv_tiles,
+    config: HopperConfig,
+):
+    """One q tile: dQ summed over its K/V tiles, then back to GMEM via TMA."""
+    q_smem, d_out_smem, k_smem, v_smem, ds_smem = smem
+    k_landed, v_landed, q_landed, d_out_landed, k_free, v_free = barriers
+    block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
+    head_dim = q_smem.shape[-1]
+    q_rows = pl.ds(q_start, block_q)
+    plgpu.copy_gmem_to_smem(q_ref.at[q_rows], q_smem, q_landed)
+    plgpu.copy_gmem_to_smem(d_out_ref.at[q_rows], d_out_smem, d_out_landed)
+    row_stats = plgpu.Layout.WGMMA.reduce(1)
+    lse = plgpu.load(lse_ref.at[q_rows], layout=row_stats, optimized=False)
+    delta = plgpu.load(delta_ref.at[q_rows], layout=row_stats, optimized=False)
+    has_segments = segment_ids_ref is not None
+    num_tiles, unmasked_tiles = kv_tile_counts(q_start, program_kv_tiles, has_segments, config)
+    q_segments = load_segments(segment_ids_ref, q_start, block_q, 1) if has_segments else None
+    plgpu.barrier_wait(q_landed)
+    plgpu.barrier_wait(d_out_landed)
+
+    def matmul(a, b, shape):  # a @ b into a fresh fp32 accumulator
+        def run(acc_ref):
+            plgpu.wgmma(acc_ref, a, b)
+            return acc_ref[...]
+
+        return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+    def visit_tile(tile, dq, masked):
+        slot = lax.rem(tile, stages)
+        kv_start = tile * block_kv
+        if masked and has_segments:
+            kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 0)
+        else:
+            kv_segments = None
+        tile_shape = (block_q, block_kv)
+        plgpu.barrier_wait(k_landed.at[slot])
+        logits = matmul(q_smem, k_smem.at[slot].transpose((1, 0)), tile_shape)
+        if masked:
+            mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
+            logits = jnp.where(mask, logits, -jnp.inf)
+        probs = jnp.exp2(logits * config.logit_scale - row_vector(lse, tile_shape))
+        plgpu.barrier_wait(v_landed.at[slot])
+        d_probs = matmul(d_out_smem, v_smem.at[slot].transpose((1, 0)), tile_shape)
+        plgpu.barrier_arrive(v_free.at[slot])
+        ds_smem[...] = (probs * (d_probs - row_vector(delta, tile_shape))).astype(ds_smem.dtype)
+        plgpu.commit_smem()
+        dq = dq + matmul(ds_smem, k_smem.at[slot], (block_q, head_dim))
+        plgpu.barrier_arrive(k_free.at[slot])
+        return dq
+
+    def skip_tile(tile, _):
+        # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
+        slot = lax.rem(tile, stages)
+        plgpu.barrier_wait(k_landed.at[slot])
+        plgpu.barrier_wait(v_landed.at[slot])
+        plgpu.barrier_arrive(k_free.at[slot])
+        plgpu.barrier_arrive(v_free.at[slot])
+
+    dq = plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+    dq = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), dq)
+    dq = lax.fori_loop(unmasked_tiles, num_tiles, functools.partial(visit_tile, masked=True), dq)
+    lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
+
+    q_smem[...] = (dq * config.sm_scale).astype(q_smem.dtype)  # q's tile is free now
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[q_rows])
+    plgpu.wait_smem_to_gmem(0)
