@@ -5,10 +5,10 @@
 
 For each head dim it times the forward, dK/dV and dQ kernels separately over a list of
 candidate (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k
-tokens), then the alternatives of a layout against what they replace: the Hopper (Mosaic GPU)
-forward against the Triton one; the fused-dQ backward and dK/dV + the Hopper dQ against dK/dV +
-dQ. Each candidate's output is checked against the fp32 reference on batch row 0 / head 0
-before it is timed; a candidate that fails to compile (shared memory, registers) or whose error is
+tokens), then the alternatives of a layout against what they replace: each Hopper (Mosaic GPU)
+kernel against its Triton one, and the fused-dQ backward against the faster dK/dV + dQ. Each
+candidate's output is checked against the fp32 reference on batch row 0 / head 0 before it is
+timed; a candidate that fails to compile (shared memory, registers) or whose error is
 over --max-error is dropped. Prints one row per candidate and, per head dim, the winning
 `BlockSizes` (the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten
 after every kernel so a run stopped early keeps what it found. Context rows time cuDNN and jax's
@@ -39,6 +39,7 @@ from attention import (  # benchmarks/attention.py
 
 from kiln.artifacts import atomic_write_json
 from kiln.kernels import flash_attention as fa
+from kiln.kernels.flash_attention_hopper_dkv import hopper_dkv
 from kiln.kernels.flash_attention_hopper_dq import hopper_dq
 from kiln.kernels.reference import reference_attention
 
@@ -79,6 +80,14 @@ CANDIDATES = {
         (128, 128, 8, 3),
         (64, 64, 4, 3),
     ],
+    # The Mosaic GPU dK/dV: (q tile, rows per compute warpgroup, q/dO tiles in flight). At d=128
+    # 128-row K/V tiles would need 256 accumulator registers per thread.
+    "hopper_dkv": [
+        (64, 64, 2),
+        (64, 64, 3),
+        (64, 64, 4),
+        (128, 64, 2),
+    ],
     # The Mosaic GPU dQ: (rows per compute warpgroup, K/V tile, K/V tiles in flight). At d=128
     # q, dO, ds and a ring of 2 tiles of 128 take 224 KiB of the 227.
     "hopper_dq": [
@@ -98,11 +107,12 @@ CANDIDATES = {
     ],
 }
 # Matmuls of seq x seq x dim each kernel does (the split backward recomputes q k^T and dout v^T).
-MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "dq": 3, "hopper_dq": 3, "fused": 5}
+MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "hopper_dkv": 4, "dq": 3, "hopper_dq": 3, "fused": 5}
 FIELDS = {
     "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
     "hopper": ("block_q", "block_kv", "num_stages_fwd", "hopper_p_in_registers"),
     "dkv": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
+    "hopper_dkv": ("block_q_dkv", "block_kv_dkv", "num_stages_dkv"),
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
     "hopper_dq": ("block_q_dq", "block_kv_dq", "num_stages_dq"),
     "fused": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
@@ -111,13 +121,19 @@ FIELDS = {
 LAYOUT = {
     "fwd": {"hopper_forward": False},
     "hopper": {"hopper_forward": True},
-    "dkv": {"fused_dq": False},
+    "dkv": {"fused_dq": False, "hopper_dkv": False},
+    "hopper_dkv": {"fused_dq": False, "hopper_dkv": True},
     "dq": {"fused_dq": False, "hopper_dq": False},
     "hopper_dq": {"fused_dq": False, "hopper_dq": True},
-    "fused": {"fused_dq": True, "hopper_dq": False},
+    "fused": {"fused_dq": True, "hopper_dkv": False, "hopper_dq": False},
 }
-# What the forward's choice decides; the backward's choice decides the rest.
-FORWARD_FIELDS = (*FIELDS["fwd"], "hopper_p_in_registers", "hopper_forward")
+# Per kernel: its Hopper alternative, and the fields that choosing between them decides.
+HOPPER_ALTERNATIVE = {"fwd": "hopper", "dkv": "hopper_dkv", "dq": "hopper_dq"}
+CHOSEN_FIELDS = {
+    "fwd": (*FIELDS["fwd"], "hopper_p_in_registers", "hopper_forward"),
+    "dkv": (*FIELDS["dkv"], "hopper_dkv", "fused_dq"),
+    "dq": (*FIELDS["dq"], "hopper_dq"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +195,7 @@ class KernelBench:
             "fwd": (out,),
             "hopper": (out,),
             "dkv": (dk, dv),
+            "hopper_dkv": (dk, dv),
             "dq": (dq,),
             "hopper_dq": (dq,),
             "fused": (dq / sm_scale, dk, dv),
@@ -192,8 +209,11 @@ class KernelBench:
                 self.k,
                 self.v,
             )
-        if name == "hopper_dq":
-            fn = jax.jit(lambda *args: hopper_dq(*args[:3], None, *args[3:], config.hopper_dq))
+        if name in ("hopper_dkv", "hopper_dq"):
+            hopper_kernel, hopper_config = (
+                (hopper_dkv, config.hopper_dkv) if name == "hopper_dkv" else (hopper_dq, config.hopper_dq)
+            )
+            fn = jax.jit(lambda *args: hopper_kernel(*args[:3], None, *args[3:], hopper_config))
         else:
             body = {"dkv": fa._backward_dkv, "fused": fa._backward_dkv, "dq": fa._backward_dq}[name]
             fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
@@ -210,7 +230,9 @@ class KernelBench:
 def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
     """The current setting first (the one to beat), then the others. For a Hopper kernel when
     base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
-    switch = {"hopper": "hopper_forward", "hopper_dq": "hopper_dq"}.get(kernel)
+    switch = {"hopper": "hopper_forward", "hopper_dkv": "hopper_dkv", "hopper_dq": "hopper_dq"}.get(
+        kernel
+    )
     if switch is not None and not getattr(base, switch):
         return list(candidates)
     current = tuple(getattr(base, field) for field in FIELDS[kernel])
@@ -233,12 +255,12 @@ def tune_kernel(
             error = bench.error(kernel, fn(*args))
             seconds = device_seconds(fn, args, options.iters)
         except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: drop the candidate
-            print(f"  {kernel:<9} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
+            print(f"  {kernel:<10} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
             continue
         tflops = bench.problem.matmul_flops(kernel) / seconds / 1e12
         verdict = "rejected (error)" if error > options.max_error else ""
         print(
-            f"  {kernel:<9} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
+            f"  {kernel:<10} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
             f"err {error:.1e} {verdict}",
             flush=True,
         )
@@ -248,35 +270,48 @@ def tune_kernel(
 
 
 def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable) -> fa.BlockSizes:
-    """Triton forward, dK/dV and dQ first, then each alternative against what it replaces:
-    backward, dK/dV + dQ against the fused-dQ kernel and against dK/dV + the Hopper dQ; forward,
-    Triton against Hopper. The Hopper kernels go last: they are the ones never yet run on a
-    device, so if one hangs the time limit cuts only its own stage (on_update has the rest)."""
+    """The Triton forward, dK/dV and dQ first, then the alternatives: the fused-dQ backward,
+    and each Hopper kernel against its Triton one; the faster of each pair wins, then fused
+    against the chosen dK/dV + dQ. The Hopper kernels go last: they are the ones never yet run
+    on a device, so if one hangs the time limit cuts only its own stage (on_update has the rest)."""
     seconds = {}
     for kernel in ("fwd", "dkv", "dq"):
         blocks, seconds[kernel] = tune_kernel(bench, kernel, blocks, options)
         on_update(blocks)
-    backward = {"dK/dV + dQ": (seconds["dkv"] + seconds["dq"], blocks)}
-    forward = {"triton": (seconds["fwd"], blocks)}
+    split = blocks
+    chosen = {kernel: (seconds[kernel], split) for kernel in CHOSEN_FIELDS}
+    fused, fused_seconds = tune_kernel(bench, "fused", split, options)
 
-    def best_so_far() -> fa.BlockSizes:
-        _, back = min(backward.values(), key=lambda choice: choice[0])
-        _, front = min(forward.values(), key=lambda choice: choice[0])
-        return dataclasses.replace(back, **{f: getattr(front, f) for f in FORWARD_FIELDS})
+    def best_layout() -> tuple[fa.BlockSizes, float]:
+        """The chosen kernels' fields on split, and the chosen backward's seconds."""
+        layout = split
+        for kernel, (_, source) in chosen.items():
+            layout = dataclasses.replace(
+                layout, **{field: getattr(source, field) for field in CHOSEN_FIELDS[kernel]}
+            )
+        backward = chosen["dkv"][0] + chosen["dq"][0]
+        if fused_seconds < backward:
+            fields = CHOSEN_FIELDS["dkv"] + ("hopper_dq",)
+            layout = dataclasses.replace(layout, **{f: getattr(fused, f) for f in fields})
+        return layout, backward
 
-    fused, fused_seconds = tune_kernel(bench, "fused", blocks, options)
-    backward["fused dQ"] = (fused_seconds, fused)
-    on_update(best_so_far())
-    hopper, hopper_seconds = tune_kernel(bench, "hopper", blocks, options)
-    forward["hopper (mosaic gpu)"] = (hopper_seconds, hopper)
-    on_update(best_so_far())
-    hopper_dq_blocks, hopper_dq_seconds = tune_kernel(bench, "hopper_dq", blocks, options)
-    backward["dK/dV + hopper dQ (mosaic gpu)"] = (seconds["dkv"] + hopper_dq_seconds, hopper_dq_blocks)
-    for name, choices in (("backward", backward), ("forward", forward)):
-        times = ", ".join(f"{label} {sec * 1e3:.3f} ms" for label, (sec, _) in choices.items())
-        print(f"  {name}: {times}", flush=True)
-    blocks = best_so_far()
-    on_update(blocks)
+    on_update(best_layout()[0])
+    for kernel, alternative in HOPPER_ALTERNATIVE.items():
+        hopper, hopper_seconds = tune_kernel(bench, alternative, split, options)
+        print(
+            f"  {kernel}: triton {seconds[kernel] * 1e3:.3f} ms, hopper (mosaic gpu) "
+            f"{hopper_seconds * 1e3:.3f} ms",
+            flush=True,
+        )
+        if hopper_seconds < chosen[kernel][0]:
+            chosen[kernel] = (hopper_seconds, hopper)
+        on_update(best_layout()[0])
+    blocks, backward_seconds = best_layout()
+    print(
+        f"  backward: dK/dV + dQ {backward_seconds * 1e3:.3f} ms, fused dQ "
+        f"{fused_seconds * 1e3:.3f} ms",
+        flush=True,
+    )
     return blocks
 
 

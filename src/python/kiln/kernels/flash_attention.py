@@ -11,9 +11,9 @@ docs/attention-kernel.md describes the design; the short version:
 - dQ: grid (q blocks, batch, heads); each program loops over kv tiles. Or, with
   BlockSizes.fused_dq, no dQ kernel: the dK/dV kernel adds each tile's dQ into an fp32 buffer
   with atomics (5 matmuls instead of 7; dQ's summation order then varies between GPU runs).
-- Hopper forward and dQ (BlockSizes.hopper_forward, hopper_dq; 16-bit inputs): that kernel runs
-  as a Mosaic GPU kernel instead (flash_attention_hopper.py, flash_attention_hopper_dq.py:
-  warp-specialised, TMA, wgmma) with the same inputs and outputs.
+- Hopper kernels (BlockSizes.hopper_forward, hopper_dkv, hopper_dq; 16-bit inputs): that kernel
+  runs as a Mosaic GPU kernel instead (flash_attention_hopper*.py: warp-specialised, TMA, wgmma)
+  with the same inputs and outputs.
 - GQA: q head h reads kv head h // group in the BlockSpec index maps.
 - Causal: loop bounds skip tiles fully in the future; only tiles on the diagonal build a mask.
 - Lengths that are not a multiple of the block are padded here; padded keys are masked.
@@ -32,6 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kiln.kernels.flash_attention_hopper import WGMMA_ROWS, HopperConfig, hopper_forward
+from kiln.kernels.flash_attention_hopper_dkv import hopper_dkv
 from kiln.kernels.flash_attention_hopper_dq import hopper_dq
 
 # Finite on purpose: a row whose keys are all masked inside one tile gets exp2(0) = 1 instead of
@@ -63,6 +64,8 @@ class BlockSizes:
     hopper_dq: for 16-bit inputs the dQ kernel is the Mosaic GPU kernel of
     flash_attention_hopper_dq.py (the forward's layout: block_q_dq rows per compute warpgroup,
     num_stages_dq K/V tiles in flight, num_warps_dq unused). Not with fused_dq.
+    hopper_dkv: likewise for dK/dV (flash_attention_hopper_dkv.py: block_kv_dkv rows per compute
+    warpgroup, num_stages_dkv q/dO tiles of block_q_dkv in flight). Not with fused_dq.
     """
 
     block_q: int = 64
@@ -81,6 +84,7 @@ class BlockSizes:
     hopper_forward: bool = False
     hopper_p_in_registers: bool = False
     hopper_dq: bool = False
+    hopper_dkv: bool = False
 
     def __post_init__(self) -> None:
         for name in _BLOCK_FIELDS:
@@ -90,16 +94,17 @@ class BlockSizes:
                     f"BlockSizes.{name}={size} must be a power of two >= {self._smallest(name)}"
                     + (" (a Hopper kernel's tile)" if self._smallest(name) > MIN_BLOCK else "")
                 )
-        for switch, stages in (("hopper_forward", "num_stages_fwd"), ("hopper_dq", "num_stages_dq")):
+        for switch, stages in _HOPPER_STAGES.items():
             if getattr(self, switch) and getattr(self, stages) < 2:
                 raise ValueError(f"BlockSizes.{stages} must be >= 2 with {switch}")
-        if self.hopper_dq and self.fused_dq:
-            raise ValueError("BlockSizes: hopper_dq and fused_dq exclude each other (fused: no dQ kernel)")
+        for switch in ("hopper_dq", "hopper_dkv"):
+            if getattr(self, switch) and self.fused_dq:
+                raise ValueError(f"BlockSizes: {switch} and fused_dq exclude each other")
 
     def _smallest(self, name: str) -> int:
         # wgmma covers 64 rows of a warpgroup: the Hopper kernels' tiles are multiples of 64.
-        hopper = (self.hopper_forward and name in _FORWARD_FIELDS) or (
-            self.hopper_dq and name in _DQ_FIELDS
+        hopper = any(
+            getattr(self, switch) and name in fields for switch, fields in _HOPPER_FIELDS.items()
         )
         return WGMMA_ROWS if hopper else MIN_BLOCK
 
@@ -118,14 +123,23 @@ class BlockSizes:
         sizes = [getattr(self, name) for name in _BLOCK_FIELDS]
         sizes += [2 * self.block_q] if self.hopper_forward else []
         sizes += [2 * self.block_q_dq] if self.hopper_dq else []
+        sizes += [2 * self.block_kv_dkv] if self.hopper_dkv else []
         return max(sizes)
 
 
 _BLOCK_FIELDS = tuple(
     f"block_{suffix}" for suffix in ("q", "kv", "q_dkv", "kv_dkv", "q_dq", "kv_dq")
 )
-_FORWARD_FIELDS = ("block_q", "block_kv")
-_DQ_FIELDS = ("block_q_dq", "block_kv_dq")
+_HOPPER_FIELDS = {  # Tiles of the Mosaic GPU kernels: multiples of 64.
+    "hopper_forward": ("block_q", "block_kv"),
+    "hopper_dkv": ("block_q_dkv", "block_kv_dkv"),
+    "hopper_dq": ("block_q_dq", "block_kv_dq"),
+}
+_HOPPER_STAGES = {  # Their ring depths: at least 2.
+    "hopper_forward": "num_stages_fwd",
+    "hopper_dkv": "num_stages_dkv",
+    "hopper_dq": "num_stages_dq",
+}
 
 # Tuned on an H200 on 2026-11-30 by benchmarks/attention_tune.py (each kernel on its own, causal,
 # seq 4096, bf16; numbers in benchmarks/RESULTS.md). The H100 shares the chip and uses them unmeasured.
@@ -184,6 +198,7 @@ class _KernelConfig:
     block_sizes: BlockSizes
     interpret: bool
     hopper_forward: HopperConfig | None = None  # Set: the forward is the Mosaic GPU kernel.
+    hopper_dkv: HopperConfig | None = None  # Set: so is the dK/dV kernel.
     hopper_dq: HopperConfig | None = None  # Set: so is the dQ kernel.
 
     @property
@@ -272,6 +287,14 @@ def _kernel_config(
             p_in_registers=block_sizes.hopper_p_in_registers and not interpret,
         )
         config = dataclasses.replace(config, hopper_forward=forward)
+    if block_sizes.hopper_dkv:
+        dkv = hopper(
+            block_q=block_sizes.block_q_dkv,
+            block_kv=block_sizes.block_kv_dkv,
+            stages=block_sizes.num_stages_dkv,
+            kv_programs=True,
+        )
+        config = dataclasses.replace(config, hopper_dkv=dkv)
     if block_sizes.hopper_dq:
         dq = hopper(
             block_q=block_sizes.block_q_dq,
@@ -348,7 +371,10 @@ def _flash_attention_bwd(config: _KernelConfig, residuals, d_out):
         dq, dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
         dq = (dq * config.sm_scale).astype(q.dtype)
     else:
-        dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+        if config.hopper_dkv is not None:
+            dk, dv = hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dkv)
+        else:
+            dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
         if config.hopper_dq is not None:
             dq = hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dq)
         else:

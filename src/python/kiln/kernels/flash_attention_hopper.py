@@ -66,6 +66,9 @@ class HopperConfig:
     stages: int  # K/V tiles in flight (SMEM ring slots), >= 2 for double buffering.
     interpret: bool
     p_in_registers: bool = False  # Forward: p v takes p from registers, in place (GPU only).
+    # dK/dV: a program owns two K/V tiles (block_kv rows per compute warpgroup) and streams q
+    # tiles; otherwise it owns two q tiles and streams K/V tiles.
+    kv_programs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv"):
@@ -83,7 +86,11 @@ class HopperConfig:
 
     @property
     def program_rows(self) -> int:
-        return COMPUTE_WARPGROUPS * self.block_q
+        return COMPUTE_WARPGROUPS * (self.block_kv if self.kv_programs else self.block_q)
+
+    @property
+    def streamed_block(self) -> int:
+        return self.block_q if self.kv_programs else self.block_kv
 
     def fit_to(self, q: jax.Array, kernel: str) -> HopperConfig:
         """Checks q [batch, padded_len, heads, dim] against the tiles, and shortens a ring longer
@@ -94,12 +101,13 @@ class HopperConfig:
                 f"Hopper {kernel} wants 16-bit inputs and head dim a multiple of {WGMMA_ROWS}; "
                 f"got {q.dtype}, head dim {head_dim}"
             )
-        if padded_len % self.program_rows or padded_len % self.block_kv:
+        if padded_len % self.program_rows or padded_len % self.streamed_block:
             raise ValueError(
                 f"Hopper {kernel}: padded length {padded_len} must be a multiple of "
-                f"{self.program_rows} and {self.block_kv}"
+                f"{self.program_rows} and {self.streamed_block}"
             )
-        return dataclasses.replace(self, stages=min(self.stages, padded_len // self.block_kv))
+        stages = min(self.stages, padded_len // self.streamed_block)
+        return dataclasses.replace(self, stages=stages)
 
 
 def hopper_forward(
@@ -256,28 +264,59 @@ def stream_kv_tiles(
     kv_head = lax.div(head, jnp.int32(group))
     k_ref, v_ref = k_ref.at[batch, :, kv_head], v_ref.at[batch, :, kv_head]
     k_landed, v_landed, k_free, v_free = barriers
-    stages, block_kv = config.stages, config.block_kv
 
     def load(tile, slot):
-        rows = pl.ds(tile * block_kv, block_kv)
+        rows = pl.ds(tile * config.block_kv, config.block_kv)
         plgpu.copy_gmem_to_smem(k_ref.at[rows], k_smem.at[slot], k_landed.at[slot])
         plgpu.copy_gmem_to_smem(v_ref.at[rows], v_smem.at[slot], v_landed.at[slot])
 
+    fill_ring(load, (k_free, v_free), num_tiles, config.stages)
+
+
+def fill_ring(load, free_barriers, num_tiles, stages: int) -> None:
+    """Runs load(tile, slot) for tiles 0..num_tiles into a ring of `stages` SMEM slots; a slot
+    is refilled once every free barrier of it has completed (both compute warpgroups released
+    it), and the last releases are drained so that every barrier phase is waited on."""
     for slot in range(stages):
         pl.when(slot < num_tiles)(functools.partial(load, slot, slot))
+
+    def wait_free(slot):
+        for barrier in free_barriers:
+            plgpu.barrier_wait(barrier.at[slot])
 
     @pl.loop(stages, jnp.maximum(num_tiles, stages))
     def _refill(tile):
         slot = lax.rem(tile, stages)
-        plgpu.barrier_wait(k_free.at[slot])
-        plgpu.barrier_wait(v_free.at[slot])
+        wait_free(slot)
         load(tile, slot)
 
     @pl.loop(jnp.maximum(num_tiles - stages, 0), num_tiles)
     def _drain(tile):  # The last releases: nothing left to load into those slots.
-        slot = lax.rem(tile, stages)
-        plgpu.barrier_wait(k_free.at[slot])
-        plgpu.barrier_wait(v_free.at[slot])
+        wait_free(lax.rem(tile, stages))
+
+
+def matmul(a, b, shape: tuple[int, int]) -> jax.Array:
+    """a @ b by wgmma into a fresh fp32 accumulator (a and b in SMEM)."""
+
+    def run(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+        return acc_ref[...]
+
+    return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
+
+
+def accumulate(acc: jax.Array, a, b, config: HopperConfig) -> jax.Array:
+    """acc + a @ b. On the GPU the wgmma accumulates into acc in place (run_state: no second
+    accumulator's registers); the interpreter has no rule for that, so there it takes a fresh
+    accumulator and one add."""
+    if config.interpret:
+        rows, columns = acc.shape
+        return acc + matmul(a, b, (rows, columns))
+
+    def run(acc_ref):
+        plgpu.wgmma(acc_ref, a, b)
+
+    return pl.run_state(run)(plgpu.ACC.init(acc))
 
 
 def row_vector(x: jax.Array, shape: tuple[int, int]) -> jax.Array:
@@ -306,14 +345,21 @@ def load_segments(segment_ids_ref, start, size: int, reduced_dim: int) -> jax.Ar
     return plgpu.load(segment_ids_ref.at[pl.ds(start, size)], layout=layout, optimized=False)
 
 
-def tile_mask(q_start, kv_start, q_segments, kv_segments, config: HopperConfig) -> jax.Array:
-    """[block_q, block_kv] bool, True where the query attends to the key."""
-    shape = (config.block_q, config.block_kv)
-    q_pos = plgpu.broadcasted_iota(jnp.int32, shape, 0, layout=plgpu.Layout.WGMMA) + q_start
-    kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, 1, layout=plgpu.Layout.WGMMA) + kv_start
+def tile_mask(
+    q_start, kv_start, q_segments, kv_segments, config: HopperConfig, q_dim: int = 0
+) -> jax.Array:
+    """[block_q, block_kv] bool, True where the query attends to the key; with q_dim=1 the
+    transposed [block_kv, block_q] tile of the dK/dV kernel."""
+    sizes = (config.block_q, config.block_kv)
+    shape = sizes if q_dim == 0 else sizes[::-1]
+    kv_dim = 1 - q_dim
+    q_pos = plgpu.broadcasted_iota(jnp.int32, shape, q_dim, layout=plgpu.Layout.WGMMA) + q_start
+    kv_pos = plgpu.broadcasted_iota(jnp.int32, shape, kv_dim, layout=plgpu.Layout.WGMMA) + kv_start
     mask = q_pos >= kv_pos if config.causal else kv_pos < config.seq_len
     if kv_segments is not None:
-        mask &= row_vector(q_segments, shape) == lax.broadcast_in_dim(kv_segments, shape, [1])
+        mask &= lax.broadcast_in_dim(q_segments, shape, [q_dim]) == lax.broadcast_in_dim(
+            kv_segments, shape, [kv_dim]
+        )
     return mask
 
 

@@ -9,9 +9,10 @@ Triton's mma. Same inputs and output as that kernel (flash_attention._backward_d
 forward feeds it; masked logits are -inf, so a row with lse +inf (the Hopper forward's padded
 rows that see no key) or a finite lse (the Triton forward's) gets probability 0 for them.
 
-In the form jax's GPU interpret mode runs (the CPU tests check it): ds reaches its wgmma through
-SMEM and every product starts a fresh accumulator. No ping-pong between the two compute
-warpgroups yet: each runs its tiles at its own pace.
+ds reaches its wgmma through SMEM (jax's GPU interpret mode takes wgmma operands from memory
+only; the CPU tests check this kernel) and dQ accumulates in place on the GPU, through a fresh
+accumulator in the interpreter (flash_attention_hopper.accumulate). No ping-pong between the two
+compute warpgroups yet: each runs its tiles at its own pace.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from kiln.kernels.flash_attention_hopper import (
     WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
+    accumulate,
     check_interpreter_threads,
     kv_tile_counts,
     load_segments,
+    matmul,
     program_position,
     row_vector,
     stream_kv_tiles,
@@ -152,13 +155,6 @@ def _compute_warpgroup(
     plgpu.barrier_wait(q_landed)
     plgpu.barrier_wait(d_out_landed)
 
-    def matmul(a, b, shape):  # a @ b into a fresh fp32 accumulator
-        def run(acc_ref):
-            plgpu.wgmma(acc_ref, a, b)
-            return acc_ref[...]
-
-        return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
-
     def visit_tile(tile, dq, masked):
         slot = lax.rem(tile, stages)
         kv_start = tile * block_kv
@@ -178,7 +174,7 @@ def _compute_warpgroup(
         plgpu.barrier_arrive(v_free.at[slot])
         ds_smem[...] = (probs * (d_probs - row_vector(delta, tile_shape))).astype(ds_smem.dtype)
         plgpu.commit_smem()
-        dq = dq + matmul(ds_smem, k_smem.at[slot], (block_q, head_dim))
+        dq = accumulate(dq, ds_smem, k_smem.at[slot], config)
         plgpu.barrier_arrive(k_free.at[slot])
         return dq
 

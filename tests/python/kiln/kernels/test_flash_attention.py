@@ -41,11 +41,8 @@ SMALL_BLOCKS = BlockSizes(32, 32, 32, 32, 32, 32)
 MIXED_BLOCKS = BlockSizes(
     block_q=32, block_kv=64, block_q_dkv=64, block_kv_dkv=32, block_q_dq=32, block_kv_dq=64
 )
-# The Mosaic GPU forward and dQ (GPU interpret mode on CPU): their tiles are multiples of 64.
-HOPPER_BLOCKS = replace(
-    SMALL_BLOCKS, block_q=64, block_kv=64, block_q_dq=64, block_kv_dq=64, hopper_forward=True,
-    hopper_dq=True,
-)
+# The Mosaic GPU kernels (GPU interpret mode on CPU): their tiles are multiples of 64.
+HOPPER_BLOCKS = BlockSizes(hopper_forward=True, hopper_dkv=True, hopper_dq=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,22 +78,26 @@ CASES = {
     "fused-dq-bf16-d128-full-gqa4:1-pad80": Case(
         80, 4, 1, 128, jnp.bfloat16, False, False, True, replace(SMALL_BLOCKS, fused_dq=True)
     ),
-    # Several causal programs (the diagonal, skipped tiles, a 3-deep K/V ring) and ragged
-    # segments, through both Hopper kernels.
-    "hopper-fwd+dq-bf16-d64-causal-gqa4:2-segments-outliers-pad300": Case(
+    # Several causal programs (the diagonal, skipped tiles, 3-deep rings) and ragged segments,
+    # through the three Hopper kernels.
+    "hopper-all-bf16-d64-causal-gqa4:2-segments-outliers-pad300": Case(
         300, 4, 2, 64, jnp.bfloat16, True, True, True,
-        replace(HOPPER_BLOCKS, num_stages_fwd=3, num_stages_dq=3), batch=1,
+        replace(HOPPER_BLOCKS, num_stages_fwd=3, num_stages_dkv=3, num_stages_dq=3), batch=1,
     ),
     # Unequal tiles, padded keys masked in the last kv tile only; padded query rows (segment -1)
     # then see no key at all.
     "hopper-fwd-bf16-d128-full-gqa4:1-segments-pad200": Case(
         200, 4, 1, 128, jnp.bfloat16, False, True, True,
-        replace(HOPPER_BLOCKS, block_kv=128, hopper_dq=False), batch=1,
+        replace(HOPPER_BLOCKS, block_kv=128, hopper_dkv=False, hopper_dq=False), batch=1,
     ),
-    # The Hopper dQ after the Triton forward (whose lse is finite where the Hopper one's is +inf).
-    "hopper-dq-bf16-d128-full-gqa4:2-segments-pad200": Case(
+    # The Hopper backward after the Triton forward (whose lse is finite where the Hopper one's
+    # is +inf), unequal tiles in both kernels.
+    "hopper-bwd-bf16-d128-full-gqa4:2-segments-pad200": Case(
         200, 4, 2, 128, jnp.bfloat16, False, True, False,
-        replace(HOPPER_BLOCKS, block_q=32, block_kv=32, hopper_forward=False, block_kv_dq=128),
+        replace(
+            HOPPER_BLOCKS, block_q=32, block_kv=32, hopper_forward=False, block_kv_dkv=128,
+            block_kv_dq=128,
+        ),
         batch=1,
     ),
 }
@@ -231,7 +232,16 @@ def test_grouped_query_attention_never_repeats_kv() -> None:
 
 
 HOPPER_FORWARD = {"hopper_forward": True, "block_q": 64, "block_kv": 128, "num_stages_fwd": 2}
-HOPPER_DQ = {"hopper_dq": True, "block_q_dq": 64, "block_kv_dq": 128, "num_stages_dq": 2}
+HOPPER_BACKWARD = {
+    "hopper_dkv": True,
+    "block_q_dkv": 64,
+    "block_kv_dkv": 64,
+    "num_stages_dkv": 2,
+    "hopper_dq": True,
+    "block_q_dq": 64,
+    "block_kv_dq": 128,
+    "num_stages_dq": 2,
+}
 
 
 @pytest.mark.parametrize(
@@ -243,7 +253,7 @@ HOPPER_DQ = {"hopper_dq": True, "block_q_dq": 64, "block_kv_dq": 128, "num_stage
         (True, HOPPER_FORWARD),
         # p from registers: GPU only, so lowering is its check here.
         (True, {**HOPPER_FORWARD, "hopper_p_in_registers": True}),
-        (True, {**HOPPER_FORWARD, **HOPPER_DQ}),
+        (True, {**HOPPER_FORWARD, **HOPPER_BACKWARD}),
     ],
     ids=[
         "forward",
@@ -251,7 +261,7 @@ HOPPER_DQ = {"hopper_dq": True, "block_q_dq": 64, "block_kv_dq": 128, "num_stage
         "forward+grad-fused-dq",
         "forward+grad-hopper-forward",
         "forward+grad-hopper-forward-p-in-registers",
-        "forward+grad-hopper-forward-hopper-dq",
+        "forward+grad-hopper-all",
     ],
 )
 def test_lowers_for_h200(with_grad: bool, layout: dict) -> None:
@@ -272,7 +282,8 @@ def test_lowers_for_h200(with_grad: bool, layout: dict) -> None:
     module = exported.mlir_module()
     triton = ["fwd", "dkv", "dq"] if with_grad else ["fwd"]
     mosaic = []
-    for kernel, replaced in (("fused_dq", "dq"), ("hopper_forward", "fwd"), ("hopper_dq", "dq")):
+    switches = {"fused_dq": "dq", "hopper_forward": "fwd", "hopper_dkv": "dkv", "hopper_dq": "dq"}
+    for kernel, replaced in switches.items():
         if getattr(blocks, kernel):
             triton.remove(replaced)
             mosaic += [] if kernel == "fused_dq" else [f"{replaced}_hopper"]
@@ -307,13 +318,15 @@ def test_hopper_interpreter_refuses_a_thread_pool_it_would_hang_on(monkeypatch) 
 
 
 def test_hopper_kernels_take_16_bit_inputs_only() -> None:
-    """fp32 inputs keep the Triton forward and dQ even where the table turns the Hopper ones on."""
-    blocks = replace(TUNED_BLOCK_SIZES["NVIDIA H200"][64], hopper_forward=True, hopper_dq=True)
+    """fp32 inputs keep the Triton kernels even where the table turns the Hopper ones on."""
+    blocks = replace(
+        TUNED_BLOCK_SIZES["NVIDIA H200"][64], hopper_forward=True, hopper_dkv=True, hopper_dq=True
+    )
 
     def loss(q, k, v):
         return flash_attention(q, k, v, block_sizes=blocks).astype(jnp.float32).sum()
 
-    for dtype, mosaic_calls in ((jnp.bfloat16, 2), (jnp.float16, 2), (jnp.float32, 0)):
+    for dtype, mosaic_calls in ((jnp.bfloat16, 3), (jnp.float16, 3), (jnp.float32, 0)):
         x = jax.ShapeDtypeStruct((1, 256, 2, 64), dtype)
         module = export_for_h200(jax.grad(loss, argnums=(0, 1, 2)), x, x, x).mlir_module()
         assert module.count("@mosaic_gpu_v2(") == mosaic_calls, dtype
@@ -351,5 +364,5 @@ def test_rejects_bad_block_size() -> None:
         BlockSizes(num_stages_fwd=1, hopper_forward=True)
     with pytest.raises(ValueError, match=r"block_kv_dq=32 must be a power of two >= 64 \(a Hopper"):
         BlockSizes(block_kv_dq=32, hopper_dq=True)
-    with pytest.raises(ValueError, match="hopper_dq and fused_dq"):
-        BlockSizes(hopper_dq=True, fused_dq=True)
+    with pytest.raises(ValueError, match="hopper_dkv and fused_dq"):
+        BlockSizes(hopper_dkv=True, fused_dq=True)

@@ -45,8 +45,8 @@ HOPPER_FORWARD = dataclasses.replace(
 )
 LAYOUTS = {
     "hopper-forward+fused-dq": dataclasses.replace(HOPPER_FORWARD, fused_dq=True),
-    "hopper-forward+hopper-dq": dataclasses.replace(
-        HOPPER_FORWARD, hopper_dq=True, block_q_dq=64, block_kv_dq=128
+    "hopper-all": dataclasses.replace(
+        HOPPER_FORWARD, hopper_dkv=True, hopper_dq=True, block_q_dq=64, block_kv_dq=128
     ),
 }
 
@@ -82,12 +82,15 @@ def test_bf16_train_step_with_pallas_lowers_for_h200(
     module = exported.mlir_module()
     # Every kernel of the layout lowered, each at least once (the jitted kernel becomes a
     # function that every layer calls): the forward in Triton or Mosaic GPU (hopper_forward),
-    # dK/dV, and dQ in Triton or Mosaic GPU (hopper_dq) unless dK/dV computes it (fused_dq).
-    triton_kernels = 1 + (not blocks.hopper_forward) + (not (blocks.fused_dq or blocks.hopper_dq))
+    # dK/dV in Triton or Mosaic GPU (hopper_dkv), and dQ in either (hopper_dq) unless dK/dV
+    # computes it (fused_dq).
+    hopper = {"fwd": blocks.hopper_forward, "dkv": blocks.hopper_dkv, "dq": blocks.hopper_dq}
+    triton_kernels = sum(not on for on in hopper.values()) - blocks.fused_dq
     triton_calls, mosaic_calls = module.count(TRITON_CUSTOM_CALL), module.count("@mosaic_gpu_v2(")
     assert triton_calls >= triton_kernels, (triton_calls, blocks)
-    assert (mosaic_calls > 0) == (blocks.hopper_forward or blocks.hopper_dq), (mosaic_calls, blocks)
-    assert ("kiln_flash_attention_dq_hopper" in module) == blocks.hopper_dq
+    assert (mosaic_calls > 0) == any(hopper.values()), (mosaic_calls, blocks)
+    for kernel, on in hopper.items():
+        assert (f"kiln_flash_attention_{kernel}_hopper" in module) == on, kernel
     assert "bf16" in module
     if remat == "offload":
         assert "pinned_host" in module  # saved activations go to host memory

@@ -1,0 +1,239 @@
+"""Flash attention's dK/dV for Hopper in Pallas Mosaic GPU: warp-specialised, four wgmma per tile.
+
+FlashAttention-3's dK/dV layout. A program owns two K/V tiles of one kv head, one per compute
+warpgroup (block_kv rows each); the memory warpgroup streams q and dO tiles of every q head in
+the kv head's group through a ring of SMEM slots with TMA, so GQA gradients are summed in the
+accumulators without repeating K/V. Per q tile a compute warpgroup works on the transposed
+problem, rows = its keys:
+    sT = k qᵀ,  pT = exp2(sT · scale - lse),  dV += pT dO,
+    dpT = v dOᵀ, dsT = pT (dpT - delta),       dK += dsT q
+then writes dK · sm_scale and dV through its K/V SMEM tiles by TMA. Same inputs and outputs as
+the Triton dK/dV kernel (flash_attention._backward_dkv without fused_dq), so either forward
+feeds it: masked logits are -inf, probability 0 whether lse is finite or +inf.
+
+Causal: a K/V tile sees only q tiles from its own start on; those that straddle the diagonal
+are masked, later ones are not. Programs run first to last, so the longest start first. lse and
+delta come by plain loads (256 bytes per tile each, in the WGMMA column layout); pT and dsT reach
+their wgmma through SMEM (the interpreter takes operands from memory only) and dK/dV accumulate
+in place on the GPU (flash_attention_hopper.accumulate).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from kiln.kernels.flash_attention_hopper import (
+    COMPUTE_WARPGROUPS,
+    WARPGROUPS,
+    WGMMA_TRANSFORMS,
+    HopperConfig,
+    accumulate,
+    check_interpreter_threads,
+    fill_ring,
+    load_segments,
+    matmul,
+    tile_mask,
+)
+
+
+def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
+    """(dK, dV) [batch, seq, kv_heads, dim] in k's dtype. lse and delta: fp32 [batch, heads, seq]."""
+    assert config.kv_programs, "the dK/dV kernel's programs own K/V tiles"
+    batch, padded_len, num_kv_heads, head_dim = k.shape
+    config = config.fit_to(q, "dK/dV")
+    block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
+    kv_tiles = (COMPUTE_WARPGROUPS, block_kv, head_dim)
+    ring = (stages, block_q, head_dim)
+    scratch = (
+        plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # K, then dK on its way out
+        plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # V, then dV
+        plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # q
+        plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # dO
+        # pT, then dsT, on their way to the dV and dK wgmma
+        plgpu.SMEM((COMPUTE_WARPGROUPS, block_kv, block_q), q.dtype, transforms=WGMMA_TRANSFORMS),
+    )
+    barriers = (
+        plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # K tile landed
+        plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # V tile landed
+        plgpu.Barrier(num_barriers=stages),  # q tile landed
+        plgpu.Barrier(num_barriers=stages),  # dO tile landed
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # q slot free
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # dO slot free
+    )
+
+    def kiln_flash_attention_dkv_hopper(*refs):  # The kernel's name in profiles.
+        gmem_refs = list(refs)
+        if segment_ids is None:
+            gmem_refs.insert(3, None)
+        pl.run_scoped(
+            lambda smem, *barrier_refs: _kernel(gmem_refs, smem, barrier_refs, config),
+            scratch,
+            *barriers,
+            collective_axes="wg",
+        )
+
+    if config.interpret:
+        check_interpreter_threads()
+    inputs = [q, k, v, segment_ids, d_out, lse, delta]
+    kv_shape = jax.ShapeDtypeStruct(k.shape, k.dtype)
+    return plgpu.kernel(
+        kiln_flash_attention_dkv_hopper,
+        out_type=(kv_shape, kv_shape),
+        grid=(num_kv_heads, padded_len // config.program_rows, batch),
+        grid_names=("heads", "kv_seq", "batch"),
+        num_threads=WARPGROUPS,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(approx_math=True),
+        interpret=plgpu.InterpretGPUParams() if config.interpret else None,
+    )(*[x for x in inputs if x is not None])
+
+
+def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
+    q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dk_ref, dv_ref = gmem_refs
+    k_smem, v_smem, q_smem, d_out_smem, ds_smem = smem
+    k_landed, v_landed, q_landed, d_out_landed, q_free, d_out_free = barriers
+    batch, kv_head = lax.axis_index("batch"), lax.axis_index("heads")
+    group = q_ref.shape[2] // k_ref.shape[2]
+    program_row = lax.axis_index("kv_seq") * config.program_rows
+    real_q_tiles = pl.cdiv(config.seq_len, config.block_q)
+    # Causal: earlier q tiles end before any of the program's keys; clamped for programs made
+    # only of padding, which visit nothing and write zeros.
+    first_q_tile = lax.div(program_row, config.block_q) if config.causal else 0
+    first_q_tile = jnp.minimum(first_q_tile, real_q_tiles)
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg < COMPUTE_WARPGROUPS)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        _compute_warpgroup(
+            (k_ref.at[batch, :, kv_head], v_ref.at[batch, :, kv_head]),
+            (lse_ref.at[batch], delta_ref.at[batch]),
+            segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
+            (dk_ref.at[batch, :, kv_head], dv_ref.at[batch, :, kv_head]),
+            (k_smem.at[wg], v_smem.at[wg], q_smem, d_out_smem, ds_smem.at[wg]),
+            (k_landed.at[wg], v_landed.at[wg], q_landed, d_out_landed, q_free, d_out_free),
+            kv_start=program_row + wg * config.block_kv,
+            q_tiles=(first_q_tile, real_q_tiles),
+            heads=(kv_head * group, group),
+            config=config,
+        )
+
+    @pl.when(wg == COMPUTE_WARPGROUPS)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        per_head = real_q_tiles - first_q_tile
+
+        def load(tile, slot):  # Streamed tile t: q head t // per_head of the group.
+            head = kv_head * group + lax.div(tile, per_head)
+            rows = pl.ds((first_q_tile + lax.rem(tile, per_head)) * config.block_q, config.block_q)
+            plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_landed.at[slot])
+            plgpu.copy_gmem_to_smem(
+                d_out_ref.at[batch, rows, head], d_out_smem.at[slot], d_out_landed.at[slot]
+            )
+
+        fill_ring(load, (q_free, d_out_free), group * per_head, config.stages)
+
+
+def _compute_warpgroup(
+    kv_refs, row_stats_refs, segment_ids_ref, out_refs, smem, barriers, *, kv_start, q_tiles, heads, config
+):
+    """One K/V tile: dK and dV summed over the q tiles of every head in the group."""
+    k_ref, v_ref = kv_refs
+    lse_ref, delta_ref = row_stats_refs
+    k_smem, v_smem, q_smem, d_out_smem, ds_smem = smem
+    k_landed, v_landed, q_landed, d_out_landed, q_free, d_out_free = barriers
+    first_q_tile, real_q_tiles = q_tiles
+    first_head, group = heads
+    block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
+    head_dim = k_smem.shape[-1]
+    kv_rows = pl.ds(kv_start, block_kv)
+    plgpu.copy_gmem_to_smem(k_ref.at[kv_rows], k_smem, k_landed)
+    plgpu.copy_gmem_to_smem(v_ref.at[kv_rows], v_smem, v_landed)
+    has_segments = segment_ids_ref is not None
+    kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 1) if has_segments else None
+    own_first, masked_stop = _q_tile_bounds(kv_start, first_q_tile, real_q_tiles, has_segments, config)
+    per_head = real_q_tiles - first_q_tile
+    tile_shape = (block_kv, block_q)
+    column_stats = plgpu.Layout.WGMMA.reduce(0)  # [block_q], broadcast down the rows
+
+    def column_vector(x):
+        return lax.broadcast_in_dim(x, tile_shape, [1])
+
+    def visit_tile(q_tile, carry, masked, head, slot_base):
+        dk, dv = carry
+        slot = lax.rem(slot_base + q_tile - first_q_tile, stages)
+        q_start = q_tile * block_q
+        q_rows = pl.ds(q_start, block_q)
+        # Issued before the matmul so that the global loads' latency hides behind it.
+        lse = plgpu.load(lse_ref.at[head, q_rows], layout=column_stats, optimized=False)
+        delta = plgpu.load(delta_ref.at[head, q_rows], layout=column_stats, optimized=False)
+        if masked and has_segments:
+            q_segments = load_segments(segment_ids_ref, q_start, block_q, 0)
+        else:
+            q_segments = None
+        plgpu.barrier_wait(q_landed.at[slot])
+        logits = matmul(k_smem, q_smem.at[slot].transpose((1, 0)), tile_shape)
+        if masked:
+            mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config, q_dim=1)
+            logits = jnp.where(mask, logits, -jnp.inf)
+        probs = jnp.exp2(logits * config.logit_scale - column_vector(lse))
+        ds_smem[...] = probs.astype(ds_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.barrier_wait(d_out_landed.at[slot])
+        dv = accumulate(dv, ds_smem, d_out_smem.at[slot], config)
+        d_probs = matmul(v_smem, d_out_smem.at[slot].transpose((1, 0)), tile_shape)
+        plgpu.barrier_arrive(d_out_free.at[slot])
+        ds_smem[...] = (probs * (d_probs - column_vector(delta))).astype(ds_smem.dtype)
+        plgpu.commit_smem()
+        dk = accumulate(dk, ds_smem, q_smem.at[slot], config)
+        plgpu.barrier_arrive(q_free.at[slot])
+        return dk, dv
+
+    def skip_tile(q_tile, _, slot_base):
+        # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
+        slot = lax.rem(slot_base + q_tile - first_q_tile, stages)
+        plgpu.barrier_wait(q_landed.at[slot])
+        plgpu.barrier_wait(d_out_landed.at[slot])
+        plgpu.barrier_arrive(q_free.at[slot])
+        plgpu.barrier_arrive(d_out_free.at[slot])
+
+    def visit_head(index, carry):
+        head, slot_base = first_head + index, index * per_head
+        lax.fori_loop(first_q_tile, own_first, functools.partial(skip_tile, slot_base=slot_base), None)
+        visit = functools.partial(visit_tile, head=head, slot_base=slot_base)
+        carry = lax.fori_loop(own_first, masked_stop, functools.partial(visit, masked=True), carry)
+        return lax.fori_loop(masked_stop, real_q_tiles, functools.partial(visit, masked=False), carry)
+
+    zeros = plgpu.layout_cast(jnp.zeros((block_kv, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+    plgpu.barrier_wait(k_landed)
+    plgpu.barrier_wait(v_landed)
+    dk, dv = lax.fori_loop(0, group, visit_head, (zeros, zeros))
+
+    dk_ref, dv_ref = out_refs
+    k_smem[...] = (dk * config.sm_scale).astype(k_smem.dtype)  # K and V's tiles are free now
+    v_smem[...] = dv.astype(v_smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[kv_rows])
+    plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[kv_rows])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _q_tile_bounds(kv_start, first_q_tile, real_q_tiles, has_segments: bool, config: HopperConfig):
+    """(first q tile this K/V tile visits, end of the masked ones). Causal: from the tile holding
+    kv_start, masked while the tile straddles the diagonal. Not causal: all, masked only where
+    the K/V tile holds padded keys. Segment ids mask every tile."""
+    if config.causal:
+        own_first = jnp.clip(lax.div(kv_start, config.block_q), first_q_tile, real_q_tiles)
+        diagonal_stop = pl.cdiv(kv_start + config.block_kv, config.block_q)
+    else:
+        own_first = jnp.int32(first_q_tile)
+        has_padding = kv_start + config.block_kv > config.seq_len
+        diagonal_stop = jnp.where(has_padding, real_q_tiles, own_first)
+    masked_stop = jnp.int32(real_q_tiles) if has_segments else diagonal_stop
+    return own_first, jnp.clip(masked_stop, own_first, real_q_tiles)
