@@ -232,7 +232,7 @@ def _q_tile_bounds(kv_start, first_q_tile, real_q_tiles, has_segments: bool, con
         own_first = jnp.clip(lax.div(kv_start, config.block_q), first_q_tile, real_q_tiles)
         diagonal_stop = pl.cdiv(kv_start + config.block_kv, config.block_q)
     else:
-        own_first = jnp.int32(first_q_tile)
+        own_first = first_q_tile
         has_padding = kv_start + config.block_kv > config.seq_len
         diagonal_stop = jnp.where(has_padding, real_q_tiles, own_first)
     masked_stop = jnp.int32(real_q_tiles) if has_segments else diagonal_stop
