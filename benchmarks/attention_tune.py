@@ -89,7 +89,7 @@ CANDIDATES = {
         (128, 64, 2),
     ],
     # The Mosaic GPU dQ: (rows per compute warpgroup, K/V tile, K/V tiles in flight). At d=128
-    # q, dO, ds and a ring of 2 tiles of 128 take 224 KiB of the 227.
+    # q, dO and a ring of 2 tiles of 128 take 192 KiB of the 227.
     "hopper_dq": [
         (64, 64, 2),
         (64, 64, 3),

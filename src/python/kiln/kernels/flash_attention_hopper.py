@@ -305,6 +305,22 @@ def matmul(a, b, shape: tuple[int, int]) -> jax.Array:
     return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
+def lhs_operand(x: jax.Array, dtype, staging):
+    """x (fp32 in the WGMMA layout) in the inputs' 16-bit dtype as a wgmma's left operand:
+    straight from registers on the GPU (FlashAttention-3's form, staging None); through the
+    staging SMEM tile in the interpreter, which takes wgmma operands from memory only."""
+    if staging is None:
+        return x.astype(dtype)
+    staging[...] = x.astype(staging.dtype)
+    plgpu.commit_smem()
+    return staging
+
+
+def staging_smem(shape: tuple[int, ...], dtype, config: HopperConfig) -> tuple:
+    """lhs_operand's staging tiles: in the interpreter only."""
+    return (plgpu.SMEM(shape, dtype, transforms=WGMMA_TRANSFORMS),) if config.interpret else ()
+
+
 def accumulate(acc: jax.Array, a, b, config: HopperConfig) -> jax.Array:
     """acc + a @ b. On the GPU the wgmma accumulates into acc in place (run_state: no second
     accumulator's registers); the interpreter has no rule for that, so there it takes a fresh

@@ -13,9 +13,11 @@ feeds it: masked logits are -inf, probability 0 whether lse is finite or +inf.
 
 Causal: a K/V tile sees only q tiles from its own start on; those that straddle the diagonal
 are masked, later ones are not. Programs run first to last, so the longest start first. lse and
-delta come by plain loads (256 bytes per tile each, in the WGMMA column layout); pT and dsT reach
-their wgmma through SMEM (the interpreter takes operands from memory only) and dK/dV accumulate
-in place on the GPU (flash_attention_hopper.accumulate).
+delta come by plain loads (256 bytes per tile each, in the WGMMA column layout). On the GPU pT
+and dsT go to their wgmma from registers and dK/dV accumulate in place (FlashAttention-3's form);
+in the interpreter, which takes wgmma operands from memory only and cannot accumulate in place,
+they are staged through SMEM into fresh accumulators (flash_attention_hopper.lhs_operand,
+accumulate).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from kiln.kernels.flash_attention_hopper import (
     accumulate,
     check_interpreter_threads,
     fill_ring,
+    lhs_operand,
     load_segments,
     matmul,
+    staging_smem,
     tile_mask,
 )
 
@@ -55,8 +59,8 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # V, then dV
         plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # q
         plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # dO
-        # pT, then dsT, on their way to the dV and dK wgmma
-        plgpu.SMEM((COMPUTE_WARPGROUPS, block_kv, block_q), q.dtype, transforms=WGMMA_TRANSFORMS),
+        # pT, then dsT, on their way to the dV and dK wgmma, in the interpreter
+        *staging_smem((COMPUTE_WARPGROUPS, block_kv, block_q), q.dtype, config),
     )
     barriers = (
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # K tile landed
@@ -96,7 +100,7 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dk_ref, dv_ref = gmem_refs
-    k_smem, v_smem, q_smem, d_out_smem, ds_smem = smem
+    k_smem, v_smem, q_smem, d_out_smem, *staging = smem
     k_landed, v_landed, q_landed, d_out_landed, q_free, d_out_free = barriers
     batch, kv_head = lax.axis_index("batch"), lax.axis_index("heads")
     group = q_ref.shape[2] // k_ref.shape[2]
@@ -116,7 +120,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             (lse_ref.at[batch], delta_ref.at[batch]),
             segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
             (dk_ref.at[batch, :, kv_head], dv_ref.at[batch, :, kv_head]),
-            (k_smem.at[wg], v_smem.at[wg], q_smem, d_out_smem, ds_smem.at[wg]),
+            (k_smem.at[wg], v_smem.at[wg], q_smem, d_out_smem, staging[0].at[wg] if staging else None),
             (k_landed.at[wg], v_landed.at[wg], q_landed, d_out_landed, q_free, d_out_free),
             kv_start=program_row + wg * config.block_kv,
             q_tiles=(first_q_tile, real_q_tiles),
@@ -146,7 +150,7 @@ def _compute_warpgroup(
     """One K/V tile: dK and dV summed over the q tiles of every head in the group."""
     k_ref, v_ref = kv_refs
     lse_ref, delta_ref = row_stats_refs
-    k_smem, v_smem, q_smem, d_out_smem, ds_smem = smem
+    k_smem, v_smem, q_smem, d_out_smem, staging = smem
     k_landed, v_landed, q_landed, d_out_landed, q_free, d_out_free = barriers
     first_q_tile, real_q_tiles = q_tiles
     first_head, group = heads
@@ -183,15 +187,12 @@ def _compute_warpgroup(
             mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config, q_dim=1)
             logits = jnp.where(mask, logits, -jnp.inf)
         probs = jnp.exp2(logits * config.logit_scale - column_vector(lse))
-        ds_smem[...] = probs.astype(ds_smem.dtype)
-        plgpu.commit_smem()
         plgpu.barrier_wait(d_out_landed.at[slot])
-        dv = accumulate(dv, ds_smem, d_out_smem.at[slot], config)
+        dv = accumulate(dv, lhs_operand(probs, k_smem.dtype, staging), d_out_smem.at[slot], config)
         d_probs = matmul(v_smem, d_out_smem.at[slot].transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(d_out_free.at[slot])
-        ds_smem[...] = (probs * (d_probs - column_vector(delta))).astype(ds_smem.dtype)
-        plgpu.commit_smem()
-        dk = accumulate(dk, ds_smem, q_smem.at[slot], config)
+        ds = lhs_operand(probs * (d_probs - column_vector(delta)), k_smem.dtype, staging)
+        dk = accumulate(dk, ds, q_smem.at[slot], config)
         plgpu.barrier_arrive(q_free.at[slot])
         return dk, dv
 

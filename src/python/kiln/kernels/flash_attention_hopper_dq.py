@@ -9,9 +9,10 @@ Triton's mma. Same inputs and output as that kernel (flash_attention._backward_d
 forward feeds it; masked logits are -inf, so a row with lse +inf (the Hopper forward's padded
 rows that see no key) or a finite lse (the Triton forward's) gets probability 0 for them.
 
-ds reaches its wgmma through SMEM (jax's GPU interpret mode takes wgmma operands from memory
-only; the CPU tests check this kernel) and dQ accumulates in place on the GPU, through a fresh
-accumulator in the interpreter (flash_attention_hopper.accumulate). No ping-pong between the two
+On the GPU ds goes to its wgmma from registers and dQ accumulates in place, as in
+FlashAttention-3; jax's GPU interpret mode (the CPU tests) takes wgmma operands from memory only
+and has no rule for in-place accumulation, so there ds is staged through SMEM and each product
+gets a fresh accumulator (flash_attention_hopper.lhs_operand, accumulate). No ping-pong between the two
 compute warpgroups yet: each runs its tiles at its own pace.
 """
 
@@ -33,10 +34,12 @@ from kiln.kernels.flash_attention_hopper import (
     accumulate,
     check_interpreter_threads,
     kv_tile_counts,
+    lhs_operand,
     load_segments,
     matmul,
     program_position,
     row_vector,
+    staging_smem,
     stream_kv_tiles,
     tile_mask,
 )
@@ -54,8 +57,8 @@ def hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig) -> 
         plgpu.SMEM(q_tiles, q.dtype, transforms=transforms),  # dO
         plgpu.SMEM(ring, q.dtype, transforms=transforms),  # K
         plgpu.SMEM(ring, q.dtype, transforms=transforms),  # V
-        # ds, on its way to the ds k wgmma
-        plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q, config.block_kv), q.dtype, transforms=transforms),
+        # ds on its way to the ds k wgmma, in the interpreter
+        *staging_smem((COMPUTE_WARPGROUPS, config.block_q, config.block_kv), q.dtype, config),
     )
     barriers = (
         plgpu.Barrier(num_barriers=config.stages),  # K tile landed
@@ -94,7 +97,7 @@ def hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig) -> 
 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dq_ref = gmem_refs
-    q_smem, d_out_smem, k_smem, v_smem, ds_smem = smem
+    q_smem, d_out_smem, k_smem, v_smem, *staging = smem
     k_landed, v_landed, q_landed, d_out_landed, k_free, v_free = barriers
     program_row, program_kv_tiles = program_position(q_ref.shape[1], config)
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
@@ -110,7 +113,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             delta_ref.at[batch, head],
             segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
             dq_ref.at[batch, :, head],
-            (q_smem.at[wg], d_out_smem.at[wg], k_smem, v_smem, ds_smem.at[wg]),
+            (q_smem.at[wg], d_out_smem.at[wg], k_smem, v_smem, staging[0].at[wg] if staging else None),
             (k_landed, v_landed, q_landed.at[wg], d_out_landed.at[wg], k_free, v_free),
             q_start=program_row + wg * config.block_q,
             program_kv_tiles=program_kv_tiles,
@@ -139,7 +142,7 @@ def _compute_warpgroup(
     config: HopperConfig,
 ):
     """One q tile: dQ summed over its K/V tiles, then back to GMEM via TMA."""
-    q_smem, d_out_smem, k_smem, v_smem, ds_smem = smem
+    q_smem, d_out_smem, k_smem, v_smem, ds_staging = smem
     k_landed, v_landed, q_landed, d_out_landed, k_free, v_free = barriers
     block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
     head_dim = q_smem.shape[-1]
@@ -172,9 +175,8 @@ def _compute_warpgroup(
         plgpu.barrier_wait(v_landed.at[slot])
         d_probs = matmul(d_out_smem, v_smem.at[slot].transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(v_free.at[slot])
-        ds_smem[...] = (probs * (d_probs - row_vector(delta, tile_shape))).astype(ds_smem.dtype)
-        plgpu.commit_smem()
-        dq = accumulate(dq, ds_smem, k_smem.at[slot], config)
+        ds = lhs_operand(probs * (d_probs - row_vector(delta, tile_shape)), q_smem.dtype, ds_staging)
+        dq = accumulate(dq, ds, k_smem.at[slot], config)
         plgpu.barrier_arrive(k_free.at[slot])
         return dq
 
