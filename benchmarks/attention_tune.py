@@ -54,15 +54,13 @@ CANDIDATES = {
         (64, 128, 4, 3),
         (128, 128, 8, 4),
     ],
-    # The Mosaic GPU forward: (rows per compute warpgroup, K/V tile, K/V tiles in flight, p from
-    # registers). At d=128 a ring of 3 tiles of 128 does not fit beside the q tiles.
+    # The Mosaic GPU forward: (rows per compute warpgroup, K/V tile, K/V tiles in flight). At
+    # d=128 a ring of 3 tiles of 128 does not fit beside the q tiles.
     "hopper": [
-        (64, 128, 2, True),
-        (64, 128, 2, False),
-        (64, 64, 3, True),
-        (64, 64, 4, True),
-        (64, 64, 2, False),
-        (64, 64, 4, False),
+        (64, 128, 2),
+        (64, 64, 3),
+        (64, 64, 4),
+        (64, 64, 2),
     ],
     "dkv": [
         (64, 64, 4, 2),
@@ -110,7 +108,7 @@ CANDIDATES = {
 MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "hopper_dkv": 4, "dq": 3, "hopper_dq": 3, "fused": 5}
 FIELDS = {
     "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
-    "hopper": ("block_q", "block_kv", "num_stages_fwd", "hopper_p_in_registers"),
+    "hopper": ("block_q", "block_kv", "num_stages_fwd"),
     "dkv": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
     "hopper_dkv": ("block_q_dkv", "block_kv_dkv", "num_stages_dkv"),
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
@@ -130,7 +128,7 @@ LAYOUT = {
 # Per kernel: its Hopper alternative, and the fields that choosing between them decides.
 HOPPER_ALTERNATIVE = {"fwd": "hopper", "dkv": "hopper_dkv", "dq": "hopper_dq"}
 CHOSEN_FIELDS = {
-    "fwd": (*FIELDS["fwd"], "hopper_p_in_registers", "hopper_forward"),
+    "fwd": (*FIELDS["fwd"], "hopper_forward"),
     "dkv": (*FIELDS["dkv"], "hopper_dkv", "fused_dq"),
     "dq": (*FIELDS["dq"], "hopper_dq"),
 }

@@ -59,8 +59,6 @@ class BlockSizes:
     flash_attention_hopper.py; block_q is then each compute warpgroup's rows (a program owns
     two q tiles), num_stages_fwd the K/V tiles in flight, and num_warps_fwd is unused (three
     warpgroups). fp32 inputs keep the Triton forward with the same fields.
-    hopper_p_in_registers: the Hopper forward's p v step takes p from registers (FlashAttention-3's
-    form) instead of through SMEM; on a GPU only: interpret mode always runs the SMEM form.
     hopper_dq: for 16-bit inputs the dQ kernel is the Mosaic GPU kernel of
     flash_attention_hopper_dq.py (the forward's layout: block_q_dq rows per compute warpgroup,
     num_stages_dq K/V tiles in flight, num_warps_dq unused). Not with fused_dq.
@@ -82,7 +80,6 @@ class BlockSizes:
     num_stages_dq: int = 2
     fused_dq: bool = False
     hopper_forward: bool = False
-    hopper_p_in_registers: bool = False
     hopper_dq: bool = False
     hopper_dkv: bool = False
 
@@ -284,7 +281,6 @@ def _kernel_config(
             block_q=block_sizes.block_q,
             block_kv=block_sizes.block_kv,
             stages=block_sizes.num_stages_fwd,
-            p_in_registers=block_sizes.hopper_p_in_registers and not interpret,
         )
         config = dataclasses.replace(config, hopper_forward=forward)
     if block_sizes.hopper_dkv:

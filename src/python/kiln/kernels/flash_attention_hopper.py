@@ -13,14 +13,13 @@ scaled logits), so both forwards share the backward kernels. Differences from ja
   is shifted by 0, not by its -inf max (no NaN). The Triton kernel's finite MASK_VALUE would
   not do here: the scale-and-subtract is one fused multiply-add, whose rounding of a huge
   masked logit differs from the rounded max it is measured against;
-- two forms of the p v step. By default p reaches the wgmma through SMEM, and each p v product
-  starts a fresh accumulator that is folded into the running one with one multiply-add: Pallas'
-  GPU interpret mode takes wgmma operands from memory only and has no rule for accumulator
-  run_state, so this is the form the CPU tests check. With `p_in_registers` (GPU only) p stays
-  in registers and the running accumulator is updated in place, as in FlashAttention-3 and
-  jax's kernel: no 16 KiB SMEM store and fence per tile, one accumulator fewer, p's SMEM freed.
-  That form differs in those few lines only; lowering checks it on CPU and the tuner checks its
-  output against the fp32 reference on the device before timing it;
+- two forms of the p v step, as in the backward kernels. On the GPU, FlashAttention-3's and
+  jax's: p stays in registers and the running accumulator is updated in place. Pallas' GPU
+  interpret mode takes wgmma operands from memory only and has no rule for accumulator
+  run_state, so there p goes through SMEM and each p v product starts a fresh accumulator that
+  is folded into the running one with one multiply-add. The forms differ in those few lines
+  only; the CPU tests check the interpreted one, lowering the GPU one, and the tuner checks
+  each candidate against the fp32 reference on the device before timing it;
 - every barrier phase is waited on by the threads that share it (the memory warpgroup drains
   its ring, a warpgroup that finishes early still takes its unused slots), which the
   interpreter's barrier checks require;
@@ -65,7 +64,6 @@ class HopperConfig:
     block_kv: int
     stages: int  # K/V tiles in flight (SMEM ring slots), >= 2 for double buffering.
     interpret: bool
-    p_in_registers: bool = False  # Forward: p v takes p from registers, in place (GPU only).
     # dK/dV: a program owns two K/V tiles (block_kv rows per compute warpgroup) and streams q
     # tiles; otherwise it owns two q tiles and streams K/V tiles.
     kv_programs: bool = False
@@ -74,11 +72,6 @@ class HopperConfig:
         for name in ("block_q", "block_kv"):
             if getattr(self, name) % WGMMA_ROWS:
                 raise ValueError(f"Hopper kernels: {name} must be a multiple of {WGMMA_ROWS}")
-        if self.p_in_registers and self.interpret:
-            raise ValueError(
-                "Hopper forward: GPU interpret mode takes wgmma operands from SMEM only; "
-                "interpret with p_in_registers=False"
-            )
 
     @property
     def logit_scale(self) -> float:
@@ -123,13 +116,13 @@ def hopper_forward(
     stages = config.stages
     transforms = WGMMA_TRANSFORMS
     p_shape = (COMPUTE_WARPGROUPS, config.block_q, config.block_kv)
-    p_smem = () if config.p_in_registers else (plgpu.SMEM(p_shape, q.dtype, transforms=transforms),)
+    p_smem = staging_smem(p_shape, q.dtype, config)
     scratch = (
         plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q, head_dim), q.dtype, transforms=transforms),
         plgpu.SMEM((stages, config.block_kv, head_dim), q.dtype, transforms=transforms),
         plgpu.SMEM((stages, config.block_kv, head_dim), q.dtype, transforms=transforms),
         plgpu.SMEM((COMPUTE_WARPGROUPS, config.block_q), jnp.float32),
-        *p_smem,  # p, on its way to the p v wgmma
+        *p_smem,  # p, on its way to the p v wgmma, in the interpreter
     )
     barriers = (
         plgpu.Barrier(num_barriers=stages),  # K tile landed

@@ -251,9 +251,9 @@ HOPPER_BACKWARD = {
         (False, {}),
         (True, {}),
         (True, {"fused_dq": True}),
+        # The GPU form of the Hopper kernels (operands from registers, in-place accumulators):
+        # lowering is its check here.
         (True, HOPPER_FORWARD),
-        # p from registers: GPU only, so lowering is its check here.
-        (True, {**HOPPER_FORWARD, "hopper_p_in_registers": True}),
         (True, {**HOPPER_FORWARD, **HOPPER_BACKWARD}),
     ],
     ids=[
@@ -261,7 +261,6 @@ HOPPER_BACKWARD = {
         "forward+grad",
         "forward+grad-fused-dq",
         "forward+grad-hopper-forward",
-        "forward+grad-hopper-forward-p-in-registers",
         "forward+grad-hopper-all",
     ],
 )

@@ -34,14 +34,13 @@ ADAM = AdamConfig()
 
 H200 = "NVIDIA H200"
 # The layouts the tuner can switch on (what benchmarks/train_step.py --block-sizes does); the
-# Hopper forward in its GPU-only form (p from registers), whose check here is lowering.
+# Hopper kernels' GPU form (operands from registers) has lowering as its check here.
 HOPPER_FORWARD = dataclasses.replace(
     flash_attention.TUNED_BLOCK_SIZES[H200][64],
     block_q=64,
     block_kv=128,
     num_stages_fwd=2,
     hopper_forward=True,
-    hopper_p_in_registers=True,
 )
 LAYOUTS = {
     "hopper-forward+fused-dq": dataclasses.replace(HOPPER_FORWARD, fused_dq=True),
