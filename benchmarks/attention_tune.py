@@ -209,7 +209,9 @@ class KernelBench:
             )
         if name in ("hopper_dkv", "hopper_dq"):
             hopper_kernel, hopper_config = (
-                (hopper_dkv, config.hopper_dkv) if name == "hopper_dkv" else (hopper_dq, config.hopper_dq)
+                (hopper_dkv, config.hopper_dkv)
+                if name == "hopper_dkv"
+                else (hopper_dq, config.hopper_dq)
             )
             fn = jax.jit(lambda *args: hopper_kernel(*args[:3], None, *args[3:], hopper_config))
         else:

@@ -110,7 +110,10 @@ class BlockSizes:
         limit = pl.next_power_of_2(seq_len)
         return dataclasses.replace(
             self,
-            **{name: min(getattr(self, name), max(self._smallest(name), limit)) for name in _BLOCK_FIELDS},
+            **{
+                name: min(getattr(self, name), max(self._smallest(name), limit))
+                for name in _BLOCK_FIELDS
+            },
         )
 
     @property
@@ -237,7 +240,9 @@ def flash_attention(
         q.dtype,
         causal=causal,
         sm_scale=1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale),
-        block_sizes=default_block_sizes(device_kind, head_dim) if block_sizes is None else block_sizes,
+        block_sizes=default_block_sizes(device_kind, head_dim)
+        if block_sizes is None
+        else block_sizes,
         interpret=platform == "cpu" if interpret is None else interpret,
     )
     q, k, v = (_pad_seq(x, config.padded_len, 0) for x in (q, k, v))
@@ -595,7 +600,9 @@ def _backward_dkv_kernel(
         d_logits = probs * (d_probs - delta_ref[head, q_slice][:, None])
         dk = dk + _dot(d_logits.astype(q.dtype).T, q)
         if dq_ref is not None:  # sm_scale is applied once, outside the kernel
-            plgpu.atomic_add(dq_ref, (q_slice, head, slice(None)), _dot(d_logits.astype(k.dtype), k))
+            plgpu.atomic_add(
+                dq_ref, (q_slice, head, slice(None)), _dot(d_logits.astype(k.dtype), k)
+            )
         return dk, dv
 
     def visit_head(head, carry):

@@ -120,7 +120,13 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             (lse_ref.at[batch], delta_ref.at[batch]),
             segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
             (dk_ref.at[batch, :, kv_head], dv_ref.at[batch, :, kv_head]),
-            (k_smem.at[wg], v_smem.at[wg], q_smem, d_out_smem, staging[0].at[wg] if staging else None),
+            (
+                k_smem.at[wg],
+                v_smem.at[wg],
+                q_smem,
+                d_out_smem,
+                staging[0].at[wg] if staging else None,
+            ),
             (k_landed.at[wg], v_landed.at[wg], q_landed, d_out_landed, q_free, d_out_free),
             kv_start=program_row + wg * config.block_kv,
             q_tiles=(first_q_tile, real_q_tiles),
@@ -145,7 +151,17 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
 
 
 def _compute_warpgroup(
-    kv_refs, row_stats_refs, segment_ids_ref, out_refs, smem, barriers, *, kv_start, q_tiles, heads, config
+    kv_refs,
+    row_stats_refs,
+    segment_ids_ref,
+    out_refs,
+    smem,
+    barriers,
+    *,
+    kv_start,
+    q_tiles,
+    heads,
+    config,
 ):
     """One K/V tile: dK and dV summed over the q tiles of every head in the group."""
     k_ref, v_ref = kv_refs
@@ -161,7 +177,9 @@ def _compute_warpgroup(
     plgpu.copy_gmem_to_smem(v_ref.at[kv_rows], v_smem, v_landed)
     has_segments = segment_ids_ref is not None
     kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 1) if has_segments else None
-    own_first, masked_stop = _q_tile_bounds(kv_start, first_q_tile, real_q_tiles, has_segments, config)
+    own_first, masked_stop = _q_tile_bounds(
+        kv_start, first_q_tile, real_q_tiles, has_segments, config
+    )
     per_head = real_q_tiles - first_q_tile
     tile_shape = (block_kv, block_q)
     column_stats = plgpu.Layout.WGMMA.reduce(0)  # [block_q], broadcast down the rows
@@ -206,10 +224,14 @@ def _compute_warpgroup(
 
     def visit_head(index, carry):
         head, slot_base = first_head + index, index * per_head
-        lax.fori_loop(first_q_tile, own_first, functools.partial(skip_tile, slot_base=slot_base), None)
+        lax.fori_loop(
+            first_q_tile, own_first, functools.partial(skip_tile, slot_base=slot_base), None
+        )
         visit = functools.partial(visit_tile, head=head, slot_base=slot_base)
         carry = lax.fori_loop(own_first, masked_stop, functools.partial(visit, masked=True), carry)
-        return lax.fori_loop(masked_stop, real_q_tiles, functools.partial(visit, masked=False), carry)
+        return lax.fori_loop(
+            masked_stop, real_q_tiles, functools.partial(visit, masked=False), carry
+        )
 
     zeros = plgpu.layout_cast(jnp.zeros((block_kv, head_dim), jnp.float32), plgpu.Layout.WGMMA)
     plgpu.barrier_wait(k_landed)

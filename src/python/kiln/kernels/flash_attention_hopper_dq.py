@@ -113,7 +113,13 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             delta_ref.at[batch, head],
             segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
             dq_ref.at[batch, :, head],
-            (q_smem.at[wg], d_out_smem.at[wg], k_smem, v_smem, staging[0].at[wg] if staging else None),
+            (
+                q_smem.at[wg],
+                d_out_smem.at[wg],
+                k_smem,
+                v_smem,
+                staging[0].at[wg] if staging else None,
+            ),
             (k_landed, v_landed, q_landed.at[wg], d_out_landed.at[wg], k_free, v_free),
             q_start=program_row + wg * config.block_q,
             program_kv_tiles=program_kv_tiles,
@@ -124,7 +130,9 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     def _memory():
         ring_barriers = (k_landed, v_landed, k_free, v_free)
         group = q_ref.shape[2] // k_ref.shape[2]
-        stream_kv_tiles(k_ref, v_ref, k_smem, v_smem, ring_barriers, program_kv_tiles, group, config)
+        stream_kv_tiles(
+            k_ref, v_ref, k_smem, v_smem, ring_barriers, program_kv_tiles, group, config
+        )
 
 
 def _compute_warpgroup(
@@ -175,7 +183,9 @@ def _compute_warpgroup(
         plgpu.barrier_wait(v_landed.at[slot])
         d_probs = matmul(d_out_smem, v_smem.at[slot].transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(v_free.at[slot])
-        ds = lhs_operand(probs * (d_probs - row_vector(delta, tile_shape)), q_smem.dtype, ds_staging)
+        ds = lhs_operand(
+            probs * (d_probs - row_vector(delta, tile_shape)), q_smem.dtype, ds_staging
+        )
         dq = accumulate(dq, ds, k_smem.at[slot], config)
         plgpu.barrier_arrive(k_free.at[slot])
         return dq
