@@ -240,9 +240,7 @@ def flash_attention(
         q.dtype,
         causal=causal,
         sm_scale=1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale),
-        block_sizes=default_block_sizes(device_kind, head_dim)
-        if block_sizes is None
-        else block_sizes,
+        block_sizes=block_sizes or default_block_sizes(device_kind, head_dim),
         interpret=platform == "cpu" if interpret is None else interpret,
     )
     q, k, v = (_pad_seq(x, config.padded_len, 0) for x in (q, k, v))
