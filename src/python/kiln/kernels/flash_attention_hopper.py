@@ -133,34 +133,62 @@ def hopper_forward(
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS),  # softmax/matmul turn-taking
     )
 
-    def kiln_flash_attention_fwd_hopper(*refs):  # The kernel's name in profiles.
-        *in_refs, out_ref, lse_ref = refs
-        q_ref, k_ref, v_ref, segment_ids_ref = (*in_refs, None)[:4]
-        pl.run_scoped(
-            lambda *scoped: _kernel(
-                q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *scoped, config=config
-            ),
-            scratch,
-            *barriers,
-            collective_axes="wg",
-        )
-
-    if config.interpret:
-        check_interpreter_threads()
-    inputs = (q, k, v) if segment_ids is None else (q, k, v, segment_ids)
-    return plgpu.kernel(
-        kiln_flash_attention_fwd_hopper,
+    return launch(
+        "kiln_flash_attention_fwd_hopper",
+        _kernel,
+        (q, k, v, segment_ids),
         out_type=(
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((batch, num_heads, padded_len), jnp.float32),
         ),
         grid=(num_heads, padded_len // config.program_rows, batch),
         grid_names=("heads", "q_seq", "batch"),
+        scratch=scratch,
+        barriers=barriers,
+        config=config,
+    )
+
+
+def launch(
+    name: str,
+    kernel,
+    inputs: tuple,
+    *,
+    out_type,
+    grid: tuple[int, ...],
+    grid_names: tuple[str, ...],
+    scratch: tuple,
+    barriers: tuple,
+    config: HopperConfig,
+):
+    """Runs kernel(gmem_refs, smem, barriers, config) as a Mosaic GPU kernel of WARPGROUPS
+    warpgroups (axis "wg"). gmem_refs are the inputs' refs, None where an input is None
+    (no segment ids), then the outputs'. `name` is the kernel's name in profiles."""
+    present = [x is not None for x in inputs]
+
+    def body(*refs):
+        rest = iter(refs)
+        gmem_refs = [next(rest) if here else None for here in present] + list(rest)
+        pl.run_scoped(
+            lambda smem, *barrier_refs: kernel(gmem_refs, smem, barrier_refs, config),
+            scratch,
+            *barriers,
+            collective_axes="wg",
+        )
+
+    body.__name__ = body.__qualname__ = name
+    if config.interpret:
+        check_interpreter_threads()
+    return plgpu.kernel(
+        body,
+        out_type=out_type,
+        grid=grid,
+        grid_names=grid_names,
         num_threads=WARPGROUPS,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
         interpret=plgpu.InterpretGPUParams() if config.interpret else None,
-    )(*inputs)
+    )(*[x for x in inputs if x is not None])
 
 
 def xla_cpu_threads() -> int:
@@ -183,28 +211,14 @@ def check_interpreter_threads() -> None:
             f"fewer than the kernel's {WARPGROUPS} warpgroups, so the interpreter would hang "
             f"at a barrier. Set PJRT_NPROC={WARPGROUPS + 1} in the environment before jax "
             "starts (the tests' BUILD file does), or use the Triton kernels "
-            "(BlockSizes.hopper_forward=False, hopper_dq=False)."
+            "(BlockSizes.hopper_forward, hopper_dkv, hopper_dq False)."
         )
 
 
-def _kernel(
-    q_ref,
-    k_ref,
-    v_ref,
-    segment_ids_ref,
-    out_ref,
-    lse_ref,
-    scratch,
-    k_landed,
-    v_landed,
-    q_landed,
-    k_free,
-    v_free,
-    turn,
-    *,
-    config: HopperConfig,
-):
-    q_smem, k_smem, v_smem, lse_smem, *p_smem = scratch
+def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
+    q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref = gmem_refs
+    q_smem, k_smem, v_smem, lse_smem, *p_smem = smem
+    k_landed, v_landed, q_landed, k_free, v_free, turn = barriers
     program_row, program_kv_tiles = program_position(q_ref.shape[1], config)
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
     wg = lax.axis_index("wg")

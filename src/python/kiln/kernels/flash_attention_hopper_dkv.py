@@ -32,12 +32,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
-    WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
     accumulate,
-    check_interpreter_threads,
     fill_ring,
+    launch,
     lhs_operand,
     load_segments,
     matmul,
@@ -71,31 +70,18 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # dO slot free
     )
 
-    def kiln_flash_attention_dkv_hopper(*refs):  # The kernel's name in profiles.
-        gmem_refs = list(refs)
-        if segment_ids is None:
-            gmem_refs.insert(3, None)
-        pl.run_scoped(
-            lambda smem, *barrier_refs: _kernel(gmem_refs, smem, barrier_refs, config),
-            scratch,
-            *barriers,
-            collective_axes="wg",
-        )
-
-    if config.interpret:
-        check_interpreter_threads()
-    inputs = [q, k, v, segment_ids, d_out, lse, delta]
     kv_shape = jax.ShapeDtypeStruct(k.shape, k.dtype)
-    return plgpu.kernel(
-        kiln_flash_attention_dkv_hopper,
+    return launch(
+        "kiln_flash_attention_dkv_hopper",
+        _kernel,
+        (q, k, v, segment_ids, d_out, lse, delta),
         out_type=(kv_shape, kv_shape),
         grid=(num_kv_heads, padded_len // config.program_rows, batch),
         grid_names=("heads", "kv_seq", "batch"),
-        num_threads=WARPGROUPS,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=plgpu.InterpretGPUParams() if config.interpret else None,
-    )(*[x for x in inputs if x is not None])
+        scratch=scratch,
+        barriers=barriers,
+        config=config,
+    )
 
 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):

@@ -28,12 +28,11 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
-    WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
     accumulate,
-    check_interpreter_threads,
     kv_tile_counts,
+    launch,
     lhs_operand,
     load_segments,
     matmul,
@@ -69,30 +68,17 @@ def hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig) -> 
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=config.stages),  # V slot free
     )
 
-    def kiln_flash_attention_dq_hopper(*refs):  # The kernel's name in profiles.
-        gmem_refs = list(refs)
-        if segment_ids is None:
-            gmem_refs.insert(3, None)
-        pl.run_scoped(
-            lambda smem, *barrier_refs: _kernel(gmem_refs, smem, barrier_refs, config),
-            scratch,
-            *barriers,
-            collective_axes="wg",
-        )
-
-    if config.interpret:
-        check_interpreter_threads()
-    inputs = [q, k, v, segment_ids, d_out, lse, delta]
-    return plgpu.kernel(
-        kiln_flash_attention_dq_hopper,
+    return launch(
+        "kiln_flash_attention_dq_hopper",
+        _kernel,
+        (q, k, v, segment_ids, d_out, lse, delta),
         out_type=jax.ShapeDtypeStruct(q.shape, q.dtype),
         grid=(num_heads, padded_len // config.program_rows, batch),
         grid_names=("heads", "q_seq", "batch"),
-        num_threads=WARPGROUPS,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=plgpu.InterpretGPUParams() if config.interpret else None,
-    )(*[x for x in inputs if x is not None])
+        scratch=scratch,
+        barriers=barriers,
+        config=config,
+    )
 
 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
