@@ -233,7 +233,7 @@ def flash_attention(
     """
     _check_inputs(q, k, v, segment_ids)
     seq_len, head_dim = q.shape[1], q.shape[3]
-    platform, device_kind = _target_device()
+    platform, device_kind, capability = _target_device()
     config = _kernel_config(
         seq_len,
         head_dim,
@@ -243,6 +243,7 @@ def flash_attention(
         block_sizes=block_sizes or default_block_sizes(device_kind, head_dim),
         interpret=platform == "cpu" if interpret is None else interpret,
     )
+    _check_hopper_target(config, platform, device_kind, capability)
     q, k, v = (_pad_seq(x, config.padded_len, 0) for x in (q, k, v))
     if segment_ids is not None:
         segment_ids = _pad_seq(segment_ids.astype(jnp.int32), config.padded_len, -1)
@@ -330,14 +331,34 @@ def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arr
         )
 
 
-def _target_device() -> tuple[str, str]:
-    """(platform, device_kind) being lowered for. An abstract mesh's device (jax.export for a GPU
-    from a CPU machine) wins over the local default device."""
+def _target_device() -> tuple[str, str, str | None]:
+    """(platform, device_kind, CUDA compute capability or None) being lowered for. An abstract
+    mesh's device (jax.export for a GPU from a CPU machine) wins over the local default device;
+    its compute capability is unknown."""
     abstract_device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
     if abstract_device is not None:
-        return abstract_device.platform, abstract_device.device_kind
+        return abstract_device.platform, abstract_device.device_kind, None
     device = jax.devices()[0]
-    return device.platform, device.device_kind
+    return device.platform, device.device_kind, getattr(device, "compute_capability", None)
+
+
+def _check_hopper_target(
+    config: _KernelConfig, platform: str, device_kind: str, capability: str | None
+) -> None:
+    """The Mosaic GPU kernels compile for Hopper only (wgmma, sm_90); elsewhere they run only
+    in interpret mode."""
+    switches = [
+        name for name in ("hopper_forward", "hopper_dkv", "hopper_dq") if getattr(config, name)
+    ]
+    if not switches or config.interpret:
+        return
+    on_hopper = platform in ("gpu", "cuda") and (capability is None or capability.startswith("9."))
+    if not on_hopper:
+        raise ValueError(
+            f"BlockSizes.{', '.join(switches)} run Mosaic GPU kernels for Hopper (sm_90: H100, "
+            f"H200), not {device_kind!r} ({platform}, compute capability {capability}): set them "
+            "False for this device, or run in interpret mode"
+        )
 
 
 def _pad_seq(x: jax.Array, padded_len: int, value: int) -> jax.Array:

@@ -317,6 +317,14 @@ def test_hopper_interpreter_refuses_a_thread_pool_it_would_hang_on(monkeypatch) 
         flash_attention(x, x, x, block_sizes=replace(HOPPER_BLOCKS, block_kv=128))
 
 
+def test_hopper_kernels_refuse_a_device_that_is_not_hopper() -> None:
+    """Compiled (not interpreted) for this CPU, the Mosaic GPU kernels would fail deep in
+    lowering: a clear error first, naming the switches."""
+    x = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match=r"hopper_forward, hopper_dkv, hopper_dq run Mosaic GPU"):
+        flash_attention(x, x, x, block_sizes=HOPPER_BLOCKS, interpret=False)
+
+
 def test_hopper_kernels_take_16_bit_inputs_only() -> None:
     """fp32 inputs keep the Triton kernels even where the table turns the Hopper ones on."""
     blocks = replace(
