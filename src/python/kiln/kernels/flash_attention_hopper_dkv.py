@@ -46,7 +46,7 @@ from kiln.kernels.flash_attention_hopper import (
 
 
 def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
-    """(dK, dV) [batch, seq, kv_heads, dim] in k's dtype. lse and delta: fp32 [batch, heads, seq]."""
+    """(dK, dV) [batch, seq, kv_heads, dim] in k's dtype; lse, delta: fp32 [batch, heads, seq]."""
     assert config.kv_programs, "the dK/dV kernel's programs own K/V tiles"
     batch, padded_len, num_kv_heads, head_dim = k.shape
     config = config.fit_to(q, "dK/dV")

@@ -12,8 +12,8 @@ rows that see no key) or a finite lse (the Triton forward's) gets probability 0 
 On the GPU ds goes to its wgmma from registers and dQ accumulates in place, as in
 FlashAttention-3; jax's GPU interpret mode (the CPU tests) takes wgmma operands from memory only
 and has no rule for in-place accumulation, so there ds is staged through SMEM and each product
-gets a fresh accumulator (flash_attention_hopper.lhs_operand, accumulate). No ping-pong between the two
-compute warpgroups yet: each runs its tiles at its own pace.
+gets a fresh accumulator (flash_attention_hopper.lhs_operand, accumulate). No ping-pong between
+the two compute warpgroups yet: each runs its tiles at its own pace.
 """
 
 from __future__ import annotations
