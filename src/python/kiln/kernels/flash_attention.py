@@ -260,7 +260,7 @@ def _kernel_config(
     block_sizes: BlockSizes,
     interpret: bool,
 ) -> _KernelConfig:
-    """Tiles fitted to the sequence, the padded length, and the forward to use."""
+    """Tiles fitted to the sequence, the padded length, and the Hopper kernels to use."""
     block_sizes = block_sizes.fit_to(seq_len)
     unit = block_sizes.padding_multiple
     config = _KernelConfig(
@@ -273,36 +273,26 @@ def _kernel_config(
     )
     if jnp.dtype(dtype).itemsize != 2:  # wgmma takes 16-bit operands: fp32 stays on Triton.
         return config
-    hopper = functools.partial(
-        HopperConfig,
-        causal=causal,
-        sm_scale=sm_scale,
-        seq_len=seq_len,
-        interpret=interpret,
+    kernels = {
+        switch: HopperConfig(
+            causal=causal,
+            sm_scale=sm_scale,
+            seq_len=seq_len,
+            block_q=getattr(block_sizes, block_q),
+            block_kv=getattr(block_sizes, block_kv),
+            stages=getattr(block_sizes, _HOPPER_STAGES[switch]),
+            interpret=interpret,
+            kv_programs=switch == "hopper_dkv",
+        )
+        for switch, (block_q, block_kv) in _HOPPER_FIELDS.items()
+        if getattr(block_sizes, switch)
+    }
+    return dataclasses.replace(
+        config,
+        hopper_forward=kernels.get("hopper_forward"),
+        hopper_dkv=kernels.get("hopper_dkv"),
+        hopper_dq=kernels.get("hopper_dq"),
     )
-    if block_sizes.hopper_forward:
-        forward = hopper(
-            block_q=block_sizes.block_q,
-            block_kv=block_sizes.block_kv,
-            stages=block_sizes.num_stages_fwd,
-        )
-        config = dataclasses.replace(config, hopper_forward=forward)
-    if block_sizes.hopper_dkv:
-        dkv = hopper(
-            block_q=block_sizes.block_q_dkv,
-            block_kv=block_sizes.block_kv_dkv,
-            stages=block_sizes.num_stages_dkv,
-            kv_programs=True,
-        )
-        config = dataclasses.replace(config, hopper_dkv=dkv)
-    if block_sizes.hopper_dq:
-        dq = hopper(
-            block_q=block_sizes.block_q_dq,
-            block_kv=block_sizes.block_kv_dq,
-            stages=block_sizes.num_stages_dq,
-        )
-        config = dataclasses.replace(config, hopper_dq=dq)
-    return config
 
 
 def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None) -> None:
