@@ -221,11 +221,8 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     k_landed, v_landed, q_landed, k_free, v_free, turn = barriers
     program_row, program_kv_tiles = program_position(q_ref.shape[1], config)
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
-    wg = lax.axis_index("wg")
 
-    @pl.when(wg < COMPUTE_WARPGROUPS)
-    def _compute():
-        plgpu.set_max_registers(232, action="increase")
+    def compute(wg):
         _compute_warpgroup(
             q_ref.at[batch, :, head],
             segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
@@ -243,11 +240,29 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             config=config,
         )
 
-    @pl.when(wg == COMPUTE_WARPGROUPS)
-    def _memory():
+    def memory():
         barriers = (k_landed, v_landed, k_free, v_free)
         group = q_ref.shape[2] // k_ref.shape[2]
         stream_kv_tiles(k_ref, v_ref, k_smem, v_smem, barriers, program_kv_tiles, group, config)
+
+    split_warpgroups(compute, memory)
+
+
+def split_warpgroups(compute, memory) -> None:
+    """Warp specialisation: the compute warpgroups run compute(wg) with most of the registers,
+    the last warpgroup runs memory() (TMA streaming) with few. 2 x 232 + 40 per thread fits the
+    SM's 64K registers over three warpgroups of 128 threads."""
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg < COMPUTE_WARPGROUPS)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        compute(wg)
+
+    @pl.when(wg == COMPUTE_WARPGROUPS)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        memory()
 
 
 def program_position(num_rows: int, config: HopperConfig) -> tuple[jax.Array, jax.Array]:
@@ -266,7 +281,6 @@ def stream_kv_tiles(
     """The memory warpgroup: streams K/V tiles 0..num_tiles of the program's kv head (q head h
     reads kv head h // group) into the ring; a slot is refilled once both compute warpgroups
     have released it."""
-    plgpu.set_max_registers(40, action="decrease")
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
     kv_head = lax.div(head, jnp.int32(group))
     k_ref, v_ref = k_ref.at[batch, :, kv_head], v_ref.at[batch, :, kv_head]

@@ -40,6 +40,7 @@ from kiln.kernels.flash_attention_hopper import (
     lhs_operand,
     load_segments,
     matmul,
+    split_warpgroups,
     staging_smem,
     tile_mask,
 )
@@ -96,11 +97,8 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     # only of padding, which visit nothing and write zeros.
     first_q_tile = lax.div(program_row, config.block_q) if config.causal else 0
     first_q_tile = jnp.minimum(first_q_tile, real_q_tiles)
-    wg = lax.axis_index("wg")
 
-    @pl.when(wg < COMPUTE_WARPGROUPS)
-    def _compute():
-        plgpu.set_max_registers(232, action="increase")
+    def compute(wg):
         _compute_warpgroup(
             (k_ref.at[batch, :, kv_head], v_ref.at[batch, :, kv_head]),
             (lse_ref.at[batch], delta_ref.at[batch]),
@@ -120,9 +118,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             config=config,
         )
 
-    @pl.when(wg == COMPUTE_WARPGROUPS)
-    def _memory():
-        plgpu.set_max_registers(40, action="decrease")
+    def memory():
         per_head = real_q_tiles - first_q_tile
 
         def load(tile, slot):  # Streamed tile t: q head t // per_head of the group.
@@ -134,6 +130,8 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             )
 
         fill_ring(load, (q_free, d_out_free), group * per_head, config.stages)
+
+    split_warpgroups(compute, memory)
 
 
 def _compute_warpgroup(

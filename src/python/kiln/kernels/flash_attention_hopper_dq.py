@@ -38,6 +38,7 @@ from kiln.kernels.flash_attention_hopper import (
     matmul,
     program_position,
     row_vector,
+    split_warpgroups,
     staging_smem,
     stream_kv_tiles,
     tile_mask,
@@ -87,11 +88,8 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     k_landed, v_landed, q_landed, d_out_landed, k_free, v_free = barriers
     program_row, program_kv_tiles = program_position(q_ref.shape[1], config)
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
-    wg = lax.axis_index("wg")
 
-    @pl.when(wg < COMPUTE_WARPGROUPS)
-    def _compute():
-        plgpu.set_max_registers(232, action="increase")
+    def compute(wg):
         _compute_warpgroup(
             q_ref.at[batch, :, head],
             d_out_ref.at[batch, :, head],
@@ -112,13 +110,14 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             config=config,
         )
 
-    @pl.when(wg == COMPUTE_WARPGROUPS)
-    def _memory():
+    def memory():
         ring_barriers = (k_landed, v_landed, k_free, v_free)
         group = q_ref.shape[2] // k_ref.shape[2]
         stream_kv_tiles(
             k_ref, v_ref, k_smem, v_smem, ring_barriers, program_kv_tiles, group, config
         )
+
+    split_warpgroups(compute, memory)
 
 
 def _compute_warpgroup(
