@@ -1,0 +1,221 @@
+"""Compiles the Hopper (Mosaic GPU) attention kernels for an H200 on a machine without a GPU, and
+prints what ptxas reports for each tuner candidate: registers spilled, shared memory, failures.
+
+    ./pants export --resolve=cuda    # jax's CUDA plugin and ptxas: a venv under dist/export
+    ./pants run benchmarks/hopper_compile.py [-- --kernels hopper_dkv --head-dim 128]
+
+XLA compiles deviceless for a GPU its target config describes (H200_TARGET_CONFIG): jax's CUDA
+plugin then runs the toolchain a GPU run does (Pallas -> Mosaic GPU -> PTX -> ptxas -> cubin, and
+Triton for the other kernels) with no driver, and Mosaic GPU's dump keeps ptxas' report of each
+kernel. Nothing runs: this checks that a layout compiles and what it costs in registers, not
+that it is right (the CPU tests) or fast (attention_tune.py on a device). Registers spilled to
+local memory in a kernel's tile loop cost time, so a candidate that spills is worth fixing
+before device time is spent on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# XLA's H100 SXM spec (xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb) with the H200's memory and
+# name: the compiler reads the compute capability, shared memory and register limits.
+H200_TARGET_CONFIG = """
+gpu_device_info {
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: 132
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: 4800000000000
+  l2_cache_size: 52428800
+  clock_rate_ghz: 1.98
+  device_memory_size: 150754820096
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 }
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+device_description_str: "NVIDIA H200"
+"""
+# Tuner kernel -> the Mosaic GPU kernel's name (what ncu and the dump call it).
+HOPPER_KERNELS = {
+    "hopper": "kiln_flash_attention_fwd_hopper",
+    "hopper_dkv": "kiln_flash_attention_dkv_hopper",
+    "hopper_dq": "kiln_flash_attention_dq_hopper",
+}
+# jax and kiln are imported inside the functions: jax must load after main() has put the plugin
+# on sys.path.
+SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """ptxas' report on one compiled Mosaic GPU kernel."""
+
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+    smem_bytes: int
+
+
+def h200_device():
+    """An H200 that exists only for the compiler."""
+    from jax.experimental import topologies
+
+    topology = topologies.get_topology_desc(
+        topology_name="h200", platform="cuda", topology="1x1x1", target_config=H200_TARGET_CONFIG
+    )
+    return topology.devices[0]
+
+
+def compile_for(device, blocks, *, seq_len: int, head_dim: int, segments: bool, grad: bool):
+    """Lowers causal attention (or its gradient) for the H200 and compiles it on `device`."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+
+    from kiln.kernels.flash_attention import flash_attention
+    from kiln.kernels.h200_export import export_for_h200
+
+    q = jax.ShapeDtypeStruct((2, seq_len, 8, head_dim), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((2, seq_len), jnp.int32)
+
+    def attention(q, k, v, segment_ids):
+        segment_ids = segment_ids if segments else None
+        return flash_attention(q, k, v, segment_ids, causal=True, block_sizes=blocks)
+
+    def loss(q, k, v, segment_ids):
+        return attention(q, k, v, segment_ids).astype(jnp.float32).sum()
+
+    fn = jax.grad(loss, argnums=(0, 1, 2)) if grad else attention
+    exported = export_for_h200(fn, q, q, q, ids)
+    on_device = SingleDeviceSharding(device)
+    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device) for x in (q, q, q, ids)]
+    jax.jit(exported.call).lower(*args).compile()
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path):
+    """The toolchain's own messages (e.g. that it found no nvdisasm for the SASS dump) go to a
+    log, not between the table's rows; Python's exceptions still reach the caller."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as log:
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def read_report(dump: Path, kernel_name: str, seen: set[str]) -> Report:
+    """The report of the kernel's latest dump not in `seen` (files `{name}_{n}.ptxas` and
+    `.resources.txt`, n counting the process' Mosaic GPU kernels)."""
+    new = sorted(
+        (p for p in dump.glob(f"{kernel_name}_*.ptxas") if p.name not in seen),
+        key=lambda p: int(p.stem.rsplit("_", 1)[1]),
+    )
+    if not new:
+        raise RuntimeError(f"no ptxas report for {kernel_name} in {dump}")
+    seen.update(p.name for p in new)
+    stack, stores, loads = map(int, SPILLS.search(new[-1].read_text()).groups())
+    resources = new[-1].with_suffix(".resources.txt").read_text()
+    smem = int(re.search(r"smem_scratch_bytes=(\d+)", resources).group(1))
+    return Report(stack, stores, loads, smem)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--cuda-plugins",
+        default="dist/export/python/virtualenvs/cuda",
+        help="where `./pants export --resolve=cuda` wrote its venv (jax's CUDA plugin, ptxas)",
+    )
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--kernels", default=",".join(HOPPER_KERNELS))
+    options = parser.parse_args(argv)
+
+    plugins = Path(options.cuda_plugins).resolve()
+    site_packages = [
+        path
+        for pattern in ("lib/python3*/site-packages", "*/lib/python3*/site-packages")
+        for path in sorted(plugins.glob(pattern))
+        if (path / "jax_plugins").is_dir()
+    ]
+    if not site_packages:
+        parser.error(
+            f"--cuda-plugins {plugins}: no venv with jax_plugins there; run "
+            "`./pants export --resolve=cuda` (it writes dist/export/python/virtualenvs/cuda)"
+        )
+    # Before jax loads: jax's own library then loads the plugin's Mosaic GPU runtime, which the
+    # compiled host code links against. The plugin's CUDA version check would look for a driver
+    # this machine does not have. Mosaic GPU dumps ptxas' report of each kernel.
+    sys.path.append(str(site_packages[0]))
+    os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+    os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
+    from attention_tune import CANDIDATES, FIELDS, LAYOUT  # benchmarks/attention_tune.py
+
+    from kiln.kernels.flash_attention import default_block_sizes
+
+    dump = Path(tempfile.mkdtemp(prefix="kiln-mosaic-dump-"))
+    os.environ["MOSAIC_GPU_DUMP_TO"] = str(dump)
+    device = h200_device()
+
+    base = default_block_sizes("NVIDIA H200", options.head_dim)
+    print(f"H200 (deviceless), head dim {options.head_dim}, seq {options.seq_len}, causal, bf16")
+    print(
+        f"{'kernel':<11} {'candidate':<10} {'segments':<9} {'spill st/ld B':>14} "
+        f"{'stack B':>8} {'smem KiB':>9} {'compile s':>10}"
+    )
+    seen: set[str] = set()
+    failures = 0
+    for kernel in options.kernels.split(","):
+        for candidate in CANDIDATES[kernel]:
+            fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
+            blocks = dataclasses.replace(base, **fields)
+            for segments in (False, True):
+                row = f"{kernel:<11} {','.join(map(str, candidate)):<10} {str(segments):<9}"
+                start = time.perf_counter()
+                try:
+                    with stderr_to(dump / "toolchain.log"):
+                        compile_for(
+                            device,
+                            blocks,
+                            seq_len=options.seq_len,
+                            head_dim=options.head_dim,
+                            segments=segments,
+                            grad=kernel != "hopper",
+                        )
+                    report = read_report(dump, HOPPER_KERNELS[kernel], seen)
+                except Exception as exc:  # noqa: BLE001 - a candidate that does not compile
+                    failures += 1
+                    print(f"{row} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+                    continue
+                spills = f"{report.spill_stores}/{report.spill_loads}"
+                print(
+                    f"{row} {spills:>14} {report.stack_bytes:>8} "
+                    f"{report.smem_bytes / 1024:>9.1f} {time.perf_counter() - start:>10.1f}",
+                    flush=True,
+                )
+    print(f"toolchain messages: {dump / 'toolchain.log'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
