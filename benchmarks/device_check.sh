@@ -4,7 +4,7 @@
 # It uses the device image's python3 (jax with CUDA; no kiln install: PYTHONPATH=src/python).
 #  1. attention_tune.py: each kernel's block sizes / warps / stages on its own, the Hopper
 #     (Mosaic GPU) forward against the Triton one, the fused-dQ backward and the Hopper dQ
-#     against dK/dV + dQ (causal, seq 4096, d=128: the goal's head dim; 36 candidates, so d=64
+#     against dK/dV + dQ (causal, seq 4096, d=128: the goal's head dim; 35 candidates, so d=64
 #     keeps the table's entry), every candidate checked against the fp32 reference before it
 #     is timed.
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,

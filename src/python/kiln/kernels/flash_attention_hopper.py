@@ -47,6 +47,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 COMPUTE_WARPGROUPS = 2
 WARPGROUPS = COMPUTE_WARPGROUPS + 1  # And one that streams K/V.
+COMPUTE_REGISTERS, MEMORY_REGISTERS = 240, 24  # Per thread: split_warpgroups.
 WGMMA_ROWS = 64  # A warpgroup's wgmma covers 64 rows: q tiles and kv tiles are multiples.
 # 16-bit SMEM tiles: (8, 64) tiling with the 128-byte swizzle is what wgmma reads.
 WGMMA_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
@@ -250,18 +251,20 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
 
 def split_warpgroups(compute, memory) -> None:
     """Warp specialisation: the compute warpgroups run compute(wg) with most of the registers,
-    the last warpgroup runs memory() (TMA streaming) with few. 2 x 232 + 40 per thread fits the
-    SM's 64K registers over three warpgroups of 128 threads."""
+    the last warpgroup runs memory() (TMA streaming) with few. 2 x 240 + 24 per thread fits the
+    SM's 64K registers over three warpgroups of 128 threads: FlashAttention-3's split. ptxas
+    (benchmarks/hopper_compile.py, RESULTS.md): the memory warpgroups need no more than 24, and
+    the backward's compute warpgroups spill less than at 232 + 40."""
     wg = lax.axis_index("wg")
 
     @pl.when(wg < COMPUTE_WARPGROUPS)
     def _compute():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
         compute(wg)
 
     @pl.when(wg == COMPUTE_WARPGROUPS)
     def _memory():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(MEMORY_REGISTERS, action="decrease")
         memory()
 
 

@@ -13,7 +13,9 @@ feeds it: masked logits are -inf, probability 0 whether lse is finite or +inf.
 
 Causal: a K/V tile sees only q tiles from its own start on; those that straddle the diagonal
 are masked, later ones are not. Programs run first to last, so the longest start first. lse and
-delta come by plain loads (256 bytes per tile each, in the WGMMA column layout). On the GPU pT
+delta ride the ring with their q tile (256 bytes each) and are read from SMEM just before use:
+held in registers for the whole tile, as plain loads from global memory had them, their 32
+registers (the WGMMA column layout) made ptxas spill (benchmarks/RESULTS.md). On the GPU pT
 and dsT go to their wgmma from registers and dK/dV accumulate in place (FlashAttention-3's form);
 in the interpreter, which takes wgmma operands from memory only and cannot accumulate in place,
 they are staged through SMEM into fresh accumulators (flash_attention_hopper.lhs_operand,
@@ -59,6 +61,8 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # V, then dV
         plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # q
         plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # dO
+        plgpu.SMEM((stages, block_q), jnp.float32),  # lse
+        plgpu.SMEM((stages, block_q), jnp.float32),  # delta
         # pT, then dsT, on their way to the dV and dK wgmma, in the interpreter
         *staging_smem((COMPUTE_WARPGROUPS, block_kv, block_q), q.dtype, config),
     )
@@ -67,7 +71,10 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # V tile landed
         plgpu.Barrier(num_barriers=stages),  # q tile landed
         plgpu.Barrier(num_barriers=stages),  # dO tile landed
-        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # q slot free
+        plgpu.Barrier(num_barriers=stages),  # lse tile landed
+        plgpu.Barrier(num_barriers=stages),  # delta tile landed
+        # q slot free (and its lse and delta: read before q's last use)
+        plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # dO slot free
     )
 
@@ -87,8 +94,8 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dk_ref, dv_ref = gmem_refs
-    k_smem, v_smem, q_smem, d_out_smem, *staging = smem
-    k_landed, v_landed, q_landed, d_out_landed, q_free, d_out_free = barriers
+    k_smem, v_smem, q_smem, d_out_smem, lse_smem, delta_smem, *staging = smem
+    k_landed, v_landed, *streamed_landed, q_free, d_out_free = barriers
     batch, kv_head = lax.axis_index("batch"), lax.axis_index("heads")
     group = q_ref.shape[2] // k_ref.shape[2]
     program_row = lax.axis_index("kv_seq") * config.program_rows
@@ -101,20 +108,18 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     def compute(wg):
         _compute_warpgroup(
             (k_ref.at[batch, :, kv_head], v_ref.at[batch, :, kv_head]),
-            (lse_ref.at[batch], delta_ref.at[batch]),
             segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
             (dk_ref.at[batch, :, kv_head], dv_ref.at[batch, :, kv_head]),
             (
                 k_smem.at[wg],
                 v_smem.at[wg],
-                q_smem,
-                d_out_smem,
+                (q_smem, d_out_smem, lse_smem, delta_smem),
                 staging[0].at[wg] if staging else None,
             ),
-            (k_landed.at[wg], v_landed.at[wg], q_landed, d_out_landed, q_free, d_out_free),
+            (k_landed.at[wg], v_landed.at[wg], streamed_landed, q_free, d_out_free),
             kv_start=program_row + wg * config.block_kv,
             q_tiles=(first_q_tile, real_q_tiles),
-            heads=(kv_head * group, group),
+            group=group,
             config=config,
         )
 
@@ -124,10 +129,15 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
         def load(tile, slot):  # Streamed tile t: q head t // per_head of the group.
             head = kv_head * group + lax.div(tile, per_head)
             rows = pl.ds((first_q_tile + lax.rem(tile, per_head)) * config.block_q, config.block_q)
-            plgpu.copy_gmem_to_smem(q_ref.at[batch, rows, head], q_smem.at[slot], q_landed.at[slot])
-            plgpu.copy_gmem_to_smem(
-                d_out_ref.at[batch, rows, head], d_out_smem.at[slot], d_out_landed.at[slot]
+            sources = (
+                q_ref.at[batch, rows, head],
+                d_out_ref.at[batch, rows, head],
+                lse_ref.at[batch, head, rows],
+                delta_ref.at[batch, head, rows],
             )
+            destinations = (q_smem, d_out_smem, lse_smem, delta_smem)
+            for source, destination, landed in zip(sources, destinations, streamed_landed):
+                plgpu.copy_gmem_to_smem(source, destination.at[slot], landed.at[slot])
 
         fill_ring(load, (q_free, d_out_free), group * per_head, config.stages)
 
@@ -136,7 +146,6 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
 
 def _compute_warpgroup(
     kv_refs,
-    row_stats_refs,
     segment_ids_ref,
     out_refs,
     smem,
@@ -144,16 +153,14 @@ def _compute_warpgroup(
     *,
     kv_start,
     q_tiles,
-    heads,
+    group,
     config,
 ):
     """One K/V tile: dK and dV summed over the q tiles of every head in the group."""
     k_ref, v_ref = kv_refs
-    lse_ref, delta_ref = row_stats_refs
-    k_smem, v_smem, q_smem, d_out_smem, staging = smem
-    k_landed, v_landed, q_landed, d_out_landed, q_free, d_out_free = barriers
+    k_smem, v_smem, (q_smem, d_out_smem, lse_smem, delta_smem), staging = smem
+    k_landed, v_landed, streamed_landed, q_free, d_out_free = barriers
     first_q_tile, real_q_tiles = q_tiles
-    first_head, group = heads
     block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
     head_dim = k_smem.shape[-1]
     kv_rows = pl.ds(kv_start, block_kv)
@@ -171,28 +178,31 @@ def _compute_warpgroup(
     def column_vector(x):
         return lax.broadcast_in_dim(x, tile_shape, [1])
 
-    def visit_tile(q_tile, carry, masked, head, slot_base):
+    def wait_landed(slot):
+        # The slot's four tiles at once: waiting on lse and delta where they are used kept
+        # their barriers' state live across the tile, and ptxas spilled again.
+        for landed in streamed_landed:
+            plgpu.barrier_wait(landed.at[slot])
+
+    def visit_tile(q_tile, carry, masked, slot_base):
         dk, dv = carry
         slot = lax.rem(slot_base + q_tile - first_q_tile, stages)
         q_start = q_tile * block_q
-        q_rows = pl.ds(q_start, block_q)
-        # Issued before the matmul so that the global loads' latency hides behind it.
-        lse = plgpu.load(lse_ref.at[head, q_rows], layout=column_stats, optimized=False)
-        delta = plgpu.load(delta_ref.at[head, q_rows], layout=column_stats, optimized=False)
         if masked and has_segments:
             q_segments = load_segments(segment_ids_ref, q_start, block_q, 0)
         else:
             q_segments = None
-        plgpu.barrier_wait(q_landed.at[slot])
+        wait_landed(slot)
         logits = matmul(k_smem, q_smem.at[slot].transpose((1, 0)), tile_shape)
         if masked:
             mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config, q_dim=1)
             logits = jnp.where(mask, logits, -jnp.inf)
+        lse = plgpu.load(lse_smem.at[slot], (), layout=column_stats)
         probs = jnp.exp2(logits * config.logit_scale - column_vector(lse))
-        plgpu.barrier_wait(d_out_landed.at[slot])
         dv = accumulate(dv, lhs_operand(probs, k_smem.dtype, staging), d_out_smem.at[slot], config)
         d_probs = matmul(v_smem, d_out_smem.at[slot].transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(d_out_free.at[slot])
+        delta = plgpu.load(delta_smem.at[slot], (), layout=column_stats)
         ds = lhs_operand(probs * (d_probs - column_vector(delta)), k_smem.dtype, staging)
         dk = accumulate(dk, ds, q_smem.at[slot], config)
         plgpu.barrier_arrive(q_free.at[slot])
@@ -201,17 +211,16 @@ def _compute_warpgroup(
     def skip_tile(q_tile, _, slot_base):
         # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
         slot = lax.rem(slot_base + q_tile - first_q_tile, stages)
-        plgpu.barrier_wait(q_landed.at[slot])
-        plgpu.barrier_wait(d_out_landed.at[slot])
+        wait_landed(slot)
         plgpu.barrier_arrive(q_free.at[slot])
         plgpu.barrier_arrive(d_out_free.at[slot])
 
-    def visit_head(index, carry):
-        head, slot_base = first_head + index, index * per_head
+    def visit_head(index, carry):  # The streamed tiles of the group's index-th q head.
+        slot_base = index * per_head
         lax.fori_loop(
             first_q_tile, own_first, functools.partial(skip_tile, slot_base=slot_base), None
         )
-        visit = functools.partial(visit_tile, head=head, slot_base=slot_base)
+        visit = functools.partial(visit_tile, slot_base=slot_base)
         carry = lax.fori_loop(own_first, masked_stop, functools.partial(visit, masked=True), carry)
         return lax.fori_loop(
             masked_stop, real_q_tiles, functools.partial(visit, masked=False), carry

@@ -1,7 +1,7 @@
 """A whole bf16 train step with the Pallas kernel lowers for an H200, checked on this CPU machine.
 
 jax.export for platform 'cuda' under an abstract H200 mesh (the kernel engineer's helper,
-tests/python/kiln/kernels/h200_export.py): the kernel lowers to Triton as on the device. Nothing
+kiln.kernels.h200_export): the kernel lowers to Triton as on the device. Nothing
 is compiled to PTX or run.
 """
 
