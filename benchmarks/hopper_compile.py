@@ -1,7 +1,7 @@
 """Compiles the Hopper (Mosaic GPU) attention kernels for an H200 on a machine without a GPU, and
 prints what ptxas reports for each tuner candidate: registers spilled, shared memory, failures.
 
-    ./pants export --resolve=cuda    # jax's CUDA plugin and ptxas: a venv under dist/export
+    ./pants package benchmarks:cuda-compiler    # jax's CUDA plugin and ptxas (~250 MB of wheels)
     ./pants run benchmarks/hopper_compile.py [-- --kernels hopper_dkv --head-dim 128]
 
 XLA compiles deviceless for a GPU its target config describes (H200_TARGET_CONFIG): jax's CUDA
@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -108,6 +109,41 @@ def compile_for(device, blocks, *, seq_len: int, head_dim: int, segments: bool, 
     jax.jit(exported.call).lower(*args).compile()
 
 
+def link_site_packages(wheels: list[Path], site_packages: Path) -> None:
+    """One site-packages of the PEX's wheels, hard links (copies across file systems): the CUDA
+    plugin looks for ptxas and libdevice beside its own file's real path (site-packages/nvidia/
+    cu13, as in a venv), but the PEX's NVIDIA wheels each hold a part of that folder."""
+    for wheel in wheels:
+        for source in sorted(wheel.rglob("*")):
+            target = site_packages / source.relative_to(wheel)
+            if source.is_dir():
+                target.mkdir(exist_ok=True)
+            elif not target.exists():
+                try:
+                    os.link(source, target)
+                except OSError:
+                    shutil.copy2(source, target)
+
+
+@contextlib.contextmanager
+def cuda_compiler(pex: Path):
+    """jax's CUDA plugin and ptxas from the PEX, for this process: call before jax loads (jax's
+    own library then loads the plugin's Mosaic GPU runtime, which compiled host code links
+    against)."""
+    wheels = sorted(pex.glob(".deps/*.whl"))
+    # Next to the PEX: the same file system, so the links cost no copies.
+    with tempfile.TemporaryDirectory(prefix="kiln-cuda-compiler-", dir=pex.parent) as folder:
+        site_packages = Path(folder)
+        link_site_packages(wheels, site_packages)
+        sys.path.append(str(site_packages))
+        # Mosaic GPU looks for ptxas on PATH before /usr/local/cuda: use the pinned one.
+        ptxas_folder = site_packages / "nvidia" / "cu13" / "bin"
+        os.environ["PATH"] = os.pathsep.join([str(ptxas_folder), os.environ.get("PATH", "")])
+        # The plugin's CUDA version check would look for a driver this machine does not have.
+        os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+        yield
+
+
 @contextlib.contextmanager
 def stderr_to(path: Path):
     """The toolchain's own messages (e.g. that it found no nvdisasm for the SASS dump) go to a
@@ -142,39 +178,43 @@ def read_report(dump: Path, kernel_name: str, seen: set[str]) -> Report:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--cuda-plugins",
-        default="dist/export/python/virtualenvs/cuda",
-        help="where `./pants export --resolve=cuda` wrote its venv (jax's CUDA plugin, ptxas)",
+        "--cuda-compiler",
+        default="dist/benchmarks/cuda-compiler.pex",
+        help="the PEX directory `./pants package benchmarks:cuda-compiler` writes",
     )
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--kernels", default=",".join(HOPPER_KERNELS))
+    parser.add_argument(
+        "--quick", action="store_true", help="each kernel's first tuner candidate only"
+    )
+    parser.add_argument(
+        "--max-spill-bytes",
+        type=int,
+        default=None,
+        help="exit 1 when a kernel spills more (stores or loads) than this",
+    )
     options = parser.parse_args(argv)
 
-    plugins = Path(options.cuda_plugins).resolve()
-    site_packages = [
-        path
-        for pattern in ("lib/python3*/site-packages", "*/lib/python3*/site-packages")
-        for path in sorted(plugins.glob(pattern))
-        if (path / "jax_plugins").is_dir()
-    ]
-    if not site_packages:
+    pex = Path(options.cuda_compiler).resolve()
+    if not list(pex.glob(".deps/jax_cuda13_pjrt-*.whl/jax_plugins")):
         parser.error(
-            f"--cuda-plugins {plugins}: no venv with jax_plugins there; run "
-            "`./pants export --resolve=cuda` (it writes dist/export/python/virtualenvs/cuda)"
+            f"--cuda-compiler {options.cuda_compiler}: no jax CUDA plugin there; run "
+            "`./pants package benchmarks:cuda-compiler`"
         )
-    # Before jax loads: jax's own library then loads the plugin's Mosaic GPU runtime, which the
-    # compiled host code links against. The plugin's CUDA version check would look for a driver
-    # this machine does not have. Mosaic GPU dumps ptxas' report of each kernel.
-    sys.path.append(str(site_packages[0]))
-    os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
-    os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
+    with cuda_compiler(pex):
+        return compile_table(options)
+
+
+def compile_table(options) -> int:
+    """Prints one row per kernel candidate (without and with segment ids); 1 if any failed."""
     from attention_tune import CANDIDATES, FIELDS, LAYOUT  # benchmarks/attention_tune.py
 
     from kiln.kernels.flash_attention import default_block_sizes
 
     dump = Path(tempfile.mkdtemp(prefix="kiln-mosaic-dump-"))
-    os.environ["MOSAIC_GPU_DUMP_TO"] = str(dump)
+    os.environ["MOSAIC_GPU_DUMP_TO"] = str(dump)  # ptxas' report of each Mosaic GPU kernel
+    os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
     device = h200_device()
 
     base = default_block_sizes("NVIDIA H200", options.head_dim)
@@ -186,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     seen: set[str] = set()
     failures = 0
     for kernel in options.kernels.split(","):
-        for candidate in CANDIDATES[kernel]:
+        for candidate in CANDIDATES[kernel][: 1 if options.quick else None]:
             fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
             blocks = dataclasses.replace(base, **fields)
             for segments in (False, True):
@@ -208,9 +248,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{row} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                     continue
                 spills = f"{report.spill_stores}/{report.spill_loads}"
+                limit = options.max_spill_bytes
+                over = limit is not None and max(report.spill_stores, report.spill_loads) > limit
+                failures += over
                 print(
                     f"{row} {spills:>14} {report.stack_bytes:>8} "
-                    f"{report.smem_bytes / 1024:>9.1f} {time.perf_counter() - start:>10.1f}",
+                    f"{report.smem_bytes / 1024:>9.1f} {time.perf_counter() - start:>10.1f}"
+                    + ("  over --max-spill-bytes" if over else ""),
                     flush=True,
                 )
     print(f"toolchain messages: {dump / 'toolchain.log'}")

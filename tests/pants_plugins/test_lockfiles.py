@@ -55,3 +55,17 @@ def test_accelerator_plugins_are_locked_at_the_versions_jax_wants(kind: str) -> 
 def test_cpu_runtime_pulls_no_accelerator_wheels() -> None:
     runtime = locked("runtime")
     assert not [n for n in runtime if n.startswith(("nvidia-", "jax-cuda", "libtpu"))]
+
+
+def test_the_compile_only_resolve_matches_the_gpu_runtime() -> None:
+    """benchmarks:cuda-compiler compiles for the H200 with what a gpu(...) step runs: the same
+    plugin and the same ptxas."""
+    cuda, compile_only = locked("cuda"), locked("cuda-compile")
+    assert {"jax-cuda13-plugin", "jax-cuda13-pjrt", "nvidia-cuda-nvcc"} <= set(compile_only)
+    for name, requirement in compile_only.items():
+        assert name in cuda, f"cuda-compile.lock has {name}, which cuda.lock does not"
+        assert requirement["version"] == cuda[name]["version"], (
+            f"cuda-compile.lock has {name} {requirement['version']}, cuda.lock "
+            f"{cuda[name]['version']}: fix 3rdparty/python/cuda-compile-requirements.txt and run "
+            "./pants generate-lockfiles --resolve=cuda-compile"
+        )

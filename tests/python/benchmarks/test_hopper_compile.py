@@ -1,9 +1,17 @@
-"""hopper_compile.py's parts that run without jax's CUDA plugin (CI has none): reading ptxas'
-reports from Mosaic GPU's dump, and the message when the plugin's venv is missing. The compile
-itself needs `./pants export --resolve=cuda` (~3 GB of wheels); its table is in RESULTS.md."""
+"""hopper_compile.py compiles the Hopper kernels for an H200 on this CPU machine (the whole table
+is in benchmarks/RESULTS.md); its parts: reading ptxas' reports from Mosaic GPU's dump, and the
+message when the compiler PEX is missing."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import hopper_compile
 import pytest
+
+# Where Pants puts benchmarks:cuda-compiler for this test (BUILD: runtime_package_dependencies).
+CUDA_COMPILER = Path("benchmarks/cuda-compiler.pex")
 
 # What ptxas wrote for the dK/dV kernel at 64,64,2 (2026-11-30), and Mosaic GPU's resources line.
 PTXAS = """\
@@ -25,8 +33,10 @@ def dump_kernel(directory, name: str, ptxas: str, smem: int) -> None:
 
 def test_reads_the_latest_report_of_a_kernel_once(tmp_path):
     kernel = "kiln_flash_attention_dkv_hopper"
-    no_spills = PTXAS.replace("104 bytes stack frame, 100 bytes spill stores, 104 bytes spill loads",
-                              "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads")
+    no_spills = PTXAS.replace(
+        "104 bytes stack frame, 100 bytes spill stores, 104 bytes spill loads",
+        "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+    )
     dump_kernel(tmp_path, f"{kernel}_2", no_spills, 98304)
     dump_kernel(tmp_path, f"{kernel}_10", PTXAS, 131072)  # later: numbers, not names, order
     dump_kernel(tmp_path, "kiln_flash_attention_dq_hopper_11", no_spills, 65536)
@@ -38,8 +48,30 @@ def test_reads_the_latest_report_of_a_kernel_once(tmp_path):
         hopper_compile.read_report(tmp_path, kernel, seen)  # both were read: nothing new
 
 
-def test_names_the_export_command_when_the_plugin_is_missing(tmp_path, capsys):
+def test_names_the_package_command_when_the_compiler_is_missing(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        hopper_compile.main(["--cuda-plugins", str(tmp_path)])
+        hopper_compile.main(["--cuda-compiler", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert "./pants export --resolve=cuda" in capsys.readouterr().err
+    assert "./pants package benchmarks:cuda-compiler" in capsys.readouterr().err
+
+
+def test_the_hopper_kernels_compile_for_an_h200():
+    """The GPU toolchain on a CPU: each Mosaic GPU kernel's first tuner candidate (the forward
+    alone, dK/dV and dQ inside the gradient with Triton's other kernels), without and with
+    segment ids, compiles to a cubin for the H200 spilling at most 32 bytes. In a fresh process:
+    jax must load after the plugin is on sys.path."""
+    args = ["--cuda-compiler", str(CUDA_COMPILER), "--quick", "--max-spill-bytes", "32"]
+    result = subprocess.run(
+        [sys.executable, hopper_compile.__file__, *args],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("hopper")]
+    assert [(row[0], row[2]) for row in rows] == [
+        (kernel, segments)
+        for kernel in ("hopper", "hopper_dkv", "hopper_dq")
+        for segments in ("False", "True")
+    ], result.stdout
