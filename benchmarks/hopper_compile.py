@@ -189,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true", help="each kernel's first tuner candidate only"
     )
     parser.add_argument(
+        "--train-step",
+        action="store_true",
+        help="then compile a small bf16 train step with all three Hopper kernels",
+    )
+    parser.add_argument(
         "--max-spill-bytes",
         type=int,
         default=None,
@@ -257,8 +262,80 @@ def compile_table(options) -> int:
                     + ("  over --max-spill-bytes" if over else ""),
                     flush=True,
                 )
+    if options.train_step:
+        first = {kernel: CANDIDATES[kernel][0] for kernel in HOPPER_KERNELS}
+        fields = {
+            name: value
+            for kernel, candidate in first.items()
+            for name, value in zip(FIELDS[kernel], candidate)
+        }
+        layout = {"hopper_forward": True, "hopper_dkv": True, "hopper_dq": True}
+        blocks = dataclasses.replace(base, **fields, **layout)
+        start = time.perf_counter()
+        try:
+            with stderr_to(dump / "toolchain.log"):
+                kernels = compile_train_step(device, blocks, options.head_dim)
+        except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
+            failures += 1
+            print(f"train step failed: {type(exc).__name__}: {exc}"[:600], flush=True)
+        else:
+            seconds = time.perf_counter() - start
+            print(
+                f"train step (bf16, save_dots, all three Hopper kernels): compiled in "
+                f"{seconds:.1f} s, {kernels} Mosaic GPU kernel launches"
+            )
     print(f"toolchain messages: {dump / 'toolchain.log'}")
     return 1 if failures else 0
+
+
+def compile_train_step(device, blocks, head_dim: int) -> int:
+    """Compiles a small Llama's bf16 train step (Pallas attention with `blocks`, segment ids,
+    remat save_dots) for the H200; returns how many Mosaic GPU kernels the executable runs."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import SingleDeviceSharding
+
+    from kiln.kernels.flash_attention import TUNED_BLOCK_SIZES
+    from kiln.kernels.h200_export import export_for_h200
+    from kiln.model.config import LlamaConfig
+    from kiln.train.mesh import make_mesh
+    from kiln.train.optimizer import AdamConfig
+    from kiln.train.step import abstract_train_state, train_step_fn
+
+    TUNED_BLOCK_SIZES["NVIDIA H200"] = {head_dim: blocks}  # what the model's attention reads
+    seq_len, adam = 256, AdamConfig()
+    model = LlamaConfig(
+        max_seq_len=seq_len,
+        hidden_dim=2 * head_dim,
+        intermediate_dim=4 * head_dim,
+        num_heads=2,
+        num_kv_heads=1,
+        num_layers=2,
+        vocab_size=256,
+    )
+    state = abstract_train_state(
+        model,
+        adam,
+        100,
+        mesh=make_mesh(),
+        compute_dtype="bfloat16",
+        attention="pallas",
+        remat="save_dots",
+    )
+    batch = {
+        "tokens": jax.ShapeDtypeStruct((2, seq_len), jnp.int32),
+        "segment_ids": jax.ShapeDtypeStruct((2, seq_len), jnp.int32),
+        "loss_mask": jax.ShapeDtypeStruct((2, seq_len), jnp.float32),
+    }
+    state = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), state)
+    step = train_step_fn(adam, 100, z_loss_weight=1e-4, mesh=None)
+    exported = export_for_h200(step, state, batch)
+    on_device = SingleDeviceSharding(device)
+    args = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device), (state, batch)
+    )
+    compiled = jax.jit(exported.call).lower(*args).compile()
+    return compiled.as_text().count('custom_call_target="mosaic_gpu_v2"')
 
 
 if __name__ == "__main__":

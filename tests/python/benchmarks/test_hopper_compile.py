@@ -3,6 +3,7 @@ is in benchmarks/RESULTS.md); its parts: reading ptxas' reports from Mosaic GPU'
 message when the compiler PEX is missing."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -58,9 +59,11 @@ def test_names_the_package_command_when_the_compiler_is_missing(tmp_path, capsys
 def test_the_hopper_kernels_compile_for_an_h200():
     """The GPU toolchain on a CPU: each Mosaic GPU kernel's first tuner candidate (the forward
     alone, dK/dV and dQ inside the gradient with Triton's other kernels), without and with
-    segment ids, compiles to a cubin for the H200 spilling at most 32 bytes. In a fresh process:
-    jax must load after the plugin is on sys.path."""
+    segment ids, compiles to a cubin for the H200 spilling at most 32 bytes; then a whole bf16
+    train step with all three. In a fresh process: jax must load after the plugin is on
+    sys.path."""
     args = ["--cuda-compiler", str(CUDA_COMPILER), "--quick", "--max-spill-bytes", "32"]
+    args.append("--train-step")
     result = subprocess.run(
         [sys.executable, hopper_compile.__file__, *args],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
@@ -75,3 +78,5 @@ def test_the_hopper_kernels_compile_for_an_h200():
         for kernel in ("hopper", "hopper_dkv", "hopper_dq")
         for segments in ("False", "True")
     ], result.stdout
+    launches = re.search(r"train step .*: compiled in .* s, (\d+) Mosaic GPU kernel", result.stdout)
+    assert launches and int(launches.group(1)) > 0, result.stdout

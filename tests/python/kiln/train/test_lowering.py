@@ -2,7 +2,8 @@
 
 jax.export for platform 'cuda' under an abstract H200 mesh (the kernel engineer's helper,
 kiln.kernels.h200_export): the kernel lowers to Triton as on the device. Nothing
-is compiled to PTX or run.
+is compiled to PTX or run here; tests/python/benchmarks/test_hopper_compile.py compiles a train
+step with the Hopper kernels down to cubins.
 """
 
 from __future__ import annotations
