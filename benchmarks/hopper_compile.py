@@ -26,6 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# jax and kiln are imported inside the functions: jax must load after main() has put the plugin
+# on sys.path.
+
 # XLA's H100 SXM spec (xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb) with the H200's memory and
 # name: the compiler reads the compute capability, shared memory and register limits.
 H200_TARGET_CONFIG = """
@@ -58,8 +61,6 @@ HOPPER_KERNELS = {
     "hopper_dkv": "kiln_flash_attention_dkv_hopper",
     "hopper_dq": "kiln_flash_attention_dq_hopper",
 }
-# jax and kiln are imported inside the functions: jax must load after main() has put the plugin
-# on sys.path.
 SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
@@ -208,21 +209,30 @@ def main(argv: list[str] | None = None) -> int:
             "`./pants package benchmarks:cuda-compiler`"
         )
     with cuda_compiler(pex):
-        return compile_table(options)
+        return compile_all(options)
 
 
-def compile_table(options) -> int:
-    """Prints one row per kernel candidate (without and with segment ids); 1 if any failed."""
-    from attention_tune import CANDIDATES, FIELDS, LAYOUT  # benchmarks/attention_tune.py
-
+def compile_all(options) -> int:
+    """Compiles what the options ask for and prints a row each; 1 if anything failed."""
     from kiln.kernels.flash_attention import default_block_sizes
 
     dump = Path(tempfile.mkdtemp(prefix="kiln-mosaic-dump-"))
     os.environ["MOSAIC_GPU_DUMP_TO"] = str(dump)  # ptxas' report of each Mosaic GPU kernel
     os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
     device = h200_device()
-
     base = default_block_sizes("NVIDIA H200", options.head_dim)
+    with stderr_to(dump / "toolchain.log"):
+        failures = compile_candidates(device, base, dump, options)
+        if options.train_step:
+            failures += compile_step(device, base, options)
+    print(f"toolchain messages: {dump / 'toolchain.log'}")
+    return 1 if failures else 0
+
+
+def compile_candidates(device, base, dump: Path, options) -> int:
+    """One row per kernel candidate, without and with segment ids; returns the failed rows."""
+    from attention_tune import CANDIDATES, FIELDS, LAYOUT  # benchmarks/attention_tune.py
+
     print(f"H200 (deviceless), head dim {options.head_dim}, seq {options.seq_len}, causal, bf16")
     print(
         f"{'kernel':<11} {'candidate':<10} {'segments':<9} {'spill st/ld B':>14} "
@@ -238,15 +248,14 @@ def compile_table(options) -> int:
                 row = f"{kernel:<11} {','.join(map(str, candidate)):<10} {str(segments):<9}"
                 start = time.perf_counter()
                 try:
-                    with stderr_to(dump / "toolchain.log"):
-                        compile_for(
-                            device,
-                            blocks,
-                            seq_len=options.seq_len,
-                            head_dim=options.head_dim,
-                            segments=segments,
-                            grad=kernel != "hopper",
-                        )
+                    compile_for(
+                        device,
+                        blocks,
+                        seq_len=options.seq_len,
+                        head_dim=options.head_dim,
+                        segments=segments,
+                        grad=kernel != "hopper",
+                    )
                     report = read_report(dump, HOPPER_KERNELS[kernel], seen)
                 except Exception as exc:  # noqa: BLE001 - a candidate that does not compile
                     failures += 1
@@ -262,30 +271,31 @@ def compile_table(options) -> int:
                     + ("  over --max-spill-bytes" if over else ""),
                     flush=True,
                 )
-    if options.train_step:
-        first = {kernel: CANDIDATES[kernel][0] for kernel in HOPPER_KERNELS}
-        fields = {
-            name: value
-            for kernel, candidate in first.items()
-            for name, value in zip(FIELDS[kernel], candidate)
-        }
-        layout = {"hopper_forward": True, "hopper_dkv": True, "hopper_dq": True}
-        blocks = dataclasses.replace(base, **fields, **layout)
-        start = time.perf_counter()
-        try:
-            with stderr_to(dump / "toolchain.log"):
-                kernels = compile_train_step(device, blocks, options.head_dim)
-        except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
-            failures += 1
-            print(f"train step failed: {type(exc).__name__}: {exc}"[:600], flush=True)
-        else:
-            seconds = time.perf_counter() - start
-            print(
-                f"train step (bf16, save_dots, all three Hopper kernels): compiled in "
-                f"{seconds:.1f} s, {kernels} Mosaic GPU kernel launches"
-            )
-    print(f"toolchain messages: {dump / 'toolchain.log'}")
-    return 1 if failures else 0
+    return failures
+
+
+def compile_step(device, base, options) -> int:
+    """The train step with each Hopper kernel's first tuner candidate; 1 if it failed."""
+    from attention_tune import CANDIDATES, FIELDS  # benchmarks/attention_tune.py
+
+    fields = {
+        name: value
+        for kernel in HOPPER_KERNELS
+        for name, value in zip(FIELDS[kernel], CANDIDATES[kernel][0])
+    }
+    layout = {"hopper_forward": True, "hopper_dkv": True, "hopper_dq": True}
+    blocks = dataclasses.replace(base, **fields, **layout)
+    start = time.perf_counter()
+    try:
+        launches = compile_train_step(device, blocks, options.head_dim)
+    except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
+        print(f"train step failed: {type(exc).__name__}: {exc}"[:600], flush=True)
+        return 1
+    print(
+        f"train step (bf16, save_dots, all three Hopper kernels): compiled in "
+        f"{time.perf_counter() - start:.1f} s, {launches} Mosaic GPU kernel launches"
+    )
+    return 0
 
 
 def compile_train_step(device, blocks, head_dim: int) -> int:
