@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+from packaging.requirements import Requirement  # pants: no-infer-dep (pantsbuild.pants brings it)
+from packaging.utils import canonicalize_name  # pants: no-infer-dep
 
 from kiln_pants.runtime import ACCELERATOR_PLUGINS
 
