@@ -25,6 +25,11 @@ mkdir -p "${OUT}"
 {
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv
   python3 -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
+  # Which ptxas compiles the kernels here (hopper_compile.py's numbers are from 13.5.37).
+  python3 -c 'from jax._src import lib; print("jax cuda_path", lib.cuda_path)'
+  for ptxas in "$(command -v ptxas)" /usr/local/cuda/bin/ptxas; do
+    [[ -x "${ptxas}" ]] && echo "${ptxas}: $("${ptxas}" --version | grep release)"
+  done
 } >"${OUT}/env.txt" 2>&1
 
 timeout 200 python3 benchmarks/attention_tune.py --head-dims 128 --json "${OUT}/tuned.json" \
