@@ -84,14 +84,26 @@ def h200_device():
     return topology.devices[0]
 
 
+def compile_on(device, fn, *args):
+    """Lowers fn(*args) for the H200 (args: ShapeDtypeStruct trees) and compiles it on
+    `device`; returns the compiled executable."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    from kiln.kernels.h200_export import export_for_h200
+
+    exported = export_for_h200(fn, *args)
+    on_device = SingleDeviceSharding(device)
+    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device), args)
+    return jax.jit(exported.call).lower(*args).compile()
+
+
 def compile_for(device, blocks, *, seq_len: int, head_dim: int, segments: bool, grad: bool):
     """Lowers causal attention (or its gradient) for the H200 and compiles it on `device`."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import SingleDeviceSharding
 
     from kiln.kernels.flash_attention import flash_attention
-    from kiln.kernels.h200_export import export_for_h200
 
     q = jax.ShapeDtypeStruct((2, seq_len, 8, head_dim), jnp.bfloat16)
     ids = jax.ShapeDtypeStruct((2, seq_len), jnp.int32)
@@ -103,11 +115,7 @@ def compile_for(device, blocks, *, seq_len: int, head_dim: int, segments: bool, 
     def loss(q, k, v, segment_ids):
         return attention(q, k, v, segment_ids).astype(jnp.float32).sum()
 
-    fn = jax.grad(loss, argnums=(0, 1, 2)) if grad else attention
-    exported = export_for_h200(fn, q, q, q, ids)
-    on_device = SingleDeviceSharding(device)
-    args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device) for x in (q, q, q, ids)]
-    jax.jit(exported.call).lower(*args).compile()
+    compile_on(device, jax.grad(loss, argnums=(0, 1, 2)) if grad else attention, q, q, q, ids)
 
 
 def link_site_packages(wheels: list[Path], site_packages: Path) -> None:
@@ -303,10 +311,8 @@ def compile_train_step(device, blocks, head_dim: int) -> int:
     remat save_dots) for the H200; returns how many Mosaic GPU kernels the executable runs."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import SingleDeviceSharding
 
     from kiln.kernels.flash_attention import TUNED_BLOCK_SIZES
-    from kiln.kernels.h200_export import export_for_h200
     from kiln.model.config import LlamaConfig
     from kiln.train.mesh import make_mesh
     from kiln.train.optimizer import AdamConfig
@@ -339,12 +345,7 @@ def compile_train_step(device, blocks, head_dim: int) -> int:
     }
     state = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), state)
     step = train_step_fn(adam, 100, z_loss_weight=1e-4, mesh=None)
-    exported = export_for_h200(step, state, batch)
-    on_device = SingleDeviceSharding(device)
-    args = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device), (state, batch)
-    )
-    compiled = jax.jit(exported.call).lower(*args).compile()
+    compiled = compile_on(device, step, state, batch)
     return compiled.as_text().count('custom_call_target="mosaic_gpu_v2"')
 
 
