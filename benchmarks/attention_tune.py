@@ -94,6 +94,13 @@ CANDIDATES = {
         (64, 64, 4),
         (64, 128, 2),
     ],
+    # FlashAttention-3's backward: the Mosaic GPU dK/dV kernel adding dQ by TMA reduce-adds
+    # (fused_dq; head dim a multiple of 128). Fields as hopper_dkv's; at d=128 a ring of 4 does
+    # not fit beside the dQ staging tiles.
+    "hopper_fused": [
+        (64, 64, 2),
+        (64, 64, 3),
+    ],
     # The dK/dV kernel with dQ accumulated by atomics (fused_dq): against dK/dV + dQ.
     "fused": [
         (64, 64, 4, 2),
@@ -105,7 +112,16 @@ CANDIDATES = {
     ],
 }
 # Matmuls of seq x seq x dim each kernel does (the split backward recomputes q k^T and dout v^T).
-MATMULS = {"fwd": 2, "hopper": 2, "dkv": 4, "hopper_dkv": 4, "dq": 3, "hopper_dq": 3, "fused": 5}
+MATMULS = {
+    "fwd": 2,
+    "hopper": 2,
+    "dkv": 4,
+    "hopper_dkv": 4,
+    "dq": 3,
+    "hopper_dq": 3,
+    "fused": 5,
+    "hopper_fused": 5,
+}
 FIELDS = {
     "fwd": ("block_q", "block_kv", "num_warps_fwd", "num_stages_fwd"),
     "hopper": ("block_q", "block_kv", "num_stages_fwd"),
@@ -114,6 +130,7 @@ FIELDS = {
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
     "hopper_dq": ("block_q_dq", "block_kv_dq", "num_stages_dq"),
     "fused": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
+    "hopper_fused": ("block_q_dkv", "block_kv_dkv", "num_stages_dkv"),
 }
 # The layout switch each kernel runs under.
 LAYOUT = {
@@ -124,6 +141,7 @@ LAYOUT = {
     "dq": {"fused_dq": False, "hopper_dq": False},
     "hopper_dq": {"fused_dq": False, "hopper_dq": True},
     "fused": {"fused_dq": True, "hopper_dkv": False, "hopper_dq": False},
+    "hopper_fused": {"fused_dq": True, "hopper_dkv": True, "hopper_dq": False},
 }
 # Per kernel: its Hopper alternative, and the fields that choosing between them decides.
 HOPPER_ALTERNATIVE = {"fwd": "hopper", "dkv": "hopper_dkv", "dq": "hopper_dq"}
@@ -197,6 +215,7 @@ class KernelBench:
             "dq": (dq,),
             "hopper_dq": (dq,),
             "fused": (dq / sm_scale, dk, dv),
+            "hopper_fused": (dq / sm_scale, dk, dv),
         }
 
     def kernel(self, name: str, blocks: fa.BlockSizes) -> tuple[Callable, tuple]:
@@ -207,11 +226,11 @@ class KernelBench:
                 self.k,
                 self.v,
             )
-        if name in ("hopper_dkv", "hopper_dq"):
+        if name in ("hopper_dkv", "hopper_fused", "hopper_dq"):
             hopper_kernel, hopper_config = (
-                (hopper_dkv, config.hopper_dkv)
-                if name == "hopper_dkv"
-                else (hopper_dq, config.hopper_dq)
+                (hopper_dq, config.hopper_dq)
+                if name == "hopper_dq"
+                else (hopper_dkv, config.hopper_dkv)
             )
             fn = jax.jit(lambda *args: hopper_kernel(*args[:3], None, *args[3:], hopper_config))
         else:
@@ -230,9 +249,13 @@ class KernelBench:
 def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
     """The current setting first (the one to beat), then the others. For a Hopper kernel when
     base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
-    switch = {"hopper": "hopper_forward", "hopper_dkv": "hopper_dkv", "hopper_dq": "hopper_dq"}.get(
-        kernel
-    )
+    switches = {
+        "hopper": "hopper_forward",
+        "hopper_dkv": "hopper_dkv",
+        "hopper_fused": "hopper_dkv",
+        "hopper_dq": "hopper_dq",
+    }
+    switch = switches.get(kernel)
     if switch is not None and not getattr(base, switch):
         return list(candidates)
     current = tuple(getattr(base, field) for field in FIELDS[kernel])
@@ -271,16 +294,18 @@ def tune_kernel(
 
 def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable) -> fa.BlockSizes:
     """The Triton forward, dK/dV and dQ first, then the alternatives: the fused-dQ backward,
-    and each Hopper kernel against its Triton one; the faster of each pair wins, then fused
-    against the chosen dK/dV + dQ. The Hopper kernels go last: they are the ones never yet run
-    on a device, so if one hangs the time limit cuts only its own stage (on_update has the rest)."""
+    each Hopper kernel against its Triton one (the faster of each pair wins), and the Hopper
+    fused backward against the Triton one (head dim a multiple of 128); then the faster fused
+    backward against the chosen dK/dV + dQ. The Hopper kernels go last: they are the ones never
+    yet run on a device, so if one hangs the time limit cuts only its own stage (on_update has
+    the rest)."""
     seconds = {}
     for kernel in ("fwd", "dkv", "dq"):
         blocks, seconds[kernel] = tune_kernel(bench, kernel, blocks, options)
         on_update(blocks)
     split = blocks
     chosen = {kernel: (seconds[kernel], split) for kernel in CHOSEN_FIELDS}
-    fused, fused_seconds = tune_kernel(bench, "fused", split, options)
+    fused = dict(zip(("blocks", "seconds"), tune_kernel(bench, "fused", split, options)))
 
     def best_layout() -> tuple[fa.BlockSizes, float]:
         """The chosen kernels' fields on split, and the chosen backward's seconds."""
@@ -290,9 +315,9 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
                 layout, **{field: getattr(source, field) for field in CHOSEN_FIELDS[kernel]}
             )
         backward = chosen["dkv"][0] + chosen["dq"][0]
-        if fused_seconds < backward:
+        if fused["seconds"] < backward:
             fields = CHOSEN_FIELDS["dkv"] + ("hopper_dq",)
-            layout = dataclasses.replace(layout, **{f: getattr(fused, f) for f in fields})
+            layout = dataclasses.replace(layout, **{f: getattr(fused["blocks"], f) for f in fields})
         return layout, backward
 
     on_update(best_layout()[0])
@@ -306,10 +331,20 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
         if hopper_seconds < chosen[kernel][0]:
             chosen[kernel] = (hopper_seconds, hopper)
         on_update(best_layout()[0])
+    if bench.problem.head_dim % 128 == 0:
+        hopper, hopper_seconds = tune_kernel(bench, "hopper_fused", split, options)
+        print(
+            f"  fused: triton {fused['seconds'] * 1e3:.3f} ms, hopper (mosaic gpu) "
+            f"{hopper_seconds * 1e3:.3f} ms",
+            flush=True,
+        )
+        if hopper_seconds < fused["seconds"]:
+            fused.update(blocks=hopper, seconds=hopper_seconds)
+        on_update(best_layout()[0])
     blocks, backward_seconds = best_layout()
     print(
         f"  backward: dK/dV + dQ {backward_seconds * 1e3:.3f} ms, fused dQ "
-        f"{fused_seconds * 1e3:.3f} ms",
+        f"{fused['seconds'] * 1e3:.3f} ms",
         flush=True,
     )
     return blocks

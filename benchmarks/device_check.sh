@@ -2,11 +2,12 @@
 # The one script a GPU session runs on the lent device (see benchmarks/RESULTS.md):
 #   run(command="bash benchmarks/device_check.sh", timeout_s=590)
 # It uses the device image's python3 (jax with CUDA; no kiln install: PYTHONPATH=src/python).
-#  1. attention_tune.py: each kernel's block sizes / warps / stages on its own, the Hopper
-#     (Mosaic GPU) forward against the Triton one, the fused-dQ backward and the Hopper dQ
-#     against dK/dV + dQ (causal, seq 4096, d=128: the goal's head dim; 35 candidates, so d=64
-#     keeps the table's entry), every candidate checked against the fp32 reference before it
-#     is timed.
+#  1. attention_tune.py: each kernel's block sizes / warps / stages on its own, each Hopper
+#     (Mosaic GPU) kernel against its Triton one, the Hopper fused backward (FlashAttention-3's,
+#     dQ by TMA reduce-add) against the Triton fused one, and the faster fused backward against
+#     dK/dV + dQ (causal, seq 4096, d=128: the goal's head dim; 37 candidates, so d=64 keeps
+#     the table's entry), every candidate checked against the fp32 reference before it is
+#     timed.
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,
 #     seq 1k-16k, d 128/64, causal and not, forward and forward+backward.
 #  3. ncu (hardware counters, clocks left alone) on one forward+backward of ours: speed of light,
@@ -54,7 +55,7 @@ timeout 140 python3 benchmarks/train_step.py --model 1.4b --attention pallas,cud
 echo "train_step.py exit $?" >>"${OUT}/train_step.txt"
 
 cat "${OUT}/env.txt"
-grep -E "tuned d=|forward:|backward:|hopper|jax |cudnn|ours \(tuned\)|exit" "${OUT}/tune.txt"
+grep -E "tuned d=|forward:|backward:|fused:|hopper|jax |cudnn|ours \(tuned\)|exit" "${OUT}/tune.txt"
 grep -v "^  ours\|^  xla\|^  cudnn\|Warning\|warn" "${OUT}/attention.txt" | tail -n 50
 grep -E "kiln_flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|exit" \
   "${OUT}/ncu.txt" | head -n 30

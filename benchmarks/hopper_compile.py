@@ -60,6 +60,7 @@ HOPPER_KERNELS = {
     "hopper": "kiln_flash_attention_fwd_hopper",
     "hopper_dkv": "kiln_flash_attention_dkv_hopper",
     "hopper_dq": "kiln_flash_attention_dq_hopper",
+    "hopper_fused": "kiln_flash_attention_bwd_hopper",
 }
 SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
@@ -243,7 +244,7 @@ def compile_candidates(device, base, dump: Path, options) -> int:
 
     print(f"H200 (deviceless), head dim {options.head_dim}, seq {options.seq_len}, causal, bf16")
     print(
-        f"{'kernel':<11} {'candidate':<10} {'segments':<9} {'spill st/ld B':>14} "
+        f"{'kernel':<12} {'candidate':<10} {'segments':<9} {'spill st/ld B':>14} "
         f"{'stack B':>8} {'smem KiB':>9} {'compile s':>10}"
     )
     seen: set[str] = set()
@@ -253,7 +254,7 @@ def compile_candidates(device, base, dump: Path, options) -> int:
             fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
             blocks = dataclasses.replace(base, **fields)
             for segments in (False, True):
-                row = f"{kernel:<11} {','.join(map(str, candidate)):<10} {str(segments):<9}"
+                row = f"{kernel:<12} {','.join(map(str, candidate)):<10} {str(segments):<9}"
                 start = time.perf_counter()
                 try:
                     compile_for(
@@ -282,28 +283,40 @@ def compile_candidates(device, base, dump: Path, options) -> int:
     return failures
 
 
-def compile_step(device, base, options) -> int:
-    """The train step with each Hopper kernel's first tuner candidate; 1 if it failed."""
-    from attention_tune import CANDIDATES, FIELDS  # benchmarks/attention_tune.py
+# Train-step layouts: the Hopper kernels each compiles (with their first tuner candidates).
+STEP_LAYOUTS = {
+    "split": ("hopper", "hopper_dkv", "hopper_dq"),
+    "fused": ("hopper", "hopper_fused"),
+}
 
-    fields = {
-        name: value
-        for kernel in HOPPER_KERNELS
-        for name, value in zip(FIELDS[kernel], CANDIDATES[kernel][0])
-    }
-    layout = {"hopper_forward": True, "hopper_dkv": True, "hopper_dq": True}
-    blocks = dataclasses.replace(base, **fields, **layout)
-    start = time.perf_counter()
-    try:
-        launches = compile_train_step(device, blocks, options.head_dim)
-    except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
-        print(f"train step failed: {type(exc).__name__}: {exc}"[:600], flush=True)
-        return 1
-    print(
-        f"train step (bf16, save_dots, all three Hopper kernels): compiled in "
-        f"{time.perf_counter() - start:.1f} s, {launches} Mosaic GPU kernel launches"
-    )
-    return 0
+
+def compile_step(device, base, options) -> int:
+    """The train step with the Hopper forward and each Hopper backward (dK/dV + dQ kernels, and
+    the fused one where the head dim allows); returns the failed layouts."""
+    from attention_tune import CANDIDATES, FIELDS, LAYOUT  # benchmarks/attention_tune.py
+
+    failures = 0
+    for name, kernels in STEP_LAYOUTS.items():
+        if name == "fused" and options.head_dim % 128:
+            continue
+        fields = {}
+        for kernel in kernels:
+            fields.update(zip(FIELDS[kernel], CANDIDATES[kernel][0]), **LAYOUT[kernel])
+        blocks = dataclasses.replace(base, **fields)
+        label = f"train step {name} (bf16, save_dots, {', '.join(kernels)})"
+        start = time.perf_counter()
+        try:
+            launches = compile_train_step(device, blocks, options.head_dim)
+        except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
+            failures += 1
+            print(f"{label} failed: {type(exc).__name__}: {exc}"[:600], flush=True)
+            continue
+        print(
+            f"{label}: compiled in {time.perf_counter() - start:.1f} s, {launches} Mosaic GPU "
+            "kernel launches",
+            flush=True,
+        )
+    return failures
 
 
 def compile_train_step(device, blocks, head_dim: int) -> int:
@@ -319,6 +332,8 @@ def compile_train_step(device, blocks, head_dim: int) -> int:
     from kiln.train.step import abstract_train_state, train_step_fn
 
     TUNED_BLOCK_SIZES["NVIDIA H200"] = {head_dim: blocks}  # what the model's attention reads
+    # flash_attention's jit cache keys on block_sizes=None, not on the table it read then.
+    jax.clear_caches()
     seq_len, adam = 256, AdamConfig()
     model = LlamaConfig(
         max_seq_len=seq_len,

@@ -9,8 +9,9 @@ docs/attention-kernel.md describes the design; the short version:
 - dK/dV: grid (kv blocks, batch, kv heads); each program loops over the q heads of its group and
   their q tiles, so GQA gradients are summed in the kernel without repeating K/V.
 - dQ: grid (q blocks, batch, heads); each program loops over kv tiles. Or, with
-  BlockSizes.fused_dq, no dQ kernel: the dK/dV kernel adds each tile's dQ into an fp32 buffer
-  with atomics (5 matmuls instead of 7; dQ's summation order then varies between GPU runs).
+  BlockSizes.fused_dq, no dQ kernel: the dK/dV kernel (Triton or Hopper) adds each tile's dQ
+  into an fp32 buffer with atomics or TMA reduce-adds (5 matmuls instead of 7; dQ's summation
+  order then varies between GPU runs).
 - Hopper kernels (BlockSizes.hopper_forward, hopper_dkv, hopper_dq; 16-bit inputs): that kernel
   runs as a Mosaic GPU kernel instead (flash_attention_hopper*.py: warp-specialised, TMA, wgmma)
   with the same inputs and outputs.
@@ -52,9 +53,11 @@ class BlockSizes:
     block_q_dq, block_kv_dq: dQ (a program owns a q tile and loops over kv tiles).
     num_warps_*, num_stages_*: Triton's warps per program and software-pipelining depth, per
     kernel (each kernel has its own best setting on the device).
-    fused_dq: the dK/dV kernel also computes dQ and adds it into an fp32 buffer with atomics
-    (FlashAttention-2's layout: 5 matmuls instead of 7, no dQ kernel; dQ's summation order then
-    varies between runs on a GPU). Off: a separate dQ kernel recomputes what it needs.
+    fused_dq: the dK/dV kernel also computes dQ and adds it into an fp32 buffer (5 matmuls
+    instead of 7, no dQ kernel; dQ's summation order then varies between runs on a GPU): with
+    atomics in the Triton kernel (FlashAttention-2's layout), with TMA reduce-adds in the Hopper
+    one (hopper_dkv: FlashAttention-3's backward, head dim a multiple of 128). Off: a separate
+    dQ kernel recomputes what it needs.
     hopper_forward: for 16-bit inputs the forward is the Mosaic GPU kernel of
     flash_attention_hopper.py; block_q is then each compute warpgroup's rows (a program owns
     two q tiles), num_stages_fwd the K/V tiles in flight, and num_warps_fwd is unused (three
@@ -63,7 +66,7 @@ class BlockSizes:
     flash_attention_hopper_dq.py (the forward's layout: block_q_dq rows per compute warpgroup,
     num_stages_dq K/V tiles in flight, num_warps_dq unused). Not with fused_dq.
     hopper_dkv: likewise for dK/dV (flash_attention_hopper_dkv.py: block_kv_dkv rows per compute
-    warpgroup, num_stages_dkv q/dO tiles of block_q_dkv in flight). Not with fused_dq.
+    warpgroup, num_stages_dkv q/dO tiles of block_q_dkv in flight).
     """
 
     block_q: int = 64
@@ -94,9 +97,8 @@ class BlockSizes:
         for switch, stages in _HOPPER_STAGES.items():
             if getattr(self, switch) and getattr(self, stages) < 2:
                 raise ValueError(f"BlockSizes.{stages} must be >= 2 with {switch}")
-        for switch in ("hopper_dq", "hopper_dkv"):
-            if getattr(self, switch) and self.fused_dq:
-                raise ValueError(f"BlockSizes: {switch} and fused_dq exclude each other")
+        if self.hopper_dq and self.fused_dq:
+            raise ValueError("BlockSizes: hopper_dq and fused_dq exclude each other (no dQ kernel)")
 
     def _smallest(self, name: str) -> int:
         # wgmma covers 64 rows of a warpgroup: the Hopper kernels' tiles are multiples of 64.
@@ -283,6 +285,7 @@ def _kernel_config(
             stages=getattr(block_sizes, _HOPPER_STAGES[switch]),
             interpret=interpret,
             kv_programs=switch == "hopper_dkv",
+            fused_dq=switch == "hopper_dkv" and block_sizes.fused_dq,
         )
         for switch, (block_q, block_kv) in _HOPPER_FIELDS.items()
         if getattr(block_sizes, switch)
@@ -377,14 +380,15 @@ def _flash_attention_bwd(config: _KernelConfig, residuals, d_out):
     # delta_i = sum_d out_i * dout_i = sum_j p_ij * dp_ij: an elementwise product and row sum
     # that XLA fuses well, so it needs no kernel of its own.
     delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), d_out.astype(jnp.float32))
-    if config.block_sizes.fused_dq:
-        dq, dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+    if config.hopper_dkv is not None:
+        dkv = hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dkv)
+    else:
+        dkv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+    if config.block_sizes.fused_dq:  # dQ came with dK/dV: fp32, not yet scaled
+        dq, dk, dv = dkv
         dq = (dq * config.sm_scale).astype(q.dtype)
     else:
-        if config.hopper_dkv is not None:
-            dk, dv = hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dkv)
-        else:
-            dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+        dk, dv = dkv
         if config.hopper_dq is not None:
             dq = hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dq)
         else:

@@ -68,6 +68,8 @@ class HopperConfig:
     # dK/dV: a program owns two K/V tiles (block_kv rows per compute warpgroup) and streams q
     # tiles; otherwise it owns two q tiles and streams K/V tiles.
     kv_programs: bool = False
+    # dK/dV only: also add each tile's dQ into an fp32 buffer (flash_attention_hopper_dkv.py).
+    fused_dq: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv"):

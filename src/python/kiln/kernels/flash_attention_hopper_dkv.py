@@ -8,8 +8,8 @@ problem, rows = its keys:
     sT = k qᵀ,  pT = exp2(sT · scale - lse),  dV += pT dO,
     dpT = v dOᵀ, dsT = pT (dpT - delta),       dK += dsT q
 then writes dK · sm_scale and dV through its K/V SMEM tiles by TMA. Same inputs and outputs as
-the Triton dK/dV kernel (flash_attention._backward_dkv without fused_dq), so either forward
-feeds it: masked logits are -inf, probability 0 whether lse is finite or +inf.
+the Triton dK/dV kernel (flash_attention._backward_dkv), so either forward feeds it: masked
+logits are -inf, probability 0 whether lse is finite or +inf.
 
 Causal: a K/V tile sees only q tiles from its own start on; those that straddle the diagonal
 are masked, later ones are not. Programs run first to last, so the longest start first. lse and
@@ -20,6 +20,18 @@ and dsT go to their wgmma from registers and dK/dV accumulate in place (FlashAtt
 in the interpreter, which takes wgmma operands from memory only and cannot accumulate in place,
 they are staged through SMEM into fresh accumulators (flash_attention_hopper.lhs_operand,
 accumulate).
+
+With config.fused_dq the kernel is FlashAttention-3's whole backward: 5 matmuls per tile pair
+where dK/dV + dQ take 7, and no dQ kernel. Both warpgroups put dsT in SMEM and meet at a
+barrier; then warpgroup w takes dQ's columns w·d/2.. of the q tile over both K/V tiles,
+    dQ[:, cols_w] = ds₀ k₀[:, cols_w] + ds₁ k₁[:, cols_w]   (ds_j = dsT_jᵀ, from SMEM)
+and TMA adds it (`cp.reduce.async.bulk.tensor` add, FlashAttention-3's reduce-add) into a zeroed
+fp32 dQ buffer, a jax Ref the kernel writes in place. Each program adds one block_q x d tile
+per q tile it visits, so dQ's summation order, and its last bits, vary between GPU runs. Under
+causal masking both warpgroups visit the program's q tiles from its first row on (the dQ split
+needs both), so the second one computes one masked tile more than alone. jax's GPU interpreter
+has no TMA reductions: there a warpgroup reads, adds and writes back its columns, which is right
+because the interpreter runs programs one at a time and the warpgroups' columns are disjoint.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
+    WGMMA_ROWS,
     WGMMA_TRANSFORMS,
     HopperConfig,
     accumulate,
@@ -43,19 +56,32 @@ from kiln.kernels.flash_attention_hopper import (
     load_segments,
     matmul,
     split_warpgroups,
-    staging_smem,
     tile_mask,
 )
 
+# fp32 SMEM tiles stored from registers: 128-byte swizzled rows (32 floats), fewer bank conflicts.
+FP32_TRANSFORMS = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
+
 
 def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
-    """(dK, dV) [batch, seq, kv_heads, dim] in k's dtype; lse, delta: fp32 [batch, heads, seq]."""
+    """(dK, dV) [batch, seq, kv_heads, dim] in k's dtype; with config.fused_dq (unscaled fp32
+    dQ [batch, seq, heads, dim], dK, dV). lse, delta: fp32 [batch, heads, seq]."""
     assert config.kv_programs, "the dK/dV kernel's programs own K/V tiles"
     batch, padded_len, num_kv_heads, head_dim = k.shape
     config = config.fit_to(q, "dK/dV")
     block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
+    fused = config.fused_dq
+    if fused and head_dim % (COMPUTE_WARPGROUPS * WGMMA_ROWS):
+        # Each warpgroup's dQ columns are a slice of the K tiles, whose SMEM tiling is 64 wide.
+        raise ValueError(
+            f"Hopper fused dQ (BlockSizes.hopper_dkv with fused_dq) wants head dim a multiple of "
+            f"{COMPUTE_WARPGROUPS * WGMMA_ROWS}, got {head_dim}: use the Triton dK/dV kernel "
+            "(hopper_dkv=False) for fused_dq, or a dQ kernel (fused_dq=False)"
+        )
     kv_tiles = (COMPUTE_WARPGROUPS, block_kv, head_dim)
     ring = (stages, block_q, head_dim)
+    ds_tiles = (COMPUTE_WARPGROUPS, block_kv, block_q)
+    dq_tiles = (COMPUTE_WARPGROUPS, block_q, head_dim // COMPUTE_WARPGROUPS)
     scratch = (
         plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # K, then dK on its way out
         plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # V, then dV
@@ -63,8 +89,14 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # dO
         plgpu.SMEM((stages, block_q), jnp.float32),  # lse
         plgpu.SMEM((stages, block_q), jnp.float32),  # delta
-        # pT, then dsT, on their way to the dV and dK wgmma, in the interpreter
-        *staging_smem((COMPUTE_WARPGROUPS, block_kv, block_q), q.dtype, config),
+        # dsT for the dQ wgmma (fused), and pT, then dsT, for dV and dK in the interpreter
+        *(
+            [plgpu.SMEM(ds_tiles, q.dtype, transforms=WGMMA_TRANSFORMS)]
+            if fused or config.interpret
+            else []
+        ),
+        # dQ on its way to the reduce-add
+        *([plgpu.SMEM(dq_tiles, jnp.float32, transforms=FP32_TRANSFORMS)] if fused else []),
     )
     barriers = (
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # K tile landed
@@ -76,13 +108,16 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         # q slot free (and its lse and delta: read before q's last use)
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # dO slot free
+        # fused: both dsT tiles written; both read by the dQ wgmma
+        *([plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=2)] if fused else []),
     )
 
+    dq = jax.new_ref(jnp.zeros(q.shape, jnp.float32)) if fused else None
     kv_shape = jax.ShapeDtypeStruct(k.shape, k.dtype)
-    return launch(
-        "kiln_flash_attention_dkv_hopper",
+    dk, dv = launch(
+        "kiln_flash_attention_bwd_hopper" if fused else "kiln_flash_attention_dkv_hopper",
         _kernel,
-        (q, k, v, segment_ids, d_out, lse, delta),
+        (q, k, v, segment_ids, d_out, lse, delta, dq),
         out_type=(kv_shape, kv_shape),
         grid=(num_kv_heads, padded_len // config.program_rows, batch),
         grid_names=("heads", "kv_seq", "batch"),
@@ -90,12 +125,17 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         barriers=barriers,
         config=config,
     )
+    return (dk, dv) if dq is None else (dq[...], dk, dv)
 
 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
-    q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dk_ref, dv_ref = gmem_refs
-    k_smem, v_smem, q_smem, d_out_smem, lse_smem, delta_smem, *staging = smem
-    k_landed, v_landed, *streamed_landed, q_free, d_out_free = barriers
+    q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref = (
+        gmem_refs
+    )
+    k_smem, v_smem, q_smem, d_out_smem, lse_smem, delta_smem, *tiles = smem
+    ds_tiles, dq_tiles = (*tiles, None, None)[:2]
+    k_landed, v_landed, *streamed_landed, q_free, d_out_free = barriers[:8]
+    ds_barriers = barriers[8] if config.fused_dq else None
     batch, kv_head = lax.axis_index("batch"), lax.axis_index("heads")
     group = q_ref.shape[2] // k_ref.shape[2]
     program_row = lax.axis_index("kv_seq") * config.program_rows
@@ -106,6 +146,16 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     first_q_tile = jnp.minimum(first_q_tile, real_q_tiles)
 
     def compute(wg):
+        fused_dq = None
+        if config.fused_dq:  # Both warpgroups' tiles, and this one's dQ columns.
+            columns = pl.ds(wg * dq_tiles.shape[-1], dq_tiles.shape[-1])
+            fused_dq = _FusedDq(
+                dq_ref.at[batch, :, pl.ds(kv_head * group, group), columns],
+                k_smem.at[:, :, columns],
+                ds_tiles,
+                dq_tiles.at[wg],
+                ds_barriers,
+            )
         _compute_warpgroup(
             (k_ref.at[batch, :, kv_head], v_ref.at[batch, :, kv_head]),
             segment_ids_ref if segment_ids_ref is None else segment_ids_ref.at[batch],
@@ -114,10 +164,13 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
                 k_smem.at[wg],
                 v_smem.at[wg],
                 (q_smem, d_out_smem, lse_smem, delta_smem),
-                staging[0].at[wg] if staging else None,
+                None if ds_tiles is None else ds_tiles.at[wg],
             ),
             (k_landed.at[wg], v_landed.at[wg], streamed_landed, q_free, d_out_free),
+            fused_dq,
             kv_start=program_row + wg * config.block_kv,
+            # Fused, both warpgroups visit the same q tiles: the program's.
+            visited_kv_rows=(program_row, config.program_rows) if config.fused_dq else None,
             q_tiles=(first_q_tile, real_q_tiles),
             group=group,
             config=config,
@@ -144,21 +197,80 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     split_warpgroups(compute, memory)
 
 
+class _FusedDq:
+    """A compute warpgroup's share of the fused dQ: its columns of the group's dQ
+    [seq, group, d/2] and of both K tiles, both warpgroups' dsT tiles, its fp32 staging tile,
+    and the two barriers the warpgroups meet at (dsT written, dsT read)."""
+
+    def __init__(self, dq_ref, k_columns, ds_tiles, stage, barriers):
+        self.dq_ref, self.k_columns, self.ds_tiles = dq_ref, k_columns, ds_tiles
+        self.stage, self.written, self.read = stage, barriers.at[0], barriers.at[1]
+
+    def add(self, q_start, head, config: HopperConfig) -> None:
+        """dQ[q tile, columns] += Σ_j ds_j k_j[:, columns], once both dsT tiles are in SMEM."""
+        _meet(self.written)
+        block_q, columns = self.stage.shape
+
+        def both_tiles(acc_ref):
+            for j in range(COMPUTE_WARPGROUPS):
+                plgpu.wgmma(acc_ref, self.ds_tiles.at[j].transpose((1, 0)), self.k_columns.at[j])
+            return acc_ref[...]
+
+        if config.interpret:  # No in-place accumulation there: a fresh accumulator per tile.
+            first, second = (
+                matmul(
+                    self.ds_tiles.at[j].transpose((1, 0)), self.k_columns.at[j], (block_q, columns)
+                )
+                for j in range(COMPUTE_WARPGROUPS)
+            )
+            dq = first + second
+        else:
+            dq = pl.run_scoped(both_tiles, plgpu.ACC((block_q, columns), jnp.float32))
+        _meet(self.read)  # Both dsT tiles may be overwritten now.
+        add_to_gmem(dq, self.stage, self.dq_ref.at[pl.ds(q_start, block_q), head], config)
+
+
+def _meet(barrier) -> None:
+    """Both compute warpgroups reach this point before either goes on."""
+    plgpu.barrier_arrive(barrier)
+    plgpu.barrier_wait(barrier)
+
+
+def add_to_gmem(x: jax.Array, stage, target, config: HopperConfig) -> None:
+    """target += x (fp32, WGMMA layout) through the SMEM tile `stage`. On the GPU a TMA
+    reduce-add, left in flight: the next call (or the kernel's final wait) waits until it has
+    read the stage. The interpreter has no TMA reductions: there it reads, adds and writes back
+    (right only where nothing else writes `target` meanwhile)."""
+    if config.interpret:
+        stage[...] = x + plgpu.load(target, (), layout=plgpu.Layout.WGMMA, optimized=False)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(stage, target)
+        plgpu.wait_smem_to_gmem(0)
+        return
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    stage[...] = x
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(stage, target, reduction_op="add")
+
+
 def _compute_warpgroup(
     kv_refs,
     segment_ids_ref,
     out_refs,
     smem,
     barriers,
+    fused_dq: _FusedDq | None,
     *,
     kv_start,
+    visited_kv_rows,
     q_tiles,
     group,
     config,
 ):
-    """One K/V tile: dK and dV summed over the q tiles of every head in the group."""
+    """One K/V tile: dK and dV summed over the q tiles of every head in the group (and, fused,
+    this warpgroup's share of each q tile's dQ)."""
     k_ref, v_ref = kv_refs
-    k_smem, v_smem, (q_smem, d_out_smem, lse_smem, delta_smem), staging = smem
+    k_smem, v_smem, (q_smem, d_out_smem, lse_smem, delta_smem), ds_tile = smem
     k_landed, v_landed, streamed_landed, q_free, d_out_free = barriers
     first_q_tile, real_q_tiles = q_tiles
     block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
@@ -169,11 +281,12 @@ def _compute_warpgroup(
     has_segments = segment_ids_ref is not None
     kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 1) if has_segments else None
     own_first, masked_stop = _q_tile_bounds(
-        kv_start, first_q_tile, real_q_tiles, has_segments, config
+        visited_kv_rows or (kv_start, block_kv), first_q_tile, real_q_tiles, has_segments, config
     )
     per_head = real_q_tiles - first_q_tile
     tile_shape = (block_kv, block_q)
     column_stats = plgpu.Layout.WGMMA.reduce(0)  # [block_q], broadcast down the rows
+    p_staging = ds_tile if config.interpret else None  # On the GPU pT stays in registers.
 
     def column_vector(x):
         return lax.broadcast_in_dim(x, tile_shape, [1])
@@ -184,7 +297,7 @@ def _compute_warpgroup(
         for landed in streamed_landed:
             plgpu.barrier_wait(landed.at[slot])
 
-    def visit_tile(q_tile, carry, masked, slot_base):
+    def visit_tile(q_tile, carry, masked, slot_base, head):
         dk, dv = carry
         slot = lax.rem(slot_base + q_tile - first_q_tile, stages)
         q_start = q_tile * block_q
@@ -199,13 +312,23 @@ def _compute_warpgroup(
             logits = jnp.where(mask, logits, -jnp.inf)
         lse = plgpu.load(lse_smem.at[slot], (), layout=column_stats)
         probs = jnp.exp2(logits * config.logit_scale - column_vector(lse))
-        dv = accumulate(dv, lhs_operand(probs, k_smem.dtype, staging), d_out_smem.at[slot], config)
+        dv = accumulate(
+            dv, lhs_operand(probs, k_smem.dtype, p_staging), d_out_smem.at[slot], config
+        )
         d_probs = matmul(v_smem, d_out_smem.at[slot].transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(d_out_free.at[slot])
         delta = plgpu.load(delta_smem.at[slot], (), layout=column_stats)
-        ds = lhs_operand(probs * (d_probs - column_vector(delta)), k_smem.dtype, staging)
+        ds = probs * (d_probs - column_vector(delta))
+        if fused_dq is None:
+            ds = lhs_operand(ds, k_smem.dtype, p_staging)
+        else:  # dQ's wgmma reads it from SMEM; dK's too in the interpreter.
+            ds_tile[...] = ds.astype(ds_tile.dtype)
+            plgpu.commit_smem()
+            ds = ds_tile if config.interpret else ds.astype(ds_tile.dtype)
         dk = accumulate(dk, ds, q_smem.at[slot], config)
         plgpu.barrier_arrive(q_free.at[slot])
+        if fused_dq is not None:
+            fused_dq.add(q_start, head, config)
         return dk, dv
 
     def skip_tile(q_tile, _, slot_base):
@@ -220,7 +343,7 @@ def _compute_warpgroup(
         lax.fori_loop(
             first_q_tile, own_first, functools.partial(skip_tile, slot_base=slot_base), None
         )
-        visit = functools.partial(visit_tile, slot_base=slot_base)
+        visit = functools.partial(visit_tile, slot_base=slot_base, head=index)
         carry = lax.fori_loop(own_first, masked_stop, functools.partial(visit, masked=True), carry)
         return lax.fori_loop(
             masked_stop, real_q_tiles, functools.partial(visit, masked=False), carry
@@ -231,8 +354,9 @@ def _compute_warpgroup(
     plgpu.barrier_wait(v_landed)
     dk, dv = lax.fori_loop(0, group, visit_head, (zeros, zeros))
 
+    # K and V's tiles are free now (fused: the other warpgroup's last dQ wgmma has read K).
     dk_ref, dv_ref = out_refs
-    k_smem[...] = (dk * config.sm_scale).astype(k_smem.dtype)  # K and V's tiles are free now
+    k_smem[...] = (dk * config.sm_scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[kv_rows])
@@ -240,16 +364,17 @@ def _compute_warpgroup(
     plgpu.wait_smem_to_gmem(0)
 
 
-def _q_tile_bounds(kv_start, first_q_tile, real_q_tiles, has_segments: bool, config: HopperConfig):
-    """(first q tile this K/V tile visits, end of the masked ones). Causal: from the tile holding
-    kv_start, masked while the tile straddles the diagonal. Not causal: all, masked only where
-    the K/V tile holds padded keys. Segment ids mask every tile."""
+def _q_tile_bounds(kv_rows, first_q_tile, real_q_tiles, has_segments: bool, config: HopperConfig):
+    """(first q tile the K/V rows (start, count) visit, end of the masked ones). Causal: from
+    the tile holding their start, masked while the tile straddles the diagonal. Not causal:
+    all, masked only where the rows hold padded keys. Segment ids mask every tile."""
+    kv_start, kv_count = kv_rows
     if config.causal:
         own_first = jnp.clip(lax.div(kv_start, config.block_q), first_q_tile, real_q_tiles)
-        diagonal_stop = pl.cdiv(kv_start + config.block_kv, config.block_q)
+        diagonal_stop = pl.cdiv(kv_start + kv_count, config.block_q)
     else:
         own_first = first_q_tile
-        has_padding = kv_start + config.block_kv > config.seq_len
+        has_padding = kv_start + kv_count > config.seq_len
         diagonal_stop = jnp.where(has_padding, real_q_tiles, own_first)
     masked_stop = jnp.int32(real_q_tiles) if has_segments else diagonal_stop
     return own_first, jnp.clip(masked_stop, own_first, real_q_tiles)

@@ -101,6 +101,17 @@ CASES = {
         ),
         batch=1,
     ),
+    # FlashAttention-3's backward: the Hopper dK/dV kernel adds dQ by reduce-adds (read, add,
+    # write back in the interpreter); the two warpgroups split dQ's columns, so both visit
+    # every q tile of their program, masked ones included.
+    "hopper-fused-dq-bf16-d128-causal-gqa4:2-segments-outliers-pad300": Case(
+        300, 4, 2, 128, jnp.bfloat16, True, True, True,
+        replace(HOPPER_BLOCKS, hopper_dq=False, fused_dq=True, num_stages_dkv=3), batch=1,
+    ),
+    "hopper-fused-dq-bf16-d128-full-pad100": Case(
+        100, 2, 2, 128, jnp.bfloat16, False, False, False,
+        replace(HOPPER_BLOCKS, hopper_forward=False, hopper_dq=False, fused_dq=True),
+    ),
 }
 
 
@@ -255,6 +266,7 @@ HOPPER_BACKWARD = {
         # lowering is its check here.
         (True, HOPPER_FORWARD),
         (True, {**HOPPER_FORWARD, **HOPPER_BACKWARD}),
+        (True, {**HOPPER_FORWARD, **HOPPER_BACKWARD, "hopper_dq": False, "fused_dq": True}),
     ],
     ids=[
         "forward",
@@ -262,6 +274,7 @@ HOPPER_BACKWARD = {
         "forward+grad-fused-dq",
         "forward+grad-hopper-forward",
         "forward+grad-hopper-all",
+        "forward+grad-hopper-fused-dq",
     ],
 )
 def test_lowers_for_h200(with_grad: bool, layout: dict) -> None:
@@ -286,7 +299,10 @@ def test_lowers_for_h200(with_grad: bool, layout: dict) -> None:
     for kernel, replaced in switches.items():
         if getattr(blocks, kernel):
             triton.remove(replaced)
-            mosaic += [] if kernel == "fused_dq" else [f"{replaced}_hopper"]
+            if kernel == "hopper_dkv" and blocks.fused_dq:
+                mosaic.append("bwd_hopper")  # dK, dV and dQ
+            elif kernel != "fused_dq":
+                mosaic.append(f"{replaced}_hopper")
     assert module.count("@__gpu$xla.gpu.triton(") == len(triton)
     assert module.count("@mosaic_gpu_v2(") == len(mosaic)
     for kernel in triton + mosaic:
@@ -323,6 +339,18 @@ def test_hopper_kernels_refuse_a_device_that_is_not_hopper() -> None:
     x = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
     with pytest.raises(ValueError, match=r"hopper_forward, hopper_dkv, hopper_dq run Mosaic GPU"):
         flash_attention(x, x, x, block_sizes=HOPPER_BLOCKS, interpret=False)
+
+
+def test_hopper_fused_dq_refuses_head_dim_64() -> None:
+    """Each warpgroup takes half of dQ's columns, a slice of K's 64-wide SMEM tiling."""
+    x = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)
+    blocks = replace(HOPPER_BLOCKS, hopper_dq=False, fused_dq=True)
+
+    def loss(q, k, v):
+        return flash_attention(q, k, v, block_sizes=blocks).astype(jnp.float32).sum()
+
+    with pytest.raises(ValueError, match="head dim a multiple of 128, got 64"):
+        jax.grad(loss)(x, x, x)
 
 
 def test_hopper_kernels_take_16_bit_inputs_only() -> None:
@@ -372,5 +400,5 @@ def test_rejects_bad_block_size() -> None:
         BlockSizes(num_stages_fwd=1, hopper_forward=True)
     with pytest.raises(ValueError, match=r"block_kv_dq=32 must be a power of two >= 64 \(a Hopper"):
         BlockSizes(block_kv_dq=32, hopper_dq=True)
-    with pytest.raises(ValueError, match="hopper_dkv and fused_dq"):
-        BlockSizes(hopper_dkv=True, fused_dq=True)
+    with pytest.raises(ValueError, match="hopper_dq and fused_dq"):
+        BlockSizes(hopper_dq=True, fused_dq=True)
