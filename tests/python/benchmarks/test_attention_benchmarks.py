@@ -79,3 +79,18 @@ def test_context_rows_time_ours_and_report_what_cannot_run_here(capsys):
     output = capsys.readouterr().out
     assert "ours (tuned) fwd+bwd" in output and "ours (tuned) fwd+bwd    failed" not in output
     assert "cudnn fwd+bwd            failed" in output  # no GPU here: a row, not a crash
+
+
+def test_the_hopper_fused_backward_stage_checks_its_candidates(capsys):
+    """The Hopper fused backward needs head dim 128, which --quick (d=64) skips: its tuner stage
+    on a small d=128 problem, interpreted, against the fp32 reference (dQ unscaled)."""
+    problem = attention_tune.Problem(seq_len=128, head_dim=128, causal=True, batch=1, num_heads=2)
+    bench = attention_tune.KernelBench(problem, attention_tune.jnp.bfloat16, interpret=True)
+    options = attention_tune.parse_args(["--quick"])
+    base = BlockSizes(block_q=32, block_kv=32)
+
+    best, seconds = attention_tune.tune_kernel(bench, "hopper_fused", base, options, [(64, 64, 2)])
+    output = capsys.readouterr().out
+    assert "hopper_fused 64,64,2" in output and "rejected" not in output, output
+    assert best.hopper_dkv and best.fused_dq and not best.hopper_dq
+    assert math.isfinite(seconds)
