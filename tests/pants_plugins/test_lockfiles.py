@@ -59,9 +59,11 @@ def test_cpu_runtime_pulls_no_accelerator_wheels() -> None:
 
 def test_the_compile_only_resolve_matches_the_gpu_runtime() -> None:
     """benchmarks:cuda-compiler compiles for the H200 with what a gpu(...) step runs: the same
-    plugin and the same ptxas."""
+    plugin and the same ptxas; nvdisasm, which only reads the cubins, is ptxas' release."""
     cuda, compile_only = locked("cuda"), locked("cuda-compile")
     assert {"jax-cuda13-plugin", "jax-cuda13-pjrt", "nvidia-cuda-nvcc"} <= set(compile_only)
+    nvdisasm = compile_only.pop("nvidia-cuda-nvdisasm")
+    assert nvdisasm["version"] == compile_only["nvidia-cuda-nvcc"]["version"]
     for name, requirement in compile_only.items():
         assert name in cuda, f"cuda-compile.lock has {name}, which cuda.lock does not"
         assert requirement["version"] == cuda[name]["version"], (
