@@ -143,6 +143,7 @@ LAYOUT = {
     "fused": {"fused_dq": True, "hopper_dkv": False, "hopper_dq": False},
     "hopper_fused": {"fused_dq": True, "hopper_dkv": True, "hopper_dq": False},
 }
+TRITON_KERNELS = ("fwd", "dkv", "dq", "fused")
 # Per kernel: its Hopper alternative, and the fields that choosing between them decides.
 HOPPER_ALTERNATIVE = {"fwd": "hopper", "dkv": "hopper_dkv", "dq": "hopper_dq"}
 CHOSEN_FIELDS = {
@@ -269,7 +270,10 @@ def tune_kernel(
     and its seconds (inf when none passed: then base comes back)."""
     best, best_seconds = base, math.inf
     candidates = CANDIDATES[kernel] if candidates is None else candidates
-    for candidate in ordered_candidates(base, kernel, candidates)[: options.max_candidates]:
+    limit = options.max_candidates
+    if kernel in TRITON_KERNELS:
+        limit = min(limit, options.triton_candidates)
+    for candidate in ordered_candidates(base, kernel, candidates)[:limit]:
         label = ",".join(map(str, candidate))
         try:
             fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
@@ -393,6 +397,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--max-candidates", type=int, default=100)
+    parser.add_argument(
+        "--triton-candidates",
+        type=int,
+        default=100,
+        help="at most this many per Triton kernel (1: time the table's setting, as a baseline)",
+    )
     parser.add_argument("--max-error", type=float, default=5e-2, help="bf16 relative error cap")
     parser.add_argument("--json", help="write {head_dim: BlockSizes fields} here")
     options = parser.parse_args(argv)
