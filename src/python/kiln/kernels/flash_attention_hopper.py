@@ -97,6 +97,13 @@ class HopperConfig:
                 f"Hopper {kernel} wants 16-bit inputs and head dim a multiple of {WGMMA_ROWS}; "
                 f"got {q.dtype}, head dim {head_dim}"
             )
+        if self.fused_dq and head_dim % (COMPUTE_WARPGROUPS * WGMMA_ROWS):
+            # Each warpgroup's dQ columns are a slice of the K tiles, whose SMEM tiling is 64 wide.
+            raise ValueError(
+                f"Hopper fused dQ (BlockSizes.hopper_dkv with fused_dq) wants head dim a multiple "
+                f"of {COMPUTE_WARPGROUPS * WGMMA_ROWS}, got {head_dim}: use the Triton dK/dV "
+                "kernel (hopper_dkv=False) for fused_dq, or a dQ kernel (fused_dq=False)"
+            )
         if padded_len % self.program_rows or padded_len % self.streamed_block:
             raise ValueError(
                 f"Hopper {kernel}: padded length {padded_len} must be a multiple of "

@@ -23,7 +23,8 @@ accumulate).
 
 With config.fused_dq the kernel is FlashAttention-3's whole backward: 5 matmuls per tile pair
 where dK/dV + dQ take 7, and no dQ kernel. Both warpgroups put dsT in SMEM and meet at a
-barrier; then warpgroup w takes dQ's columns w·d/2.. of the q tile over both K/V tiles,
+barrier (_FusedDq); then warpgroup w takes dQ's columns w·d/2.. of the q tile over both K/V
+tiles,
     dQ[:, cols_w] = ds₀ k₀[:, cols_w] + ds₁ k₁[:, cols_w]   (ds_j = dsT_jᵀ, from SMEM)
 and TMA adds it (`cp.reduce.async.bulk.tensor` add, FlashAttention-3's reduce-add) into a zeroed
 fp32 dQ buffer, a jax Ref the kernel writes in place. Each program adds one block_q x d tile
@@ -46,7 +47,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
-    WGMMA_ROWS,
     WGMMA_TRANSFORMS,
     HopperConfig,
     accumulate,
@@ -56,6 +56,7 @@ from kiln.kernels.flash_attention_hopper import (
     load_segments,
     matmul,
     split_warpgroups,
+    staging_smem,
     tile_mask,
 )
 
@@ -67,38 +68,53 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
     """(dK, dV) [batch, seq, kv_heads, dim] in k's dtype; with config.fused_dq (unscaled fp32
     dQ [batch, seq, heads, dim], dK, dV). lse, delta: fp32 [batch, heads, seq]."""
     assert config.kv_programs, "the dK/dV kernel's programs own K/V tiles"
-    batch, padded_len, num_kv_heads, head_dim = k.shape
+    batch, padded_len, num_kv_heads, _ = k.shape
     config = config.fit_to(q, "dK/dV")
+    dq = jax.new_ref(jnp.zeros(q.shape, jnp.float32)) if config.fused_dq else None
+    kv_shape = jax.ShapeDtypeStruct(k.shape, k.dtype)
+    dk, dv = launch(
+        "kiln_flash_attention_bwd_hopper" if dq is not None else "kiln_flash_attention_dkv_hopper",
+        _kernel,
+        (q, k, v, segment_ids, d_out, lse, delta, dq),
+        out_type=(kv_shape, kv_shape),
+        grid=(num_kv_heads, padded_len // config.program_rows, batch),
+        grid_names=("heads", "kv_seq", "batch"),
+        scratch=_scratch(q.dtype, q.shape[-1], config),
+        barriers=_barriers(config),
+        config=config,
+    )
+    return (dk, dv) if dq is None else (dq[...], dk, dv)
+
+
+def _scratch(dtype, head_dim: int, config: HopperConfig) -> tuple:
     block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
-    fused = config.fused_dq
-    if fused and head_dim % (COMPUTE_WARPGROUPS * WGMMA_ROWS):
-        # Each warpgroup's dQ columns are a slice of the K tiles, whose SMEM tiling is 64 wide.
-        raise ValueError(
-            f"Hopper fused dQ (BlockSizes.hopper_dkv with fused_dq) wants head dim a multiple of "
-            f"{COMPUTE_WARPGROUPS * WGMMA_ROWS}, got {head_dim}: use the Triton dK/dV kernel "
-            "(hopper_dkv=False) for fused_dq, or a dQ kernel (fused_dq=False)"
-        )
     kv_tiles = (COMPUTE_WARPGROUPS, block_kv, head_dim)
     ring = (stages, block_q, head_dim)
     ds_tiles = (COMPUTE_WARPGROUPS, block_kv, block_q)
     dq_tiles = (COMPUTE_WARPGROUPS, block_q, head_dim // COMPUTE_WARPGROUPS)
-    scratch = (
-        plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # K, then dK on its way out
-        plgpu.SMEM(kv_tiles, k.dtype, transforms=WGMMA_TRANSFORMS),  # V, then dV
-        plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # q
-        plgpu.SMEM(ring, q.dtype, transforms=WGMMA_TRANSFORMS),  # dO
+    return (
+        plgpu.SMEM(kv_tiles, dtype, transforms=WGMMA_TRANSFORMS),  # K, then dK on its way out
+        plgpu.SMEM(kv_tiles, dtype, transforms=WGMMA_TRANSFORMS),  # V, then dV
+        plgpu.SMEM(ring, dtype, transforms=WGMMA_TRANSFORMS),  # q
+        plgpu.SMEM(ring, dtype, transforms=WGMMA_TRANSFORMS),  # dO
         plgpu.SMEM((stages, block_q), jnp.float32),  # lse
         plgpu.SMEM((stages, block_q), jnp.float32),  # delta
-        # dsT for the dQ wgmma (fused), and pT, then dsT, for dV and dK in the interpreter
-        *(
-            [plgpu.SMEM(ds_tiles, q.dtype, transforms=WGMMA_TRANSFORMS)]
-            if fused or config.interpret
+        # pT, then dsT, on their way to the dV and dK wgmma, in the interpreter
+        *staging_smem(ds_tiles, dtype, config),
+        *(  # fused: dsT for the dQ wgmma (and dK's), dQ on its way to the reduce-add
+            [
+                plgpu.SMEM(ds_tiles, dtype, transforms=WGMMA_TRANSFORMS),
+                plgpu.SMEM(dq_tiles, jnp.float32, transforms=FP32_TRANSFORMS),
+            ]
+            if config.fused_dq
             else []
         ),
-        # dQ on its way to the reduce-add
-        *([plgpu.SMEM(dq_tiles, jnp.float32, transforms=FP32_TRANSFORMS)] if fused else []),
     )
-    barriers = (
+
+
+def _barriers(config: HopperConfig) -> tuple:
+    stages = config.stages
+    return (
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # K tile landed
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # V tile landed
         plgpu.Barrier(num_barriers=stages),  # q tile landed
@@ -108,24 +124,13 @@ def hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig):
         # q slot free (and its lse and delta: read before q's last use)
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # dO slot free
-        # fused: both dsT tiles written; both read by the dQ wgmma
-        *([plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=2)] if fused else []),
+        # fused: both dsT tiles written; both read by the dQ wgmmas
+        *(
+            [plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=2)]
+            if config.fused_dq
+            else []
+        ),
     )
-
-    dq = jax.new_ref(jnp.zeros(q.shape, jnp.float32)) if fused else None
-    kv_shape = jax.ShapeDtypeStruct(k.shape, k.dtype)
-    dk, dv = launch(
-        "kiln_flash_attention_bwd_hopper" if fused else "kiln_flash_attention_dkv_hopper",
-        _kernel,
-        (q, k, v, segment_ids, d_out, lse, delta, dq),
-        out_type=(kv_shape, kv_shape),
-        grid=(num_kv_heads, padded_len // config.program_rows, batch),
-        grid_names=("heads", "kv_seq", "batch"),
-        scratch=scratch,
-        barriers=barriers,
-        config=config,
-    )
-    return (dk, dv) if dq is None else (dq[...], dk, dv)
 
 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
@@ -133,7 +138,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
         gmem_refs
     )
     k_smem, v_smem, q_smem, d_out_smem, lse_smem, delta_smem, *tiles = smem
-    ds_tiles, dq_tiles = (*tiles, None, None)[:2]
+    staging = tiles.pop(0) if config.interpret else None
     k_landed, v_landed, *streamed_landed, q_free, d_out_free = barriers[:8]
     ds_barriers = barriers[8] if config.fused_dq else None
     batch, kv_head = lax.axis_index("batch"), lax.axis_index("heads")
@@ -148,8 +153,10 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     def compute(wg):
         fused_dq = None
         if config.fused_dq:  # Both warpgroups' tiles, and this one's dQ columns.
+            ds_tiles, dq_tiles = tiles
             columns = pl.ds(wg * dq_tiles.shape[-1], dq_tiles.shape[-1])
             fused_dq = _FusedDq(
+                wg,
                 dq_ref.at[batch, :, pl.ds(kv_head * group, group), columns],
                 k_smem.at[:, :, columns],
                 ds_tiles,
@@ -164,7 +171,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
                 k_smem.at[wg],
                 v_smem.at[wg],
                 (q_smem, d_out_smem, lse_smem, delta_smem),
-                None if ds_tiles is None else ds_tiles.at[wg],
+                None if staging is None else staging.at[wg],
             ),
             (k_landed.at[wg], v_landed.at[wg], streamed_landed, q_free, d_out_free),
             fused_dq,
@@ -200,11 +207,26 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
 class _FusedDq:
     """A compute warpgroup's share of the fused dQ: its columns of the group's dQ
     [seq, group, d/2] and of both K tiles, both warpgroups' dsT tiles, its fp32 staging tile,
-    and the two barriers the warpgroups meet at (dsT written, dsT read)."""
+    and the barriers the warpgroups meet at: both dsT tiles written, both read by the dQ
+    wgmmas. A warpgroup waits for the last "read" only when it writes its next dsT, so the
+    faster one runs ahead by up to a tile; one arrival before the first tile stands for a tile
+    -1, and finish() takes the last phase."""
 
-    def __init__(self, dq_ref, k_columns, ds_tiles, stage, barriers):
-        self.dq_ref, self.k_columns, self.ds_tiles = dq_ref, k_columns, ds_tiles
+    def __init__(self, wg, dq_ref, k_columns, ds_tiles, stage, barriers):
+        self.wg, self.dq_ref, self.k_columns, self.ds_tiles = wg, dq_ref, k_columns, ds_tiles
         self.stage, self.written, self.read = stage, barriers.at[0], barriers.at[1]
+
+    def start(self) -> None:
+        plgpu.barrier_arrive(self.read)
+
+    def share_ds(self, ds: jax.Array, config: HopperConfig):
+        """dsT (fp32, WGMMA layout) into this warpgroup's SMEM tile, once the other warpgroup's
+        dQ wgmmas have read the last one; returns the dK wgmma's operand (registers on the GPU)."""
+        own = self.ds_tiles.at[self.wg]
+        plgpu.barrier_wait(self.read)
+        own[...] = ds.astype(own.dtype)
+        plgpu.commit_smem()
+        return own if config.interpret else ds.astype(own.dtype)
 
     def add(self, q_start, head, config: HopperConfig) -> None:
         """dQ[q tile, columns] += Σ_j ds_j k_j[:, columns], once both dsT tiles are in SMEM."""
@@ -226,8 +248,12 @@ class _FusedDq:
             dq = first + second
         else:
             dq = pl.run_scoped(both_tiles, plgpu.ACC((block_q, columns), jnp.float32))
-        _meet(self.read)  # Both dsT tiles may be overwritten now.
+        plgpu.barrier_arrive(self.read)
         add_to_gmem(dq, self.stage, self.dq_ref.at[pl.ds(q_start, block_q), head], config)
+
+    def finish(self) -> None:
+        """After the last tile: the other warpgroup's dQ wgmmas are done with K too."""
+        plgpu.barrier_wait(self.read)
 
 
 def _meet(barrier) -> None:
@@ -270,7 +296,7 @@ def _compute_warpgroup(
     """One K/V tile: dK and dV summed over the q tiles of every head in the group (and, fused,
     this warpgroup's share of each q tile's dQ)."""
     k_ref, v_ref = kv_refs
-    k_smem, v_smem, (q_smem, d_out_smem, lse_smem, delta_smem), ds_tile = smem
+    k_smem, v_smem, (q_smem, d_out_smem, lse_smem, delta_smem), staging = smem
     k_landed, v_landed, streamed_landed, q_free, d_out_free = barriers
     first_q_tile, real_q_tiles = q_tiles
     block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
@@ -286,7 +312,6 @@ def _compute_warpgroup(
     per_head = real_q_tiles - first_q_tile
     tile_shape = (block_kv, block_q)
     column_stats = plgpu.Layout.WGMMA.reduce(0)  # [block_q], broadcast down the rows
-    p_staging = ds_tile if config.interpret else None  # On the GPU pT stays in registers.
 
     def column_vector(x):
         return lax.broadcast_in_dim(x, tile_shape, [1])
@@ -312,19 +337,15 @@ def _compute_warpgroup(
             logits = jnp.where(mask, logits, -jnp.inf)
         lse = plgpu.load(lse_smem.at[slot], (), layout=column_stats)
         probs = jnp.exp2(logits * config.logit_scale - column_vector(lse))
-        dv = accumulate(
-            dv, lhs_operand(probs, k_smem.dtype, p_staging), d_out_smem.at[slot], config
-        )
+        dv = accumulate(dv, lhs_operand(probs, k_smem.dtype, staging), d_out_smem.at[slot], config)
         d_probs = matmul(v_smem, d_out_smem.at[slot].transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(d_out_free.at[slot])
         delta = plgpu.load(delta_smem.at[slot], (), layout=column_stats)
         ds = probs * (d_probs - column_vector(delta))
         if fused_dq is None:
-            ds = lhs_operand(ds, k_smem.dtype, p_staging)
-        else:  # dQ's wgmma reads it from SMEM; dK's too in the interpreter.
-            ds_tile[...] = ds.astype(ds_tile.dtype)
-            plgpu.commit_smem()
-            ds = ds_tile if config.interpret else ds.astype(ds_tile.dtype)
+            ds = lhs_operand(ds, k_smem.dtype, staging)
+        else:
+            ds = fused_dq.share_ds(ds, config)
         dk = accumulate(dk, ds, q_smem.at[slot], config)
         plgpu.barrier_arrive(q_free.at[slot])
         if fused_dq is not None:
@@ -352,9 +373,13 @@ def _compute_warpgroup(
     zeros = plgpu.layout_cast(jnp.zeros((block_kv, head_dim), jnp.float32), plgpu.Layout.WGMMA)
     plgpu.barrier_wait(k_landed)
     plgpu.barrier_wait(v_landed)
+    if fused_dq is not None:
+        fused_dq.start()
     dk, dv = lax.fori_loop(0, group, visit_head, (zeros, zeros))
+    if fused_dq is not None:
+        fused_dq.finish()
 
-    # K and V's tiles are free now (fused: the other warpgroup's last dQ wgmma has read K).
+    # K and V's tiles are free now (fused: the other warpgroup's dQ wgmmas are done with K).
     dk_ref, dv_ref = out_refs
     k_smem[...] = (dk * config.sm_scale).astype(k_smem.dtype)
     v_smem[...] = dv.astype(v_smem.dtype)
