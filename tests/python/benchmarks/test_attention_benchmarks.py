@@ -62,6 +62,12 @@ def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
     assert attention_tune.tune_kernel(bench, "fwd", base, options, candidates) == (base, math.inf)
     assert capsys.readouterr().out.count("rejected (error)") == 2
 
+    # --triton-candidates 1: the table's setting alone, as a baseline.
+    options.max_error, options.triton_candidates = 5e-2, 1
+    best, seconds = attention_tune.tune_kernel(bench, "fwd", base, options, candidates)
+    assert capsys.readouterr().out.count("  fwd ") == 1
+    assert best == base and math.isfinite(seconds)
+
 
 def test_the_profiling_script_runs_at_a_small_size(capsys):
     attention_once.main(
