@@ -14,9 +14,9 @@ import pytest
 # Where Pants puts benchmarks:cuda-compiler for this test (BUILD: runtime_package_dependencies).
 CUDA_COMPILER = Path("benchmarks/cuda-compiler.pex")
 # Local loads + stores each kernel's first candidate may run per pass of its worst tile loop
-# (ptxas 13.5.37, benchmarks/RESULTS.md): none, but the fused backward, which stores and reloads
-# ~50 spilled loop invariants per tile.
-MAX_LOOP_SPILLS = {"hopper": 0, "hopper_dkv": 0, "hopper_dq": 0, "hopper_fused": 64}
+# (ptxas 13.5.37, benchmarks/RESULTS.md): none, but the fused backward, which reloads ~30
+# spilled loop invariants per tile.
+MAX_LOOP_SPILLS = {"hopper": 0, "hopper_dkv": 0, "hopper_dq": 0, "hopper_fused": 48}
 
 # What ptxas wrote for the dK/dV kernel at 64,64,2 (2026-11-30), and Mosaic GPU's resources line.
 PTXAS = """\
