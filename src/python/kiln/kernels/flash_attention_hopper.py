@@ -189,6 +189,7 @@ def launch(
     body.__name__ = body.__qualname__ = name
     if config.interpret:
         check_interpreter_threads()
+        check_interpreter_devices()
     return plgpu.kernel(
         body,
         out_type=out_type,
@@ -222,6 +223,20 @@ def check_interpreter_threads() -> None:
             f"at a barrier. Set PJRT_NPROC={WARPGROUPS + 1} in the environment before jax "
             "starts (the tests' BUILD file does), or use the Triton kernels "
             "(BlockSizes.hopper_forward, hopper_dkv, hopper_dq False)."
+        )
+
+
+def check_interpreter_devices() -> None:
+    """Raises instead of failing deep in the interpreter: jax's GPU interpreter keeps one
+    process-wide state of SMEM and barriers, so devices that interpret at once (a shard_map, or
+    a computation replicated over several CPU devices) trip its checks ("Barrier remains
+    allocated")."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.size > 1:
+        raise ValueError(
+            f"Hopper kernel in GPU interpret mode over {mesh.size} devices ({mesh}): jax's GPU "
+            "interpreter runs one device at a time. Interpret on one device, or use the "
+            "Triton kernels (BlockSizes.hopper_forward, hopper_dkv, hopper_dq False)."
         )
 
 

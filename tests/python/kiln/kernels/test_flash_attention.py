@@ -11,7 +11,11 @@ docs/attention-kernel.md, about 3x the worst seen over 60-100 seeds per case:
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import subprocess
+import sys
+import textwrap
 import warnings
 import zlib
 from dataclasses import replace
@@ -331,6 +335,39 @@ def test_hopper_interpreter_refuses_a_thread_pool_it_would_hang_on(monkeypatch) 
     x = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
     with pytest.raises(RuntimeError, match="3 warpgroups.*Set PJRT_NPROC=4"):
         flash_attention(x, x, x, block_sizes=replace(HOPPER_BLOCKS, block_kv=128))
+
+
+def test_hopper_interpreter_refuses_several_devices() -> None:
+    """jax's GPU interpreter keeps one process-wide SMEM and barrier state: under a shard_map over
+    two CPU devices the Hopper kernels failed deep inside it ("Barrier remains allocated"). A
+    clear error instead; a fresh process, since the device count is fixed when jax starts."""
+    script = textwrap.dedent(
+        """
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, PartitionSpec
+        from kiln.kernels.flash_attention import BlockSizes, flash_attention
+
+        blocks = BlockSizes(hopper_forward=True, block_kv=128)
+        x = jnp.zeros((2, 128, 1, 64), jnp.bfloat16)
+        spec = PartitionSpec("data")
+        jax.shard_map(
+            lambda q, k, v: flash_attention(q, k, v, block_sizes=blocks),
+            mesh=Mesh(np.array(jax.devices()), ("data",)),
+            in_specs=(spec,) * 3,
+            out_specs=spec,
+        )(x, x, x)
+        """
+    )
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        "PYTHONPATH": os.pathsep.join(sys.path),
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode != 0, run.stdout
+    assert "GPU interpret mode over 2 devices" in run.stderr, run.stderr[-3000:]
 
 
 def test_hopper_kernels_refuse_a_device_that_is_not_hopper() -> None:
