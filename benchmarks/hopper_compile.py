@@ -271,7 +271,9 @@ def compile_all(options) -> int:
     """Compiles what the options ask for and prints a row each; 1 if anything failed."""
     from kiln.kernels.flash_attention import default_block_sizes
 
-    log = Path(tempfile.mkstemp(prefix="kiln-toolchain-", suffix=".log")[1])
+    descriptor, log_name = tempfile.mkstemp(prefix="kiln-toolchain-", suffix=".log")
+    os.close(descriptor)  # stderr_to opens it by name
+    log = Path(log_name)
     with tempfile.TemporaryDirectory(prefix="kiln-mosaic-dump-") as folder:
         dump = Path(folder)
         os.environ["MOSAIC_GPU_DUMP_TO"] = folder  # ptxas' report of each Mosaic GPU kernel
