@@ -144,12 +144,20 @@ LAYOUT = {
     "hopper_fused": {"fused_dq": True, "hopper_dkv": True, "hopper_dq": False},
 }
 TRITON_KERNELS = ("fwd", "dkv", "dq", "fused")
-# Per kernel: its Hopper alternative, and the fields that choosing between them decides.
-HOPPER_ALTERNATIVE = {"fwd": "hopper", "dkv": "hopper_dkv", "dq": "hopper_dq"}
+# Per Triton kernel: its Hopper alternative, in the order the tuner tries them (the fused
+# backward first: the one the goal needs most, see docs/attention-kernel.md; so a hang in
+# another never-run kernel cannot cost its numbers), and the fields choosing between them sets.
+HOPPER_ALTERNATIVE = {
+    "fused": "hopper_fused",
+    "fwd": "hopper",
+    "dkv": "hopper_dkv",
+    "dq": "hopper_dq",
+}
 CHOSEN_FIELDS = {
     "fwd": (*FIELDS["fwd"], "hopper_forward"),
     "dkv": (*FIELDS["dkv"], "hopper_dkv", "fused_dq"),
     "dq": (*FIELDS["dq"], "hopper_dq"),
+    "fused": (*FIELDS["dkv"], "hopper_dkv", "fused_dq", "hopper_dq"),
 }
 
 
@@ -296,61 +304,64 @@ def tune_kernel(
     return best, best_seconds
 
 
+@dataclasses.dataclass
+class Choice:
+    """The fastest setting found so far for one kernel (its fields in CHOSEN_FIELDS)."""
+
+    seconds: float
+    blocks: fa.BlockSizes
+
+    def offer(self, blocks: fa.BlockSizes, seconds: float) -> None:
+        if seconds < self.seconds:
+            self.seconds, self.blocks = seconds, blocks
+
+
 def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable) -> fa.BlockSizes:
-    """The Triton forward, dK/dV and dQ first, then the alternatives: the fused-dQ backward,
-    the Hopper fused backward against it (head dim a multiple of 128), and each Hopper kernel
-    against its Triton one; the faster of each pair wins, then the faster fused backward
-    against the chosen dK/dV + dQ. The Hopper kernels go last: they are the ones never yet run
-    on a device, so if one hangs the time limit cuts only the stages from it on (on_update has
-    the rest)."""
-    seconds = {}
+    """The Triton forward, dK/dV and dQ first, then the Triton fused-dQ backward; then each
+    Hopper kernel against its Triton one, the faster winning (HOPPER_ALTERNATIVE's order; the
+    fused one needs head dim 128); last, the faster fused backward against the chosen dK/dV +
+    dQ. The Hopper kernels go last: they are the ones never yet run on a device, so if one
+    hangs the time limit cuts only the stages from it on (on_update has the rest)."""
+    chosen = {}
     for kernel in ("fwd", "dkv", "dq"):
-        blocks, seconds[kernel] = tune_kernel(bench, kernel, blocks, options)
+        blocks, seconds = tune_kernel(bench, kernel, blocks, options)
+        chosen[kernel] = Choice(seconds, blocks)
         on_update(blocks)
     split = blocks
-    chosen = {kernel: (seconds[kernel], split) for kernel in CHOSEN_FIELDS}
-    fused = dict(zip(("blocks", "seconds"), tune_kernel(bench, "fused", split, options)))
+    blocks, seconds = tune_kernel(bench, "fused", split, options)
+    chosen["fused"] = Choice(seconds, blocks)
 
     def best_layout() -> tuple[fa.BlockSizes, float]:
-        """The chosen kernels' fields on split, and the chosen backward's seconds."""
+        """The chosen kernels' fields on split, and the chosen dK/dV + dQ's seconds."""
+        split_backward = chosen["dkv"].seconds + chosen["dq"].seconds
+        kernels = ["fwd", "dkv", "dq"] + (
+            ["fused"] if chosen["fused"].seconds < split_backward else []
+        )
         layout = split
-        for kernel, (_, source) in chosen.items():
-            layout = dataclasses.replace(
-                layout, **{field: getattr(source, field) for field in CHOSEN_FIELDS[kernel]}
-            )
-        backward = chosen["dkv"][0] + chosen["dq"][0]
-        if fused["seconds"] < backward:
-            fields = CHOSEN_FIELDS["dkv"] + ("hopper_dq",)
-            layout = dataclasses.replace(layout, **{f: getattr(fused["blocks"], f) for f in fields})
-        return layout, backward
+        for kernel in kernels:
+            fields = {
+                field: getattr(chosen[kernel].blocks, field) for field in CHOSEN_FIELDS[kernel]
+            }
+            layout = dataclasses.replace(layout, **fields)
+        return layout, split_backward
 
     on_update(best_layout()[0])
-    # The Hopper fused backward first of the Hopper stages: the one the goal needs most (see
-    # docs/attention-kernel.md), so a hang in another never-run kernel cannot cost its numbers.
-    if bench.problem.head_dim % 128 == 0:
-        hopper, hopper_seconds = tune_kernel(bench, "hopper_fused", split, options)
-        print(
-            f"  fused: triton {fused['seconds'] * 1e3:.3f} ms, hopper (mosaic gpu) "
-            f"{hopper_seconds * 1e3:.3f} ms",
-            flush=True,
-        )
-        if hopper_seconds < fused["seconds"]:
-            fused.update(blocks=hopper, seconds=hopper_seconds)
-        on_update(best_layout()[0])
     for kernel, alternative in HOPPER_ALTERNATIVE.items():
+        if alternative == "hopper_fused" and bench.problem.head_dim % 128:
+            continue
+        triton_seconds = chosen[kernel].seconds
         hopper, hopper_seconds = tune_kernel(bench, alternative, split, options)
         print(
-            f"  {kernel}: triton {seconds[kernel] * 1e3:.3f} ms, hopper (mosaic gpu) "
+            f"  {kernel}: triton {triton_seconds * 1e3:.3f} ms, hopper (mosaic gpu) "
             f"{hopper_seconds * 1e3:.3f} ms",
             flush=True,
         )
-        if hopper_seconds < chosen[kernel][0]:
-            chosen[kernel] = (hopper_seconds, hopper)
+        chosen[kernel].offer(hopper, hopper_seconds)
         on_update(best_layout()[0])
-    blocks, backward_seconds = best_layout()
+    blocks, split_backward = best_layout()
     print(
-        f"  backward: dK/dV + dQ {backward_seconds * 1e3:.3f} ms, fused dQ "
-        f"{fused['seconds'] * 1e3:.3f} ms",
+        f"  backward: dK/dV + dQ {split_backward * 1e3:.3f} ms, fused dQ "
+        f"{chosen['fused'].seconds * 1e3:.3f} ms",
         flush=True,
     )
     return blocks

@@ -2,8 +2,10 @@
 write is usable: the tuner's JSON is a valid block-size table entry that attention.py reads back.
 The GPU numbers themselves are in benchmarks/RESULTS.md."""
 
+import dataclasses
 import json
 import math
+import types
 
 import attention
 import attention_once
@@ -100,3 +102,31 @@ def test_the_hopper_fused_backward_stage_checks_its_candidates(capsys):
     assert "hopper_fused 64,64,2" in output and "rejected" not in output, output
     assert best.hopper_dkv and best.fused_dq and not best.hopper_dq
     assert math.isfinite(seconds)
+
+
+def test_the_tuner_combines_the_fastest_kernels_into_a_valid_layout(monkeypatch):
+    """tune()'s choices, with each stage's time given: the Hopper fused backward beats the
+    Triton one and dK/dV + dQ (even with the Hopper dQ faster than the Triton one), so the
+    layout is the fused one and the Hopper dQ switch stays off (the two exclude each other)."""
+    times = {"fwd": 1.0, "dkv": 2.0, "dq": 2.0, "fused": 3.0, "hopper": 0.5}
+    times |= {"hopper_dkv": 2.5, "hopper_dq": 1.5, "hopper_fused": 2.5}
+
+    def fake_tune_kernel(bench, kernel, base, options, candidates=None):
+        first = attention_tune.CANDIDATES[kernel][0]
+        fields = dict(zip(attention_tune.FIELDS[kernel], first), **attention_tune.LAYOUT[kernel])
+        return dataclasses.replace(base, **fields), times[kernel]
+
+    monkeypatch.setattr(attention_tune, "tune_kernel", fake_tune_kernel)
+    problem = attention_tune.Problem(seq_len=128, head_dim=128, causal=True, batch=1, num_heads=1)
+    bench = types.SimpleNamespace(problem=problem)
+    updates = []
+    blocks = attention_tune.tune(bench, BlockSizes(), None, updates.append)
+    assert blocks.hopper_forward and blocks.hopper_dkv and blocks.fused_dq
+    assert not blocks.hopper_dq
+    assert (blocks.block_q_dkv, blocks.block_kv_dkv, blocks.num_stages_dkv) == (64, 64, 2)
+    assert updates[-1] == blocks
+
+    # Both fused backwards slower than the Triton dK/dV + the Hopper dQ (2.0 + 1.5):
+    times["fused"] = times["hopper_fused"] = 4.0
+    blocks = attention_tune.tune(bench, BlockSizes(), None, updates.append)
+    assert blocks.hopper_dq and not blocks.fused_dq and not blocks.hopper_dkv
