@@ -224,9 +224,10 @@ class _FusedDq:
         dQ wgmmas have read the last one; returns the dK wgmma's operand (registers on the GPU)."""
         own = self.ds_tiles.at[self.wg]
         plgpu.barrier_wait(self.read)
-        own[...] = ds.astype(own.dtype)
+        ds = ds.astype(own.dtype)
+        own[...] = ds
         plgpu.commit_smem()
-        return own if config.interpret else ds.astype(own.dtype)
+        return own if config.interpret else ds
 
     def add(self, q_start, head, config: HopperConfig) -> None:
         """dQ[q tile, columns] += Σ_j ds_j k_j[:, columns], once both dsT tiles are in SMEM."""
@@ -249,7 +250,7 @@ class _FusedDq:
         else:
             dq = pl.run_scoped(both_tiles, plgpu.ACC((block_q, columns), jnp.float32))
         plgpu.barrier_arrive(self.read)
-        add_to_gmem(dq, self.stage, self.dq_ref.at[pl.ds(q_start, block_q), head], config)
+        _add_to_gmem(dq, self.stage, self.dq_ref.at[pl.ds(q_start, block_q), head], config)
 
     def finish(self) -> None:
         """After the last tile: the other warpgroup's dQ wgmmas are done with K too."""
@@ -262,7 +263,7 @@ def _meet(barrier) -> None:
     plgpu.barrier_wait(barrier)
 
 
-def add_to_gmem(x: jax.Array, stage, target, config: HopperConfig) -> None:
+def _add_to_gmem(x: jax.Array, stage, target, config: HopperConfig) -> None:
     """target += x (fp32, WGMMA layout) through the SMEM tile `stage`. On the GPU a TMA
     reduce-add, left in flight: the next call (or the kernel's final wait) waits until it has
     read the stage. The interpreter has no TMA reductions: there it reads, adds and writes back
