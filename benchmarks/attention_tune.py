@@ -258,14 +258,8 @@ class KernelBench:
 def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
     """The current setting first (the one to beat), then the others. For a Hopper kernel when
     base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
-    switches = {
-        "hopper": "hopper_forward",
-        "hopper_dkv": "hopper_dkv",
-        "hopper_fused": "hopper_dkv",
-        "hopper_dq": "hopper_dq",
-    }
-    switch = switches.get(kernel)
-    if switch is not None and not getattr(base, switch):
+    switches = [f for f, on in LAYOUT[kernel].items() if f.startswith("hopper") and on]
+    if not all(getattr(base, switch) for switch in switches):
         return list(candidates)
     current = tuple(getattr(base, field) for field in FIELDS[kernel])
     return [current] + [c for c in candidates if c != current]
