@@ -8,7 +8,7 @@
 #     dim, so d=64 keeps the table's entry), every candidate checked against the fp32
 #     reference before it is timed. The Triton kernels were tuned on the H200 on 2026-11-30
 #     (RESULTS.md): only the table's setting is timed again, as the baseline
-#     (--triton-candidates 1), so the 13 Hopper candidates get the time.
+#     (--triton-candidates 1), so the 12 Hopper candidates get the time.
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,
 #     seq 1k-16k, d 128/64, causal and not, forward and forward+backward.
 #  3. ncu (hardware counters, clocks left alone) on one forward+backward of ours: speed of light,

@@ -12,7 +12,8 @@ registers, not that it is right (the CPU tests) or fast (attention_tune.py on a 
 Registers spilled to local memory cost time where the kernel reloads them every tile, so besides
 ptxas' byte counts the table counts the local loads and stores (LDL/STL) in one pass of the
 worst tile loop of the SASS: a candidate with those is worth fixing before device time is spent
-on it.
+on it. It also says whether ptxas kept the wgmmas asynchronous: where it cannot (registers, a
+wgmma operand touched in flight) it serializes them, waiting after each one, and says why.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ HOPPER_KERNELS = {
     "hopper_fused": "kiln_flash_attention_bwd_hopper",
 }
 SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+# ptxas' "Potential Performance Loss" note, e.g. "... serialized due to insufficient register
+# resources for the wgmma pipeline in the function '...'".
+SERIALIZED = re.compile(
+    r"wgmma\.mma_async instructions are serialized due to (.*?)(?: in the function|$)", re.M
+)
 # nvdisasm's SASS: a label line, or an instruction after its /*address*/.
 SASS_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 SASS_INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;?\s*$")
@@ -83,6 +89,8 @@ class Report:
     # costs per tile. ptxas' byte counts also cover spills outside the loops, which cost little.
     loop_loads: int
     loop_stores: int
+    # Why ptxas ran the wgmmas one at a time (each waited for before the next), or None.
+    wgmma_serialized: str | None = None
 
 
 def tile_loop_spills(sass: str) -> tuple[int, int]:
@@ -222,13 +230,16 @@ def read_report(dump: Path, kernel_name: str, seen: set[str]) -> Report:
     if not new:
         raise RuntimeError(f"no ptxas report for {kernel_name} in {dump}")
     seen.update(p.name for p in new)
-    stack, stores, loads = map(int, SPILLS.search(new[-1].read_text()).groups())
+    ptxas = new[-1].read_text()
+    stack, stores, loads = map(int, SPILLS.search(ptxas).groups())
+    serialized = SERIALIZED.search(ptxas)
     resources = new[-1].with_suffix(".resources.txt").read_text()
     smem = int(re.search(r"smem_scratch_bytes=(\d+)", resources).group(1))
     loop_loads, loop_stores = tile_loop_spills(new[-1].with_suffix(".sass_ctrl").read_text())
     for path in dump.glob(f"{kernel_name}_*.*"):  # Read: its MLIR pass log alone is ~80 MB.
         path.unlink()
-    return Report(stack, stores, loads, smem, loop_loads, loop_stores)
+    reason = serialized.group(1) if serialized else None
+    return Report(stack, stores, loads, smem, loop_loads, loop_stores, reason)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,7 +307,7 @@ def compile_candidates(device, base, dump: Path, options) -> int:
     print(f"H200 (deviceless), head dim {options.head_dim}, seq {options.seq_len}, causal, bf16")
     print(
         f"{'kernel':<12} {'candidate':<10} {'segments':<9} {'spill st/ld B':>14} "
-        f"{'stack B':>8} {'loop LDL/STL':>13} {'smem KiB':>9} {'compile s':>10}"
+        f"{'stack B':>8} {'loop LDL/STL':>13} {'smem KiB':>9} {'compile s':>10} wgmma"
     )
     seen: set[str] = set()
     failures = 0
@@ -326,10 +337,15 @@ def compile_candidates(device, base, dump: Path, options) -> int:
                 limit = options.max_loop_spills
                 over = limit is not None and report.loop_loads + report.loop_stores > limit
                 failures += over
+                wgmma, notes = "async", ""
+                if report.wgmma_serialized:
+                    wgmma, notes = "serial", f"  (due to {report.wgmma_serialized})"
+                if over:
+                    notes += "  over --max-loop-spills"
                 print(
                     f"{row} {spills:>14} {report.stack_bytes:>8} {loop_spills:>13} "
-                    f"{report.smem_bytes / 1024:>9.1f} {time.perf_counter() - start:>10.1f}"
-                    + ("  over --max-loop-spills" if over else ""),
+                    f"{report.smem_bytes / 1024:>9.1f} {time.perf_counter() - start:>10.1f} "
+                    f"{wgmma}{notes}",
                     flush=True,
                 )
     return failures

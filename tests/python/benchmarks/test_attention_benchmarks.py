@@ -62,13 +62,22 @@ def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
 
     options.max_error = -1.0  # nothing passes: the base setting is kept
     assert attention_tune.tune_kernel(bench, "fwd", base, options, candidates) == (base, math.inf)
-    assert capsys.readouterr().out.count("rejected (error)") == 2
+    assert capsys.readouterr().out.count("rejected: out ") == 2  # names the outputs off
 
     # --triton-candidates 1: the table's setting alone, as a baseline.
     options.max_error, options.triton_candidates = 5e-2, 1
     best, seconds = attention_tune.tune_kernel(bench, "fwd", base, options, candidates)
     assert capsys.readouterr().out.count("  fwd ") == 1
     assert best == base and math.isfinite(seconds)
+
+
+def test_the_reference_check_covers_the_last_batch_row_and_head():
+    problem = attention_tune.Problem(seq_len=64, head_dim=64, causal=True, batch=2, num_heads=2)
+    bench = attention_tune.KernelBench(problem, attention_tune.jnp.bfloat16, interpret=True)
+    fn, args = bench.kernel("fwd", BlockSizes(block_q=32, block_kv=32))
+    out = fn(*args)
+    assert bench.errors("fwd", out)["out"] < 1e-2
+    assert bench.errors("fwd", out.at[-1, :, -1].set(0))["out"] > 0.5
 
 
 def test_the_profiling_script_runs_at_a_small_size(capsys):

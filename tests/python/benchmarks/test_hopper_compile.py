@@ -61,6 +61,21 @@ def test_counts_the_local_memory_traffic_of_the_worst_tile_loop():
     assert hopper_compile.tile_loop_spills(SASS.replace("HGMMA", "FMUL")) == (0, 0)
 
 
+def test_reads_why_ptxas_serialized_the_wgmmas(tmp_path):
+    kernel = "kiln_flash_attention_bwd_hopper"
+    note = (
+        "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are "
+        "serialized due to insufficient register resources for the wgmma pipeline in the "
+        f"function '{kernel}_mosaic_gpu_kernel'\n"
+    )
+    seen: set[str] = set()
+    dump_kernel(tmp_path, f"{kernel}_0", PTXAS + note, 131072)
+    report = hopper_compile.read_report(tmp_path, kernel, seen)
+    assert report.wgmma_serialized == "insufficient register resources for the wgmma pipeline"
+    dump_kernel(tmp_path, f"{kernel}_1", PTXAS, 131072)
+    assert hopper_compile.read_report(tmp_path, kernel, seen).wgmma_serialized is None
+
+
 def test_reads_the_latest_report_of_a_kernel_once(tmp_path):
     kernel = "kiln_flash_attention_dkv_hopper"
     no_spills = PTXAS.replace(
@@ -94,9 +109,9 @@ def test_names_the_package_command_when_the_compiler_is_missing(tmp_path, capsys
 def test_the_hopper_kernels_compile_for_an_h200():
     """The GPU toolchain on a CPU: each Mosaic GPU kernel's first tuner candidate (the forward
     alone, the backward ones inside the gradient with Triton's other kernels), without and with
-    segment ids, compiles to a cubin for the H200 within its tile-loop spill budget; then a whole bf16
-    train step with the split and with the fused Hopper backward. In a fresh process: jax must
-    load after the plugin is on sys.path."""
+    segment ids, compiles to a cubin for the H200 within its tile-loop spill budget and with its
+    wgmmas left asynchronous; then a whole bf16 train step with the split and with the fused
+    Hopper backward. In a fresh process: jax must load after the plugin is on sys.path."""
     args = ["--cuda-compiler", str(CUDA_COMPILER), "--quick", "--train-step"]
     result = subprocess.run(
         [sys.executable, hopper_compile.__file__, *args],
@@ -110,8 +125,9 @@ def test_the_hopper_kernels_compile_for_an_h200():
     assert [(row[0], row[2]) for row in rows] == [
         (kernel, segments) for kernel in MAX_LOOP_SPILLS for segments in ("False", "True")
     ], result.stdout
-    for kernel, _, _, _, _, loop_spills, *_ in rows:
+    for kernel, _, _, _, _, loop_spills, _, _, wgmma, *_ in rows:
         assert sum(map(int, loop_spills.split("/"))) <= MAX_LOOP_SPILLS[kernel], result.stdout
+        assert wgmma == "async", result.stdout  # ptxas kept the wgmma pipeline
     launches = re.findall(r"train step (\w+) .*: compiled in .* s, (\d+) Mosaic GPU", result.stdout)
     # Per layer (two): the forward, again for the backward (remat), and dK/dV + dQ or fused.
     assert launches == [("split", "8"), ("fused", "6")], result.stdout

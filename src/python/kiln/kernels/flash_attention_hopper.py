@@ -17,7 +17,7 @@ scaled logits), so both forwards share the backward kernels. Differences from ja
   jax's: p stays in registers and the running accumulator is updated in place. Pallas' GPU
   interpret mode takes wgmma operands from memory only and has no rule for accumulator
   run_state, so there p goes through SMEM and each p v product starts a fresh accumulator that
-  is folded into the running one with one multiply-add. The forms differ in those few lines
+  is added to the rescaled running one (lhs_operand, wgmma_group). The forms differ in those few lines
   only; the CPU tests check the interpreted one, lowering the GPU one, and the tuner checks
   each candidate against the fp32 reference on the device before timing it;
 - every barrier phase is waited on by the threads that share it (the memory warpgroup drains
@@ -369,18 +369,29 @@ def staging_smem(shape: tuple[int, ...], dtype, config: HopperConfig) -> tuple:
     return (plgpu.SMEM(shape, dtype, transforms=WGMMA_TRANSFORMS),) if config.interpret else ()
 
 
-def accumulate(acc: jax.Array, a, b, config: HopperConfig) -> jax.Array:
-    """acc + a @ b. On the GPU the wgmma accumulates into acc in place (run_state: no second
-    accumulator's registers); the interpreter has no rule for that, so there it takes a fresh
-    accumulator and one add."""
+def wgmma_group(body, accumulators, config: HopperConfig, fresh=()) -> list[jax.Array]:
+    """Runs body(*refs), wgmmas issued back to back, and waits once for them all (so the tensor
+    cores go from one to the next without a wait between; jax's attention_mgpu pairs its dV and
+    dpT wgmmas so). refs: accumulators starting at `accumulators` (fp32, WGMMA layout), then
+    fresh ones, zero, of the shapes in `fresh`; returns their values in that order. On the GPU
+    the accumulators are updated in place (run_state: no second set of registers); the
+    interpreter has no rule for that, so there every accumulator starts at zero and
+    `accumulators` are added after."""
     if config.interpret:
-        rows, columns = acc.shape
-        return acc + matmul(a, b, (rows, columns))
+        shapes = [acc.shape for acc in accumulators] + list(fresh)
 
-    def run(acc_ref):
-        plgpu.wgmma(acc_ref, a, b)
+        def run(*refs):
+            body(*refs)
+            return [ref[...] for ref in refs]
 
-    return pl.run_state(run)(plgpu.ACC.init(acc))
+        values = pl.run_scoped(run, *(plgpu.ACC(shape, jnp.float32) for shape in shapes))
+        added = [acc + value for acc, value in zip(accumulators, values)]
+        return added + values[len(accumulators) :]
+    zeros = [
+        plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA) for shape in fresh
+    ]
+    initial = tuple(plgpu.ACC.init(acc) for acc in (*accumulators, *zeros))
+    return list(pl.run_state(lambda refs: body(*refs))(initial))
 
 
 def row_vector(x: jax.Array, shape: tuple[int, int]) -> jax.Array:
@@ -488,8 +499,8 @@ def _compute_warpgroup(
         correction = jnp.exp2(row_max - shift)
         probs = jnp.exp2(logits * config.logit_scale - row_vector(shift, logits.shape))
         row_sum = row_sum * correction + probs.sum(axis=1)
-        if p_smem is None:  # p stays in registers; acc is rescaled now and accumulated in place
-            acc = acc * row_vector(correction, acc.shape)
+        acc = acc * row_vector(correction, acc.shape)
+        if p_smem is None:  # p stays in registers
             p = probs.astype(v_smem.dtype)
             # As in jax's attention_mgpu: the softmax finishes before the turn is handed over.
             acc, row_sum, new_max, p = lax.optimization_barrier((acc, row_sum, new_max, p))
@@ -508,15 +519,7 @@ def _compute_warpgroup(
             def _():
                 plgpu.barrier_wait(k_landed.at[lax.rem(tile + 1, stages)])
 
-        def p_v_fresh(acc_ref):
-            p_v(acc_ref)
-            return acc_ref[...]
-
-        if p_smem is None:
-            acc = pl.run_state(p_v)(plgpu.ACC.init(acc))
-        else:
-            pv = pl.run_scoped(p_v_fresh, plgpu.ACC((block_q, head_dim), jnp.float32))
-            acc = acc * row_vector(correction, acc.shape) + pv
+        (acc,) = wgmma_group(p_v, [acc], config)
         plgpu.barrier_arrive(v_free.at[slot])
         return acc, new_max, row_sum
 

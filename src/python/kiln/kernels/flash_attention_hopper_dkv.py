@@ -19,12 +19,12 @@ registers (the WGMMA column layout) made ptxas spill (benchmarks/RESULTS.md). On
 and dsT go to their wgmma from registers and dK/dV accumulate in place (FlashAttention-3's form);
 in the interpreter, which takes wgmma operands from memory only and cannot accumulate in place,
 they are staged through SMEM into fresh accumulators (flash_attention_hopper.lhs_operand,
-accumulate).
+wgmma_group).
 
 With config.fused_dq the kernel is FlashAttention-3's whole backward: 5 matmuls per tile pair
 where dK/dV + dQ take 7, and no dQ kernel. Both warpgroups put dsT in SMEM and meet at a
-barrier (_FusedDq); then warpgroup w takes dQ's columns w·d/2.. of the q tile over both K/V
-tiles,
+barrier (_FusedDq), dK's wgmma already running; then warpgroup w takes dQ's columns w·d/2.. of
+the q tile over both K/V tiles (its wgmmas issued behind dK's, one wait for the three),
     dQ[:, cols_w] = ds₀ k₀[:, cols_w] + ds₁ k₁[:, cols_w]   (ds_j = dsT_jᵀ, from SMEM)
 and TMA adds it (`cp.reduce.async.bulk.tensor` add, FlashAttention-3's reduce-add) into a zeroed
 fp32 dQ buffer, a jax Ref the kernel writes in place. Each program adds one block_q x d tile
@@ -49,7 +49,6 @@ from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
-    accumulate,
     fill_ring,
     launch,
     lhs_operand,
@@ -58,6 +57,7 @@ from kiln.kernels.flash_attention_hopper import (
     split_warpgroups,
     staging_smem,
     tile_mask,
+    wgmma_group,
 )
 
 # fp32 SMEM tiles stored from registers: 128-byte swizzled rows (32 floats), fewer bank conflicts.
@@ -124,12 +124,9 @@ def _barriers(config: HopperConfig) -> tuple:
         # q slot free (and its lse and delta: read before q's last use)
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # dO slot free
-        # fused: both dsT tiles written; both read by the dQ wgmmas
-        *(
-            [plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=2)]
-            if config.fused_dq
-            else []
-        ),
+        # fused: both dsT tiles written; both read by the dQ wgmmas. Two barriers, not one pair:
+        # an indexed barrier waited on inside run_state (wgmma_group) fails to lower (jax 0.11.2).
+        *([plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS)] * 2 if config.fused_dq else []),
     )
 
 
@@ -140,7 +137,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     k_smem, v_smem, q_smem, d_out_smem, lse_smem, delta_smem, *tiles = smem
     staging = tiles.pop(0) if config.interpret else None
     k_landed, v_landed, *streamed_landed, q_free, d_out_free = barriers[:8]
-    ds_barriers = barriers[8] if config.fused_dq else None
+    ds_barriers = barriers[8:] if config.fused_dq else None
     batch, kv_head = lax.axis_index("batch"), lax.axis_index("heads")
     group = q_ref.shape[2] // k_ref.shape[2]
     program_row = lax.axis_index("kv_seq") * config.program_rows
@@ -214,43 +211,34 @@ class _FusedDq:
 
     def __init__(self, wg, dq_ref, k_columns, ds_tiles, stage, barriers):
         self.wg, self.dq_ref, self.k_columns, self.ds_tiles = wg, dq_ref, k_columns, ds_tiles
-        self.stage, self.written, self.read = stage, barriers.at[0], barriers.at[1]
+        self.stage, (self.written, self.read) = stage, barriers
 
     def start(self) -> None:
         plgpu.barrier_arrive(self.read)
 
-    def share_ds(self, ds: jax.Array, config: HopperConfig):
-        """dsT (fp32, WGMMA layout) into this warpgroup's SMEM tile, once the other warpgroup's
-        dQ wgmmas have read the last one; returns the dK wgmma's operand (registers on the GPU)."""
+    def accumulate(self, dk, ds, q_tile, q_start, head, config: HopperConfig) -> jax.Array:
+        """dk + dsT q, and dQ[q tile, columns] += Σ_j ds_j k_j[:, columns] by a reduce-add:
+        dsT (fp32, WGMMA layout) goes to this warpgroup's SMEM tile once the other warpgroup's
+        dQ wgmmas have read the last one; dK's wgmma runs while the warpgroups meet (both dsT
+        tiles written) and through their dQ wgmmas."""
         own = self.ds_tiles.at[self.wg]
         plgpu.barrier_wait(self.read)
         ds = ds.astype(own.dtype)
         own[...] = ds
         plgpu.commit_smem()
-        return own if config.interpret else ds
+        ds_operand = own if config.interpret else ds
 
-    def add(self, q_start, head, config: HopperConfig) -> None:
-        """dQ[q tile, columns] += Σ_j ds_j k_j[:, columns], once both dsT tiles are in SMEM."""
-        _meet(self.written)
-        block_q, columns = self.stage.shape
-
-        def both_tiles(acc_ref):
+        def dk_and_dq(dk_ref, dq_ref):
+            plgpu.wgmma(dk_ref, ds_operand, q_tile)
+            _meet(self.written)
             for j in range(COMPUTE_WARPGROUPS):
-                plgpu.wgmma(acc_ref, self.ds_tiles.at[j].transpose((1, 0)), self.k_columns.at[j])
-            return acc_ref[...]
+                plgpu.wgmma(dq_ref, self.ds_tiles.at[j].transpose((1, 0)), self.k_columns.at[j])
 
-        if config.interpret:  # No in-place accumulation there: a fresh accumulator per tile.
-            first, second = (
-                matmul(
-                    self.ds_tiles.at[j].transpose((1, 0)), self.k_columns.at[j], (block_q, columns)
-                )
-                for j in range(COMPUTE_WARPGROUPS)
-            )
-            dq = first + second
-        else:
-            dq = pl.run_scoped(both_tiles, plgpu.ACC((block_q, columns), jnp.float32))
+        dk, dq = wgmma_group(dk_and_dq, [dk], config, fresh=[self.stage.shape])
         plgpu.barrier_arrive(self.read)
-        _add_to_gmem(dq, self.stage, self.dq_ref.at[pl.ds(q_start, block_q), head], config)
+        q_rows = pl.ds(q_start, self.stage.shape[0])
+        _add_to_gmem(dq, self.stage, self.dq_ref.at[q_rows, head], config)
+        return dk
 
     def finish(self) -> None:
         """After the last tile: the other warpgroup's dQ wgmmas are done with K too."""
@@ -269,7 +257,7 @@ def _add_to_gmem(x: jax.Array, stage, target, config: HopperConfig) -> None:
     read the stage. The interpreter has no TMA reductions: there it reads, adds and writes back
     (right only where nothing else writes `target` meanwhile)."""
     if config.interpret:
-        stage[...] = x + plgpu.load(target, (), layout=plgpu.Layout.WGMMA, optimized=False)
+        stage[...] = x + plgpu.load(target, layout=plgpu.Layout.WGMMA, optimized=False)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(stage, target)
         plgpu.wait_smem_to_gmem(0)
@@ -332,11 +320,12 @@ def _compute_warpgroup(
         else:
             q_segments = None
         wait_landed(slot)
-        logits = matmul(k_smem, q_smem.at[slot].transpose((1, 0)), tile_shape)
+        q_tile, d_out_tile = q_smem.at[slot], d_out_smem.at[slot]
+        logits = matmul(k_smem, q_tile.transpose((1, 0)), tile_shape)
         if masked:
             mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config, q_dim=1)
             logits = jnp.where(mask, logits, -jnp.inf)
-        lse = plgpu.load(lse_smem.at[slot], (), layout=column_stats)
+        lse = plgpu.load(lse_smem.at[slot], layout=column_stats)
         probs = jnp.exp2(logits * config.logit_scale - column_vector(lse))
         if fused_dq is not None:
             # Fused, the registers run short: pT is kept in the inputs' dtype only (dV's operand,
@@ -344,19 +333,21 @@ def _compute_warpgroup(
             # On the SASS: 16 local loads/stores per tile instead of 46, at ~35 instructions
             # more (docs/attention-kernel.md).
             probs = probs.astype(k_smem.dtype)
-        dv = accumulate(dv, lhs_operand(probs, k_smem.dtype, staging), d_out_smem.at[slot], config)
-        d_probs = matmul(v_smem, d_out_smem.at[slot].transpose((1, 0)), tile_shape)
+        # dV's and dpT's wgmmas apart: issued together (one wait, as in jax's attention_mgpu)
+        # they kept pT, dpT and dV's operands live at once, and ptxas spilled 13-16 more local
+        # loads per tile (benchmarks/hopper_compile.py).
+        p_operand = lhs_operand(probs, k_smem.dtype, staging)
+        (dv,) = wgmma_group(lambda dv_ref: plgpu.wgmma(dv_ref, p_operand, d_out_tile), [dv], config)
+        d_probs = matmul(v_smem, d_out_tile.transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(d_out_free.at[slot])
-        delta = plgpu.load(delta_smem.at[slot], (), layout=column_stats)
+        delta = plgpu.load(delta_smem.at[slot], layout=column_stats)
         ds = probs.astype(jnp.float32) * (d_probs - column_vector(delta))
         if fused_dq is None:
             ds = lhs_operand(ds, k_smem.dtype, staging)
+            (dk,) = wgmma_group(lambda dk_ref: plgpu.wgmma(dk_ref, ds, q_tile), [dk], config)
         else:
-            ds = fused_dq.share_ds(ds, config)
-        dk = accumulate(dk, ds, q_smem.at[slot], config)
+            dk = fused_dq.accumulate(dk, ds, q_tile, q_start, head, config)
         plgpu.barrier_arrive(q_free.at[slot])
-        if fused_dq is not None:
-            fused_dq.add(q_start, head, config)
         return dk, dv
 
     def skip_tile(q_tile, _, slot_base):

@@ -5,14 +5,14 @@ streams the kv head's K/V tiles through the same SMEM ring as the forward
 (flash_attention_hopper.stream_kv_tiles). Per K/V tile a compute warpgroup recomputes
 p = exp2(q kᵀ · scale - lse), takes dp = dO vᵀ, forms ds = p (dp - delta) and adds ds k to its
 dQ accumulator: three matmuls on the tensor cores, where the Triton dQ kernel runs them through
-Triton's mma. Same inputs and output as that kernel (flash_attention._backward_dq), so either
+Triton's mma. q kᵀ and dO vᵀ are issued together and the exponentials wait for the first only. Same inputs and output as that kernel (flash_attention._backward_dq), so either
 forward feeds it; masked logits are -inf, so a row with lse +inf (the Hopper forward's padded
 rows that see no key) or a finite lse (the Triton forward's) gets probability 0 for them.
 
 On the GPU ds goes to its wgmma from registers and dQ accumulates in place, as in
 FlashAttention-3; jax's GPU interpret mode (the CPU tests) takes wgmma operands from memory only
 and has no rule for in-place accumulation, so there ds is staged through SMEM and each product
-gets a fresh accumulator (flash_attention_hopper.lhs_operand, accumulate). No ping-pong between
+gets a fresh accumulator (flash_attention_hopper.lhs_operand, wgmma_group). No ping-pong between
 the two compute warpgroups yet: each runs its tiles at its own pace.
 """
 
@@ -30,18 +30,17 @@ from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
-    accumulate,
     kv_tile_counts,
     launch,
     lhs_operand,
     load_segments,
-    matmul,
     program_position,
     row_vector,
     split_warpgroups,
     staging_smem,
     stream_kv_tiles,
     tile_mask,
+    wgmma_group,
 )
 
 
@@ -160,18 +159,26 @@ def _compute_warpgroup(
             kv_segments = None
         tile_shape = (block_q, block_kv)
         plgpu.barrier_wait(k_landed.at[slot])
-        logits = matmul(q_smem, k_smem.at[slot].transpose((1, 0)), tile_shape)
-        if masked:
-            mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
-            logits = jnp.where(mask, logits, -jnp.inf)
-        probs = jnp.exp2(logits * config.logit_scale - row_vector(lse, tile_shape))
         plgpu.barrier_wait(v_landed.at[slot])
-        d_probs = matmul(d_out_smem, v_smem.at[slot].transpose((1, 0)), tile_shape)
+
+        def probabilities(logits_ref, d_probs_ref):
+            plgpu.wgmma(logits_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+            plgpu.wgmma(d_probs_ref, d_out_smem, v_smem.at[slot].transpose((1, 0)))
+            # Waits for q kᵀ only: the exponentials overlap dO vᵀ's wgmma.
+            logits = plgpu.wgmma_accumulator_load(logits_ref, wait_n=1)
+            if masked:
+                mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
+                logits = jnp.where(mask, logits, -jnp.inf)
+            probs = jnp.exp2(logits * config.logit_scale - row_vector(lse, tile_shape))
+            return probs, d_probs_ref[...]
+
+        accumulator = plgpu.ACC(tile_shape, jnp.float32)
+        probs, d_probs = pl.run_scoped(probabilities, accumulator, accumulator)
         plgpu.barrier_arrive(v_free.at[slot])
         ds = lhs_operand(
             probs * (d_probs - row_vector(delta, tile_shape)), q_smem.dtype, ds_staging
         )
-        dq = accumulate(dq, ds, k_smem.at[slot], config)
+        (dq,) = wgmma_group(lambda dq_ref: plgpu.wgmma(dq_ref, ds, k_smem.at[slot]), [dq], config)
         plgpu.barrier_arrive(k_free.at[slot])
         return dq
 
