@@ -295,6 +295,8 @@ def tune_kernel(
         limit = min(limit, options.triton_candidates)
     for candidate in ordered_candidates(base, kernel, candidates)[:limit]:
         label = ",".join(map(str, candidate))
+        # The row's start goes out first: a kernel that hangs the device leaves its name last.
+        print(f"  {kernel:<10} {label:<16}", end="", flush=True)
         try:
             fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
             blocks = dataclasses.replace(base, **fields)
@@ -302,18 +304,14 @@ def tune_kernel(
             errors = bench.errors(kernel, fn(*args))
             seconds = device_seconds(fn, args, options.iters)
         except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: drop the candidate
-            print(f"  {kernel:<10} {label:<16} failed: {type(exc).__name__}: {exc}"[:300])
+            print(f" failed: {type(exc).__name__}: {exc}"[:300], flush=True)
             continue
         tflops = bench.problem.matmul_flops(kernel) / seconds / 1e12
         error = max(errors.values())
         verdict = ""
         if error > options.max_error:  # Which outputs are off, for whoever debugs the kernel.
             verdict = "rejected: " + ", ".join(f"{o} {e:.1e}" for o, e in errors.items())
-        print(
-            f"  {kernel:<10} {label:<16} {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s "
-            f"err {error:.1e} {verdict}",
-            flush=True,
-        )
+        print(f" {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s err {error:.1e} {verdict}", flush=True)
         if not verdict and seconds < best_seconds:
             best, best_seconds = blocks, seconds
     return best, best_seconds
