@@ -4,7 +4,9 @@ FlashAttention-3's forward layout, shaped like jax.experimental.pallas.ops.gpu.a
 A program owns two q tiles of one head, one per compute warpgroup; a third warpgroup streams
 K/V tiles through a ring of SMEM slots with TMA. The compute warpgroups run q k^T and p v on the
 tensor cores (wgmma) and take turns at the softmax (a schedule barrier ping-pongs them), so one
-warpgroup's exponentials overlap the other's matmuls.
+warpgroup's exponentials overlap the other's matmuls. A warpgroup's turn issues the previous
+tile's p v and this tile's q k^T back to back, with one wait for both (FlashAttention-3's loop
+rotation; jax's kernel drains the tensor cores between them).
 
 Same contract as the Triton forward in flash_attention.py (out, and the base-2 log-sum-exp of the
 scaled logits), so both forwards share the backward kernels. Differences from jax's kernel:
@@ -471,23 +473,36 @@ def _compute_warpgroup(
     num_tiles, unmasked_tiles = kv_tile_counts(q_start, program_kv_tiles, has_segments, config)
     q_segments = load_segments(segment_ids_ref, q_start, block_q, 1) if has_segments else None
 
+    def issue_gemms(tile, acc, p_prev):
+        """The warpgroup's turn at the tensor cores: p v of the previous tile (into acc, in
+        place on the GPU) and q kᵀ of this one, issued back to back; the turn is handed over,
+        and both are waited for: (acc, logits)."""
+        slot, previous_slot = lax.rem(tile, stages), lax.rem(tile - 1, stages)
+
+        def gemms(acc_ref, logits_ref):
+            @pl.when(tile > 0)
+            def _():
+                p_operand = lhs_operand(p_prev, v_smem.dtype, p_smem)
+                plgpu.wgmma(acc_ref, p_operand, v_smem.at[previous_slot])
+
+            plgpu.barrier_wait(k_landed.at[slot])
+            plgpu.wgmma(logits_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+            take_turn()  # Hand the tensor cores over while this warpgroup does the softmax.
+
+        acc, logits = wgmma_group(gemms, [acc], config, fresh=[(block_q, block_kv)])
+        pl.when(tile > 0)(lambda: plgpu.barrier_arrive(v_free.at[previous_slot]))
+        plgpu.barrier_arrive(k_free.at[slot])
+        return acc, logits
+
     def visit_tile(tile, carry, masked):
-        acc, row_max, row_sum = carry
-        slot = lax.rem(tile, stages)
-        # Loaded before the matmul so that the global load's latency hides behind it.
+        acc, row_max, row_sum, p_prev = carry
+        # Loaded before the matmuls so that the global load's latency hides behind them.
         kv_start = tile * block_kv
         if masked and has_segments:
             kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 0)
         else:
             kv_segments = None
-
-        def q_kt(acc_ref):
-            plgpu.wgmma(acc_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-            take_turn()  # Hand the tensor cores over while this warpgroup does the softmax.
-            return acc_ref[...]
-
-        logits = pl.run_scoped(q_kt, plgpu.ACC((block_q, block_kv), jnp.float32))
-        plgpu.barrier_arrive(k_free.at[slot])
+        acc, logits = issue_gemms(tile, acc, p_prev)
         if masked:
             mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
             logits = jnp.where(mask, logits, -jnp.inf)
@@ -499,29 +514,14 @@ def _compute_warpgroup(
         correction = jnp.exp2(row_max - shift)
         probs = jnp.exp2(logits * config.logit_scale - row_vector(shift, logits.shape))
         row_sum = row_sum * correction + probs.sum(axis=1)
-        acc = acc * row_vector(correction, acc.shape)
-        if p_smem is None:  # p stays in registers
-            p = probs.astype(v_smem.dtype)
-            # As in jax's attention_mgpu: the softmax finishes before the turn is handed over.
-            acc, row_sum, new_max, p = lax.optimization_barrier((acc, row_sum, new_max, p))
-        else:
-            p_smem[...] = probs.astype(p_smem.dtype)
-            plgpu.commit_smem()
-            p = p_smem
+        acc = acc * row_vector(correction, acc.shape)  # this tile's p v adds to it next turn
+        p = probs.astype(v_smem.dtype)
+        # As in jax's attention_mgpu: the softmax finishes before the turn is handed over.
+        acc, row_sum, new_max, p = lax.optimization_barrier((acc, row_sum, new_max, p))
         plgpu.barrier_arrive(turn)  # Softmax done: the other warpgroup may finish its turn.
-        plgpu.barrier_wait(v_landed.at[slot])
+        plgpu.barrier_wait(v_landed.at[lax.rem(tile, stages)])
         plgpu.barrier_wait(turn)  # Wait until the tensor cores are ours again.
-
-        def p_v(acc_ref):
-            plgpu.wgmma(acc_ref, p, v_smem.at[slot])
-
-            @pl.when(tile + 1 < num_tiles)
-            def _():
-                plgpu.barrier_wait(k_landed.at[lax.rem(tile + 1, stages)])
-
-        (acc,) = wgmma_group(p_v, [acc], config)
-        plgpu.barrier_arrive(v_free.at[slot])
-        return acc, new_max, row_sum
+        return acc, new_max, row_sum, p
 
     def skip_tile(tile, _):
         # Tiles the other warpgroup still needs: take them and release them so the ring keeps
@@ -534,26 +534,32 @@ def _compute_warpgroup(
         take_turn()
         take_turn()
 
+    def layout(x):
+        return plgpu.layout_cast(x, plgpu.Layout.WGMMA)
+
     carry = (
-        plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA),
+        layout(jnp.zeros((block_q, head_dim), jnp.float32)),
         plgpu.layout_cast(
             jnp.full((block_q,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)
         ),
         plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
+        layout(jnp.zeros((block_q, block_kv), v_smem.dtype)),  # p of tile -1: never used
     )
-
-    @pl.when(num_tiles > 0)
-    def _():
-        plgpu.barrier_wait(k_landed.at[0])
-
     pl.when(jnp.logical_not(first))(take_turn)  # The second warpgroup starts one turn behind.
     carry = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), carry)
     carry = lax.fori_loop(
         unmasked_tiles, num_tiles, functools.partial(visit_tile, masked=True), carry
     )
+    acc, row_max, row_sum, p = carry
+    # The last tile's p v, in the turn its softmax ended with.
+    last_slot = lax.rem(num_tiles - 1, stages)
+    p_operand = lhs_operand(p, v_smem.dtype, p_smem)
+    (acc,) = wgmma_group(
+        lambda acc_ref: plgpu.wgmma(acc_ref, p_operand, v_smem.at[last_slot]), [acc], config
+    )
+    plgpu.barrier_arrive(v_free.at[last_slot])
     lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
     pl.when(first)(take_turn)
-    acc, row_max, row_sum = carry
 
     # A padded query row can see no key at all (not causal, segment ids: its segment is -1 and
     # the padded keys are masked). Its out is 0 and its lse +inf, so that the backward gives

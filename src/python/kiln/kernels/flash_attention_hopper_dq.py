@@ -5,7 +5,9 @@ streams the kv head's K/V tiles through the same SMEM ring as the forward
 (flash_attention_hopper.stream_kv_tiles). Per K/V tile a compute warpgroup recomputes
 p = exp2(q kᵀ · scale - lse), takes dp = dO vᵀ, forms ds = p (dp - delta) and adds ds k to its
 dQ accumulator: three matmuls on the tensor cores, where the Triton dQ kernel runs them through
-Triton's mma. q kᵀ and dO vᵀ are issued together and the exponentials wait for the first only. Same inputs and output as that kernel (flash_attention._backward_dq), so either
+Triton's mma. Per K/V tile the three go out as one group with one wait: the previous tile's
+ds k, then this tile's q kᵀ and dO vᵀ (the loop rotated as in the forward; the last tile's ds k
+follows the loop), so the tensor cores do not drain between them. Same inputs and output as that kernel (flash_attention._backward_dq), so either
 forward feeds it; masked logits are -inf, so a row with lse +inf (the Hopper forward's padded
 rows that see no key) or a finite lse (the Triton forward's) gets probability 0 for them.
 
@@ -150,8 +152,9 @@ def _compute_warpgroup(
     plgpu.barrier_wait(q_landed)
     plgpu.barrier_wait(d_out_landed)
 
-    def visit_tile(tile, dq, masked):
-        slot = lax.rem(tile, stages)
+    def visit_tile(tile, carry, masked):
+        dq, ds_prev = carry
+        slot, previous_slot = lax.rem(tile, stages), lax.rem(tile - 1, stages)
         kv_start = tile * block_kv
         if masked and has_segments:
             kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 0)
@@ -161,26 +164,24 @@ def _compute_warpgroup(
         plgpu.barrier_wait(k_landed.at[slot])
         plgpu.barrier_wait(v_landed.at[slot])
 
-        def probabilities(logits_ref, d_probs_ref):
+        def gemms(dq_ref, logits_ref, d_probs_ref):
+            @pl.when(tile > 0)
+            def _():
+                ds_operand = lhs_operand(ds_prev, q_smem.dtype, ds_staging)
+                plgpu.wgmma(dq_ref, ds_operand, k_smem.at[previous_slot])
+
             plgpu.wgmma(logits_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
             plgpu.wgmma(d_probs_ref, d_out_smem, v_smem.at[slot].transpose((1, 0)))
-            # Waits for q kᵀ only: the exponentials overlap dO vᵀ's wgmma.
-            logits = plgpu.wgmma_accumulator_load(logits_ref, wait_n=1)
-            if masked:
-                mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
-                logits = jnp.where(mask, logits, -jnp.inf)
-            probs = jnp.exp2(logits * config.logit_scale - row_vector(lse, tile_shape))
-            return probs, d_probs_ref[...]
 
-        accumulator = plgpu.ACC(tile_shape, jnp.float32)
-        probs, d_probs = pl.run_scoped(probabilities, accumulator, accumulator)
+        dq, logits, d_probs = wgmma_group(gemms, [dq], config, fresh=[tile_shape] * 2)
+        pl.when(tile > 0)(lambda: plgpu.barrier_arrive(k_free.at[previous_slot]))
         plgpu.barrier_arrive(v_free.at[slot])
-        ds = lhs_operand(
-            probs * (d_probs - row_vector(delta, tile_shape)), q_smem.dtype, ds_staging
-        )
-        (dq,) = wgmma_group(lambda dq_ref: plgpu.wgmma(dq_ref, ds, k_smem.at[slot]), [dq], config)
-        plgpu.barrier_arrive(k_free.at[slot])
-        return dq
+        if masked:
+            mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
+            logits = jnp.where(mask, logits, -jnp.inf)
+        probs = jnp.exp2(logits * config.logit_scale - row_vector(lse, tile_shape))
+        ds = probs * (d_probs - row_vector(delta, tile_shape))
+        return dq, ds.astype(q_smem.dtype)
 
     def skip_tile(tile, _):
         # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
@@ -190,9 +191,25 @@ def _compute_warpgroup(
         plgpu.barrier_arrive(k_free.at[slot])
         plgpu.barrier_arrive(v_free.at[slot])
 
-    dq = plgpu.layout_cast(jnp.zeros((block_q, head_dim), jnp.float32), plgpu.Layout.WGMMA)
-    dq = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), dq)
-    dq = lax.fori_loop(unmasked_tiles, num_tiles, functools.partial(visit_tile, masked=True), dq)
+    def layout(x):
+        return plgpu.layout_cast(x, plgpu.Layout.WGMMA)
+
+    carry = (
+        layout(jnp.zeros((block_q, head_dim), jnp.float32)),
+        layout(jnp.zeros((block_q, block_kv), q_smem.dtype)),  # ds of tile -1: never used
+    )
+    carry = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), carry)
+    carry = lax.fori_loop(
+        unmasked_tiles, num_tiles, functools.partial(visit_tile, masked=True), carry
+    )
+    dq, ds = carry
+    # The last tile's ds k, before the skipped tiles: their ring slots wait for its K's.
+    last_slot = lax.rem(num_tiles - 1, stages)
+    ds_operand = lhs_operand(ds, q_smem.dtype, ds_staging)
+    (dq,) = wgmma_group(
+        lambda dq_ref: plgpu.wgmma(dq_ref, ds_operand, k_smem.at[last_slot]), [dq], config
+    )
+    plgpu.barrier_arrive(k_free.at[last_slot])
     lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
 
     q_smem[...] = (dq * config.sm_scale).astype(q_smem.dtype)  # q's tile is free now
