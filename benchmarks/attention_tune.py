@@ -3,15 +3,15 @@
     PYTHONPATH=src/python python3 benchmarks/attention_tune.py --json tuned.json      # GPU
     PYTHONPATH=src/python python3 benchmarks/attention_tune.py --quick                # CPU smoke
 
-For each head dim it times the forward, dK/dV and dQ kernels separately over a list of
-candidate (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k
-tokens), then the alternatives of a layout against what they replace: each Hopper (Mosaic GPU)
-kernel against its Triton one, and the fused-dQ backward against the faster dK/dV + dQ. Each
-candidate's outputs are checked against the fp32 reference on the first and last batch rows'
-first and last heads before it is timed; a candidate that fails to compile (shared memory, registers) or whose error is
-over --max-error is dropped. Prints one row per candidate and, per head dim, the winning
-`BlockSizes` (the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten
-after every kernel so a run stopped early keeps what it found. Context rows time cuDNN and jax's
+For each head dim it times the forward, dK/dV and dQ kernels separately over a list of candidate
+(block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k tokens), then the
+alternatives of a layout against what they replace: each Hopper (Mosaic GPU) kernel against its
+Triton one, and the fused-dQ backward against the faster dK/dV + dQ. Each candidate's outputs are
+checked against the fp32 reference on the first and last batch rows' first and last heads before it
+is timed; a candidate that fails to compile (shared memory, registers) or whose error is over
+--max-error is dropped. Prints one row per candidate and, per head dim, the winning `BlockSizes`
+(the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten after every kernel
+so a run stopped early keeps what it found. Context rows time cuDNN and jax's
 Triton `mha` on the same problem.
 
 Reaches into flash_attention's private kernel functions on purpose: tuning is per kernel.

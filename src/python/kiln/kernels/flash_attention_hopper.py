@@ -19,9 +19,9 @@ scaled logits), so both forwards share the backward kernels. Differences from ja
   jax's: p stays in registers and the running accumulator is updated in place. Pallas' GPU
   interpret mode takes wgmma operands from memory only and has no rule for accumulator
   run_state, so there p goes through SMEM and each p v product starts a fresh accumulator that
-  is added to the rescaled running one (lhs_operand, wgmma_group). The forms differ in those few lines
-  only; the CPU tests check the interpreted one, lowering the GPU one, and the tuner checks
-  each candidate against the fp32 reference on the device before timing it;
+  is added to the rescaled running one (lhs_operand, wgmma_group). The forms differ in those
+  few lines only; the CPU tests check the interpreted one, lowering the GPU one, and the tuner
+  checks each candidate against the fp32 reference on the device before timing it;
 - every barrier phase is waited on by the threads that share it (the memory warpgroup drains
   its ring, a warpgroup that finishes early still takes its unused slots), which the
   interpreter's barrier checks require;

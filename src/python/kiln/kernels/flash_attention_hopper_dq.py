@@ -5,11 +5,12 @@ streams the kv head's K/V tiles through the same SMEM ring as the forward
 (flash_attention_hopper.stream_kv_tiles). Per K/V tile a compute warpgroup recomputes
 p = exp2(q kᵀ · scale - lse), takes dp = dO vᵀ, forms ds = p (dp - delta) and adds ds k to its
 dQ accumulator: three matmuls on the tensor cores, where the Triton dQ kernel runs them through
-Triton's mma. Per K/V tile the three go out as one group with one wait: the previous tile's
-ds k, then this tile's q kᵀ and dO vᵀ (the loop rotated as in the forward; the last tile's ds k
-follows the loop), so the tensor cores do not drain between them. Same inputs and output as that kernel (flash_attention._backward_dq), so either
-forward feeds it; masked logits are -inf, so a row with lse +inf (the Hopper forward's padded
-rows that see no key) or a finite lse (the Triton forward's) gets probability 0 for them.
+Triton's mma. Per K/V tile the three go out as one group with one wait: the previous tile's ds k,
+then this tile's q kᵀ and dO vᵀ (the loop rotated as in the forward; the last tile's ds k follows
+the loop), so the tensor cores do not drain between them. Same inputs and output as that kernel
+(flash_attention._backward_dq), so either forward feeds it; masked logits are -inf, so a row with
+lse +inf (the Hopper forward's padded rows that see no key) or a finite lse (the Triton forward's)
+gets probability 0 for them.
 
 On the GPU ds goes to its wgmma from registers and dQ accumulates in place, as in
 FlashAttention-3; jax's GPU interpret mode (the CPU tests) takes wgmma operands from memory only
