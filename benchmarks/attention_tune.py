@@ -273,6 +273,13 @@ def checked(x: jax.Array) -> jax.Array:
     return x[ends][:, :, ends]
 
 
+def failure(exc: Exception, head: int = 300, tail: int = 700) -> str:
+    """The exception on one line: its start, and its end, where compilers put their verdict
+    (ptxas' error after Mosaic GPU's long context)."""
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " | ")
+    return text if len(text) <= head + tail else f"{text[:head]} ... {text[-tail:]}"
+
+
 def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
     """The current setting first (the one to beat), then the others. For a Hopper kernel when
     base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
@@ -304,7 +311,7 @@ def tune_kernel(
             errors = bench.errors(kernel, fn(*args))
             seconds = device_seconds(fn, args, options.iters)
         except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: drop the candidate
-            print(f" failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+            print(f" failed: {failure(exc)}", flush=True)
             continue
         tflops = bench.problem.matmul_flops(kernel) / seconds / 1e12
         error = max(errors.values())
@@ -404,7 +411,7 @@ def context_rows(bench: KernelBench, options) -> None:
             try:
                 seconds = device_seconds(as_pass(fn, pass_name), args, options.iters)
             except Exception as exc:  # noqa: BLE001
-                print(f"  {label:<24} failed: {type(exc).__name__}: {exc}"[:300])
+                print(f"  {label:<24} failed: {failure(exc)}", flush=True)
                 continue
             flops = problem.matmul_flops("fwd")
             flops *= BACKWARD_FLOPS_FACTOR if pass_name == "fwd+bwd" else 1.0

@@ -71,6 +71,15 @@ def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
     assert best == base and math.isfinite(seconds)
 
 
+def test_a_failure_is_one_line_with_the_start_and_the_end_of_its_message():
+    message = "lowering context\n" * 200 + "ptxas fatal: out of registers"
+    text = attention_tune.failure(RuntimeError(message))
+    assert text.startswith("RuntimeError: lowering context | lowering context")
+    assert text.endswith("ptxas fatal: out of registers") and "\n" not in text
+    assert len(text) <= 300 + 5 + 700
+    assert attention_tune.failure(ValueError("short")) == "ValueError: short"
+
+
 def test_the_reference_check_covers_the_last_batch_row_and_head():
     problem = attention_tune.Problem(seq_len=64, head_dim=64, causal=True, batch=2, num_heads=2)
     bench = attention_tune.KernelBench(problem, attention_tune.jnp.bfloat16, interpret=True)
