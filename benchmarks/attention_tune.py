@@ -11,8 +11,8 @@ checked against the fp32 reference on the first and last batch rows' first and l
 is timed; a candidate that fails to compile (shared memory, registers) or whose error is over
 --max-error is dropped. Prints one row per candidate and, per head dim, the winning `BlockSizes`
 (the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten after every kernel
-so a run stopped early keeps what it found. Context rows time cuDNN and jax's
-Triton `mha` on the same problem.
+so a run stopped early keeps what it found. Context rows time cuDNN and jax's Triton `mha` on the
+same problem.
 
 Reaches into flash_attention's private kernel functions on purpose: tuning is per kernel.
 """
