@@ -389,14 +389,23 @@ def wgmma_group(body, accumulators, config: HopperConfig, fresh=()) -> list[jax.
         values = pl.run_scoped(run, *(plgpu.ACC(shape, jnp.float32) for shape in shapes))
         added = [acc + value for acc, value in zip(accumulators, values)]
         return added + values[len(accumulators) :]
-    zeros = [
-        plgpu.layout_cast(jnp.zeros(shape, jnp.float32), plgpu.Layout.WGMMA) for shape in fresh
-    ]
+    zeros = [wgmma_zeros(shape) for shape in fresh]
     initial = tuple(plgpu.ACC.init(acc) for acc in (*accumulators, *zeros))
     return list(pl.run_state(lambda refs: body(*refs))(initial))
 
 
-def row_vector(x: jax.Array, shape: tuple[int, int]) -> jax.Array:
+def accumulate(acc: jax.Array, a, b, config: HopperConfig) -> jax.Array:
+    """acc + a @ b: one wgmma, in place on the GPU (wgmma_group)."""
+    (acc,) = wgmma_group(lambda acc_ref: plgpu.wgmma(acc_ref, a, b), [acc], config)
+    return acc
+
+
+def wgmma_zeros(shape: tuple[int, int], dtype=jnp.float32) -> jax.Array:
+    """Zeros in the WGMMA register layout (an accumulator's, or a register operand's)."""
+    return plgpu.layout_cast(jnp.zeros(shape, dtype), plgpu.Layout.WGMMA)
+
+
+def row_vector(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """[rows] -> broadcast along the columns of `shape`."""
     return lax.broadcast_in_dim(x, shape, [0])
 
@@ -534,16 +543,13 @@ def _compute_warpgroup(
         take_turn()
         take_turn()
 
-    def layout(x):
-        return plgpu.layout_cast(x, plgpu.Layout.WGMMA)
-
     carry = (
-        layout(jnp.zeros((block_q, head_dim), jnp.float32)),
+        wgmma_zeros((block_q, head_dim)),
         plgpu.layout_cast(
             jnp.full((block_q,), -jnp.inf, jnp.float32), plgpu.Layout.WGMMA.reduce(1)
         ),
         plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
-        layout(jnp.zeros((block_q, block_kv), v_smem.dtype)),  # p of tile -1: never used
+        wgmma_zeros((block_q, block_kv), v_smem.dtype),  # p of tile -1: never used
     )
     pl.when(jnp.logical_not(first))(take_turn)  # The second warpgroup starts one turn behind.
     carry = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), carry)
@@ -553,10 +559,7 @@ def _compute_warpgroup(
     acc, row_max, row_sum, p = carry
     # The last tile's p v, in the turn its softmax ended with.
     last_slot = lax.rem(num_tiles - 1, stages)
-    p_operand = lhs_operand(p, v_smem.dtype, p_smem)
-    (acc,) = wgmma_group(
-        lambda acc_ref: plgpu.wgmma(acc_ref, p_operand, v_smem.at[last_slot]), [acc], config
-    )
+    acc = accumulate(acc, lhs_operand(p, v_smem.dtype, p_smem), v_smem.at[last_slot], config)
     plgpu.barrier_arrive(v_free.at[last_slot])
     lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
     pl.when(first)(take_turn)

@@ -49,6 +49,7 @@ from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
+    accumulate,
     fill_ring,
     launch,
     lhs_operand,
@@ -58,6 +59,7 @@ from kiln.kernels.flash_attention_hopper import (
     staging_smem,
     tile_mask,
     wgmma_group,
+    wgmma_zeros,
 )
 
 # fp32 SMEM tiles stored from registers: 128-byte swizzled rows (32 floats), fewer bank conflicts.
@@ -337,14 +339,14 @@ def _compute_warpgroup(
         # they kept pT, dpT and dV's operands live at once, and ptxas spilled 13-16 more local
         # loads per tile (benchmarks/hopper_compile.py).
         p_operand = lhs_operand(probs, k_smem.dtype, staging)
-        (dv,) = wgmma_group(lambda dv_ref: plgpu.wgmma(dv_ref, p_operand, d_out_tile), [dv], config)
+        dv = accumulate(dv, p_operand, d_out_tile, config)
         d_probs = matmul(v_smem, d_out_tile.transpose((1, 0)), tile_shape)
         plgpu.barrier_arrive(d_out_free.at[slot])
         delta = plgpu.load(delta_smem.at[slot], layout=column_stats)
         ds = probs.astype(jnp.float32) * (d_probs - column_vector(delta))
         if fused_dq is None:
             ds = lhs_operand(ds, k_smem.dtype, staging)
-            (dk,) = wgmma_group(lambda dk_ref: plgpu.wgmma(dk_ref, ds, q_tile), [dk], config)
+            dk = accumulate(dk, ds, q_tile, config)
         else:
             dk = fused_dq.accumulate(dk, ds, q_tile, q_start, head, config)
         plgpu.barrier_arrive(q_free.at[slot])
@@ -368,7 +370,7 @@ def _compute_warpgroup(
             masked_stop, real_q_tiles, functools.partial(visit, masked=False), carry
         )
 
-    zeros = plgpu.layout_cast(jnp.zeros((block_kv, head_dim), jnp.float32), plgpu.Layout.WGMMA)
+    zeros = wgmma_zeros((block_kv, head_dim))
     plgpu.barrier_wait(k_landed)
     plgpu.barrier_wait(v_landed)
     if fused_dq is not None:

@@ -33,6 +33,7 @@ from kiln.kernels.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
+    accumulate,
     kv_tile_counts,
     launch,
     lhs_operand,
@@ -44,6 +45,7 @@ from kiln.kernels.flash_attention_hopper import (
     stream_kv_tiles,
     tile_mask,
     wgmma_group,
+    wgmma_zeros,
 )
 
 
@@ -192,12 +194,9 @@ def _compute_warpgroup(
         plgpu.barrier_arrive(k_free.at[slot])
         plgpu.barrier_arrive(v_free.at[slot])
 
-    def layout(x):
-        return plgpu.layout_cast(x, plgpu.Layout.WGMMA)
-
     carry = (
-        layout(jnp.zeros((block_q, head_dim), jnp.float32)),
-        layout(jnp.zeros((block_q, block_kv), q_smem.dtype)),  # ds of tile -1: never used
+        wgmma_zeros((block_q, head_dim)),
+        wgmma_zeros((block_q, block_kv), q_smem.dtype),  # ds of tile -1: never used
     )
     carry = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), carry)
     carry = lax.fori_loop(
@@ -206,10 +205,7 @@ def _compute_warpgroup(
     dq, ds = carry
     # The last tile's ds k, before the skipped tiles: their ring slots wait for its K's.
     last_slot = lax.rem(num_tiles - 1, stages)
-    ds_operand = lhs_operand(ds, q_smem.dtype, ds_staging)
-    (dq,) = wgmma_group(
-        lambda dq_ref: plgpu.wgmma(dq_ref, ds_operand, k_smem.at[last_slot]), [dq], config
-    )
+    dq = accumulate(dq, lhs_operand(ds, q_smem.dtype, ds_staging), k_smem.at[last_slot], config)
     plgpu.barrier_arrive(k_free.at[last_slot])
     lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
 
