@@ -6,7 +6,8 @@
 For each head dim it times the forward, dK/dV and dQ kernels separately over a list of candidate
 (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k tokens), then the
 alternatives of a layout against what they replace: each Hopper (Mosaic GPU) kernel against its
-Triton one, and the fused-dQ backward against the faster dK/dV + dQ. Each candidate's outputs are
+Triton one (each Hopper kernel in its own process with a time limit, since none has run on a
+device yet), and the fused-dQ backward against the faster dK/dV + dQ. Each candidate's outputs are
 checked against the fp32 reference on the first and last batch rows' first and last heads before it
 is timed; a candidate that fails to compile (shared memory, registers) or whose error is over
 --max-error is dropped. Prints one row per candidate and, per head dim, the winning `BlockSizes`
@@ -21,10 +22,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -156,8 +162,8 @@ LAYOUT = {
 }
 TRITON_KERNELS = ("fwd", "dkv", "dq", "fused")
 # Per Triton kernel: its Hopper alternative, in the order the tuner tries them (the fused
-# backward first: the one the goal needs most, see docs/attention-kernel.md; so a hang in
-# another never-run kernel cannot cost its numbers), and the fields choosing between them sets.
+# backward first: the one the goal needs most, see docs/attention-kernel.md; so the script's
+# time limit cannot cost its numbers), and the fields choosing between them sets.
 HOPPER_ALTERNATIVE = {
     "fused": "hopper_fused",
     "fwd": "hopper",
@@ -324,6 +330,48 @@ def tune_kernel(
     return best, best_seconds
 
 
+def tune_in_child(
+    bench: KernelBench, kernel: str, base: fa.BlockSizes, options
+) -> tuple[fa.BlockSizes, float]:
+    """tune_kernel in a child process stopped after --stage-timeout seconds: a kernel never run
+    on a device that hangs it, or breaks its CUDA context (an illegal address fails every later
+    launch in the process), costs its own stage only. The child prints its rows to our stdout,
+    builds its own inputs, and does not preallocate GPU memory (we hold most of it)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        result = Path(scratch) / "result.json"
+        argv = [sys.executable, __file__, "--stage", kernel, "--result", str(result)]
+        argv += ["--problem", json.dumps(dataclasses.asdict(bench.problem))]
+        argv += ["--base", json.dumps(dataclasses.asdict(base))]
+        argv += ["--iters", str(options.iters), "--max-error", str(options.max_error)]
+        argv += ["--max-candidates", str(options.max_candidates)]
+        env = os.environ | {
+            "PYTHONPATH": os.pathsep.join(sys.path),
+            "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        }
+        try:
+            child = subprocess.run(argv, env=env, timeout=options.stage_timeout, check=False)
+        except subprocess.TimeoutExpired:  # The row it stopped in is the one above.
+            print(f"\n  {kernel}: stopped after {options.stage_timeout:g} s", flush=True)
+            return base, math.inf
+        if child.returncode != 0:  # Negative: the signal that ended it.
+            print(f"\n  {kernel}: its process exited with {child.returncode}", flush=True)
+            return base, math.inf
+        found = json.loads(result.read_text())
+    seconds = math.inf if found["seconds"] is None else found["seconds"]
+    return fa.BlockSizes(**found["blocks"]), seconds
+
+
+def run_stage(options) -> None:
+    """The child's side of tune_in_child: one kernel's candidates, the winner into --result."""
+    problem = Problem(**json.loads(options.problem))
+    interpret = jax.devices()[0].platform == "cpu"
+    bench = KernelBench(problem, jnp.bfloat16, interpret)
+    base = fa.BlockSizes(**json.loads(options.base))
+    blocks, seconds = tune_kernel(bench, options.stage, base, options)
+    found = {"blocks": dataclasses.asdict(blocks), "seconds": seconds}
+    atomic_write_json(options.result, found | ({} if math.isfinite(seconds) else {"seconds": None}))
+
+
 @dataclasses.dataclass
 class Choice:
     """The fastest setting found so far for one kernel (its fields in CHOSEN_FIELDS)."""
@@ -340,8 +388,8 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
     """The Triton forward, dK/dV and dQ first, then the Triton fused-dQ backward; then each
     Hopper kernel against its Triton one, the faster winning (HOPPER_ALTERNATIVE's order; the
     fused one needs head dim 128); last, the faster fused backward against the chosen dK/dV +
-    dQ. The Hopper kernels go last: they are the ones never yet run on a device, so if one
-    hangs the time limit cuts only the stages from it on (on_update has the rest)."""
+    dQ. The Hopper kernels go last, each in a child process (tune_in_child): they are the ones
+    never yet run on a device."""
     chosen = {}
     for kernel in ("fwd", "dkv", "dq"):
         blocks, seconds = tune_kernel(bench, kernel, blocks, options)
@@ -370,7 +418,7 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
         if alternative == "hopper_fused" and bench.problem.head_dim % 128:
             continue
         triton_seconds = chosen[kernel].seconds
-        hopper, hopper_seconds = tune_kernel(bench, alternative, split, options)
+        hopper, hopper_seconds = tune_in_child(bench, alternative, split, options)
         print(
             f"  {kernel}: triton {triton_seconds * 1e3:.3f} ms, hopper (mosaic gpu) "
             f"{hopper_seconds * 1e3:.3f} ms",
@@ -436,6 +484,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-error", type=float, default=5e-2, help="bf16 relative error cap")
     parser.add_argument("--json", help="write {head_dim: BlockSizes fields} here")
+    parser.add_argument(
+        "--stage-timeout",
+        type=float,
+        default=45.0,
+        help="seconds each Hopper kernel's stage (its own process) may take",
+    )
+    # A Hopper stage's process (tune_in_child): its kernel, problem, base layout and result file.
+    parser.add_argument("--stage", choices=CANDIDATES, help=argparse.SUPPRESS)
+    parser.add_argument("--problem", help=argparse.SUPPRESS)
+    parser.add_argument("--base", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.quick:
         options.seq_len, options.head_dims, options.tokens, options.model_dim = 128, [64], 128, 128
@@ -445,6 +504,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     options = parse_args(argv)
+    if options.stage:
+        run_stage(options)
+        return
     device = jax.devices()[0]
     interpret = device.platform == "cpu"
     print(f"jax {jax.__version__} on {device.platform}: {device.device_kind}")

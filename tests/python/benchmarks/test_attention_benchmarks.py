@@ -14,18 +14,21 @@ import attention_tune
 from kiln.kernels.flash_attention import BlockSizes
 
 
-def test_tuner_output_feeds_the_attention_table(tmp_path, capsys):
+def test_tuner_output_feeds_the_attention_table(tmp_path, capfd):
+    """capfd: the Hopper stages' rows come from their own processes."""
     tuned_path, rows_path = tmp_path / "tuned.json", tmp_path / "rows.json"
     attention_tune.main(["--quick", "--json", str(tuned_path)])
     tuned = json.loads(tuned_path.read_text())
     assert tuned["device_kind"] == "cpu"
     blocks = attention.load_block_sizes(str(tuned_path))
     assert set(blocks) == {64} and isinstance(blocks[64], BlockSizes)
-    output = capsys.readouterr().out
+    output = capfd.readouterr().out
     assert "tuned d=64" in output and "backward: dK/dV + dQ" in output
     for kernel in ("fwd", "dkv", "dq"):  # each Triton kernel against its Hopper one
         assert f"  {kernel}: triton " in output
     assert output.count("hopper (mosaic gpu)") == 3
+    for kernel in ("hopper", "hopper_dkv", "hopper_dq"):  # each one's rows, from its process
+        assert f"  {kernel:<10} 64,64,3 " in output
     # Every candidate of every kernel (the Hopper kernels and the fused backward included) matched the
     # fp32 reference.
     assert "rejected" not in output and "failed" not in output, output
@@ -33,7 +36,7 @@ def test_tuner_output_feeds_the_attention_table(tmp_path, capsys):
     # The profiling script takes the same file (device_check.sh profiles the tuned layout).
     once = ["--seq-len", "128", "--head-dim", "64", "--tokens", "128", "--model-dim", "128"]
     attention_once.main([*once, "--block-sizes", str(tuned_path)])
-    assert "ran fwd+bwd once: (1, 128, 2, 64)" in capsys.readouterr().out
+    assert "ran fwd+bwd once: (1, 128, 2, 64)" in capfd.readouterr().out
 
     attention.main(["--quick", "--block-sizes", str(tuned_path), "--json", str(rows_path)])
     rows = json.loads(rows_path.read_text())
@@ -69,6 +72,26 @@ def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
     best, seconds = attention_tune.tune_kernel(bench, "fwd", base, options, candidates)
     assert capsys.readouterr().out.count("  fwd ") == 1
     assert best == base and math.isfinite(seconds)
+
+
+def test_a_hopper_stage_that_hangs_or_crashes_costs_its_own_stage_only(capfd):
+    """tune_in_child: a child past --stage-timeout is killed, one that dies is reported, and the
+    base setting comes back with no time, for tune() to go on with the next stage."""
+    problem = attention_tune.Problem(seq_len=128, head_dim=64, causal=True, batch=1, num_heads=2)
+    options = attention_tune.parse_args(["--quick"])
+    base = BlockSizes()
+
+    options.stage_timeout = 1.0  # Importing jax alone takes longer.
+    bench = types.SimpleNamespace(problem=problem)
+    assert attention_tune.tune_in_child(bench, "hopper", base, options) == (base, math.inf)
+    assert "hopper: stopped after 1 s" in capfd.readouterr().out
+
+    options.stage_timeout = 120.0
+    bench.problem = dataclasses.replace(problem, seq_len=100)  # No tile divides it: it fails.
+    assert attention_tune.tune_in_child(bench, "hopper", base, options) == (base, math.inf)
+    output = capfd.readouterr()
+    assert "hopper: its process exited with 1" in output.out
+    assert "pick a seq_len the tiles divide" in output.err
 
 
 def test_a_failure_is_one_line_with_the_start_and_the_end_of_its_message():
@@ -135,6 +158,7 @@ def test_the_tuner_combines_the_fastest_kernels_into_a_valid_layout(monkeypatch)
         return dataclasses.replace(base, **fields), times[kernel]
 
     monkeypatch.setattr(attention_tune, "tune_kernel", fake_tune_kernel)
+    monkeypatch.setattr(attention_tune, "tune_in_child", fake_tune_kernel)
     problem = attention_tune.Problem(seq_len=128, head_dim=128, causal=True, batch=1, num_heads=1)
     bench = types.SimpleNamespace(problem=problem)
     updates = []
