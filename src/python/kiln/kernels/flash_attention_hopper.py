@@ -51,6 +51,8 @@ COMPUTE_WARPGROUPS = 2
 WARPGROUPS = COMPUTE_WARPGROUPS + 1  # And one that streams K/V.
 COMPUTE_REGISTERS, MEMORY_REGISTERS = 240, 24  # Per thread: split_warpgroups.
 WGMMA_ROWS = 64  # A warpgroup's wgmma covers 64 rows: q tiles and kv tiles are multiples.
+# GPU interpret mode's settings (CPU tests): tests/python/kiln/kernels turn its race detector on.
+INTERPRET_PARAMS = plgpu.InterpretGPUParams()
 # 16-bit SMEM tiles: (8, 64) tiling with the 128-byte swizzle is what wgmma reads.
 WGMMA_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
 
@@ -200,7 +202,7 @@ def launch(
         num_threads=WARPGROUPS,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=plgpu.InterpretGPUParams() if config.interpret else None,
+        interpret=INTERPRET_PARAMS if config.interpret else None,
     )(*[x for x in inputs if x is not None])
 
 
