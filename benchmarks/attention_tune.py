@@ -6,14 +6,14 @@
 For each head dim it times the forward, dK/dV and dQ kernels separately over a list of candidate
 (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k tokens), then the
 alternatives of a layout against what they replace: each Hopper (Mosaic GPU) kernel against its
-Triton one (each Hopper kernel in its own process with a time limit, since none has run on a
-device yet), and the fused-dQ backward against the faster dK/dV + dQ. Each candidate's outputs are
-checked against the fp32 reference on the first and last batch rows' first and last heads before it
-is timed; a candidate that fails to compile (shared memory, registers) or whose error is over
---max-error is dropped. Prints one row per candidate and, per head dim, the winning `BlockSizes`
-(the literal to put in TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten after every kernel
-so a run stopped early keeps what it found. Context rows time cuDNN and jax's Triton `mha` on the
-same problem.
+Triton one (each Hopper kernel in its own process with a time limit, since none has run on a device
+yet), and the fused-dQ backward against the faster dK/dV + dQ. Each candidate's outputs are checked
+against the fp32 reference on the first and last batch rows' first and last heads before it is
+timed; a candidate that fails to compile (shared memory, registers) or whose error is over
+--max-error is dropped (its row names the outputs off and the 64-row tiles they are off in). Prints
+one row per candidate and, per head dim, the winning `BlockSizes` (the literal to put in
+TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten after every kernel so a run stopped early
+keeps what it found. Context rows time cuDNN and jax's Triton `mha` on the same problem.
 
 Reaches into flash_attention's private kernel functions on purpose: tuning is per kernel.
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from attention import (  # benchmarks/attention.py
     BACKWARD_FLOPS_FACTOR,
     PASSES,
@@ -117,6 +118,9 @@ CANDIDATES = {
         (128, 128, 8, 2),
     ],
 }
+# Rows per tile where a rejected candidate's error is located: a wgmma's rows, the smallest tile
+# of any kernel's candidates here.
+TILE_ROWS = 64
 # Matmuls of seq x seq x dim each kernel does (the split backward recomputes q k^T and dout v^T).
 MATMULS = {
     "fwd": 2,
@@ -272,6 +276,48 @@ class KernelBench:
         }
 
 
+    def off_tiles(self, name: str, result, cap: float) -> dict[str, str]:
+        """Where each output over cap is off: per checked slice, its 64-row tiles along the
+        sequence whose max error, over the slice's max |reference|, passes cap. A pattern
+        (every other tile, the last one, all) points at the line of the kernel to read."""
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        found = {}
+        for output, actual, expected in zip(OUTPUTS[name], results, self.expected[name]):
+            where = off_slices(np.asarray(checked(actual), np.float32), np.asarray(expected), cap)
+            if where:
+                found[output] = where
+        return found
+
+
+def off_slices(actual: np.ndarray, expected: np.ndarray, cap: float) -> str:
+    """off_tiles for one output, as "[batch,head] tiles" for each checked slice that has any
+    ([0,-1]: the first batch row's last head), "" when none."""
+    parts, ends = [], ("0", "-1")
+    for b, h in np.ndindex(actual.shape[0], actual.shape[2]):
+        scale = np.max(np.abs(expected[b, :, h]))
+        diff = np.abs(actual[b, :, h] - expected[b, :, h])
+        tiles = [
+            tile
+            for tile in range(-(-diff.shape[0] // TILE_ROWS))
+            if not np.max(diff[tile * TILE_ROWS : (tile + 1) * TILE_ROWS]) / scale <= cap
+        ]
+        if tiles:
+            count = -(-diff.shape[0] // TILE_ROWS)
+            parts.append(f"[{ends[b]},{ends[h]}] {spans(tiles)} of {count}")
+    return "; ".join(parts)
+
+
+def spans(numbers: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8"."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def checked(x: jax.Array) -> jax.Array:
     """The first and last batch rows' first and last heads: indexing that goes wrong beyond
     the first program shows there too."""
@@ -314,7 +360,8 @@ def tune_kernel(
             fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
             blocks = dataclasses.replace(base, **fields)
             fn, args = bench.kernel(kernel, blocks)
-            errors = bench.errors(kernel, fn(*args))
+            result = fn(*args)
+            errors = bench.errors(kernel, result)
             seconds = device_seconds(fn, args, options.iters)
         except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: drop the candidate
             print(f" failed: {failure(exc)}", flush=True)
@@ -325,6 +372,9 @@ def tune_kernel(
         if error > options.max_error:  # Which outputs are off, for whoever debugs the kernel.
             verdict = "rejected: " + ", ".join(f"{o} {e:.1e}" for o, e in errors.items())
         print(f" {seconds * 1e3:8.3f} ms {tflops:7.1f} TF/s err {error:.1e} {verdict}", flush=True)
+        if verdict:  # And where they are off.
+            for output, where in bench.off_tiles(kernel, result, options.max_error).items():
+                print(f"    {output} off in [batch,head] {TILE_ROWS}-row tiles: {where}")
         if not verdict and seconds < best_seconds:
             best, best_seconds = blocks, seconds
     return best, best_seconds

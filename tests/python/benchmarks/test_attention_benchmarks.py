@@ -103,13 +103,19 @@ def test_a_failure_is_one_line_with_the_start_and_the_end_of_its_message():
     assert attention_tune.failure(ValueError("short")) == "ValueError: short"
 
 
-def test_the_reference_check_covers_the_last_batch_row_and_head():
-    problem = attention_tune.Problem(seq_len=64, head_dim=64, causal=True, batch=2, num_heads=2)
+def test_the_reference_check_covers_the_last_batch_row_and_head_and_locates_errors():
+    problem = attention_tune.Problem(seq_len=192, head_dim=64, causal=True, batch=2, num_heads=3)
     bench = attention_tune.KernelBench(problem, attention_tune.jnp.bfloat16, interpret=True)
     fn, args = bench.kernel("fwd", BlockSizes(block_q=32, block_kv=32))
     out = fn(*args)
     assert bench.errors("fwd", out)["out"] < 1e-2
-    assert bench.errors("fwd", out.at[-1, :, -1].set(0))["out"] > 0.5
+    assert bench.off_tiles("fwd", out, 5e-2) == {}
+    wrong = out.at[-1, 64:, -1].set(0)  # The last batch row's last head, tiles 1 and 2 of 3.
+    assert bench.errors("fwd", wrong)["out"] > 0.1
+    assert bench.off_tiles("fwd", wrong, 5e-2) == {"out": "[-1,-1] 1-2 of 3"}
+    wrong = out.at[0, 0, 1:].set(float("nan"))  # Head 1 is not checked; the last head is.
+    assert bench.off_tiles("fwd", wrong, 5e-2) == {"out": "[0,-1] 0 of 3"}
+    assert attention_tune.spans([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 def test_the_profiling_script_runs_at_a_small_size(capsys):
