@@ -418,8 +418,10 @@ def run_stage(options) -> None:
     bench = KernelBench(problem, jnp.bfloat16, interpret)
     base = fa.BlockSizes(**json.loads(options.base))
     blocks, seconds = tune_kernel(bench, options.stage, base, options)
-    found = {"blocks": dataclasses.asdict(blocks), "seconds": seconds}
-    atomic_write_json(options.result, found | ({} if math.isfinite(seconds) else {"seconds": None}))
+    seconds_or_none = seconds if math.isfinite(seconds) else None  # JSON has no inf
+    atomic_write_json(
+        options.result, {"blocks": dataclasses.asdict(blocks), "seconds": seconds_or_none}
+    )
 
 
 @dataclasses.dataclass
