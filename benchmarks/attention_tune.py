@@ -343,10 +343,16 @@ def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tup
 
 
 def tune_kernel(
-    bench: KernelBench, kernel: str, base: fa.BlockSizes, options, candidates=None
+    bench: KernelBench,
+    kernel: str,
+    base: fa.BlockSizes,
+    options,
+    candidates=None,
+    on_best: Callable[[fa.BlockSizes, float], None] | None = None,
 ) -> tuple[fa.BlockSizes, float]:
     """The fastest candidate for one kernel (other fields kept from base) within the error cap,
-    and its seconds (inf when none passed: then base comes back)."""
+    and its seconds (inf when none passed: then base comes back). on_best hears of each new
+    fastest as it is found."""
     best, best_seconds = base, math.inf
     candidates = CANDIDATES[kernel] if candidates is None else candidates
     limit = options.max_candidates
@@ -377,6 +383,8 @@ def tune_kernel(
                 print(f"    {output} off in [batch,head] {TILE_ROWS}-row tiles: {where}")
         if not verdict and seconds < best_seconds:
             best, best_seconds = blocks, seconds
+            if on_best is not None:
+                on_best(best, best_seconds)
     return best, best_seconds
 
 
@@ -385,8 +393,9 @@ def tune_in_child(
 ) -> tuple[fa.BlockSizes, float]:
     """tune_kernel in a child process stopped after --stage-timeout seconds: a kernel never run
     on a device that hangs it, or breaks its CUDA context (an illegal address fails every later
-    launch in the process), costs its own stage only. The child prints its rows to our stdout,
-    builds its own inputs, and does not preallocate GPU memory (we hold most of it)."""
+    launch in the process), costs the rest of its own stage only: the child writes its fastest
+    candidate as it finds one, and that is kept. It prints its rows to our stdout, builds its
+    own inputs, and does not preallocate GPU memory (we hold most of it)."""
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "result.json"
         argv = [sys.executable, __file__, "--stage", kernel, "--result", str(result)]
@@ -400,28 +409,30 @@ def tune_in_child(
         }
         try:
             child = subprocess.run(argv, env=env, timeout=options.stage_timeout, check=False)
+            ended = "" if child.returncode == 0 else f"its process exited with {child.returncode}"
         except subprocess.TimeoutExpired:  # The row it stopped in is the one above.
-            print(f"\n  {kernel}: stopped after {options.stage_timeout:g} s", flush=True)
+            ended = f"stopped after {options.stage_timeout:g} s"
+        if not result.exists():
+            print(f"\n  {kernel}: {ended}, no candidate passed before", flush=True)
             return base, math.inf
-        if child.returncode != 0:  # Negative: the signal that ended it.
-            print(f"\n  {kernel}: its process exited with {child.returncode}", flush=True)
-            return base, math.inf
+        if ended:  # Exit code: negative for the signal that ended it.
+            print(f"\n  {kernel}: {ended}; its fastest so far is kept", flush=True)
         found = json.loads(result.read_text())
-    seconds = math.inf if found["seconds"] is None else found["seconds"]
-    return fa.BlockSizes(**found["blocks"]), seconds
+    return fa.BlockSizes(**found["blocks"]), found["seconds"]
 
 
 def run_stage(options) -> None:
-    """The child's side of tune_in_child: one kernel's candidates, the winner into --result."""
+    """The child's side of tune_in_child: one kernel's candidates; each new fastest goes to
+    --result (none there: no candidate passed)."""
     problem = Problem(**json.loads(options.problem))
     interpret = jax.devices()[0].platform == "cpu"
     bench = KernelBench(problem, jnp.bfloat16, interpret)
     base = fa.BlockSizes(**json.loads(options.base))
-    blocks, seconds = tune_kernel(bench, options.stage, base, options)
-    seconds_or_none = seconds if math.isfinite(seconds) else None  # JSON has no inf
-    atomic_write_json(
-        options.result, {"blocks": dataclasses.asdict(blocks), "seconds": seconds_or_none}
-    )
+
+    def write(blocks: fa.BlockSizes, seconds: float) -> None:
+        atomic_write_json(options.result, {"blocks": dataclasses.asdict(blocks), "seconds": seconds})
+
+    tune_kernel(bench, options.stage, base, options, on_best=write)
 
 
 @dataclasses.dataclass

@@ -58,10 +58,14 @@ def test_candidates_that_fail_or_miss_the_error_cap_are_dropped(capsys):
     base = BlockSizes(block_q=32, block_kv=32)
     candidates = [(48, 64, 4, 2), (16, 64, 4, 2)]  # 48 is not a power of two: ValueError
 
-    best, _ = attention_tune.tune_kernel(bench, "fwd", base, options, candidates)
+    found = []  # Each new fastest as it is found (a Hopper stage's process writes them out).
+    best, seconds = attention_tune.tune_kernel(
+        bench, "fwd", base, options, candidates, on_best=lambda *a: found.append(a)
+    )
     output = capsys.readouterr().out
     assert "48,64,4,2        failed: ValueError" in output
     assert (best.block_q, best.block_kv) in {(32, 32), (16, 64)}
+    assert found[0][0] == base and found[-1] == (best, seconds)
 
     options.max_error = -1.0  # nothing passes: the base setting is kept
     assert attention_tune.tune_kernel(bench, "fwd", base, options, candidates) == (base, math.inf)
@@ -84,13 +88,13 @@ def test_a_hopper_stage_that_hangs_or_crashes_costs_its_own_stage_only(capfd):
     options.stage_timeout = 1.0  # Importing jax alone takes longer.
     bench = types.SimpleNamespace(problem=problem)
     assert attention_tune.tune_in_child(bench, "hopper", base, options) == (base, math.inf)
-    assert "hopper: stopped after 1 s" in capfd.readouterr().out
+    assert "hopper: stopped after 1 s, no candidate passed before" in capfd.readouterr().out
 
     options.stage_timeout = 120.0
     bench.problem = dataclasses.replace(problem, seq_len=100)  # No tile divides it: it fails.
     assert attention_tune.tune_in_child(bench, "hopper", base, options) == (base, math.inf)
     output = capfd.readouterr()
-    assert "hopper: its process exited with 1" in output.out
+    assert "hopper: its process exited with 1, no candidate passed before" in output.out
     assert "pick a seq_len the tiles divide" in output.err
 
 
