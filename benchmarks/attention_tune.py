@@ -275,7 +275,6 @@ class KernelBench:
             for output, actual, expected in zip(OUTPUTS[name], results, self.expected[name])
         }
 
-
     def off_tiles(self, name: str, result, cap: float) -> dict[str, str]:
         """Where each output over cap is off: per checked slice, its 64-row tiles along the
         sequence whose max error, over the slice's max |reference|, passes cap. A pattern
@@ -293,16 +292,16 @@ def off_slices(actual: np.ndarray, expected: np.ndarray, cap: float) -> str:
     """off_tiles for one output, as "[batch,head] tiles" for each checked slice that has any
     ([0,-1]: the first batch row's last head), "" when none."""
     parts, ends = [], ("0", "-1")
+    count = -(-actual.shape[1] // TILE_ROWS)
     for b, h in np.ndindex(actual.shape[0], actual.shape[2]):
         scale = np.max(np.abs(expected[b, :, h]))
         diff = np.abs(actual[b, :, h] - expected[b, :, h])
         tiles = [
             tile
-            for tile in range(-(-diff.shape[0] // TILE_ROWS))
+            for tile in range(count)
             if not np.max(diff[tile * TILE_ROWS : (tile + 1) * TILE_ROWS]) / scale <= cap
         ]
         if tiles:
-            count = -(-diff.shape[0] // TILE_ROWS)
             parts.append(f"[{ends[b]},{ends[h]}] {spans(tiles)} of {count}")
     return "; ".join(parts)
 
@@ -430,7 +429,8 @@ def run_stage(options) -> None:
     base = fa.BlockSizes(**json.loads(options.base))
 
     def write(blocks: fa.BlockSizes, seconds: float) -> None:
-        atomic_write_json(options.result, {"blocks": dataclasses.asdict(blocks), "seconds": seconds})
+        found = {"blocks": dataclasses.asdict(blocks), "seconds": seconds}
+        atomic_write_json(options.result, found)
 
     tune_kernel(bench, options.stage, base, options, on_best=write)
 
