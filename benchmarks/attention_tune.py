@@ -267,21 +267,24 @@ class KernelBench:
             fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
         return fn, (self.q, self.k, self.v, self.d_out, self.lse, self.delta)
 
+    def compared(self, name: str, result):
+        """(output, the kernel's value, its fp32 reference on the checked slices) per output."""
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        return zip(OUTPUTS[name], results, self.expected[name])
+
     def errors(self, name: str, result) -> dict[str, float]:
         """Each output's relative error against the fp32 reference, on the checked slices."""
-        results = result if isinstance(result, (tuple, list)) else (result,)
         return {
             output: relative_error(checked(actual), expected)
-            for output, actual, expected in zip(OUTPUTS[name], results, self.expected[name])
+            for output, actual, expected in self.compared(name, result)
         }
 
     def off_tiles(self, name: str, result, cap: float) -> dict[str, str]:
         """Where each output over cap is off: per checked slice, its 64-row tiles along the
         sequence whose max error, over the slice's max |reference|, passes cap. A pattern
         (every other tile, the last one, all) points at the line of the kernel to read."""
-        results = result if isinstance(result, (tuple, list)) else (result,)
         found = {}
-        for output, actual, expected in zip(OUTPUTS[name], results, self.expected[name]):
+        for output, actual, expected in self.compared(name, result):
             where = off_slices(np.asarray(checked(actual), np.float32), np.asarray(expected), cap)
             if where:
                 found[output] = where
