@@ -102,11 +102,14 @@ CANDIDATES = {
         (64, 64, 4),
     ],
     # FlashAttention-3's backward: the Mosaic GPU dK/dV kernel adding dQ by TMA reduce-adds
-    # (fused_dq; head dim a multiple of 128). Fields as hopper_dkv's; at d=128 a ring of 4 does
-    # not fit beside the dQ staging tiles.
+    # (fused_dq; head dim a multiple of 128). Fields as hopper_dkv's, and whether pT stays fp32
+    # (more spills, fewer instructions: RESULTS.md); at d=128 a ring of 4 does not fit beside the
+    # dQ staging tiles.
     "hopper_fused": [
-        (64, 64, 2),
-        (64, 64, 3),
+        (64, 64, 2, False),
+        (64, 64, 2, True),
+        (64, 64, 3, False),
+        (64, 64, 3, True),
     ],
     # The dK/dV kernel with dQ accumulated by atomics (fused_dq): against dK/dV + dQ.
     "fused": [
@@ -151,17 +154,18 @@ FIELDS = {
     "dq": ("block_q_dq", "block_kv_dq", "num_warps_dq", "num_stages_dq"),
     "hopper_dq": ("block_q_dq", "block_kv_dq", "num_stages_dq"),
     "fused": ("block_q_dkv", "block_kv_dkv", "num_warps_dkv", "num_stages_dkv"),
-    "hopper_fused": ("block_q_dkv", "block_kv_dkv", "num_stages_dkv"),
+    "hopper_fused": ("block_q_dkv", "block_kv_dkv", "num_stages_dkv", "hopper_fused_fp32_probs"),
 }
 # The layout switch each kernel runs under.
+_NOT_HOPPER_FUSED = {"hopper_fused_fp32_probs": False}  # That kernel's own setting.
 LAYOUT = {
     "fwd": {"hopper_forward": False},
     "hopper": {"hopper_forward": True},
-    "dkv": {"fused_dq": False, "hopper_dkv": False},
-    "hopper_dkv": {"fused_dq": False, "hopper_dkv": True},
-    "dq": {"fused_dq": False, "hopper_dq": False},
-    "hopper_dq": {"fused_dq": False, "hopper_dq": True},
-    "fused": {"fused_dq": True, "hopper_dkv": False, "hopper_dq": False},
+    "dkv": {"fused_dq": False, "hopper_dkv": False, **_NOT_HOPPER_FUSED},
+    "hopper_dkv": {"fused_dq": False, "hopper_dkv": True, **_NOT_HOPPER_FUSED},
+    "dq": {"fused_dq": False, "hopper_dq": False, **_NOT_HOPPER_FUSED},
+    "hopper_dq": {"fused_dq": False, "hopper_dq": True, **_NOT_HOPPER_FUSED},
+    "fused": {"fused_dq": True, "hopper_dkv": False, "hopper_dq": False, **_NOT_HOPPER_FUSED},
     "hopper_fused": {"fused_dq": True, "hopper_dkv": True, "hopper_dq": False},
 }
 TRITON_KERNELS = ("fwd", "dkv", "dq", "fused")
@@ -176,9 +180,9 @@ HOPPER_ALTERNATIVE = {
 }
 CHOSEN_FIELDS = {
     "fwd": (*FIELDS["fwd"], "hopper_forward"),
-    "dkv": (*FIELDS["dkv"], "hopper_dkv", "fused_dq"),
+    "dkv": (*FIELDS["dkv"], "hopper_dkv", "fused_dq", "hopper_fused_fp32_probs"),
     "dq": (*FIELDS["dq"], "hopper_dq"),
-    "fused": (*FIELDS["dkv"], "hopper_dkv", "fused_dq", "hopper_dq"),
+    "fused": (*FIELDS["dkv"], "hopper_dkv", "fused_dq", "hopper_dq", "hopper_fused_fp32_probs"),
 }
 
 

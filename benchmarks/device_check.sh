@@ -8,7 +8,7 @@
 #     dim, so d=64 keeps the table's entry), every candidate checked against the fp32
 #     reference before it is timed. The Triton kernels were tuned on the H200 on 2026-11-30
 #     (RESULTS.md): only the table's setting is timed again, as the baseline
-#     (--triton-candidates 1), so the 12 Hopper candidates get the time. None of the Hopper
+#     (--triton-candidates 1), so the 14 Hopper candidates get the time. None of the Hopper
 #     kernels has run on a device before: each runs in its own process, stopped after
 #     --stage-timeout (45 s), so one that hangs or breaks its CUDA context costs its own stage.
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,

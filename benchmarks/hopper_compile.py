@@ -10,10 +10,12 @@ Triton for the other kernels) with no driver, and Mosaic GPU's dump keeps ptxas'
 SASS of each kernel. Nothing runs: this checks that a layout compiles and what it costs in
 registers, not that it is right (the CPU tests) or fast (attention_tune.py on a device).
 Registers spilled to local memory cost time where the kernel reloads them every tile, so besides
-ptxas' byte counts the table counts the local loads and stores (LDL/STL) in one pass of the
-worst tile loop of the SASS: a candidate with those is worth fixing before device time is spent
-on it. It also says whether ptxas kept the wgmmas asynchronous: where it cannot (registers, a
-wgmma operand touched in flight) it serializes them, waiting after each one, and says why.
+ptxas' byte counts the table lists, for one pass of each tile loop of the SASS (causal: one
+for the tiles the diagonal crosses, masked, and one for the others, most of the tiles), its
+local loads and stores (LDL/STL) and its instructions: a candidate with spills in its loops is worth fixing before
+device time is spent on it, and the instructions are what recomputing instead costs. It also
+says whether ptxas kept the wgmmas asynchronous: where it cannot (registers, a wgmma operand
+touched in flight) it serializes them, waiting after each one, and says why.
 """
 
 from __future__ import annotations
@@ -78,6 +80,19 @@ SASS_BRANCH = re.compile(r"\bBRA\b.*\((\.L_x_\d+)\)")
 
 
 @dataclasses.dataclass(frozen=True)
+class LoopCost:
+    """One pass of a tile loop on the SASS: local-memory loads and stores (registers spilled and
+    reloaded every tile), and its instructions (what recomputing instead of spilling costs)."""
+
+    loads: int
+    stores: int
+    instructions: int
+
+    def __str__(self) -> str:
+        return f"{self.loads}/{self.stores}/{self.instructions}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     """ptxas' report on one compiled Mosaic GPU kernel, and what its SASS does per tile."""
 
@@ -85,18 +100,24 @@ class Report:
     spill_stores: int
     spill_loads: int
     smem_bytes: int
-    # Local-memory loads and stores (spills) in one pass of the worst tile loop: what spilling
-    # costs per tile. ptxas' byte counts also cover spills outside the loops, which cost little.
-    loop_loads: int
-    loop_stores: int
+    # Each tile loop, in code order: causal, one for the masked tiles on the diagonal and one for
+    # the others, in the kernel's order; with segment ids one, all tiles masked. ptxas' byte
+    # counts also cover spills outside the loops, which cost little.
+    tile_loops: tuple[LoopCost, ...]
     # Why ptxas ran the wgmmas one at a time (each waited for before the next), or None.
     wgmma_serialized: str | None = None
 
+    @property
+    def loop_spills(self) -> int:
+        """Local loads + stores per pass of the tile loop that has the most."""
+        return max((loop.loads + loop.stores for loop in self.tile_loops), default=0)
 
-def tile_loop_spills(sass: str) -> tuple[int, int]:
-    """(LDL, STL) in the tile loop with the most of them. Tile loops are the innermost loops
-    (a branch back to an earlier label) that run wgmma (HGMMA); barrier spin-waits are loops too,
-    but run none."""
+
+def tile_loop_costs(sass: str) -> tuple[LoopCost, ...]:
+    """Each tile loop's cost, in code order. Tile loops are the innermost loops (a branch back to
+    an earlier label) that run wgmma (HGMMA). Barrier spin-waits are loops too, but run none;
+    ptxas puts their retries after the kernel's last EXIT, whose branches back into the main
+    code are not loops."""
     instructions: list[str] = []
     labels: dict[str, int] = {}
     for line in sass.splitlines():
@@ -104,8 +125,10 @@ def tile_loop_spills(sass: str) -> tuple[int, int]:
             labels[label.group(1)] = len(instructions)
         elif instruction := SASS_INSTRUCTION.search(line):
             instructions.append(instruction.group(1))
+    exits = [end for end, instruction in enumerate(instructions) if "EXIT" in instruction]
+    last_exit = max(exits, default=len(instructions))
     loops = []
-    for end, instruction in enumerate(instructions):
+    for end, instruction in enumerate(instructions[:last_exit]):
         branch = SASS_BRANCH.search(instruction)
         if branch and labels.get(branch.group(1), end + 1) <= end:
             start = labels[branch.group(1)]
@@ -116,14 +139,14 @@ def tile_loop_spills(sass: str) -> tuple[int, int]:
         for start, end in loops
         if not any(start <= s and e <= end and (s, e) != (start, end) for s, e in loops)
     ]
-    counts = [
-        (
+    return tuple(
+        LoopCost(
             sum("LDL" in i for i in instructions[start : end + 1]),
             sum("STL" in i for i in instructions[start : end + 1]),
+            end + 1 - start,
         )
-        for start, end in innermost
-    ]
-    return max(counts, key=sum, default=(0, 0))
+        for start, end in sorted(innermost)
+    )
 
 
 def h200_device():
@@ -235,11 +258,11 @@ def read_report(dump: Path, kernel_name: str, seen: set[str]) -> Report:
     serialized = SERIALIZED.search(ptxas)
     resources = new[-1].with_suffix(".resources.txt").read_text()
     smem = int(re.search(r"smem_scratch_bytes=(\d+)", resources).group(1))
-    loop_loads, loop_stores = tile_loop_spills(new[-1].with_suffix(".sass_ctrl").read_text())
+    tile_loops = tile_loop_costs(new[-1].with_suffix(".sass_ctrl").read_text())
     for path in dump.glob(f"{kernel_name}_*.*"):  # Read: its MLIR pass log alone is ~80 MB.
         path.unlink()
     reason = serialized.group(1) if serialized else None
-    return Report(stack, stores, loads, smem, loop_loads, loop_stores, reason)
+    return Report(stack, stores, loads, smem, tile_loops, reason)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,8 +329,8 @@ def compile_candidates(device, base, dump: Path, options) -> int:
 
     print(f"H200 (deviceless), head dim {options.head_dim}, seq {options.seq_len}, causal, bf16")
     print(
-        f"{'kernel':<12} {'candidate':<10} {'segments':<9} {'spill st/ld B':>14} "
-        f"{'stack B':>8} {'loop LDL/STL':>13} {'smem KiB':>9} {'compile s':>10} wgmma"
+        f"{'kernel':<12} {'candidate':<14} {'segments':<9} {'spill st/ld B':>14} "
+        f"{'stack B':>8} {'smem KiB':>9} {'compile s':>10} {'wgmma':<6} tile loops LDL/STL/instr"
     )
     seen: set[str] = set()
     failures = 0
@@ -316,7 +339,7 @@ def compile_candidates(device, base, dump: Path, options) -> int:
             fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
             blocks = dataclasses.replace(base, **fields)
             for segments in (False, True):
-                row = f"{kernel:<12} {','.join(map(str, candidate)):<10} {str(segments):<9}"
+                row = f"{kernel:<12} {','.join(map(str, candidate)):<14} {str(segments):<9}"
                 start = time.perf_counter()
                 try:
                     compile_for(
@@ -333,19 +356,18 @@ def compile_candidates(device, base, dump: Path, options) -> int:
                     print(f"{row} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
                     continue
                 spills = f"{report.spill_stores}/{report.spill_loads}"
-                loop_spills = f"{report.loop_loads}/{report.loop_stores}"
                 limit = options.max_loop_spills
-                over = limit is not None and report.loop_loads + report.loop_stores > limit
+                over = limit is not None and report.loop_spills > limit
                 failures += over
                 wgmma, notes = "async", ""
                 if report.wgmma_serialized:
                     wgmma, notes = "serial", f"  (due to {report.wgmma_serialized})"
                 if over:
                     notes += "  over --max-loop-spills"
+                loops = " ".join(map(str, report.tile_loops)) or "-"
                 print(
-                    f"{row} {spills:>14} {report.stack_bytes:>8} {loop_spills:>13} "
-                    f"{report.smem_bytes / 1024:>9.1f} {time.perf_counter() - start:>10.1f} "
-                    f"{wgmma}{notes}",
+                    f"{row} {spills:>14} {report.stack_bytes:>8} {report.smem_bytes / 1024:>9.1f} "
+                    f"{time.perf_counter() - start:>10.1f} {wgmma:<6} {loops}{notes}",
                     flush=True,
                 )
     return failures

@@ -142,15 +142,18 @@ def test_context_rows_time_ours_and_report_what_cannot_run_here(capsys):
 
 def test_the_hopper_fused_backward_stage_checks_its_candidates(capsys):
     """The Hopper fused backward needs head dim 128, which --quick (d=64) skips: its tuner stage
-    on a small d=128 problem, interpreted, against the fp32 reference (dQ unscaled)."""
+    on a small d=128 problem, interpreted, against the fp32 reference (dQ unscaled), with pT
+    rounded to bf16 and kept in fp32."""
     problem = attention_tune.Problem(seq_len=128, head_dim=128, causal=True, batch=1, num_heads=2)
     bench = attention_tune.KernelBench(problem, attention_tune.jnp.bfloat16, interpret=True)
     options = attention_tune.parse_args(["--quick"])
     base = BlockSizes(block_q=32, block_kv=32)
 
-    best, seconds = attention_tune.tune_kernel(bench, "hopper_fused", base, options, [(64, 64, 2)])
+    candidates = [(64, 64, 2, False), (64, 64, 2, True)]
+    best, seconds = attention_tune.tune_kernel(bench, "hopper_fused", base, options, candidates)
     output = capsys.readouterr().out
-    assert "hopper_fused 64,64,2" in output and "rejected" not in output, output
+    assert "hopper_fused 64,64,2,False" in output and "64,64,2,True" in output, output
+    assert "rejected" not in output and "failed" not in output, output
     assert best.hopper_dkv and best.fused_dq and not best.hopper_dq
     assert math.isfinite(seconds)
 
@@ -158,13 +161,15 @@ def test_the_hopper_fused_backward_stage_checks_its_candidates(capsys):
 def test_the_tuner_combines_the_fastest_kernels_into_a_valid_layout(monkeypatch):
     """tune()'s choices, with each stage's time given: the Hopper fused backward beats the
     Triton one and dK/dV + dQ (even with the Hopper dQ faster than the Triton one), so the
-    layout is the fused one and the Hopper dQ switch stays off (the two exclude each other)."""
+    layout is the fused one and the Hopper dQ switch stays off (the two exclude each other).
+    Then, tuned again from that layout, the split one wins: the fused kernel's own settings
+    are reset with it."""
     times = {"fwd": 1.0, "dkv": 2.0, "dq": 2.0, "fused": 3.0, "hopper": 0.5}
     times |= {"hopper_dkv": 2.5, "hopper_dq": 1.5, "hopper_fused": 2.5}
 
     def fake_tune_kernel(bench, kernel, base, options, candidates=None):
-        first = attention_tune.CANDIDATES[kernel][0]
-        fields = dict(zip(attention_tune.FIELDS[kernel], first), **attention_tune.LAYOUT[kernel])
+        last = attention_tune.CANDIDATES[kernel][-1]  # the fused one's: pT in fp32
+        fields = dict(zip(attention_tune.FIELDS[kernel], last), **attention_tune.LAYOUT[kernel])
         return dataclasses.replace(base, **fields), times[kernel]
 
     monkeypatch.setattr(attention_tune, "tune_kernel", fake_tune_kernel)
@@ -175,10 +180,12 @@ def test_the_tuner_combines_the_fastest_kernels_into_a_valid_layout(monkeypatch)
     blocks = attention_tune.tune(bench, BlockSizes(), None, updates.append)
     assert blocks.hopper_forward and blocks.hopper_dkv and blocks.fused_dq
     assert not blocks.hopper_dq
-    assert (blocks.block_q_dkv, blocks.block_kv_dkv, blocks.num_stages_dkv) == (64, 64, 2)
+    assert (blocks.block_q_dkv, blocks.block_kv_dkv, blocks.num_stages_dkv) == (64, 64, 3)
+    assert blocks.hopper_fused_fp32_probs
     assert updates[-1] == blocks
 
     # Both fused backwards slower than the Triton dK/dV + the Hopper dQ (2.0 + 1.5):
     times["fused"] = times["hopper_fused"] = 4.0
-    blocks = attention_tune.tune(bench, BlockSizes(), None, updates.append)
+    blocks = attention_tune.tune(bench, blocks, None, updates.append)
     assert blocks.hopper_dq and not blocks.fused_dq and not blocks.hopper_dkv
+    assert not blocks.hopper_fused_fp32_probs

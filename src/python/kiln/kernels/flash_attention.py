@@ -67,6 +67,10 @@ class BlockSizes:
     num_stages_dq K/V tiles in flight, num_warps_dq unused). Not with fused_dq.
     hopper_dkv: likewise for dK/dV (flash_attention_hopper_dkv.py: block_kv_dkv rows per compute
     warpgroup, num_stages_dkv q/dO tiles of block_q_dkv in flight).
+    hopper_fused_fp32_probs: in the Hopper fused backward (hopper_dkv with fused_dq), keep pT
+    in fp32 through dsT, as the other kernels do; off, it is rounded to the inputs' dtype once
+    computed, which frees registers (a third of the spills, ~31 more instructions per tile;
+    the tuner times both).
     """
 
     block_q: int = 64
@@ -85,6 +89,7 @@ class BlockSizes:
     hopper_forward: bool = False
     hopper_dq: bool = False
     hopper_dkv: bool = False
+    hopper_fused_fp32_probs: bool = False
 
     def __post_init__(self) -> None:
         for name in _BLOCK_FIELDS:
@@ -99,6 +104,11 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{stages} must be >= 2 with {switch}")
         if self.hopper_dq and self.fused_dq:
             raise ValueError("BlockSizes: hopper_dq and fused_dq exclude each other (no dQ kernel)")
+        if self.hopper_fused_fp32_probs and not (self.hopper_dkv and self.fused_dq):
+            raise ValueError(
+                "BlockSizes.hopper_fused_fp32_probs is a setting of the Hopper fused backward: "
+                "set hopper_dkv and fused_dq with it, or leave it False"
+            )
 
     def _smallest(self, name: str) -> int:
         # wgmma covers 64 rows of a warpgroup: the Hopper kernels' tiles are multiples of 64.
@@ -286,6 +296,7 @@ def _kernel_config(
             interpret=interpret,
             kv_programs=switch == "hopper_dkv",
             fused_dq=switch == "hopper_dkv" and block_sizes.fused_dq,
+            fp32_probs=switch == "hopper_dkv" and block_sizes.hopper_fused_fp32_probs,
         )
         for switch, (block_q, block_kv) in _HOPPER_FIELDS.items()
         if getattr(block_sizes, switch)

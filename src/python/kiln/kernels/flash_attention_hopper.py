@@ -74,6 +74,8 @@ class HopperConfig:
     kv_programs: bool = False
     # dK/dV only: also add each tile's dQ into an fp32 buffer (flash_attention_hopper_dkv.py).
     fused_dq: bool = False
+    # Fused dK/dV only: pT stays fp32 through dsT (BlockSizes.hopper_fused_fp32_probs).
+    fp32_probs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_q", "block_kv"):

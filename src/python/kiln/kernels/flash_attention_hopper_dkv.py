@@ -329,11 +329,11 @@ def _compute_warpgroup(
             logits = jnp.where(mask, logits, -jnp.inf)
         lse = plgpu.load(lse_smem.at[slot], layout=column_stats)
         probs = jnp.exp2(logits * config.logit_scale - column_vector(lse))
-        if fused_dq is not None:
+        if fused_dq is not None and not config.fp32_probs:
             # Fused, the registers run short: pT is kept in the inputs' dtype only (dV's operand,
             # and dsT's factor; dsT is rounded to it too), so its fp32 tile is free before dpT.
-            # On the SASS: 16 local loads/stores per tile instead of 46, at ~35 instructions
-            # more (docs/attention-kernel.md).
+            # On the SASS: 17 local loads/stores per unmasked tile instead of 51, at 31
+            # instructions more (benchmarks/RESULTS.md); the tuner times both forms.
             probs = probs.astype(k_smem.dtype)
         # dV's and dpT's wgmmas apart: issued together (one wait, as in jax's attention_mgpu)
         # they kept pT, dpT and dV's operands live at once, and ptxas spilled 13-16 more local

@@ -114,9 +114,13 @@ CASES = {
         300, 4, 2, 128, jnp.bfloat16, True, True, True,
         replace(HOPPER_BLOCKS, hopper_dq=False, fused_dq=True, num_stages_dkv=3), batch=1,
     ),
-    "hopper-fused-dq-bf16-d128-full-pad100": Case(
+    # pT kept in fp32 through dsT (hopper_fused_fp32_probs), two batch rows.
+    "hopper-fused-dq-fp32-probs-bf16-d128-full-pad100": Case(
         100, 2, 2, 128, jnp.bfloat16, False, False, False,
-        replace(HOPPER_BLOCKS, hopper_forward=False, hopper_dq=False, fused_dq=True),
+        replace(
+            HOPPER_BLOCKS, hopper_forward=False, hopper_dq=False, fused_dq=True,
+            hopper_fused_fp32_probs=True,
+        ),
     ),
 }
 
@@ -272,7 +276,17 @@ HOPPER_BACKWARD = {
         # lowering is its check here.
         (True, HOPPER_FORWARD),
         (True, {**HOPPER_FORWARD, **HOPPER_BACKWARD}),
-        (True, {**HOPPER_FORWARD, **HOPPER_BACKWARD, "hopper_dq": False, "fused_dq": True}),
+        # pT in fp32 here: the other form is compiled by test_hopper_compile.py.
+        (
+            True,
+            {
+                **HOPPER_FORWARD,
+                **HOPPER_BACKWARD,
+                "hopper_dq": False,
+                "fused_dq": True,
+                "hopper_fused_fp32_probs": True,
+            },
+        ),
     ],
     ids=[
         "forward",
@@ -280,7 +294,7 @@ HOPPER_BACKWARD = {
         "forward+grad-fused-dq",
         "forward+grad-hopper-forward",
         "forward+grad-hopper-all",
-        "forward+grad-hopper-fused-dq",
+        "forward+grad-hopper-fused-dq-fp32-probs",
     ],
 )
 def test_lowers_for_h200(with_grad: bool, layout: dict) -> None:
@@ -508,3 +522,5 @@ def test_rejects_bad_block_size() -> None:
         BlockSizes(block_kv_dq=32, hopper_dq=True)
     with pytest.raises(ValueError, match="hopper_dq and fused_dq"):
         BlockSizes(hopper_dq=True, fused_dq=True)
+    with pytest.raises(ValueError, match="hopper_fused_fp32_probs .* set hopper_dkv and fused_dq"):
+        BlockSizes(hopper_fused_fp32_probs=True, fused_dq=True)
