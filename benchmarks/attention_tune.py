@@ -507,33 +507,47 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
 
 def context_rows(bench: KernelBench, options) -> None:
     """jax's own kernels and cuDNN on the same problem, for scale, timed like attention.py's
-    table (their failures are printed, not fatal)."""
+    table (their failures are printed, not fatal). jax's Mosaic GPU kernel (FlashAttention-3's
+    forward layout, as our Hopper forward) takes fp16 only: its inputs are cast before timing."""
     problem = bench.problem
     sm_scale = 1.0 / math.sqrt(problem.head_dim)
-    implementations = {
-        "ours (tuned)": attention("ours", problem.causal, options.tuned),
-        "cudnn": attention("cudnn", problem.causal),
+    args = (bench.q, bench.k, bench.v, bench.d_out)
+    runs = {
+        "ours (tuned)": (attention("ours", problem.causal, options.tuned), args),
+        "cudnn": (attention("cudnn", problem.causal), args),
     }
     try:
         from jax.experimental.pallas.ops.gpu import attention as jax_triton
 
-        implementations["jax triton mha"] = lambda q, k, v: jax_triton.mha(
-            q, k, v, None, sm_scale=sm_scale, causal=problem.causal
+        runs["jax triton mha"] = (
+            lambda q, k, v: jax_triton.mha(q, k, v, None, sm_scale=sm_scale, causal=problem.causal),
+            args,
         )
     except ImportError as exc:
         print(f"  jax triton mha: {exc}")
-    args = (bench.q, bench.k, bench.v, bench.d_out)
-    for name, fn in implementations.items():
+    try:  # It imports jax's test utilities, which need absl (the device image has it).
+        from jax.experimental.pallas.ops.gpu import attention_mgpu as jax_mosaic
+
+        # Its backward takes no causal mask: that row fails for a causal problem.
+        blocks = dict(block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+        config = jax_mosaic.TuningConfig(64, 128, 2, causal=problem.causal, **blocks)
+        runs["jax mosaic gpu (fp16)"] = (
+            lambda q, k, v: jax_mosaic.attention(q, k, v, config),
+            tuple(x.astype(jnp.float16) for x in args),
+        )
+    except ImportError as exc:
+        print(f"  jax mosaic gpu: {exc}")
+    for name, (fn, run_args) in runs.items():
         for pass_name in PASSES:
             label = f"{name} {pass_name}"
             try:
-                seconds = device_seconds(as_pass(fn, pass_name), args, options.iters)
+                seconds = device_seconds(as_pass(fn, pass_name), run_args, options.iters)
             except Exception as exc:  # noqa: BLE001
-                print(f"  {label:<24} failed: {failure(exc)}", flush=True)
+                print(f"  {label:<30} failed: {failure(exc)}", flush=True)
                 continue
             flops = problem.matmul_flops("fwd")
             flops *= BACKWARD_FLOPS_FACTOR if pass_name == "fwd+bwd" else 1.0
-            print(f"  {label:<24} {seconds * 1e3:8.3f} ms {flops / seconds / 1e12:7.1f} TF/s")
+            print(f"  {label:<30} {seconds * 1e3:8.3f} ms {flops / seconds / 1e12:7.1f} TF/s")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -5,6 +5,7 @@ The GPU numbers themselves are in benchmarks/RESULTS.md."""
 import dataclasses
 import json
 import math
+import re
 import types
 
 import attention
@@ -136,8 +137,11 @@ def test_context_rows_time_ours_and_report_what_cannot_run_here(capsys):
     options.tuned = BlockSizes()
     attention_tune.context_rows(bench, options)
     output = capsys.readouterr().out
-    assert "ours (tuned) fwd+bwd" in output and "ours (tuned) fwd+bwd    failed" not in output
-    assert "cudnn fwd+bwd            failed" in output  # no GPU here: a row, not a crash
+    assert "ours (tuned) fwd+bwd" in output
+    assert not re.search(r"ours \(tuned\) fwd\+bwd +failed", output), output
+    assert re.search(r"cudnn fwd\+bwd +failed", output)  # no GPU here: a row, not a crash
+    # A GPU-only kernel; where jax's test utilities lack absl (this test's resolve), not built.
+    assert re.search(r"jax mosaic gpu \(fp16\) fwd +failed|jax mosaic gpu: No module", output)
 
 
 def test_the_hopper_fused_backward_stage_checks_its_candidates(capsys):
