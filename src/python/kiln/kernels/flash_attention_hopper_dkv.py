@@ -119,10 +119,8 @@ def _barriers(config: HopperConfig) -> tuple:
     return (
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # K tile landed
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # V tile landed
-        plgpu.Barrier(num_barriers=stages),  # q tile landed
-        plgpu.Barrier(num_barriers=stages),  # dO tile landed
-        plgpu.Barrier(num_barriers=stages),  # lse tile landed
-        plgpu.Barrier(num_barriers=stages),  # delta tile landed
+        # A slot's q, dO, lse and delta tiles landed: one arrival per copy, one wait per tile.
+        plgpu.Barrier(num_arrivals=4, num_barriers=stages),
         # q slot free (and its lse and delta: read before q's last use)
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=stages),  # dO slot free
@@ -138,8 +136,8 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     )
     k_smem, v_smem, q_smem, d_out_smem, lse_smem, delta_smem, *tiles = smem
     staging = tiles.pop(0) if config.interpret else None
-    k_landed, v_landed, *streamed_landed, q_free, d_out_free = barriers[:8]
-    ds_barriers = barriers[8:] if config.fused_dq else None
+    k_landed, v_landed, streamed_landed, q_free, d_out_free = barriers[:5]
+    ds_barriers = barriers[5:] if config.fused_dq else None
     batch, kv_head = lax.axis_index("batch"), lax.axis_index("heads")
     group = q_ref.shape[2] // k_ref.shape[2]
     program_row = lax.axis_index("kv_seq") * config.program_rows
@@ -195,8 +193,8 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
                 delta_ref.at[batch, head, rows],
             )
             destinations = (q_smem, d_out_smem, lse_smem, delta_smem)
-            for source, destination, landed in zip(sources, destinations, streamed_landed):
-                plgpu.copy_gmem_to_smem(source, destination.at[slot], landed.at[slot])
+            for source, destination in zip(sources, destinations, strict=True):
+                plgpu.copy_gmem_to_smem(source, destination.at[slot], streamed_landed.at[slot])
 
         fill_ring(load, (q_free, d_out_free), group * per_head, config.stages)
 
@@ -308,10 +306,9 @@ def _compute_warpgroup(
         return lax.broadcast_in_dim(x, tile_shape, [1])
 
     def wait_landed(slot):
-        # The slot's four tiles at once: waiting on lse and delta where they are used kept
-        # their barriers' state live across the tile, and ptxas spilled again.
-        for landed in streamed_landed:
-            plgpu.barrier_wait(landed.at[slot])
+        # The slot's four tiles at once (one barrier): waiting on lse and delta where they are
+        # used kept their barriers' state live across the tile, and ptxas spilled again.
+        plgpu.barrier_wait(streamed_landed.at[slot])
 
     def visit_tile(q_tile, carry, masked, slot_base, head):
         dk, dv = carry
@@ -332,7 +329,7 @@ def _compute_warpgroup(
         if fused_dq is not None and not config.fp32_probs:
             # Fused, the registers run short: pT is kept in the inputs' dtype only (dV's operand,
             # and dsT's factor; dsT is rounded to it too), so its fp32 tile is free before dpT.
-            # On the SASS: 17 local loads/stores per unmasked tile instead of 51, at 31
+            # On the SASS: 15 local loads/stores per unmasked tile instead of 56, at 24
             # instructions more (benchmarks/RESULTS.md); the tuner times both forms.
             probs = probs.astype(k_smem.dtype)
         # dV's and dpT's wgmmas apart: issued together (one wait, as in jax's attention_mgpu)

@@ -65,8 +65,8 @@ def hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig) -> 
         *staging_smem((COMPUTE_WARPGROUPS, config.block_q, config.block_kv), q.dtype, config),
     )
     barriers = (
-        plgpu.Barrier(num_barriers=config.stages),  # K tile landed
-        plgpu.Barrier(num_barriers=config.stages),  # V tile landed
+        # A slot's K and V tiles landed: one arrival per copy, one wait per tile.
+        plgpu.Barrier(num_arrivals=2, num_barriers=config.stages),
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # q tile landed
         plgpu.Barrier(num_barriers=COMPUTE_WARPGROUPS),  # dO tile landed
         plgpu.Barrier(num_arrivals=COMPUTE_WARPGROUPS, num_barriers=config.stages),  # K slot free
@@ -89,7 +89,7 @@ def hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config: HopperConfig) -> 
 def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dq_ref = gmem_refs
     q_smem, d_out_smem, k_smem, v_smem, *staging = smem
-    k_landed, v_landed, q_landed, d_out_landed, k_free, v_free = barriers
+    kv_landed, q_landed, d_out_landed, k_free, v_free = barriers
     program_row, program_kv_tiles = program_position(q_ref.shape[1], config)
     batch, head = lax.axis_index("batch"), lax.axis_index("heads")
 
@@ -108,14 +108,14 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
                 v_smem,
                 staging[0].at[wg] if staging else None,
             ),
-            (k_landed, v_landed, q_landed.at[wg], d_out_landed.at[wg], k_free, v_free),
+            (kv_landed, q_landed.at[wg], d_out_landed.at[wg], k_free, v_free),
             q_start=program_row + wg * config.block_q,
             program_kv_tiles=program_kv_tiles,
             config=config,
         )
 
     def memory():
-        ring_barriers = (k_landed, v_landed, k_free, v_free)
+        ring_barriers = (kv_landed, kv_landed, k_free, v_free)
         group = q_ref.shape[2] // k_ref.shape[2]
         stream_kv_tiles(
             k_ref, v_ref, k_smem, v_smem, ring_barriers, program_kv_tiles, group, config
@@ -140,7 +140,7 @@ def _compute_warpgroup(
 ):
     """One q tile: dQ summed over its K/V tiles, then back to GMEM via TMA."""
     q_smem, d_out_smem, k_smem, v_smem, ds_staging = smem
-    k_landed, v_landed, q_landed, d_out_landed, k_free, v_free = barriers
+    kv_landed, q_landed, d_out_landed, k_free, v_free = barriers
     block_q, block_kv, stages = config.block_q, config.block_kv, config.stages
     head_dim = q_smem.shape[-1]
     q_rows = pl.ds(q_start, block_q)
@@ -164,8 +164,7 @@ def _compute_warpgroup(
         else:
             kv_segments = None
         tile_shape = (block_q, block_kv)
-        plgpu.barrier_wait(k_landed.at[slot])
-        plgpu.barrier_wait(v_landed.at[slot])
+        plgpu.barrier_wait(kv_landed.at[slot])
 
         def gemms(dq_ref, logits_ref, d_probs_ref):
             @pl.when(tile > 0)
@@ -189,8 +188,7 @@ def _compute_warpgroup(
     def skip_tile(tile, _):
         # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
         slot = lax.rem(tile, stages)
-        plgpu.barrier_wait(k_landed.at[slot])
-        plgpu.barrier_wait(v_landed.at[slot])
+        plgpu.barrier_wait(kv_landed.at[slot])
         plgpu.barrier_arrive(k_free.at[slot])
         plgpu.barrier_arrive(v_free.at[slot])
 
