@@ -14,7 +14,9 @@
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,
 #     seq 1k-16k, d 128/64, causal and not, forward and forward+backward.
 #  3. ncu (hardware counters, clocks left alone) on one forward+backward of ours: speed of light,
-#     occupancy, launch stats (registers, shared memory) per kernel.
+#     occupancy, launch stats (registers, shared memory) and warp stall reasons per kernel (the
+#     dK/dV kernel runs a copy of its code per compute warpgroup: "No Instruction" stalls would
+#     mean the instruction cache pays for it, RESULTS.md).
 #  4. train_step.py: the 1.4B train step with pallas (tuned) and cudnn attention (xla measured:
 #     17.0k tokens/s, benchmarks/RESULTS.md).
 # Each part has its own time limit (together 580 s, under the 600 s call limit) so a slow one
@@ -49,7 +51,7 @@ timeout 160 python3 benchmarks/attention.py ${tuned[@]+"${tuned[@]}"} --json "${
 echo "attention.py exit $?" >>"${OUT}/attention.txt"
 
 ncu_sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
-  --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis)
+  --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats)
 timeout 50 ncu --clock-control none --kernel-name regex:kiln_flash --launch-count 3 \
   "${ncu_sections[@]}" python3 benchmarks/attention_once.py ${tuned[@]+"${tuned[@]}"} \
   >"${OUT}/ncu.txt" 2>&1
@@ -62,6 +64,6 @@ echo "train_step.py exit $?" >>"${OUT}/train_step.txt"
 cat "${OUT}/env.txt"
 grep -E "tuned d=|forward:|backward:|fused:|hopper|jax |cudnn|ours \(tuned\)|exit" "${OUT}/tune.txt"
 grep -v "^  ours\|^  xla\|^  cudnn\|Warning\|warn" "${OUT}/attention.txt" | tail -n 50
-grep -E "kiln_flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|exit" \
-  "${OUT}/ncu.txt" | head -n 30
+grep -E "kiln_flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|exit" \
+  "${OUT}/ncu.txt" | head -n 36
 tail -n 8 "${OUT}/train_step.txt"

@@ -279,18 +279,25 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
     split_warpgroups(compute, memory)
 
 
-def split_warpgroups(compute, memory) -> None:
+def split_warpgroups(compute, memory, *, static_index: bool = False) -> None:
     """Warp specialisation: the compute warpgroups run compute(wg) with most of the registers,
     the last warpgroup runs memory() (TMA streaming) with few. 2 x 240 + 24 per thread fits the
     SM's 64K registers over three warpgroups of 128 threads: FlashAttention-3's split. ptxas
     (benchmarks/hopper_compile.py, RESULTS.md): the memory warpgroups need no more than 24, and
-    the backward's compute warpgroups spill less than at 232 + 40."""
+    the backward's compute warpgroups spill less than at 232 + 40. static_index: each compute
+    warpgroup gets its own copy of the code with wg a constant (twice the code; addresses and
+    tile bounds fold, RESULTS.md)."""
     wg = lax.axis_index("wg")
 
-    @pl.when(wg < COMPUTE_WARPGROUPS)
-    def _compute():
+    def run_compute(index):
         plgpu.set_max_registers(COMPUTE_REGISTERS, action="increase")
-        compute(wg)
+        compute(index)
+
+    if static_index:
+        for index in range(COMPUTE_WARPGROUPS):
+            pl.when(wg == index)(functools.partial(run_compute, index))
+    else:
+        pl.when(wg < COMPUTE_WARPGROUPS)(functools.partial(run_compute, wg))
 
     @pl.when(wg == COMPUTE_WARPGROUPS)
     def _memory():
