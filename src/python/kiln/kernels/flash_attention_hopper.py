@@ -285,8 +285,9 @@ def split_warpgroups(compute, memory, *, static_index: bool = False) -> None:
     SM's 64K registers over three warpgroups of 128 threads: FlashAttention-3's split. ptxas
     (benchmarks/hopper_compile.py, RESULTS.md): the memory warpgroups need no more than 24, and
     the backward's compute warpgroups spill less than at 232 + 40. static_index: each compute
-    warpgroup gets its own copy of the code with wg a constant (twice the code; addresses and
-    tile bounds fold, RESULTS.md)."""
+    warpgroup gets its own copy of the code with wg a constant, so that its addresses and tile
+    bounds fold (twice the code; fewer instructions per tile in the backward kernels, but the
+    forward's 64,128,2 then spills with segment ids: RESULTS.md)."""
     wg = lax.axis_index("wg")
 
     def run_compute(index):
@@ -295,7 +296,9 @@ def split_warpgroups(compute, memory, *, static_index: bool = False) -> None:
 
     if static_index:
         for index in range(COMPUTE_WARPGROUPS):
-            pl.when(wg == index)(functools.partial(run_compute, index))
+            # wg * 0 + index, not index: a constant that LLVM folds but jax does not (a loop
+            # whose body jax folds to a literal fails to lower in jax 0.11.2's Mosaic GPU).
+            pl.when(wg == index)(functools.partial(run_compute, wg * 0 + index))
     else:
         pl.when(wg < COMPUTE_WARPGROUPS)(functools.partial(run_compute, wg))
 

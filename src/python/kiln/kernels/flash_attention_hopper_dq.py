@@ -121,7 +121,9 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
             k_ref, v_ref, k_smem, v_smem, ring_barriers, program_kv_tiles, group, config
         )
 
-    split_warpgroups(compute, memory)
+    # Each compute warpgroup's code on its own: its q rows, tile bounds and addresses fold
+    # (fewer instructions per masked tile; benchmarks/RESULTS.md).
+    split_warpgroups(compute, memory, static_index=True)
 
 
 def _compute_warpgroup(
