@@ -286,7 +286,7 @@ def split_warpgroups(compute, memory, *, static_index: bool = False) -> None:
     (benchmarks/hopper_compile.py, RESULTS.md): the memory warpgroups need no more than 24, and
     the backward's compute warpgroups spill less than at 232 + 40. static_index: each compute
     warpgroup gets its own copy of the code with wg a constant, so that its addresses and tile
-    bounds fold (twice the code; fewer instructions per tile in the backward kernels, but the
+    bounds fold (twice the code; fewer instructions per tile in the dK/dV and dQ kernels, but the
     forward's 64,128,2 then spills with segment ids: RESULTS.md)."""
     wg = lax.axis_index("wg")
 

@@ -199,9 +199,11 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
         fill_ring(load, (q_free, d_out_free), group * per_head, config.stages)
 
     # Each compute warpgroup's code on its own: its K/V rows, and so the causal tile bounds and
-    # its SMEM tiles' wgmma descriptors, are constants (fewer instructions and spills per tile;
-    # benchmarks/RESULTS.md).
-    split_warpgroups(compute, memory, static_index=True)
+    # its SMEM tiles' wgmma descriptors, are constants (unmasked loops ~40% fewer instructions,
+    # no spills; benchmarks/RESULTS.md). Not fused: there it saves ~2% of the unmasked loop's
+    # instructions, and two copies of a ~9 KiB loop per SM scheduler risk the instruction cache
+    # more than two of ~5 KiB (ncu's stall reasons will tell).
+    split_warpgroups(compute, memory, static_index=not config.fused_dq)
 
 
 class _FusedDq:
@@ -332,7 +334,7 @@ def _compute_warpgroup(
         if fused_dq is not None and not config.fp32_probs:
             # Fused, the registers run short: pT is kept in the inputs' dtype only (dV's operand,
             # and dsT's factor; dsT is rounded to it too), so its fp32 tile is free before dpT.
-            # On the SASS: 11 local loads/stores per unmasked tile instead of 30-40, at 35-48
+            # On the SASS: 15 local loads/stores per unmasked tile instead of 56, at 24
             # instructions more (benchmarks/RESULTS.md); the tuner times both forms.
             probs = probs.astype(k_smem.dtype)
         # dV's and dpT's wgmmas apart: issued together (one wait, as in jax's attention_mgpu)
