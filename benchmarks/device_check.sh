@@ -14,9 +14,10 @@
 #  2. attention.py with the tuned sizes: error vs fp32 reference, TF/s for ours / XLA / cuDNN,
 #     seq 1k-16k, d 128/64, causal and not, forward and forward+backward.
 #  3. ncu (hardware counters, clocks left alone) on one forward+backward of ours: speed of light,
-#     occupancy, launch stats (registers, shared memory) and warp stall reasons per kernel (the
-#     dK/dV kernel runs a copy of its code per compute warpgroup: "No Instruction" stalls would
-#     mean the instruction cache pays for it, RESULTS.md).
+#     occupancy, launch stats (registers, shared memory) and warp state per kernel, whose rules
+#     name the dominant stall reason (the dK/dV and dQ kernels run a copy of their code per
+#     compute warpgroup: "No Instruction" stalls would mean the instruction cache pays for it,
+#     RESULTS.md).
 #  4. train_step.py: the 1.4B train step with pallas (tuned) and cudnn attention (xla measured:
 #     17.0k tokens/s, benchmarks/RESULTS.md).
 # Each part has its own time limit (together 580 s, under the 600 s call limit) so a slow one
