@@ -115,6 +115,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
         )
 
     def memory():
+        # K and V land on one barrier (the forward's own ring waits for them apart).
         ring_barriers = (kv_landed, kv_landed, k_free, v_free)
         group = q_ref.shape[2] // k_ref.shape[2]
         stream_kv_tiles(
