@@ -13,7 +13,8 @@ timed; a candidate that fails to compile (shared memory, registers) or whose err
 --max-error is dropped (its row names the outputs off and the 64-row tiles they are off in). Prints
 one row per candidate and, per head dim, the winning `BlockSizes` (the literal to put in
 TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten after every kernel so a run stopped early
-keeps what it found. Context rows time cuDNN and jax's Triton `mha` on the same problem.
+keeps what it found. Context rows time cuDNN, jax's Triton `mha` and jax's Mosaic GPU
+`attention_mgpu` (on fp16 copies of the inputs) on the same problem.
 
 Reaches into flash_attention's private kernel functions on purpose: tuning is per kernel.
 """
@@ -529,8 +530,16 @@ def context_rows(bench: KernelBench, options) -> None:
         from jax.experimental.pallas.ops.gpu import attention_mgpu as jax_mosaic
 
         # Its backward takes no causal mask: that row fails for a causal problem.
-        blocks = dict(block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
-        config = jax_mosaic.TuningConfig(64, 128, 2, causal=problem.causal, **blocks)
+        config = jax_mosaic.TuningConfig(
+            block_q=64,
+            block_kv=128,
+            max_concurrent_steps=2,
+            causal=problem.causal,
+            block_q_dkv=64,
+            block_kv_dkv=64,
+            block_q_dq=64,
+            block_kv_dq=64,
+        )
         runs["jax mosaic gpu (fp16)"] = (
             lambda q, k, v: jax_mosaic.attention(q, k, v, config),
             tuple(x.astype(jnp.float16) for x in args),
