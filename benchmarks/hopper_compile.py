@@ -12,10 +12,11 @@ registers, not that it is right (the CPU tests) or fast (attention_tune.py on a 
 Registers spilled to local memory cost time where the kernel reloads them every tile, so besides
 ptxas' byte counts the table lists, for one pass of each tile loop of the SASS (causal: one
 for the tiles the diagonal crosses, masked, and one for the others, most of the tiles), its
-local loads and stores (LDL/STL) and its instructions: a candidate with spills in its loops is worth fixing before
-device time is spent on it, and the instructions are what recomputing instead costs. It also
-says whether ptxas kept the wgmmas asynchronous: where it cannot (registers, a wgmma operand
-touched in flight) it serializes them, waiting after each one, and says why.
+local loads and stores (LDL/STL) and its instructions: a candidate with spills in its loops is
+worth fixing before device time is spent on it, and the instructions are what recomputing
+instead costs. It also says whether ptxas kept the wgmmas asynchronous: where it cannot
+(registers, a wgmma operand touched in flight) it serializes them, waiting after each one, and
+says why.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def dump_kernel(directory, name: str, ptxas: str, smem: int) -> None:
     (directory / f"{name}.mlir-passes.log").write_text("...")
 
 
-def test_counts_the_local_memory_traffic_and_instructions_of_the_worst_tile_loop():
+def test_counts_the_local_memory_traffic_and_instructions_of_each_tile_loop():
     assert hopper_compile.tile_loop_costs(SASS) == (hopper_compile.LoopCost(2, 1, 7),)
     assert hopper_compile.tile_loop_costs(SASS.replace("HGMMA", "FMUL")) == ()
     assert str(hopper_compile.LoopCost(2, 1, 7)) == "2/1/7"
