@@ -4,8 +4,8 @@ FlashAttention-3's forward layout, shaped like jax.experimental.pallas.ops.gpu.a
 A program owns two q tiles of one head, one per compute warpgroup; a third warpgroup streams
 K/V tiles through a ring of SMEM slots with TMA. The compute warpgroups run q k^T and p v on the
 tensor cores (wgmma) and take turns at the softmax (a schedule barrier ping-pongs them), so one
-warpgroup's exponentials overlap the other's matmuls. A warpgroup's turn issues the previous
-tile's p v and this tile's q k^T back to back, with one wait for both (FlashAttention-3's loop
+warpgroup's exponentials overlap the other's matmuls. A warpgroup's turn issues this tile's
+q k^T and the previous tile's p v back to back, with one wait for both (FlashAttention-3's loop
 rotation; jax's kernel drains the tensor cores between them).
 
 Same contract as the Triton forward in flash_attention.py (out, and the base-2 log-sum-exp of the
@@ -392,7 +392,12 @@ def wgmma_group(body, accumulators, config: HopperConfig, fresh=()) -> list[jax.
     fresh ones, zero, of the shapes in `fresh`; returns their values in that order. On the GPU
     the accumulators are updated in place (run_state: no second set of registers); the
     interpreter has no rule for that, so there every accumulator starts at zero and
-    `accumulators` are added after."""
+    `accumulators` are added after.
+
+    A fresh accumulator costs no instructions when body's first wgmma writes it, before any
+    barrier wait or pl.when: ptxas then issues that wgmma without reading the accumulator.
+    Otherwise the zeros are set in registers (a CS2R per two) before the branch, every tile
+    (benchmarks/RESULTS.md)."""
     if config.interpret:
         shapes = [acc.shape for acc in accumulators] + list(fresh)
 
@@ -497,21 +502,23 @@ def _compute_warpgroup(
     q_segments = load_segments(segment_ids_ref, q_start, block_q, 1) if has_segments else None
 
     def issue_gemms(tile, acc, p_prev):
-        """The warpgroup's turn at the tensor cores: p v of the previous tile (into acc, in
-        place on the GPU) and q kᵀ of this one, issued back to back; the turn is handed over,
-        and both are waited for: (acc, logits)."""
+        """The warpgroup's turn at the tensor cores: q kᵀ of this tile and p v of the previous
+        one (into acc, in place on the GPU), issued back to back; the turn is handed over, and
+        both are waited for: (acc, logits)."""
         slot, previous_slot = lax.rem(tile, stages), lax.rem(tile - 1, stages)
 
         def gemms(acc_ref, logits_ref):
+            # q kᵀ first: its fresh accumulator's zeros fold into the wgmma (wgmma_group).
+            plgpu.wgmma(logits_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+
             @pl.when(tile > 0)
             def _():
                 p_operand = lhs_operand(p_prev, v_smem.dtype, p_smem)
                 plgpu.wgmma(acc_ref, p_operand, v_smem.at[previous_slot])
 
-            plgpu.barrier_wait(k_landed.at[slot])
-            plgpu.wgmma(logits_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
             take_turn()  # Hand the tensor cores over while this warpgroup does the softmax.
 
+        plgpu.barrier_wait(k_landed.at[slot])
         acc, logits = wgmma_group(gemms, [acc], config, fresh=[(block_q, block_kv)])
         pl.when(tile > 0)(lambda: plgpu.barrier_arrive(v_free.at[previous_slot]))
         plgpu.barrier_arrive(k_free.at[slot])

@@ -5,8 +5,8 @@ streams the kv head's K/V tiles through the same SMEM ring as the forward
 (flash_attention_hopper.stream_kv_tiles). Per K/V tile a compute warpgroup recomputes
 p = exp2(q kᵀ · scale - lse), takes dp = dO vᵀ, forms ds = p (dp - delta) and adds ds k to its
 dQ accumulator: three matmuls on the tensor cores, where the Triton dQ kernel runs them through
-Triton's mma. Per K/V tile the three go out as one group with one wait: the previous tile's ds k,
-then this tile's q kᵀ and dO vᵀ (the loop rotated as in the forward; the last tile's ds k follows
+Triton's mma. Per K/V tile the three go out as one group with one wait: this tile's q kᵀ and dO vᵀ,
+then the previous tile's ds k (the loop rotated as in the forward; the last tile's ds k follows
 the loop), so the tensor cores do not drain between them. Same inputs and output as that kernel
 (flash_attention._backward_dq), so either forward feeds it; masked logits are -inf, so a row with
 lse +inf (the Hopper forward's padded rows that see no key) or a finite lse (the Triton forward's)
@@ -170,13 +170,14 @@ def _compute_warpgroup(
         plgpu.barrier_wait(kv_landed.at[slot])
 
         def gemms(dq_ref, logits_ref, d_probs_ref):
+            # The fresh accumulators first: their zeros fold into the wgmmas (wgmma_group).
+            plgpu.wgmma(logits_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
+            plgpu.wgmma(d_probs_ref, d_out_smem, v_smem.at[slot].transpose((1, 0)))
+
             @pl.when(tile > 0)
             def _():
                 ds_operand = lhs_operand(ds_prev, q_smem.dtype, ds_staging)
                 plgpu.wgmma(dq_ref, ds_operand, k_smem.at[previous_slot])
-
-            plgpu.wgmma(logits_ref, q_smem, k_smem.at[slot].transpose((1, 0)))
-            plgpu.wgmma(d_probs_ref, d_out_smem, v_smem.at[slot].transpose((1, 0)))
 
         dq, logits, d_probs = wgmma_group(gemms, [dq], config, fresh=[tile_shape] * 2)
         pl.when(tile > 0)(lambda: plgpu.barrier_arrive(k_free.at[previous_slot]))
