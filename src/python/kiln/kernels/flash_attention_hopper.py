@@ -359,6 +359,13 @@ def fill_ring(load, free_barriers, num_tiles, stages: int) -> None:
         wait_free(lax.rem(tile, stages))
 
 
+def next_slot(slot, stages: int):
+    """The ring slot after `slot`. The compute warpgroups carry their slot through the tile
+    loops: the tile index modulo a ring of 3 cost each tile a division's instructions, and at
+    any depth the carried slot spilled less (benchmarks/RESULTS.md)."""
+    return jnp.where(slot == stages - 1, 0, slot + 1)
+
+
 def matmul(a, b, shape: tuple[int, int]) -> jax.Array:
     """a @ b by wgmma into a fresh fp32 accumulator (a and b in SMEM)."""
 
@@ -501,11 +508,10 @@ def _compute_warpgroup(
     num_tiles, unmasked_tiles = kv_tile_counts(q_start, program_kv_tiles, has_segments, config)
     q_segments = load_segments(segment_ids_ref, q_start, block_q, 1) if has_segments else None
 
-    def issue_gemms(tile, acc, p_prev):
+    def issue_gemms(tile, slot, previous_slot, acc, p_prev):
         """The warpgroup's turn at the tensor cores: q kᵀ of this tile and p v of the previous
         one (into acc, in place on the GPU), issued back to back; the turn is handed over, and
         both are waited for: (acc, logits)."""
-        slot, previous_slot = lax.rem(tile, stages), lax.rem(tile - 1, stages)
 
         def gemms(acc_ref, logits_ref):
             # q kᵀ first: its fresh accumulator's zeros fold into the wgmma (wgmma_group).
@@ -525,14 +531,15 @@ def _compute_warpgroup(
         return acc, logits
 
     def visit_tile(tile, carry, masked):
-        acc, row_max, row_sum, p_prev = carry
+        acc, row_max, row_sum, p_prev, previous_slot = carry
+        slot = next_slot(previous_slot, stages)
         # Loaded before the matmuls so that the global load's latency hides behind them.
         kv_start = tile * block_kv
         if masked and has_segments:
             kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 0)
         else:
             kv_segments = None
-        acc, logits = issue_gemms(tile, acc, p_prev)
+        acc, logits = issue_gemms(tile, slot, previous_slot, acc, p_prev)
         if masked:
             mask = tile_mask(q_start, kv_start, q_segments, kv_segments, config)
             logits = jnp.where(mask, logits, -jnp.inf)
@@ -549,20 +556,21 @@ def _compute_warpgroup(
         # As in jax's attention_mgpu: the softmax finishes before the turn is handed over.
         acc, row_sum, new_max, p = lax.optimization_barrier((acc, row_sum, new_max, p))
         plgpu.barrier_arrive(turn)  # Softmax done: the other warpgroup may finish its turn.
-        plgpu.barrier_wait(v_landed.at[lax.rem(tile, stages)])
+        plgpu.barrier_wait(v_landed.at[slot])
         plgpu.barrier_wait(turn)  # Wait until the tensor cores are ours again.
-        return acc, new_max, row_sum, p
+        return acc, new_max, row_sum, p, slot
 
-    def skip_tile(tile, _):
+    def skip_tile(_, previous_slot):
         # Tiles the other warpgroup still needs: take them and release them so the ring keeps
         # moving, and keep the turn-taking in step.
-        slot = lax.rem(tile, stages)
+        slot = next_slot(previous_slot, stages)
         plgpu.barrier_wait(k_landed.at[slot])
         plgpu.barrier_wait(v_landed.at[slot])
         plgpu.barrier_arrive(k_free.at[slot])
         plgpu.barrier_arrive(v_free.at[slot])
         take_turn()
         take_turn()
+        return slot
 
     carry = (
         wgmma_zeros((block_q, head_dim)),
@@ -571,18 +579,18 @@ def _compute_warpgroup(
         ),
         plgpu.layout_cast(jnp.zeros((block_q,), jnp.float32), plgpu.Layout.WGMMA.reduce(1)),
         wgmma_zeros((block_q, block_kv), v_smem.dtype),  # p of tile -1: never used
+        jnp.int32(stages - 1),  # the slot of tile -1
     )
     pl.when(jnp.logical_not(first))(take_turn)  # The second warpgroup starts one turn behind.
     carry = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), carry)
     carry = lax.fori_loop(
         unmasked_tiles, num_tiles, functools.partial(visit_tile, masked=True), carry
     )
-    acc, row_max, row_sum, p = carry
+    acc, row_max, row_sum, p, last_slot = carry
     # The last tile's p v, in the turn its softmax ended with.
-    last_slot = lax.rem(num_tiles - 1, stages)
     acc = accumulate(acc, lhs_operand(p, v_smem.dtype, p_smem), v_smem.at[last_slot], config)
     plgpu.barrier_arrive(v_free.at[last_slot])
-    lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
+    lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, last_slot)
     pl.when(first)(take_turn)
 
     # A padded query row can see no key at all (not causal, segment ids: its segment is -1 and

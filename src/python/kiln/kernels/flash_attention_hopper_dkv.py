@@ -55,6 +55,7 @@ from kiln.kernels.flash_attention_hopper import (
     lhs_operand,
     load_segments,
     matmul,
+    next_slot,
     split_warpgroups,
     staging_smem,
     tile_mask,
@@ -303,7 +304,6 @@ def _compute_warpgroup(
     own_first, masked_stop = _q_tile_bounds(
         visited_kv_rows or (kv_start, block_kv), first_q_tile, real_q_tiles, has_segments, config
     )
-    per_head = real_q_tiles - first_q_tile
     tile_shape = (block_kv, block_q)
     column_stats = plgpu.Layout.WGMMA.reduce(0)  # [block_q], broadcast down the rows
 
@@ -315,9 +315,8 @@ def _compute_warpgroup(
         # used kept their barriers' state live across the tile, and ptxas spilled again.
         plgpu.barrier_wait(streamed_landed.at[slot])
 
-    def visit_tile(q_tile, carry, masked, slot_base, head):
-        dk, dv = carry
-        slot = lax.rem(slot_base + q_tile - first_q_tile, stages)
+    def visit_tile(q_tile, carry, masked, head):
+        slot, (dk, dv) = carry
         q_start = q_tile * block_q
         if masked and has_segments:
             q_segments = load_segments(segment_ids_ref, q_start, block_q, 0)
@@ -352,22 +351,22 @@ def _compute_warpgroup(
         else:
             dk = fused_dq.accumulate(dk, ds, q_tile, q_start, head, config)
         plgpu.barrier_arrive(q_free.at[slot])
-        return dk, dv
+        return next_slot(slot, stages), (dk, dv)
 
-    def skip_tile(q_tile, _, slot_base):
+    def skip_tile(_, slot):
         # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
-        slot = lax.rem(slot_base + q_tile - first_q_tile, stages)
         wait_landed(slot)
         plgpu.barrier_arrive(q_free.at[slot])
         plgpu.barrier_arrive(d_out_free.at[slot])
+        return next_slot(slot, stages)
 
     def visit_head(index, carry):  # The streamed tiles of the group's index-th q head.
-        slot_base = index * per_head
-        lax.fori_loop(
-            first_q_tile, own_first, functools.partial(skip_tile, slot_base=slot_base), None
+        slot, grads = carry
+        slot = lax.fori_loop(first_q_tile, own_first, skip_tile, slot)
+        visit = functools.partial(visit_tile, head=index)
+        carry = lax.fori_loop(
+            own_first, masked_stop, functools.partial(visit, masked=True), (slot, grads)
         )
-        visit = functools.partial(visit_tile, slot_base=slot_base, head=index)
-        carry = lax.fori_loop(own_first, masked_stop, functools.partial(visit, masked=True), carry)
         return lax.fori_loop(
             masked_stop, real_q_tiles, functools.partial(visit, masked=False), carry
         )
@@ -377,7 +376,7 @@ def _compute_warpgroup(
     plgpu.barrier_wait(v_landed)
     if fused_dq is not None:
         fused_dq.start()
-    dk, dv = lax.fori_loop(0, group, visit_head, (zeros, zeros))
+    _, (dk, dv) = lax.fori_loop(0, group, visit_head, (jnp.int32(0), (zeros, zeros)))
     if fused_dq is not None:
         fused_dq.finish()
 

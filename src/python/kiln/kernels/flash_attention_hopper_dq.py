@@ -38,6 +38,7 @@ from kiln.kernels.flash_attention_hopper import (
     launch,
     lhs_operand,
     load_segments,
+    next_slot,
     program_position,
     row_vector,
     split_warpgroups,
@@ -159,8 +160,8 @@ def _compute_warpgroup(
     plgpu.barrier_wait(d_out_landed)
 
     def visit_tile(tile, carry, masked):
-        dq, ds_prev = carry
-        slot, previous_slot = lax.rem(tile, stages), lax.rem(tile - 1, stages)
+        dq, ds_prev, previous_slot = carry
+        slot = next_slot(previous_slot, stages)
         kv_start = tile * block_kv
         if masked and has_segments:
             kv_segments = load_segments(segment_ids_ref, kv_start, block_kv, 0)
@@ -187,29 +188,30 @@ def _compute_warpgroup(
             logits = jnp.where(mask, logits, -jnp.inf)
         probs = jnp.exp2(logits * config.logit_scale - row_vector(lse, tile_shape))
         ds = probs * (d_probs - row_vector(delta, tile_shape))
-        return dq, ds.astype(q_smem.dtype)
+        return dq, ds.astype(q_smem.dtype), slot
 
-    def skip_tile(tile, _):
+    def skip_tile(_, previous_slot):
         # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
-        slot = lax.rem(tile, stages)
+        slot = next_slot(previous_slot, stages)
         plgpu.barrier_wait(kv_landed.at[slot])
         plgpu.barrier_arrive(k_free.at[slot])
         plgpu.barrier_arrive(v_free.at[slot])
+        return slot
 
     carry = (
         wgmma_zeros((block_q, head_dim)),
         wgmma_zeros((block_q, block_kv), q_smem.dtype),  # ds of tile -1: never used
+        jnp.int32(stages - 1),  # the slot of tile -1
     )
     carry = lax.fori_loop(0, unmasked_tiles, functools.partial(visit_tile, masked=False), carry)
     carry = lax.fori_loop(
         unmasked_tiles, num_tiles, functools.partial(visit_tile, masked=True), carry
     )
-    dq, ds = carry
+    dq, ds, last_slot = carry
     # The last tile's ds k, before the skipped tiles: their ring slots wait for its K's.
-    last_slot = lax.rem(num_tiles - 1, stages)
     dq = accumulate(dq, lhs_operand(ds, q_smem.dtype, ds_staging), k_smem.at[last_slot], config)
     plgpu.barrier_arrive(k_free.at[last_slot])
-    lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, None)
+    lax.fori_loop(num_tiles, program_kv_tiles, skip_tile, last_slot)
 
     q_smem[...] = (dq * config.sm_scale).astype(q_smem.dtype)  # q's tile is free now
     plgpu.commit_smem()
