@@ -316,7 +316,8 @@ def _compute_warpgroup(
         plgpu.barrier_wait(streamed_landed.at[slot])
 
     def visit_tile(q_tile, carry, masked, head):
-        slot, (dk, dv) = carry
+        previous_slot, (dk, dv) = carry
+        slot = next_slot(previous_slot, stages)
         q_start = q_tile * block_q
         if masked and has_segments:
             q_segments = load_segments(segment_ids_ref, q_start, block_q, 0)
@@ -351,14 +352,15 @@ def _compute_warpgroup(
         else:
             dk = fused_dq.accumulate(dk, ds, q_tile, q_start, head, config)
         plgpu.barrier_arrive(q_free.at[slot])
-        return next_slot(slot, stages), (dk, dv)
+        return slot, (dk, dv)
 
-    def skip_tile(_, slot):
+    def skip_tile(_, previous_slot):
         # Tiles the other warpgroup still needs: take and release them so the ring keeps moving.
+        slot = next_slot(previous_slot, stages)
         wait_landed(slot)
         plgpu.barrier_arrive(q_free.at[slot])
         plgpu.barrier_arrive(d_out_free.at[slot])
-        return next_slot(slot, stages)
+        return slot
 
     def visit_head(index, carry):  # The streamed tiles of the group's index-th q head.
         slot, grads = carry
@@ -376,7 +378,8 @@ def _compute_warpgroup(
     plgpu.barrier_wait(v_landed)
     if fused_dq is not None:
         fused_dq.start()
-    _, (dk, dv) = lax.fori_loop(0, group, visit_head, (jnp.int32(0), (zeros, zeros)))
+    # The carried slot is the last tile's, so -1's at first (as in the forward and dQ kernels).
+    _, (dk, dv) = lax.fori_loop(0, group, visit_head, (jnp.int32(stages - 1), (zeros, zeros)))
     if fused_dq is not None:
         fused_dq.finish()
 
