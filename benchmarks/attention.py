@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kiln.artifacts import atomic_write_json
-from kiln.kernels.flash_attention import BlockSizes, default_block_sizes, flash_attention
+from kiln.kernels.block_sizes import BlockSizes, LaunchParams, default_block_sizes
+from kiln.kernels.flash_attention import flash_attention
 from kiln.kernels.reference import reference_attention
 
 IMPLEMENTATIONS = ("ours", "xla", "cudnn")
@@ -60,10 +61,14 @@ class Measurement:
 
 
 def attention(
-    implementation: str, causal: bool, block_sizes: BlockSizes | None = None
+    implementation: str, causal: bool, settings: tuple[BlockSizes, LaunchParams] | None = None
 ) -> Callable[..., jax.Array]:
+    """implementation's attention(q, k, v); ours with `settings` (None: the table's)."""
     if implementation == "ours":
-        return lambda q, k, v: flash_attention(q, k, v, causal=causal, block_sizes=block_sizes)
+        block_sizes, launch = settings or (None, None)
+        return lambda q, k, v: flash_attention(
+            q, k, v, causal=causal, block_sizes=block_sizes, launch=launch
+        )
     return lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, is_causal=causal, implementation=implementation
     )
@@ -129,8 +134,8 @@ def measure(
 ) -> Measurement:
     if implementation == "cudnn" and jax.default_backend() != "gpu":
         return Measurement(implementation, None, None, "n/a")
-    block_sizes = options.block_sizes.get(config.head_dim)
-    fn = as_pass(attention(implementation, config.causal, block_sizes), pass_name)
+    settings = options.block_sizes.get(config.head_dim)
+    fn = as_pass(attention(implementation, config.causal, settings), pass_name)
     try:
         error = check_error(fn(*args), reference, config)
         seconds = device_seconds(fn, args, options.iters)
@@ -218,7 +223,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=10, help="calls per timed sample (3 samples)")
     parser.add_argument(
         "--block-sizes",
-        help="JSON {head_dim: BlockSizes fields} (attention_tune.py --json) instead of the table",
+        help="JSON {head_dim: BlockSizes and LaunchParams fields} (a tuner's --json) instead of "
+        "the table",
     )
     parser.add_argument("--json", help="also write the rows to this JSON file (after each row)")
     options = parser.parse_args(argv)
@@ -229,12 +235,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return options
 
 
-def load_block_sizes(path: str | None) -> dict[int, BlockSizes]:
+def load_block_sizes(path: str | None) -> dict[int, tuple[BlockSizes, LaunchParams]]:
+    """{head_dim: (BlockSizes, LaunchParams)} from a settings file: {head_dim: their fields in
+    one dict} (other top-level keys, such as the tuner's device_kind, are not head dims)."""
     if path is None:
         return {}
     with open(path) as file:
         entries = json.load(file)
-    return {int(dim): BlockSizes(**fields) for dim, fields in entries.items() if dim.isdigit()}
+    try:
+        return {
+            int(dim): settings_from_fields(fields) for dim, fields in entries.items() if dim.isdigit()
+        }
+    except ValueError as error:
+        raise ValueError(f"--block-sizes {path}: {error}") from None
+
+
+def settings_from_fields(fields: dict) -> tuple[BlockSizes, LaunchParams]:
+    """BlockSizes and LaunchParams from one dict of their fields; another name is a ValueError."""
+    tiles = {field.name for field in dataclasses.fields(BlockSizes)}
+    launch = {field.name for field in dataclasses.fields(LaunchParams)}
+    unknown = sorted(set(fields) - tiles - launch)
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)}: not a BlockSizes or LaunchParams field (the product runs the "
+            "Triton kernels; a lab kernel's switch belongs to kiln_lab's tools)"
+        )
+    return (
+        BlockSizes(**{name: value for name, value in fields.items() if name in tiles}),
+        LaunchParams(**{name: value for name, value in fields.items() if name in launch}),
+    )
 
 
 def matmul_tflops(size: int = 8192) -> float:
@@ -256,10 +285,10 @@ def main(argv: list[str] | None = None) -> None:
     if device.platform == "gpu":
         print(f"  bf16 8192^3 matmul (ceiling, this run): {matmul_tflops():.0f} TF/s")
     for head_dim in options.head_dims:
-        blocks = options.block_sizes.get(head_dim) or default_block_sizes(
+        blocks, launch = options.block_sizes.get(head_dim) or default_block_sizes(
             device.device_kind, head_dim
         )
-        print(f"  block sizes (d={head_dim}): {blocks}")
+        print(f"  settings (d={head_dim}): {blocks} {launch}")
     print(HEADER)
     rows = []
     for config in sweep(options):

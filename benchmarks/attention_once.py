@@ -3,7 +3,8 @@
     ncu --clock-control none --kernel-name regex:kiln_flash --launch-count 3 \
         python3 benchmarks/attention_once.py --seq-len 4096 --head-dim 128 [--block-sizes tuned.json]
 
-Each kernel (forward, dK/dV, dQ; two with fused dQ) launches exactly once after compilation.
+Each kernel (forward, dK/dV, dQ; two with LaunchParams.fused_dq) launches exactly once after
+compilation.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--non-causal", action="store_true")
-    parser.add_argument("--block-sizes", help="a tuner's JSON instead of the table")
+    parser.add_argument("--block-sizes", help="a settings file (a tuner's JSON) instead of the table")
     args = parser.parse_args(argv)
-    block_sizes = load_block_sizes(args.block_sizes).get(args.head_dim)
+    block_sizes, launch = load_block_sizes(args.block_sizes).get(args.head_dim, (None, None))
     shape = (
         max(1, args.tokens // args.seq_len),
         args.seq_len,
@@ -39,7 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     def loss(q, k, v):
-        out = flash_attention(q, k, v, causal=not args.non_causal, block_sizes=block_sizes)
+        out = flash_attention(
+            q, k, v, causal=not args.non_causal, block_sizes=block_sizes, launch=launch
+        )
         return jnp.sum(out.astype(jnp.float32))
 
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).compile()

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from attention import load_block_sizes  # benchmarks/attention.py
 
-from kiln.kernels.flash_attention import TUNED_BLOCK_SIZES
+from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
@@ -96,8 +96,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument(
         "--block-sizes",
-        help="JSON {head_dim: BlockSizes fields} (attention_tune.py --json): use it as this "
-        "device's entry in the kernel's block-size table",
+        help="JSON {head_dim: BlockSizes and LaunchParams fields} (a tuner's --json): use it as "
+        "this device's entry in the kernel's table",
     )
     return parser.parse_args()
 

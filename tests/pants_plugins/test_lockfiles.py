@@ -58,7 +58,7 @@ def test_cpu_runtime_pulls_no_accelerator_wheels() -> None:
 
 
 def test_the_compile_only_resolve_matches_the_gpu_runtime() -> None:
-    """benchmarks:cuda-compiler compiles for the H200 with what a gpu(...) step runs: the same
+    """lab:cuda-compiler compiles for the H200 with what a gpu(...) step runs: the same
     plugin and the same ptxas; nvdisasm, which only reads the cubins, is ptxas' release."""
     cuda, compile_only = locked("cuda"), locked("cuda-compile")
     assert {"jax-cuda13-plugin", "jax-cuda13-pjrt", "nvidia-cuda-nvcc"} <= set(compile_only)

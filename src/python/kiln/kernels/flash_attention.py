@@ -1,7 +1,7 @@
 """Flash attention in Pallas: forward, dK/dV and dQ kernels joined by `jax.custom_vjp`.
 
 Shaped like jax.experimental.pallas.ops.gpu.attention (Triton lowering on GPU, interpret mode on
-CPU), plus grouped-query attention, padding of ragged lengths and per-device block sizes.
+CPU), plus grouped-query attention, padding of ragged lengths and per-device settings.
 docs/attention-kernel.md describes the design; the short version:
 
 - forward: grid (q blocks, batch, heads); each program keeps one q tile and loops over kv tiles
@@ -9,12 +9,8 @@ docs/attention-kernel.md describes the design; the short version:
 - dK/dV: grid (kv blocks, batch, kv heads); each program loops over the q heads of its group and
   their q tiles, so GQA gradients are summed in the kernel without repeating K/V.
 - dQ: grid (q blocks, batch, heads); each program loops over kv tiles. Or, with
-  BlockSizes.fused_dq, no dQ kernel: the dK/dV kernel (Triton or Hopper) adds each tile's dQ
-  into an fp32 buffer with atomics or TMA reduce-adds (5 matmuls instead of 7; dQ's summation
-  order then varies between GPU runs).
-- Hopper kernels (BlockSizes.hopper_forward, hopper_dkv, hopper_dq; 16-bit inputs): that kernel
-  runs as a Mosaic GPU kernel instead (flash_attention_hopper*.py: warp-specialised, TMA, wgmma)
-  with the same inputs and outputs.
+  LaunchParams.fused_dq, no dQ kernel: the dK/dV kernel adds each tile's dQ into an fp32 buffer
+  with atomics (5 matmuls instead of 7; dQ's summation order then varies between GPU runs).
 - GQA: q head h reads kv head h // group in the BlockSpec index maps.
 - Causal: loop bounds skip tiles fully in the future; only tiles on the diagonal build a mask.
 - Lengths that are not a multiple of the block are padded here; padded keys are masked.
@@ -32,171 +28,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kiln.kernels.flash_attention_hopper import WGMMA_ROWS, HopperConfig, hopper_forward
-from kiln.kernels.flash_attention_hopper_dkv import hopper_dkv
-from kiln.kernels.flash_attention_hopper_dq import hopper_dq
+from kiln.kernels.block_sizes import MIN_BLOCK, BlockSizes, LaunchParams, default_block_sizes
 
 # Finite on purpose: a row whose keys are all masked inside one tile gets exp2(0) = 1 instead of
 # NaN, and the online softmax's correction erases it once a real key arrives (every query attends
 # at least to itself, so one always does).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 LOG2_E = math.log2(math.e)
-MIN_BLOCK = 16  # Triton's smallest dot operand dimension.
-
-
-@dataclasses.dataclass(frozen=True)
-class BlockSizes:
-    """Tile sizes (powers of two, >= 16) and Triton launch parameters of the three kernels.
-
-    block_q, block_kv: forward (a program owns a q tile and loops over kv tiles).
-    block_q_dkv, block_kv_dkv: dK/dV (a program owns a kv tile, loops over q tiles and heads).
-    block_q_dq, block_kv_dq: dQ (a program owns a q tile and loops over kv tiles).
-    num_warps_*, num_stages_*: Triton's warps per program and software-pipelining depth, per
-    kernel (each kernel has its own best setting on the device).
-    fused_dq: the dK/dV kernel also computes dQ and adds it into an fp32 buffer (5 matmuls
-    instead of 7, no dQ kernel; dQ's summation order then varies between runs on a GPU): with
-    atomics in the Triton kernel (FlashAttention-2's layout), with TMA reduce-adds in the Hopper
-    one (hopper_dkv: FlashAttention-3's backward, head dim a multiple of 128). Off: a separate
-    dQ kernel recomputes what it needs.
-    hopper_forward: for 16-bit inputs the forward is the Mosaic GPU kernel of
-    flash_attention_hopper.py; block_q is then each compute warpgroup's rows (a program owns
-    two q tiles), num_stages_fwd the K/V tiles in flight, and num_warps_fwd is unused (three
-    warpgroups). fp32 inputs keep the Triton forward with the same fields.
-    hopper_dq: for 16-bit inputs the dQ kernel is the Mosaic GPU kernel of
-    flash_attention_hopper_dq.py (the forward's layout: block_q_dq rows per compute warpgroup,
-    num_stages_dq K/V tiles in flight, num_warps_dq unused). Not with fused_dq.
-    hopper_dkv: likewise for dK/dV (flash_attention_hopper_dkv.py: block_kv_dkv rows per compute
-    warpgroup, num_stages_dkv q/dO tiles of block_q_dkv in flight).
-    hopper_fused_fp32_probs: in the Hopper fused backward (hopper_dkv with fused_dq), keep pT
-    in fp32 through dsT, as the other kernels do; off, it is rounded to the inputs' dtype once
-    computed, which frees registers (~15 local loads/stores per tile instead of ~56, ~24 more
-    instructions; the tuner times both).
-    """
-
-    block_q: int = 64
-    block_kv: int = 64
-    block_q_dkv: int = 64
-    block_kv_dkv: int = 64
-    block_q_dq: int = 64
-    block_kv_dq: int = 64
-    num_warps_fwd: int = 4
-    num_warps_dkv: int = 4
-    num_warps_dq: int = 4
-    num_stages_fwd: int = 2
-    num_stages_dkv: int = 2
-    num_stages_dq: int = 2
-    fused_dq: bool = False
-    hopper_forward: bool = False
-    hopper_dq: bool = False
-    hopper_dkv: bool = False
-    hopper_fused_fp32_probs: bool = False
-
-    def __post_init__(self) -> None:
-        for name in _BLOCK_FIELDS:
-            size = getattr(self, name)
-            if size < self._smallest(name) or size & (size - 1):
-                raise ValueError(
-                    f"BlockSizes.{name}={size} must be a power of two >= {self._smallest(name)}"
-                    + (" (a Hopper kernel's tile)" if self._smallest(name) > MIN_BLOCK else "")
-                )
-        for switch, stages in _HOPPER_STAGES.items():
-            if getattr(self, switch) and getattr(self, stages) < 2:
-                raise ValueError(f"BlockSizes.{stages} must be >= 2 with {switch}")
-        if self.hopper_dq and self.fused_dq:
-            raise ValueError("BlockSizes: hopper_dq and fused_dq exclude each other (no dQ kernel)")
-        if self.hopper_fused_fp32_probs and not (self.hopper_dkv and self.fused_dq):
-            raise ValueError(
-                "BlockSizes.hopper_fused_fp32_probs is a setting of the Hopper fused backward: "
-                "set hopper_dkv and fused_dq with it, or leave it False"
-            )
-
-    def _smallest(self, name: str) -> int:
-        # wgmma covers 64 rows of a warpgroup: the Hopper kernels' tiles are multiples of 64.
-        hopper = any(
-            getattr(self, switch) and name in fields for switch, fields in _HOPPER_FIELDS.items()
-        )
-        return WGMMA_ROWS if hopper else MIN_BLOCK
-
-    def fit_to(self, seq_len: int) -> BlockSizes:
-        """Shrinks tiles longer than the (power-of-two rounded) sequence: no work on pure padding."""
-        limit = pl.next_power_of_2(seq_len)
-        return dataclasses.replace(
-            self,
-            **{
-                name: min(getattr(self, name), max(self._smallest(name), limit))
-                for name in _BLOCK_FIELDS
-            },
-        )
-
-    @property
-    def padding_multiple(self) -> int:
-        """What the padded length must be a multiple of (a Hopper kernel's program owns two q
-        tiles)."""
-        sizes = [getattr(self, name) for name in _BLOCK_FIELDS]
-        sizes += [2 * self.block_q] if self.hopper_forward else []
-        sizes += [2 * self.block_q_dq] if self.hopper_dq else []
-        sizes += [2 * self.block_kv_dkv] if self.hopper_dkv else []
-        return max(sizes)
-
-
-_BLOCK_FIELDS = tuple(
-    f"block_{suffix}" for suffix in ("q", "kv", "q_dkv", "kv_dkv", "q_dq", "kv_dq")
-)
-_HOPPER_FIELDS = {  # Tiles of the Mosaic GPU kernels: multiples of 64.
-    "hopper_forward": ("block_q", "block_kv"),
-    "hopper_dkv": ("block_q_dkv", "block_kv_dkv"),
-    "hopper_dq": ("block_q_dq", "block_kv_dq"),
-}
-_HOPPER_STAGES = {  # Their ring depths: at least 2.
-    "hopper_forward": "num_stages_fwd",
-    "hopper_dkv": "num_stages_dkv",
-    "hopper_dq": "num_stages_dq",
-}
-
-# Tuned on an H200 on 2026-11-30 by benchmarks/attention_tune.py (each kernel on its own, causal,
-# seq 4096, bf16; numbers in benchmarks/RESULTS.md). The H100 shares the chip and uses them unmeasured.
-_HOPPER_BLOCK_SIZES = {
-    64: BlockSizes(
-        block_q=64,
-        block_kv=64,
-        block_q_dkv=64,
-        block_kv_dkv=64,
-        block_q_dq=128,
-        block_kv_dq=64,
-        num_warps_fwd=4,
-        num_warps_dkv=4,
-        num_warps_dq=8,
-        num_stages_fwd=3,
-        num_stages_dkv=2,
-        num_stages_dq=3,
-    ),
-    128: BlockSizes(
-        block_q=128,
-        block_kv=128,
-        block_q_dkv=64,
-        block_kv_dkv=64,
-        block_q_dq=128,
-        block_kv_dq=128,
-        num_warps_fwd=8,
-        num_warps_dkv=4,
-        num_warps_dq=8,
-        num_stages_fwd=3,
-        num_stages_dkv=2,
-        num_stages_dq=2,
-    ),
-}
-TUNED_BLOCK_SIZES: dict[str, dict[int, BlockSizes]] = {
-    "NVIDIA H200": _HOPPER_BLOCK_SIZES,
-    "NVIDIA H100 80GB HBM3": _HOPPER_BLOCK_SIZES,
-}
-# Any other device (CPU interpret mode included): jax's own kernel's kind of sizes.
-GENERIC_BLOCK_SIZES = {64: BlockSizes(), 128: BlockSizes(num_warps_fwd=8)}
-
-
-def default_block_sizes(device_kind: str, head_dim: int) -> BlockSizes:
-    """Block sizes for a jax `device_kind` and head dim; generic ones for unknown devices."""
-    by_head_dim = TUNED_BLOCK_SIZES.get(device_kind, GENERIC_BLOCK_SIZES)
-    return by_head_dim.get(head_dim, by_head_dim[max(by_head_dim)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,10 +46,8 @@ class _KernelConfig:
     seq_len: int  # Real length; arrays reaching the kernels are padded to padded_len.
     padded_len: int
     block_sizes: BlockSizes
+    launch: LaunchParams
     interpret: bool
-    hopper_forward: HopperConfig | None = None  # Set: the forward is the Mosaic GPU kernel.
-    hopper_dkv: HopperConfig | None = None  # Set: so is the dK/dV kernel.
-    hopper_dq: HopperConfig | None = None  # Set: so is the dQ kernel.
 
     @property
     def masks_padded_keys(self) -> bool:
@@ -225,7 +61,9 @@ class _KernelConfig:
         return self.sm_scale * LOG2_E
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "sm_scale", "block_sizes", "interpret"))
+@functools.partial(
+    jax.jit, static_argnames=("causal", "sm_scale", "block_sizes", "launch", "interpret")
+)
 def flash_attention(
     q: jax.Array,
     k: jax.Array,
@@ -235,77 +73,52 @@ def flash_attention(
     causal: bool = True,
     sm_scale: float | None = None,
     block_sizes: BlockSizes | None = None,
+    launch: LaunchParams | None = None,
     interpret: bool | None = None,
 ) -> jax.Array:
     """Softmax attention. q: [batch, seq, heads, dim]; k, v: [batch, seq, kv_heads, dim].
 
     segment_ids: int32 [batch, seq] or None; tokens attend only within their segment.
-    Returns q's dtype and shape. sm_scale defaults to 1/sqrt(dim). block_sizes defaults to the
-    table entry for the target device. interpret defaults to True when lowering for CPU.
+    Returns q's dtype and shape. sm_scale defaults to 1/sqrt(dim). block_sizes and launch each
+    default to the table entry's for the target device. interpret defaults to True when
+    lowering for CPU.
     """
     _check_inputs(q, k, v, segment_ids)
     seq_len, head_dim = q.shape[1], q.shape[3]
-    platform, device_kind, capability = _target_device()
+    platform, device_kind = _target_device()
+    table_blocks, table_launch = default_block_sizes(device_kind, head_dim)
     config = _kernel_config(
         seq_len,
-        head_dim,
-        q.dtype,
         causal=causal,
         sm_scale=1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale),
-        block_sizes=block_sizes or default_block_sizes(device_kind, head_dim),
+        block_sizes=block_sizes or table_blocks,
+        launch=launch or table_launch,
         interpret=platform == "cpu" if interpret is None else interpret,
     )
-    _check_hopper_target(config, platform, device_kind, capability)
-    q, k, v = (_pad_seq(x, config.padded_len, 0) for x in (q, k, v))
-    if segment_ids is not None:
-        segment_ids = _pad_seq(segment_ids.astype(jnp.int32), config.padded_len, -1)
+    q, k, v, segment_ids = _pad_inputs(q, k, v, segment_ids, config.padded_len)
     return _flash_attention(q, k, v, segment_ids, config)[:, :seq_len]
 
 
 def _kernel_config(
     seq_len: int,
-    head_dim: int,
-    dtype: jnp.dtype,
     *,
     causal: bool,
     sm_scale: float,
     block_sizes: BlockSizes,
+    launch: LaunchParams,
     interpret: bool,
 ) -> _KernelConfig:
-    """Tiles fitted to the sequence, the padded length, and the Hopper kernels to use."""
+    """Tiles fitted to the sequence, and the length to pad to (a multiple of every tile)."""
     block_sizes = block_sizes.fit_to(seq_len)
-    unit = block_sizes.padding_multiple
-    config = _KernelConfig(
+    unit = block_sizes.largest
+    return _KernelConfig(
         causal=causal,
         sm_scale=sm_scale,
         seq_len=seq_len,
         padded_len=-(-seq_len // unit) * unit,
         block_sizes=block_sizes,
+        launch=launch,
         interpret=interpret,
-    )
-    if jnp.dtype(dtype).itemsize != 2:  # wgmma takes 16-bit operands: fp32 stays on Triton.
-        return config
-    kernels = {
-        switch: HopperConfig(
-            causal=causal,
-            sm_scale=sm_scale,
-            seq_len=seq_len,
-            block_q=getattr(block_sizes, block_q),
-            block_kv=getattr(block_sizes, block_kv),
-            stages=getattr(block_sizes, _HOPPER_STAGES[switch]),
-            interpret=interpret,
-            kv_programs=switch == "hopper_dkv",
-            fused_dq=switch == "hopper_dkv" and block_sizes.fused_dq,
-            fp32_probs=switch == "hopper_dkv" and block_sizes.hopper_fused_fp32_probs,
-        )
-        for switch, (block_q, block_kv) in _HOPPER_FIELDS.items()
-        if getattr(block_sizes, switch)
-    }
-    return dataclasses.replace(
-        config,
-        hopper_forward=kernels.get("hopper_forward"),
-        hopper_dkv=kernels.get("hopper_dkv"),
-        hopper_dq=kernels.get("hopper_dq"),
     )
 
 
@@ -335,34 +148,22 @@ def _check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Arr
         )
 
 
-def _target_device() -> tuple[str, str, str | None]:
-    """(platform, device_kind, CUDA compute capability or None) being lowered for. An abstract
-    mesh's device (jax.export for a GPU from a CPU machine) wins over the local default device;
-    its compute capability is unknown."""
+def _target_device() -> tuple[str, str]:
+    """(platform, device_kind) being lowered for. An abstract mesh's device (jax.export for a GPU
+    from a CPU machine) wins over the local default device."""
     abstract_device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
     if abstract_device is not None:
-        return abstract_device.platform, abstract_device.device_kind, None
+        return abstract_device.platform, abstract_device.device_kind
     device = jax.devices()[0]
-    return device.platform, device.device_kind, getattr(device, "compute_capability", None)
+    return device.platform, device.device_kind
 
 
-def _check_hopper_target(
-    config: _KernelConfig, platform: str, device_kind: str, capability: str | None
-) -> None:
-    """The Mosaic GPU kernels compile for Hopper only (wgmma, sm_90); elsewhere they run only
-    in interpret mode."""
-    switches = [
-        name for name in ("hopper_forward", "hopper_dkv", "hopper_dq") if getattr(config, name)
-    ]
-    if not switches or config.interpret:
-        return
-    on_hopper = platform in ("gpu", "cuda") and (capability is None or capability.startswith("9."))
-    if not on_hopper:
-        raise ValueError(
-            f"BlockSizes.{', '.join(switches)} run Mosaic GPU kernels for Hopper (sm_90: H100, "
-            f"H200), not {device_kind!r} ({platform}, compute capability {capability}): set them "
-            "False for this device, or run in interpret mode"
-        )
+def _pad_inputs(q, k, v, segment_ids, padded_len: int):
+    """q, k, v zero-padded along the sequence to padded_len; segment ids padded with -1."""
+    q, k, v = (_pad_seq(x, padded_len, 0) for x in (q, k, v))
+    if segment_ids is not None:
+        segment_ids = _pad_seq(segment_ids.astype(jnp.int32), padded_len, -1)
+    return q, k, v, segment_ids
 
 
 def _pad_seq(x: jax.Array, padded_len: int, value: int) -> jax.Array:
@@ -388,23 +189,25 @@ def _flash_attention_fwd(q, k, v, segment_ids, config: _KernelConfig):
 
 def _flash_attention_bwd(config: _KernelConfig, residuals, d_out):
     q, k, v, segment_ids, out, lse = residuals
-    # delta_i = sum_d out_i * dout_i = sum_j p_ij * dp_ij: an elementwise product and row sum
-    # that XLA fuses well, so it needs no kernel of its own.
-    delta = jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), d_out.astype(jnp.float32))
-    if config.hopper_dkv is not None:
-        dkv = hopper_dkv(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dkv)
+    delta = _row_delta(out, d_out)
+    if config.launch.fused_dq:
+        dq, dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+        dq = _scaled_fused_dq(dq, config.sm_scale, q.dtype)
     else:
-        dkv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
-    if config.block_sizes.fused_dq:  # dQ came with dK/dV: fp32, not yet scaled
-        dq, dk, dv = dkv
-        dq = (dq * config.sm_scale).astype(q.dtype)
-    else:
-        dk, dv = dkv
-        if config.hopper_dq is not None:
-            dq = hopper_dq(q, k, v, segment_ids, d_out, lse, delta, config.hopper_dq)
-        else:
-            dq = _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config)
+        dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+        dq = _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config)
     return dq, dk, dv, None
+
+
+def _row_delta(out: jax.Array, d_out: jax.Array) -> jax.Array:
+    """delta_i = sum_d out_i * dout_i = sum_j p_ij * dp_ij, fp32 [batch, heads, seq]: an
+    elementwise product and row sum that XLA fuses well, so it needs no kernel of its own."""
+    return jnp.einsum("bthd,bthd->bht", out.astype(jnp.float32), d_out.astype(jnp.float32))
+
+
+def _scaled_fused_dq(dq: jax.Array, sm_scale: float, dtype) -> jax.Array:
+    """A fused backward's dQ (fp32, summed without sm_scale) in the inputs' dtype."""
+    return (dq * sm_scale).astype(dtype)
 
 
 _flash_attention.defvjp(_flash_attention_fwd, _flash_attention_bwd)
@@ -558,10 +361,8 @@ def _forward_kernel(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *, c
 
 def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, jax.Array]:
     """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
-    if config.hopper_forward is not None:
-        return hopper_forward(q, k, v, segment_ids, config.hopper_forward)
     batch, padded_len, num_heads, _ = q.shape
-    blocks = config.block_sizes
+    blocks, launch = config.block_sizes, config.launch
     q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q)
     return pl.pallas_call(
         functools.partial(_forward_kernel, config=config),
@@ -577,7 +378,7 @@ def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, ja
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((batch, num_heads, padded_len), jnp.float32),
         ],
-        compiler_params=_compiler_params(blocks.num_warps_fwd, blocks.num_stages_fwd),
+        compiler_params=_compiler_params(launch.num_warps_fwd, launch.num_stages_fwd),
         interpret=config.interpret,
         name="kiln_flash_attention_fwd",
     )(q, k, v, segment_ids)
@@ -592,7 +393,7 @@ def _backward_dkv_kernel(
     q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, *out_refs, config
 ):
     # Fused: (zeroed dQ input, the dQ accumulator aliasing it, dK, dV); else (dK, dV).
-    dq_ref = out_refs[1] if config.block_sizes.fused_dq else None
+    dq_ref = out_refs[1] if config.launch.fused_dq else None
     dk_ref, dv_ref = out_refs[-2:]
     block_q, block_kv = config.block_sizes.block_q_dkv, config.block_sizes.block_kv_dkv
     kv_start = pl.program_id(0) * block_kv
@@ -643,7 +444,7 @@ def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig
     """(dK, dV), or (unscaled fp32 dQ, dK, dV) with fused_dq."""
     batch, padded_len, num_kv_heads, head_dim = k.shape
     group = q.shape[2] // num_kv_heads
-    blocks = config.block_sizes
+    blocks, launch = config.block_sizes, config.launch
     block_kv = blocks.block_kv_dkv
     q_group = pl.BlockSpec((None, padded_len, group, head_dim), lambda _, b, h: (b, 0, h, 0))
     row_stats_group = pl.BlockSpec((None, group, padded_len), lambda _, b, h: (b, h, 0))
@@ -661,7 +462,7 @@ def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig
     out_specs = [kv_tile, kv_tile]
     out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     aliases = {}
-    if blocks.fused_dq:
+    if launch.fused_dq:
         inputs.append(jnp.zeros(q.shape, jnp.float32))
         in_specs.append(q_group)
         out_specs.insert(0, q_group)
@@ -674,7 +475,7 @@ def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig
         out_specs=out_specs,
         out_shape=out_shape,
         input_output_aliases=aliases,
-        compiler_params=_compiler_params(blocks.num_warps_dkv, blocks.num_stages_dkv),
+        compiler_params=_compiler_params(launch.num_warps_dkv, launch.num_stages_dkv),
         interpret=config.interpret,
         name="kiln_flash_attention_dkv",
     )(*inputs)
@@ -716,7 +517,7 @@ def _backward_dq_kernel(
 
 def _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig):
     batch, padded_len, num_heads, _ = q.shape
-    blocks = config.block_sizes
+    blocks, launch = config.block_sizes, config.launch
     q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q_dq)
     return pl.pallas_call(
         functools.partial(_backward_dq_kernel, config=config),
@@ -732,7 +533,7 @@ def _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig)
         ],
         out_specs=q_tile,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_compiler_params(blocks.num_warps_dq, blocks.num_stages_dq),
+        compiler_params=_compiler_params(launch.num_warps_dq, launch.num_stages_dq),
         interpret=config.interpret,
         name="kiln_flash_attention_dq",
     )(q, k, v, segment_ids, d_out, lse, delta)

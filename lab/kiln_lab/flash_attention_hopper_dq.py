@@ -8,8 +8,8 @@ dQ accumulator: three matmuls on the tensor cores, where the Triton dQ kernel ru
 Triton's mma. Per K/V tile the three go out as one group with one wait: this tile's q kᵀ and dO vᵀ,
 then the previous tile's ds k (the loop rotated as in the forward; the last tile's ds k follows
 the loop), so the tensor cores do not drain between them. Same inputs and output as that kernel
-(flash_attention._backward_dq), so either forward feeds it; masked logits are -inf, so a row with
-lse +inf (the Hopper forward's padded rows that see no key) or a finite lse (the Triton forward's)
+(kiln.kernels.flash_attention._backward_dq), so either forward feeds it; masked logits are -inf,
+so a row with lse +inf (the Hopper forward's padded rows that see no key) or a finite lse (the Triton forward's)
 gets probability 0 for them.
 
 On the GPU ds goes to its wgmma from registers and dQ accumulates in place, as in
@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kiln.kernels.flash_attention_hopper import (
+from kiln_lab.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
@@ -124,7 +124,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
         )
 
     # Each compute warpgroup's code on its own: its q rows, tile bounds and addresses fold
-    # (fewer instructions per masked tile; benchmarks/RESULTS.md).
+    # (fewer instructions per masked tile; lab/NOTES.md).
     split_warpgroups(compute, memory, static_index=True)
 
 

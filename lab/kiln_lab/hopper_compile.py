@@ -1,8 +1,8 @@
 """Compiles the Hopper (Mosaic GPU) attention kernels for an H200 on a machine without a GPU, and
 prints what ptxas reports for each tuner candidate: registers spilled, shared memory, failures.
 
-    ./pants package benchmarks:cuda-compiler    # jax's CUDA plugin, ptxas, nvdisasm (~255 MB)
-    ./pants run benchmarks/hopper_compile.py [-- --kernels hopper_dkv --head-dim 128]
+    ./pants package lab:cuda-compiler    # jax's CUDA plugin, ptxas, nvdisasm (~255 MB)
+    ./pants run lab/kiln_lab/hopper_compile.py [-- --kernels hopper_dkv --head-dim 128]
 
 XLA compiles deviceless for a GPU its target config describes (H200_TARGET_CONFIG): jax's CUDA
 plugin then runs the toolchain a GPU run does (Pallas -> Mosaic GPU -> PTX -> ptxas -> cubin, and
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -174,19 +175,25 @@ def compile_on(device, fn, *args):
     return jax.jit(exported.call).lower(*args).compile()
 
 
-def compile_for(device, blocks, *, seq_len: int, head_dim: int, segments: bool, grad: bool):
-    """Lowers causal attention (or its gradient) for the H200 and compiles it on `device`."""
+def compile_for(device, fields, *, seq_len: int, head_dim: int, segments: bool, grad: bool):
+    """Lowers causal attention (or its gradient) with a layout's fields for the H200 and
+    compiles it on `device`."""
     import jax
     import jax.numpy as jnp
 
-    from kiln.kernels.flash_attention import flash_attention
+    from kiln_lab.attention_tune import settings
+    from kiln_lab.hopper_attention import flash_attention
+
+    block_sizes, launch, hopper = settings(fields)
 
     q = jax.ShapeDtypeStruct((2, seq_len, 8, head_dim), jnp.bfloat16)
     ids = jax.ShapeDtypeStruct((2, seq_len), jnp.int32)
 
     def attention(q, k, v, segment_ids):
         segment_ids = segment_ids if segments else None
-        return flash_attention(q, k, v, segment_ids, causal=True, block_sizes=blocks)
+        return flash_attention(
+            q, k, v, segment_ids, block_sizes=block_sizes, launch=launch, hopper=hopper
+        )
 
     def loss(q, k, v, segment_ids):
         return attention(q, k, v, segment_ids).astype(jnp.float32).sum()
@@ -270,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--cuda-compiler",
-        default="dist/benchmarks/cuda-compiler.pex",
-        help="the PEX directory `./pants package benchmarks:cuda-compiler` writes",
+        default="dist/lab/cuda-compiler.pex",
+        help="the PEX directory `./pants package lab:cuda-compiler` writes",
     )
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seq-len", type=int, default=4096)
@@ -296,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     if not list(pex.glob(".deps/jax_cuda13_pjrt-*.whl/jax_plugins")):
         parser.error(
             f"--cuda-compiler {options.cuda_compiler}: no jax CUDA plugin there; run "
-            "`./pants package benchmarks:cuda-compiler`"
+            "`./pants package lab:cuda-compiler`"
         )
     with cuda_compiler(pex):
         return compile_all(options)
@@ -304,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def compile_all(options) -> int:
     """Compiles what the options ask for and prints a row each; 1 if anything failed."""
-    from kiln.kernels.flash_attention import default_block_sizes
+    from kiln.kernels.block_sizes import default_block_sizes
+    from kiln_lab.attention_tune import fields_of
 
     descriptor, log_name = tempfile.mkstemp(prefix="kiln-toolchain-", suffix=".log")
     os.close(descriptor)  # stderr_to opens it by name
@@ -315,7 +323,7 @@ def compile_all(options) -> int:
         os.environ["MOSAIC_GPU_DUMP_PTXAS"] = "1"
         os.environ["MOSAIC_GPU_DUMP_SASS"] = "1"  # and its SASS (nvdisasm, beside ptxas)
         device = h200_device()
-        base = default_block_sizes("NVIDIA H200", options.head_dim)
+        base = fields_of(*default_block_sizes("NVIDIA H200", options.head_dim))
         with stderr_to(log):
             failures = compile_candidates(device, base, dump, options)
             if options.train_step:
@@ -326,7 +334,7 @@ def compile_all(options) -> int:
 
 def compile_candidates(device, base, dump: Path, options) -> int:
     """One row per kernel candidate, without and with segment ids; returns the failed rows."""
-    from attention_tune import CANDIDATES, FIELDS, LAYOUT  # benchmarks/attention_tune.py
+    from kiln_lab.attention_tune import CANDIDATES, FIELDS, LAYOUT
 
     print(f"H200 (deviceless), head dim {options.head_dim}, seq {options.seq_len}, causal, bf16")
     print(
@@ -338,14 +346,14 @@ def compile_candidates(device, base, dump: Path, options) -> int:
     for kernel in options.kernels.split(","):
         for candidate in CANDIDATES[kernel][: 1 if options.quick else None]:
             fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
-            blocks = dataclasses.replace(base, **fields)
+            layout = {**base, **fields}
             for segments in (False, True):
                 row = f"{kernel:<12} {','.join(map(str, candidate)):<14} {str(segments):<9}"
                 start = time.perf_counter()
                 try:
                     compile_for(
                         device,
-                        blocks,
+                        layout,
                         seq_len=options.seq_len,
                         head_dim=options.head_dim,
                         segments=segments,
@@ -384,7 +392,7 @@ STEP_LAYOUTS = {
 def compile_step(device, base, options) -> int:
     """The train step with the Hopper forward and each Hopper backward (dK/dV + dQ kernels, and
     the fused one where the head dim allows); returns the failed layouts."""
-    from attention_tune import CANDIDATES, FIELDS, LAYOUT  # benchmarks/attention_tune.py
+    from kiln_lab.attention_tune import CANDIDATES, FIELDS, LAYOUT
 
     failures = 0
     for name, kernels in STEP_LAYOUTS.items():
@@ -393,11 +401,11 @@ def compile_step(device, base, options) -> int:
         fields = {}
         for kernel in kernels:
             fields.update(zip(FIELDS[kernel], CANDIDATES[kernel][0]), **LAYOUT[kernel])
-        blocks = dataclasses.replace(base, **fields)
+        layout = {**base, **fields}
         label = f"train step {name} (bf16, save_dots, {', '.join(kernels)})"
         start = time.perf_counter()
         try:
-            launches = compile_train_step(device, blocks, options.head_dim)
+            launches = compile_train_step(device, layout, options.head_dim)
         except Exception as exc:  # noqa: BLE001 - reported, and the exit status says so
             failures += 1
             print(f"{label} failed: {type(exc).__name__}: {exc}"[:600], flush=True)
@@ -410,21 +418,34 @@ def compile_step(device, base, options) -> int:
     return failures
 
 
-def compile_train_step(device, blocks, head_dim: int) -> int:
-    """Compiles a small Llama's bf16 train step (Pallas attention with `blocks`, segment ids,
-    remat save_dots) for the H200; returns how many Mosaic GPU kernels the executable runs."""
+def compile_train_step(device, fields, head_dim: int) -> int:
+    """Compiles a small Llama's bf16 train step (the lab's attention with a layout's fields,
+    segment ids, remat save_dots) for the H200; returns how many Mosaic GPU kernels the
+    executable runs. The model's "pallas" attention calls the product's flash_attention, which
+    knows nothing of the lab: for this compile the lab's stands in for it."""
+    from unittest import mock
+
+    from kiln.kernels import flash_attention as product
+    from kiln_lab.attention_tune import settings
+    from kiln_lab.hopper_attention import flash_attention
+
+    block_sizes, launch, hopper = settings(fields)
+    lab_attention = functools.partial(
+        flash_attention, block_sizes=block_sizes, launch=launch, hopper=hopper
+    )
+    with mock.patch.object(product, "flash_attention", lab_attention):
+        return _compile_small_train_step(device, head_dim)
+
+
+def _compile_small_train_step(device, head_dim: int) -> int:
     import jax
     import jax.numpy as jnp
 
-    from kiln.kernels.flash_attention import TUNED_BLOCK_SIZES
     from kiln.model.config import LlamaConfig
     from kiln.train.mesh import make_mesh
     from kiln.train.optimizer import AdamConfig
     from kiln.train.step import abstract_train_state, train_step_fn
 
-    TUNED_BLOCK_SIZES["NVIDIA H200"] = {head_dim: blocks}  # what the model's attention reads
-    # flash_attention's jit cache keys on block_sizes=None, not on the table it read then.
-    jax.clear_caches()
     seq_len, adam = 256, AdamConfig()
     model = LlamaConfig(
         max_seq_len=seq_len,

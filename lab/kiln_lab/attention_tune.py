@@ -1,7 +1,7 @@
-"""Tunes the Pallas flash-attention block sizes on the device: each kernel on its own.
+"""Tunes the flash-attention kernels' settings on the device: each kernel on its own.
 
-    PYTHONPATH=src/python python3 benchmarks/attention_tune.py --json tuned.json      # GPU
-    PYTHONPATH=src/python python3 benchmarks/attention_tune.py --quick                # CPU smoke
+    PYTHONPATH=src/python:benchmarks:lab python3 -m kiln_lab.attention_tune --json tuned.json
+    PYTHONPATH=src/python:benchmarks:lab python3 -m kiln_lab.attention_tune --quick  # CPU smoke
 
 For each head dim it times the forward, dK/dV and dQ kernels separately over a list of candidate
 (block sizes, warps, stages), at one problem (default: causal, seq 4096, bf16, 16k tokens), then the
@@ -11,18 +11,21 @@ yet), and the fused-dQ backward against the faster dK/dV + dQ. Each candidate's 
 against the fp32 reference on the first and last batch rows' first and last heads before it is
 timed; a candidate that fails to compile (shared memory, registers) or whose error is over
 --max-error is dropped (its row names the outputs off and the 64-row tiles they are off in). Prints
-one row per candidate and, per head dim, the winning `BlockSizes` (the literal to put in
-TUNED_BLOCK_SIZES); --json gets them as dicts, rewritten after every kernel so a run stopped early
-keeps what it found. Context rows time cuDNN, jax's Triton `mha` and jax's Mosaic GPU
+one row per candidate and, per head dim, the winning settings: BlockSizes and LaunchParams fields
+(the entry to put in kiln.kernels.block_sizes.TUNED_BLOCK_SIZES), and the HopperKernels switches
+(hopper_forward, hopper_dkv, hopper_dq, hopper_fused_fp32_probs) that are on. --json gets them as
+one flat dict per head dim, rewritten after every kernel so a run stopped early keeps what it
+found; without a Hopper switch on, benchmarks/attention.py --block-sizes reads it. Context rows time cuDNN, jax's Triton `mha` and jax's Mosaic GPU
 `attention_mgpu` (on fp16 copies of the inputs) on the same problem.
 
-Reaches into flash_attention's private kernel functions on purpose: tuning is per kernel.
+Reaches into the product's private kernel functions on purpose: tuning is per kernel.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -32,6 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,13 +47,21 @@ from attention import (  # benchmarks/attention.py
     attention,
     device_seconds,
     relative_error,
+    settings_from_fields,
 )
 
 from kiln.artifacts import atomic_write_json
 from kiln.kernels import flash_attention as fa
-from kiln.kernels.flash_attention_hopper_dkv import hopper_dkv
-from kiln.kernels.flash_attention_hopper_dq import hopper_dq
+from kiln.kernels.block_sizes import BlockSizes, LaunchParams, default_block_sizes
 from kiln.kernels.reference import reference_attention
+from kiln_lab import flash_attention_hopper
+from kiln_lab.flash_attention_hopper_dkv import hopper_dkv
+from kiln_lab.flash_attention_hopper_dq import hopper_dq
+from kiln_lab.hopper_attention import HopperKernels, LabConfig, flash_attention, lab_config
+
+# A kernel layout: BlockSizes and LaunchParams fields, and HopperKernels' switches as
+# "hopper_" + their name, in one flat dict (the tuner's JSON, one per head dim).
+Fields = dict[str, Any]
 
 # Per kernel, the fields of FIELDS; the current table entry is added first. The Triton lists keep
 # the candidates that came within ~30% of the best on the H200 (benchmarks/RESULTS.md).
@@ -187,6 +199,33 @@ CHOSEN_FIELDS = {
 }
 
 
+def settings(fields: Fields) -> tuple[BlockSizes, LaunchParams, HopperKernels]:
+    """The dataclasses a layout's fields set; a name none of them has is a ValueError."""
+    hopper = {
+        name.removeprefix("hopper_"): value
+        for name, value in fields.items()
+        if name.startswith("hopper_")
+    }
+    block_sizes, launch = settings_from_fields(
+        {name: value for name, value in fields.items() if not name.startswith("hopper_")}
+    )
+    return block_sizes, launch, HopperKernels(**hopper)
+
+
+def fields_of(
+    block_sizes: BlockSizes, launch: LaunchParams, hopper: HopperKernels | None = None
+) -> Fields:
+    switches = dataclasses.asdict(hopper or HopperKernels())
+    hopper_fields = {f"hopper_{name}": on for name, on in switches.items()}
+    return {**dataclasses.asdict(block_sizes), **dataclasses.asdict(launch), **hopper_fields}
+
+
+def switched_on(fields: Fields) -> Fields:
+    """fields without the Hopper switches that are off: with none on, a settings file that
+    benchmarks/attention.py --block-sizes reads."""
+    return {name: value for name, value in fields.items() if value or not name.startswith("hopper_")}
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     seq_len: int
@@ -210,8 +249,8 @@ class KernelBench:
         keys = jax.random.split(jax.random.PRNGKey(int(time.time())), 4)  # fresh every run
         shape = (problem.batch, problem.seq_len, problem.num_heads, problem.head_dim)
         self.q, self.k, self.v, self.d_out = (jax.random.normal(key, shape, dtype) for key in keys)
-        base = self.config(fa.default_block_sizes("", problem.head_dim))
-        self.out, self.lse = jax.jit(lambda q, k, v: fa._forward(q, k, v, None, base))(
+        base = self.config(fields_of(*default_block_sizes("", problem.head_dim)))
+        self.out, self.lse = jax.jit(lambda q, k, v: fa._forward(q, k, v, None, base.triton))(
             self.q, self.k, self.v
         )
         self.delta = jnp.einsum(
@@ -219,18 +258,20 @@ class KernelBench:
         )
         self.expected = self._references()
 
-    def config(self, blocks: fa.BlockSizes) -> fa._KernelConfig:
+    def config(self, fields: Fields) -> LabConfig:
         problem = self.problem
-        config = fa._kernel_config(
+        block_sizes, launch, hopper = settings(fields)
+        config = lab_config(
             problem.seq_len,
-            problem.head_dim,
             self.q.dtype,
             causal=problem.causal,
             sm_scale=1.0 / math.sqrt(problem.head_dim),
-            block_sizes=blocks,
+            block_sizes=block_sizes,
+            launch=launch,
+            hopper=hopper,
             interpret=self.interpret,
         )
-        assert config.padded_len == problem.seq_len, "pick a seq_len the tiles divide"
+        assert config.triton.padded_len == problem.seq_len, "pick a seq_len the tiles divide"
         return config
 
     def _references(self) -> dict[str, tuple]:
@@ -252,24 +293,29 @@ class KernelBench:
             "hopper_fused": (dq / sm_scale, dk, dv),
         }
 
-    def kernel(self, name: str, blocks: fa.BlockSizes) -> tuple[Callable, tuple]:
-        config = self.config(blocks)
-        if name in ("fwd", "hopper"):
-            return jax.jit(lambda q, k, v: fa._forward(q, k, v, None, config)[0]), (
+    def kernel(self, name: str, fields: Fields) -> tuple[Callable, tuple]:
+        config = self.config(fields)
+        if name == "hopper":
+            hopper_forward = functools.partial(flash_attention_hopper.hopper_forward, config=config.forward)
+            return jax.jit(lambda q, k, v: hopper_forward(q, k, v, None)[0]), (
+                self.q,
+                self.k,
+                self.v,
+            )
+        if name == "fwd":
+            return jax.jit(lambda q, k, v: fa._forward(q, k, v, None, config.triton)[0]), (
                 self.q,
                 self.k,
                 self.v,
             )
         if name in ("hopper_dkv", "hopper_fused", "hopper_dq"):
             hopper_kernel, hopper_config = (
-                (hopper_dq, config.hopper_dq)
-                if name == "hopper_dq"
-                else (hopper_dkv, config.hopper_dkv)
+                (hopper_dq, config.dq) if name == "hopper_dq" else (hopper_dkv, config.dkv)
             )
             fn = jax.jit(lambda *args: hopper_kernel(*args[:3], None, *args[3:], hopper_config))
         else:
             body = {"dkv": fa._backward_dkv, "fused": fa._backward_dkv, "dq": fa._backward_dq}[name]
-            fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config))
+            fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config.triton))
         return fn, (self.q, self.k, self.v, self.d_out, self.lse, self.delta)
 
     def compared(self, name: str, result):
@@ -339,24 +385,24 @@ def failure(exc: Exception, head: int = 300, tail: int = 700) -> str:
     return text if len(text) <= head + tail else f"{text[:head]} ... {text[-tail:]}"
 
 
-def ordered_candidates(base: fa.BlockSizes, kernel: str, candidates) -> list[tuple[int, ...]]:
+def ordered_candidates(base: Fields, kernel: str, candidates) -> list[tuple[int, ...]]:
     """The current setting first (the one to beat), then the others. For a Hopper kernel when
     base runs the Triton one, the list alone: those fields rarely suit the Mosaic kernel."""
     switches = [f for f, on in LAYOUT[kernel].items() if f.startswith("hopper") and on]
-    if not all(getattr(base, switch) for switch in switches):
+    if not all(base.get(switch, False) for switch in switches):
         return list(candidates)
-    current = tuple(getattr(base, field) for field in FIELDS[kernel])
+    current = tuple(base[field] for field in FIELDS[kernel])
     return [current] + [c for c in candidates if c != current]
 
 
 def tune_kernel(
     bench: KernelBench,
     kernel: str,
-    base: fa.BlockSizes,
+    base: Fields,
     options,
     candidates=None,
-    on_best: Callable[[fa.BlockSizes, float], None] | None = None,
-) -> tuple[fa.BlockSizes, float]:
+    on_best: Callable[[Fields, float], None] | None = None,
+) -> tuple[Fields, float]:
     """The fastest candidate for one kernel (other fields kept from base) within the error cap,
     and its seconds (inf when none passed: then base comes back). on_best hears of each new
     fastest as it is found."""
@@ -370,9 +416,8 @@ def tune_kernel(
         # The row's start goes out first: a kernel that hangs the device leaves its name last.
         print(f"  {kernel:<10} {label:<16}", end="", flush=True)
         try:
-            fields = dict(zip(FIELDS[kernel], candidate), **LAYOUT[kernel])
-            blocks = dataclasses.replace(base, **fields)
-            fn, args = bench.kernel(kernel, blocks)
+            fields = {**base, **dict(zip(FIELDS[kernel], candidate)), **LAYOUT[kernel]}
+            fn, args = bench.kernel(kernel, fields)
             result = fn(*args)
             errors = bench.errors(kernel, result)
             seconds = device_seconds(fn, args, options.iters)
@@ -389,15 +434,15 @@ def tune_kernel(
             for output, where in bench.off_tiles(kernel, result, options.max_error).items():
                 print(f"    {output} off in [batch,head] {TILE_ROWS}-row tiles: {where}")
         if not verdict and seconds < best_seconds:
-            best, best_seconds = blocks, seconds
+            best, best_seconds = fields, seconds
             if on_best is not None:
                 on_best(best, best_seconds)
     return best, best_seconds
 
 
 def tune_in_child(
-    bench: KernelBench, kernel: str, base: fa.BlockSizes, options
-) -> tuple[fa.BlockSizes, float]:
+    bench: KernelBench, kernel: str, base: Fields, options
+) -> tuple[Fields, float]:
     """tune_kernel in a child process stopped after --stage-timeout seconds: a kernel never run
     on a device that hangs it, or breaks its CUDA context (an illegal address fails every later
     launch in the process), costs the rest of its own stage only: the child writes its fastest
@@ -405,9 +450,9 @@ def tune_in_child(
     own inputs, and does not preallocate GPU memory (we hold most of it)."""
     with tempfile.TemporaryDirectory() as scratch:
         result = Path(scratch) / "result.json"
-        argv = [sys.executable, __file__, "--stage", kernel, "--result", str(result)]
+        argv = [sys.executable, "-m", __spec__.name, "--stage", kernel, "--result", str(result)]
         argv += ["--problem", json.dumps(dataclasses.asdict(bench.problem))]
-        argv += ["--base", json.dumps(dataclasses.asdict(base))]
+        argv += ["--base", json.dumps(base)]
         argv += ["--iters", str(options.iters), "--max-error", str(options.max_error)]
         argv += ["--max-candidates", str(options.max_candidates)]
         env = os.environ | {
@@ -425,7 +470,7 @@ def tune_in_child(
         if ended:  # Exit code: negative for the signal that ended it.
             print(f"\n  {kernel}: {ended}; its fastest so far is kept", flush=True)
         found = json.loads(result.read_text())
-    return fa.BlockSizes(**found["blocks"]), found["seconds"]
+    return found["fields"], found["seconds"]
 
 
 def run_stage(options) -> None:
@@ -434,10 +479,10 @@ def run_stage(options) -> None:
     problem = Problem(**json.loads(options.problem))
     interpret = jax.devices()[0].platform == "cpu"
     bench = KernelBench(problem, jnp.bfloat16, interpret)
-    base = fa.BlockSizes(**json.loads(options.base))
+    base = json.loads(options.base)
 
-    def write(blocks: fa.BlockSizes, seconds: float) -> None:
-        found = {"blocks": dataclasses.asdict(blocks), "seconds": seconds}
+    def write(fields: Fields, seconds: float) -> None:
+        found = {"fields": fields, "seconds": seconds}
         atomic_write_json(options.result, found)
 
     tune_kernel(bench, options.stage, base, options, on_best=write)
@@ -448,14 +493,14 @@ class Choice:
     """The fastest setting found so far for one kernel (its fields in CHOSEN_FIELDS)."""
 
     seconds: float
-    blocks: fa.BlockSizes
+    fields: Fields
 
-    def offer(self, blocks: fa.BlockSizes, seconds: float) -> None:
+    def offer(self, fields: Fields, seconds: float) -> None:
         if seconds < self.seconds:
-            self.seconds, self.blocks = seconds, blocks
+            self.seconds, self.fields = seconds, fields
 
 
-def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable) -> fa.BlockSizes:
+def tune(bench: KernelBench, fields: Fields, options, on_update: Callable) -> Fields:
     """The Triton forward, dK/dV and dQ first, then the Triton fused-dQ backward; then each
     Hopper kernel against its Triton one, the faster winning (HOPPER_ALTERNATIVE's order; the
     fused one needs head dim 128); last, the faster fused backward against the chosen dK/dV +
@@ -463,25 +508,24 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
     never yet run on a device."""
     chosen = {}
     for kernel in ("fwd", "dkv", "dq"):
-        blocks, seconds = tune_kernel(bench, kernel, blocks, options)
-        chosen[kernel] = Choice(seconds, blocks)
-        on_update(blocks)
-    split = blocks
-    blocks, seconds = tune_kernel(bench, "fused", split, options)
-    chosen["fused"] = Choice(seconds, blocks)
+        fields, seconds = tune_kernel(bench, kernel, fields, options)
+        chosen[kernel] = Choice(seconds, fields)
+        on_update(fields)
+    split = fields
+    fields, seconds = tune_kernel(bench, "fused", split, options)
+    chosen["fused"] = Choice(seconds, fields)
 
-    def best_layout() -> tuple[fa.BlockSizes, float]:
+    def best_layout() -> tuple[Fields, float]:
         """The chosen kernels' fields on split, and the chosen dK/dV + dQ's seconds."""
         split_backward = chosen["dkv"].seconds + chosen["dq"].seconds
         kernels = ["fwd", "dkv", "dq"] + (
             ["fused"] if chosen["fused"].seconds < split_backward else []
         )
-        layout = split
+        layout = dict(split)
         for kernel in kernels:
-            fields = {
-                field: getattr(chosen[kernel].blocks, field) for field in CHOSEN_FIELDS[kernel]
-            }
-            layout = dataclasses.replace(layout, **fields)
+            layout.update(
+                {field: chosen[kernel].fields.get(field, False) for field in CHOSEN_FIELDS[kernel]}
+            )
         return layout, split_backward
 
     on_update(best_layout()[0])
@@ -497,13 +541,13 @@ def tune(bench: KernelBench, blocks: fa.BlockSizes, options, on_update: Callable
         )
         chosen[kernel].offer(hopper, hopper_seconds)
         on_update(best_layout()[0])
-    blocks, split_backward = best_layout()
+    fields, split_backward = best_layout()
     print(
         f"  backward: dK/dV + dQ {split_backward * 1e3:.3f} ms, fused dQ "
         f"{chosen['fused'].seconds * 1e3:.3f} ms",
         flush=True,
     )
-    return blocks
+    return fields
 
 
 def context_rows(bench: KernelBench, options) -> None:
@@ -513,8 +557,12 @@ def context_rows(bench: KernelBench, options) -> None:
     problem = bench.problem
     sm_scale = 1.0 / math.sqrt(problem.head_dim)
     args = (bench.q, bench.k, bench.v, bench.d_out)
+    block_sizes, launch, hopper = settings(options.tuned)
+    ours = functools.partial(
+        flash_attention, causal=problem.causal, block_sizes=block_sizes, launch=launch, hopper=hopper
+    )
     runs = {
-        "ours (tuned)": (attention("ours", problem.causal, options.tuned), args),
+        "ours (tuned)": (ours, args),
         "cudnn": (attention("cudnn", problem.causal), args),
     }
     try:
@@ -576,7 +624,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="at most this many per Triton kernel (1: time the table's setting, as a baseline)",
     )
     parser.add_argument("--max-error", type=float, default=5e-2, help="bf16 relative error cap")
-    parser.add_argument("--json", help="write {head_dim: BlockSizes fields} here")
+    parser.add_argument("--json", help="write {head_dim: the winning Fields} here")
     parser.add_argument(
         "--stage-timeout",
         type=float,
@@ -614,17 +662,17 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(f"{problem} (bf16)", flush=True)
         bench = KernelBench(problem, jnp.bfloat16, interpret)
-        blocks = fa.default_block_sizes(device.device_kind, head_dim)
+        fields = fields_of(*default_block_sizes(device.device_kind, head_dim))
 
-        def record(blocks: fa.BlockSizes, head_dim: int = head_dim) -> None:
-            tuned[str(head_dim)] = dataclasses.asdict(blocks)
+        def record(fields: Fields, head_dim: int = head_dim) -> None:
+            tuned[str(head_dim)] = switched_on(fields)
             if options.json:
                 atomic_write_json(options.json, {"device_kind": device.device_kind, **tuned})
 
-        blocks = tune(bench, blocks, options, record)
-        print(f"  tuned d={head_dim}: {blocks!r}", flush=True)
+        fields = tune(bench, fields, options, record)
+        print(f"  tuned d={head_dim}: {switched_on(fields)}", flush=True)
         if not interpret:
-            options.tuned = blocks
+            options.tuned = fields
             context_rows(bench, options)
     sys.stdout.flush()
 

@@ -8,8 +8,9 @@ warpgroup's exponentials overlap the other's matmuls. A warpgroup's turn issues 
 q k^T and the previous tile's p v back to back, with one wait for both (FlashAttention-3's loop
 rotation; jax's kernel drains the tensor cores between them).
 
-Same contract as the Triton forward in flash_attention.py (out, and the base-2 log-sum-exp of the
-scaled logits), so both forwards share the backward kernels. Differences from jax's kernel:
+Same contract as the product's Triton forward (kiln.kernels.flash_attention: out, and the
+base-2 log-sum-exp of the scaled logits), so both forwards share the backward kernels.
+Differences from jax's kernel:
 - any 16-bit dtype (its SMEM scratch is fp16 only, so bf16 fails there), sm_scale, segment ids
   and the padded-key mask. Masked logits are -inf, and a row whose keys so far are all masked
   is shifted by 0, not by its -inf max (no NaN). The Triton kernel's finite MASK_VALUE would
@@ -51,7 +52,7 @@ COMPUTE_WARPGROUPS = 2
 WARPGROUPS = COMPUTE_WARPGROUPS + 1  # And one that streams K/V.
 COMPUTE_REGISTERS, MEMORY_REGISTERS = 240, 24  # Per thread: split_warpgroups.
 WGMMA_ROWS = 64  # A warpgroup's wgmma covers 64 rows: q tiles and kv tiles are multiples.
-# GPU interpret mode's settings (CPU tests): tests/python/kiln/kernels turn its race detector on.
+# GPU interpret mode's settings (CPU tests): lab/tests turn its race detector on.
 INTERPRET_PARAMS = plgpu.InterpretGPUParams()
 # 16-bit SMEM tiles: (8, 64) tiling with the 128-byte swizzle is what wgmma reads.
 WGMMA_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))  # type: ignore[abstract]
@@ -60,7 +61,7 @@ WGMMA_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
 @dataclasses.dataclass(frozen=True)
 class HopperConfig:
     """Static description of one call of a Hopper kernel (the forward here, or the dQ kernel of
-    flash_attention_hopper_dq.py); flash_attention.py builds it from its own config."""
+    flash_attention_hopper_dq.py); hopper_attention.py builds it from its own config."""
 
     causal: bool
     sm_scale: float
@@ -74,7 +75,7 @@ class HopperConfig:
     kv_programs: bool = False
     # dK/dV only: also add each tile's dQ into an fp32 buffer (flash_attention_hopper_dkv.py).
     fused_dq: bool = False
-    # Fused dK/dV only: pT stays fp32 through dsT (BlockSizes.hopper_fused_fp32_probs).
+    # Fused dK/dV only: pT stays fp32 through dsT (HopperKernels.fused_fp32_probs).
     fp32_probs: bool = False
 
     def __post_init__(self) -> None:
@@ -106,9 +107,9 @@ class HopperConfig:
         if self.fused_dq and head_dim % (COMPUTE_WARPGROUPS * WGMMA_ROWS):
             # Each warpgroup's dQ columns are a slice of the K tiles, whose SMEM tiling is 64 wide.
             raise ValueError(
-                f"Hopper fused dQ (BlockSizes.hopper_dkv with fused_dq) wants head dim a multiple "
-                f"of {COMPUTE_WARPGROUPS * WGMMA_ROWS}, got {head_dim}: use the Triton dK/dV "
-                "kernel (hopper_dkv=False) for fused_dq, or a dQ kernel (fused_dq=False)"
+                f"Hopper fused dQ (HopperKernels.dkv with LaunchParams.fused_dq) wants head dim a "
+                f"multiple of {COMPUTE_WARPGROUPS * WGMMA_ROWS}, got {head_dim}: use the Triton "
+                "dK/dV kernel (dkv=False) for fused_dq, or a dQ kernel (fused_dq=False)"
             )
         if padded_len % self.program_rows or padded_len % self.streamed_block:
             raise ValueError(
@@ -228,7 +229,7 @@ def check_interpreter_threads() -> None:
             f"fewer than the kernel's {WARPGROUPS} warpgroups, so the interpreter would hang "
             f"at a barrier. Set PJRT_NPROC={WARPGROUPS + 1} in the environment before jax "
             "starts (the tests' BUILD file does), or use the Triton kernels "
-            "(BlockSizes.hopper_forward, hopper_dkv, hopper_dq False)."
+            "(HopperKernels() or kiln.kernels.flash_attention)."
         )
 
 
@@ -242,7 +243,7 @@ def check_interpreter_devices() -> None:
         raise ValueError(
             f"Hopper kernel in GPU interpret mode over {mesh.size} devices ({mesh}): jax's GPU "
             "interpreter runs one device at a time. Interpret on one device, or use the "
-            "Triton kernels (BlockSizes.hopper_forward, hopper_dkv, hopper_dq False)."
+            "Triton kernels (HopperKernels() or kiln.kernels.flash_attention)."
         )
 
 
@@ -283,11 +284,11 @@ def split_warpgroups(compute, memory, *, static_index: bool = False) -> None:
     """Warp specialisation: the compute warpgroups run compute(wg) with most of the registers,
     the last warpgroup runs memory() (TMA streaming) with few. 2 x 240 + 24 per thread fits the
     SM's 64K registers over three warpgroups of 128 threads: FlashAttention-3's split. ptxas
-    (benchmarks/hopper_compile.py, RESULTS.md): the memory warpgroups need no more than 24, and
+    (hopper_compile.py, lab/NOTES.md): the memory warpgroups need no more than 24, and
     the backward's compute warpgroups spill less than at 232 + 40. static_index: each compute
     warpgroup gets its own copy of the code with wg a constant, so that its addresses and tile
     bounds fold (twice the code; fewer instructions per tile in the dK/dV and dQ kernels, but the
-    forward's 64,128,2 then spills with segment ids: RESULTS.md)."""
+    forward's 64,128,2 then spills with segment ids: lab/NOTES.md)."""
     wg = lax.axis_index("wg")
 
     def run_compute(index):
@@ -362,7 +363,7 @@ def fill_ring(load, free_barriers, num_tiles, stages: int) -> None:
 def next_slot(slot, stages: int):
     """The ring slot after `slot`. The compute warpgroups carry their slot through the tile
     loops: the tile index modulo a ring of 3 cost each tile a division's instructions, and at
-    any depth the carried slot spilled less (benchmarks/RESULTS.md)."""
+    any depth the carried slot spilled less (lab/NOTES.md)."""
     return jnp.where(slot == stages - 1, 0, slot + 1)
 
 
@@ -404,7 +405,7 @@ def wgmma_group(body, accumulators, config: HopperConfig, fresh=()) -> list[jax.
     A fresh accumulator costs no instructions when body's first wgmma writes it, before any
     barrier wait or pl.when: ptxas then issues that wgmma without reading the accumulator.
     Otherwise the zeros are set in registers (a CS2R per two) before the branch, every tile
-    (benchmarks/RESULTS.md)."""
+    (lab/NOTES.md)."""
     if config.interpret:
         shapes = [acc.shape for acc in accumulators] + list(fresh)
 

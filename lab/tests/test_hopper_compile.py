@@ -1,5 +1,5 @@
 """hopper_compile.py compiles the Hopper kernels for an H200 on this CPU machine (the whole table
-is in benchmarks/RESULTS.md); its parts: reading ptxas' reports and the SASS from Mosaic GPU's
+is in lab/NOTES.md); its parts: reading ptxas' reports and the SASS from Mosaic GPU's
 dump, and the message when the compiler PEX is missing."""
 
 import os
@@ -8,13 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hopper_compile
 import pytest
 
-# Where Pants puts benchmarks:cuda-compiler for this test (BUILD: runtime_package_dependencies).
-CUDA_COMPILER = Path("benchmarks/cuda-compiler.pex")
+from kiln_lab import hopper_compile
+
+# Where Pants puts lab:cuda-compiler for this test (BUILD: runtime_package_dependencies).
+CUDA_COMPILER = Path("lab/cuda-compiler.pex")
 # Local loads + stores each kernel's first candidate may run per pass of each tile loop (ptxas
-# 13.5.37, benchmarks/RESULTS.md): none, but the fused backward, which reloads spilled loop
+# 13.5.37, lab/NOTES.md): none, but the fused backward, which reloads spilled loop
 # invariants every tile (~28 in its masked tiles' loop, ~15 in the unmasked one's).
 MAX_LOOP_SPILLS = {"hopper": 0, "hopper_dkv": 0, "hopper_dq": 0, "hopper_fused": 40}
 
@@ -107,7 +108,7 @@ def test_names_the_package_command_when_the_compiler_is_missing(tmp_path, capsys
     with pytest.raises(SystemExit) as exit_info:
         hopper_compile.main(["--cuda-compiler", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert "./pants package benchmarks:cuda-compiler" in capsys.readouterr().err
+    assert "./pants package lab:cuda-compiler" in capsys.readouterr().err
 
 
 def test_the_hopper_kernels_compile_for_an_h200():
@@ -118,7 +119,7 @@ def test_the_hopper_kernels_compile_for_an_h200():
     Hopper backward. In a fresh process: jax must load after the plugin is on sys.path."""
     args = ["--cuda-compiler", str(CUDA_COMPILER), "--quick", "--train-step"]
     result = subprocess.run(
-        [sys.executable, hopper_compile.__file__, *args],
+        [sys.executable, "-m", "kiln_lab.hopper_compile", *args],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         capture_output=True,
         text=True,

@@ -8,14 +8,14 @@ problem, rows = its keys:
     sT = k qᵀ,  pT = exp2(sT · scale - lse),  dV += pT dO,
     dpT = v dOᵀ, dsT = pT (dpT - delta),       dK += dsT q
 then writes dK · sm_scale and dV through its K/V SMEM tiles by TMA. Same inputs and outputs as
-the Triton dK/dV kernel (flash_attention._backward_dkv), so either forward feeds it: masked
-logits are -inf, probability 0 whether lse is finite or +inf.
+the product's Triton dK/dV kernel (kiln.kernels.flash_attention._backward_dkv), so either forward
+feeds it: masked logits are -inf, probability 0 whether lse is finite or +inf.
 
 Causal: a K/V tile sees only q tiles from its own start on; those that straddle the diagonal
 are masked, later ones are not. Programs run first to last, so the longest start first. lse and
 delta ride the ring with their q tile (256 bytes each) and are read from SMEM just before use:
 held in registers for the whole tile, as plain loads from global memory had them, their 32
-registers (the WGMMA column layout) made ptxas spill (benchmarks/RESULTS.md). On the GPU pT
+registers (the WGMMA column layout) made ptxas spill (lab/NOTES.md). On the GPU pT
 and dsT go to their wgmma from registers and dK/dV accumulate in place (FlashAttention-3's form);
 in the interpreter, which takes wgmma operands from memory only and cannot accumulate in place,
 they are staged through SMEM into fresh accumulators (flash_attention_hopper.lhs_operand,
@@ -45,7 +45,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from kiln.kernels.flash_attention_hopper import (
+from kiln_lab.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
     WGMMA_TRANSFORMS,
     HopperConfig,
@@ -201,7 +201,7 @@ def _kernel(gmem_refs, smem, barriers, config: HopperConfig):
 
     # Each compute warpgroup's code on its own: its K/V rows, and so the causal tile bounds and
     # its SMEM tiles' wgmma descriptors, are constants (unmasked loops ~40% fewer instructions,
-    # no spills; benchmarks/RESULTS.md). Not fused: there it saves ~2% of the unmasked loop's
+    # no spills; lab/NOTES.md). Not fused: there it saves ~2% of the unmasked loop's
     # instructions, and two copies of a ~9 KiB loop per SM scheduler risk the instruction cache
     # more than two of ~5 KiB (ncu's stall reasons will tell).
     split_warpgroups(compute, memory, static_index=not config.fused_dq)
@@ -335,11 +335,11 @@ def _compute_warpgroup(
             # Fused, the registers run short: pT is kept in the inputs' dtype only (dV's operand,
             # and dsT's factor; dsT is rounded to it too), so its fp32 tile is free before dpT.
             # On the SASS: 15 local loads/stores per unmasked tile instead of 56, at 24
-            # instructions more (benchmarks/RESULTS.md); the tuner times both forms.
+            # instructions more (lab/NOTES.md); the tuner times both forms.
             probs = probs.astype(k_smem.dtype)
         # dV's and dpT's wgmmas apart: issued together (one wait, as in jax's attention_mgpu)
         # they kept pT, dpT and dV's operands live at once, and ptxas spilled 13-16 more local
-        # loads per tile (benchmarks/hopper_compile.py).
+        # loads per tile (hopper_compile.py).
         p_operand = lhs_operand(probs, k_smem.dtype, staging)
         dv = accumulate(dv, p_operand, d_out_tile, config)
         d_probs = matmul(v_smem, d_out_tile.transpose((1, 0)), tile_shape)
