@@ -244,7 +244,9 @@ def load_block_sizes(path: str | None) -> dict[int, tuple[BlockSizes, LaunchPara
         entries = json.load(file)
     try:
         return {
-            int(dim): settings_from_fields(fields) for dim, fields in entries.items() if dim.isdigit()
+            int(dim): settings_from_fields(fields)
+            for dim, fields in entries.items()
+            if dim.isdigit()
         }
     except ValueError as error:
         raise ValueError(f"--block-sizes {path}: {error}") from None

@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--non-causal", action="store_true")
-    parser.add_argument("--block-sizes", help="a settings file (a tuner's JSON) instead of the table")
+    parser.add_argument(
+        "--block-sizes", help="a settings file (a tuner's JSON) instead of the table"
+    )
     args = parser.parse_args(argv)
     block_sizes, launch = load_block_sizes(args.block_sizes).get(args.head_dim, (None, None))
     shape = (

@@ -15,8 +15,9 @@ one row per candidate and, per head dim, the winning settings: BlockSizes and La
 (the entry to put in kiln.kernels.block_sizes.TUNED_BLOCK_SIZES), and the HopperKernels switches
 (hopper_forward, hopper_dkv, hopper_dq, hopper_fused_fp32_probs) that are on. --json gets them as
 one flat dict per head dim, rewritten after every kernel so a run stopped early keeps what it
-found; without a Hopper switch on, benchmarks/attention.py --block-sizes reads it. Context rows time cuDNN, jax's Triton `mha` and jax's Mosaic GPU
-`attention_mgpu` (on fp16 copies of the inputs) on the same problem.
+found; without a Hopper switch on, benchmarks/attention.py --block-sizes reads it. Context rows
+time cuDNN, jax's Triton `mha` and jax's Mosaic GPU `attention_mgpu` (on fp16 copies of the
+inputs) on the same problem.
 
 Reaches into the product's private kernel functions on purpose: tuning is per kernel.
 """
@@ -54,7 +55,7 @@ from kiln.artifacts import atomic_write_json
 from kiln.kernels import flash_attention as fa
 from kiln.kernels.block_sizes import BlockSizes, LaunchParams, default_block_sizes
 from kiln.kernels.reference import reference_attention
-from kiln_lab import flash_attention_hopper
+from kiln_lab.flash_attention_hopper import hopper_forward
 from kiln_lab.flash_attention_hopper_dkv import hopper_dkv
 from kiln_lab.flash_attention_hopper_dq import hopper_dq
 from kiln_lab.hopper_attention import HopperKernels, LabConfig, flash_attention, lab_config
@@ -223,7 +224,9 @@ def fields_of(
 def switched_on(fields: Fields) -> Fields:
     """fields without the Hopper switches that are off: with none on, a settings file that
     benchmarks/attention.py --block-sizes reads."""
-    return {name: value for name, value in fields.items() if value or not name.startswith("hopper_")}
+    return {
+        name: value for name, value in fields.items() if value or not name.startswith("hopper_")
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,8 +299,8 @@ class KernelBench:
     def kernel(self, name: str, fields: Fields) -> tuple[Callable, tuple]:
         config = self.config(fields)
         if name == "hopper":
-            hopper_forward = functools.partial(flash_attention_hopper.hopper_forward, config=config.forward)
-            return jax.jit(lambda q, k, v: hopper_forward(q, k, v, None)[0]), (
+            forward = functools.partial(hopper_forward, config=config.forward)
+            return jax.jit(lambda q, k, v: forward(q, k, v, None)[0]), (
                 self.q,
                 self.k,
                 self.v,
@@ -559,7 +562,11 @@ def context_rows(bench: KernelBench, options) -> None:
     args = (bench.q, bench.k, bench.v, bench.d_out)
     block_sizes, launch, hopper = settings(options.tuned)
     ours = functools.partial(
-        flash_attention, causal=problem.causal, block_sizes=block_sizes, launch=launch, hopper=hopper
+        flash_attention,
+        causal=problem.causal,
+        block_sizes=block_sizes,
+        launch=launch,
+        hopper=hopper,
     )
     runs = {
         "ours (tuned)": (ours, args),

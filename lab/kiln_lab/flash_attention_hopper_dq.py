@@ -9,8 +9,8 @@ Triton's mma. Per K/V tile the three go out as one group with one wait: this til
 then the previous tile's ds k (the loop rotated as in the forward; the last tile's ds k follows
 the loop), so the tensor cores do not drain between them. Same inputs and output as that kernel
 (kiln.kernels.flash_attention._backward_dq), so either forward feeds it; masked logits are -inf,
-so a row with lse +inf (the Hopper forward's padded rows that see no key) or a finite lse (the Triton forward's)
-gets probability 0 for them.
+so a row with lse +inf (the Hopper forward's padded rows that see no key) or a finite lse (the
+Triton forward's) gets probability 0 for them.
 
 On the GPU ds goes to its wgmma from registers and dQ accumulates in place, as in
 FlashAttention-3; jax's GPU interpret mode (the CPU tests) takes wgmma operands from memory only

@@ -34,8 +34,8 @@ def test_tuner_output_feeds_the_attention_table(tmp_path, capfd):
     assert output.count("hopper (mosaic gpu)") == 3
     for kernel in ("hopper", "hopper_dkv", "hopper_dq"):  # each one's rows, from its process
         assert f"  {kernel:<10} 64,64,3 " in output
-    # Every candidate of every kernel (the Hopper kernels and the fused backward included) matched the
-    # fp32 reference.
+    # Every candidate of every kernel (the Hopper kernels and the fused backward included)
+    # matched the fp32 reference.
     assert "rejected" not in output and "failed" not in output, output
 
 

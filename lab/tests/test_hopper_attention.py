@@ -132,7 +132,8 @@ def test_lowers_for_h200(layout: str) -> None:
         )
         return out.astype(jnp.float32).sum()
 
-    module = export_for_h200(jax.grad(loss, argnums=(0, 1, 2)), q, kv, kv, segment_ids).mlir_module()
+    grads = jax.grad(loss, argnums=(0, 1, 2))
+    module = export_for_h200(grads, q, kv, kv, segment_ids).mlir_module()
     mosaic = ["fwd_hopper"] if hopper.forward else []
     if hopper.dkv:
         mosaic.append("bwd_hopper" if launch.fused_dq else "dkv_hopper")  # bwd: dK, dV and dQ

@@ -32,9 +32,10 @@ class BlockSizes:
                 raise ValueError(f"BlockSizes.{name}={size} must be a power of two >= {MIN_BLOCK}")
 
     def fit_to(self, seq_len: int) -> BlockSizes:
-        """Shrinks tiles longer than the (power-of-two rounded) sequence: no work on pure padding."""
+        """Shrinks tiles longer than the (power-of-two rounded) sequence: no work on padding."""
         limit = max(MIN_BLOCK, pl.next_power_of_2(seq_len))
-        return BlockSizes(**{name: min(size, limit) for name, size in dataclasses.asdict(self).items()})
+        tiles = dataclasses.asdict(self)
+        return BlockSizes(**{name: min(size, limit) for name, size in tiles.items()})
 
     @property
     def largest(self) -> int:
@@ -68,12 +69,18 @@ class LaunchParams:
                 raise ValueError(f"LaunchParams.{name}={value} must be >= 1")
 
 
-# Tuned on an H200 on 2026-11-30 by benchmarks/attention_tune.py (each kernel on its own, causal,
-# seq 4096, bf16; numbers in benchmarks/RESULTS.md). The H100 shares the chip and uses them unmeasured.
+# Measured best on an H200 on 2026-11-30, each kernel timed on its own over candidate settings
+# (causal, seq 4096, bf16; numbers in benchmarks/RESULTS.md). The H100 shares the chip and uses
+# them unmeasured.
 _H200_SETTINGS = {
     64: (
         BlockSizes(
-            block_q=64, block_kv=64, block_q_dkv=64, block_kv_dkv=64, block_q_dq=128, block_kv_dq=64
+            block_q=64,
+            block_kv=64,
+            block_q_dkv=64,
+            block_kv_dkv=64,
+            block_q_dq=128,
+            block_kv_dq=64,
         ),
         LaunchParams(
             num_warps_fwd=4,
