@@ -181,8 +181,8 @@ def compile_for(device, fields, *, seq_len: int, head_dim: int, segments: bool, 
     import jax
     import jax.numpy as jnp
 
-    from kiln_lab.attention_tune import settings
     from kiln_lab.hopper_attention import flash_attention
+    from kiln_lab.layouts import settings
 
     block_sizes, launch, hopper = settings(fields)
 
@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 def compile_all(options) -> int:
     """Compiles what the options ask for and prints a row each; 1 if anything failed."""
     from kiln.kernels.block_sizes import default_block_sizes
-    from kiln_lab.attention_tune import fields_of
+    from kiln_lab.layouts import fields_of
 
     descriptor, log_name = tempfile.mkstemp(prefix="kiln-toolchain-", suffix=".log")
     os.close(descriptor)  # stderr_to opens it by name
@@ -334,7 +334,7 @@ def compile_all(options) -> int:
 
 def compile_candidates(device, base, dump: Path, options) -> int:
     """One row per kernel candidate, without and with segment ids; returns the failed rows."""
-    from kiln_lab.attention_tune import CANDIDATES, FIELDS, LAYOUT
+    from kiln_lab.layouts import CANDIDATES, FIELDS, LAYOUT
 
     print(f"H200 (deviceless), head dim {options.head_dim}, seq {options.seq_len}, causal, bf16")
     print(
@@ -392,7 +392,7 @@ STEP_LAYOUTS = {
 def compile_step(device, base, options) -> int:
     """The train step with the Hopper forward and each Hopper backward (dK/dV + dQ kernels, and
     the fused one where the head dim allows); returns the failed layouts."""
-    from kiln_lab.attention_tune import CANDIDATES, FIELDS, LAYOUT
+    from kiln_lab.layouts import CANDIDATES, FIELDS, LAYOUT
 
     failures = 0
     for name, kernels in STEP_LAYOUTS.items():
@@ -426,8 +426,8 @@ def compile_train_step(device, fields, head_dim: int) -> int:
     from unittest import mock
 
     from kiln.kernels import flash_attention as product
-    from kiln_lab.attention_tune import settings
     from kiln_lab.hopper_attention import flash_attention
+    from kiln_lab.layouts import settings
 
     block_sizes, launch, hopper = settings(fields)
     lab_attention = functools.partial(

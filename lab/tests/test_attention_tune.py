@@ -12,9 +12,9 @@ import types
 import attention
 
 from kiln.kernels.block_sizes import BlockSizes, LaunchParams
-from kiln_lab import attention_tune
+from kiln_lab import attention_tune, layouts
 
-DEFAULT = attention_tune.fields_of(BlockSizes(), LaunchParams())
+DEFAULT = layouts.fields_of(BlockSizes(), LaunchParams())
 SMALL = {**DEFAULT, "block_q": 32, "block_kv": 32}
 
 
@@ -153,8 +153,8 @@ def test_the_tuner_combines_the_fastest_kernels_into_a_valid_layout(monkeypatch)
     times |= {"hopper_dkv": 2.5, "hopper_dq": 1.5, "hopper_fused": 2.5}
 
     def fake_tune_kernel(bench, kernel, base, options, candidates=None):
-        last = attention_tune.CANDIDATES[kernel][-1]  # the fused one's: pT in fp32
-        fields = dict(zip(attention_tune.FIELDS[kernel], last), **attention_tune.LAYOUT[kernel])
+        last = layouts.CANDIDATES[kernel][-1]  # the fused one's: pT in fp32
+        fields = dict(zip(layouts.FIELDS[kernel], last), **layouts.LAYOUT[kernel])
         return {**base, **fields}, times[kernel]
 
     monkeypatch.setattr(attention_tune, "tune_kernel", fake_tune_kernel)
@@ -168,11 +168,11 @@ def test_the_tuner_combines_the_fastest_kernels_into_a_valid_layout(monkeypatch)
     assert (fields["block_q_dkv"], fields["block_kv_dkv"], fields["num_stages_dkv"]) == (64, 64, 3)
     assert fields["hopper_fused_fp32_probs"]
     assert updates[-1] == fields
-    attention_tune.settings(fields)  # a valid layout
+    layouts.settings(fields)  # a valid layout
 
     # Both fused backwards slower than the Triton dK/dV + the Hopper dQ (2.0 + 1.5):
     times["fused"] = times["hopper_fused"] = 4.0
     fields = attention_tune.tune(bench, fields, None, updates.append)
     assert fields["hopper_dq"] and not fields["fused_dq"] and not fields["hopper_dkv"]
     assert not fields["hopper_fused_fp32_probs"]
-    attention_tune.settings(fields)
+    layouts.settings(fields)
