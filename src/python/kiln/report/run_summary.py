@@ -1,4 +1,4 @@
-"""The end-of-run summary a finished checkpoint prints: `write_run_summary(output_path)`.
+"""The end-of-run summary a finished checkpoint prints: `write_run_summary(spec)`.
 
 kiln.runner calls it once, after training, and prints the text; it is also written to
 `output_path/summary.txt`, so that a later "already built" run prints it without restoring the
@@ -10,49 +10,48 @@ model or reading the caches again. It shows, in this order:
 - a few continuations sampled from the final model (kiln.model.sample) for prompts taken from
   the first validation set's first documents.
 
-Everything reads the artifact's own files: summary.json and metrics (the trainer's), the step
-spec (train_spec.json: config and input caches) and the newest checkpoint.
+Besides the run's spec (config and input caches), everything comes from the artifact's own
+files: summary.json (the trainer's), the loss curve and the newest checkpoint's parameters.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from kiln.artifacts import SUMMARY_TEXT_FILE, TRAIN_SPEC_FILE, atomic_write_text
-from kiln.data.cache import TokenCache
+from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
+from kiln.data.cache import TokenCache, open_caches
 from kiln.data.errors import KilnDataError
+from kiln.report.plots import PLOT_FILE
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo
-from kiln.train.spec import TrainSpec, load_spec
-from kiln.train.trainer import PLOT_FILE, SUMMARY_FILE, TrainingError, open_caches
+from kiln.train.metrics import SUMMARY_FILE
+from kiln.train.spec import TrainSpec
 
 NUM_SAMPLES = 3
 PROMPT_TOKENS = 24
 NEW_TOKENS = 40
 TEMPERATURE = 0.8
 SAMPLE_SEED = 0
-REPO_MARKER = "pants.toml"
 
 
-def write_run_summary(output_path: Path) -> str:
-    """Computes the summary of the finished run at `output_path`, writes it atomically to
+def write_run_summary(spec: TrainSpec) -> str:
+    """Computes the summary of the finished run `spec` describes, writes it atomically to
     output_path/summary.txt and returns it. In a multi-host run every process computes it (the
     restore and the sampling are collectives) and process 0 writes it."""
-    output_path = Path(output_path)
-    text = format_run_summary(output_path)
+    text = format_run_summary(spec)
     if jax.process_index() == 0:
-        atomic_write_text(output_path / SUMMARY_TEXT_FILE, text)
+        atomic_write_text(spec.output_path / SUMMARY_TEXT_FILE, text)
     return text
 
 
-def format_run_summary(output_path: Path) -> str:
-    spec = load_spec(output_path / TRAIN_SPEC_FILE)
+def format_run_summary(spec: TrainSpec) -> str:
+    output_path = spec.output_path
     summary = json.loads((output_path / SUMMARY_FILE).read_text())
     checkpointer = Checkpointer.from_spec(
         output_path, spec.runtime.checkpointer, name=spec.name, version=spec.version
@@ -62,7 +61,7 @@ def format_run_summary(output_path: Path) -> str:
         sections = [_run_lines(spec, summary) + _location_lines(output_path, checkpoint)]
         try:
             caches = open_caches([*spec.config.datasets, *spec.config.validation])
-        except TrainingError as e:
+        except KilnDataError as e:
             sections += [_loss_lines(spec, summary, None), [f"No baseline or samples: {e}"]]
         else:
             validation = caches[len(spec.config.datasets) :]
@@ -177,7 +176,7 @@ def _sample_lines(
 ) -> list[str]:
     """Continuations of the first validation documents by the final model, or why there are
     none: samples are a convenience, so a missing tokenizer or checkpoint is a note, not an error."""
-    from kiln.data.tokenizer import load_tokenizer
+    from kiln.data.tokenizer import load_tokenizer, resolve_tokenizer_spec
 
     if not validation or checkpoint is None:
         return ["Samples: skipped (no validation set to take prompts from, or no checkpoint)"]
@@ -248,31 +247,3 @@ def restore_state(
         param_dtype=cfg.param_dtype, attention="xla", remat="none",
     )  # fmt: skip
     return checkpointer.restore(checkpoint, target)
-
-
-def resolve_tokenizer_spec(spec: Any, search_from: Sequence[Path]) -> Any:
-    """The cache's tokenizer spec with a relative local path made absolute.
-
-    BUILD files name local tokenizers relative to the repository root (as cache.json records
-    them), while this may run elsewhere (a Pants sandbox, another cwd). Tries the path as given
-    (relative to the cwd), then relative to each repository root (a folder with pants.toml) above
-    `search_from`; returns the spec unchanged when none exists, for load_tokenizer to report.
-    """
-    if not isinstance(spec, dict) or spec.get("kind") != "local" or "path" not in spec:
-        return spec
-    path = Path(spec["path"])
-    if path.is_absolute():
-        return spec
-    for candidate in [path.resolve(), *(root / path for root in _repo_roots(search_from))]:
-        if candidate.is_dir():
-            return {**spec, "path": str(candidate)}
-    return spec
-
-
-def _repo_roots(starts: Sequence[Path]) -> Iterator[Path]:
-    for start in starts:
-        start = Path(start).resolve()
-        for folder in [start, *start.parents]:
-            if (folder / REPO_MARKER).is_file():
-                yield folder
-                break
