@@ -24,12 +24,14 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
 from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
 from kiln.data.cache import TokenCache, open_caches
 from kiln.data.errors import KilnDataError
 from kiln.report.plots import PLOT_FILE
-from kiln.train.checkpoints import Checkpointer, CheckpointInfo
+from kiln.train.checkpoints import Checkpointer, CheckpointInfo, restore_params
+from kiln.train.mesh import make_mesh
 from kiln.train.metrics import SUMMARY_FILE
 from kiln.train.spec import TrainSpec
 
@@ -66,7 +68,7 @@ def format_run_summary(spec: TrainSpec) -> str:
         else:
             validation = caches[len(spec.config.datasets) :]
             sections.append(_loss_lines(spec, summary, caches))
-            sections.append(_sample_lines(spec, checkpointer, checkpoint, validation))
+            sections.append(_sample_lines(spec, checkpoint, validation))
         sections += (
             [_eval_lines(summary)] if any(k.startswith(EVAL_PREFIX) for k in summary) else []
         )
@@ -170,7 +172,6 @@ def _number(value: float | None) -> str:
 
 def _sample_lines(
     spec: TrainSpec,
-    checkpointer: Checkpointer,
     checkpoint: CheckpointInfo | None,
     validation: Sequence[TokenCache],
 ) -> list[str]:
@@ -190,11 +191,14 @@ def _sample_lines(
         return [f"Samples: skipped (cannot load the tokenizer {tokenizer_spec}: {e})"]
     model_config = spec.config.model_config(cache.tokenizer.vocab_size)
     try:
-        state = restore_state(spec, model_config, checkpointer, checkpoint)
+        graphdef, params = restore_params(
+            checkpoint, model_config, mesh=make_mesh(spec.runtime.mesh),
+            compute_dtype=spec.config.compute_dtype, param_dtype=spec.config.param_dtype,
+        )  # fmt: skip
     except Exception as e:  # orbax raises many types; all mean "cannot sample from this one"
         return [f"Samples: skipped (cannot restore {checkpoint.path}: {e})"]
     prompts = sample_prompts(cache, max_length=model_config.max_seq_len // 2)
-    tokens = _generate(state, prompts, model_config.max_seq_len)
+    tokens = _generate(graphdef, params, prompts, model_config.max_seq_len)
     lines = [
         f"Samples from {checkpoint.path.name} (temperature {TEMPERATURE}, seed {SAMPLE_SEED}; "
         f"prompts: the first documents of {spec.config.validation[0].name})"
@@ -206,11 +210,13 @@ def _sample_lines(
     return lines
 
 
-def _generate(state: Any, prompts: np.ndarray, max_seq_len: int) -> np.ndarray:
+def _generate(
+    graphdef: nnx.GraphDef, params: nnx.State, prompts: np.ndarray, max_seq_len: int
+) -> np.ndarray:
     from kiln.model.sample import generate
 
     return generate(
-        state.graphdef, state.params, prompts,
+        graphdef, params, prompts,
         max_new_tokens=min(NEW_TOKENS, max_seq_len - prompts.shape[1]),
         temperature=TEMPERATURE, seed=SAMPLE_SEED, max_seq_len=max_seq_len,
     )  # fmt: skip
@@ -229,21 +235,3 @@ def sample_prompts(cache: TokenCache, *, max_length: int) -> np.ndarray:
     docs = [cache.document(i) for i in range(min(NUM_SAMPLES, cache.num_documents))]
     length = max(1, min(PROMPT_TOKENS, max_length, *(len(doc) - 1 for doc in docs)))
     return np.stack([doc[:length] for doc in docs]).astype(np.int32)
-
-
-def restore_state(
-    spec: TrainSpec, model_config: Any, checkpointer: Checkpointer, checkpoint: CheckpointInfo
-) -> Any:
-    """The TrainState at `checkpoint`, restored as the trainer resumes one (abstract_train_state
-    on the run's mesh, Checkpointer.restore). Attention is XLA whatever the run used: a short
-    sampling buffer need not suit a kernel's block sizes, and the parameters are the same."""
-    from kiln.train.mesh import make_mesh
-    from kiln.train.step import abstract_train_state
-
-    cfg = spec.config
-    target = abstract_train_state(
-        model_config, cfg.optimizer, cfg.num_train_steps,
-        mesh=make_mesh(spec.runtime.mesh), compute_dtype=cfg.compute_dtype,
-        param_dtype=cfg.param_dtype, attention="xla", remat="none",
-    )  # fmt: skip
-    return checkpointer.restore(checkpoint, target)
