@@ -188,12 +188,16 @@ def run_step(
             failure = failure or StepError(f"process 0 could not start {ref}; its output says why")
         if failure is not None:
             raise failure
+        from kiln.report.plots import plot_run
         from kiln.report.run_summary import write_run_summary
         from kiln.train.__main__ import run_training
+        from kiln.train.spec import load_spec
 
-        exit_code = run_training(output / artifacts.TRAIN_SPEC_FILE, quiet=True)
+        spec_path = output / artifacts.TRAIN_SPEC_FILE
+        exit_code = run_training(spec_path, quiet=True, metrics_observer=plot_run)
         if exit_code == 0:
-            summary = write_run_summary(output)  # on every process: sampling is a collective
+            # On every process: sampling is a collective.
+            summary = write_run_summary(load_spec(spec_path))
             if process_index == 0:
                 artifacts.write_status(output, artifacts.SUCCESS)
                 print(f"kiln: built {ref} at {output}\n{summary}")

@@ -22,13 +22,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tensorstore as ts
 
 from kiln.artifacts import SUCCESS, read_status
-from kiln.data.errors import KilnDataError
+from kiln.data.errors import CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo
 
 FORMAT_VERSION = 1
@@ -186,3 +186,40 @@ class TokenCache:
     def _open(self, shard_name: str, array: str, context: ts.Context) -> ts.Future:
         spec = zarr_spec(self.path / SHARDS_DIR / shard_name / array)
         return ts.open(spec, open=True, read=True, context=context)
+
+
+class NamedCachePath(Protocol):
+    """A cache as a run names it (kiln.train.spec.DatasetInput): errors say which dataset failed."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> Path: ...
+
+
+def open_caches(inputs: Sequence[NamedCachePath]) -> list[TokenCache]:
+    """The caches a run reads, in order; a CacheError names the dataset that cannot be opened."""
+    caches = []
+    for item in inputs:
+        try:
+            caches.append(TokenCache.open(item.path))
+        except (KilnDataError, OSError, ValueError) as e:
+            raise CacheError(f"dataset {item.name} ({item.path}): {e}") from None
+    return caches
+
+
+def shared_tokenizer(
+    inputs: Sequence[NamedCachePath], caches: Sequence[TokenCache]
+) -> TokenizerInfo:
+    """The tokenizer every cache was built with. Caches of one run must share it (same digest):
+    token ids mean nothing across tokenizers. A CacheError lists each dataset's otherwise."""
+    digests = {item.name: cache.tokenizer.digest for item, cache in zip(inputs, caches)}
+    if len(set(digests.values())) > 1:
+        listing = ", ".join(f"{name}: {cache.tokenizer.name} {digest[:12]}"
+                            for (name, digest), cache in zip(digests.items(), caches))  # fmt: skip
+        raise CacheError(
+            f"the datasets were tokenized with different tokenizers ({listing}); "
+            "retokenize them with one tokenizer"
+        )
+    return caches[0].tokenizer

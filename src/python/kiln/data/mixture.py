@@ -90,6 +90,12 @@ def feistel_permutation(indices: np.ndarray, n: int, round_keys: np.ndarray) -> 
     return x.astype(np.int64)
 
 
+def mixture_block_size(batch_size: int, num_train_steps: int) -> int:
+    """Marin's 2048 sequences per block, or the whole run when it is shorter than one block,
+    so a small run sees its mixture weights exactly."""
+    return min(DEFAULT_BLOCK_SIZE, batch_size * num_train_steps)
+
+
 class MixtureDataset:
     """Batches drawn from weighted token caches; `batch(step, batch_size)` is a pure function.
 

@@ -255,7 +255,8 @@ def _open_binary(path: Path) -> IO[bytes]:
     if path.name.endswith(".zst"):
         import zstandard
 
-        # BufferedReader gives the zstd stream line iteration.
+        # BufferedReader gives the zstd stream line iteration. zstandard's stubs do not declare
+        # its reader a RawIOBase, though it implements readinto as BufferedReader needs.
         reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
         return io.BufferedReader(reader)  # type: ignore[arg-type]
     return open(path, "rb")

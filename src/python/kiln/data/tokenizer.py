@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import chain
@@ -45,6 +45,8 @@ TOKENIZER_FILES = (
 # Used when a tokenizer.json comes without a tokenizer_config.json naming its EOS.
 WELL_KNOWN_EOS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
 PACKAGES = ("gpt2",)
+# A repository root holds this file: local tokenizer paths in BUILD files are relative to it.
+REPO_MARKER = "pants.toml"
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,11 +136,42 @@ def load_tokenizer(spec: dict[str, Any] | TokenizerSpec) -> LoadedTokenizer:
     if not isinstance(spec, TokenizerSpec):
         spec = parse_tokenizer_spec(spec)
     if spec.kind == "local":
-        folder = Path(spec.path)  # type: ignore[arg-type]
+        assert spec.path is not None  # parse_tokenizer_spec requires it for this kind
+        folder = Path(spec.path)
         return _load_folder(folder, spec, name=folder.name)
     if spec.kind == "package":
         return _load_package(spec)
-    return _load_folder(_download_hf(spec), spec, name=spec.id)  # type: ignore[arg-type]
+    assert spec.id is not None  # parse_tokenizer_spec requires it for kind "hf"
+    return _load_folder(_download_hf(spec.id, spec.revision), spec, name=spec.id)
+
+
+def resolve_tokenizer_spec(spec: Any, search_from: Sequence[Path]) -> Any:
+    """A cache's tokenizer spec with a relative local path made absolute.
+
+    BUILD files name local tokenizers relative to the repository root (as cache.json records
+    them), while a reader may run elsewhere (a Pants sandbox, another cwd). Tries the path as
+    given (relative to the cwd), then relative to each repository root (a folder with
+    pants.toml) above `search_from`; returns the spec unchanged when none exists, for
+    load_tokenizer to report.
+    """
+    if not isinstance(spec, dict) or spec.get("kind") != "local" or "path" not in spec:
+        return spec
+    path = Path(spec["path"])
+    if path.is_absolute():
+        return spec
+    for candidate in [path.resolve(), *(root / path for root in _repo_roots(search_from))]:
+        if candidate.is_dir():
+            return {**spec, "path": str(candidate)}
+    return spec
+
+
+def _repo_roots(starts: Sequence[Path]) -> Iterator[Path]:
+    for start in starts:
+        start = Path(start).resolve()
+        for folder in [start, *start.parents]:
+            if (folder / REPO_MARKER).is_file():
+                yield folder
+                break
 
 
 def _load_folder(folder: Path, spec: TokenizerSpec, name: str) -> LoadedTokenizer:
@@ -171,14 +204,14 @@ def _load_package(spec: TokenizerSpec) -> LoadedTokenizer:
     return LoadedTokenizer(hf_tokenizer, spec, name=spec.name, digest=digest)
 
 
-def _download_hf(spec: TokenizerSpec) -> Path:
+def _download_hf(repo_id: str, revision: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
         return Path(
             snapshot_download(
-                spec.id,  # type: ignore[arg-type]
-                revision=spec.revision,
+                repo_id,
+                revision=revision,
                 allow_patterns=list(TOKENIZER_FILES),
                 etag_timeout=10,
             )
@@ -186,7 +219,7 @@ def _download_hf(spec: TokenizerSpec) -> Path:
     except Exception as e:  # offline, unreachable, gated, missing: all end here
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise TokenizerError(
-            f"Could not get the Hugging Face tokenizer {spec.id!r} (revision {spec.revision}): "
+            f"Could not get the Hugging Face tokenizer {repo_id!r} (revision {revision}): "
             f"{type(e).__name__}: {first_line}. Without the hub, save the tokenizer files "
             '(tokenizer.json, tokenizer_config.json) to a folder and use {"kind": "local", '
             '"path": ...}, or pre-fill the local Hugging Face cache.'

@@ -14,8 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
-TRACKER_FILE = "tracker_metrics.jsonl"
+from kiln.train.metrics import TRACKER_FILE
 
 TRAIN_LOSS = "train/loss"
 LEARNING_RATE = "optim/learning_rate"

@@ -1,7 +1,8 @@
 """The training plot: loss (train and each eval set), learning rate and throughput against step.
 
 Drawn with matplotlib's object API on an Agg canvas rather than pyplot, so that it keeps no global
-figure state and is safe to call from the trainer while it runs.
+figure state and is safe to call from a running trainer (kiln.runner passes `plot_run` to it as
+its metrics observer: the plot follows each validation).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from kiln.report.metrics_log import (
     read_metrics,
     series,
 )
+
+PLOT_FILE = "plots/training.png"  # in the run's folder, beside metrics.jsonl
 
 
 def eval_loss_keys(records: list[Record]) -> list[str]:
@@ -56,3 +59,8 @@ def write_training_plot(metrics_jsonl: Path, out_png: Path) -> None:
     png = io.BytesIO()
     FigureCanvasAgg(figure).print_png(png)
     atomic_write_bytes(out_png, png.getvalue())
+
+
+def plot_run(metrics_jsonl: Path) -> None:
+    """Draws the plot of the run whose metrics file this is, into the run's PLOT_FILE."""
+    write_training_plot(metrics_jsonl, Path(metrics_jsonl).parent / PLOT_FILE)

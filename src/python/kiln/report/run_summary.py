@@ -1,4 +1,4 @@
-"""The end-of-run summary a finished checkpoint prints: `write_run_summary(output_path)`.
+"""The end-of-run summary a finished checkpoint prints: `write_run_summary(spec)`.
 
 kiln.runner calls it once, after training, and prints the text; it is also written to
 `output_path/summary.txt`, so that a later "already built" run prints it without restoring the
@@ -10,49 +10,50 @@ model or reading the caches again. It shows, in this order:
 - a few continuations sampled from the final model (kiln.model.sample) for prompts taken from
   the first validation set's first documents.
 
-Everything reads the artifact's own files: summary.json and metrics (the trainer's), the step
-spec (train_spec.json: config and input caches) and the newest checkpoint.
+Besides the run's spec (config and input caches), everything comes from the artifact's own
+files: summary.json (the trainer's), the loss curve and the newest checkpoint's parameters.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
-from kiln.artifacts import SUMMARY_TEXT_FILE, TRAIN_SPEC_FILE, atomic_write_text
-from kiln.data.cache import TokenCache
+from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
+from kiln.data.cache import TokenCache, open_caches
 from kiln.data.errors import KilnDataError
-from kiln.train.checkpoints import Checkpointer, CheckpointInfo
-from kiln.train.spec import TrainSpec, load_spec
-from kiln.train.trainer import PLOT_FILE, SUMMARY_FILE, TrainingError, open_caches
+from kiln.report.plots import PLOT_FILE
+from kiln.train.checkpoints import Checkpointer, CheckpointInfo, restore_params
+from kiln.train.mesh import make_mesh
+from kiln.train.metrics import SUMMARY_FILE
+from kiln.train.spec import TrainSpec
 
 NUM_SAMPLES = 3
 PROMPT_TOKENS = 24
 NEW_TOKENS = 40
 TEMPERATURE = 0.8
 SAMPLE_SEED = 0
-REPO_MARKER = "pants.toml"
 
 
-def write_run_summary(output_path: Path) -> str:
-    """Computes the summary of the finished run at `output_path`, writes it atomically to
+def write_run_summary(spec: TrainSpec) -> str:
+    """Computes the summary of the finished run `spec` describes, writes it atomically to
     output_path/summary.txt and returns it. In a multi-host run every process computes it (the
     restore and the sampling are collectives) and process 0 writes it."""
-    output_path = Path(output_path)
-    text = format_run_summary(output_path)
+    text = format_run_summary(spec)
     if jax.process_index() == 0:
-        atomic_write_text(output_path / SUMMARY_TEXT_FILE, text)
+        atomic_write_text(spec.output_path / SUMMARY_TEXT_FILE, text)
     return text
 
 
-def format_run_summary(output_path: Path) -> str:
-    spec = load_spec(output_path / TRAIN_SPEC_FILE)
+def format_run_summary(spec: TrainSpec) -> str:
+    output_path = spec.output_path
     summary = json.loads((output_path / SUMMARY_FILE).read_text())
     checkpointer = Checkpointer.from_spec(
         output_path, spec.runtime.checkpointer, name=spec.name, version=spec.version
@@ -62,12 +63,12 @@ def format_run_summary(output_path: Path) -> str:
         sections = [_run_lines(spec, summary) + _location_lines(output_path, checkpoint)]
         try:
             caches = open_caches([*spec.config.datasets, *spec.config.validation])
-        except TrainingError as e:
+        except KilnDataError as e:
             sections += [_loss_lines(spec, summary, None), [f"No baseline or samples: {e}"]]
         else:
             validation = caches[len(spec.config.datasets) :]
             sections.append(_loss_lines(spec, summary, caches))
-            sections.append(_sample_lines(spec, checkpointer, checkpoint, validation))
+            sections.append(_sample_lines(spec, checkpoint, validation))
         sections += (
             [_eval_lines(summary)] if any(k.startswith(EVAL_PREFIX) for k in summary) else []
         )
@@ -171,13 +172,12 @@ def _number(value: float | None) -> str:
 
 def _sample_lines(
     spec: TrainSpec,
-    checkpointer: Checkpointer,
     checkpoint: CheckpointInfo | None,
     validation: Sequence[TokenCache],
 ) -> list[str]:
     """Continuations of the first validation documents by the final model, or why there are
     none: samples are a convenience, so a missing tokenizer or checkpoint is a note, not an error."""
-    from kiln.data.tokenizer import load_tokenizer
+    from kiln.data.tokenizer import load_tokenizer, resolve_tokenizer_spec
 
     if not validation or checkpoint is None:
         return ["Samples: skipped (no validation set to take prompts from, or no checkpoint)"]
@@ -191,11 +191,14 @@ def _sample_lines(
         return [f"Samples: skipped (cannot load the tokenizer {tokenizer_spec}: {e})"]
     model_config = spec.config.model_config(cache.tokenizer.vocab_size)
     try:
-        state = restore_state(spec, model_config, checkpointer, checkpoint)
+        graphdef, params = restore_params(
+            checkpoint, model_config, mesh=make_mesh(spec.runtime.mesh),
+            compute_dtype=spec.config.compute_dtype, param_dtype=spec.config.param_dtype,
+        )  # fmt: skip
     except Exception as e:  # orbax raises many types; all mean "cannot sample from this one"
         return [f"Samples: skipped (cannot restore {checkpoint.path}: {e})"]
     prompts = sample_prompts(cache, max_length=model_config.max_seq_len // 2)
-    tokens = _generate(state, prompts, model_config.max_seq_len)
+    tokens = _generate(graphdef, params, prompts, model_config.max_seq_len)
     lines = [
         f"Samples from {checkpoint.path.name} (temperature {TEMPERATURE}, seed {SAMPLE_SEED}; "
         f"prompts: the first documents of {spec.config.validation[0].name})"
@@ -207,11 +210,13 @@ def _sample_lines(
     return lines
 
 
-def _generate(state: Any, prompts: np.ndarray, max_seq_len: int) -> np.ndarray:
+def _generate(
+    graphdef: nnx.GraphDef, params: nnx.State, prompts: np.ndarray, max_seq_len: int
+) -> np.ndarray:
     from kiln.model.sample import generate
 
     return generate(
-        state.graphdef, state.params, prompts,
+        graphdef, params, prompts,
         max_new_tokens=min(NEW_TOKENS, max_seq_len - prompts.shape[1]),
         temperature=TEMPERATURE, seed=SAMPLE_SEED, max_seq_len=max_seq_len,
     )  # fmt: skip
@@ -230,49 +235,3 @@ def sample_prompts(cache: TokenCache, *, max_length: int) -> np.ndarray:
     docs = [cache.document(i) for i in range(min(NUM_SAMPLES, cache.num_documents))]
     length = max(1, min(PROMPT_TOKENS, max_length, *(len(doc) - 1 for doc in docs)))
     return np.stack([doc[:length] for doc in docs]).astype(np.int32)
-
-
-def restore_state(
-    spec: TrainSpec, model_config: Any, checkpointer: Checkpointer, checkpoint: CheckpointInfo
-) -> Any:
-    """The TrainState at `checkpoint`, restored as the trainer resumes one (abstract_train_state
-    on the run's mesh, Checkpointer.restore). Attention is XLA whatever the run used: a short
-    sampling buffer need not suit a kernel's block sizes, and the parameters are the same."""
-    from kiln.train.mesh import make_mesh
-    from kiln.train.step import abstract_train_state
-
-    cfg = spec.config
-    target = abstract_train_state(
-        model_config, cfg.optimizer, cfg.num_train_steps,
-        mesh=make_mesh(spec.runtime.mesh), compute_dtype=cfg.compute_dtype,
-        param_dtype=cfg.param_dtype, attention="xla", remat="none",
-    )  # fmt: skip
-    return checkpointer.restore(checkpoint, target)
-
-
-def resolve_tokenizer_spec(spec: Any, search_from: Sequence[Path]) -> Any:
-    """The cache's tokenizer spec with a relative local path made absolute.
-
-    BUILD files name local tokenizers relative to the repository root (as cache.json records
-    them), while this may run elsewhere (a Pants sandbox, another cwd). Tries the path as given
-    (relative to the cwd), then relative to each repository root (a folder with pants.toml) above
-    `search_from`; returns the spec unchanged when none exists, for load_tokenizer to report.
-    """
-    if not isinstance(spec, dict) or spec.get("kind") != "local" or "path" not in spec:
-        return spec
-    path = Path(spec["path"])
-    if path.is_absolute():
-        return spec
-    for candidate in [path.resolve(), *(root / path for root in _repo_roots(search_from))]:
-        if candidate.is_dir():
-            return {**spec, "path": str(candidate)}
-    return spec
-
-
-def _repo_roots(starts: Sequence[Path]) -> Iterator[Path]:
-    for start in starts:
-        start = Path(start).resolve()
-        for folder in [start, *start.parents]:
-            if (folder / REPO_MARKER).is_file():
-                yield folder
-                break

@@ -16,7 +16,6 @@ from typing import Any
 
 from kiln.artifacts import RECORD_FILE
 from kiln.report.metrics_log import (
-    METRICS_FILE,
     TOKENS_PER_SECOND,
     TRAIN_LOSS,
     Record,
@@ -24,6 +23,7 @@ from kiln.report.metrics_log import (
     read_summary,
     series,
 )
+from kiln.train.metrics import METRICS_FILE
 
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_METADATA = "metadata.json"

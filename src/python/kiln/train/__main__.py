@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from kiln.train import multihost
@@ -42,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def run_training(spec_path: Path, *, quiet: bool) -> int:
+def run_training(
+    spec_path: Path, *, quiet: bool, metrics_observer: Callable[[Path], None] | None = None
+) -> int:
     """Trains the run `spec_path` describes (on every process of a multi-host run); returns the
-    exit code, with expected failures printed as one paragraph."""
+    exit code, with expected failures printed as one paragraph. `metrics_observer`: see
+    kiln.train.trainer.MetricsObserver."""
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kiln").setLevel(logging.INFO)
@@ -55,7 +59,7 @@ def run_training(spec_path: Path, *, quiet: bool) -> int:
     from kiln.train.trainer import TrainingError, TrainingInterrupted, train
 
     try:
-        summary = train(load_spec(spec_path))
+        summary = train(load_spec(spec_path), metrics_observer)
     except (SpecError, KilnDataError, MixtureError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1

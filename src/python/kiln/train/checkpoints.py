@@ -8,7 +8,9 @@ root when runtime.checkpointer.temporary_base_path is set):
                            LAST: its presence means the checkpoint is complete
 
 The data position is the step itself (the mixture is a pure function of the step) and the model
-has no RNG state to carry, so the state pytree plus N is everything a resume needs.
+has no RNG state to carry, so the state pytree plus N is everything a resume needs. Readers of
+the model alone (samples, the run summary, export) use `restore_params`, which reads the
+parameters without the optimizer state.
 A step-N folder without metadata.json is a save that was killed: ignored, and deleted on start.
 Older checkpoints are deleted only after a newer one is complete.
 """
@@ -26,9 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import Mesh
 
 from kiln.artifacts import atomic_write_json
+from kiln.model.config import LlamaConfig
+from kiln.model.llama import Llama
+from kiln.train.mesh import state_shardings
 from kiln.train.multihost import barrier
 from kiln.train.spec import CheckpointerSpec
 
@@ -36,6 +44,7 @@ log = logging.getLogger(__name__)
 
 METADATA_FILE = "metadata.json"
 STATE_DIR = "state"
+PARAMS_KEY = "params"  # the parameters' field of the saved TrainState (kiln.train.step)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -200,3 +209,50 @@ class Checkpointer:
 
     def close(self) -> None:
         self._orbax.close()
+
+
+def restore_params(
+    checkpoint: CheckpointInfo,
+    model_config: LlamaConfig,
+    *,
+    mesh: Mesh,
+    compute_dtype: str,
+    param_dtype: str,
+    attention: str = "xla",
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model saved at `checkpoint`: (graphdef, parameters) laid out on `mesh` as the trainer
+    shards them, for nnx.merge or kiln.model.sample. Only the parameters are read, not the
+    optimizer state (twice their size). `attention` is the graphdef's kernel: XLA by default,
+    since a short sampling buffer need not suit a kernel's block sizes. Multi-host: every
+    process calls it (the restore is a collective)."""
+    abstract_model = nnx.eval_shape(
+        lambda: Llama(
+            model_config,
+            rngs=nnx.Rngs(params=jax.random.key(0)),
+            compute_dtype=jnp.dtype(compute_dtype),
+            param_dtype=jnp.dtype(param_dtype),
+            attention=attention,
+            remat="none",
+        )
+    )
+    graphdef, abstract = nnx.split(abstract_model)
+    target = {
+        PARAMS_KEY: jax.tree.map(
+            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+            abstract,
+            state_shardings(abstract, mesh),
+        )
+    }
+    reader = ocp.PyTreeCheckpointer()
+    try:
+        restored = reader.restore(
+            checkpoint.path / STATE_DIR,
+            args=ocp.args.PyTreeRestore(
+                item=target,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                partial_restore=True,  # the parameters alone
+            ),
+        )
+    finally:
+        reader.close()
+    return graphdef, restored[PARAMS_KEY]

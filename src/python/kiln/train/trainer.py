@@ -3,7 +3,8 @@
 Per step: batch (a pure function of the step) -> train_step -> metrics -> [validation] -> [evals]
 -> [checkpoint] -> control endpoint. Resumes from the newest complete checkpoint. Stops with a
 TrainingError (a clear message, no traceback from `python -m kiln.train`) on a non-finite loss,
-on SIGINT/SIGTERM (after saving a temporary checkpoint) and on bad inputs. See docs/training.md.
+on SIGINT/SIGTERM (after saving a temporary checkpoint) and on bad run-time settings; caches that
+cannot be read raise kiln.data's errors. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
 
 from kiln.artifacts import atomic_write_json, atomic_write_text
-from kiln.data.cache import TokenCache
-from kiln.data.mixture import DEFAULT_BLOCK_SIZE, MixtureDataset, fixed_batches
+from kiln.data.cache import open_caches, shared_tokenizer
+from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
+from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet, validation_metrics
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo
 from kiln.train.metrics import (
+    SUMMARY_FILE,
+    TRACKER_FILE,
     MetricsLogger,
     Throughput,
     WandbSettings,
@@ -37,15 +42,16 @@ from kiln.train.metrics import (
 )
 from kiln.train.multihost import agree_max, barrier
 from kiln.train.progress import Progress, make_progress
-from kiln.train.spec import DatasetInput, Resources, TrainSpec
+from kiln.train.spec import Resources, TrainSpec
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
-TRACKER_FILE = "tracker_metrics.jsonl"
-SUMMARY_FILE = "summary.json"
-PLOT_FILE = "plots/training.png"
 PREFETCH_BATCHES = 2
+
+MetricsObserver = Callable[[Path], None]
+"""Called on process 0 with the run's metrics file after each validation and when the run ends
+(kiln.runner draws the training plot with it). Its failures are logged: they never stop a run."""
 
 
 class TrainingError(RuntimeError):
@@ -70,46 +76,15 @@ class RunData:
 
     mixture: MixtureDataset
     validation: tuple[ValidationSet, ...]
-    tokenizer: Any  # kiln.data.tokenizer.TokenizerInfo
+    tokenizer: TokenizerInfo
     tokenizer_spec: Any  # what kiln.data.tokenizer.load_tokenizer takes (for evals)
-
-
-def mixture_block_size(batch_size: int, num_train_steps: int) -> int:
-    """Marin's 2048 sequences per block, or the whole run when it is shorter than one block,
-    so a small run sees its mixture weights exactly."""
-    return min(DEFAULT_BLOCK_SIZE, batch_size * num_train_steps)
-
-
-def open_caches(inputs: Sequence[DatasetInput]) -> list[TokenCache]:
-    from kiln.data.errors import KilnDataError
-
-    caches = []
-    for d in inputs:
-        try:
-            caches.append(TokenCache.open(d.path))
-        except (KilnDataError, OSError, ValueError) as e:
-            raise TrainingError(f"dataset {d.name} ({d.path}): {e}") from None
-    return caches
-
-
-def check_one_tokenizer(inputs: Sequence[DatasetInput], caches: Sequence[TokenCache]) -> Any:
-    """All caches must share one tokenizer (same digest); returns its TokenizerInfo."""
-    digests = {d.name: c.tokenizer.digest for d, c in zip(inputs, caches)}
-    if len(set(digests.values())) > 1:
-        listing = ", ".join(f"{name}: {c.tokenizer.name} {digest[:12]}"
-                            for (name, digest), c in zip(digests.items(), caches))  # fmt: skip
-        raise TrainingError(
-            f"the datasets were tokenized with different tokenizers ({listing}); "
-            "retokenize them with one tokenizer"
-        )
-    return caches[0].tokenizer
 
 
 def open_data(spec: TrainSpec) -> RunData:
     cfg, runtime = spec.config, spec.runtime
     inputs = [*cfg.datasets, *cfg.validation]
     caches = open_caches(inputs)
-    tokenizer = check_one_tokenizer(inputs, caches)
+    tokenizer = shared_tokenizer(inputs, caches)
     train_caches = caches[: len(cfg.datasets)]
     mixture = MixtureDataset(
         [(c, d.weight) for c, d in zip(train_caches, cfg.datasets)],
@@ -230,7 +205,7 @@ def _finite(metrics: dict[str, float]) -> bool:
 
 
 class Trainer:
-    def __init__(self, spec: TrainSpec):
+    def __init__(self, spec: TrainSpec, metrics_observer: MetricsObserver | None = None):
         from kiln.train.mesh import batch_parallelism, make_mesh
 
         self.spec = spec
@@ -256,7 +231,8 @@ class Trainer:
         self.last_checkpoint: CheckpointInfo | None = None
         self.control: Any = None
         self.step_times: list[float] = []
-        self._plotted_step: int | None = None
+        self.metrics_observer = metrics_observer
+        self._observed_step: int | None = None
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -455,7 +431,7 @@ class Trainer:
         final = step == total
         if self.data.validation and (final or step % self.runtime.validation_every == 0):
             self.metrics.log(step, validation_metrics(self._eval_batch, self.data.validation))
-            self._write_plot(step)
+            self._observe_metrics(step)
         evals = self.cfg.evals
         if evals is not None and (final or step % evals.every == 0):
             self._run_evals(step)
@@ -496,16 +472,14 @@ class Trainer:
     def _run_evals(self, step: int) -> None:
         self.metrics.log(step, self.evals(lambda tokens: self.logprobs(self.state, tokens), step))
 
-    def _write_plot(self, step: int) -> None:
-        if not self.is_main or self._plotted_step == step:
+    def _observe_metrics(self, step: int) -> None:
+        if self.metrics_observer is None or not self.is_main or self._observed_step == step:
             return
-        self._plotted_step = step
+        self._observed_step = step
         try:
-            from kiln.report.plots import write_training_plot
-
-            write_training_plot(self.metrics.path, self.output / PLOT_FILE)
-        except Exception as e:  # a plot is a convenience: never let it stop training
-            log.warning("could not write the training plot: %s", e)
+            self.metrics_observer(self.metrics.path)
+        except Exception as e:  # an observer (a plot) is a convenience: never stop training
+            log.warning("the metrics observer failed at step %d: %s", step, e)
 
     # --- the end ----------------------------------------------------------------------------
 
@@ -513,7 +487,7 @@ class Trainer:
         complete = end_step == self.cfg.num_train_steps
         if complete:  # a no-op when the last step already saved it (the usual case)
             self.last_checkpoint = self.checkpointer.save(end_step, self.state, temporary=False)
-        self._write_plot(end_step)
+        self._observe_metrics(end_step)
         summary = self._summary(started, end_step, complete)
         if self.is_main:
             atomic_write_json(self.output / SUMMARY_FILE, summary)
@@ -549,6 +523,6 @@ def _json_line(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True) + "\n"
 
 
-def train(spec: TrainSpec) -> dict[str, Any]:
+def train(spec: TrainSpec, metrics_observer: MetricsObserver | None = None) -> dict[str, Any]:
     """Trains (or resumes) the run described by `spec`; returns the summary dict."""
-    return Trainer(spec).run()
+    return Trainer(spec, metrics_observer).run()

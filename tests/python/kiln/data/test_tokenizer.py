@@ -5,10 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kiln_testing.data import REPO_ROOT
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from kiln.data.errors import TokenizerError
-from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
+from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer, resolve_tokenizer_spec
 
 TEXT = "Return the list of items, café 😀 naïve.\n  Indented."
 
@@ -102,3 +103,11 @@ def test_bad_tokenizers_fail_clearly(tmp_path: Path):
         load_tokenizer({"kind": "package", "name": "gpt5"})
     with pytest.raises(TokenizerError, match='\'meta-llama/Meta-Llama-3.1-8B\'.*"kind": "local"'):
         load_tokenizer({"kind": "hf", "id": "meta-llama/Meta-Llama-3.1-8B"})
+
+
+def test_a_relative_local_path_is_found_from_the_repo_root(tmp_path: Path) -> None:
+    spec = {"kind": "local", "path": "experiments/tokenizers/kiln-stdlib-8k"}
+    inside = REPO_ROOT / "src/python"
+    resolved = resolve_tokenizer_spec(spec, [tmp_path, inside])
+    assert resolved == {**spec, "path": str(REPO_ROOT / spec["path"])}
+    assert resolve_tokenizer_spec({**spec, "path": "no/such"}, [inside])["path"] == "no/such"

@@ -3,11 +3,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
-from kiln.train.checkpoints import METADATA_FILE, Checkpointer, read_checkpoint
+from kiln.model.config import LlamaConfig
+from kiln.train.checkpoints import METADATA_FILE, Checkpointer, read_checkpoint, restore_params
+from kiln.train.mesh import make_mesh
+from kiln.train.optimizer import AdamConfig
+from kiln.train.step import abstract_train_state, init_train_state
 
 
 class FakeClock:
@@ -118,3 +124,34 @@ def test_unreadable_metadata_means_incomplete(tmp_path: Path, metadata: str) -> 
     folder.mkdir()
     (folder / METADATA_FILE).write_text(metadata)
     assert read_checkpoint(folder) is None
+
+
+def test_restore_params_reads_the_model_alone_as_the_trainer_restores_it(tmp_path: Path) -> None:
+    model = LlamaConfig(
+        max_seq_len=16, hidden_dim=32, intermediate_dim=64, num_heads=2, num_kv_heads=1,
+        num_layers=1, vocab_size=48,
+    )  # fmt: skip
+    adam = AdamConfig(learning_rate=1e-2, warmup=2)
+    options = {"compute_dtype": "bfloat16", "param_dtype": "float32"}
+    mesh = make_mesh()
+    state = init_train_state(model, adam, 10, seed=3, mesh=mesh, attention="xla", **options)
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    info = checkpointer.save(7, state, temporary=False)
+    resumed = checkpointer.restore(
+        info, abstract_train_state(model, adam, 10, mesh=mesh, attention="xla", **options)
+    )
+    checkpointer.close()
+
+    graphdef, params = restore_params(info, model, mesh=mesh, **options)
+
+    assert graphdef == resumed.graphdef
+    assert jax.tree.structure(params) == jax.tree.structure(state.params)
+    for leaf, saved, resumed_leaf in zip(
+        *map(jax.tree.leaves, (params, state.params, resumed.params))
+    ):
+        np.testing.assert_array_equal(leaf, saved)
+        assert leaf.dtype == saved.dtype and leaf.sharding == resumed_leaf.sharding
+    tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6)
+    np.testing.assert_array_equal(
+        nnx.merge(graphdef, params)(tokens), nnx.merge(state.graphdef, state.params)(tokens)
+    )
