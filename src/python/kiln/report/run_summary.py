@@ -1,4 +1,4 @@
-"""The end-of-run summary a finished checkpoint prints: `write_run_summary(output_path)`.
+"""The end-of-run summary a finished checkpoint prints: `write_run_summary(spec)`.
 
 kiln.runner calls it once, after training, and prints the text; it is also written to
 `output_path/summary.txt`, so that a later "already built" run prints it without restoring the
@@ -10,8 +10,8 @@ model or reading the caches again. It shows, in this order:
 - a few continuations sampled from the final model (kiln.model.sample) for prompts taken from
   the first validation set's first documents.
 
-Everything reads the artifact's own files: summary.json and metrics (the trainer's), the step
-spec (train_spec.json: config and input caches) and the newest checkpoint.
+Everything else comes from the artifact's own files: summary.json and metrics (the trainer's) and
+the newest checkpoint; the train spec (config and input caches) is the run's own object.
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from kiln.artifacts import SUMMARY_TEXT_FILE, TRAIN_SPEC_FILE, atomic_write_text
+from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
 from kiln.data.cache import TokenCache
 from kiln.data.errors import KilnDataError
+from kiln.model.config import LlamaConfig
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo
-from kiln.train.spec import TrainSpec, load_spec
+from kiln.train.spec import TrainSpec
 from kiln.train.trainer import PLOT_FILE, SUMMARY_FILE, TrainingError, open_caches
 
 NUM_SAMPLES = 3
@@ -40,19 +41,18 @@ SAMPLE_SEED = 0
 REPO_MARKER = "pants.toml"
 
 
-def write_run_summary(output_path: Path) -> str:
-    """Computes the summary of the finished run at `output_path`, writes it atomically to
-    output_path/summary.txt and returns it. In a multi-host run every process computes it (the
+def write_run_summary(spec: TrainSpec) -> str:
+    """Computes the summary of the finished run `spec` describes, writes it atomically to
+    {output_path}/summary.txt and returns it. In a multi-host run every process computes it (the
     restore and the sampling are collectives) and process 0 writes it."""
-    output_path = Path(output_path)
-    text = format_run_summary(output_path)
+    text = format_run_summary(spec)
     if jax.process_index() == 0:
-        atomic_write_text(output_path / SUMMARY_TEXT_FILE, text)
+        atomic_write_text(spec.output_path / SUMMARY_TEXT_FILE, text)
     return text
 
 
-def format_run_summary(output_path: Path) -> str:
-    spec = load_spec(output_path / TRAIN_SPEC_FILE)
+def format_run_summary(spec: TrainSpec) -> str:
+    output_path = spec.output_path
     summary = json.loads((output_path / SUMMARY_FILE).read_text())
     checkpointer = Checkpointer.from_spec(
         output_path, spec.runtime.checkpointer, name=spec.name, version=spec.version
@@ -189,7 +189,7 @@ def _sample_lines(
         tokenizer = load_tokenizer(tokenizer_spec)
     except (KilnDataError, OSError, ValueError) as e:
         return [f"Samples: skipped (cannot load the tokenizer {tokenizer_spec}: {e})"]
-    model_config = spec.config.model_config(cache.tokenizer.vocab_size)
+    model_config = LlamaConfig.for_vocabulary(spec.config.model, cache.tokenizer.vocab_size)
     try:
         state = restore_state(spec, model_config, checkpointer, checkpoint)
     except Exception as e:  # orbax raises many types; all mean "cannot sample from this one"

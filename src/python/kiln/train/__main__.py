@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from kiln.train import multihost
+from kiln.train.spec import SpecError, TrainSpec, load_spec
 
 EXIT_STOPPED_EARLY = 3
 
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kiln.train", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("spec", type=Path, help="the step spec JSON (docs/step-spec.md)")
+    parser.add_argument("spec", type=Path, help="the train spec JSON (docs/step-spec.md)")
     parser.add_argument(
         "--quiet", action="store_true", help="do not print the summary JSON (the caller reports)"
     )
@@ -35,28 +36,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cluster = multihost.cluster_from_flags(parser, args)
     try:
+        spec = load_spec(args.spec)
+    except SpecError as e:
+        print(f"kiln.train: error: {e}", file=sys.stderr)
+        return 1
+    try:
         with multihost.joined(cluster):
-            return run_training(args.spec, quiet=args.quiet)
+            return run_training(spec, quiet=args.quiet)
     except multihost.JoinError as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1
 
 
-def run_training(spec_path: Path, *, quiet: bool) -> int:
-    """Trains the run `spec_path` describes (on every process of a multi-host run); returns the
-    exit code, with expected failures printed as one paragraph."""
+def run_training(spec: TrainSpec, *, quiet: bool) -> int:
+    """Trains the run `spec` describes (on every process of a multi-host run); returns the exit
+    code, with expected failures printed as one paragraph."""
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kiln").setLevel(logging.INFO)
     # Heavy imports (jax) after argument parsing, so `--help` is instant.
     from kiln.data.errors import KilnDataError
     from kiln.data.mixture import MixtureError
-    from kiln.train.spec import SpecError, load_spec
     from kiln.train.trainer import TrainingError, TrainingInterrupted, train
 
     try:
-        summary = train(load_spec(spec_path))
-    except (SpecError, KilnDataError, MixtureError) as e:
+        summary = train(spec)
+    except (KilnDataError, MixtureError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1
     except TrainingError as e:
