@@ -8,16 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
-from pants.core.target_types import FilesGeneratorTarget, FileTarget
-from pants.core.util_rules import source_files
 from pants.engine.addresses import Address, Addresses
-from pants.testutil.rule_runner import QueryRule, RuleRunner
+from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
 from kiln_contract.step import Provenance, StepSpec
 from kiln_contract.train import Resources, TrainSpec
-from kiln_pants import register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
@@ -47,20 +44,6 @@ files(name="tasks", sources=["tasks/*"])
 """
 CHECKPOINT = Address("exp", target_name="ckpt")
 PROVENANCE = Provenance(code_digest="c" * 64, lockfile_digest="l" * 64)
-
-
-@pytest.fixture
-def rule_runner() -> RuleRunner:
-    return RuleRunner(
-        rules=[
-            *register.rules(),
-            *source_files.rules(),
-            QueryRule(ArtifactGraph, [ArtifactGraphRequest]),
-            QueryRule(StepJson, [StepJsonRequest]),
-        ],
-        target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
-        objects=register.build_file_aliases().objects,
-    )
 
 
 def test_a_step_from_a_build_file_parses_with_the_runtimes_parser(rule_runner: RuleRunner) -> None:

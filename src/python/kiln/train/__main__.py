@@ -36,14 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cluster = multihost.cluster_from_flags(parser, args)
     try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(f"kiln.train: error: {e}", file=sys.stderr)
-        return 1
-    try:
         with multihost.joined(cluster):
-            return run_training(spec, quiet=args.quiet)
-    except multihost.JoinError as e:
+            return run_training(load_spec(args.spec), quiet=args.quiet)
+    except (SpecError, multihost.JoinError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1
 
