@@ -2,7 +2,7 @@
 dataclass runs in `__post_init__`, so a BUILD file and a JSON spec are held to the same rules.
 
 A dataclass checks its own fields and names them relative to itself (`warmup: ...`); whoever
-reads it from JSON prefixes where it was (`config.optimizer.warmup: ...`) with `read_json`.
+reads it from JSON prefixes where it was (`config.optimizer.warmup: ...`), through `build`.
 """
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _mesh_sizes(text: str) -> dict[str, int]:
-    """'data=2,fsdp=-1' -> {"data": 2, "fsdp": -1}; the trainer checks axes and sizes."""
+    """'data=2,fsdp=-1' -> {"data": 2, "fsdp": -1}; the spec checks axes and sizes."""
     try:
         return {axis.strip(): int(size) for axis, size in (p.split("=") for p in text.split(","))}
     except ValueError:
