@@ -9,6 +9,7 @@ from pants.testutil.rule_runner import QueryRule, RuleRunner
 
 from kiln_pants import register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.train_rules import StepJson, StepJsonRequest
 
 
 @pytest.fixture
@@ -19,6 +20,7 @@ def rule_runner() -> RuleRunner:
             *source_files.rules(),
             QueryRule(ArtifactGraph, [ArtifactGraphRequest]),
             QueryRule(Addresses, [DependenciesRequest]),
+            QueryRule(StepJson, [StepJsonRequest]),
         ],
         target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
         objects=register.build_file_aliases().objects,

@@ -53,9 +53,9 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
         ({"batch_size": "0"}, "The `batch_size` field in target exp:ckpt must be > 0, got 0"),
         ({"num_train_steps": "-5"}, "`num_train_steps` field in target exp:ckpt must be > 0"),
         ({"gradient_checkpointing": '"some"'}, "gradient_checkpointing"),
-        ({"mesh": '{"model": 2}'}, "its keys must be among ['data', 'fsdp', 'tensor']"),
-        ({"mesh": '{"data": -1, "fsdp": -1}'}, "at most one of them -1"),
-        ({"mesh": '{"fsdp": 0}'}, "sizes positive integers"),
+        ({"mesh": '{"model": 2}'}, "expected one of data, fsdp, tensor, got 'model'"),
+        ({"mesh": '{"data": -1, "fsdp": -1}'}, "at most one axis may be -1"),
+        ({"mesh": '{"fsdp": 0}'}, "fsdp: expected a positive integer or -1, got 0"),
         (
             {"per_device_parallelism": "0"},
             "`per_device_parallelism` field in target exp:ckpt must be > 0, got 0",
@@ -87,22 +87,22 @@ def test_invalid_checkpoint_fields(rule_runner: RuleRunner, overrides: dict, exp
         (
             "llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4, num_kv_heads=2, "
             "num_layers=2, hiden=3)",
-            "unexpected keyword argument 'hiden'",
+            "llama(): got an unexpected keyword argument 'hiden'",
         ),
         (
             "llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4, num_kv_heads=3, "
             "num_layers=2)",
-            "must be a multiple of `num_kv_heads`",
+            "llama(): `num_heads`: 4 is not a multiple of num_kv_heads (3)",
         ),
         (
             "llama(max_seq_len=0, hidden_dim=64, intermediate_dim=128, num_heads=4, num_kv_heads=2, "
             "num_layers=2)",
-            "llama(): `max_seq_len` must be >= 1",
+            "llama(): `max_seq_len`: expected an integer >= 1, got 0",
         ),
         (
             "llama(max_seq_len=256, hidden_dim='64', intermediate_dim=128, num_heads=4, num_kv_heads=2, "
             "num_layers=2)",
-            "llama(): `hidden_dim` must be an integer",
+            "llama(): `hidden_dim`: expected an integer >= 1, got '64'",
         ),
     ],
 )
@@ -123,7 +123,10 @@ def test_eval_suite_task_files_must_be_an_address(rule_runner: RuleRunner) -> No
 
 def test_adam_rejects_bad_schedule(rule_runner: RuleRunner) -> None:
     message = load_error(rule_runner, checkpoint(optimizer="adam(lr_schedule='cosin')"))
-    assert "adam(): `lr_schedule` must be one of cosine, linear, constant, inv_sqrt" in message
+    assert (
+        "adam(): `lr_schedule`: expected one of cosine, linear, constant, inv_sqrt, got 'cosin'"
+        in message
+    )
 
 
 def test_cache_needs_exactly_one_source(rule_runner: RuleRunner) -> None:

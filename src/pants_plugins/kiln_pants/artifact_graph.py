@@ -25,6 +25,7 @@ from pants.engine.target import (
     TransitiveTargetsRequest,
 )
 
+from kiln_contract.vocabulary import is_mutable_version
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.target_types import (
     STDLIB_SOURCES,
@@ -53,7 +54,6 @@ from kiln_pants.target_types import (
     ValidationField,
     ZLossWeightField,
     default_artifact_name,
-    is_mutable_version,
     tokenizer_address,
     tokenizer_directory,
 )

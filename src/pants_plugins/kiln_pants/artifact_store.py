@@ -12,24 +12,23 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact
-from kiln_pants.fingerprint import diff_fields
 
 RECORD_FILE = "artifact.json"
 STATUS_FILE = "STATUS"
 
 
-def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> dict:
+def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> ArtifactRecord:
     """The identity part of `artifact.json`; the runtime adds provenance when it builds."""
-    return {
-        "record_version": 1,
-        "kind": artifact.kind,
-        "name": artifact.name,
-        "version": artifact.version,
-        "fingerprint": artifact.fingerprint,
-        "identity": artifact.identity,
-        "inputs": [{"ref": i.ref, "fingerprint": i.fingerprint} for i in inputs],
-    }
+    return ArtifactRecord(
+        kind=artifact.kind,
+        name=artifact.name,
+        version=artifact.version,
+        fingerprint=artifact.fingerprint,
+        identity=artifact.identity,
+        inputs=tuple(InputRef(i.ref, i.fingerprint) for i in inputs),
+    )
 
 
 def artifact_path(prefix: str, artifact: Artifact) -> str:
@@ -60,7 +59,7 @@ def stored_state(prefix: str, artifact: Artifact) -> StoredState:
         return StoredState("would run")
     record = json.loads(record_text)
     if record.get("fingerprint") != artifact.fingerprint:
-        fields = diff_fields(record.get("identity", {}), artifact.identity)
+        fields = differing_fields(record.get("identity", {}), artifact.identity)
         return StoredState(
             "drift",
             f"built with fingerprint {record.get('fingerprint')}; differs in: "

@@ -41,16 +41,3 @@ def _refuse_unstable(value: Any, where: str) -> None:
     elif not (value is None or isinstance(value, (str, int, bool))):
         raise TypeError(f"{where}: {value!r} ({type(value).__name__}) has no stable identity")
 
-
-def diff_fields(old: Any, new: Any, path: str = "") -> list[str]:
-    """Dotted paths of the fields that differ between two identity configs."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        differing = []
-        for key in sorted(set(old) | set(new)):
-            sub = f"{path}.{key}" if path else key
-            if key not in old or key not in new:
-                differing.append(sub)
-            else:
-                differing.extend(diff_fields(old[key], new[key], sub))
-        return differing
-    return [] if old == new else [path or "<root>"]

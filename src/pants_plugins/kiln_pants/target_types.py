@@ -7,7 +7,6 @@ the target and field). Which fields bear identity — and so enter the fingerpri
 
 from __future__ import annotations
 
-import datetime
 import re
 from typing import Any, Optional
 
@@ -28,19 +27,24 @@ from pants.engine.target import (
 )
 from pants.util.frozendict import FrozenDict
 
-from kiln_pants.build_symbols import AdamConfig, EvalSuite, LlamaConfig, Resources
+from kiln_contract.adam import AdamConfig
+from kiln_contract.llama import LlamaArchitecture
+from kiln_contract.parsing import SpecError
+from kiln_contract.train import Resources
+from kiln_contract.vocabulary import (
+    COMPUTE_DTYPES,
+    MESH_AXES,
+    REMAT_POLICIES,
+    STDLIB_PARTS,
+    is_calendar_version,
+    is_mutable_version,
+    mesh_sizes,
+)
+from kiln_pants.build_symbols import EvalSuite
 
 # ---------------------------------------------------------------------------------------------
 # Shared by both artifact types
 # ---------------------------------------------------------------------------------------------
-
-_CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(\.\d+)?$")
-
-
-def is_mutable_version(version: str) -> bool:
-    """`dev` and `*-dev` versions are rebuilt every time and never drift-checked."""
-    return version == "dev" or version.endswith("-dev")
-
 
 class ArtifactVersionField(StringField):
     value: str
@@ -57,17 +61,7 @@ class ArtifactVersionField(StringField):
     def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
         value = super().compute_value(raw_value, address)
         assert value is not None
-        if is_mutable_version(value):
-            return value
-        match = _CALENDAR_VERSION.match(value)
-        valid_date = False
-        if match:
-            try:
-                datetime.date(*(int(part) for part in match.groups()[:3]))
-                valid_date = True
-            except ValueError:
-                pass
-        if not valid_date:
+        if not (is_mutable_version(value) or is_calendar_version(value)):
             raise InvalidFieldException(
                 f"The `version` field in target {address} must be a calendar version like "
                 f"2026.06.28 (or 2026.06.28.1), or `dev` / `NAME-dev`; got {value!r}."
@@ -138,7 +132,7 @@ class _SymbolField(Field):
 # tokenized_cache
 # ---------------------------------------------------------------------------------------------
 
-STDLIB_SOURCES = ("stdlib:docstrings", "stdlib:pydoc_topics", "stdlib:all")
+STDLIB_SOURCES = tuple(f"stdlib:{part}" for part in STDLIB_PARTS)
 _HF_DATASET_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -248,6 +242,7 @@ def tokenizer_directory(tokenizer: str) -> str | None:
 
 
 class TextKeyField(StringField):
+    value: str
     alias = "text_key"
     default = "text"
     help = "The key holding each document's text in jsonl/parquet/Hugging Face records."
@@ -332,7 +327,7 @@ class TokenizedCacheTarget(Target):
 class ModelField(_SymbolField):
     alias = "model"
     required = True
-    symbol_type = LlamaConfig
+    symbol_type = LlamaArchitecture
     helper_name = "llama(...)"
     help = "The architecture, as `llama(max_seq_len=..., hidden_dim=..., ...)`."
 
@@ -452,7 +447,6 @@ class PerDeviceParallelismField(_PositiveIntField):
     )
 
 
-MESH_AXES = ("data", "fsdp", "tensor")  # kiln.model.partitioning.MESH_AXES
 # Levanter's default: every device shards the parameters and optimizer state (FSDP) and takes
 # its slice of the batch.
 DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
@@ -476,29 +470,19 @@ class MeshField(Field):
         value = super().compute_value(raw_value, address)
         if value is None:
             return FrozenDict(DEFAULT_MESH)
-        if not isinstance(value, dict):
-            raise InvalidFieldTypeException(
-                address, cls.alias, value, expected_type="a dict of mesh axis -> size"
-            )
-        unknown = sorted(set(value) - set(MESH_AXES))
-        sizes = {axis: value.get(axis, 1) for axis in MESH_AXES}
-        bad = {
-            axis: size
-            for axis, size in sizes.items()
-            if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1)
-        }
-        if unknown or bad or list(sizes.values()).count(-1) > 1:
+        try:
+            return FrozenDict(mesh_sizes(value, where=""))
+        except SpecError as e:
             raise InvalidFieldException(
-                f"The `mesh` field in target {address} is {value!r}: its keys must be among "
-                f"{list(MESH_AXES)}, its sizes positive integers, and at most one of them -1."
-            )
-        return FrozenDict(sizes)
+                f"The `mesh` field in target {address} is {value!r}: {e}. Its axes are "
+                f"{', '.join(MESH_AXES)}; missing ones are 1."
+            ) from None
 
 
 class GradientCheckpointingField(StringField):
     alias = "gradient_checkpointing"
     default = "none"
-    valid_choices = ("none", "full", "save_dots", "offload")
+    valid_choices = REMAT_POLICIES
     help = (
         "What each transformer block keeps for the backward pass: `none` (everything), `full` "
         "(only its input; recompute the rest), `save_dots` (matmul outputs), `offload` (matmul "
@@ -510,7 +494,7 @@ class GradientCheckpointingField(StringField):
 class ComputeDtypeField(StringField):
     alias = "compute_dtype"
     default = "bfloat16"
-    valid_choices = ("bfloat16", "float32")
+    valid_choices = COMPUTE_DTYPES
     help = "The dtype of activations and matmuls (parameters stay float32)."
 
 

@@ -32,8 +32,15 @@ from pants.engine.fs import (
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
-from pants.util.frozendict import FrozenDict
 
+from kiln_contract.tokenize import (
+    CacheSpec,
+    FilesSource,
+    HfSource,
+    Source,
+    StdlibSource,
+    TokenizerSpec,
+)
 from kiln_pants.artifact_graph import (
     Artifact,
     ArtifactGraph,
@@ -61,7 +68,6 @@ from kiln_pants.target_types import (
     tokenizer_directory,
 )
 
-SPEC_VERSION = 1
 SPEC_FILE = "tokenize_spec.json"
 RECORD_INPUT = "artifact_record.json"
 CACHE_DIR = "cache"
@@ -112,35 +118,32 @@ class _Layout:
         return () if os.path.isabs(path) else (path,)
 
 
-def _source_spec(target: Any, files: SourceFiles | None) -> dict[str, Any]:
+def _source_spec(target: Any, files: SourceFiles | None) -> Source:
     source = target[CacheSourceField].value
     split = target[SplitField].value
     if files is not None:
-        return {"kind": "files", "paths": sorted(files.files)}
+        return FilesSource(tuple(sorted(files.files)))
     if source in STDLIB_SOURCES:
-        return {"kind": "python_stdlib", "part": source.split(":", 1)[1], "split": split}
+        return StdlibSource(part=source.split(":", 1)[1], split=split)
     if source.startswith("/"):
-        return {"kind": "files", "paths": [source]}
-    spec: dict[str, Any] = {
-        "kind": "hf",
-        "id": source,
-        "split": split,
-        "revision": target[HfRevisionField].value,
-        "subset": target[HfSubsetField].value,
-    }
-    if target[RecordFilterField].value:
-        spec["where"] = dict(target[RecordFilterField].value)
-    return spec
+        return FilesSource((source,))
+    return HfSource(
+        id=source,
+        split=split,
+        revision=target[HfRevisionField].value,
+        subset=target[HfSubsetField].value,
+        where=tuple(sorted((target[RecordFilterField].value or {}).items())),
+    )
 
 
-def _tokenizer_spec(tokenizer: str, files: TokenizerFiles | None) -> dict[str, Any]:
+def _tokenizer_spec(tokenizer: str, files: TokenizerFiles | None) -> TokenizerSpec:
     if files is not None:
-        return {"kind": "local", "path": files.directory}
+        return TokenizerSpec("local", path=files.directory)
     if tokenizer_directory(tokenizer):
-        return {"kind": "local", "path": tokenizer}
+        return TokenizerSpec("local", path=tokenizer)
     if tokenizer.startswith("package:"):
-        return {"kind": "package", "name": tokenizer.split(":", 1)[1]}
-    return {"kind": "hf", "id": tokenizer, "revision": None}
+        return TokenizerSpec("package", name=tokenizer.split(":", 1)[1])
+    return TokenizerSpec("hf", id=tokenizer)
 
 
 @rule(desc="Tokenizing a cache")
@@ -172,27 +175,24 @@ async def build_tokenized_cache(
         inputs.append(tokenizer_files.digest)
 
     num_shards = target[NumShardsField].value
-    spec = {
-        "spec_version": SPEC_VERSION,
-        "kind": "tokenized_cache",
-        "name": artifact.name,
-        "version": artifact.version,
-        "fingerprint": artifact.fingerprint,
-        "config": {
-            "source": _source_spec(target, source_files),
-            "tokenizer": _tokenizer_spec(tokenizer, tokenizer_files),
-            "text_key": target[TextKeyField].value,
-            "max_document_chars": target[MaxDocumentCharsField].value,
-            "num_shards": num_shards,
-        },
-    }
+    spec = CacheSpec(
+        name=artifact.name,
+        version=artifact.version,
+        fingerprint=artifact.fingerprint,
+        source=_source_spec(target, source_files),
+        tokenizer=_tokenizer_spec(tokenizer, tokenizer_files),
+        text_key=target[TextKeyField].value,
+        max_document_chars=target[MaxDocumentCharsField].value,
+        num_shards=num_shards,
+    )
     spec_digest = await Get(
         Digest,
         CreateDigest(
             [
-                FileContent(SPEC_FILE, json.dumps(spec, indent=2).encode()),
+                FileContent(SPEC_FILE, json.dumps(spec.to_json(), indent=2).encode()),
                 FileContent(
-                    RECORD_INPUT, json.dumps(artifact_record(artifact, []), indent=2).encode()
+                    RECORD_INPUT,
+                    json.dumps(artifact_record(artifact, []).to_json(), indent=2).encode(),
                 ),
             ]
         ),
@@ -254,8 +254,10 @@ def cache_location(artifact: Artifact) -> str:
 
 @dataclass(frozen=True)
 class CachesAsInputs:
-    digest: Digest  # inline caches under their cache_location, and their tokenizers' files
-    store_paths: FrozenDict[Address, str]  # store caches, where they are
+    """Built caches as a step's inputs: the inline ones under their cache_location, with their
+    tokenizers' files. Store caches are in the artifact store already, at artifact_path."""
+
+    digest: Digest
 
 
 @dataclass(frozen=True)
@@ -274,12 +276,7 @@ async def caches_as_inputs(request: CachesAsInputsRequest) -> CachesAsInputs:
         if cache.store_path is None
     )
     tokenizers = [cache.tokenizer for cache in built]
-    return CachesAsInputs(
-        await Get(Digest, MergeDigests([*placed, *tokenizers])),
-        FrozenDict(
-            {cache.artifact.address: cache.store_path for cache in built if cache.store_path}
-        ),
-    )
+    return CachesAsInputs(await Get(Digest, MergeDigests([*placed, *tokenizers])))
 
 
 def rules():

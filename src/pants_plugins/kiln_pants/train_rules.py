@@ -8,6 +8,7 @@ sandbox: the hermetic path, whose result a remote cache serves to a clean machin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -36,14 +37,23 @@ from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.engine.unions import UnionRule
 
+from kiln_contract.step import Provenance, StepInput, StepSpec
+from kiln_contract.train import (
+    CheckpointerSpec,
+    ControlSpec,
+    DatasetRef,
+    Resources,
+    RuntimeSpec,
+    TrainConfig,
+    WandbSpec,
+)
 from kiln_pants.artifact_graph import (
     Artifact,
     ArtifactGraph,
     ArtifactGraphRequest,
     ReferencedFilesRequest,
 )
-from kiln_pants.artifact_store import artifact_record
-from kiln_pants.build_symbols import Resources
+from kiln_pants.artifact_store import artifact_path, artifact_record
 from kiln_pants.runtime import (
     ACCELERATOR_PLUGINS,
     RUN_STEP,
@@ -54,6 +64,7 @@ from kiln_pants.runtime import (
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
     BatchSizeField,
+    CacheStorageField,
     ComputeDtypeField,
     DatasetsField,
     EvalsField,
@@ -76,36 +87,36 @@ OUTPUT_DIR = "out"
 
 def runtime_section(
     num_train_steps: int,
-    resources: dict[str, Any],
+    resources: Resources,
     per_device_parallelism: int | None,
     gradient_checkpointing: str,
     mesh: dict[str, int],
-) -> dict[str, Any]:
+) -> RuntimeSpec:
     """Operational choices (not identity): how the trainer runs, not what it makes. The BUILD
     file's run-time fields, plus Kiln's defaults for the rest.
 
     Validation runs ~10 times per run (at most every 1000 steps); temporary checkpoints every
     10 minutes, or every minute on a CPU, where runs are short and saves cost ~0.2 s.
     """
-    return {
-        "resources": {k: v for k, v in resources.items() if v is not None},
-        "mesh": dict(mesh),
-        "attention": "auto",
-        "gradient_checkpointing": gradient_checkpointing,
-        "per_device_parallelism": per_device_parallelism,
-        "validation_every": max(1, min(1000, num_train_steps // 10)),
-        "validation_batches": 8,
-        "checkpointer": {
-            "save_interval_minutes": 1 if resources["kind"] == "cpu" else 10,
-            "keep_last_temporary": 2,
-            "every": 10000,
-            "temporary_base_path": None,
-        },
-        "wandb": {"mode": "offline", "project": "kiln", "entity": None, "run_id": None},
-        "control": {"enabled": True, "host": "127.0.0.1", "port": 0, "token_ttl_minutes": 720},
-        "progress": "auto",
-        "max_steps_this_run": None,
-    }
+    return RuntimeSpec(
+        resources=resources,
+        mesh=mesh,
+        attention="auto",
+        gradient_checkpointing=gradient_checkpointing,
+        per_device_parallelism=per_device_parallelism,
+        validation_every=max(1, min(1000, num_train_steps // 10)),
+        validation_batches=8,
+        checkpointer=CheckpointerSpec(
+            save_interval_minutes=1 if resources.kind == "cpu" else 10,
+            keep_last_temporary=2,
+            every=10000,
+            temporary_base_path=None,
+        ),
+        wandb=WandbSpec(mode="offline", project="kiln", entity=None, run_id=None),
+        control=ControlSpec(enabled=True, host="127.0.0.1", port=0, token_ttl_minutes=720),
+        progress="auto",
+        max_steps_this_run=None,
+    )
 
 
 @dataclass(frozen=True)
@@ -123,86 +134,120 @@ class PreparedStep:
     digest: Digest  # step.json + the input caches under inputs/
 
 
-def _input_entry(artifact: Artifact) -> dict[str, Any]:
-    return {"name": artifact.name, "version": artifact.version, "fingerprint": artifact.fingerprint}
+def _dataset(artifact: Artifact, weight: float = 0.0) -> DatasetRef:
+    return DatasetRef(artifact.name, artifact.version, artifact.fingerprint, weight)
 
 
 def _step(
     target: Any,
     artifact: Artifact,
     graph: ArtifactGraph,
-    runtime: Runtime,
-    caches: CachesAsInputs,
-    lockfile: Digest,
+    store_paths: dict[Address, str],
     eval_task_dirs: tuple[str, ...],
-) -> dict:
+    provenance: Provenance,
+) -> StepSpec:
     # Artifact.inputs lists the `datasets` in declaration order, then the `validation` sets.
     weights = target[DatasetsField].value
     dataset_inputs = [graph.get(a) for a in artifact.inputs[: len(weights)]]
     validation_inputs = [graph.get(a) for a in artifact.inputs[len(weights) :]]
-    datasets = [
-        {**_input_entry(cache), "weight": weight}
-        for cache, weight in zip(dataset_inputs, weights.values())
-    ]
-    validation = [_input_entry(cache) for cache in validation_inputs]
     inputs = list({cache.address: cache for cache in dataset_inputs + validation_inputs}.values())
     evals = target[EvalsField].value
-    return {
-        "step_version": 1,
-        "kind": "lm_checkpoint",
-        "name": artifact.name,
-        "version": artifact.version,
-        "fingerprint": artifact.fingerprint,
-        "record": artifact_record(artifact, inputs),
-        "config": {
-            "model": target[ModelField].value.to_json(),
-            "optimizer": target[OptimizerField].value.to_json(),
-            "datasets": datasets,
-            "validation": validation,
-            "batch_size": target[BatchSizeField].value,
-            "seq_len": target[SeqLenField].value,
-            "num_train_steps": target[NumTrainStepsField].value,
-            "z_loss_weight": target[ZLossWeightField].value,
-            "evals": _evals_config(evals, eval_task_dirs),
-            "seed": target[SeedField].value,
-            "compute_dtype": target[ComputeDtypeField].value,
-            "param_dtype": "float32",
-        },
-        "runtime": runtime_section(
+    return StepSpec(
+        name=artifact.name,
+        version=artifact.version,
+        fingerprint=artifact.fingerprint,
+        record=artifact_record(artifact, inputs),
+        config=TrainConfig(
+            model=target[ModelField].value,
+            optimizer=target[OptimizerField].value,
+            datasets=tuple(
+                _dataset(cache, weight) for cache, weight in zip(dataset_inputs, weights.values())
+            ),
+            validation=tuple(_dataset(cache) for cache in validation_inputs),
+            batch_size=target[BatchSizeField].value,
+            seq_len=target[SeqLenField].value,
+            num_train_steps=target[NumTrainStepsField].value,
+            z_loss_weight=target[ZLossWeightField].value,
+            # Local lm-eval task directories travel with the step's inputs.
+            evals=dataclasses.replace(evals.suite, task_paths=eval_task_dirs) if evals else None,
+            seed=target[SeedField].value,
+            compute_dtype=target[ComputeDtypeField].value,
+            param_dtype="float32",
+        ),
+        runtime=runtime_section(
             target[NumTrainStepsField].value,
-            target[ResourcesField].value.to_json(),
+            target[ResourcesField].value,
             target[PerDeviceParallelismField].value,
             target[GradientCheckpointingField].value,
             dict(target[MeshField].value),
         ),
-        "inputs": [
-            {
-                "ref": i.ref,
-                "name": i.name,
-                "version": i.version,
-                "record": artifact_record(i, []),
+        inputs=tuple(
+            StepInput(
+                ref=i.ref,
+                name=i.name,
+                version=i.version,
+                record=artifact_record(i, []),
                 # Inline caches travel with the step; store caches are already in place.
-                **(
-                    {"store_path": caches.store_paths[i.address]}
-                    if i.address in caches.store_paths
-                    else {"location": cache_location(i)}
-                ),
-            }
+                store_path=store_paths.get(i.address),
+                location=None if i.address in store_paths else cache_location(i),
+            )
             for i in inputs
-        ],
-        "provenance": {
-            "code_digest": runtime.sources.fingerprint,
-            "lockfile_digest": lockfile.fingerprint,
-        },
+        ),
+        provenance=provenance,
+    )
+
+
+@dataclass(frozen=True)
+class StepJsonRequest:
+    address: Address
+    provenance: Provenance  # the runtime that will run the step
+
+
+@dataclass(frozen=True)
+class StepJson:
+    """step.json: the step spec (kiln_contract.step) of an lm_checkpoint, as the runner reads
+    it, and the local eval task files it names (empty without any)."""
+
+    content: bytes
+    eval_task_files: Digest
+
+
+@rule(desc="Writing an lm_checkpoint's step spec")
+async def step_json(
+    request: StepJsonRequest, kiln: KilnSubsystem, build_root: BuildRoot
+) -> StepJson:
+    address = request.address
+    wrapped, graph = await MultiGet(
+        Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
+        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
+    )
+    artifact = graph.get(address)
+    caches = await MultiGet(
+        Get(WrappedTarget, WrappedTargetRequest(a, description_of_origin="<kiln run>"))
+        for a in artifact.inputs
+    )
+    prefix = kiln.prefix_path(build_root.path)
+    store_paths = {
+        cache.target.address: artifact_path(prefix, graph.get(cache.target.address))
+        for cache in caches
+        if cache.target[CacheStorageField].value == "store"
     }
-
-
-def _evals_config(evals: Any, task_dirs: tuple[str, ...]) -> dict[str, Any] | None:
-    """The runtime's suite config: local task directories relative to the step's inputs."""
-    if evals is None:
-        return None
-    config = {k: v for k, v in evals.to_json().items() if k != "task_files"}
-    return {**config, "task_paths": list(task_dirs)}
+    evals = wrapped.target[EvalsField].value
+    task_files = (
+        await Get(SourceFiles, ReferencedFilesRequest(address, evals.task_files, "evals"))
+        if evals and evals.task_files
+        else None
+    )
+    task_dirs = tuple(
+        sorted({os.path.dirname(f) for f in task_files.files if f.endswith(".yaml")})
+        if task_files
+        else ()
+    )
+    step = _step(wrapped.target, artifact, graph, store_paths, task_dirs, request.provenance)
+    return StepJson(
+        json.dumps(step.to_json(), indent=2).encode(),
+        task_files.snapshot.digest if task_files else EMPTY_DIGEST,
+    )
 
 
 @dataclass(frozen=True)
@@ -226,31 +271,18 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=accelerator)),
     )
     artifact = graph.get(address)
-    caches = await Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs))))
-    evals = wrapped.target[EvalsField].value
-    task_files = (
-        await Get(SourceFiles, ReferencedFilesRequest(address, evals.task_files, "evals"))
-        if evals and evals.task_files
-        else None
+    provenance = Provenance(
+        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
     )
-    task_dirs = tuple(
-        sorted(
-            {
-                os.path.dirname(f)
-                for f in (task_files.files if task_files else ())
-                if f.endswith(".yaml")
-            }
-        )
+    step, caches = await MultiGet(
+        Get(StepJson, StepJsonRequest(address, provenance)),
+        Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs)))),
     )
-    step = _step(wrapped.target, artifact, graph, runtime, caches, lockfile, task_dirs)
-    step_digest = await Get(
-        Digest, CreateDigest([FileContent(STEP_FILE, json.dumps(step, indent=2).encode())])
-    )
-    task_digest = task_files.snapshot.digest if task_files else EMPTY_DIGEST
+    step_digest = await Get(Digest, CreateDigest([FileContent(STEP_FILE, step.content)]))
     return PreparedStep(
         artifact,
         runtime,
-        await Get(Digest, MergeDigests([step_digest, caches.digest, task_digest])),
+        await Get(Digest, MergeDigests([step_digest, caches.digest, step.eval_task_files])),
     )
 
 

@@ -2,7 +2,7 @@
 one step, run by `pants run` (interactive) and `pants package` (a cached process).
 
 The Pants backend has already built the input caches (cached processes) and placed them under
-`--inputs`. This runner:
+`--inputs`. This runner parses the step spec once (kiln_contract.step), then:
   1. places each input cache in the artifact store at `{prefix}/{name}/{version}` (atomic copy;
      an existing copy must have the same fingerprint), so records point at stable paths;
   2. decides: already built with this fingerprint -> report and stop; built with another
@@ -14,14 +14,16 @@ A code-only change does not retrain a finished artifact: the record keeps the co
 built with, and a differing one is reported ("built by other code"), never silently discarded.
 
 Multi-host (`--coordinator ...`, the same command on every host, docs/training.md): every process
-serves or refuses alike; process 0 alone places the inputs, holds the lease and writes STATUS and
-the record; then all train and compute the report (both collectives), and process 0 writes it.
+serves or refuses alike and derives the same train spec; process 0 alone places the inputs, holds
+the lease and writes STATUS and the record; then all train and compute the report (both
+collectives), and process 0 writes it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import getpass
 import json
 import os
@@ -36,8 +38,11 @@ from typing import Any
 
 from kiln import artifacts
 from kiln.train import multihost
-
-STEP_VERSION = 1
+from kiln_contract.parsing import SpecError
+from kiln_contract.record import ArtifactRecord, differing_fields
+from kiln_contract.step import StepInput, StepSpec
+from kiln_contract.train import TrainSpec
+from kiln_contract.vocabulary import ATTENTION_IMPLS, REMAT_POLICIES, is_mutable_version
 
 
 class StepError(RuntimeError):
@@ -51,37 +56,23 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _diff(old: Any, new: Any, path: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [
-            field
-            for key in sorted(set(old) | set(new))
-            for field in (
-                [f"{path}{key}"]
-                if key not in old or key not in new
-                else _diff(old[key], new[key], f"{path}{key}.")
-            )
-        ]
-    return [] if old == new else [path.rstrip(".") or "<root>"]
-
-
-def check_drift(directory: Path, record: dict[str, Any]) -> dict[str, Any] | None:
+def check_drift(directory: Path, record: ArtifactRecord) -> dict[str, Any] | None:
     """The stored record if `directory` holds this artifact; StepError if it holds another."""
     stored = _read_json(directory / artifacts.RECORD_FILE)
     if stored is None:
         return None
-    if stored.get("fingerprint") != record["fingerprint"]:
-        fields = _diff(stored.get("identity", {}), record["identity"])
+    if stored.get("fingerprint") != record.fingerprint:
+        fields = differing_fields(stored.get("identity", {}), record.identity)
         raise StepError(
-            f"{record['name']}@{record['version']} already exists at {directory} with fingerprint "
+            f"{record.ref} already exists at {directory} with fingerprint "
             f"{stored.get('fingerprint')}, but the target now has fingerprint "
-            f"{record['fingerprint']}; it differs in: {', '.join(fields) or 'identity format'}. "
+            f"{record.fingerprint}; it differs in: {', '.join(fields) or 'identity format'}. "
             "Bump `version` in the BUILD file to build a new artifact (the old one is kept)."
         )
     return stored
 
 
-def place_input(source: Path, destination: Path, record: dict[str, Any]) -> Path:
+def place_input(source: Path, destination: Path, record: ArtifactRecord) -> Path:
     """Copies a built cache into the artifact store unless the same one is already there."""
     if artifacts.is_built(destination) and check_drift(destination, record):
         return destination
@@ -97,15 +88,15 @@ def place_input(source: Path, destination: Path, record: dict[str, Any]) -> Path
         shutil.rmtree(staging)
         if not (artifacts.is_built(destination) and check_drift(destination, record)):
             raise StepError(
-                f"{destination} exists but is not a complete copy of {record['name']}; "
+                f"{destination} exists but is not a complete copy of {record.name}; "
                 "move it away and rerun"
             ) from None
     return destination
 
 
-def _provenance(step: dict[str, Any]) -> dict[str, Any]:
+def _provenance(step: StepSpec) -> dict[str, Any]:
     return {
-        **step.get("provenance", {}),
+        **dataclasses.asdict(step.provenance),
         "user": getpass.getuser(),
         "host": socket.gethostname(),
         "python": platform.python_version(),
@@ -114,56 +105,37 @@ def _provenance(step: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _resolved_inputs(entries: list[dict[str, Any]], paths: dict[str, Path]) -> list[dict[str, Any]]:
-    return [
-        {**entry, "path": str(paths[f"{entry['name']}@{entry['version']}"])} for entry in entries
-    ]
+def input_path(entry: StepInput, inputs_root: Path, prefix: Path | None) -> Path:
+    """Where the trainer reads an input cache: in the artifact store, or in place (hermetic
+    runs, which have no store)."""
+    if entry.store_path is not None:  # built in place in the artifact store (storage="store")
+        return Path(entry.store_path)
+    assert entry.location is not None  # a StepInput has one of the two
+    if prefix is None:
+        return (inputs_root / entry.location).resolve()
+    return prefix / entry.name / entry.version
 
 
-def train_spec(
-    step: dict[str, Any], output: Path, paths: dict[str, Path], inputs_root: Path
-) -> dict[str, Any]:
-    """The trainer's spec (docs/step-spec.md): the step's config with absolute input paths."""
-    config = dict(step["config"])
-    config["datasets"] = _resolved_inputs(config["datasets"], paths)
-    config["validation"] = _resolved_inputs(config["validation"], paths)
-    if config.get("evals"):  # local lm-eval task directories travel with the step's inputs
-        task_paths = config["evals"].get("task_paths", [])
-        config["evals"] = {
-            **config["evals"],
-            "task_paths": [str((inputs_root / p).resolve()) for p in task_paths],
-        }
-    return {
-        "spec_version": 1,
-        "kind": "lm_checkpoint",
-        "name": step["name"],
-        "version": step["version"],
-        "fingerprint": step["fingerprint"],
-        "output_path": str(output),
-        "config": config,
-        "runtime": step["runtime"],
-    }
+def place_inputs(step: StepSpec, inputs_root: Path, prefix: Path | None) -> None:
+    """Copies each built input cache to its `input_path` unless it is there already, and
+    checks those already in the store."""
+    for entry in step.inputs:
+        destination = input_path(entry, inputs_root, prefix)
+        if entry.store_path is not None:
+            place_input(destination, destination, entry.record)
+        elif prefix is not None:
+            assert entry.location is not None
+            place_input(inputs_root / entry.location, destination, entry.record)
 
 
-def place_inputs(step: dict[str, Any], inputs_root: Path, prefix: Path | None) -> dict[str, Path]:
-    """Each input's path for the trainer: in the artifact store, or in place (hermetic runs)."""
-    paths = {}
-    for entry in step["inputs"]:
-        if "store_path" in entry:  # built in place in the artifact store (storage="store")
-            in_store = Path(entry["store_path"])
-            paths[entry["ref"]] = place_input(in_store, in_store, entry["record"])
-            continue
-        built = inputs_root / entry["location"]
-        if prefix is None:
-            paths[entry["ref"]] = built.resolve()
-        else:
-            store = prefix / entry["name"] / entry["version"]
-            paths[entry["ref"]] = place_input(built, store, entry["record"])
-    return paths
+def train_spec(step: StepSpec, inputs_root: Path, output: Path, prefix: Path | None) -> TrainSpec:
+    """The trainer's spec: the step's config with every input at its `input_path`."""
+    paths = {entry.ref: input_path(entry, inputs_root, prefix) for entry in step.inputs}
+    return step.train_spec(output, paths, inputs_root)
 
 
 def run_step(
-    step: dict[str, Any],
+    step: StepSpec,
     inputs_root: Path,
     output: Path,
     prefix: Path | None,
@@ -171,81 +143,72 @@ def run_step(
 ) -> int:
     """Serves, refuses or builds the step at `output`. In a multi-host run every process calls
     this; process 0 alone places the inputs, holds the lease and writes STATUS and the record."""
-    record = step["record"]
-    ref = f"{record['name']}@{record['version']}"
-    stored = None if _is_mutable(record) else check_drift(output, record)
+    record = step.record
+    stored = None if is_mutable_version(record.version) else check_drift(output, record)
     if stored is not None and artifacts.is_built(output):
         _serve(step, stored, output)
         return 0
+    spec = train_spec(step, inputs_root, output, prefix)
     with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
         failure: Exception | None = None
         if process_index == 0:
             try:
-                _start_run(step, inputs_root, output, prefix, held)
+                _start_run(step, spec, inputs_root, prefix, held)
             except Exception as e:  # noqa: BLE001 - raised below, once the others know
                 failure = e
         if cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
-            failure = failure or StepError(f"process 0 could not start {ref}; its output says why")
+            failure = failure or StepError(
+                f"process 0 could not start {record.ref}; its output says why"
+            )
         if failure is not None:
             raise failure
         from kiln.report.plots import plot_run
         from kiln.report.run_summary import write_run_summary
         from kiln.train.__main__ import run_training
-        from kiln.train.spec import load_spec
 
-        spec_path = output / artifacts.TRAIN_SPEC_FILE
-        exit_code = run_training(spec_path, quiet=True, metrics_observer=plot_run)
+        exit_code = run_training(spec, quiet=True, metrics_observer=plot_run)
         if exit_code == 0:
-            # On every process: sampling is a collective.
-            summary = write_run_summary(load_spec(spec_path))
+            summary = write_run_summary(spec)  # on every process: sampling is a collective
             if process_index == 0:
                 artifacts.write_status(output, artifacts.SUCCESS)
-                print(f"kiln: built {ref} at {output}\n{summary}")
+                print(f"kiln: built {record.ref} at {output}\n{summary}")
         elif exit_code in (1, 2) and process_index == 0:
             artifacts.write_status(output, artifacts.FAILED)
         return exit_code
 
 
 def _start_run(
-    step: dict[str, Any], inputs_root: Path, output: Path, prefix: Path | None,
+    step: StepSpec,
+    spec: TrainSpec,
+    inputs_root: Path,
+    prefix: Path | None,
     held: contextlib.ExitStack,
 ) -> None:
     """Places the inputs, takes the artifact's lease into `held` (a second run is refused at
-    once) and writes STATUS RUNNING, the record and the train spec."""
-    record = step["record"]
-    paths = place_inputs(step, inputs_root, prefix)
+    once) and writes STATUS RUNNING, the record and, for people, the train spec."""
+    output = spec.output_path
+    place_inputs(step, inputs_root, prefix)
     output.mkdir(parents=True, exist_ok=True)
     try:
         held.enter_context(artifacts.lease(output, wait=False))
     except artifacts.LeaseHeld as e:
-        raise StepError(
-            f"{e} A second run of {record['name']}@{record['version']} is refused; nothing was "
-            "changed."
-        ) from None
-    if _is_mutable(record) and artifacts.is_built(output):
+        raise StepError(f"{e} A second run of {step.ref} is refused; nothing was changed.") from None
+    if is_mutable_version(step.version) and artifacts.is_built(output):
         shutil.rmtree(output / "checkpoints", ignore_errors=True)  # a built dev run starts over
     artifacts.write_status(output, artifacts.RUNNING)
     artifacts.atomic_write_json(
-        output / artifacts.RECORD_FILE, {**record, "provenance": _provenance(step)}
+        output / artifacts.RECORD_FILE, {**step.record.to_json(), "provenance": _provenance(step)}
     )
-    spec = train_spec(step, output, paths, inputs_root)
-    artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec)
+    artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec.to_json())
 
 
-def _is_mutable(record: dict[str, Any]) -> bool:
-    """A dev version is rebuilt on every run instead of served."""
-    return record["version"] == "dev" or record["version"].endswith("-dev")
-
-
-def _serve(step: dict[str, Any], stored: dict[str, Any], output: Path) -> None:
-    record = step["record"]
+def _serve(step: StepSpec, stored: dict[str, Any], output: Path) -> None:
     print(
-        f"kiln: {record['name']}@{record['version']} is already built at {output} "
-        f"(fingerprint {record['fingerprint']})."
+        f"kiln: {step.ref} is already built at {output} (fingerprint {step.fingerprint})."
     )
     built_by = stored.get("provenance", {}).get("code_digest")
-    now = step.get("provenance", {}).get("code_digest")
-    if built_by and now and built_by != now:
+    now = step.provenance.code_digest
+    if built_by and built_by != now:
         print(
             f"kiln: note: it was built by other code (runtime digest {built_by[:12]}, now "
             f"{now[:12]}); the code is not part of its identity, so it is kept. Bump "
@@ -273,13 +236,14 @@ RUNTIME_OVERRIDES = {
 }
 
 
-def apply_overrides(step: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def apply_overrides(step: StepSpec, args: argparse.Namespace) -> StepSpec:
     """Run-time choices from the command line (`pants run X -- --max-steps 300`)."""
-    runtime = dict(step["runtime"])
-    for option, key in RUNTIME_OVERRIDES.items():
-        if getattr(args, option) is not None:
-            runtime[key] = getattr(args, option)
-    config = dict(step["config"])
+    runtime = {
+        key: getattr(args, option)
+        for option, key in RUNTIME_OVERRIDES.items()
+        if getattr(args, option) is not None
+    }
+    config = step.config
     if args.batch_size is not None:
         # Identity changes: only for scratch runs (throughput checks), never into the store.
         if args.output is None:
@@ -287,8 +251,18 @@ def apply_overrides(step: dict[str, Any], args: argparse.Namespace) -> dict[str,
                 "--batch-size changes the artifact's identity: give --output DIR as well, so the "
                 "run goes to a scratch folder and not to the artifact store"
             )
-        config["batch_size"] = args.batch_size
-    return {**step, "runtime": runtime, "config": config}
+        config = _replace(config, "config", batch_size=args.batch_size)
+    return dataclasses.replace(
+        step, runtime=_replace(step.runtime, "runtime", **runtime), config=config
+    )
+
+
+def _replace(value: Any, where: str, **changes: Any) -> Any:
+    """`dataclasses.replace`, an invalid value named by its field in the spec."""
+    try:
+        return dataclasses.replace(value, **changes)
+    except SpecError as e:
+        raise StepError(f"{e.within(where)} (from the command line)") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -303,10 +277,8 @@ def _parser() -> argparse.ArgumentParser:
         "run-time overrides (not part of the artifact's identity)"
     )
     overrides.add_argument("--max-steps", type=int, help="stop after N steps this run (resumable)")
-    overrides.add_argument("--attention", choices=("auto", "xla", "pallas", "cudnn"))
-    overrides.add_argument(
-        "--gradient-checkpointing", choices=("none", "full", "save_dots", "offload")
-    )
+    overrides.add_argument("--attention", choices=ATTENTION_IMPLS)
+    overrides.add_argument("--gradient-checkpointing", choices=REMAT_POLICIES)
     overrides.add_argument("--validation-every", type=int)
     overrides.add_argument(
         "--mesh",
@@ -326,7 +298,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _mesh_sizes(text: str) -> dict[str, int]:
-    """'data=2,fsdp=-1' -> {"data": 2, "fsdp": -1}; the trainer checks axes and sizes."""
+    """'data=2,fsdp=-1' -> {"data": 2, "fsdp": -1}; the spec checks axes and sizes."""
     try:
         return {axis.strip(): int(size) for axis, size in (p.split("=") for p in text.split(","))}
     except ValueError:
@@ -340,14 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = _parser()
     args = parser.parse_args(argv)
-    step = json.loads(args.step.read_text())
-    if step.get("step_version") != STEP_VERSION:
-        print(f"kiln: error: {args.step}: step_version must be {STEP_VERSION}", file=sys.stderr)
+    try:
+        step = read_step(args.step)
+    except StepError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
         return 1
     if args.output is None and args.prefix is None:
         parser.error("give --prefix (artifact store) or --output")
     cluster = multihost.cluster_from_flags(parser, args)
-    output = args.output or args.prefix / step["name"] / step["version"]
+    output = args.output or args.prefix / step.name / step.version
     try:
         step = apply_overrides(step, args)
         prefix = None if args.output else args.prefix
@@ -356,6 +329,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
 
+
+def read_step(path: Path) -> StepSpec:
+    """The step spec in the file at `path`, parsed once: the runner's boundary."""
+    try:
+        return StepSpec.from_json(json.loads(path.read_text()))
+    except OSError as e:
+        raise StepError(f"cannot read the step spec {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise StepError(f"{path} is not valid JSON: {e}") from None
+    except SpecError as e:
+        raise StepError(f"{path}: {e}") from None
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kiln_testing.training import EXAMPLE_SPEC
 
 from kiln import artifacts
 from kiln.runner import (
@@ -14,30 +18,72 @@ from kiln.runner import (
     apply_overrides,
     check_drift,
     place_input,
+    read_step,
     run_step,
     train_spec,
 )
+from kiln_contract.record import ArtifactRecord
+from kiln_contract.step import StepSpec
 
 IDENTITY = {"kind": "lm_checkpoint", "batch_size": 8, "model": {"hidden_dim": 64}}
 
 
-def record(fingerprint: str = "f" * 16, **identity: Any) -> dict[str, Any]:
+def record(fingerprint: str = "f" * 16, **identity: Any) -> ArtifactRecord:
+    return ArtifactRecord(
+        kind="lm_checkpoint",
+        name="checkpoints/x",
+        version="2026.11.29",
+        fingerprint=fingerprint,
+        identity={**IDENTITY, **identity},
+    )
+
+
+def step_json(code_digest: str = "a" * 64, **identity: Any) -> dict[str, Any]:
+    """A step as the backend writes it (docs/step-spec.md): EXAMPLE_SPEC's config and runtime,
+    its two caches carried under the inputs folder."""
+    config = copy.deepcopy(EXAMPLE_SPEC["config"])
+    caches = config["datasets"] + config["validation"]
+    for cache in caches:
+        del cache["path"]
+    config["evals"] = {"tasks": [{"name": "copa"}], "every": 5, "task_paths": ["exp/tasks"]}
+    rec = record(**identity)
     return {
-        "name": "checkpoints/x",
-        "version": "2026.11.29",
-        "fingerprint": fingerprint,
-        "identity": {**IDENTITY, **identity},
+        "step_version": 1,
+        "kind": "lm_checkpoint",
+        "name": rec.name,
+        "version": rec.version,
+        "fingerprint": rec.fingerprint,
+        "record": rec.to_json(),
+        "config": config,
+        "runtime": EXAMPLE_SPEC["runtime"],
+        "inputs": [
+            {
+                "ref": f"{c['name']}@{c['version']}",
+                "name": c["name"],
+                "version": c["version"],
+                "record": {
+                    **rec.to_json(),
+                    "kind": "tokenized_cache",
+                    "name": c["name"],
+                    "fingerprint": c["fingerprint"],
+                },
+                "location": f"inputs/{c['name']}/{c['version']}",
+            }
+            for c in caches
+        ],
+        "provenance": {"code_digest": code_digest, "lockfile_digest": "l" * 64},
     }
 
 
-def step(code_digest: str = "a" * 64, **identity: Any) -> dict[str, Any]:
-    return {"record": record(**identity), "provenance": {"code_digest": code_digest}, "inputs": []}
+def step(code_digest: str = "a" * 64, **identity: Any) -> StepSpec:
+    return StepSpec.from_json(step_json(code_digest, **identity))
 
 
-def built(directory: Path, rec: dict[str, Any], code_digest: str = "a" * 64) -> Path:
+def built(directory: Path, rec: ArtifactRecord, code_digest: str = "a" * 64) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     artifacts.atomic_write_json(
-        directory / artifacts.RECORD_FILE, {**rec, "provenance": {"code_digest": code_digest}}
+        directory / artifacts.RECORD_FILE,
+        {**rec.to_json(), "provenance": {"code_digest": code_digest}},
     )
     artifacts.atomic_write_text(directory / artifacts.SUMMARY_TEXT_FILE, "the summary\n")
     artifacts.write_status(directory, artifacts.SUCCESS)
@@ -108,43 +154,57 @@ def test_check_drift_without_a_record(tmp_path: Path) -> None:
 
 
 def test_the_train_spec_gets_absolute_input_and_task_paths(tmp_path: Path) -> None:
-    entry = {"name": "tokenized/a", "version": "2026.11.29", "fingerprint": "a" * 16}
-    step = {
-        "name": "checkpoints/x",
-        "version": "2026.11.29",
-        "fingerprint": "f" * 16,
-        "config": {
-            "datasets": [{**entry, "weight": 1.0}],
-            "validation": [entry],
-            "evals": {"tasks": [], "every": 5, "max_examples": None, "task_paths": ["exp/tasks"]},
-        },
-        "runtime": {},
-    }
-    cache = tmp_path / "store/tokenized/a/2026.11.29"
-    spec = train_spec(step, tmp_path / "out", {"tokenized/a@2026.11.29": cache}, tmp_path)
-    assert spec["config"]["datasets"][0]["path"] == str(cache)
-    assert spec["config"]["validation"][0]["path"] == str(cache)
-    assert spec["config"]["evals"]["task_paths"] == [str(tmp_path / "exp/tasks")]
-    assert spec["output_path"] == str(tmp_path / "out")
+    store = tmp_path / "store"
+    spec = train_spec(step(), tmp_path, tmp_path / "out", store)
+    assert spec.config.datasets[0].path == store / "tokenized/a/2026.11.29"
+    assert spec.config.validation[0].path == store / "tokenized/val/2026.11.29"
+    assert spec.config.evals is not None
+    assert spec.config.evals.task_paths == (str(tmp_path / "exp/tasks"),)
+    assert spec.output_path == tmp_path / "out"
+    hermetic = train_spec(step(), tmp_path, tmp_path / "out", prefix=None)
+    assert hermetic.config.datasets[0].path == tmp_path / "inputs/tokenized/a/2026.11.29"
 
 
 def test_run_time_overrides_leave_the_identity_alone() -> None:
-    base = {
-        "runtime": {"attention": "auto", "per_device_parallelism": None},
-        "config": {"batch_size": 8},
-    }
+    base = step()
     args = _parser().parse_args(
         ["step.json", "--inputs", ".", "--per-device-parallelism", "2", "--attention", "xla"]
         + ["--mesh", "data=2, fsdp=-1"]
     )
     overridden = apply_overrides(base, args)
-    assert overridden["runtime"] == {
-        "attention": "xla",
-        "per_device_parallelism": 2,
-        "mesh": {"data": 2, "fsdp": -1},
-    }
+    assert overridden.runtime.attention == "xla"
+    assert overridden.runtime.per_device_parallelism == 2
+    assert overridden.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
+    assert overridden.config == base.config
     with pytest.raises(SystemExit):
         _parser().parse_args(["s", "--inputs", ".", "--mesh", "fsdp"])
-    assert overridden["config"] == base["config"]
     with pytest.raises(StepError, match="--batch-size changes the artifact's identity"):
         apply_overrides(base, _parser().parse_args(["s", "--inputs", ".", "--batch-size", "4"]))
+    scratch = ["s", "--inputs", ".", "--output", "out", "--batch-size", "4"]
+    assert apply_overrides(base, _parser().parse_args(scratch)).config.batch_size == 4
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--validation-every", "0"], "runtime.validation_every: expected an integer >= 1, got 0"),
+        (["--mesh", "model=2"], "runtime.mesh: expected one of data, fsdp, tensor, got 'model'"),
+    ],
+)
+def test_a_bad_override_names_the_field(flags: list[str], message: str) -> None:
+    with pytest.raises(StepError, match=re.escape(message)):
+        apply_overrides(step(), _parser().parse_args(["s", "--inputs", ".", *flags]))
+
+
+def test_the_step_is_parsed_once_with_clear_errors(tmp_path: Path) -> None:
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps(step_json()))
+    assert read_step(path) == step()
+    path.write_text(json.dumps({**step_json(), "step_version": 0}))
+    with pytest.raises(StepError, match="step.json: step_version: expected 1, got 0; build the"):
+        read_step(path)
+    path.write_text(json.dumps({**step_json(), "runtime": {**EXAMPLE_SPEC["runtime"], "x": 1}}))
+    with pytest.raises(StepError, match=re.escape("step.json: runtime: unknown field(s) x")):
+        read_step(path)
+    with pytest.raises(StepError, match="cannot read the step spec"):
+        read_step(tmp_path / "missing.json")

@@ -36,23 +36,30 @@ def write_step(root: Path) -> Path:
            "runtime.checkpointer.every": 3},
     )  # fmt: skip
     entries = spec["config"]["datasets"] + spec["config"]["validation"]
+    for entry in entries:
+        del entry["path"]  # a step names its caches; the runner finds them under --inputs
     inputs: list[dict[str, Any]] = [
         {"ref": f"{e['name']}@{e['version']}", "name": e["name"], "version": e["version"],
-         "record": {}, "location": caches[e["name"]].name}
+         "record": record(e["name"], e["fingerprint"], "tokenized_cache", {}),
+         "location": caches[e["name"]].name}
         for e in entries
     ]  # fmt: skip
     identity = {"kind": "lm_checkpoint", "config": spec["config"]}
     step = {
         "step_version": 1, "kind": "lm_checkpoint", "name": spec["name"],
         "version": spec["version"], "fingerprint": spec["fingerprint"],
-        "record": {"name": spec["name"], "version": spec["version"],
-                   "fingerprint": spec["fingerprint"], "identity": identity},
+        "record": record(spec["name"], spec["fingerprint"], "lm_checkpoint", identity),
         "config": spec["config"], "runtime": spec["runtime"], "inputs": inputs,
-        "provenance": {"code_digest": "a" * 64},
+        "provenance": {"code_digest": "a" * 64, "lockfile_digest": "b" * 64},
     }  # fmt: skip
     path = root / "step.json"
     path.write_text(json.dumps(step))
     return path
+
+
+def record(name: str, fingerprint: str, kind: str, identity: dict[str, Any]) -> dict[str, Any]:
+    return {"record_version": 1, "kind": kind, "name": name, "version": "2026.11.29",
+            "fingerprint": fingerprint, "identity": identity, "inputs": []}  # fmt: skip
 
 
 def run_runners(step: Path, output: Path) -> list[subprocess.CompletedProcess]:

@@ -247,7 +247,7 @@ def run_eval_suite(
     """Run every task of `suite` (the spec's `evals` object) and return W&B-ready metrics:
     lm_eval/{alias or name}/{metric}, lm_eval/averages/{macro,micro}_{acc,acc_norm},
     lm_eval/{label}/seconds and lm_eval/seconds. Pass max_length = the model's max_seq_len."""
-    config = EvalSuiteConfig.from_dict(suite)
+    config = EvalSuiteConfig.from_json(suite)
     started = time.perf_counter()
     loaded_tasks = load_suite_tasks(config)  # all of them first: a missing dataset fails fast
     lm = KilnLM(logprob_fn, tokenizer, max_length=max_length, batch_size=batch_size)

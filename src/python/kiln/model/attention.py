@@ -11,8 +11,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from kiln.model.partitioning import BATCH_AXES, batch_mesh
-
-ATTENTION_IMPLS = ("auto", "xla", "pallas", "cudnn")
+from kiln_contract.vocabulary import ATTENTION_IMPLS
 
 
 def resolve_attention_impl(impl: str) -> str:

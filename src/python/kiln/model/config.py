@@ -6,83 +6,26 @@ See docs/model.md for the formulas.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+
+from kiln_contract.llama import LlamaArchitecture
+from kiln_contract.parsing import check_int
 
 
-@dataclasses.dataclass(frozen=True)
-class LlamaConfig:
-    max_seq_len: int
-    hidden_dim: int
-    intermediate_dim: int
-    num_heads: int
-    num_kv_heads: int
-    num_layers: int
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LlamaConfig(LlamaArchitecture):
+    """The architecture (the contract's, what `llama(...)` declares) and the vocabulary size,
+    which comes from the dataset caches' tokenizer."""
+
     vocab_size: int
-    rope_theta: float = 500000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_seq_len",
-            "hidden_dim",
-            "intermediate_dim",
-            "num_heads",
-            "num_kv_heads",
-            "num_layers",
-            "vocab_size",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"LlamaConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("rope_theta", "norm_eps", "init_std"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"LlamaConfig.{name} must be a positive number, got {value!r}")
-        if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(
-                f"LlamaConfig.tie_embeddings must be true or false, got {self.tie_embeddings!r}"
-            )
-        if self.hidden_dim % self.num_heads:
-            raise ValueError(
-                f"LlamaConfig.hidden_dim ({self.hidden_dim}) must be divisible by "
-                f"num_heads ({self.num_heads})"
-            )
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"LlamaConfig.num_heads ({self.num_heads}) must be divisible by "
-                f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention"
-            )
-        if self.head_dim % 2:
-            raise ValueError(
-                f"LlamaConfig head_dim = hidden_dim / num_heads = {self.head_dim} must be even "
-                "(RoPE rotates pairs of features)"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_dim // self.num_heads
+        super().__post_init__()
+        check_int("vocab_size", self.vocab_size, minimum=1)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> LlamaConfig:
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ValueError(
-                f"unknown LlamaConfig field(s) {unknown}; known fields: {sorted(fields)}"
-            )
-        missing = sorted(
-            name
-            for name, f in fields.items()
-            if f.default is dataclasses.MISSING and name not in values
-        )
-        if missing:
-            raise ValueError(f"LlamaConfig is missing required field(s) {missing}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def for_vocabulary(cls, architecture: LlamaArchitecture, vocab_size: int) -> LlamaConfig:
+        fields = dataclasses.fields(LlamaArchitecture)
+        return cls(**{f.name: getattr(architecture, f.name) for f in fields}, vocab_size=vocab_size)
 
 
 def num_parameters(config: LlamaConfig) -> int:

@@ -17,8 +17,7 @@ from flax import nnx
 from kiln.model.attention import attention, resolve_attention_impl
 from kiln.model.config import LlamaConfig
 from kiln.model.partitioning import constrain_batch_sharding, param_sharding
-
-REMAT_POLICIES = ("none", "full", "save_dots", "offload")
+from kiln_contract.vocabulary import REMAT_POLICIES
 
 
 class RMSNorm(nnx.Module):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import jax
 from jax.sharding import AbstractMesh, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both
 
 

@@ -10,8 +10,9 @@ model or reading the caches again. It shows, in this order:
 - a few continuations sampled from the final model (kiln.model.sample) for prompts taken from
   the first validation set's first documents.
 
-Besides the run's spec (config and input caches), everything comes from the artifact's own
-files: summary.json (the trainer's), the loss curve and the newest checkpoint's parameters.
+Everything else comes from the artifact's own files: summary.json (the trainer's), the loss
+curve and the newest checkpoint's parameters; the train spec (config and input caches) is the
+run's own object.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from flax import nnx
 from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
 from kiln.data.cache import TokenCache, open_caches
 from kiln.data.errors import KilnDataError
+from kiln.model.config import LlamaConfig
 from kiln.report.plots import PLOT_FILE
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo, restore_params
 from kiln.train.mesh import make_mesh
@@ -44,7 +46,7 @@ SAMPLE_SEED = 0
 
 def write_run_summary(spec: TrainSpec) -> str:
     """Computes the summary of the finished run `spec` describes, writes it atomically to
-    output_path/summary.txt and returns it. In a multi-host run every process computes it (the
+    {output_path}/summary.txt and returns it. In a multi-host run every process computes it (the
     restore and the sampling are collectives) and process 0 writes it."""
     text = format_run_summary(spec)
     if jax.process_index() == 0:
@@ -189,7 +191,7 @@ def _sample_lines(
         tokenizer = load_tokenizer(tokenizer_spec)
     except (KilnDataError, OSError, ValueError) as e:
         return [f"Samples: skipped (cannot load the tokenizer {tokenizer_spec}: {e})"]
-    model_config = spec.config.model_config(cache.tokenizer.vocab_size)
+    model_config = LlamaConfig.for_vocabulary(spec.config.model, cache.tokenizer.vocab_size)
     try:
         graphdef, params = restore_params(
             checkpoint, model_config, mesh=make_mesh(spec.runtime.mesh),

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kiln.train import multihost
+from kiln.train.spec import SpecError, TrainSpec, load_spec
 
 EXIT_STOPPED_EARLY = 3
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kiln.train", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("spec", type=Path, help="the step spec JSON (docs/step-spec.md)")
+    parser.add_argument("spec", type=Path, help="the train spec JSON (docs/step-spec.md)")
     parser.add_argument(
         "--quiet", action="store_true", help="do not print the summary JSON (the caller reports)"
     )
@@ -37,17 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     cluster = multihost.cluster_from_flags(parser, args)
     try:
         with multihost.joined(cluster):
-            return run_training(args.spec, quiet=args.quiet)
-    except multihost.JoinError as e:
+            return run_training(load_spec(args.spec), quiet=args.quiet)
+    except (SpecError, multihost.JoinError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1
 
 
 def run_training(
-    spec_path: Path, *, quiet: bool, metrics_observer: Callable[[Path], None] | None = None
+    spec: TrainSpec, *, quiet: bool, metrics_observer: Callable[[Path], None] | None = None
 ) -> int:
-    """Trains the run `spec_path` describes (on every process of a multi-host run); returns the
-    exit code, with expected failures printed as one paragraph. `metrics_observer`: see
+    """Trains the run `spec` describes (on every process of a multi-host run); returns the exit
+    code, with expected failures printed as one paragraph. `metrics_observer`: see
     kiln.train.trainer.MetricsObserver."""
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -55,12 +56,11 @@ def run_training(
     # Heavy imports (jax) after argument parsing, so `--help` is instant.
     from kiln.data.errors import KilnDataError
     from kiln.data.mixture import MixtureError
-    from kiln.train.spec import SpecError, load_spec
     from kiln.train.trainer import TrainingError, TrainingInterrupted, train
 
     try:
-        summary = train(load_spec(spec_path), metrics_observer)
-    except (SpecError, KilnDataError, MixtureError) as e:
+        summary = train(spec, metrics_observer)
+    except (KilnDataError, MixtureError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1
     except TrainingError as e:

@@ -16,7 +16,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from kiln.model.partitioning import BATCH_AXES, MESH_AXES
+from kiln.model.partitioning import BATCH_AXES
+from kiln_contract.vocabulary import MESH_AXES
 
 
 def make_mesh(

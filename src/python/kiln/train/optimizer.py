@@ -5,7 +5,6 @@ See docs/model.md ("Optimizer") for the schedule's shape.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -13,68 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-LR_SCHEDULES = ("cosine", "linear", "constant", "inv_sqrt")
-
-
-@dataclasses.dataclass(frozen=True)
-class AdamConfig:
-    learning_rate: float = 6e-4
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    epsilon: float = 1e-8
-    max_grad_norm: float | None = 1.0  # None: no clipping
-    warmup: float = 0.01  # < 1: fraction of num_train_steps; >= 1: steps
-    decay: float | None = None  # None: decay from the end of warmup to the end; else like warmup
-    min_lr_ratio: float = 0.1
-    lr_schedule: str = "cosine"
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            optional = f.name in ("max_grad_norm", "decay")
-            if f.name != "lr_schedule" and not (optional and value is None):
-                _require(
-                    isinstance(value, (int, float)) and not isinstance(value, bool),
-                    f.name,
-                    "must be a number",
-                    value,
-                )
-        _require(self.learning_rate > 0, "learning_rate", "must be > 0", self.learning_rate)
-        _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
-        _require(0 <= self.beta1 < 1, "beta1", "must be in [0, 1)", self.beta1)
-        _require(0 <= self.beta2 < 1, "beta2", "must be in [0, 1)", self.beta2)
-        _require(self.epsilon > 0, "epsilon", "must be > 0", self.epsilon)
-        _require(
-            self.max_grad_norm is None or self.max_grad_norm > 0,
-            "max_grad_norm",
-            "must be > 0 or null",
-            self.max_grad_norm,
-        )
-        _require(self.warmup >= 0, "warmup", "must be >= 0", self.warmup)
-        _require(self.decay is None or self.decay >= 0, "decay", "must be >= 0 or null", self.decay)
-        _require(
-            0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio
-        )
-        _require(
-            self.lr_schedule in LR_SCHEDULES,
-            "lr_schedule",
-            f"must be one of {LR_SCHEDULES}",
-            self.lr_schedule,
-        )
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> AdamConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown AdamConfig field(s) {unknown}; known fields: {sorted(known)}"
-            )
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+from kiln_contract.adam import AdamConfig
 
 
 def warmup_and_decay_steps(config: AdamConfig, num_train_steps: int) -> tuple[int, int]:
@@ -146,8 +84,3 @@ def _inv_sqrt_schedule(peak: float, floor: float, warmup: int) -> optax.Schedule
 
 def _steps(amount: float, num_train_steps: int) -> int:
     return int(amount * num_train_steps) if amount < 1 else int(math.floor(amount))
-
-
-def _require(ok: bool, field: str, rule: str, value: Any) -> None:
-    if not ok:
-        raise ValueError(f"AdamConfig.{field} {rule}, got {value!r}")

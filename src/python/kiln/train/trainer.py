@@ -30,6 +30,7 @@ from kiln.data.cache import open_caches, shared_tokenizer
 from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
 from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet, validation_metrics
+from kiln.model.config import LlamaConfig
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo
 from kiln.train.metrics import (
     SUMMARY_FILE,
@@ -191,7 +192,7 @@ class EvalHook:
         except Exception as e:  # any failure to set evals up is a bad input, reported at once
             raise TrainingError(f"config.evals: {e}") from None
         self.run_suite = harness.run_eval_suite
-        self.suite = suite.to_dict()
+        self.suite = suite.to_json()
         self.max_length = max_length
 
     def __call__(self, logprob_fn: Callable[[Any], Any], step: int) -> dict[str, float]:
@@ -215,7 +216,7 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         check_devices(self.runtime.resources)
         self.data = open_data(spec)
-        self.model_config = self.cfg.model_config(self.data.tokenizer.vocab_size)
+        self.model_config = LlamaConfig.for_vocabulary(self.cfg.model, self.data.tokenizer.vocab_size)
         try:
             self.mesh = make_mesh(self.runtime.mesh)
         except ValueError as e:  # e.g. sizes that do not cover this machine's devices
@@ -239,9 +240,9 @@ class Trainer:
     def resolved_config(self) -> dict[str, Any]:
         devices = jax.devices()
         return {
-            "spec": self.spec.raw,
+            "spec": self.spec.to_json(),
             "run_id": self.run_id,
-            "model": self.model_config.to_dict(),
+            "model": self.model_config.to_json(),
             "tokenizer": self.data.tokenizer.to_json(),
             "mixture": {
                 "block_size": self.data.mixture.block_size,

@@ -57,24 +57,30 @@ def _broken(edit) -> str:
 @pytest.mark.parametrize(
     "edit, expected",
     [
-        (lambda s: s.pop("fingerprint"), "`fingerprint` is required"),
-        (lambda s: s.update(spec_version=2), "spec_version"),
-        (lambda s: s.update(kind="lm_checkpoint"), "`kind` must be one of"),
-        (lambda s: s["config"].pop("source"), "`config.source` is required"),
-        (lambda s: s["config"].update(num_shards=0), "`config.num_shards` must be at least 1"),
+        (lambda s: s.pop("fingerprint"), "fingerprint: required field is missing"),
+        (lambda s: s.update(spec_version=2), "spec_version: expected 1, got 2"),
+        (lambda s: s.update(kind="lm_checkpoint"), "kind: expected 'tokenized_cache'"),
+        (lambda s: s["config"].pop("source"), "config.source: required field is missing"),
+        (lambda s: s["config"].update(num_shards=0), "config.num_shards: expected an integer >= 1"),
         (
             lambda s: s["config"].update(num_shards=True),
-            "`config.num_shards` must be an integer, got a boolean",
+            "config.num_shards: expected an integer >= 1, got True",
         ),
-        (lambda s: s["config"].update(text_keys="t"), "unknown field(s) ['text_keys']"),
-        (lambda s: s["config"]["source"].update(kind="s3"), "`config.source.kind` must be one of"),
-        (lambda s: s["config"]["source"].update(paths=[]), "`config.source.paths` is empty"),
-        (lambda s: s["config"]["source"].update(paths=["a", 3]), "`config.source.paths[1]`"),
-        (lambda s: s["config"]["source"].update(format="csv"), "`config.source.format`"),
-        (lambda s: s["config"].update(tokenizer={"kind": "local"}), "`config.tokenizer.path`"),
+        (lambda s: s["config"].update(text_keys="t"), "config: unknown field(s) text_keys"),
+        (
+            lambda s: s["config"]["source"].update(kind="s3"),
+            "config.source.kind: expected one of files, hf, python_stdlib",
+        ),
+        (
+            lambda s: s["config"]["source"].update(paths=[]),
+            "config.source.paths: expected a list of files or globs",
+        ),
+        (lambda s: s["config"]["source"].update(paths=["a", 3]), "config.source.paths[1]"),
+        (lambda s: s["config"]["source"].update(format="csv"), "config.source.format"),
+        (lambda s: s["config"].update(tokenizer={"kind": "local"}), "config.tokenizer.path"),
         (
             lambda s: s["config"].update(tokenizer="gpt2"),
-            "`config.tokenizer` must be a JSON object",
+            "config.tokenizer: expected a JSON object",
         ),
     ],
 )

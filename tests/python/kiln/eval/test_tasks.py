@@ -15,19 +15,19 @@ SUITE = (
 
 def test_suite_round_trips_through_json_dicts():
     raw = {
-        "tasks": [t.to_dict() for t in SUITE],
+        "tasks": [t.to_json() for t in SUITE],
         "every": 10000,
         "max_examples": 50,
         "task_paths": ["/data/tasks"],
     }
-    config = EvalSuiteConfig.from_dict(raw)
+    config = EvalSuiteConfig.from_json(raw)
     assert config.tasks == SUITE
-    assert config.to_dict() == raw
+    assert config.to_json() == raw
 
 
 def test_spec_form_without_optional_fields():
-    config = EvalSuiteConfig.from_dict(
-        {"tasks": [{"name": "copa", "num_fewshot": 0}], "every": 5, "max_examples": None}
+    config = EvalSuiteConfig.from_json(
+        {"tasks": [{"name": "copa"}], "every": 5, "max_examples": None}
     )
     assert config == EvalSuiteConfig(tasks=(EvalTask("copa", 0),), every=5)
 
@@ -35,20 +35,20 @@ def test_spec_form_without_optional_fields():
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        ({"tasks": [], "every": 1}, r"evals\.tasks must be a non-empty list"),
-        ({"tasks": [{"name": "copa", "num_fewshot": 0}]}, r"evals is missing \['every'\]"),
-        ({"tasks": [{"name": "copa", "num_fewshot": 0}], "every": 0}, r"evals\.every must be"),
+        ({"tasks": [], "every": 1}, r"evals\.tasks: expected at least one task"),
+        ({"tasks": [{"name": "copa", "num_fewshot": 0}]}, r"evals\.every: required field"),
+        ({"tasks": [{"name": "copa", "num_fewshot": 0}], "every": 0}, r"evals\.every: expected"),
         (
             {"tasks": [{"name": "copa", "num_fewshot": 0}], "every": 1, "shots": 2},
-            r"unknown keys \['shots'\]",
+            r"evals: unknown field\(s\) shots",
         ),
         (
             {"tasks": [{"name": "copa", "num_fewshot": -1}], "every": 1},
             r"evals\.tasks\[0\]\.num_fewshot",
         ),
         (
-            {"tasks": [{"name": "copa"}], "every": 1},
-            r"evals\.tasks\[0\] is missing \['num_fewshot'\]",
+            {"tasks": [{"num_fewshot": 0}], "every": 1},
+            r"evals\.tasks\[0\]\.name: required field is missing",
         ),
         (
             {"tasks": [{"name": "copa", "num_fewshot": 0}], "every": 1, "max_examples": 0},
@@ -62,10 +62,10 @@ def test_spec_form_without_optional_fields():
                 ],
                 "every": 1,
             },
-            r"two entries logged as 'hellaswag': give each an alias",
+            r"evals\.tasks: two entries are logged as 'hellaswag': give each an alias",
         ),
     ],
 )
 def test_bad_suites_name_the_field(raw, message):
     with pytest.raises(ValueError, match=message):
-        EvalSuiteConfig.from_dict(raw)
+        EvalSuiteConfig.from_json(raw)

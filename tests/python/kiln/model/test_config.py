@@ -6,6 +6,8 @@ from flax import nnx
 
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
 from kiln.model.llama import Llama
+from kiln_contract.llama import LlamaArchitecture
+from kiln_contract.parsing import SpecError
 
 TINY = dict(
     max_seq_len=32,
@@ -54,32 +56,39 @@ def test_flops_per_token_by_hand() -> None:
     assert flops_per_token(REFERENCE_1_4B, 4096) == 6 * matmul_params + attention
 
 
-def test_from_dict_round_trips_and_applies_defaults() -> None:
-    config = LlamaConfig.from_dict(TINY)
+def test_from_json_round_trips_and_applies_defaults() -> None:
+    config = LlamaConfig.from_json(TINY)
     assert config.rope_theta == 500000.0 and config.norm_eps == 1e-5
     assert config.tie_embeddings is False and config.init_std == 0.02
-    assert LlamaConfig.from_dict(config.to_dict()) == config
+    assert LlamaConfig.from_json(config.to_json()) == config
     assert config.head_dim == 16
+
+
+def test_the_architecture_of_a_step_gets_the_caches_vocabulary() -> None:
+    architecture = LlamaArchitecture.from_json({k: v for k, v in TINY.items() if k != "vocab_size"})
+    assert LlamaConfig.for_vocabulary(architecture, 50) == LlamaConfig(**TINY)
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"hidden_size": 64}, "unknown LlamaConfig field.*hidden_size"),
-        ({"num_layers": None}, "num_layers must be a positive integer"),
-        ({"num_heads": 3}, "hidden_dim .64. must be divisible by num_heads .3."),
-        ({"num_kv_heads": 3}, "num_heads .4. must be divisible by num_kv_heads .3."),
-        ({"rope_theta": "big"}, "rope_theta must be a positive number"),
-        ({"tie_embeddings": 1}, "tie_embeddings must be true or false"),
+        ({"hidden_size": 64}, r"model: unknown field\(s\) hidden_size"),
+        ({"num_layers": None}, "model.num_layers: expected an integer >= 1, got None"),
+        ({"num_heads": 3}, r"model.hidden_dim: 64 is not divisible by num_heads \(3\)"),
+        ({"num_kv_heads": 3}, r"model.num_heads: 4 is not a multiple of num_kv_heads \(3\)"),
+        ({"num_heads": 8, "num_kv_heads": 8, "hidden_dim": 40}, "head_dim .* = 5 must be even"),
+        ({"rope_theta": "big"}, "model.rope_theta: expected a number > 0, got 'big'"),
+        ({"tie_embeddings": 1}, "model.tie_embeddings: expected true or false, got 1"),
+        ({"vocab_size": 0}, "model.vocab_size: expected an integer >= 1, got 0"),
     ],
 )
-def test_from_dict_rejects_bad_values(change: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        LlamaConfig.from_dict({**TINY, **change})
+def test_from_json_rejects_bad_values(change: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        LlamaConfig.from_json({**TINY, **change})
 
 
-def test_from_dict_names_missing_fields() -> None:
+def test_from_json_names_missing_fields() -> None:
     values = dict(TINY)
     del values["vocab_size"]
-    with pytest.raises(ValueError, match=r"missing required field\(s\) \['vocab_size'\]"):
-        LlamaConfig.from_dict(values)
+    with pytest.raises(SpecError, match="model.vocab_size: required field is missing"):
+        LlamaConfig.from_json(values)

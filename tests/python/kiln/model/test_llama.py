@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -79,7 +80,7 @@ def test_packed_documents_do_not_see_each_other() -> None:
 
 
 def test_tied_embeddings_use_the_embedding_as_lm_head() -> None:
-    config = LlamaConfig(**{**CONFIG.to_dict(), "tie_embeddings": True})
+    config = dataclasses.replace(CONFIG, tie_embeddings=True)
     model = Llama(config, rngs=nnx.Rngs(0), compute_dtype=jnp.float32)
     assert model.lm_head is None
     tokens = random_tokens(4)

@@ -17,7 +17,7 @@ from kiln.data.cache import TokenCache
 from kiln.report.baseline import unigram_baseline
 from kiln.report.plots import plot_run
 from kiln.report.run_summary import write_run_summary
-from kiln.train.spec import load_spec, parse_spec
+from kiln.train.spec import parse_spec
 from kiln.train.trainer import train
 
 SEQ_LEN = 32
@@ -33,13 +33,18 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                      **{"config.num_train_steps": 3, "config.seq_len": SEQ_LEN,
                         "runtime.checkpointer.every": None})  # fmt: skip
     output.mkdir()
-    atomic_write_json(output / TRAIN_SPEC_FILE, spec)  # as kiln.runner does
+    atomic_write_json(output / "train_spec.json", spec)  # the record kiln.runner writes
     train(parse_spec(spec), plot_run)
     return output
 
 
+def summary_of(run: Path) -> str:
+    spec = json.loads((run / "train_spec.json").read_text())
+    return write_run_summary(parse_spec({**spec, "output_path": str(run)}))
+
+
 def test_summary_shows_losses_baseline_locations_and_samples(finished_run: Path) -> None:
-    text = write_run_summary(load_spec(finished_run / TRAIN_SPEC_FILE))
+    text = summary_of(finished_run)
     assert (finished_run / SUMMARY_TEXT_FILE).read_text() == text
     summary = json.loads((finished_run / "summary.json").read_text())
     assert re.search(rf"^  train \(last step\) +{summary['train/loss']:.3f}$", text, re.MULTILINE)
@@ -57,8 +62,7 @@ def test_summary_shows_losses_baseline_locations_and_samples(finished_run: Path)
     assert f"loss curve  {finished_run / 'plots/training.png'}\n" in text
     samples = re.findall(r"\[(\d)\] prompt: '.+'\n +model: +['\"]", text)
     assert samples == ["1", "2", "3"]
-    again = write_run_summary(load_spec(finished_run / TRAIN_SPEC_FILE))
-    assert again == text  # a fixed seed: the same samples again
+    assert summary_of(finished_run) == text  # a fixed seed: the same samples again
 
 
 def test_a_missing_plot_and_unloadable_tokenizer_are_notes(
@@ -76,7 +80,8 @@ def test_a_missing_plot_and_unloadable_tokenizer_are_notes(
     info["tokenizer"]["spec"]["path"] = "no/such/tokenizer"
     (moved / "cache.json").write_text(json.dumps(info))
     spec["config"]["validation"][0]["path"] = str(moved)
-    text = write_run_summary(parse_spec(spec))
+    (run / "train_spec.json").write_text(json.dumps(spec))
+    text = summary_of(run)
     assert "training.png  (missing" in text
     assert "Samples: skipped (cannot load the tokenizer" in text
     assert "vs unigram" in text

@@ -128,18 +128,18 @@ def test_one_update_is_clipped_adamw() -> None:
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"learning_rate": 0}, "learning_rate must be > 0"),
-        ({"beta2": 1.0}, "beta2 must be in"),
-        ({"lr_schedule": "cos"}, "lr_schedule must be one of"),
-        ({"warmup": "5%"}, "warmup must be a number"),
-        ({"lr": 1e-3}, "unknown AdamConfig field.*'lr'"),
+        ({"learning_rate": 0}, "optimizer.learning_rate: expected a number > 0"),
+        ({"beta2": 1.0}, "optimizer.beta2: expected a number >= 0 and < 1"),
+        ({"lr_schedule": "cos"}, "optimizer.lr_schedule: expected one of cosine"),
+        ({"warmup": "5%"}, "optimizer.warmup: expected a number >= 0, got '5%'"),
+        ({"lr": 1e-3}, r"optimizer: unknown field\(s\) lr"),
     ],
 )
-def test_from_dict_rejects_bad_values(values: dict, message: str) -> None:
+def test_from_json_rejects_bad_values(values: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        AdamConfig.from_dict(values)
+        AdamConfig.from_json(values)
 
 
-def test_from_dict_round_trips() -> None:
-    config = AdamConfig.from_dict({"learning_rate": 3e-3, "warmup": 5000, "max_grad_norm": None})
-    assert AdamConfig.from_dict(config.to_dict()) == config
+def test_from_json_round_trips() -> None:
+    config = AdamConfig.from_json({"learning_rate": 3e-3, "warmup": 5000, "max_grad_norm": None})
+    assert AdamConfig.from_json(config.to_json()) == config

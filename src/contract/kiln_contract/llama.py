@@ -1,0 +1,73 @@
+"""The Llama architecture: what `llama(...)` declares in a BUILD file and `config.model` holds.
+
+The vocabulary size is not part of it: it comes from the dataset caches' tokenizer, and the
+runtime's `kiln.model.config.LlamaConfig` adds it. Defaults are Levanter's `LlamaConfig`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from kiln_contract.parsing import (
+    SpecError,
+    check_bool,
+    check_int,
+    check_number,
+    read_json,
+    scalar_json,
+)
+
+A = TypeVar("A", bound="LlamaArchitecture")
+
+_SIZES = ("max_seq_len", "hidden_dim", "intermediate_dim", "num_heads", "num_kv_heads", "num_layers")
+
+
+@dataclass(frozen=True)
+class LlamaArchitecture:
+    max_seq_len: int
+    hidden_dim: int
+    intermediate_dim: int
+    num_heads: int
+    num_kv_heads: int
+    num_layers: int
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for size in _SIZES:
+            check_int(size, getattr(self, size), minimum=1)
+        for scale in ("rope_theta", "norm_eps", "init_std"):
+            check_number(scale, getattr(self, scale), positive=True)
+        check_bool("tie_embeddings", self.tie_embeddings)
+        if self.hidden_dim % self.num_heads:
+            raise SpecError(
+                "hidden_dim",
+                f"{self.hidden_dim} is not divisible by num_heads ({self.num_heads})",
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise SpecError(
+                "num_heads",
+                f"{self.num_heads} is not a multiple of num_kv_heads ({self.num_kv_heads}), "
+                "as grouped-query attention needs",
+            )
+        if self.head_dim % 2:
+            raise SpecError(
+                "hidden_dim",
+                f"head_dim = hidden_dim / num_heads = {self.head_dim} must be even (RoPE "
+                "rotates pairs of features)",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_dim // self.num_heads
+
+    @classmethod
+    def from_json(cls: type[A], obj: Any, where: str = "model") -> A:
+        return read_json(cls, obj, where)
+
+    def to_json(self) -> dict[str, Any]:
+        return scalar_json(self)
+

@@ -1,0 +1,93 @@
+"""An artifact's record: the identity part of `artifact.json` (docs/artifacts.md).
+
+The backend computes it (fingerprint and identity, inputs first); the runtime writes it beside
+the artifact, adding provenance, and compares it with a stored one before building again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kiln_contract.parsing import (
+    SpecError,
+    build,
+    check_header,
+    check_str,
+    check_tuple_of,
+    field_path,
+    json_fields,
+    json_list,
+    read_json,
+    scalar_json,
+)
+
+RECORD_VERSION = 1
+_OTHER_KILN = "the record was written by another version of Kiln"
+
+
+@dataclass(frozen=True)
+class InputRef:
+    ref: str  # name@version
+    fingerprint: str
+
+    def __post_init__(self) -> None:
+        check_str("ref", self.ref)
+        check_str("fingerprint", self.fingerprint)
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    kind: str  # the target alias: tokenized_cache | lm_checkpoint
+    name: str
+    version: str
+    fingerprint: str
+    identity: Mapping[str, Any]  # the canonical identity config the fingerprint hashes
+    inputs: tuple[InputRef, ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("kind", "name", "version", "fingerprint"):
+            check_str(key, getattr(self, key))
+        if not isinstance(self.identity, Mapping):
+            raise SpecError("identity", f"expected a JSON object, got {self.identity!r}")
+        check_tuple_of("inputs", self.inputs, InputRef)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "record") -> ArtifactRecord:
+        values = json_fields(cls, obj, where, header=("record_version",))
+        version = values.pop("record_version")
+        check_header(where, "record_version", version, RECORD_VERSION, _OTHER_KILN)
+        inputs = json_list(values.get("inputs", []), field_path(where, "inputs"))
+        values["inputs"] = tuple(
+            read_json(InputRef, item, field_path(where, f"inputs[{i}]"))
+            for i, item in enumerate(inputs)
+        )
+        return build(cls, where, values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "record_version": RECORD_VERSION,
+            **scalar_json(self),
+            "identity": dict(self.identity),
+            "inputs": [scalar_json(i) for i in self.inputs],
+        }
+
+
+def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
+    """Dotted paths of the fields that differ between two identity configs (for drift errors)."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        differing = []
+        for key in sorted(set(old) | set(new)):
+            sub = f"{path}.{key}" if path else key
+            if key not in old or key not in new:
+                differing.append(sub)
+            else:
+                differing.extend(differing_fields(old[key], new[key], sub))
+        return differing
+    return [] if old == new else [path or "<root>"]
+

@@ -1,0 +1,158 @@
+"""The step spec: one `lm_checkpoint` for `python -m kiln.runner STEP.json`.
+
+The backend writes it (kiln_pants.train_rules) with the step's record, its identity config, the
+run-time defaults and where each input cache is; the runner parses it once, places the inputs,
+decides (serve / refuse drift / train) and hands `StepSpec.train_spec(...)` to the trainer.
+docs/step-spec.md describes every field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln_contract.parsing import (
+    SpecError,
+    build,
+    check_absolute_path,
+    check_header,
+    check_str,
+    field_path,
+    json_fields,
+    json_list,
+    read_json,
+    scalar_json,
+)
+from kiln_contract.record import ArtifactRecord
+from kiln_contract.train import (
+    SPEC_KIND,
+    DatasetRef,
+    RuntimeSpec,
+    TrainConfig,
+    TrainSpec,
+)
+
+STEP_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """An input cache and where its built files are: `location`, relative to the runner's
+    `--inputs` (an inline cache, carried with the step), or `store_path`, already in the
+    artifact store (a store cache)."""
+
+    ref: str  # name@version
+    name: str
+    version: str
+    record: ArtifactRecord
+    location: str | None = None
+    store_path: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("ref", "name", "version"):
+            check_str(key, getattr(self, key))
+        if (self.location is None) == (self.store_path is None):
+            raise SpecError("", "expected exactly one of location and store_path")
+        if self.location is not None:
+            check_str("location", self.location)
+        if self.store_path is not None:
+            check_absolute_path("store_path", Path(self.store_path))
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> StepInput:
+        values = json_fields(cls, obj, where)
+        values["record"] = ArtifactRecord.from_json(values["record"], field_path(where, "record"))
+        return build(cls, where, values)
+
+    def to_json(self) -> dict[str, Any]:
+        values = {**scalar_json(self), "record": self.record.to_json()}
+        return {key: value for key, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What built the step, recorded beside the artifact; never part of its identity."""
+
+    code_digest: str  # the runtime's sources
+    lockfile_digest: str  # the runtime's third-party lockfile(s)
+
+    def __post_init__(self) -> None:
+        check_str("code_digest", self.code_digest)
+        check_str("lockfile_digest", self.lockfile_digest)
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str
+    version: str
+    fingerprint: str
+    record: ArtifactRecord  # artifact.json's identity part
+    config: TrainConfig[DatasetRef]
+    runtime: RuntimeSpec
+    inputs: tuple[StepInput, ...]
+    provenance: Provenance
+
+    def __post_init__(self) -> None:
+        for key in ("name", "version", "fingerprint"):
+            check_str(key, getattr(self, key))
+        if (self.record.name, self.record.version, self.record.fingerprint) != (
+            self.name,
+            self.version,
+            self.fingerprint,
+        ):
+            raise SpecError("record", f"describes {self.record.ref}, not {self.ref}")
+        refs = {i.ref for i in self.inputs}
+        for key in ("datasets", "validation"):
+            for index, dataset in enumerate(getattr(self.config, key)):
+                if dataset.ref not in refs:
+                    raise SpecError(
+                        f"config.{key}[{index}]", f"{dataset.ref} is not among the step's inputs"
+                    )
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @classmethod
+    def from_json(cls, obj: Any) -> StepSpec:
+        values = json_fields(cls, obj, "", header=("step_version", "kind"))
+        advice = "build the step with a matching Kiln (rerun it through Pants)"
+        check_header("", "step_version", values.pop("step_version"), STEP_VERSION, advice)
+        check_header("", "kind", values.pop("kind"), SPEC_KIND, advice)
+        values["record"] = ArtifactRecord.from_json(values["record"])
+        values["config"] = TrainConfig.from_json(values["config"], "config", DatasetRef)
+        values["runtime"] = RuntimeSpec.from_json(values["runtime"])
+        values["inputs"] = tuple(
+            StepInput.from_json(item, f"inputs[{i}]")
+            for i, item in enumerate(json_list(values["inputs"], "inputs"))
+        )
+        values["provenance"] = read_json(Provenance, values["provenance"], "provenance")
+        return build(cls, "", values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step_version": STEP_VERSION,
+            "kind": SPEC_KIND,
+            **scalar_json(self),
+            "record": self.record.to_json(),
+            "config": self.config.to_json(),
+            "runtime": self.runtime.to_json(),
+            "inputs": [i.to_json() for i in self.inputs],
+            "provenance": scalar_json(self.provenance),
+        }
+
+    def train_spec(
+        self, output_path: Path, paths: Mapping[str, Path], inputs_root: Path
+    ) -> TrainSpec:
+        """What the trainer gets: this step's config with every input cache at its path
+        (`paths` by `name@version`), writing to `output_path`."""
+        return TrainSpec(
+            name=self.name,
+            version=self.version,
+            fingerprint=self.fingerprint,
+            output_path=output_path,
+            config=self.config.located(paths, inputs_root),
+            runtime=self.runtime,
+        )

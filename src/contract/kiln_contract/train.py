@@ -1,0 +1,385 @@
+"""The train spec: what a training run makes (`config`, its identity) and how it runs (`runtime`).
+
+A step spec (kiln_contract.step) carries `config` with its input caches named by name and
+version; once the runner has placed them, `StepSpec.train_spec` gives the trainer a `TrainSpec`
+whose caches have absolute paths. `python -m kiln.train SPEC.json` reads one from a file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from kiln_contract.adam import AdamConfig
+from kiln_contract.evals import EvalSuiteConfig
+from kiln_contract.llama import LlamaArchitecture
+from kiln_contract.parsing import (
+    SpecError,
+    build,
+    check_absolute_path,
+    check_bool,
+    check_choice,
+    check_header,
+    check_int,
+    check_number,
+    check_optional,
+    check_str,
+    field_path,
+    json_fields,
+    json_list,
+    json_path,
+    read_json,
+    scalar_json,
+)
+from kiln_contract.vocabulary import (
+    ATTENTION_IMPLS,
+    DTYPES,
+    PROGRESS_MODES,
+    REMAT_POLICIES,
+    RESOURCE_KINDS,
+    WANDB_MODES,
+    mesh_sizes,
+)
+
+SPEC_VERSION = 1
+SPEC_KIND = "lm_checkpoint"
+
+
+# --- config: the run's identity ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetRef:
+    """A token cache as a step names it: a training component (its mixture weight) or a
+    validation set (weight 0, and none in JSON)."""
+
+    name: str
+    version: str
+    fingerprint: str
+    weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_dataset(self)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def located(self, path: Path) -> DatasetInput:
+        return DatasetInput(self.name, self.version, self.fingerprint, path, self.weight)
+
+
+@dataclass(frozen=True)
+class DatasetInput:
+    """A token cache the run reads, at an absolute path."""
+
+    name: str
+    version: str
+    fingerprint: str
+    path: Path
+    weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_dataset(self)
+        check_absolute_path("path", self.path)
+
+
+Dataset = TypeVar("Dataset", DatasetRef, DatasetInput)
+
+
+def _check_dataset(dataset: DatasetRef | DatasetInput) -> None:
+    for key in ("name", "version", "fingerprint"):
+        check_str(key, getattr(dataset, key))
+    check_number("weight", dataset.weight, minimum=0)
+
+
+def _read_datasets(
+    kind: type[Dataset], items: Any, where: str, *, weighted: bool
+) -> tuple[Dataset, ...]:
+    parsed = []
+    for i, item in enumerate(json_list(items, where)):
+        at = field_path(where, f"[{i}]")
+        values = json_fields(kind, item, at)
+        if weighted and "weight" not in values:
+            raise SpecError(field_path(at, "weight"), "required field is missing")
+        if not weighted and "weight" in values:
+            raise SpecError(at, "unknown field(s) weight (validation sets have no weight)")
+        if "path" in values:
+            values["path"] = json_path(values["path"])
+        parsed.append(build(kind, at, values))
+    return tuple(parsed)
+
+
+def _dataset_json(dataset: DatasetRef | DatasetInput, weighted: bool) -> dict[str, Any]:
+    values = scalar_json(dataset)
+    return values if weighted else {k: v for k, v in values.items() if k != "weight"}
+
+
+@dataclass(frozen=True)
+class TrainConfig(Generic[Dataset]):
+    """`config`: the identity of the run (all of it is in the fingerprint)."""
+
+    model: LlamaArchitecture
+    optimizer: AdamConfig
+    datasets: tuple[Dataset, ...]
+    validation: tuple[Dataset, ...]
+    batch_size: int  # global: all devices
+    seq_len: int
+    num_train_steps: int
+    z_loss_weight: float | None  # None: no z-loss
+    evals: EvalSuiteConfig | None
+    seed: int  # model init and data order
+    compute_dtype: str
+    param_dtype: str
+
+    def __post_init__(self) -> None:
+        _check_instance("model", self.model, LlamaArchitecture)
+        _check_instance("optimizer", self.optimizer, AdamConfig)
+        for key in ("batch_size", "seq_len", "num_train_steps"):
+            check_int(key, getattr(self, key), minimum=1)
+        if self.seq_len > self.model.max_seq_len:
+            raise SpecError(
+                "seq_len", f"{self.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}"
+            )
+        if not self.datasets:
+            raise SpecError("datasets", "at least one training dataset is required")
+        if not any(d.weight > 0 for d in self.datasets):
+            raise SpecError("datasets", "at least one dataset needs a weight > 0")
+        _check_unique_names("datasets", self.datasets)
+        _check_unique_names("validation", self.validation)
+        check_optional(check_number, "z_loss_weight", self.z_loss_weight, minimum=0)
+        if self.evals is not None:
+            _check_instance("evals", self.evals, EvalSuiteConfig)
+        check_int("seed", self.seed, minimum=0)
+        check_choice("compute_dtype", self.compute_dtype, DTYPES)
+        check_choice("param_dtype", self.param_dtype, DTYPES)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str, dataset: type[Dataset]) -> TrainConfig[Dataset]:
+        values = json_fields(cls, obj, where)
+        values["model"] = LlamaArchitecture.from_json(values["model"], field_path(where, "model"))
+        values["optimizer"] = AdamConfig.from_json(
+            values["optimizer"], field_path(where, "optimizer")
+        )
+        for key, weighted in (("datasets", True), ("validation", False)):
+            values[key] = _read_datasets(
+                dataset, values[key], field_path(where, key), weighted=weighted
+            )
+        if values["evals"] is not None:
+            values["evals"] = EvalSuiteConfig.from_json(values["evals"], field_path(where, "evals"))
+        return build(cls, where, values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **scalar_json(self),
+            "model": self.model.to_json(),
+            "optimizer": self.optimizer.to_json(),
+            "datasets": [_dataset_json(d, weighted=True) for d in self.datasets],
+            "validation": [_dataset_json(d, weighted=False) for d in self.validation],
+            "evals": self.evals.to_json() if self.evals else None,
+        }
+
+    def located(
+        self: TrainConfig[DatasetRef], paths: Mapping[str, Path], inputs_root: Path
+    ) -> TrainConfig[DatasetInput]:
+        """This config with every cache at its path (`paths` by `name@version`) and the local
+        eval task folders, relative to the step's inputs, under `inputs_root`."""
+        evals = self.evals
+        if evals is not None:
+            task_paths = tuple(str((inputs_root / p).resolve()) for p in evals.task_paths)
+            evals = dataclasses.replace(evals, task_paths=task_paths)
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["datasets"] = tuple(d.located(paths[d.ref]) for d in self.datasets)
+        values["validation"] = tuple(d.located(paths[d.ref]) for d in self.validation)
+        values["evals"] = evals
+        return TrainConfig(**values)
+
+
+def _check_instance(field: str, value: Any, kind: type) -> None:
+    if not isinstance(value, kind):
+        raise SpecError(field, f"expected a {kind.__name__}, got {value!r}")
+
+
+def _check_unique_names(field: str, datasets: tuple[Any, ...]) -> None:
+    names = [d.name for d in datasets]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise SpecError(field, f"dataset(s) listed twice: {', '.join(twice)}")
+
+
+# --- runtime: run-time choices, not in the fingerprint --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Where training runs: `cpu()`, `gpu(type, count)` or `tpu(type)` in a BUILD file."""
+
+    kind: str
+    type: str | None = None  # GPU model or TPU slice, e.g. H100, v4-128
+    count: int | None = None  # devices on one host (gpu); a TPU slice's size is in its type
+
+    def __post_init__(self) -> None:
+        check_choice("kind", self.kind, RESOURCE_KINDS)
+        check_optional(check_str, "type", self.type)
+        check_optional(check_int, "count", self.count, minimum=1)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "resources") -> Resources:
+        return read_json(cls, obj, where)
+
+    def to_json(self) -> dict[str, Any]:
+        return {key: value for key, value in scalar_json(self).items() if value is not None}
+
+
+@dataclass(frozen=True)
+class CheckpointerSpec:
+    save_interval_minutes: float  # a temporary checkpoint when this much time has passed
+    keep_last_temporary: int
+    every: int | None  # a permanent checkpoint every N steps; None: only the final one
+    temporary_base_path: Path | None  # None: temporaries go beside the permanent ones
+
+    def __post_init__(self) -> None:
+        check_number("save_interval_minutes", self.save_interval_minutes, minimum=0)
+        check_int("keep_last_temporary", self.keep_last_temporary, minimum=1)
+        check_optional(check_int, "every", self.every, minimum=1)
+        check_optional(check_absolute_path, "temporary_base_path", self.temporary_base_path)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "checkpointer") -> CheckpointerSpec:
+        values = json_fields(cls, obj, where)
+        values["temporary_base_path"] = json_path(values["temporary_base_path"])
+        return build(cls, where, values)
+
+
+@dataclass(frozen=True)
+class WandbSpec:
+    mode: str  # $WANDB_MODE overrides it
+    project: str
+    entity: str | None
+    run_id: str | None  # else $WANDB_RUN_ID, else {name}-{version}
+
+    def __post_init__(self) -> None:
+        check_choice("mode", self.mode, WANDB_MODES)
+        check_str("project", self.project)
+        check_optional(check_str, "entity", self.entity)
+        check_optional(check_str, "run_id", self.run_id)
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    """The training-control endpoint (docs/training-control.md)."""
+
+    enabled: bool
+    host: str
+    port: int  # 0: any free port
+    token_ttl_minutes: float
+
+    def __post_init__(self) -> None:
+        check_bool("enabled", self.enabled)
+        check_str("host", self.host)
+        check_int("port", self.port, minimum=0)
+        if self.port > 65535:
+            raise SpecError("port", f"expected 0 (any free port) to 65535, got {self.port}")
+        check_number("token_ttl_minutes", self.token_ttl_minutes, minimum=0)
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """`runtime`: how the trainer runs, not what it makes."""
+
+    resources: Resources
+    mesh: Mapping[str, int]  # every axis of MESH_AXES (missing ones are 1 in JSON)
+    attention: str
+    gradient_checkpointing: str
+    per_device_parallelism: int | None  # sequences per device per microbatch; None: all
+    validation_every: int
+    validation_batches: int
+    checkpointer: CheckpointerSpec
+    wandb: WandbSpec
+    control: ControlSpec
+    progress: str
+    max_steps_this_run: int | None
+
+    def __post_init__(self) -> None:
+        _check_instance("resources", self.resources, Resources)
+        object.__setattr__(self, "mesh", mesh_sizes(self.mesh))
+        check_choice("attention", self.attention, ATTENTION_IMPLS)
+        check_choice("gradient_checkpointing", self.gradient_checkpointing, REMAT_POLICIES)
+        check_optional(check_int, "per_device_parallelism", self.per_device_parallelism, minimum=1)
+        check_int("validation_every", self.validation_every, minimum=1)
+        check_int("validation_batches", self.validation_batches, minimum=1)
+        _check_instance("checkpointer", self.checkpointer, CheckpointerSpec)
+        _check_instance("wandb", self.wandb, WandbSpec)
+        _check_instance("control", self.control, ControlSpec)
+        check_choice("progress", self.progress, PROGRESS_MODES)
+        check_optional(check_int, "max_steps_this_run", self.max_steps_this_run, minimum=1)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "runtime") -> RuntimeSpec:
+        values = json_fields(cls, obj, where)
+        values["resources"] = Resources.from_json(
+            values["resources"], field_path(where, "resources")
+        )
+        values["mesh"] = mesh_sizes(values["mesh"], field_path(where, "mesh"))
+        values["checkpointer"] = CheckpointerSpec.from_json(
+            values["checkpointer"], field_path(where, "checkpointer")
+        )
+        values["wandb"] = read_json(WandbSpec, values["wandb"], field_path(where, "wandb"))
+        values["control"] = read_json(ControlSpec, values["control"], field_path(where, "control"))
+        return build(cls, where, values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **scalar_json(self),
+            "resources": self.resources.to_json(),
+            "mesh": dict(self.mesh),
+            "checkpointer": scalar_json(self.checkpointer),
+            "wandb": scalar_json(self.wandb),
+            "control": scalar_json(self.control),
+        }
+
+
+# --- the train spec --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One training run: its artifact's address and identity, where it writes, what it makes
+    and how it runs."""
+
+    name: str
+    version: str
+    fingerprint: str
+    output_path: Path  # the trainer writes everything here (docs/training.md)
+    config: TrainConfig[DatasetInput]
+    runtime: RuntimeSpec
+
+    def __post_init__(self) -> None:
+        for key in ("name", "version", "fingerprint"):
+            check_str(key, getattr(self, key))
+        check_absolute_path("output_path", self.output_path)
+        _check_instance("config", self.config, TrainConfig)
+        _check_instance("runtime", self.runtime, RuntimeSpec)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TrainSpec:
+        values = json_fields(cls, obj, "", header=("spec_version", "kind"))
+        advice = "write the spec with a matching Kiln"
+        check_header("", "spec_version", values.pop("spec_version"), SPEC_VERSION, advice)
+        check_header("", "kind", values.pop("kind"), SPEC_KIND, advice)
+        values["output_path"] = json_path(values["output_path"])
+        values["config"] = TrainConfig.from_json(values["config"], "config", DatasetInput)
+        values["runtime"] = RuntimeSpec.from_json(values["runtime"])
+        return build(cls, "", values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "spec_version": SPEC_VERSION,
+            "kind": SPEC_KIND,
+            **scalar_json(self),
+            "config": self.config.to_json(),
+            "runtime": self.runtime.to_json(),
+        }

@@ -1,0 +1,164 @@
+"""The step spec the backend writes for a BUILD file, read back by the runtime's parser
+(kiln_contract.step, the module kiln.runner parses step.json with)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from pants.engine.addresses import Address, Addresses
+from pants.testutil.rule_runner import RuleRunner
+
+from kiln_contract.llama import LlamaArchitecture
+from kiln_contract.parsing import SpecError
+from kiln_contract.step import Provenance, StepSpec
+from kiln_contract.train import Resources, TrainSpec
+from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.train_rules import StepJson, StepJsonRequest
+
+BUILD = """
+tokenized_cache(name="train", sources=["train.jsonl"], tokenizer="package:gpt2",
+                version="2026.06.28")
+tokenized_cache(name="valid", source="stdlib:docstrings", split="validation",
+                tokenizer="package:gpt2", version="2026.06.28", storage="store")
+lm_checkpoint(
+    name="ckpt",
+    version="2026.06.28",
+    model=llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4,
+                num_kv_heads=2, num_layers=2, rope_theta=10000),
+    optimizer=adam(learning_rate=1e-3, warmup=10),
+    datasets={":train": 1.0},
+    validation=[":valid"],
+    batch_size=8,
+    seq_len=128,
+    num_train_steps=100,
+    z_loss_weight=1e-4,
+    evals=eval_suite(["stdlib_mc", eval_task("copa", 2)], every=50, task_files=":tasks"),
+    resources=gpu("H100", count=8),
+    mesh={"data": 2, "fsdp": -1},
+    gradient_checkpointing="full",
+)
+files(name="tasks", sources=["tasks/*"])
+"""
+CHECKPOINT = Address("exp", target_name="ckpt")
+PROVENANCE = Provenance(code_digest="c" * 64, lockfile_digest="l" * 64)
+
+
+def test_a_step_from_a_build_file_parses_with_the_runtimes_parser(rule_runner: RuleRunner) -> None:
+    rule_runner.write_files(
+        {
+            "exp/BUILD": BUILD,
+            "exp/train.jsonl": '{"text": "hello world"}\n',
+            "exp/tasks/stdlib_mc.yaml": "task: stdlib_mc\n",
+        }
+    )
+    written = rule_runner.request(StepJson, [StepJsonRequest(CHECKPOINT, PROVENANCE)])
+    raw = json.loads(written.content)
+    step = StepSpec.from_json(raw)
+    assert step.to_json() == raw  # nothing the backend writes is lost or added by the parser
+
+    artifact = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([CHECKPOINT]))])
+    checkpoint = artifact.get(CHECKPOINT)
+    assert (step.ref, step.fingerprint) == ("checkpoints/ckpt@2026.06.28", checkpoint.fingerprint)
+    assert step.record.identity == checkpoint.identity
+    assert step.config.model == LlamaArchitecture(256, 64, 128, 4, 2, 2, rope_theta=10000)
+    assert step.config.model.to_json() == checkpoint.identity["model"]  # same literals: 10000
+    assert (step.config.optimizer.learning_rate, step.config.optimizer.warmup) == (1e-3, 10)
+    assert [(d.ref, d.weight) for d in step.config.datasets] == [("tokenized/train@2026.06.28", 1.0)]
+    assert [d.ref for d in step.config.validation] == ["tokenized/valid@2026.06.28"]
+    assert step.config.evals is not None
+    assert [t.label for t in step.config.evals.tasks] == ["stdlib_mc", "copa"]
+    assert step.config.evals.task_paths == ("exp/tasks",)
+    assert step.runtime.resources == Resources("gpu", "H100", 8)
+    assert step.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
+    assert step.runtime.gradient_checkpointing == "full"
+    assert step.provenance == PROVENANCE
+
+    inline, store = step.inputs
+    assert (inline.location, inline.store_path) == ("inputs/tokenized/train/2026.06.28", None)
+    assert store.store_path == f"{rule_runner.build_root}/artifacts/tokenized/valid/2026.06.28"
+
+    paths = {i.ref: Path("/store") / i.name for i in step.inputs}
+    spec = step.train_spec(Path("/out/ckpt"), paths, Path("/inputs"))
+    assert spec.config.datasets[0].path == Path("/store/tokenized/train")
+    assert spec.config.evals is not None and spec.config.evals.task_paths == ("/inputs/exp/tasks",)
+    assert TrainSpec.from_json(spec.to_json()) == spec
+
+
+STEP = {
+    "step_version": 1,
+    "kind": "lm_checkpoint",
+    "name": "checkpoints/x",
+    "version": "dev",
+    "fingerprint": "f" * 16,
+    "record": {
+        "record_version": 1,
+        "kind": "lm_checkpoint",
+        "name": "checkpoints/x",
+        "version": "dev",
+        "fingerprint": "f" * 16,
+        "identity": {},
+        "inputs": [],
+    },
+    "config": {
+        "model": {"max_seq_len": 64, "hidden_dim": 64, "intermediate_dim": 128, "num_heads": 4,
+                  "num_kv_heads": 2, "num_layers": 2},
+        "optimizer": {"warmup": 3},
+        "datasets": [{"name": "tokenized/a", "version": "dev", "fingerprint": "a", "weight": 1}],
+        "validation": [],
+        "batch_size": 8, "seq_len": 64, "num_train_steps": 10, "z_loss_weight": None,
+        "evals": None, "seed": 0, "compute_dtype": "float32", "param_dtype": "float32",
+    },
+    "runtime": {
+        "resources": {"kind": "cpu"}, "mesh": {}, "attention": "auto",
+        "gradient_checkpointing": "none", "per_device_parallelism": None,
+        "validation_every": 5, "validation_batches": 2,
+        "checkpointer": {"save_interval_minutes": 1, "keep_last_temporary": 2, "every": None,
+                         "temporary_base_path": None},
+        "wandb": {"mode": "disabled", "project": "kiln", "entity": None, "run_id": None},
+        "control": {"enabled": False, "host": "127.0.0.1", "port": 0, "token_ttl_minutes": 1},
+        "progress": "log", "max_steps_this_run": None,
+    },
+    "inputs": [{"ref": "tokenized/a@dev", "name": "tokenized/a", "version": "dev",
+                "record": {"record_version": 1, "kind": "tokenized_cache", "name": "tokenized/a",
+                           "version": "dev", "fingerprint": "a", "identity": {}},
+                "location": "inputs/tokenized/a/dev"}],
+    "provenance": {"code_digest": "c", "lockfile_digest": "l"},
+}  # fmt: skip
+
+
+def test_a_minimal_step_parses_with_defaults() -> None:
+    step = StepSpec.from_json(STEP)
+    assert step.config.model.rope_theta == 500000.0 and step.config.optimizer.warmup == 3
+    assert step.runtime.mesh == {"data": 1, "fsdp": 1, "tensor": 1}
+    assert StepSpec.from_json(step.to_json()) == step
+
+
+@pytest.mark.parametrize(
+    "path, value, message",
+    [
+        (("step_version",), 0, "step_version: expected 1, got 0; build the step with a matching"),
+        (("kind",), "tokenized_cache", "kind: expected 'lm_checkpoint'"),
+        (("config", "optimizer", "warmup"), -1, "config.optimizer.warmup: expected a number >= 0"),
+        (("config", "model", "num_heads"), 3, "config.model.hidden_dim: 64 is not divisible by"),
+        (("config", "seq_len"), 65, "config.seq_len: 65 exceeds model.max_seq_len 64"),
+        (("runtime", "mesh", "data"), 0, "runtime.mesh.data: expected a positive integer or -1"),
+        (("runtime", "attention"), "flash", "runtime.attention: expected one of auto, xla,"),
+        (("runtime", "speed"), "fast", "runtime: unknown field(s) speed"),
+        (("inputs", 0, "location"), None, "inputs[0]: expected exactly one of location and"),
+        (("config", "datasets", 0, "name"), "tokenized/b", "config.datasets[0]: tokenized/b@dev is"),
+        (("record", "record_version"), 2, "record.record_version: expected 1, got 2"),
+    ],
+)
+def test_a_bad_step_names_the_field(path: tuple, value: object, message: str) -> None:
+    step = copy.deepcopy(STEP)
+    *parents, key = path
+    target: dict = step
+    for parent in parents:
+        target = target[parent]
+    target[key] = value
+    with pytest.raises(SpecError) as error:
+        StepSpec.from_json(step)
+    assert message in str(error.value)
