@@ -219,3 +219,22 @@ def test_folder_saved_by_transformers_imports_with_its_logits(name: str, parity:
                        parity["mask"])  # fmt: skip
     files = sorted(p.name for p in (parity["folder"] / f"saved-{name}").iterdir())
     assert ("model.safetensors.index.json" in files) == name.endswith("sharded"), files
+
+
+def locked_versions(resolve: str) -> dict[str, str]:
+    text = Path(f"3rdparty/python/{resolve}.lock").read_text()
+    lock = json.loads("".join(line for line in text.splitlines() if not line.startswith("//")))
+    (locked,) = lock["locked_resolves"]
+    return {r["project_name"]: r["version"] for r in locked["locked_requirements"]}
+
+
+def test_the_reference_resolve_pins_what_the_runtime_pins() -> None:
+    """transformers, tokenizers, safetensors and numpy on the reference side are the runtime's:
+    the parity is with the transformers Kiln's runtime reads configs and tokenizers with."""
+    runtime, reference = locked_versions("runtime"), locked_versions("torch-tests")
+    differing = {n: (runtime[n], v) for n, v in reference.items() if runtime.get(n, v) != v}
+    assert not differing, (
+        f"torch-tests.lock and runtime.lock differ in {differing} (runtime, torch-tests); run "
+        "./pants generate-lockfiles --resolve=torch-tests"
+    )
+
