@@ -52,6 +52,7 @@ def export_run(
     try:
         checkpoint = run.checkpoint(step)
         tokenizer = run.tokenizer(tokenizer_dir)
+        check_vocabulary(run.model_config, tokenizer.info)  # before the (long) restore
         params = run.params(checkpoint)
     finally:
         run.close()

@@ -116,7 +116,7 @@ def kiln_config(hf: Mapping[str, Any], *, source: str) -> LlamaConfig:
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             num_layers=hf["num_hidden_layers"],
             vocab_size=hf["vocab_size"],
-            rope_theta=rope_theta(hf),
+            rope_theta=_rope_theta(hf),
             norm_eps=_get(hf, "rms_norm_eps"),
             tie_embeddings=_get(hf, "tie_word_embeddings"),
             init_std=_get(hf, "initializer_range"),
@@ -125,7 +125,7 @@ def kiln_config(hf: Mapping[str, Any], *, source: str) -> LlamaConfig:
         raise InteropError(f"{source}: {e}") from None
 
 
-def rope_theta(hf: Mapping[str, Any]) -> float:
+def _rope_theta(hf: Mapping[str, Any]) -> float:
     """The RoPE base transformers 5 uses: rope_parameters' if given, else the legacy field."""
     parameters = hf.get("rope_parameters") or {}
     theta = parameters.get("rope_theta", _get(hf, "rope_theta"))

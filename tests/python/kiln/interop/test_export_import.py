@@ -305,6 +305,21 @@ def test_cli_errors_name_the_problem(trained_run: Path, tmp_path: Path, capsys: 
     assert not (tmp_path / "x").exists()
 
 
+def test_a_run_whose_cache_moved_exports_with_its_tokenizer_named(
+    trained_run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    spec = json.loads((run / "train_spec.json").read_text())
+    spec["config"]["datasets"][0]["path"] = str(tmp_path / "gone")
+    (run / "train_spec.json").write_text(json.dumps(spec))
+    assert main(["export", str(run), str(tmp_path / "x")]) == 1
+    assert "cannot load the tokenizer of" in capsys.readouterr().err
+    tokenizer = ["--tokenizer", STDLIB_TOKENIZER["path"]]
+    assert main(["export", str(run), str(tmp_path / "x"), *tokenizer]) == 0
+    assert read_hf_llama(tmp_path / "x").config.vocab_size == VOCAB
+
+
 def test_cli_import_prints_the_build_config_or_the_refusal(
     tokenizer: Any, tmp_path: Path, capsys: Any
 ) -> None:

@@ -237,4 +237,3 @@ def test_the_reference_resolve_pins_what_the_runtime_pins() -> None:
         f"torch-tests.lock and runtime.lock differ in {differing} (runtime, torch-tests); run "
         "./pants generate-lockfiles --resolve=torch-tests"
     )
-
