@@ -1,0 +1,12 @@
+"""Hugging Face interop: a Kiln Llama as a `transformers` Llama folder, and back.
+
+- `kiln.interop.export`: a checkpoint's parameters, LlamaConfig and tokenizer -> a folder that
+  `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load as they are.
+- `kiln.interop.read`: a Hugging Face Llama folder -> LlamaConfig and Kiln's parameter tree,
+  refusing, with what differs, any model that is not a plain Llama.
+- `kiln.interop.llama_config`, `kiln.interop.llama_weights`: the two mappings (hyper-parameters,
+  parameter names and layouts); `kiln.interop.safetensors_folder`: sharded safetensors files.
+
+`python -m kiln.interop export|import` runs them from the command line; docs/interop.md has the
+mapping table and the conventions.
+"""

@@ -1,0 +1,344 @@
+"""Export and import in the runtime resolve (no torch): the fp32 round trip is bit-identical, the
+folder is what transformers reads (config, generation config, shards, tokenizer), bad input is
+refused naming what differs, and nothing is half-written. test_hf_parity.py runs the exported
+folders in transformers' own Llama."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from kiln_testing.data import STDLIB_TOKENIZER
+from kiln_testing.training import build_tiny_cache, make_spec
+
+from kiln.artifacts import atomic_write_json
+from kiln.data.tokenizer import load_tokenizer
+from kiln.interop.__main__ import main, parse_size
+from kiln.interop.errors import InteropError
+from kiln.interop.export import write_hf_llama
+from kiln.interop.read import read_hf_llama
+from kiln.interop.safetensors_folder import INDEX_FILE, read_safetensors, write_safetensors
+from kiln.model.config import LlamaConfig
+from kiln.model.llama import Llama
+
+VOCAB = 8192  # kiln-stdlib-8k
+GQA_UNTIED = LlamaConfig(max_seq_len=32, hidden_dim=32, intermediate_dim=48, num_heads=4,
+                         num_kv_heads=2, num_layers=2, vocab_size=VOCAB)  # fmt: skip
+MHA_TIED = LlamaConfig(max_seq_len=32, hidden_dim=32, intermediate_dim=48, num_heads=2,
+                       num_kv_heads=2, num_layers=3, vocab_size=VOCAB, rope_theta=10000.0,
+                       norm_eps=1e-6, tie_embeddings=True, init_std=0.01)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer(STDLIB_TOKENIZER)
+
+
+def random_params(config: LlamaConfig, seed: int) -> dict:
+    """Llama(config)'s parameter tree with random float32 values (norm scales too)."""
+    structure = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0)))))
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda leaf: rng.standard_normal(leaf.shape, np.float32), structure)
+
+
+def leaves(params: dict) -> dict[str, np.ndarray]:
+    return {
+        jax.tree_util.keystr(path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+    }
+
+
+@pytest.mark.parametrize("config", [GQA_UNTIED, MHA_TIED], ids=["gqa-untied", "mha-tied"])
+def test_kiln_to_hf_to_kiln_is_bit_identical_in_float32(
+    config: LlamaConfig, tokenizer: Any, tmp_path: Path
+) -> None:
+    params = random_params(config, seed=1)
+    out = write_hf_llama(tmp_path / "hf", config, params, tokenizer, max_shard_bytes=200_000)
+    assert (out / INDEX_FILE).is_file()  # the embedding alone (1 MiB) needs a shard of its own
+    imported = read_hf_llama(out, tokenizer=tokenizer.info)
+    assert imported.config == config
+    original, back = leaves(params), leaves(imported.params)
+    assert original.keys() == back.keys()
+    for name, value in original.items():
+        assert back[name].dtype == np.float32
+        assert np.array_equal(back[name], value), name
+
+
+def test_config_is_explicit_and_read_by_transformers(tokenizer: Any, tmp_path: Path) -> None:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    out = write_hf_llama(tmp_path / "hf", MHA_TIED, random_params(MHA_TIED, 2), tokenizer)
+    written = json.loads((out / "config.json").read_text())
+    assert written["architectures"] == ["LlamaForCausalLM"]
+    assert written["rope_theta"] == written["rope_parameters"]["rope_theta"] == 10000.0
+    hf = AutoConfig.from_pretrained(out)
+    assert type(hf).__name__ == "LlamaConfig"
+    assert (hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers) == (32, 48, 3)
+    assert (hf.num_attention_heads, hf.num_key_value_heads, hf.head_dim) == (2, 2, 16)
+    assert (hf.vocab_size, hf.max_position_embeddings) == (VOCAB, 32)
+    assert hf.rms_norm_eps == 1e-6 and hf.rope_parameters == {"rope_type": "default",
+                                                               "rope_theta": 10000.0}  # fmt: skip
+    assert hf.tie_word_embeddings is True and not hf.attention_bias and not hf.mlp_bias
+    assert str(hf.dtype).removeprefix("torch.") == "float32"
+    hf_tokenizer = AutoTokenizer.from_pretrained(out)
+    assert (hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (
+        hf_tokenizer.bos_token_id, tokenizer.info.eos_id, hf_tokenizer.pad_token_id
+    )  # fmt: skip
+    generation = GenerationConfig.from_pretrained(out)
+    assert generation.eos_token_id == tokenizer.info.eos_id
+    text = "The tokenizer's files travel with the weights: def f(x):\n    return x ** 2"
+    assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == tokenizer.encode(text)
+    assert len(hf_tokenizer) == VOCAB
+
+
+def test_shards_hold_at_most_the_limit_and_the_index_lists_every_tensor(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    tensors = {f"t{i}": rng.standard_normal((i + 1, 100), np.float32) for i in range(8)}
+    tensors["big"] = rng.standard_normal((40, 100), np.float32)  # 16000 bytes > the limit
+    files = write_safetensors(tmp_path, tensors, max_shard_bytes=6_000)
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    assert files[-1] == INDEX_FILE and set(index["weight_map"].values()) == set(files[:-1])
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors.values())
+    for name in files[:-1]:
+        from safetensors.numpy import load_file
+
+        shard = load_file(str(tmp_path / name))
+        assert sum(t.nbytes for t in shard.values()) <= 6_000 or list(shard) == ["big"]
+    back = read_safetensors(tmp_path)
+    assert (
+        all(np.array_equal(back[k], v) for k, v in tensors.items())
+        and back.keys() == tensors.keys()
+    )
+
+
+def test_bfloat16_export_rounds_each_parameter_once(tokenizer: Any, tmp_path: Path) -> None:
+    params = random_params(GQA_UNTIED, seed=3)
+    out = write_hf_llama(tmp_path / "hf", GQA_UNTIED, params, tokenizer, dtype="bfloat16")
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    tensors = read_safetensors(out)
+    query = tensors["model.layers.1.self_attn.q_proj.weight"]
+    assert query.dtype == jnp.bfloat16
+    kernel = params["blocks"][1]["attention"]["q_proj"]["kernel"]
+    assert np.array_equal(query, kernel.T.astype(jnp.bfloat16))
+    back = leaves(read_hf_llama(out).params)
+    rounded = jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(np.float32), params)
+    assert all(np.array_equal(back[k], v) for k, v in leaves(rounded).items())
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+
+def hf_config_folder(tmp_path: Path, config: Any) -> Path:
+    """A folder with a config.json written by transformers itself (no weights needed: the
+    config is checked first)."""
+    folder = tmp_path / type(config).__name__
+    config.save_pretrained(folder)
+    return folder
+
+
+SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda t: t.MistralConfig(sliding_window=4096, **SMALL),
+         ["model_type='mistral'", "sliding_window=4096"]),
+        (lambda t: t.Qwen2Config(**SMALL), ["model_type='qwen2'"]),
+        (lambda t: t.LlamaConfig(attention_bias=True, **SMALL), ["attention_bias=true"]),
+        (lambda t: t.LlamaConfig(mlp_bias=True, hidden_act="gelu", **SMALL),
+         ["mlp_bias=true", "hidden_act='gelu'"]),
+        (lambda t: t.LlamaConfig(head_dim=16, **SMALL), ["head_dim=16"]),
+        (lambda t: t.LlamaConfig(rope_parameters={
+            "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}, **SMALL),
+         ["rope_parameters.rope_type='llama3'"]),
+    ],
+    ids=["mistral", "qwen2", "attention-bias", "mlp-bias-and-gelu", "head-dim", "llama3-rope"],
+)  # fmt: skip
+def test_a_model_that_is_not_a_plain_llama_is_refused_naming_each_difference(
+    make: Any, named: list[str], tmp_path: Path
+) -> None:
+    import transformers
+
+    folder = hf_config_folder(tmp_path, make(transformers))
+    with pytest.raises(InteropError, match="is not a plain Llama") as error:
+        read_hf_llama(folder)
+    for difference in named:
+        assert difference in str(error.value)
+
+
+def test_tensors_that_do_not_match_the_config_are_named(tokenizer: Any, tmp_path: Path) -> None:
+    out = write_hf_llama(tmp_path / "hf", GQA_UNTIED, random_params(GQA_UNTIED, 4), tokenizer)
+    tensors = read_safetensors(out)
+    cases = {
+        "missing": ({k: v for k, v in tensors.items() if k != "model.norm.weight"},
+                    "missing: model.norm.weight"),
+        "bias": ({**tensors, "model.layers.0.self_attn.q_proj.bias": np.zeros(32, np.float32)},
+                 "unexpected: model.layers.0.self_attn.q_proj.bias"),
+        "shape": ({**tensors, "model.layers.1.mlp.up_proj.weight": np.zeros((32, 48), np.float32)},
+                  "tensor model.layers.1.mlp.up_proj.weight has shape (32, 48)"),
+    }  # fmt: skip
+    for name, (changed, message) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(out, folder)
+        for old in folder.glob("model*.safetensors*"):
+            old.unlink()
+        write_safetensors(folder, changed)
+        with pytest.raises(InteropError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            read_hf_llama(folder)
+
+
+def test_a_tied_model_may_carry_its_head_only_as_the_embedding(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    out = write_hf_llama(tmp_path / "hf", MHA_TIED, random_params(MHA_TIED, 5), tokenizer)
+    tensors = read_safetensors(out)
+    embedding = tensors["model.embed_tokens.weight"]
+    (out / "model.safetensors").unlink()
+    write_safetensors(out, {**tensors, "lm_head.weight": embedding})
+    assert read_hf_llama(out).config.tie_embeddings
+    (out / "model.safetensors").unlink()
+    write_safetensors(out, {**tensors, "lm_head.weight": embedding + 1})
+    with pytest.raises(InteropError, match="lm_head.weight differs"):
+        read_hf_llama(out)
+
+
+def test_a_vocabulary_mismatch_is_refused_both_ways(tokenizer: Any, tmp_path: Path) -> None:
+    other = LlamaConfig(**{**GQA_UNTIED.to_dict(), "vocab_size": 8000})
+    with pytest.raises(
+        InteropError, match="vocab_size is 8000 but tokenizer 'kiln-stdlib-8k' has 8192"
+    ):
+        write_hf_llama(tmp_path / "hf", other, random_params(other, 6), tokenizer)
+    assert list(tmp_path.iterdir()) == []
+    out = write_hf_llama(tmp_path / "hf", GQA_UNTIED, random_params(GQA_UNTIED, 6), tokenizer)
+    smaller = type(tokenizer.info)(**{**tokenizer.info.to_json(), "vocab_size": 8000},
+                                   token_byte_lengths=np.zeros(8000, np.int32))  # fmt: skip
+    with pytest.raises(
+        InteropError, match="vocab_size 8192 but tokenizer 'kiln-stdlib-8k' has 8000"
+    ):
+        read_hf_llama(out, tokenizer=smaller)
+
+
+def test_nothing_is_half_written(tokenizer: Any, tmp_path: Path) -> None:
+    params = random_params(GQA_UNTIED, seed=7)
+    with pytest.raises(ValueError, match="max_shard_bytes"):  # fails inside the staging folder
+        write_hf_llama(tmp_path / "hf", GQA_UNTIED, params, tokenizer, max_shard_bytes=0)
+    assert list(tmp_path.iterdir()) == []
+    write_hf_llama(tmp_path / "hf", GQA_UNTIED, params, tokenizer)
+    with pytest.raises(InteropError, match="already exists"):
+        write_hf_llama(tmp_path / "hf", GQA_UNTIED, params, tokenizer)
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+# --- a trained run, through the command line ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from kiln.train.spec import parse_spec
+    from kiln.train.trainer import train
+
+    folder = tmp_path_factory.mktemp("run")
+    cache = build_tiny_cache(folder, "tokenized/a", 40, seed=0)
+    output = folder / "out"
+    spec = make_spec(output, {"tokenized/a": cache}, {},
+                     **{"config.num_train_steps": 3, "config.seq_len": 32,
+                        "runtime.checkpointer.every": 2})  # fmt: skip
+    output.mkdir()
+    atomic_write_json(output / "train_spec.json", spec)  # as kiln.runner does
+    train(parse_spec(spec))
+    return output
+
+
+def checkpoint_params(run: Path, step: int) -> dict[str, np.ndarray]:
+    """The checkpoint's parameters as the end-of-run summary restores them (another path)."""
+    from kiln.report.run_summary import restore_state
+    from kiln.train.checkpoints import Checkpointer
+    from kiln.train.spec import load_spec
+
+    spec = load_spec(run / "train_spec.json")
+    model = LlamaConfig.from_dict(json.loads((run / "config.json").read_text())["model"])
+    checkpointer = Checkpointer.from_spec(run, spec.runtime.checkpointer, name=spec.name,
+                                          version=spec.version)  # fmt: skip
+    try:
+        (info,) = (c for c in checkpointer.complete() if c.step == step)
+        state = restore_state(spec, model, checkpointer, info)
+    finally:
+        checkpointer.close()
+    return leaves(nnx.to_pure_dict(jax.device_get(state.params)))
+
+
+def test_cli_exports_a_checkpoint_exactly(trained_run: Path, tmp_path: Path, capsys: Any) -> None:
+    assert main(["export", str(trained_run), str(tmp_path / "last")]) == 0
+    assert main(["export", str(trained_run), str(tmp_path / "two"), "--step", "2",
+                 "--max-shard-size", "1MB"]) == 0  # fmt: skip
+    assert f"to {tmp_path / 'two'}: config.json" in capsys.readouterr().out
+    for name, step in (("last", 3), ("two", 2)):
+        exported = leaves(read_hf_llama(tmp_path / name).params)
+        expected = checkpoint_params(trained_run, step)
+        assert exported.keys() == expected.keys()
+        assert all(np.array_equal(exported[k], v) for k, v in expected.items()), name
+    assert (tmp_path / "two" / INDEX_FILE).is_file() and not (
+        tmp_path / "last" / INDEX_FILE
+    ).exists()
+
+
+def test_cli_errors_name_the_problem(trained_run: Path, tmp_path: Path, capsys: Any) -> None:
+    assert main(["export", str(trained_run), str(tmp_path / "x"), "--step", "7"]) == 1
+    assert "no complete checkpoint at step 7; it has steps [2, 3]" in capsys.readouterr().err
+    changed = tmp_path / "changed-tokenizer"
+    shutil.copytree(STDLIB_TOKENIZER["path"], changed)
+    (changed / "special_tokens_map.json").write_text('{"eos_token": "<|endoftext|>"}')
+    assert main(["export", str(trained_run), str(tmp_path / "x"), "--tokenizer", str(changed)]) == 1
+    assert "is not the one" in capsys.readouterr().err
+    assert main(["export", str(tmp_path), str(tmp_path / "x")]) == 1
+    assert "is not an lm_checkpoint's folder" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_run_whose_cache_moved_exports_with_its_tokenizer_named(
+    trained_run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    spec = json.loads((run / "train_spec.json").read_text())
+    spec["config"]["datasets"][0]["path"] = str(tmp_path / "gone")
+    (run / "train_spec.json").write_text(json.dumps(spec))
+    assert main(["export", str(run), str(tmp_path / "x")]) == 1
+    assert "cannot load the tokenizer of" in capsys.readouterr().err
+    tokenizer = ["--tokenizer", STDLIB_TOKENIZER["path"]]
+    assert main(["export", str(run), str(tmp_path / "x"), *tokenizer]) == 0
+    assert read_hf_llama(tmp_path / "x").config.vocab_size == VOCAB
+
+
+def test_cli_import_prints_the_build_config_or_the_refusal(
+    tokenizer: Any, tmp_path: Path, capsys: Any
+) -> None:
+    import transformers
+
+    out = write_hf_llama(tmp_path / "hf", MHA_TIED, random_params(MHA_TIED, 8), tokenizer)
+    assert main(["import", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "a plain Llama Kiln computes" in printed
+    assert f"vocab_size {VOCAB} (the tokenizer 'hf' has as many tokens)" in printed
+    assert "      rope_theta=10000.0,\n" in printed and "tie_embeddings=True" in printed
+    mistral = hf_config_folder(tmp_path, transformers.MistralConfig(sliding_window=64, **SMALL))
+    assert main(["import", str(mistral)]) == 1
+    assert "model_type='mistral'" in capsys.readouterr().err
+
+
+def test_sizes_follow_transformers_units() -> None:
+    assert parse_size("5GB") == 5 * 10**9 and parse_size("2GiB") == 2 * 2**30
+    assert parse_size("1000") == 1000 and parse_size("500mb") == 500 * 10**6
+    for bad in ("0", "5 TB", "-1", "five"):
+        with pytest.raises(Exception, match="is not a size"):
+            parse_size(bad)
