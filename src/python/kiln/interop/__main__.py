@@ -120,7 +120,7 @@ def _import(args: argparse.Namespace) -> int:
         if tokenizer
         else "no tokenizer checked (the folder has no tokenizer.json)"
     )
-    fields = {k: v for k, v in config.to_dict().items() if k != "vocab_size"}
+    fields = {k: v for k, v in config.to_json().items() if k != "vocab_size"}
     print(
         f"{args.hf_dir}: a plain Llama Kiln computes, {num_parameters(config):,} parameters; "
         f"vocab_size {config.vocab_size} ({vocabulary}).\nIn a BUILD file:\n  llama(\n"

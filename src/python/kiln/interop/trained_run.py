@@ -39,7 +39,7 @@ class TrainedRun:
         try:
             spec = load_spec(path / TRAIN_SPEC_FILE)
             resolved = json.loads((path / RUN_CONFIG_FILE).read_text())
-            model_config = LlamaConfig.from_dict(resolved["model"])
+            model_config = LlamaConfig.from_json(resolved["model"])
             tokenizer_record = dict(resolved["tokenizer"])
         except (SpecError, ValueError, KeyError, TypeError) as e:
             raise InteropError(f"{path}: cannot read the run's config: {e}") from None
@@ -93,7 +93,7 @@ class TrainedRun:
 
     def _cache_tokenizer(self) -> Any:
         from kiln.data.cache import TokenCache
-        from kiln.report.run_summary import resolve_tokenizer_spec
+        from kiln.data.tokenizer import resolve_tokenizer_spec
 
         cache_path = Path(self.spec.config.datasets[0].path)
         cache = TokenCache.open(cache_path)
@@ -111,25 +111,20 @@ class TrainedRun:
 def _restore_params(
     spec: Any, model_config: LlamaConfig, checkpointer: Checkpointer, checkpoint: CheckpointInfo
 ) -> Params:
-    """The parameters saved at `checkpoint`, as numpy arrays in Kiln's parameter tree.
-
-    Restores the whole TrainState as the trainer resumes one, on a mesh over this machine's
-    devices (not the run's, which may need more), and keeps the parameters.
-    """
+    """The parameters saved at `checkpoint`, as numpy arrays in Kiln's parameter tree, laid out
+    on a mesh over this machine's devices (not the run's, which may need more)."""
     import jax
     from flax import nnx
 
+    from kiln.train.checkpoints import restore_params
     from kiln.train.mesh import make_mesh
-    from kiln.train.step import abstract_train_state
 
     cfg = spec.config
-    target = abstract_train_state(
-        model_config, cfg.optimizer, cfg.num_train_steps,
-        mesh=make_mesh({"data": -1}), compute_dtype=cfg.compute_dtype,
-        param_dtype=cfg.param_dtype, attention="xla", remat="none",
-    )  # fmt: skip
     try:
-        state = checkpointer.restore(checkpoint, target)
+        _, params = restore_params(
+            checkpoint, model_config, mesh=make_mesh({"data": -1}),
+            compute_dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype,
+        )  # fmt: skip
     except Exception as e:  # orbax raises many types; all mean "not this run's state"
         raise InteropError(f"cannot restore {checkpoint.path}: {e}") from None
-    return nnx.to_pure_dict(jax.device_get(state.params))
+    return nnx.to_pure_dict(jax.device_get(params))

@@ -213,7 +213,7 @@ def test_a_tied_model_may_carry_its_head_only_as_the_embedding(
 
 
 def test_a_vocabulary_mismatch_is_refused_both_ways(tokenizer: Any, tmp_path: Path) -> None:
-    other = LlamaConfig(**{**GQA_UNTIED.to_dict(), "vocab_size": 8000})
+    other = LlamaConfig(**{**GQA_UNTIED.to_json(), "vocab_size": 8000})
     with pytest.raises(
         InteropError, match="vocab_size is 8000 but tokenizer 'kiln-stdlib-8k' has 8192"
     ):
@@ -266,7 +266,7 @@ def checkpoint_params(run: Path, step: int) -> dict[str, np.ndarray]:
     from kiln.train.spec import load_spec
 
     spec = load_spec(run / "train_spec.json")
-    model = LlamaConfig.from_dict(json.loads((run / "config.json").read_text())["model"])
+    model = LlamaConfig.from_json(json.loads((run / "config.json").read_text())["model"])
     checkpointer = Checkpointer.from_spec(run, spec.runtime.checkpointer, name=spec.name,
                                           version=spec.version)  # fmt: skip
     try:
