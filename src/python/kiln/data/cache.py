@@ -206,7 +206,8 @@ class TokenCache:
         ends = offsets[1:].astype(np.int64)
         problem = None
         if len(offsets) != documents + 1 or int(offsets[0]) != documents:
-            problem = f"hold {len(offsets) - 1} document ends and count {offsets[:1].tolist()}"
+            count = int(offsets[0]) if len(offsets) else None
+            problem = f"hold {len(offsets) - 1} document ends and a count of {count}"
         elif documents and (np.any(np.diff(ends, prepend=0) <= 0) or ends[-1] != tokens):
             problem = "are not strictly increasing up to the shard's token count"
         if problem is None:
