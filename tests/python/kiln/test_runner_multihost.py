@@ -19,6 +19,7 @@ from kiln_testing.multihost import multihost_flags, run_each
 from kiln_testing.training import build_tiny_cache, make_spec, read_jsonl
 
 from kiln import artifacts
+from kiln.artifacts.lease import Lease
 
 NUM_STEPS = 6
 
@@ -96,7 +97,7 @@ def test_two_runner_processes_build_one_artifact(step_path: Path) -> None:
 def test_no_process_trains_when_process_0_cannot_start(step_path: Path) -> None:
     output = step_path.parent / "leased"
     output.mkdir()
-    with artifacts.lease(output, wait=False):  # another run of this artifact is under way
+    with Lease.beside(output, what="train checkpoints/tiny").acquire(wait=False):  # another run
         results = run_runners(step_path, output)
     assert [r.returncode for r in results] == [1, 1], [r.stderr[-3000:] for r in results]
     assert "A second run of checkpoints/tiny@2026.11.29 is refused" in results[0].stderr

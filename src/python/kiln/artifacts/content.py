@@ -2,9 +2,10 @@
 and checked when they are read.
 
 A record maps each file's path relative to a folder ('data/c/0') to `{"bytes": N, "sha256":
-HEX}`. Checking sizes costs one stat per file and runs whenever a reader opens the folder;
-checking digests reads every byte (threads in parallel: hashlib releases the GIL) and runs when
-an artifact is placed into the store or verified on request.
+HEX}` (or `{"bytes": N}` alone, where hashing every save would cost too much: checkpoints).
+Checking sizes costs one stat per file and runs whenever a reader opens the folder; checking
+digests reads every byte (threads in parallel: hashlib releases the GIL) and runs when an
+artifact is placed into the store or verified on request.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def record_files(folder: Path, names: Iterable[str]) -> FileRecords:
         name: {"bytes": (folder / name).stat().st_size, "sha256": digest}
         for name, digest in zip(names, digests)
     }
+
+
+def record_sizes(folder: Path, names: Iterable[str]) -> FileRecords:
+    """Sizes of the files `names` (relative to `folder`), in name order."""
+    return {name: {"bytes": (folder / name).stat().st_size} for name in sorted(names)}
 
 
 def files_under(folder: Path, *, exclude: Iterable[str] = ()) -> list[str]:

@@ -103,7 +103,7 @@ class LeaseHeld(RuntimeError):
     """Another live process holds the lease."""
 
     def __init__(self, location: str, holder: LeaseRecord):
-        super().__init__(f"it is being built by {holder.describe()}; lease {location}")
+        super().__init__(f"the lease {location} is held by {holder.describe()}")
         self.holder = holder
 
 
@@ -158,7 +158,9 @@ class Lease:
             if not wait:
                 raise LeaseHeld(self.location, holder)
             if not announced:
-                log.warning("waiting for %s: %s holds %s", self.what, holder.describe(), self.location)
+                log.warning(
+                    "waiting for %s: %s holds %s", self.what, holder.describe(), self.location
+                )
                 announced = True
             time.sleep(delay)
             delay = min(delay * 2, _MAX_POLL_SECONDS)

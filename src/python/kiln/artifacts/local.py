@@ -28,6 +28,7 @@ from kiln.artifacts.store import (
     StoredObject,
 )
 
+
 class LocalStore(ObjectStore):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
