@@ -173,7 +173,7 @@ class Checkpointer:
                 try:
                     return self.restore(info, like), info
                 except Exception as e:  # orbax raises many types; all mean "not restorable"
-                    problem = f"orbax cannot restore it: {str(e).splitlines()[0] if str(e) else e!r}"
+                    problem = f"orbax cannot restore it: {(str(e) or repr(e)).splitlines()[0]}"
             log.warning("skipping checkpoint %s: %s", info.path, problem)
             skipped.append(f"{info.path} ({problem})")
         if skipped:

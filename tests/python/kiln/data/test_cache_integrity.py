@@ -88,7 +88,9 @@ def test_altered_bytes_fail_their_digest(cache_dir: Path) -> None:
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0xFF
     chunk.write_bytes(bytes(data))
-    with pytest.raises(CacheDamaged, match=rf"shard {SHARD}, file data/c/0 does not match its sha256"):
+    with pytest.raises(
+        CacheDamaged, match=rf"shard {SHARD}, file data/c/0 does not match its sha256"
+    ):
         verify_cache(cache_dir)
 
 
@@ -112,7 +114,9 @@ def test_damaged_offsets_are_refused_on_open(cache_dir: Path) -> None:
     with pytest.raises(CacheDamaged) as error:
         TokenCache.open(cache_dir)
     message = str(error.value)
-    assert f"shard {SHARD}, file offsets (document boundaries) are not strictly increasing" in message
+    assert (
+        f"shard {SHARD}, file offsets (document boundaries) are not strictly increasing" in message
+    )
     assert "the ledger records 40 documents" in message
 
 

@@ -72,5 +72,7 @@ def test_exactly_one_of_many_processes_creates(tmp_path: Path) -> None:
 
 def test_open_store_maps_locations() -> None:
     assert isinstance(open_store("/some/where"), LocalStore)
-    with pytest.raises(UnsupportedStore, match="s3://bucket/x: this Kiln stores artifacts in local"):
+    with pytest.raises(
+        UnsupportedStore, match="s3://bucket/x: this Kiln stores artifacts in local"
+    ):
         open_store("s3://bucket/x")
