@@ -93,6 +93,45 @@ class _SliceRead:
     future: ts.Future
 
 
+def read_cache_records(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(cache.json, ledger.json) of a finished cache of a format this Kiln reads; CacheNotReady
+    otherwise. Reads no array."""
+    status = read_status(path)
+    if status != SUCCESS:
+        found = "no STATUS file" if status is None else f"STATUS {status}"
+        raise CacheNotReady(
+            f"{path} is not a finished token cache ({found}); build it with "
+            "`python -m kiln.data.tokenize build` (or its Pants target) first."
+        )
+    info = json.loads((path / CACHE_FILE).read_text())
+    version = info.get("format_version")
+    if version not in (FORMAT_VERSION, UNVERIFIED_FORMAT_VERSION):
+        raise CacheNotReady(
+            f"{path}: cache format_version {version}; this kiln reads "
+            f"{UNVERIFIED_FORMAT_VERSION} and {FORMAT_VERSION}. Rebuild the cache with this "
+            "version of kiln."
+        )
+    if version == UNVERIFIED_FORMAT_VERSION:
+        log.warning(
+            "%s: cache format_version 1 records no file sizes or digests, so its files are "
+            "read unverified; rebuild it (a new version) to have them checked",
+            path,
+        )
+    return info, json.loads((path / LEDGER_FILE).read_text())
+
+
+def cache_damaged(
+    path: Path, info: dict[str, Any], shard: str | None, damage: Damage
+) -> CacheDamaged:
+    """The error for a damaged file of the cache at `path` (`shard` None: the cache's own)."""
+    where = f"shard {shard}, file {damage.file}" if shard else f"file {damage.file}"
+    return CacheDamaged(
+        f"token cache {info.get('name')}@{info.get('version')} at {path}: "
+        f"{where} {damage.reason}. The cache is damaged: delete the folder and rebuild it, "
+        "or restore it from a good copy."
+    )
+
+
 class TokenCache:
     def __init__(self, path: Path, info: dict[str, Any], ledger: dict[str, Any]) -> None:
         self.path = path
@@ -131,28 +170,7 @@ class TokenCache:
     @classmethod
     def open(cls, path: str | Path) -> TokenCache:
         path = Path(path)
-        status = read_status(path)
-        if status != SUCCESS:
-            found = "no STATUS file" if status is None else f"STATUS {status}"
-            raise CacheNotReady(
-                f"{path} is not a finished token cache ({found}); build it with "
-                "`python -m kiln.data.tokenize build` (or its Pants target) first."
-            )
-        info = json.loads((path / CACHE_FILE).read_text())
-        version = info.get("format_version")
-        if version not in (FORMAT_VERSION, UNVERIFIED_FORMAT_VERSION):
-            raise CacheNotReady(
-                f"{path}: cache format_version {version}; this kiln reads "
-                f"{UNVERIFIED_FORMAT_VERSION} and {FORMAT_VERSION}. Rebuild the cache with this "
-                "version of kiln."
-            )
-        if version == UNVERIFIED_FORMAT_VERSION:
-            log.warning(
-                "%s: cache format_version 1 records no file sizes or digests, so its files are "
-                "read unverified; rebuild it (a new version) to have them checked",
-                path,
-            )
-        return cls(path, info, json.loads((path / LEDGER_FILE).read_text()))
+        return cls(path, *read_cache_records(path))
 
     @property
     def token_byte_lengths(self) -> np.ndarray:
@@ -184,12 +202,7 @@ class TokenCache:
 
     def damaged(self, shard: str | None, damage: Damage) -> CacheDamaged:
         """The error for a damaged file of `shard` (None: a file of the cache itself)."""
-        where = f"shard {shard}, file {damage.file}" if shard else f"file {damage.file}"
-        return CacheDamaged(
-            f"token cache {self.info.get('name')}@{self.info.get('version')} at {self.path}: "
-            f"{where} {damage.reason}. The cache is damaged: delete the folder and rebuild it, "
-            "or restore it from a good copy."
-        )
+        return cache_damaged(self.path, self.info, shard, damage)
 
     def _check_sizes(self) -> None:
         for damage in check_sizes(self.path, self.ledger.get("files", {})):

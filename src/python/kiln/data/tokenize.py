@@ -122,9 +122,9 @@ def merge_cache(
         _check_shard_plan(shard_dir, record, spec)
     for index in sorted(set(range(spec.num_shards)) - set(by_index)):
         merged = out_dir / SHARDS_DIR / shard_dir_name(index)
-        record = _reusable_shard_record(merged, spec, index, tokenizer)
-        if record is not None:
-            by_index[index] = (merged, record)
+        reusable = _reusable_shard_record(merged, spec, index, tokenizer)
+        if reusable is not None:
+            by_index[index] = (merged, reusable)
     missing = sorted(set(range(spec.num_shards)) - set(by_index))
     if missing:
         raise CacheError(

@@ -77,6 +77,24 @@ def test_a_damaged_input_cache_ends_the_run_failed(step: Path, tmp_path: Path) -
     assert read_status(output(prefix)) == "FAILED"
 
 
+def test_altered_bytes_are_refused_when_the_cache_is_placed(tmp_path: Path) -> None:
+    step = write_runner_step(tmp_path / "inputs", **STEPS)
+    source = step.parent / json.loads(step.read_text())["inputs"][0]["location"]
+    chunk = source / "shards/shard-00000/offsets/c/0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the digest can tell
+    chunk.write_bytes(bytes(data))
+    prefix = tmp_path / "store"
+    result = run(runner(step, prefix))
+    assert result.returncode == 1, result.stderr
+    [line] = error_lines(result.stderr)
+    assert "shard shard-00000, file offsets/c/0 does not match its sha256 digest" in line
+    assert "Traceback" not in result.stderr
+    assert not (prefix / "tokenized/a/2026.11.29").exists()  # nothing damaged was placed
+    assert [p.name for p in (prefix / "tokenized/a").iterdir()] == []  # no temp copy, no lease
+    assert read_status(output(prefix)) == "FAILED"
+
+
 def test_ids_beyond_the_vocabulary_end_the_run_failed(step: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "store"
     shard = placed(step, prefix)
