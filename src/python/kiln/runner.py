@@ -3,15 +3,23 @@ one step, run by `pants run` (interactive) and `pants package` (a cached process
 
 The Pants backend has already built the input caches (cached processes) and placed them under
 `--inputs`. This runner parses the step spec once (kiln_contract.step), then:
-  1. places each input cache in the artifact store at `{prefix}/{name}/{version}` (atomic copy;
-     an existing copy must have the same fingerprint), so records point at stable paths;
-  2. decides: already built with this fingerprint -> report and stop; built with another
-     fingerprint -> refuse, naming the fields that differ (bump the version); otherwise train,
-     resuming from the newest checkpoint;
-  3. holds the artifact's lease while training (a second run refuses at once), writes the record
-     with provenance, then STATUS last.
+  1. decides: already built with this fingerprint -> report and stop; built with another
+     fingerprint -> refuse, naming the fields that differ (bump the version); otherwise:
+  2. takes the artifact's lease (kiln.artifacts.lease; a second run refuses at once, naming the
+     holder) and holds it until the end;
+  3. places each input cache in the artifact store at `{prefix}/{name}/{version}` (a copy,
+     verified file by file against the cache's digests, renamed into place; an existing copy
+     must have the same fingerprint and its files their recorded sizes), so records point at
+     stable paths;
+  4. writes STATUS RUNNING and the record with provenance, trains, resuming from the newest
+     checkpoint, and writes STATUS last: SUCCESS, or FAILED when anything fails.
 A code-only change does not retrain a finished artifact: the record keeps the code digest it was
 built with, and a differing one is reported ("built by other code"), never silently discarded.
+
+Exit status: 0 built or served; 1 an expected error (one paragraph: bad input, a damaged input
+cache, a lease held by another run); 2 the loss diverged; 3 stopped early by --max-steps
+(rerun to continue); 4 a storage error, as one line `kiln: error: PATH: CAUSE` (no space, no
+permission, an I/O error: fix it and rerun, the run resumes); 128 + N stopped by signal N.
 
 Multi-host (`--coordinator ...`, the same command on every host, docs/training.md): every process
 serves or refuses alike and derives the same train spec; process 0 alone places the inputs, holds
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import getpass
 import json
 import os
@@ -31,12 +40,16 @@ import platform
 import shutil
 import socket
 import sys
-import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kiln import artifacts
+from kiln.artifacts.lease import Lease, LeaseHeld
+from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
+from kiln.data.errors import KilnDataError
+from kiln.data.verify import verify_cache
 from kiln.train import multihost
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import ArtifactRecord, differing_fields
@@ -73,25 +86,58 @@ def check_drift(directory: Path, record: ArtifactRecord) -> dict[str, Any] | Non
 
 
 def place_input(source: Path, destination: Path, record: ArtifactRecord) -> Path:
-    """Copies a built cache into the artifact store unless the same one is already there."""
-    if artifacts.is_built(destination) and check_drift(destination, record):
+    """Copies a built cache into the artifact store unless the same one is already there.
+
+    A copy is made under the cache's lease, into a temp sibling, checked against every file's
+    digest, then renamed into place; temp copies of killed placements are deleted first. A
+    cache already in place is checked cheaply (its files present with their sizes)."""
+    if _placed(destination, record):
         return destination
     if not artifacts.is_built(source):
         raise StepError(f"input cache {source} is not complete (no STATUS SUCCESS)")
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}."))
-    shutil.copytree(source, staging, dirs_exist_ok=True)
+    with Lease.beside(destination, what=f"place {record.ref}").acquire(wait=True):
+        if _placed(destination, record):  # another run placed it while this one waited
+            return destination
+        for leftover in destination.parent.glob(f".{destination.name}.placing-*"):
+            shutil.rmtree(leftover)
+        staging = destination.parent / f".{destination.name}.placing-{os.getpid()}"
+        try:
+            shutil.copytree(source, staging)
+            _check_cache(staging, record, digests=True)
+            _rename_into_place(staging, destination, record)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename
+    return destination
+
+
+def _rename_into_place(staging: Path, destination: Path, record: ArtifactRecord) -> None:
     try:
-        os.replace(staging, destination)
-    except OSError:
-        # A concurrent run placed it first (rename onto a non-empty folder fails): use theirs.
-        shutil.rmtree(staging)
-        if not (artifacts.is_built(destination) and check_drift(destination, record)):
+        os.rename(staging, destination)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise StepError(
-                f"{destination} exists but is not a complete copy of {record.name}; "
+                f"{destination} exists but is not a complete copy of {record.ref}; "
                 "move it away and rerun"
             ) from None
-    return destination
+        raise
+
+
+def _placed(destination: Path, record: ArtifactRecord) -> bool:
+    """Whether `destination` holds this cache (checked: files present, sizes as recorded)."""
+    if not (artifacts.is_built(destination) and check_drift(destination, record)):
+        return False
+    _check_cache(destination, record, digests=False)
+    return True
+
+
+def _check_cache(folder: Path, record: ArtifactRecord, *, digests: bool) -> None:
+    """kiln.data.verify's check of an input cache: StepError if it is damaged."""
+    try:
+        verification = verify_cache(folder, digests=digests)
+    except KilnDataError as e:
+        raise StepError(f"input {record.ref}: {e}") from None
+    if not verification.cache.verified:
+        print(f"kiln: note: input {verification.describe()}", file=sys.stderr)
 
 
 def _provenance(step: StepSpec) -> dict[str, Any]:
@@ -151,9 +197,10 @@ def run_step(
     spec = train_spec(step, inputs_root, output, prefix)
     with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
         failure: Exception | None = None
+        lease: Lease | None = None
         if process_index == 0:
             try:
-                _start_run(step, spec, inputs_root, prefix, held)
+                lease = _start_run(step, spec, inputs_root, prefix, held)
             except Exception as e:  # noqa: BLE001 - raised below, once the others know
                 failure = e
         if cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
@@ -162,19 +209,7 @@ def run_step(
             )
         if failure is not None:
             raise failure
-        from kiln.report.plots import plot_run
-        from kiln.report.run_summary import write_run_summary
-        from kiln.train.__main__ import run_training
-
-        exit_code = run_training(spec, quiet=True, metrics_observer=plot_run)
-        if exit_code == 0:
-            summary = write_run_summary(spec)  # on every process: sampling is a collective
-            if process_index == 0:
-                artifacts.write_status(output, artifacts.SUCCESS)
-                print(f"kiln: built {record.ref} at {output}\n{summary}")
-        elif exit_code in (1, 2) and process_index == 0:
-            artifacts.write_status(output, artifacts.FAILED)
-        return exit_code
+        return _train(step, spec, lease)
 
 
 def _start_run(
@@ -183,23 +218,80 @@ def _start_run(
     inputs_root: Path,
     prefix: Path | None,
     held: contextlib.ExitStack,
-) -> None:
-    """Places the inputs, takes the artifact's lease into `held` (a second run is refused at
-    once) and writes STATUS RUNNING, the record and, for people, the train spec."""
+) -> Lease:
+    """Takes the artifact's lease into `held` (a second run is refused at once), places the
+    inputs and writes STATUS RUNNING, the record and, for people, the train spec."""
     output = spec.output_path
-    place_inputs(step, inputs_root, prefix)
-    output.mkdir(parents=True, exist_ok=True)
+    lease = Lease.beside(output, what=f"train {step.ref}")
     try:
-        held.enter_context(artifacts.lease(output, wait=False))
-    except artifacts.LeaseHeld as e:
-        raise StepError(f"{e} A second run of {step.ref} is refused; nothing was changed.") from None
-    if is_mutable_version(step.version) and artifacts.is_built(output):
-        shutil.rmtree(output / "checkpoints", ignore_errors=True)  # a built dev run starts over
-    artifacts.write_status(output, artifacts.RUNNING)
-    artifacts.atomic_write_json(
-        output / artifacts.RECORD_FILE, {**step.record.to_json(), "provenance": _provenance(step)}
-    )
-    artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec.to_json())
+        held.enter_context(lease.acquire(wait=False))
+    except LeaseHeld as e:
+        raise StepError(
+            f"{step.ref} is being built by another run: {e}. A second run of {step.ref} is "
+            "refused; nothing was changed."
+        ) from None
+    with _failure_recorded(output, writer=True):
+        place_inputs(step, inputs_root, prefix)
+        output.mkdir(parents=True, exist_ok=True)
+        if is_mutable_version(step.version) and artifacts.is_built(output):
+            shutil.rmtree(output / "checkpoints", ignore_errors=True)  # a built dev run starts over
+        artifacts.write_status(output, artifacts.RUNNING)
+        artifacts.atomic_write_json(
+            output / artifacts.RECORD_FILE,
+            {**step.record.to_json(), "provenance": _provenance(step)},
+        )
+        artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec.to_json())
+    return lease
+
+
+def _train(step: StepSpec, spec: TrainSpec, lease: Lease | None) -> int:
+    """Trains and reports on every process; the lease holder (process 0) writes STATUS."""
+    from kiln.report.plots import plot_run
+    from kiln.report.run_summary import write_run_summary
+    from kiln.train.__main__ import run_training
+
+    output = spec.output_path
+    with _failure_recorded(output, writer=lease is not None):
+        exit_code = run_training(spec, quiet=True, metrics_observer=plot_run)
+        if exit_code == 0:
+            summary = write_run_summary(spec)  # on every process: sampling is a collective
+            if lease is not None:
+                _check_still_held(lease, step)
+                artifacts.write_status(output, artifacts.SUCCESS)
+                print(f"kiln: built {step.ref} at {output}\n{summary}")
+        elif exit_code in (1, 2) and lease is not None:
+            artifacts.mark_failed(output)
+        return exit_code
+
+
+class LeaseLost(StepError):
+    """This run's lease was taken over: another run owns the artifact now."""
+
+
+def _check_still_held(lease: Lease, step: StepSpec) -> None:
+    if lease.lost is not None:
+        raise LeaseLost(
+            f"{step.ref}: this run lost its lease ({lease.lost}), so another run owns the "
+            "artifact now; this run's result is not recorded."
+        )
+
+
+@contextlib.contextmanager
+def _failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
+    """Ends a failing build with STATUS FAILED (written by the lease holder) and turns a
+    storage failure (no space, no permission, an I/O error) into a StorageError naming the
+    path and the cause. A run that lost its lease leaves STATUS to the run that took it."""
+    try:
+        yield
+    except LeaseLost:
+        raise
+    except Exception as e:
+        if writer:
+            artifacts.mark_failed(output)
+        failure = as_storage_error(e, output)
+        if failure is not None:
+            raise failure from None
+        raise
 
 
 def _serve(step: StepSpec, stored: dict[str, Any], output: Path) -> None:
@@ -328,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     except (StepError, multihost.JoinError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
+    except StorageError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return EXIT_STORAGE
 
 
 def read_step(path: Path) -> StepSpec:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kiln_testing.training import EXAMPLE_SPEC
+from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache
 
 from kiln import artifacts
+from kiln.artifacts.lease import Lease
 from kiln.runner import (
     StepError,
     _parser,
@@ -119,7 +120,7 @@ def test_a_reused_version_with_another_config_is_refused(tmp_path: Path) -> None
 
 def test_a_second_concurrent_run_is_refused(tmp_path: Path) -> None:
     output = tmp_path / "out"
-    with artifacts.lease(output, wait=False):
+    with Lease.beside(output, what="train checkpoints/x@2026.11.29").acquire(wait=False):
         with pytest.raises(StepError, match="A second run of checkpoints/x@2026.11.29 is refused"):
             run_step(step(), tmp_path, output, prefix=None)
     assert artifacts.read_status(output) is None
@@ -127,16 +128,16 @@ def test_a_second_concurrent_run_is_refused(tmp_path: Path) -> None:
 
 def test_inputs_are_placed_once_and_checked(tmp_path: Path) -> None:
     cache = record(fingerprint="c" * 16)
-    source = built(tmp_path / "built", cache)
-    (source / "data.bin").write_bytes(b"tokens")
+    source = built(build_tiny_cache(tmp_path, "tokenized/x", 20, seed=0), cache)
     destination = tmp_path / "store/tokenized/x/2026.11.29"
+    ledger = (source / "ledger.json").read_bytes()
 
     assert place_input(source, destination, cache) == destination
-    assert (destination / "data.bin").read_bytes() == b"tokens"
+    assert (destination / "ledger.json").read_bytes() == ledger
     assert not [p for p in destination.parent.iterdir() if p.name.startswith(".")]  # no temp left
-    (source / "data.bin").write_bytes(b"changed")
+    (source / "ledger.json").write_text("{}")
     place_input(source, destination, cache)  # already there with this fingerprint: kept
-    assert (destination / "data.bin").read_bytes() == b"tokens"
+    assert (destination / "ledger.json").read_bytes() == ledger
 
     with pytest.raises(StepError, match="differs in"):
         place_input(source, destination, record(fingerprint="d" * 16, batch_size=1))

@@ -1,9 +1,10 @@
-"""The token cache: its on-disk layout (format_version 1, docs/token-cache.md) and its reader.
+"""The token cache: its on-disk layout (format_version 2, docs/token-cache.md) and its reader.
 
     CACHE_DIR/
-      STATUS                    SUCCESS, written last by merge
+      STATUS                    RUNNING while merge writes, SUCCESS (written last) or FAILED
       cache.json                format_version, name, version, fingerprint, tokenizer, source, split, totals
-      ledger.json               per shard: name, documents, tokens, first_document, first_token; finished
+      ledger.json               per shard: name, documents, tokens, first_document, first_token,
+                                files (size and sha256 of each); files of the cache itself; finished
       stats.json                tokens, documents, text bytes, mean/max document length
       token_byte_lengths.npy    int32 [vocab_size]: UTF-8 bytes per token id, for bits-per-byte
       shards/shard-00000/       one jagged array in TensorStore zarr3 (as Marin/Levanter):
@@ -13,12 +14,20 @@
 
 The packed stream is all documents in cache order (each ends with EOS); window i of length L is
 stream[i*L : (i+1)*L]. Reads touch only the shard slices a window needs.
+
+What the reader checks, cheaply, so that damaged content never trains a model: on open, that
+every file the ledger lists is present with its recorded size, and that each shard's offsets
+are consistent with the ledger (one count per document, strictly increasing ends, the last one
+the shard's token count); on every read, that token ids are below the tokenizer's vocabulary
+size. Full digests are checked by kiln.data.verify. A cache of format_version 1 records no
+sizes or digests: it is read with the offsets and id checks only, and said to be unverified.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +37,15 @@ import numpy as np
 import tensorstore as ts
 
 from kiln.artifacts import SUCCESS, read_status
-from kiln.data.errors import CacheError, KilnDataError
+from kiln.artifacts.content import Damage, check_sizes
+from kiln.artifacts.storage_errors import as_storage_error
+from kiln.data.errors import CacheDamaged, CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo
 
-FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 2  # 2: the ledger records each file's size and sha256
+UNVERIFIED_FORMAT_VERSION = 1  # still read, without size or digest checks
 CACHE_FILE = "cache.json"
 LEDGER_FILE = "ledger.json"
 STATS_FILE = "stats.json"
@@ -69,52 +83,94 @@ class PackedBatch:
     loss_mask: np.ndarray  # float32
 
 
+@dataclass(frozen=True)
+class _SliceRead:
+    """A pending read of tokens [local, local + n) of one shard, for columns from `column`."""
+
+    column: int
+    shard: int
+    local: int
+    future: ts.Future
+
+
+def read_cache_records(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(cache.json, ledger.json) of a finished cache of a format this Kiln reads; CacheNotReady
+    otherwise. Reads no array."""
+    status = read_status(path)
+    if status != SUCCESS:
+        found = "no STATUS file" if status is None else f"STATUS {status}"
+        raise CacheNotReady(
+            f"{path} is not a finished token cache ({found}); build it with "
+            "`python -m kiln.data.tokenize build` (or its Pants target) first."
+        )
+    info = json.loads((path / CACHE_FILE).read_text())
+    version = info.get("format_version")
+    if version not in (FORMAT_VERSION, UNVERIFIED_FORMAT_VERSION):
+        raise CacheNotReady(
+            f"{path}: cache format_version {version}; this kiln reads "
+            f"{UNVERIFIED_FORMAT_VERSION} and {FORMAT_VERSION}. Rebuild the cache with this "
+            "version of kiln."
+        )
+    if version == UNVERIFIED_FORMAT_VERSION:
+        log.warning(
+            "%s: cache format_version 1 records no file sizes or digests, so its files are "
+            "read unverified; rebuild it (a new version) to have them checked",
+            path,
+        )
+    return info, json.loads((path / LEDGER_FILE).read_text())
+
+
+def cache_damaged(
+    path: Path, info: dict[str, Any], shard: str | None, damage: Damage
+) -> CacheDamaged:
+    """The error for a damaged file of the cache at `path` (`shard` None: the cache's own)."""
+    where = f"shard {shard}, file {damage.file}" if shard else f"file {damage.file}"
+    return CacheDamaged(
+        f"token cache {info.get('name')}@{info.get('version')} at {path}: "
+        f"{where} {damage.reason}. The cache is damaged: delete the folder and rebuild it, "
+        "or restore it from a good copy."
+    )
+
+
 class TokenCache:
     def __init__(self, path: Path, info: dict[str, Any], ledger: dict[str, Any]) -> None:
         self.path = path
         self.info = info
         self.ledger = ledger
+        self.verified = info.get("format_version") == FORMAT_VERSION
         self.num_documents = int(ledger["documents"])
         self.num_tokens = int(ledger["tokens"])
+        shards = ledger["shards"]
+        self._shard_names = [str(s["name"]) for s in shards]
+        if self.verified:
+            self._check_sizes()
         self.tokenizer = TokenizerInfo(
             **{key: value for key, value in info["tokenizer"].items() if key != "spec"},
             token_byte_lengths=np.load(path / BYTE_LENGTHS_FILE),
         )
         context = ts.Context({"cache_pool": {"total_bytes_limit": READ_CACHE_BYTES}})
-        shards = ledger["shards"]
         self._first_documents = [int(s["first_document"]) for s in shards]
         self._first_tokens = [int(s["first_token"]) for s in shards]
         # Opens and offset reads are issued for all shards at once; TensorStore overlaps them.
         data = [self._open(s["name"], DATA_ARRAY, context) for s in shards]
         offsets = [self._open(s["name"], OFFSETS_ARRAY, context) for s in shards]
-        self._data = [future.result() for future in data]
-        offset_reads = [future.result().read() for future in offsets]
+        self._data = [self._wait(future, i, DATA_ARRAY) for i, future in enumerate(data)]
+        offset_reads = [
+            self._wait(future, i, OFFSETS_ARRAY).read() for i, future in enumerate(offsets)
+        ]
         # Global end (exclusive) of every document in the stream, for segment ids and document(i).
         self._document_ends = np.concatenate(
             [np.zeros(0, np.int64)]
             + [
-                first + read.result()[1:].astype(np.int64)
-                for first, read in zip(self._first_tokens, offset_reads)
+                first + self._checked_offsets(i, self._wait(read, i, OFFSETS_ARRAY))
+                for i, (first, read) in enumerate(zip(self._first_tokens, offset_reads))
             ]
         )
 
     @classmethod
     def open(cls, path: str | Path) -> TokenCache:
         path = Path(path)
-        status = read_status(path)
-        if status != SUCCESS:
-            found = "no STATUS file" if status is None else f"STATUS {status}"
-            raise CacheNotReady(
-                f"{path} is not a finished token cache ({found}); build it with "
-                "`python -m kiln.data.tokenize build` (or its Pants target) first."
-            )
-        info = json.loads((path / CACHE_FILE).read_text())
-        if info.get("format_version") != FORMAT_VERSION:
-            raise CacheNotReady(
-                f"{path}: cache format_version {info.get('format_version')}; this kiln reads "
-                f"{FORMAT_VERSION}. Rebuild the cache with this version of kiln."
-            )
-        return cls(path, info, json.loads((path / LEDGER_FILE).read_text()))
+        return cls(path, *read_cache_records(path))
 
     @property
     def token_byte_lengths(self) -> np.ndarray:
@@ -144,28 +200,94 @@ class TokenCache:
         loss_mask[:, :-1] = segment_ids[:, 1:] == segment_ids[:, :-1]
         return PackedBatch(tokens=tokens, segment_ids=segment_ids, loss_mask=loss_mask)
 
+    def damaged(self, shard: str | None, damage: Damage) -> CacheDamaged:
+        """The error for a damaged file of `shard` (None: a file of the cache itself)."""
+        return cache_damaged(self.path, self.info, shard, damage)
+
+    def _check_sizes(self) -> None:
+        for damage in check_sizes(self.path, self.ledger.get("files", {})):
+            raise self.damaged(None, damage)
+        for shard in self.ledger["shards"]:
+            folder = self.path / SHARDS_DIR / shard["name"]
+            for damage in check_sizes(folder, shard["files"]):
+                raise self.damaged(shard["name"], damage)
+
+    def _checked_offsets(self, shard: int, offsets: np.ndarray) -> np.ndarray:
+        """Shard `shard`'s document ends (local), after checking them against the ledger."""
+        record = self.ledger["shards"][shard]
+        documents, tokens = int(record["documents"]), int(record["tokens"])
+        ends = offsets[1:].astype(np.int64)
+        problem = None
+        if len(offsets) != documents + 1 or int(offsets[0]) != documents:
+            count = int(offsets[0]) if len(offsets) else None
+            problem = f"hold {len(offsets) - 1} document ends and a count of {count}"
+        elif documents and (np.any(np.diff(ends, prepend=0) <= 0) or ends[-1] != tokens):
+            problem = "are not strictly increasing up to the shard's token count"
+        if problem is None:
+            return ends
+        raise self.damaged(
+            self._shard_names[shard],
+            Damage(
+                OFFSETS_ARRAY,
+                f"(document boundaries) {problem}, but the ledger records {documents} documents "
+                f"of {tokens} tokens",
+            ),
+        )
+
+    def _wait(self, future: Any, shard: int, array: str) -> Any:
+        """The result of a TensorStore open or read of `array` in shard `shard`; a failure is a
+        StorageError (the OS refused) or CacheDamaged (the bytes are not a valid array)."""
+        try:
+            return future.result()
+        except ValueError as e:
+            failure = as_storage_error(e, self.path / SHARDS_DIR / self._shard_names[shard])
+            if failure is not None:
+                raise failure from None
+            detail = str(e).splitlines()[0]
+            raise self.damaged(
+                self._shard_names[shard], Damage(array, f"cannot be read ({detail})")
+            ) from None
+
     def _read_windows(self, starts: np.ndarray, seq_len: int) -> np.ndarray:
         out = np.empty((len(starts), seq_len), np.int32)
         # Issue every slice read first, then wait: TensorStore runs them concurrently.
         pending = [
-            (row, column, future)
+            (row, read)
             for row, start in enumerate(starts)
-            for column, future in self._slice_reads(int(start), int(start) + seq_len)
+            for read in self._slice_reads(int(start), int(start) + seq_len)
         ]
-        for row, column, future in pending:
-            piece = future.result()
-            out[row, column : column + len(piece)] = piece
+        for row, read in pending:
+            piece = self._checked_tokens(read)
+            out[row, read.column : read.column + len(piece)] = piece
         return out
 
     def _read_range(self, start: int, end: int) -> np.ndarray:
         out = np.empty(end - start, np.int32)
-        for column, future in self._slice_reads(start, end):
-            piece = future.result()
-            out[column : column + len(piece)] = piece
+        for read in self._slice_reads(start, end):
+            piece = self._checked_tokens(read)
+            out[read.column : read.column + len(piece)] = piece
         return out
 
-    def _slice_reads(self, start: int, end: int) -> list[tuple[int, ts.Future]]:
-        """Futures reading global tokens [start, end) from the shards that hold them."""
+    def _checked_tokens(self, read: _SliceRead) -> np.ndarray:
+        """The tokens of `read`, after checking that every id is in the vocabulary."""
+        piece = self._wait(read.future, read.shard, DATA_ARRAY)
+        vocab_size = self.tokenizer.vocab_size
+        if len(piece) and int(piece.max()) >= vocab_size:
+            offset = int(np.argmax(piece >= vocab_size))
+            position = read.local + offset
+            file_elements = self._data[read.shard].chunk_layout.write_chunk.shape[0]
+            raise self.damaged(
+                self._shard_names[read.shard],
+                Damage(
+                    f"{DATA_ARRAY}/c/{position // file_elements}",
+                    f"holds token id {int(piece[offset])} at position {position}, beyond the "
+                    f"tokenizer's vocabulary of {vocab_size}",
+                ),
+            )
+        return piece
+
+    def _slice_reads(self, start: int, end: int) -> list[_SliceRead]:
+        """Reads of global tokens [start, end) from the shards that hold them."""
         reads = []
         shard = bisect.bisect_right(self._first_tokens, start) - 1
         position = start
@@ -176,9 +298,8 @@ class TokenCache:
             stop = min(end, shard_end)
             if stop > position:
                 local = position - self._first_tokens[shard]
-                reads.append(
-                    (position - start, self._data[shard][local : local + stop - position].read())
-                )
+                future = self._data[shard][local : local + stop - position].read()
+                reads.append(_SliceRead(position - start, shard, local, future))
             position = stop
             shard += 1
         return reads

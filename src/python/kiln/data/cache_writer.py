@@ -1,9 +1,17 @@
 """Writing token caches: one shard folder at a time (ShardWriter), then assembling the cache.
 
 Atomicity: a shard is written into a hidden temp sibling and renamed into place after its
-shard.json and STATUS; a cache gets STATUS SUCCESS only after everything else is on disk, and an
-existing STATUS is removed before a re-assembly starts. A process killed at any point therefore
-leaves no folder that claims to be complete. The layout is documented in kiln.data.cache.
+shard.json and STATUS; a cache gets STATUS RUNNING before assembly starts, SUCCESS only after
+everything else is on disk, and FAILED when assembly fails. A process killed at any point
+therefore leaves no folder that claims to be complete. The layout is documented in
+kiln.data.cache.
+
+Content records: a shard records the size and sha256 of each of its files in shard.json, read
+back from disk once written (TensorStore writes them); the cache's ledger carries them, so
+readers can check what they read (kiln.artifacts.content).
+
+Callers are a folder's only writer (they hold its lease, kiln.artifacts.lease): temp folders
+left beside a shard or cache by a killed build are deleted when it is next written.
 """
 
 from __future__ import annotations
@@ -20,13 +28,16 @@ import numpy as np
 import tensorstore as ts
 
 from kiln.artifacts import (
+    RUNNING,
     STATUS_FILE,
     SUCCESS,
     atomic_write_bytes,
     atomic_write_json,
+    mark_failed,
     read_status,
     write_status,
 )
+from kiln.artifacts.content import check_digests, files_under, record_files
 from kiln.data.cache import (
     BYTE_LENGTHS_FILE,
     CACHE_FILE,
@@ -40,7 +51,7 @@ from kiln.data.cache import (
     shard_dir_name,
     zarr_spec,
 )
-from kiln.data.errors import CacheError
+from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
 
 # Zarr3 sharding: files ("outer chunks") of 4M elements made of 256K-element compressed chunks.
@@ -58,7 +69,7 @@ class ShardWriter:
         self.out_dir = out_dir
         self.dtype = np.dtype(dtype)
         self.tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        remove_temp_siblings(out_dir)
         self.tmp_dir.mkdir(parents=True)
         self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype)
         self._pending: list[np.ndarray] = []
@@ -98,6 +109,7 @@ class ShardWriter:
             "documents": len(lengths),
             "tokens": self._written_tokens,
             "max_document_tokens": int(lengths.max(initial=0)),
+            "files": record_files(self.tmp_dir, files_under(self.tmp_dir)),
         }
         atomic_write_json(self.tmp_dir / SHARD_FILE, record)
         write_status(self.tmp_dir, SUCCESS)
@@ -127,6 +139,18 @@ def read_shard_record(shard_dir: Path) -> dict[str, Any]:
     return json.loads((shard_dir / SHARD_FILE).read_text())
 
 
+def check_shard_content(shard_dir: Path, record: dict[str, Any]) -> None:
+    """Full digest check of a complete shard folder against its shard.json. A damaged shard is
+    deleted (its caller holds its lease), so that the next build tokenizes it again."""
+    damage = check_digests(shard_dir, record["files"])
+    if damage:
+        shutil.rmtree(shard_dir, ignore_errors=True)
+        raise CacheDamaged(
+            f"{shard_dir}: shard {record['index']}: file {damage[0].file} {damage[0].reason}; "
+            "the shard was deleted: rerun to tokenize it again."
+        )
+
+
 def assemble_cache(
     cache_dir: Path,
     shards: list[tuple[Path, dict[str, Any]]],
@@ -136,14 +160,32 @@ def assemble_cache(
     """Moves complete shard folders (in index order) into cache_dir and writes the cache files.
 
     Shard folders are moved (renamed), falling back to a copy across file systems or for a
-    symlinked folder; the ledger, stats and cache.json follow, and STATUS SUCCESS last.
+    symlinked folder; a shard already at its place (moved there by an interrupted assembly)
+    stays. The ledger, stats and cache.json follow, and STATUS SUCCESS last; STATUS is RUNNING
+    meanwhile, and FAILED if assembly fails.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
-    (cache_dir / STATUS_FILE).unlink(missing_ok=True)
+    write_status(cache_dir, RUNNING)
+    try:
+        _assemble(cache_dir, shards, cache_record, token_byte_lengths)
+    except BaseException:
+        mark_failed(cache_dir)
+        raise
+    write_status(cache_dir, SUCCESS)
+
+
+def _assemble(
+    cache_dir: Path,
+    shards: list[tuple[Path, dict[str, Any]]],
+    cache_record: dict[str, Any],
+    token_byte_lengths: np.ndarray,
+) -> None:
     ledger_shards, first_document, first_token = [], 0, 0
     for index, (shard_dir, record) in enumerate(shards):
         name = shard_dir_name(index)
-        _move_dir(shard_dir, cache_dir / SHARDS_DIR / name)
+        destination = cache_dir / SHARDS_DIR / name
+        if shard_dir.absolute() != destination.absolute():
+            _move_dir(shard_dir, destination)
         ledger_shards.append(
             {
                 "name": name,
@@ -151,18 +193,24 @@ def assemble_cache(
                 "tokens": record["tokens"],
                 "first_document": first_document,
                 "first_token": first_token,
+                "files": record["files"],
             }
         )
         first_document += record["documents"]
         first_token += record["tokens"]
     totals = {"documents": first_document, "tokens": first_token}
+    atomic_write_bytes(cache_dir / BYTE_LENGTHS_FILE, _npy_bytes(token_byte_lengths))
     atomic_write_json(
-        cache_dir / LEDGER_FILE, {"shards": ledger_shards, **totals, "finished": True}
+        cache_dir / LEDGER_FILE,
+        {
+            "shards": ledger_shards,
+            **totals,
+            "files": record_files(cache_dir, [BYTE_LENGTHS_FILE]),
+            "finished": True,
+        },
     )
     atomic_write_json(cache_dir / STATS_FILE, _stats([record for _, record in shards]))
-    atomic_write_bytes(cache_dir / BYTE_LENGTHS_FILE, _npy_bytes(token_byte_lengths))
     atomic_write_json(cache_dir / CACHE_FILE, {**cache_record, **totals})
-    write_status(cache_dir, SUCCESS)
 
 
 def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -224,8 +272,16 @@ def _replace_dir(source: Path, destination: Path) -> None:
     os.rename(source, destination)
 
 
+def remove_temp_siblings(folder: Path) -> None:
+    """Deletes the temp folders `.{name}.tmp-PID` beside `folder`: left by killed writers, or
+    this process's own from an earlier attempt."""
+    for temp in folder.parent.glob(f".{folder.name}.tmp-*"):
+        shutil.rmtree(temp, ignore_errors=True)
+
+
 def _move_dir(source: Path, destination: Path) -> None:
     destination.parent.mkdir(parents=True, exist_ok=True)
+    remove_temp_siblings(destination)
     if destination.exists():
         shutil.rmtree(destination)
     if not source.is_symlink():

@@ -19,3 +19,9 @@ class TokenizerError(KilnDataError):
 
 class CacheError(KilnDataError):
     """A cache or shard folder is incomplete or inconsistent: the message names the folder."""
+
+
+class CacheDamaged(CacheError):
+    """A finished cache's content is not what was written (a missing, truncated or altered
+    file, token ids beyond the vocabulary, inconsistent offsets): the message names the cache,
+    the shard and the file."""

@@ -7,12 +7,20 @@
 `shard` tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
-Bad input exits with status 2 and a one-paragraph message; see docs/token-cache.md.
+
+One builder per folder: `shard` holds its shard folder's lease, `merge` the cache's lease and
+then each shard's, `build` the cache's (kiln.artifacts.lease). A second builder waits for the
+lease, then finds the work done and uses it.
+
+Exit status: 0 done (or already done); 2 bad input or damaged content (one paragraph); 4
+(EXIT_STORAGE) a storage error, as one line `error: PATH: CAUSE` (rerun once it is fixed: the
+build resumes). See docs/token-cache.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -23,9 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_bytes, read_status
+from kiln.artifacts.lease import Lease
+from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.data import sources
-from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, shard_dir_name
-from kiln.data.cache_writer import ShardWriter, assemble_cache, read_shard_record
+from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, SHARDS_DIR, shard_dir_name
+from kiln.data.cache_writer import (
+    ShardWriter,
+    assemble_cache,
+    check_shard_content,
+    read_shard_record,
+)
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.spec import CacheSpec, parse_cache_spec
 from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
@@ -35,19 +50,23 @@ BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed b
 
 
 def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
-    """Tokenizes every shard in this process, then merges: a finished cache at out_dir."""
+    """Tokenizes every shard in this process, then merges: a finished cache at out_dir. Holds
+    the cache's lease throughout; a finished cache of this spec is served as is."""
     cache_spec = parse_cache_spec(spec)
-    tokenizer = load_tokenizer(cache_spec.tokenizer)
     out_dir = Path(out_dir)
-    staging = out_dir / BUILD_SHARDS_DIR
-    shard_dirs = []
-    for index in range(cache_spec.num_shards):
-        shard_dir = staging / shard_dir_name(index)
-        if not _is_reusable_shard(shard_dir, cache_spec, index, tokenizer):
-            tokenize_shard(cache_spec, index, shard_dir, tokenizer)
-        shard_dirs.append(shard_dir)
-    merge_cache(cache_spec, shard_dirs, out_dir, tokenizer)
-    shutil.rmtree(staging)
+    with Lease.beside(out_dir, what=f"build {_ref(cache_spec)}").acquire(wait=True):
+        if _already_built(cache_spec, out_dir):
+            return out_dir
+        tokenizer = load_tokenizer(cache_spec.tokenizer)
+        staging = out_dir / BUILD_SHARDS_DIR
+        shard_dirs = []
+        for index in range(cache_spec.num_shards):
+            shard_dir = staging / shard_dir_name(index)
+            if _reusable_shard_record(shard_dir, cache_spec, index, tokenizer) is None:
+                tokenize_shard(cache_spec, index, shard_dir, tokenizer)
+            shard_dirs.append(shard_dir)
+        merge_cache(cache_spec, shard_dirs, out_dir, tokenizer)
+        shutil.rmtree(staging)
     return out_dir
 
 
@@ -83,11 +102,16 @@ def merge_cache(
     out_dir: Path,
     tokenizer: LoadedTokenizer | None = None,
 ) -> Path:
-    """Checks that the shard folders are exactly this spec's complete shards, then assembles."""
+    """Checks that the shard folders are exactly this spec's complete shards, with the content
+    their records describe (full digests), then assembles. A shard folder that is gone because
+    an interrupted merge already moved it into out_dir is taken from there."""
     tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
     expected = _identity(spec, tokenizer)
+    out_dir = Path(out_dir)
     by_index: dict[int, tuple[Path, dict[str, Any]]] = {}
     for shard_dir in map(Path, shard_dirs):
+        if not shard_dir.exists() and (out_dir / SHARDS_DIR).is_dir():
+            continue  # looked for in out_dir below
         record = read_shard_record(shard_dir)
         _check_shard_identity(shard_dir, record, expected)
         if record["index"] in by_index:
@@ -96,6 +120,11 @@ def merge_cache(
             )
         by_index[record["index"]] = (shard_dir, record)
         _check_shard_plan(shard_dir, record, spec)
+    for index in sorted(set(range(spec.num_shards)) - set(by_index)):
+        merged = out_dir / SHARDS_DIR / shard_dir_name(index)
+        reusable = _reusable_shard_record(merged, spec, index, tokenizer)
+        if reusable is not None:
+            by_index[index] = (merged, reusable)
     missing = sorted(set(range(spec.num_shards)) - set(by_index))
     if missing:
         raise CacheError(
@@ -107,6 +136,8 @@ def merge_cache(
             f"{spec.name}: the dataset is empty (every document was empty or the source has "
             "none); check the source's paths / split and text_key."
         )
+    for shard_dir, record in shards:
+        check_shard_content(shard_dir, record)
     assemble_cache(
         Path(out_dir), shards, _cache_record(spec, tokenizer), tokenizer.info.token_byte_lengths
     )
@@ -147,18 +178,23 @@ def _check_shard_plan(shard_dir: Path, record: dict[str, Any], spec: CacheSpec) 
         )
 
 
-def _is_reusable_shard(
+def _reusable_shard_record(
     shard_dir: Path, spec: CacheSpec, index: int, tokenizer: LoadedTokenizer
-) -> bool:
+) -> dict[str, Any] | None:
+    """The record of a complete shard folder holding shard `index` of `spec`, else None."""
     try:
         record = read_shard_record(shard_dir)
         _check_shard_identity(shard_dir, record, _identity(spec, tokenizer))
         if record["index"] != index:
-            return False
+            return None
         _check_shard_plan(shard_dir, record, spec)
     except KilnDataError:
-        return False
-    return True
+        return None
+    return record
+
+
+def _ref(spec: CacheSpec) -> str:
+    return f"{spec.name}@{spec.version}"
 
 
 def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]:
@@ -210,31 +246,79 @@ def main(argv: list[str] | None = None) -> int:
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
         finished = args.out if args.command != "shard" else args.unless_built
-        if finished is not None and _already_built(spec, finished):
-            print(f"{spec.name}@{spec.version}: already built at {finished}", file=sys.stderr)
+        if finished is not None and _already_built(spec, finished):  # no lease needed to see it
+            print(f"{_ref(spec)}: already built at {finished}", file=sys.stderr)
             return 0
         if args.command == "shard":
-            if not 0 <= args.index < spec.num_shards:
-                raise SpecError(
-                    f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
-                )
-            tokenizer = load_tokenizer(spec.tokenizer)
-            if _is_reusable_shard(args.out, spec, args.index, tokenizer):
-                print(f"{spec.name}: shard {args.index} is already at {args.out}", file=sys.stderr)
-                return 0
-            tokenize_shard(spec, args.index, args.out, tokenizer)
+            _shard_command(spec, args)
         elif args.command == "merge":
-            if args.record is not None:  # the artifact record (docs/artifacts.md), before STATUS
-                atomic_write_bytes(args.out / RECORD_FILE, args.record.read_bytes())
-            merge_cache(spec, args.shards, args.out)
+            _merge_command(spec, args)
         else:
             build_cache(raw_spec, args.out)
+            print(f"{_ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     except KilnDataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.command != "shard":
-        print(f"{spec.name}@{spec.version}: cache ready at {args.out}", file=sys.stderr)
+    except Exception as e:
+        failure = as_storage_error(e, args.out)
+        if failure is None:
+            raise
+        print(f"error: {failure}", file=sys.stderr)
+        return EXIT_STORAGE
     return 0
+
+
+def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
+    """Tokenizes shard --index into --out unless it is done: that folder complete, or (store
+    mode) the cache built or holding the shard already."""
+    if not 0 <= args.index < spec.num_shards:
+        raise SpecError(
+            f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
+        )
+    cache = args.unless_built
+    what = f"tokenize {_ref(spec)} shard {args.index}"
+    with Lease.beside(args.out, what=what).acquire(wait=True):
+        if cache is not None and _already_built(spec, cache):
+            print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
+        else:
+            _tokenize_unless_done(spec, args.index, args.out, cache)
+    if cache is not None and read_status(cache) == SUCCESS:
+        _remove_if_empty(args.out.parent)  # merged while this waited: its lease was the last
+
+
+def _tokenize_unless_done(spec: CacheSpec, index: int, out: Path, cache: Path | None) -> None:
+    tokenizer = load_tokenizer(spec.tokenizer)
+    done = [out] + ([cache / SHARDS_DIR / shard_dir_name(index)] if cache else [])
+    for folder in done:
+        if _reusable_shard_record(folder, spec, index, tokenizer) is not None:
+            print(f"{spec.name}: shard {index} is already at {folder}", file=sys.stderr)
+            return
+    tokenize_shard(spec, index, out, tokenizer)
+
+
+def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
+    """Merges under the cache's lease and each shard's (none is being written meanwhile); a
+    cache another builder finished while this one waited is served."""
+    with contextlib.ExitStack() as leases:
+        leases.enter_context(Lease.beside(args.out, what=f"merge {_ref(spec)}").acquire(wait=True))
+        if _already_built(spec, args.out):
+            print(f"{_ref(spec)}: already built at {args.out}", file=sys.stderr)
+        else:
+            for shard in args.shards:
+                what = f"merge {_ref(spec)} (shard {shard.name})"
+                leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
+            if args.record is not None:  # the artifact record (docs/artifacts.md), before STATUS
+                atomic_write_bytes(args.out / RECORD_FILE, args.record.read_bytes())
+            merge_cache(spec, args.shards, args.out)
+            print(f"{_ref(spec)}: cache ready at {args.out}", file=sys.stderr)
+    for staging in {shard.parent for shard in args.shards}:  # store mode's .{version}.shards/
+        _remove_if_empty(staging)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Removes a shard staging folder once nothing is left in it (no shard, no lease)."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def _already_built(spec: CacheSpec, out_dir: Path) -> bool:

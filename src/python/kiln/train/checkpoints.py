@@ -4,8 +4,9 @@ Layout of one checkpoint (under the permanent root, output_path/checkpoints, or 
 root when runtime.checkpointer.temporary_base_path is set):
 
     step-N/state/          the TrainState pytree, written by orbax (its own temp dir + rename)
-    step-N/metadata.json   {"step": N, "timestamp": unix seconds, "is_temporary": bool}, written
-                           LAST: its presence means the checkpoint is complete
+    step-N/metadata.json   {"step": N, "timestamp": unix seconds, "is_temporary": bool,
+                           "files": {path under state/: {"bytes": N}}}, written LAST: its
+                           presence means the checkpoint is complete
 
 The data position is the step itself (the mixture is a pure function of the step) and the model
 has no RNG state to carry, so the state pytree plus N is everything a resume needs. Readers of
@@ -13,17 +14,25 @@ the model alone (samples, the run summary, export) use `restore_params`, which r
 parameters without the optimizer state.
 A step-N folder without metadata.json is a save that was killed: ignored, and deleted on start.
 Older checkpoints are deleted only after a newer one is complete.
+
+Resuming (`restore_latest`) takes the newest complete checkpoint that is intact: its state files
+present with the sizes metadata.json records, and restorable by orbax. A damaged one is skipped,
+named with the reason on the log, and the previous one is tried; it is left on disk for a
+person to inspect. When every complete checkpoint is damaged, the run stops (CheckpointDamaged)
+rather than start over silently.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import shutil
+import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +43,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from kiln.artifacts import atomic_write_json
+from kiln.artifacts.content import check_sizes, files_under, record_sizes
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.train.mesh import state_shardings
@@ -48,12 +58,17 @@ PARAMS_KEY = "params"  # the parameters' field of the saved TrainState (kiln.tra
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
+class CheckpointDamaged(RuntimeError):
+    """No complete checkpoint of the run can be restored: the message names each and why."""
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: Path
     step: int
     timestamp: float
     is_temporary: bool
+    files: dict[str, Any] | None = None  # sizes of the state's files; None: not recorded
 
 
 def checkpoint_roots(output_path: Path, spec: CheckpointerSpec, name: str, version: str):
@@ -69,8 +84,8 @@ def read_checkpoint(path: Path) -> CheckpointInfo | None:
     try:
         meta = json.loads((path / METADATA_FILE).read_text())
         return CheckpointInfo(path, int(meta["step"]), float(meta["timestamp"]),
-                              bool(meta["is_temporary"]))  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
+                              bool(meta["is_temporary"]), meta.get("files"))  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -149,6 +164,28 @@ class Checkpointer:
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
         return self._orbax.restore(info.path / STATE_DIR, abstract)
 
+    def restore_latest(self, like: Any) -> tuple[Any, CheckpointInfo] | None:
+        """(state, checkpoint) from the newest intact complete checkpoint, skipping damaged ones
+        (each named on the log with the reason); None when there is no complete checkpoint;
+        CheckpointDamaged when every one is damaged."""
+        skipped = []
+        for info in reversed(self.complete()):
+            problem = _missing_or_truncated(info)
+            if problem is None:
+                try:
+                    return self.restore(info, like), info
+                except Exception as e:  # orbax raises many types; all mean "not restorable"
+                    problem = f"orbax cannot restore it: {(str(e) or repr(e)).splitlines()[0]}"
+            log.warning("skipping checkpoint %s: %s", info.path, problem)
+            skipped.append(f"{info.path} ({problem})")
+        if skipped:
+            raise CheckpointDamaged(
+                f"no checkpoint of this run can be restored: {'; '.join(skipped)}. If the run's "
+                "config changed, give it a new version; else delete these checkpoints to start "
+                "over."
+            )
+        return None
+
     def due(self, step: int, *, final: bool = False, requested: bool = False) -> str | None:
         """Which save, if any, is due after `step`: "permanent", "temporary" or None."""
         if final or (self.every is not None and step % self.every == 0):
@@ -173,8 +210,9 @@ class Checkpointer:
         else:
             if path.exists() and self._is_writer:
                 shutil.rmtree(path)  # a killed save of this very step
-            self._orbax.save(path / STATE_DIR, state)
-            self._orbax.wait_until_finished()
+            with _failures_raised_not_logged():
+                self._orbax.save(path / STATE_DIR, state)
+                self._orbax.wait_until_finished()
             info = self._write_metadata(path, step, temporary=temporary)
         self._last_save_time = self._clock()
         self._prune(info)
@@ -188,10 +226,13 @@ class Checkpointer:
     def _write_metadata(self, path: Path, step: int, *, temporary: bool) -> CheckpointInfo:
         info = CheckpointInfo(path, step, time.time(), temporary)
         if self._is_writer:
+            state = path / STATE_DIR
+            info = replace(info, files=record_sizes(state, files_under(state)))
             atomic_write_json(
                 path / METADATA_FILE,
-                {"step": step, "timestamp": info.timestamp, "is_temporary": temporary},
-            )
+                {"step": step, "timestamp": info.timestamp, "is_temporary": temporary,
+                 "files": info.files},
+            )  # fmt: skip
         return info
 
     def _prune(self, newest: CheckpointInfo) -> None:
@@ -209,6 +250,45 @@ class Checkpointer:
 
     def close(self) -> None:
         self._orbax.close()
+
+
+@contextlib.contextmanager
+def _failures_raised_not_logged() -> Iterator[None]:
+    """Orbax logs a failed background save with its traceback (on the `absl` logger) and raises
+    the same error from wait_until_finished: the raised one is reported (a storage error as one
+    line, kiln.artifacts.storage_errors), so the logged copies are held back. After a failure,
+    TensorStore still completes the writes in flight and reports each to orbax's event loop,
+    closed by then: Python would print each as an unraisable "Event loop is closed", which says
+    nothing the raised error does not, so those are dropped from then on."""
+    orbax_log = logging.getLogger("absl")
+    level, hook = orbax_log.level, sys.unraisablehook
+    orbax_log.setLevel(logging.CRITICAL)
+    sys.unraisablehook = _without_closed_loop_reports(hook)
+    try:
+        yield
+        sys.unraisablehook = hook  # a save that succeeded leaves no write in flight
+    finally:
+        orbax_log.setLevel(level)
+
+
+def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def report(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            hook(unraisable)
+
+    return report
+
+
+def _missing_or_truncated(info: CheckpointInfo) -> str | None:
+    """Why the checkpoint's state files are not as saved (missing, other sizes), or None."""
+    if info.files is None:
+        return None  # saved without sizes: orbax's own checks are all there are
+    damage = check_sizes(info.path / STATE_DIR, info.files)
+    if not damage:
+        return None
+    more = f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""
+    return f"{STATE_DIR}/{damage[0].file} {damage[0].reason}{more}"
 
 
 def restore_params(

@@ -31,7 +31,7 @@ from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
 from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet, validation_metrics
 from kiln.model.config import LlamaConfig
-from kiln.train.checkpoints import Checkpointer, CheckpointInfo
+from kiln.train.checkpoints import CheckpointDamaged, Checkpointer, CheckpointInfo
 from kiln.train.metrics import (
     SUMMARY_FILE,
     TRACKER_FILE,
@@ -280,22 +280,21 @@ class Trainer:
         }
 
     def initial_state(self) -> tuple[Any, int]:
-        """(state, step): restored from the newest complete checkpoint, else freshly initialised."""
+        """(state, step): restored from the newest intact complete checkpoint (damaged ones are
+        skipped, kiln.train.checkpoints), else freshly initialised."""
         from kiln.train.step import abstract_train_state, init_train_state
 
         self.checkpointer.remove_incomplete()
-        latest = self.checkpointer.latest()
         args = (self.model_config, self.cfg.optimizer, self.cfg.num_train_steps)
-        if latest is None:
-            return init_train_state(*args, seed=self.cfg.seed, **self._model_options()), 0
-        target = abstract_train_state(*args, **self._model_options())
         try:
-            state = self.checkpointer.restore(latest, target)
-        except Exception as e:  # orbax raises many types; all mean "not this run's state"
-            raise TrainingError(
-                f"cannot restore {latest.path} into this run's model and optimizer ({e}). "
-                "If the config changed, give the run a new version; else delete the checkpoint."
-            ) from None
+            restored = self.checkpointer.restore_latest(
+                abstract_train_state(*args, **self._model_options())
+            )
+        except CheckpointDamaged as e:
+            raise TrainingError(str(e)) from None
+        if restored is None:
+            return init_train_state(*args, seed=self.cfg.seed, **self._model_options()), 0
+        state, latest = restored
         if int(state.step) != latest.step:
             raise TrainingError(
                 f"checkpoint {latest.path} says step {latest.step} but holds a state at step "

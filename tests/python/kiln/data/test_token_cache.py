@@ -159,7 +159,7 @@ def test_build_resumes_from_complete_shards(tmp_path: Path, tokenizer: LoadedTok
     assert _files(build_cache(spec, out)) == reference
 
 
-def test_a_failed_re_merge_drops_the_old_success(tmp_path: Path, tokenizer: LoadedTokenizer):
+def test_a_failed_re_merge_ends_failed_not_success(tmp_path: Path, tokenizer: LoadedTokenizer):
     spec, _ = _corpus_spec(tmp_path, num_shards=1)
     out = build_cache(spec, tmp_path / "cache")
     parsed = parse_cache_spec(spec)
@@ -172,7 +172,7 @@ def test_a_failed_re_merge_drops_the_old_success(tmp_path: Path, tokenizer: Load
     (out / "shards").write_text("in the way")  # assembling fails after it has started
     with pytest.raises(OSError):
         merge_cache(parsed, [tmp_path / "s0"], out, tokenizer)
-    assert read_status(out) is None
+    assert read_status(out) == "FAILED"
 
 
 def test_bad_documents(tmp_path: Path):

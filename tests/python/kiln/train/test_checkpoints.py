@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 from pathlib import Path
 
 import jax
@@ -10,7 +12,13 @@ import pytest
 from flax import nnx
 
 from kiln.model.config import LlamaConfig
-from kiln.train.checkpoints import METADATA_FILE, Checkpointer, read_checkpoint, restore_params
+from kiln.train.checkpoints import (
+    METADATA_FILE,
+    CheckpointDamaged,
+    Checkpointer,
+    read_checkpoint,
+    restore_params,
+)
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
 from kiln.train.step import abstract_train_state, init_train_state
@@ -115,6 +123,84 @@ def test_resume_takes_the_newest_across_both_roots(tmp_path: Path) -> None:
     assert int(checkpointer.restore(latest, state_at(0))["step"]) == 12
     checkpointer.save(20, state_at(20), temporary=False)
     assert steps(checkpointer) == [(10, False), (20, False)]  # the permanent pruned step-12
+    checkpointer.close()
+
+
+def largest_state_file(info) -> Path:
+    return max((p for p in (info.path / "state").rglob("*") if p.is_file()), key=_size)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size
+
+
+def test_the_metadata_records_the_state_files_sizes(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    info = checkpointer.save(3, state_at(3), temporary=True)
+    files = json.loads((info.path / METADATA_FILE).read_text())["files"]
+    on_disk = {str(p.relative_to(info.path / "state")): _size(p)
+               for p in (info.path / "state").rglob("*") if p.is_file()}  # fmt: skip
+    assert {name: f["bytes"] for name, f in files.items()} == on_disk
+    checkpointer.close()
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        (lambda f: f.write_bytes(f.read_bytes()[:-7]), r"has \d+ bytes, \d+ were written"),
+        (lambda f: f.unlink(), "is missing"),
+    ],
+    ids=["truncated", "deleted"],
+)
+def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(
+    tmp_path: Path, caplog, damage, reason
+) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    checkpointer.save(4, state_at(4), temporary=False)
+    newest = checkpointer.save(8, state_at(8), temporary=True)
+    damaged = largest_state_file(newest)
+    damage(damaged)
+    with caplog.at_level(logging.WARNING, logger="kiln.train.checkpoints"):
+        state, info = checkpointer.restore_latest(state_at(0))
+    assert info.step == 4 and int(state["step"]) == 4
+    relative = damaged.relative_to(newest.path)
+    assert re.search(rf"skipping checkpoint {newest.path}: {relative} {reason}", caplog.text)
+    assert newest.path.is_dir()  # left for a person to inspect
+    checkpointer.close()
+
+
+def test_a_checkpoint_orbax_cannot_read_is_skipped(tmp_path: Path, caplog) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    checkpointer.save(4, state_at(4), temporary=False)
+    newest = checkpointer.save(8, state_at(8), temporary=True)
+    chunk = largest_state_file(newest)
+    chunk.write_bytes(bytes(len(chunk.read_bytes())))  # same size, every byte zero
+    with caplog.at_level(logging.WARNING, logger="kiln.train.checkpoints"):
+        _, info = checkpointer.restore_latest(state_at(0))
+    assert info.step == 4
+    assert f"skipping checkpoint {newest.path}: orbax cannot restore it" in caplog.text
+    checkpointer.close()
+
+
+def test_when_every_checkpoint_is_damaged_the_run_stops(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    assert checkpointer.restore_latest(state_at(0)) is None  # nothing saved: start afresh
+    only = checkpointer.save(4, state_at(4), temporary=False)
+    largest_state_file(only).unlink()
+    with pytest.raises(
+        CheckpointDamaged, match=f"no checkpoint of this run can be restored: {only.path}"
+    ):
+        checkpointer.restore_latest(state_at(0))
+    checkpointer.close()
+
+
+def test_a_checkpoint_saved_without_sizes_still_restores(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    info = checkpointer.save(5, state_at(5), temporary=False)
+    meta = json.loads((info.path / METADATA_FILE).read_text())
+    del meta["files"]
+    (info.path / METADATA_FILE).write_text(json.dumps(meta))
+    assert checkpointer.restore_latest(state_at(0))[1].step == 5
     checkpointer.close()
 
 

@@ -1,4 +1,4 @@
-"""The artifact store on disk: atomic writes, the status token and the artifact record.
+"""The artifact store: one artifact folder's layout, atomic writes and the status token.
 
 Layout of one artifact (see docs/artifacts.md):
 
@@ -7,21 +7,24 @@ Layout of one artifact (see docs/artifacts.md):
         summary.txt       what `pants run` prints for a built artifact
         STATUS            one of SUCCESS, FAILED, RUNNING; written last, so a record
                           without SUCCESS is never served
-        .lease            held by the one process building the artifact
         ...               the artifact's own files (cache splits, checkpoints/, metrics.jsonl)
+    {prefix}/{name}/.{version}.lease    the lease of the one process building it (beside the
+                                        folder, so it exists before the folder does)
 
 Every write is temp-file + fsync + rename: a process killed at any moment leaves either the
 old file or the new one, never half of one.
+
+The package's modules: `store` (the object-store interface and `open_store`), `local` (a
+directory as a store), `lease` (leases as conditionally created objects), `content` (file sizes
+and digests, and their checks), `storage_errors` (storage failures as one line).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,6 @@ RECORD_FILE = "artifact.json"
 SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed when it is served
 STATUS_FILE = "STATUS"
 TRAIN_SPEC_FILE = "train_spec.json"  # a checkpoint's trainer spec (docs/step-spec.md)
-LEASE_FILE = ".lease"
 
 SUCCESS = "SUCCESS"
 FAILED = "FAILED"
@@ -79,34 +81,21 @@ def write_status(artifact_dir: str | os.PathLike[str], status: str) -> None:
     atomic_write_text(Path(artifact_dir) / STATUS_FILE, status + "\n")
 
 
+def mark_failed(artifact_dir: str | os.PathLike[str]) -> None:
+    """Writes STATUS FAILED, even on a full disk: when the atomic write finds no space for its
+    temp file, an existing STATUS is overwritten in place (its blocks are already allocated).
+    A write torn by a crash reads as neither SUCCESS nor anything else Kiln serves, so it is as
+    safe as FAILED: the next run resumes or rebuilds either way."""
+    try:
+        write_status(artifact_dir, FAILED)
+    except OSError:
+        path = Path(artifact_dir) / STATUS_FILE
+        with contextlib.suppress(OSError), open(path, "r+b") as f:
+            f.write(f"{FAILED}\n".encode())
+            f.truncate()
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def is_built(artifact_dir: str | os.PathLike[str]) -> bool:
     return read_status(artifact_dir) == SUCCESS
-
-
-class LeaseHeld(RuntimeError):
-    """Another process is building the same artifact."""
-
-
-@contextlib.contextmanager
-def lease(artifact_dir: str | os.PathLike[str], *, wait: bool) -> Iterator[None]:
-    """Holds an exclusive lock on the artifact for the duration of a build.
-
-    An OS file lock (flock) rather than a timestamped lease file: the kernel releases it when
-    the holder dies, even by SIGKILL, so there is no staleness to guess. `wait=False` raises
-    LeaseHeld at once if another process holds it.
-    """
-    path = Path(artifact_dir) / LEASE_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        flags = fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)
-        try:
-            fcntl.flock(f.fileno(), flags)
-        except BlockingIOError:
-            raise LeaseHeld(
-                f"{artifact_dir} is being built by another process (lock {path}); "
-                "wait for it to finish or stop it."
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

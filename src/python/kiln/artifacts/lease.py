@@ -1,0 +1,293 @@
+"""Leases: one builder per artifact, as an object in the store (no file lock).
+
+The lease of a folder `.../X` is the object `.../.X.lease` beside it (so it can exist before the
+folder does, and never travels with the folder's contents). It is a small JSON object:
+
+    {"owner": "<random id>", "host": "...", "pid": 123, "pid_started": <clock ticks or null>,
+     "what": "train checkpoints/x@v", "created": <unix s>, "expires": <unix s>}
+
+- Taking it is a conditional create (ObjectStore.create): of two processes, exactly one wins.
+- The holder renews it from a heartbeat thread every HEARTBEAT_SECONDS, moving `expires` to
+  now + LEASE_TTL_SECONDS, with a conditional replace on the generation it wrote last; it
+  deletes it (conditional delete) when the build ends, successfully or not.
+- Another process takes it over (conditional delete of the generation it read, then create)
+  only when it has expired, or at once when its holder ran on this host and that process is
+  gone (no such pid, a zombie, or a pid reused by a process started later): a crashed run is
+  resumed without waiting. A holder on another host that died is taken over after expiry.
+- A holder whose renewal finds another generation (it stalled past its expiry and was taken
+  over) has lost the lease: `lost` says so, and its caller does not record a result.
+
+Expiry compares wall clocks: hosts that share a store keep their clocks in sync (NTP); clock
+skew shortens or lengthens a dead holder's grace period by the same amount.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import TracebackType
+
+from kiln.artifacts.store import (
+    ObjectExists,
+    ObjectMissing,
+    ObjectStore,
+    PreconditionFailed,
+    open_store,
+)
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_SECONDS = 120.0  # a holder that stops renewing is taken over this long after
+HEARTBEAT_SECONDS = 30.0  # how often the holder renews: four times per TTL
+_MAX_POLL_SECONDS = 2.0  # a waiter's longest pause between looks at the lease
+
+
+def lease_key(folder_key: str) -> str:
+    """'tokenized/x/v1' -> 'tokenized/x/.v1.lease': the lease object beside a folder."""
+    parent, _, name = folder_key.rstrip("/").rpartition("/")
+    return f"{parent}/.{name}.lease" if parent else f".{name}.lease"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    owner: str
+    host: str
+    pid: int
+    pid_started: int | None
+    what: str
+    created: float
+    expires: float
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> LeaseRecord:
+        """The record in a lease object; ValueError if it is not one."""
+        try:
+            fields = json.loads(data)
+            return cls(
+                owner=str(fields["owner"]),
+                host=str(fields["host"]),
+                pid=int(fields["pid"]),
+                pid_started=None if fields["pid_started"] is None else int(fields["pid_started"]),
+                what=str(fields["what"]),
+                created=float(fields["created"]),
+                expires=float(fields["expires"]),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"not a lease record ({e})") from None
+
+    def describe(self) -> str:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
+        return f"{self.what} (host {self.host}, pid {self.pid}, since {since})"
+
+    def stale_reason(self, now: float) -> str | None:
+        """Why this lease may be taken over now, or None while its holder may still be alive."""
+        if now >= self.expires:
+            return f"it expired {now - self.expires:.0f} s ago"
+        if self.host == socket.gethostname() and _process_is_gone(self.pid, self.pid_started):
+            return f"its holder, pid {self.pid} on this host, has ended"
+        return None
+
+
+class LeaseHeld(RuntimeError):
+    """Another live process holds the lease."""
+
+    def __init__(self, location: str, holder: LeaseRecord):
+        super().__init__(f"the lease {location} is held by {holder.describe()}")
+        self.holder = holder
+
+
+class Lease:
+    """The lease at `key` in `store`, taken for `what` (a phrase naming the build)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        key: str,
+        *,
+        what: str,
+        ttl: float = LEASE_TTL_SECONDS,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.key = key
+        self.what = what
+        self.ttl = ttl
+        self.heartbeat = heartbeat
+        self._clock = clock
+        self._owner = secrets.token_hex(8)
+        self._generation: str | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self.lost: str | None = None  # why the lease was lost while held, if it was
+
+    @classmethod
+    def beside(
+        cls,
+        folder: Path,
+        *,
+        what: str,
+        ttl: float = LEASE_TTL_SECONDS,
+        heartbeat: float = HEARTBEAT_SECONDS,
+    ) -> Lease:
+        """The lease of a folder: the object `.{name}.lease` in the folder's parent."""
+        store = open_store(folder.parent)
+        return cls(store, lease_key(folder.name), what=what, ttl=ttl, heartbeat=heartbeat)
+
+    @property
+    def location(self) -> str:
+        return self.store.location(self.key)
+
+    def acquire(self, *, wait: bool) -> Lease:
+        """Takes the lease. A live holder: LeaseHeld at once (`wait=False`), or wait until it
+        releases the lease or goes stale (said once, with the holder, on the log)."""
+        delay, announced = 0.05, False
+        while True:
+            record = self._record()
+            try:
+                self._generation = self.store.create(self.key, record.to_bytes())
+                break
+            except ObjectExists:
+                pass
+            holder = self._take_over_if_stale()
+            if holder is None:
+                continue  # released or broken just now: try again at once
+            if not wait:
+                raise LeaseHeld(self.location, holder)
+            if not announced:
+                log.warning(
+                    "waiting for %s: %s holds %s", self.what, holder.describe(), self.location
+                )
+                announced = True
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_POLL_SECONDS)
+        self._stop.clear()
+        self._renewer = threading.Thread(
+            target=self._renew_until_stopped, args=(record,), daemon=True
+        )
+        self._renewer.start()
+        return self
+
+    def release(self) -> None:
+        """Stops renewing and deletes the lease, unless another process has taken it over."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        if self._generation is None:
+            return
+        try:
+            self.store.delete(self.key, generation=self._generation)
+        except (PreconditionFailed, ObjectMissing):
+            pass  # taken over after we stalled: it is no longer ours to delete
+        except OSError as e:  # it goes stale with this process; say why it is left
+            log.warning("could not release the lease %s: %s", self.location, e)
+        self._generation = None
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def _record(self) -> LeaseRecord:
+        now = self._clock()
+        return LeaseRecord(
+            owner=self._owner,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            pid_started=_process_started(os.getpid()),
+            what=self.what,
+            created=now,
+            expires=now + self.ttl,
+        )
+
+    def _take_over_if_stale(self) -> LeaseRecord | None:
+        """The live holder; None when the lease is gone or was stale and is now deleted."""
+        try:
+            current = self.store.read(self.key)
+        except ObjectMissing:
+            return None
+        try:
+            holder = LeaseRecord.from_bytes(current.data)
+            reason = holder.stale_reason(self._clock())
+        except ValueError as e:
+            reason = f"it is unreadable: {e}"
+        if reason is None:
+            return holder
+        try:
+            self.store.delete(self.key, generation=current.generation)
+            log.warning("taking over the lease %s for %s: %s", self.location, self.what, reason)
+        except (PreconditionFailed, ObjectMissing):
+            pass  # another process broke or renewed it first
+        return None
+
+    def _renew_until_stopped(self, record: LeaseRecord) -> None:
+        expires = record.expires
+        while not self._stop.wait(self.heartbeat):
+            record = replace(record, expires=self._clock() + self.ttl)
+            assert self._generation is not None  # set before the thread starts
+            try:
+                self._generation = self.store.replace(
+                    self.key, record.to_bytes(), generation=self._generation
+                )
+                expires = record.expires
+            except (PreconditionFailed, ObjectMissing) as e:
+                self._lose(f"another process took it over ({e})")
+                return
+            except OSError as e:  # e.g. a full disk: keep trying until the lease expires
+                if self._clock() >= expires:
+                    self._lose(f"it expired while renewals failed ({e})")
+                    return
+                log.warning("could not renew the lease %s (will retry): %s", self.location, e)
+
+    def _lose(self, reason: str) -> None:
+        self.lost = reason
+        self._generation = None
+        log.error("lost the lease %s for %s: %s", self.location, self.what, reason)
+
+
+def _process_is_gone(pid: int, started: int | None) -> bool:
+    """Whether process `pid` of this host, started at `started` (if known), has ended."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    stat = _proc_stat(pid)
+    if stat is None:
+        return False  # no /proc here: the pid answers, so assume it is the holder
+    state, now_started = stat
+    return state == "Z" or (started is not None and now_started != started)
+
+
+def _process_started(pid: int) -> int | None:
+    stat = _proc_stat(pid)
+    return None if stat is None else stat[1]
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks after boot) from /proc/PID/stat; None without /proc."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state is field 3
+    return fields[0], int(fields[19])  # starttime is field 22

@@ -1,0 +1,106 @@
+"""A local directory as an object store (kiln.artifacts.store).
+
+- write: temp file + fsync + rename (kiln.artifacts.atomic_write_bytes).
+- create: the bytes go to a temp file first, then `link(temp, key)`, which fails if the key
+  exists: the exclusive create of `O_CREAT|O_EXCL`, with the object's bytes complete the moment
+  it appears (and atomic on NFS, where O_EXCL has not always been).
+- replace and delete compare the generation and act while holding an `flock` on the object's
+  current file: the file system has no compare-and-swap of its own. The lock lasts one
+  comparison and write, never a lease's lifetime, and leaves no file behind.
+- generation: the file's inode, modification time and size; every write makes a new inode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from kiln.artifacts import atomic_write_bytes
+from kiln.artifacts.store import (
+    ObjectExists,
+    ObjectMissing,
+    ObjectStore,
+    PreconditionFailed,
+    StoredObject,
+)
+
+
+class LocalStore(ObjectStore):
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def path(self, key: str) -> Path:
+        return self.root / key
+
+    def location(self, key: str) -> str:
+        return str(self.path(key))
+
+    def read(self, key: str) -> StoredObject:
+        try:
+            with open(self.path(key), "rb") as f:
+                return StoredObject(f.read(), _generation(os.fstat(f.fileno())))
+        except FileNotFoundError:
+            raise ObjectMissing(self.location(key)) from None
+
+    def write(self, key: str, data: bytes) -> str:
+        atomic_write_bytes(self.path(key), data)
+        return _generation(os.stat(self.path(key)))
+
+    def create(self, key: str, data: bytes) -> str:
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)
+            return _generation(os.stat(tmp))  # the same inode as the key's
+        except FileExistsError:
+            raise ObjectExists(self.location(key)) from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+
+    def replace(self, key: str, data: bytes, *, generation: str) -> str:
+        with self._locked(key, generation):
+            return self.write(key, data)
+
+    def delete(self, key: str, *, generation: str) -> None:
+        with self._locked(key, generation):
+            os.unlink(self.path(key))
+
+    @contextlib.contextmanager
+    def _locked(self, key: str, generation: str) -> Iterator[None]:
+        """Holds an flock on the object's current file while it is still `generation`: a
+        concurrent replace or delete locks the same file and then finds it unlinked or
+        replaced. The lock lasts one compare-and-write, never longer."""
+        path = self.path(key)
+        try:
+            f = open(path, "rb")
+        except FileNotFoundError:
+            raise PreconditionFailed(f"{self.location(key)} no longer exists") from None
+        with f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                locked = os.fstat(f.fileno())
+                try:
+                    current = os.stat(path)
+                except FileNotFoundError:
+                    raise PreconditionFailed(f"{self.location(key)} no longer exists") from None
+                if current.st_ino != locked.st_ino or _generation(current) != generation:
+                    raise PreconditionFailed(
+                        f"{self.location(key)} was rewritten by another process"
+                    )
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _generation(stat: os.stat_result) -> str:
+    return f"{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_size}"

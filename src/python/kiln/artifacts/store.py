@@ -1,0 +1,81 @@
+"""The artifact store's interface: whole objects under keys, and the conditional writes that
+leases are made of.
+
+The interface has object semantics, so that a bucket can implement it as well as a directory:
+an object is written whole (a reader sees the old bytes or the new ones, never a mix), a
+conditional create fails when the key exists (S3 `If-None-Match: *`, GCS `ifGenerationMatch=0`),
+and a conditional replace or delete fails unless the object is still the generation the caller
+read (S3 `If-Match: ETag`, GCS `ifGenerationMatch=N`). There is no rename of folders and no
+lock: everything that must be exclusive is built from these operations (kiln.artifacts.lease).
+
+`open_store` is the one place that maps a store location to its implementation.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from dataclasses import dataclass
+
+
+class ObjectMissing(Exception):
+    """No object at the key."""
+
+
+class ObjectExists(Exception):
+    """A conditional create found an object at the key."""
+
+
+class PreconditionFailed(Exception):
+    """A conditional replace or delete found another generation of the object (or none)."""
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    data: bytes
+    generation: str  # opaque: changes with every write of the key
+
+
+class ObjectStore(abc.ABC):
+    """Objects under '/'-separated keys relative to the store's root."""
+
+    @abc.abstractmethod
+    def location(self, key: str) -> str:
+        """Where the object is, for messages: a path or a URL."""
+
+    @abc.abstractmethod
+    def read(self, key: str) -> StoredObject:
+        """The object and its generation; ObjectMissing if there is none."""
+
+    @abc.abstractmethod
+    def write(self, key: str, data: bytes) -> str:
+        """Writes the whole object, replacing any; returns its generation."""
+
+    @abc.abstractmethod
+    def create(self, key: str, data: bytes) -> str:
+        """Writes the object only if the key is free (ObjectExists otherwise); its generation."""
+
+    @abc.abstractmethod
+    def replace(self, key: str, data: bytes, *, generation: str) -> str:
+        """Writes the object only if it is still `generation` (PreconditionFailed otherwise)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str, *, generation: str) -> None:
+        """Deletes the object only if it is still `generation` (PreconditionFailed otherwise)."""
+
+
+class UnsupportedStore(ValueError):
+    """A store location this Kiln cannot open."""
+
+
+def open_store(location: str | os.PathLike[str]) -> ObjectStore:
+    """The store at `location`: a local directory (absolute or relative path)."""
+    from kiln.artifacts.local import LocalStore
+
+    text = os.fspath(location)
+    if "://" in text:
+        raise UnsupportedStore(
+            f"{text}: this Kiln stores artifacts in local directories only; mount the bucket "
+            "and give its mount point as the prefix."
+        )
+    return LocalStore(text)
