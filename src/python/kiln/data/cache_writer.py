@@ -59,6 +59,7 @@ class ShardWriter:
         self.dtype = np.dtype(dtype)
         self.tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        remove_dead_temporaries(out_dir.parent)
         self.tmp_dir.mkdir(parents=True)
         self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype)
         self._pending: list[np.ndarray] = []
@@ -216,6 +217,34 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
+
+
+def remove_dead_temporaries(folder: Path) -> None:
+    """Removes the temp folders (`.NAME.tmp-PID`) in `folder` whose process has ended: what a
+    killed build left behind. A live process's temporaries are its own to finish or remove."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        pid = _temporary_owner(entry.name)
+        if pid is not None and not _is_running(pid):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _temporary_owner(name: str) -> int | None:
+    head, marker, pid = name.rpartition(".tmp-")
+    if not (name.startswith(".") and marker and pid.isdigit()):
+        return None
+    return int(pid)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
 
 
 def _replace_dir(source: Path, destination: Path) -> None:

@@ -13,6 +13,7 @@ Bad input exits with status 2 and a one-paragraph message; see docs/token-cache.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -22,16 +23,25 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kiln import lifetime
 from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_bytes, read_status
+from kiln.containment import OutsideRoot, within
 from kiln.data import sources
 from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, shard_dir_name
-from kiln.data.cache_writer import ShardWriter, assemble_cache, read_shard_record
+from kiln.data.cache_writer import (
+    ShardWriter,
+    assemble_cache,
+    read_shard_record,
+    remove_dead_temporaries,
+)
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.spec import CacheSpec, parse_cache_spec
 from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge
+# A tokenize process whose Pants process died ends at SIGTERM; SIGKILL follows if it does not.
+ORPHAN_GRACE_SECONDS = 5.0
 
 
 def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
@@ -206,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     # transformers warns on import that PyTorch is absent: true, and irrelevant for tokenizing.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     args = _parser().parse_args(argv)
+    lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
     try:
+        _check_contained(args)
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
         finished = args.out if args.command != "shard" else args.unless_built
@@ -227,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.record is not None:  # the artifact record (docs/artifacts.md), before STATUS
                 atomic_write_bytes(args.out / RECORD_FILE, args.record.read_bytes())
             merge_cache(spec, args.shards, args.out)
+            if args.root is not None:
+                _remove_building_folders(args.shards)
         else:
             build_cache(raw_spec, args.out)
     except KilnDataError as e:
@@ -235,6 +249,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "shard":
         print(f"{spec.name}@{spec.version}: cache ready at {args.out}", file=sys.stderr)
     return 0
+
+
+def _remove_building_folders(shards: list[Path]) -> None:
+    """After a store-mode merge the shards have moved into the cache: their building folder
+    holds at most what killed builds left (dead processes' temporaries), removed here, and is
+    then removed if empty; a live builder's files stay."""
+    for folder in {Path(shard).parent for shard in shards}:
+        remove_dead_temporaries(folder)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _check_contained(args: argparse.Namespace) -> None:
+    """With --root (the artifact store, for store-mode caches), every folder this command writes
+    or moves must resolve inside it, before anything is written."""
+    if args.root is None:
+        return
+    written = [args.out, *(args.shards if args.command == "merge" else [])]
+    try:
+        for path in written:
+            within(path, args.root, "the folder")
+    except OutsideRoot as e:
+        raise SpecError(str(e)) from None
 
 
 def _already_built(spec: CacheSpec, out_dir: Path) -> bool:
@@ -280,6 +317,10 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="all shards in this process, then merge")
     build.add_argument("spec", type=Path)
     build.add_argument("--out", type=Path, required=True)
+    for command in (shard, merge, build):
+        command.add_argument(
+            "--root", type=Path, help="every folder written must resolve inside this one"
+        )
     return parser
 
 
