@@ -12,6 +12,10 @@ changes when the parent dies (the kernel re-parents the process to init or a sub
 process then gets SIGTERM (the trainer saves a checkpoint and exits; other processes end at
 once) and SIGKILL if it is still running after a grace period.
 
+The parent is read when this module is imported, which the runtime's command lines do before
+their heavy imports (jax, transformers take seconds): a parent that dies during those imports is
+noticed as well. Only one that dies in the ~0.1 s of interpreter start-up goes unseen.
+
 Why not `prctl(PR_SET_PDEATHSIG)`: Linux sends that signal when the *thread* that forked the
 child exits, not the parent process; Pants forks from its engine's worker threads, so a run
 could be stopped while Pants lives on. The parent pid changes only when the process dies.
@@ -28,6 +32,7 @@ import time
 POLL_SECONDS = 0.5
 
 _watching: list[threading.Thread] = []
+_PARENT_AT_IMPORT = os.getppid()
 
 
 def stop_when_orphaned(grace_seconds: float) -> bool:
@@ -36,7 +41,7 @@ def stop_when_orphaned(grace_seconds: float) -> bool:
     watch (init's children: their parent never dies)."""
     if _watching:
         return True
-    parent = os.getppid()
+    parent = _PARENT_AT_IMPORT
     if parent == 1:
         return False
     watcher = threading.Thread(

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln import artifacts, lifetime
+from kiln import artifacts, lifetime  # lifetime before the slow imports: it notes the parent
 from kiln.containment import OutsideRoot, within
 from kiln.train import multihost
 from kiln_contract.parsing import SpecError

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln import lifetime
+from kiln import lifetime  # before the slow imports: it notes the parent process
 from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_bytes, read_status
 from kiln.containment import OutsideRoot, within
 from kiln.data import sources
