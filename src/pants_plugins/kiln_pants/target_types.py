@@ -518,6 +518,7 @@ class SeedField(IntField):
     @classmethod
     def compute_value(cls, raw_value: Optional[int], address: Address) -> int:
         value = super().compute_value(raw_value, address)
+        assert value is not None  # the field has a default
         _check_field(cls.alias, address, check_seed, value)
         return value
 
