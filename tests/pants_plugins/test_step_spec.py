@@ -150,6 +150,22 @@ def test_a_minimal_step_parses_with_defaults() -> None:
         (("inputs", 0, "location"), None, "inputs[0]: expected exactly one of location and"),
         (("config", "datasets", 0, "name"), "tokenized/b", "config.datasets[0]: tokenized/b@dev is"),
         (("record", "record_version"), 2, "record.record_version: expected 1, got 2"),
+        # Containment: names, versions and locations cannot leave their folders.
+        (("name",), "../../etc", "name: must be `/`-separated parts of ASCII letters"),
+        (("version",), "../x-dev", "version: must be a calendar version like 2026.06.28"),
+        (("record", "name"), "/abs", "record.name: must be `/`-separated parts"),
+        (("config", "datasets", 0, "version"), "a/b-dev", "config.datasets[0].version: must be"),
+        (("inputs", 0, "name"), "tokenized/../../x", "inputs[0].name: must be `/`-separated"),
+        (("inputs", 0, "ref"), "tokenized/b@dev", "inputs[0].ref: expected tokenized/a@dev"),
+        (("inputs", 0, "location"), "../../etc", "inputs[0].location: expected a relative path"),
+        (("inputs", 0, "location"), "/etc", "inputs[0].location: expected a relative path"),
+        # Out of range, and checked where the schema is, for both halves.
+        (("config", "seed"), 2**32, "config.seed: expected an integer from 0 to 2**32 - 1"),
+        (("config", "optimizer", "warmup"), 11, "config.optimizer.warmup: 11 is 11 steps, more"),
+        (("runtime", "control", "token_ttl_minutes"), 0, "token_ttl_minutes: expected a number > 0"),
+        (("runtime", "control", "token_ttl_minutes"), 10081, "expected a number > 0 and <= 10080"),
+        (("runtime", "checkpointer", "save_interval_minutes"), float("nan"), "got nan"),
+        (("config", "datasets", 0, "weight"), float("inf"), "weight: expected a number >= 0, got inf"),
     ],
 )
 def test_a_bad_step_names_the_field(path: tuple, value: object, message: str) -> None:

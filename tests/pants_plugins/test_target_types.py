@@ -64,21 +64,110 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
             {"seq_len": "512"},
             "`seq_len` field in target exp:ckpt is 512, larger than the model's max_seq_len 256",
         ),
-        ({"datasets": '{":cache": 0}'}, "weights must be positive numbers"),
-        ({"datasets": '{":cache": "high"}'}, "weights must be positive numbers"),
+        ({"datasets": '{":cache": 0}'}, "weights must be finite numbers > 0"),
+        ({"datasets": '{":cache": "high"}'}, "weights must be finite numbers > 0"),
+        ({"datasets": '{":cache": float("nan")}'}, "gives ':cache' the weight nan"),
+        ({"datasets": '{":cache": 1e999}'}, "gives ':cache' the weight inf"),
         ({"version": '"june"'}, "`version` field in target exp:ckpt must be a calendar version"),
         ({"version": '"2026.13.01"'}, "must be a calendar version"),
         ({"z_loss_weight": None}, "z_loss_weight"),
+        ({"z_loss_weight": 'float("nan")'}, "`z_loss_weight` field in target exp:ckpt expects a"),
+        ({"z_loss_weight": "-1e999"}, "expects a number >= 0, got -inf"),
+        ({"seed": "-1"}, "`seed` field in target exp:ckpt expects an integer >= 0, got -1"),
+        ({"seed": str(2**32)}, "expects an integer from 0 to 2**32 - 1, got 4294967296"),
+        ({"batch_size": "True"}, "`batch_size` field in target exp:ckpt must be > 0, got True"),
+        (
+            {"optimizer": "adam(warmup=500)"},
+            "`optimizer` field in target exp:ckpt: `warmup`: 500 is 500 steps, more than "
+            "num_train_steps (100)",
+        ),
+        ({"optimizer": "adam(warmup=50, decay=60)"}, "`decay`: warmup + decay = 50 + 60 steps"),
         ({"evals": None}, "evals"),
         ({"model": '"big"'}, "model"),
         ({"resources": None}, "resources"),
-        ({"artifact_name": '"../escape"'}, "has an empty, `.` or `..` component"),
+        ({"artifact_name": '"../escape"'}, "`artifact_name` field in target exp:ckpt must be `/`-"),
     ],
 )
 def test_invalid_checkpoint_fields(rule_runner: RuleRunner, overrides: dict, expected: str) -> None:
     message = load_error(rule_runner, checkpoint(**overrides))
     assert expected in message
     assert "exp:ckpt" in message
+
+
+HOSTILE_NAMES = [
+    "../escape", "/etc/passwd", "checkpoints/", "a//b", "a/./b", "a/../../b", ".hidden",
+    "checkpoints/.hidden", "a b", "x:y", "s3://bucket/x", "caf\u00e9", "tab\there", "a\\b",
+    "a%2Fb", "a@b", "new\nline", "-flag", "x" * 201,
+]  # fmt: skip
+HOSTILE_VERSIONS = [
+    "../../etc-dev", "a/b-dev", ".x-dev", "-dev", "x y-dev", "2026.06.28/..", "dev\n",
+    "..-dev", "caf\u00e9-dev", "2026.06.28 ", "2026.06.28\n", "a:b-dev", "x" * 61 + "-dev",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_hostile_artifact_names_fail_at_load(rule_runner: RuleRunner, name: str) -> None:
+    message = load_error(rule_runner, checkpoint(artifact_name=repr(name)))
+    assert "The `artifact_name` field in target exp:ckpt must be `/`-separated parts" in message
+
+
+@pytest.mark.parametrize("version", HOSTILE_VERSIONS)
+def test_hostile_versions_fail_at_load(rule_runner: RuleRunner, version: str) -> None:
+    message = load_error(rule_runner, checkpoint(version=repr(version)))
+    assert "The `version` field in target exp:ckpt must be a calendar version" in message
+
+
+@pytest.mark.parametrize("version", ["dev", "my-exp_2.1-dev", "2026.06.28-dev", "2026.06.28.3"])
+def test_safe_versions_load(rule_runner: RuleRunner, version: str) -> None:
+    rule_runner.write_files({"exp/BUILD": checkpoint(version=repr(version))})
+    assert rule_runner.get_target(Address("exp", target_name="ckpt")).alias == "lm_checkpoint"
+
+
+def test_a_target_name_that_is_no_artifact_name_needs_artifact_name(
+    rule_runner: RuleRunner,
+) -> None:
+    build = checkpoint().replace("name='ckpt'", "name='my run'")
+    message = load_error(rule_runner, build, name="my run")
+    assert "would be stored as 'checkpoints/my run' (from its name)" in message
+    assert "give it an `artifact_name`" in message
+    rule_runner.write_files({"exp/BUILD": build.replace("name='my run',", "name='my run', artifact_name='checkpoints/my_run',")})
+    assert rule_runner.get_target(Address("exp", target_name="my run")).alias == "lm_checkpoint"
+
+
+def test_a_stdlib_cache_needs_a_stdlib_split(rule_runner: RuleRunner) -> None:
+    build = 'tokenized_cache(name="c", source="stdlib:all", split="test", tokenizer="package:gpt2", version="dev")'
+    assert "`split` field in target exp:c is 'test'" in load_error(rule_runner, build, name="c")
+
+
+@pytest.mark.parametrize(
+    "helper, expected",
+    [
+        ("llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4, "
+         "num_kv_heads=2, num_layers=2, rope_theta=1e999)", "llama(): `rope_theta`: expected a "
+         "number > 0, got inf"),
+        ("llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4, "
+         "num_kv_heads=2, num_layers=2, norm_eps=float('nan'))", "`norm_eps`: expected a number "
+         "> 0, got nan"),
+        ("adam(learning_rate=float('inf'))", "adam(): `learning_rate`: expected a number > 0, got inf"),
+        ("adam(beta2=float('nan'))", "adam(): `beta2`: expected a number >= 0 and < 1, got nan"),
+        ("adam(max_grad_norm=1e999)", "adam(): `max_grad_norm`: expected a number > 0, got inf"),
+        ("adam(warmup=-1e999)", "adam(): `warmup`: expected a number >= 0, got -inf"),
+        ("adam(min_lr_ratio=1.5)", "adam(): `min_lr_ratio`: expected a number >= 0 and <= 1"),
+        ("eval_suite(['copa'], every=1e999)", "eval_suite(): `every`: expected an integer >= 1"),
+        ("eval_suite([eval_task('copa', num_fewshot=float('nan'))], every=5)",
+         "eval_task(): `num_fewshot`: expected an integer >= 0, got nan"),
+        ("gpu('H100', count=1e999)", "gpu(): `count`: expected an integer >= 1, got inf"),
+        ("gpu('H100', count=0)", "gpu(): `count`: expected an integer >= 1, got 0"),
+    ],
+)  # fmt: skip
+def test_non_finite_and_out_of_range_helper_values_fail_at_load(
+    rule_runner: RuleRunner, helper: str, expected: str
+) -> None:
+    field = helper.split("(")[0]
+    field = {"llama": "model", "adam": "optimizer", "eval_suite": "evals", "gpu": "resources"}[field]
+    message = load_error(rule_runner, checkpoint(**{field: helper}))
+    assert expected in message
+    assert "exp/BUILD" in message
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,12 @@ kiln.train.optimizer turns it into optax transformations; docs/model.md has the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from kiln_contract.parsing import (
+    SpecError,
     check_choice,
     check_number,
     check_optional,
@@ -44,9 +46,34 @@ class AdamConfig:
         check_number("min_lr_ratio", self.min_lr_ratio, minimum=0, maximum=1)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
 
+    def schedule_steps(self, num_train_steps: int) -> tuple[int, int]:
+        """(warmup steps, decay steps) of a run of `num_train_steps`; between them the learning
+        rate holds at its peak. Both phases must fit in the run."""
+        warmup = _steps(self.warmup, num_train_steps)
+        if warmup > num_train_steps:
+            raise SpecError(
+                "warmup",
+                f"{self.warmup} is {warmup} steps, more than num_train_steps ({num_train_steps})",
+            )
+        if self.decay is None:
+            return warmup, num_train_steps - warmup
+        decay = _steps(self.decay, num_train_steps)
+        if warmup + decay > num_train_steps:
+            raise SpecError(
+                "decay",
+                f"warmup + decay = {warmup} + {decay} steps exceeds num_train_steps "
+                f"({num_train_steps})",
+            )
+        return warmup, decay
+
     @classmethod
     def from_json(cls, obj: Any, where: str = "optimizer") -> AdamConfig:
         return read_json(cls, obj, where)
 
     def to_json(self) -> dict[str, Any]:
         return scalar_json(self)
+
+
+def _steps(amount: float, num_train_steps: int) -> int:
+    """`warmup` and `decay` below 1 are fractions of the run, from 1 on whole steps."""
+    return int(amount * num_train_steps) if amount < 1 else int(math.floor(amount))

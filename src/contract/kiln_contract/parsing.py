@@ -95,6 +95,15 @@ def check_absolute_path(field: str, value: Any) -> None:
         raise SpecError(field, f"expected an absolute path, got {str(value)!r}")
 
 
+def check_relative_path(field: str, value: Any) -> None:
+    """A relative path that cannot climb out of the folder it is relative to."""
+    check_str(field, value)
+    if value.startswith("/") or any(part in ("", ".", "..") for part in value.split("/")):
+        raise SpecError(
+            field, f"expected a relative path without empty, `.` or `..` parts, got {value!r}"
+        )
+
+
 def check_optional(check: Callable[..., None], field: str, value: Any, **bounds: Any) -> None:
     """`check` unless the value is None (JSON null)."""
     if value is not None:

@@ -22,6 +22,7 @@ from kiln_contract.parsing import (
     read_json,
     scalar_json,
 )
+from kiln_contract.vocabulary import check_address
 
 RECORD_VERSION = 1
 _OTHER_KILN = "the record was written by another version of Kiln"
@@ -47,8 +48,8 @@ class ArtifactRecord:
     inputs: tuple[InputRef, ...] = ()
 
     def __post_init__(self) -> None:
-        for key in ("kind", "name", "version", "fingerprint"):
-            check_str(key, getattr(self, key))
+        check_str("kind", self.kind)
+        check_address(self)
         if not isinstance(self.identity, Mapping):
             raise SpecError("identity", f"expected a JSON object, got {self.identity!r}")
         check_tuple_of("inputs", self.inputs, InputRef)

@@ -18,6 +18,7 @@ from kiln_contract.parsing import (
     build,
     check_absolute_path,
     check_header,
+    check_relative_path,
     check_str,
     field_path,
     json_fields,
@@ -33,6 +34,7 @@ from kiln_contract.train import (
     TrainConfig,
     TrainSpec,
 )
+from kiln_contract.vocabulary import check_address, check_artifact_name, check_version
 
 STEP_VERSION = 1
 
@@ -51,12 +53,14 @@ class StepInput:
     store_path: str | None = None
 
     def __post_init__(self) -> None:
-        for key in ("ref", "name", "version"):
-            check_str(key, getattr(self, key))
+        check_artifact_name("name", self.name)
+        check_version("version", self.version)
+        if self.ref != f"{self.name}@{self.version}":
+            raise SpecError("ref", f"expected {self.name}@{self.version}, got {self.ref!r}")
         if (self.location is None) == (self.store_path is None):
             raise SpecError("", "expected exactly one of location and store_path")
         if self.location is not None:
-            check_str("location", self.location)
+            check_relative_path("location", self.location)
         if self.store_path is not None:
             check_absolute_path("store_path", Path(self.store_path))
 
@@ -95,8 +99,7 @@ class StepSpec:
     provenance: Provenance
 
     def __post_init__(self) -> None:
-        for key in ("name", "version", "fingerprint"):
-            check_str(key, getattr(self, key))
+        check_address(self)
         if (self.record.name, self.record.version, self.record.fingerprint) != (
             self.name,
             self.version,

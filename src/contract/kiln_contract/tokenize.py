@@ -28,7 +28,7 @@ from kiln_contract.parsing import (
     read_json,
     scalar_json,
 )
-from kiln_contract.vocabulary import STDLIB_PARTS, STDLIB_SPLITS
+from kiln_contract.vocabulary import STDLIB_PARTS, STDLIB_SPLITS, check_address
 
 SPEC_VERSION = 1
 SPEC_KIND = "tokenized_cache"
@@ -172,8 +172,8 @@ class CacheSpec:
     num_shards: int = 1
 
     def __post_init__(self) -> None:
-        for key in ("name", "version", "fingerprint", "text_key"):
-            check_str(key, getattr(self, key))
+        check_address(self)
+        check_str("text_key", self.text_key)
         check_int("max_document_chars", self.max_document_chars, minimum=1)
         check_int("num_shards", self.num_shards, minimum=1)
 

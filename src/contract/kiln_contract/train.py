@@ -41,6 +41,9 @@ from kiln_contract.vocabulary import (
     REMAT_POLICIES,
     RESOURCE_KINDS,
     WANDB_MODES,
+    check_address,
+    check_seed,
+    check_token_ttl,
     mesh_sizes,
 )
 
@@ -91,8 +94,7 @@ Dataset = TypeVar("Dataset", DatasetRef, DatasetInput)
 
 
 def _check_dataset(dataset: DatasetRef | DatasetInput) -> None:
-    for key in ("name", "version", "fingerprint"):
-        check_str(key, getattr(dataset, key))
+    check_address(dataset)
     check_number("weight", dataset.weight, minimum=0)
 
 
@@ -153,7 +155,11 @@ class TrainConfig(Generic[Dataset]):
         check_optional(check_number, "z_loss_weight", self.z_loss_weight, minimum=0)
         if self.evals is not None:
             _check_instance("evals", self.evals, EvalSuiteConfig)
-        check_int("seed", self.seed, minimum=0)
+        check_seed("seed", self.seed)
+        try:
+            self.optimizer.schedule_steps(self.num_train_steps)
+        except SpecError as e:
+            raise e.within("optimizer") from None
         check_choice("compute_dtype", self.compute_dtype, DTYPES)
         check_choice("param_dtype", self.param_dtype, DTYPES)
 
@@ -283,7 +289,7 @@ class ControlSpec:
         check_int("port", self.port, minimum=0)
         if self.port > 65535:
             raise SpecError("port", f"expected 0 (any free port) to 65535, got {self.port}")
-        check_number("token_ttl_minutes", self.token_ttl_minutes, minimum=0)
+        check_token_ttl("token_ttl_minutes", self.token_ttl_minutes)
 
 
 @dataclass(frozen=True)
@@ -358,8 +364,7 @@ class TrainSpec:
     runtime: RuntimeSpec
 
     def __post_init__(self) -> None:
-        for key in ("name", "version", "fingerprint"):
-            check_str(key, getattr(self, key))
+        check_address(self)
         check_absolute_path("output_path", self.output_path)
         _check_instance("config", self.config, TrainConfig)
         _check_instance("runtime", self.runtime, RuntimeSpec)

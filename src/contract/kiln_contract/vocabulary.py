@@ -1,4 +1,5 @@
-"""The words both halves use: choices a BUILD file or a spec may name, and the version rules."""
+"""The words both halves use: choices a BUILD file or a spec may name, the rules for artifact
+names and versions, and the bounds of values both halves check."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from kiln_contract.parsing import SpecError, check_choice, field_path
+from kiln_contract.parsing import (
+    SpecError,
+    check_choice,
+    check_int,
+    check_number,
+    check_str,
+    field_path,
+)
 
 # How attention is computed: `auto` is pallas on GPU, xla elsewhere (kiln.model.attention).
 ATTENTION_IMPLS = ("auto", "xla", "pallas", "cudnn")
@@ -27,6 +35,70 @@ STDLIB_PARTS = ("docstrings", "pydoc_topics", "all")
 STDLIB_SPLITS = ("train", "validation")
 
 _CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(\.\d+)?$")
+
+# Names and versions become folders of the artifact store (`{prefix}/{name}/{version}`),
+# TensorStore paths and W&B run ids. A conservative character set keeps each one inside its own
+# folder and readable by every tool on the way: ASCII letters, digits, `_`, `.` and `-`, each part
+# starting with a letter or digit (so no `.`, `..` or hidden parts), `/` only between the parts of
+# a name. Spaces, `:`, `@`, `%`, `\`, non-ASCII and control characters are refused.
+_PATH_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+MAX_NAME_CHARS = 200
+MAX_VERSION_CHARS = 64
+_PARTS_RULE = (
+    "parts of ASCII letters, digits, `_`, `.` and `-`, each starting with a letter or digit"
+)
+
+# jax derives a run's PRNG key from 32 bits of the seed: larger seeds would repeat smaller ones.
+MAX_SEED = 2**32 - 1
+# A capability URL lives at most a week (docs/training-control.md); mint a fresh one after that.
+MAX_TOKEN_TTL_MINUTES = 7 * 24 * 60
+
+
+def check_artifact_name(field: str, value: Any) -> None:
+    """An artifact name such as `checkpoints/dclm_1b_1x`: `/`-separated safe parts."""
+    check_str(field, value)
+    if len(value) > MAX_NAME_CHARS or not all(
+        _PATH_PART.fullmatch(part) for part in value.split("/")
+    ):
+        raise SpecError(
+            field,
+            f"must be `/`-separated {_PARTS_RULE}, at most {MAX_NAME_CHARS} characters "
+            f"(e.g. `checkpoints/my_run`); got {value!r}",
+        )
+
+
+def check_version(field: str, value: Any) -> None:
+    """A calendar version or a mutable `dev` / `NAME-dev`, one safe path part."""
+    check_str(field, value)
+    if not (
+        len(value) <= MAX_VERSION_CHARS
+        and _PATH_PART.fullmatch(value)
+        and (is_mutable_version(value) or is_calendar_version(value))
+    ):
+        raise SpecError(
+            field,
+            "must be a calendar version like 2026.06.28 (or 2026.06.28.1), or `dev` / "
+            f"`NAME-dev` with NAME made of {_PARTS_RULE}, at most {MAX_VERSION_CHARS} "
+            f"characters; got {value!r}",
+        )
+
+
+def check_address(artifact: Any) -> None:
+    """An artifact's `name`, `version` and `fingerprint`: where it lives and what it is."""
+    check_artifact_name("name", artifact.name)
+    check_version("version", artifact.version)
+    check_str("fingerprint", artifact.fingerprint)
+
+
+def check_seed(field: str, value: Any) -> None:
+    check_int(field, value, minimum=0)
+    if value > MAX_SEED:
+        raise SpecError(field, f"expected an integer from 0 to 2**32 - 1, got {value}")
+
+
+def check_token_ttl(field: str, value: Any) -> None:
+    """How long a control URL lives, in minutes: positive and at most a week."""
+    check_number(field, value, positive=True, maximum=MAX_TOKEN_TTL_MINUTES)
 
 
 def is_mutable_version(version: str) -> bool:

@@ -8,6 +8,7 @@ from kiln_pants import (
     package,
     plan,
     runtime,
+    signals,
     tokenize_rules,
     train_rules,
 )
@@ -24,6 +25,8 @@ def target_types():
 
 
 def rules():
+    # Loaded into the Pants process that runs the rules: from here on, SIGTERM stops a run.
+    signals.forward_sigterm_as_interrupt()
     return [
         *artifact_graph.rules(),
         *dependency_inference.rules(),

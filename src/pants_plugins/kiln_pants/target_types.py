@@ -8,7 +8,7 @@ the target and field). Which fields bear identity — and so enter the fingerpri
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pants.engine.addresses import Address
 from pants.engine.target import (
@@ -29,15 +29,17 @@ from pants.util.frozendict import FrozenDict
 
 from kiln_contract.adam import AdamConfig
 from kiln_contract.llama import LlamaArchitecture
-from kiln_contract.parsing import SpecError
+from kiln_contract.parsing import SpecError, check_number
 from kiln_contract.train import Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
     MESH_AXES,
     REMAT_POLICIES,
     STDLIB_PARTS,
-    is_calendar_version,
-    is_mutable_version,
+    STDLIB_SPLITS,
+    check_artifact_name,
+    check_seed,
+    check_version,
     mesh_sizes,
 )
 from kiln_pants.build_symbols import EvalSuite
@@ -45,6 +47,25 @@ from kiln_pants.build_symbols import EvalSuite
 # ---------------------------------------------------------------------------------------------
 # Shared by both artifact types
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_field(
+    alias: str, address: Address, check: Callable[..., None], value: Any, **bounds: Any
+) -> None:
+    """Runs one of kiln_contract's checks (the rules the runtime applies too) on a field's value;
+    a failure names the target and the field."""
+    try:
+        check(alias, value, **bounds)
+    except SpecError as e:
+        raise InvalidFieldException(
+            f"The `{alias}` field in target {address} {_problem(e.problem)}."
+        ) from None
+
+
+def _problem(problem: str) -> str:
+    """"expected a number >= 0, got nan" reads "expects a number >= 0, got nan" after a field."""
+    return "expects" + problem[len("expected") :] if problem.startswith("expected") else problem
+
 
 class ArtifactVersionField(StringField):
     value: str
@@ -61,11 +82,7 @@ class ArtifactVersionField(StringField):
     def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
         value = super().compute_value(raw_value, address)
         assert value is not None
-        if not (is_mutable_version(value) or is_calendar_version(value)):
-            raise InvalidFieldException(
-                f"The `version` field in target {address} must be a calendar version like "
-                f"2026.06.28 (or 2026.06.28.1), or `dev` / `NAME-dev`; got {value!r}."
-            )
+        _check_field(cls.alias, address, check_version, value)
         return value
 
 
@@ -80,20 +97,8 @@ class ArtifactNameField(StringField):
     @classmethod
     def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
         value = super().compute_value(raw_value, address)
-        if value is None:
-            return None
-        problems = []
-        if "://" in value:
-            problems.append("contains a URL scheme")
-        if value.startswith("/") or value.endswith("/"):
-            problems.append("starts or ends with `/`")
-        if any(part in ("", ".", "..") for part in value.split("/")):
-            problems.append("has an empty, `.` or `..` component")
-        if problems:
-            raise InvalidFieldException(
-                f"The `artifact_name` field in target {address} {' and '.join(problems)}: "
-                f"{value!r}. Use a relative name like `checkpoints/my_run`."
-            )
+        if value is not None:
+            _check_field(cls.alias, address, check_artifact_name, value)
         return value
 
 
@@ -104,7 +109,8 @@ class _PositiveIntField(IntField):
     @classmethod
     def compute_value(cls, raw_value: Optional[int], address: Address) -> Optional[int]:
         value = super().compute_value(raw_value, address)
-        if value is not None and value <= 0:
+        # bool is an int in Python: `True` where a count belongs is a typo, not a 1.
+        if value is not None and (isinstance(value, bool) or value <= 0):
             raise InvalidFieldException(
                 f"The `{cls.alias}` field in target {address} must be > 0, got {value}."
             )
@@ -317,6 +323,13 @@ class TokenizedCacheTarget(Target):
                 f"(a Hugging Face id, absolute path or stdlib: source) and `sources` (files in "
                 f"this repo); it has {'both' if has_source else 'neither'}."
             )
+        split = self[SplitField].value
+        if self[CacheSourceField].value in STDLIB_SOURCES and split not in STDLIB_SPLITS:
+            raise InvalidFieldException(
+                f"The `split` field in target {self.address} is {split!r}; a stdlib source has "
+                f"the splits {', '.join(STDLIB_SPLITS)}."
+            )
+        _check_default_artifact_name(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,11 +376,13 @@ class DatasetsField(Field):
                     f"The `datasets` field in target {address} has a key {key!r} that is not an "
                     "address string."
                 )
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+            try:
+                check_number(key, weight, positive=True)
+            except SpecError:
                 raise InvalidFieldException(
                     f"The `datasets` field in target {address} gives {key!r} the weight "
-                    f"{weight!r}; weights must be positive numbers."
-                )
+                    f"{weight!r}; weights must be finite numbers > 0."
+                ) from None
         return FrozenDict({key: float(weight) for key, weight in value.items()})
 
 
@@ -407,11 +422,7 @@ class ZLossWeightField(Field):
         value = super().compute_value(raw_value, address)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise InvalidFieldException(
-                f"The `z_loss_weight` field in target {address} must be a number >= 0 or None, "
-                f"got {value!r}."
-            )
+        _check_field(cls.alias, address, check_number, value, minimum=0)
         return float(value)
 
 
@@ -499,9 +510,17 @@ class ComputeDtypeField(StringField):
 
 
 class SeedField(IntField):
+    value: int
     alias = "seed"
     default = 0
-    help = "Seed for initialisation and the data mixture's order."
+    help = "Seed for initialisation and the data mixture's order: 0 to 2**32 - 1."
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[int], address: Address) -> int:
+        value = super().compute_value(raw_value, address)
+        assert value is not None  # the field has a default
+        _check_field(cls.alias, address, check_seed, value)
+        return value
 
 
 class LmCheckpointDependencies(Dependencies):
@@ -544,9 +563,32 @@ class LmCheckpointTarget(Target):
                 f"The `seq_len` field in target {self.address} is {seq_len}, larger than the "
                 f"model's max_seq_len {model.max_seq_len}."
             )
+        num_train_steps = self[NumTrainStepsField].value
+        try:
+            self[OptimizerField].value.schedule_steps(num_train_steps)
+        except SpecError as e:
+            raise InvalidFieldException(
+                f"The `optimizer` field in target {self.address}: `{e.field}`: {e.problem}."
+            ) from None
+        _check_default_artifact_name(self)
 
 
 ARTIFACT_TARGET_TYPES = (TokenizedCacheTarget, LmCheckpointTarget)
+
+
+def _check_default_artifact_name(target: Target) -> None:
+    """A target without `artifact_name` is stored under its target name, which must then be
+    a valid artifact name too."""
+    if target[ArtifactNameField].value is not None:
+        return  # checked by the field
+    name = default_artifact_name(target)
+    try:
+        check_artifact_name(ArtifactNameField.alias, name)
+    except SpecError as e:
+        raise InvalidTargetException(
+            f"The target {target.address} would be stored as {name!r} (from its name), which "
+            f"{e.problem.split(';')[0]}; give it an `artifact_name`."
+        ) from None
 
 
 def default_artifact_name(target: Target) -> str:

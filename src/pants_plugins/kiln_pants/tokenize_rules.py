@@ -95,9 +95,10 @@ class _Layout:
     shards: tuple[str, ...]
     cache: str
     cache_scope: ProcessCacheScope
+    root: Optional[str] = None  # store storage: the prefix every written folder must stay in
 
     @classmethod
-    def for_storage(cls, storage: str, num_shards: int, store_path: str) -> _Layout:
+    def for_storage(cls, storage: str, num_shards: int, store_path: str, prefix: str) -> _Layout:
         if storage == "inline":
             shards = tuple(f"shard-{i}" for i in range(num_shards))
             return cls(shards, CACHE_DIR, ProcessCacheScope.SUCCESSFUL)
@@ -107,12 +108,17 @@ class _Layout:
             os.path.dirname(store_path), f".{os.path.basename(store_path)}.shards"
         )
         shards = tuple(os.path.join(building, f"shard-{i}") for i in range(num_shards))
-        return cls(shards, store_path, ProcessCacheScope.PER_SESSION)
+        return cls(shards, store_path, ProcessCacheScope.PER_SESSION, root=prefix)
 
     @property
     def skip(self) -> tuple[str, ...]:
         """Shards moved into a finished cache are gone: skip them when the cache is built."""
         return ("--unless-built", self.cache) if os.path.isabs(self.cache) else ()
+
+    @property
+    def confined(self) -> tuple[str, ...]:
+        """Store writes are checked (symlinks resolved) to stay in the prefix."""
+        return ("--root", self.root) if self.root else ()
 
     def outputs(self, path: str) -> tuple[str, ...]:
         return () if os.path.isabs(path) else (path,)
@@ -198,15 +204,19 @@ async def build_tokenized_cache(
         ),
     )
     input_digest = await Get(Digest, MergeDigests([spec_digest, *inputs]))
-    store_path = artifact_path(kiln.prefix_path(build_root.path), artifact)
-    layout = _Layout.for_storage(target[CacheStorageField].value, num_shards, store_path)
+    prefix = kiln.prefix_path(build_root.path)
+    store_path = artifact_path(prefix, artifact)
+    layout = _Layout.for_storage(target[CacheStorageField].value, num_shards, store_path, prefix)
 
     shard_processes = await MultiGet(
         Get(
             Process,
             RuntimeProcess(
                 runtime,
-                argv=("shard", SPEC_FILE, "--index", str(index), "--out", shard, *layout.skip),
+                argv=(
+                    "shard", SPEC_FILE, "--index", str(index), "--out", shard,
+                    *layout.skip, *layout.confined,
+                ),  # fmt: skip
                 description=f"Tokenizing {artifact.ref} shard {index + 1}/{num_shards}",
                 input_digest=input_digest,
                 output_directories=layout.outputs(shard),
@@ -232,6 +242,7 @@ async def build_tokenized_cache(
                 layout.cache,
                 "--record",
                 RECORD_INPUT,
+                *layout.confined,
             ),
             description=f"Merging {num_shards} shard(s) of {artifact.ref}",
             input_digest=merge_input,

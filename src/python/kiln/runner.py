@@ -21,6 +21,11 @@ cache, a lease held by another run); 2 the loss diverged; 3 stopped early by --m
 (rerun to continue); 4 a storage error, as one line `kiln: error: PATH: CAUSE` (no space, no
 permission, an I/O error: fix it and rerun, the run resumes); 128 + N stopped by signal N.
 
+Containment: before anything is written, the output, the checkpoint folders and each input it
+places are resolved and checked to lie in the prefix (or the explicit --output folder), and a
+dev rerun deletes only its own artifact's checkpoints (kiln.containment). SIGTERM stops a run as
+Ctrl-C does, and the runner stops when the Pants process that started it dies (kiln.lifetime).
+
 Multi-host (`--coordinator ...`, the same command on every host, docs/training.md): every process
 serves or refuses alike and derives the same train spec; process 0 alone places the inputs, holds
 the lease and writes STATUS and the record; then all train and compute the report (both
@@ -38,6 +43,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import sys
 import time
@@ -45,9 +51,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln import artifacts
+from kiln import artifacts, lifetime  # lifetime before the slow imports: it notes the parent
 from kiln.artifacts.lease import Lease, LeaseHeld
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
+from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
 from kiln.data.verify import verify_cache
 from kiln.train import multihost
@@ -167,6 +174,8 @@ def place_inputs(step: StepSpec, inputs_root: Path, prefix: Path | None) -> None
     checks those already in the store."""
     for entry in step.inputs:
         destination = input_path(entry, inputs_root, prefix)
+        if prefix is not None:
+            _contained(destination, prefix, f"input cache {entry.ref} at")
         if entry.store_path is not None:
             place_input(destination, destination, entry.record)
         elif prefix is not None:
@@ -195,6 +204,7 @@ def run_step(
         _serve(step, stored, output)
         return 0
     spec = train_spec(step, inputs_root, output, prefix)
+    check_write_paths(spec, prefix or output)
     with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
         failure: Exception | None = None
         lease: Lease | None = None
@@ -210,6 +220,43 @@ def run_step(
         if failure is not None:
             raise failure
         return _train(step, spec, lease)
+
+
+def check_write_paths(spec: TrainSpec, root: Path) -> None:
+    """Before anything is written: the output lies in `root` (the prefix, or the explicit
+    --output folder) and the checkpoint folders in the output (temporaries, when they have a
+    base of their own, in that base), symlinks and `..` resolved."""
+    from kiln.train.checkpoints import checkpoint_roots
+
+    output = spec.output_path
+    _contained(output, root, f"the output of {spec.name}@{spec.version},")
+    checkpointer = spec.runtime.checkpointer
+    permanent, temporary = checkpoint_roots(output, checkpointer, spec.name, spec.version)
+    _contained(permanent, output, "the checkpoint folder")
+    _contained(temporary, checkpointer.temporary_base_path or output, "the temporary checkpoints")
+
+
+def _contained(path: Path, root: Path, what: str) -> Path:
+    try:
+        return within(path, root, what)
+    except OutsideRoot as e:
+        raise StepError(str(e)) from None
+
+
+def _restart_dev_run(step: StepSpec, output: Path) -> None:
+    """A built dev artifact trains again from scratch: its own checkpoints are deleted, and
+    nothing else (the folder's record must name this artifact, the folder must be the
+    artifact's own)."""
+    stored = _read_json(output / artifacts.RECORD_FILE) or {}
+    if (stored.get("name"), stored.get("version")) != (step.name, step.version):
+        raise StepError(
+            f"{output} is marked built but its {artifacts.RECORD_FILE} does not name "
+            f"{step.ref}; it is not this artifact's folder, so nothing in it is deleted. Move "
+            "it away and rerun."
+        )
+    checkpoints = _contained(output / "checkpoints", output, "the checkpoint folder")
+    if checkpoints.exists():
+        shutil.rmtree(checkpoints)
 
 
 def _start_run(
@@ -234,7 +281,7 @@ def _start_run(
         place_inputs(step, inputs_root, prefix)
         output.mkdir(parents=True, exist_ok=True)
         if is_mutable_version(step.version) and artifacts.is_built(output):
-            shutil.rmtree(output / "checkpoints", ignore_errors=True)  # a built dev run starts over
+            _restart_dev_run(step, output)
         artifacts.write_status(output, artifacts.RUNNING)
         artifacts.atomic_write_json(
             output / artifacts.RECORD_FILE,
@@ -399,11 +446,19 @@ def _mesh_sizes(text: str) -> dict[str, int]:
         ) from None
 
 
+# How long a runner whose Pants process died has to save a checkpoint before it is killed.
+ORPHAN_GRACE_SECONDS = 30.0
+
+
 def main(argv: list[str] | None = None) -> int:
     # transformers (tokenizers for evals and samples) warns that PyTorch is absent: irrelevant.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = _parser()
     args = parser.parse_args(argv)
+    # SIGTERM (timeout, SLURM, Kubernetes) stops a run as Ctrl-C does: the training loop saves a
+    # checkpoint first; elsewhere the run unwinds, releasing its lease.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
     try:
         step = read_step(args.step)
     except StepError as e:
@@ -412,17 +467,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is None and args.prefix is None:
         parser.error("give --prefix (artifact store) or --output")
     cluster = multihost.cluster_from_flags(parser, args)
-    output = args.output or args.prefix / step.name / step.version
+    output = (args.output or args.prefix / step.name / step.version).absolute()
     try:
         step = apply_overrides(step, args)
-        prefix = None if args.output else args.prefix
-        return run_step(step, args.inputs, output.absolute(), prefix, cluster)
+        prefix = None if args.output else args.prefix.absolute()
+        return run_step(step, args.inputs, output, prefix, cluster)
     except (StepError, multihost.JoinError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
     except StorageError as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return EXIT_STORAGE
+    except KeyboardInterrupt:
+        print(f"kiln: {step.ref} interrupted; rerun to go on", file=sys.stderr)
+        return 130
 
 
 def read_step(path: Path) -> StepSpec:

@@ -14,10 +14,11 @@ from pathlib import Path
 from kiln_testing.data import REPO_ROOT
 
 # Lowest first. A package may import the packages of the layers below its own, never its own
-# layer's other packages nor anything above. `artifacts` and `runner` are modules (kiln/*.py).
+# layer's other packages nor anything above. `artifacts`, `containment`, `lifetime` and `runner`
+# are modules (kiln/*.py).
 # Below them all lies kiln_contract (src/contract), shared with the Pants backend: stdlib only.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("artifacts", "kernels"),
+    ("artifacts", "containment", "lifetime", "kernels"),
     ("data", "model", "control"),
     ("eval",),
     ("train",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -16,9 +17,12 @@ from kiln.artifacts.lease import Lease
 from kiln.runner import (
     StepError,
     _parser,
+    _restart_dev_run,
     apply_overrides,
     check_drift,
+    check_write_paths,
     place_input,
+    place_inputs,
     read_step,
     run_step,
     train_spec,
@@ -209,3 +213,98 @@ def test_the_step_is_parsed_once_with_clear_errors(tmp_path: Path) -> None:
         read_step(path)
     with pytest.raises(StepError, match="cannot read the step spec"):
         read_step(tmp_path / "missing.json")
+
+
+# --- containment: nothing is written outside the prefix (or --output) ----------------------------
+
+
+def outside_folder(tmp_path: Path) -> Path:
+    """A folder outside the store holding a file that must survive every test."""
+    outside = tmp_path / "outside"
+    (outside / "checkpoints").mkdir(parents=True)
+    (outside / "checkpoints/precious").write_text("keep me")
+    return outside
+
+
+def untouched(outside: Path) -> bool:
+    files = sorted(str(p.relative_to(outside)) for p in outside.rglob("*"))
+    return files == ["checkpoints", "checkpoints/precious"]
+
+
+def test_a_symlink_out_of_the_store_stops_the_run_before_any_write(tmp_path: Path) -> None:
+    outside, store = outside_folder(tmp_path), tmp_path / "store"
+    store.mkdir()
+    (store / "checkpoints").symlink_to(outside)  # {prefix}/checkpoints -> elsewhere
+    output = store / "checkpoints/x/2026.11.29"
+    with pytest.raises(StepError, match=f"resolves to {outside}/x/2026.11.29, outside {store}"):
+        run_step(step(), tmp_path, output, store)
+    assert untouched(outside)
+
+
+def test_an_input_placed_through_a_symlink_out_of_the_store_is_refused(tmp_path: Path) -> None:
+    outside, store = outside_folder(tmp_path), tmp_path / "store"
+    store.mkdir()
+    (store / "tokenized").symlink_to(outside)
+    with pytest.raises(StepError, match="input cache tokenized/a@2026.11.29 at .* outside"):
+        place_inputs(step(), tmp_path, store)
+    assert untouched(outside)
+
+
+def test_checkpoint_folders_must_stay_in_the_output(tmp_path: Path) -> None:
+    outside, output = outside_folder(tmp_path), tmp_path / "out"
+    output.mkdir()
+    (output / "checkpoints").symlink_to(outside / "checkpoints")
+    spec = train_spec(step(), tmp_path, output, prefix=None)
+    with pytest.raises(StepError, match="the checkpoint folder .* outside"):
+        check_write_paths(spec, output)
+    (output / "checkpoints").unlink()
+    check_write_paths(spec, output)  # a plain folder is fine
+
+    base = tmp_path / "temporaries"
+    (base / "checkpoints/x").mkdir(parents=True)
+    (base / "checkpoints/x/2026.11.29").symlink_to(outside)
+    runtime = dataclasses.replace(
+        spec.runtime,
+        checkpointer=dataclasses.replace(spec.runtime.checkpointer, temporary_base_path=base),
+    )
+    with pytest.raises(StepError, match="the temporary checkpoints .* outside"):
+        check_write_paths(dataclasses.replace(spec, runtime=runtime), output)
+    assert untouched(outside)
+
+
+def test_a_dev_rerun_deletes_only_its_own_checkpoints(tmp_path: Path) -> None:
+    dev = StepSpec.from_json({**step_json(), "version": "dev", "record": {
+        **record().to_json(), "version": "dev"}})  # fmt: skip
+    output = built(tmp_path / "store/checkpoints/x/dev", dev.record)
+    (output / "checkpoints/step-4").mkdir(parents=True)
+    _restart_dev_run(dev, output)
+    assert not (output / "checkpoints").exists()
+    assert artifacts.is_built(output)  # the rest is the runner's to overwrite, in order
+
+    outside = outside_folder(tmp_path)
+    (output / "checkpoints").symlink_to(outside / "checkpoints")
+    with pytest.raises(StepError, match="the checkpoint folder .* outside"):
+        _restart_dev_run(dev, output)
+    assert untouched(outside)
+
+    stranger = built(tmp_path / "store/checkpoints/y/dev", record())  # names checkpoints/x@2026...
+    (stranger / "checkpoints").mkdir()
+    with pytest.raises(StepError, match="not this artifact's folder, so nothing in it is deleted"):
+        _restart_dev_run(dev, stranger)
+    assert (stranger / "checkpoints").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("name", "../../home/x", "name: must be `/`-separated parts"),
+        ("version", "../../x-dev", "version: must be a calendar version"),
+    ],
+)
+def test_a_hostile_step_is_refused_when_parsed(
+    tmp_path: Path, field: str, value: str, message: str
+) -> None:
+    path = tmp_path / "step.json"
+    path.write_text(json.dumps({**step_json(), field: value}))
+    with pytest.raises(StepError, match=re.escape(message)):
+        read_step(path)

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from kiln.control.tokens import EndpointError, read_endpoint, token_expiring_in
+from kiln_contract.parsing import SpecError
+from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES, check_token_ttl
 
 
 def _process_is_running(pid: int) -> bool:
@@ -41,11 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     mint_parser = commands.add_parser("mint", help="print a fresh capability URL for a running run")
     mint_parser.add_argument("run_dir", type=Path, help="the run's output directory")
     mint_parser.add_argument(
-        "--ttl-minutes", type=float, default=720.0, help="how long the URL works (default 720)"
+        "--ttl-minutes",
+        type=float,
+        default=720.0,
+        help=f"how long the URL works (default 720, at most {MAX_TOKEN_TTL_MINUTES}: a week)",
     )
     args = parser.parse_args(argv)
-    if args.ttl_minutes <= 0:
-        parser.error(f"--ttl-minutes must be positive, got {args.ttl_minutes}")
+    try:
+        check_token_ttl("--ttl-minutes", args.ttl_minutes)
+    except SpecError as e:
+        parser.error(f"{e}; mint a fresh URL when one expires")
     try:
         print(mint(args.run_dir, args.ttl_minutes))
     except EndpointError as e:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import math
 import os
 import secrets
 import socket
@@ -78,9 +79,8 @@ class ControlServer:
         token_ttl_minutes: float = 720,
         stall_seconds: float = 600.0,
     ) -> None:
-        if token_ttl_minutes <= 0:
-            raise ValueError(f"token_ttl_minutes must be positive, got {token_ttl_minutes}")
-        if stall_seconds <= 0:
+        token_expiring_in(b"", token_ttl_minutes)  # refuses a TTL out of range before serving
+        if not 0 < stall_seconds < math.inf:
             raise ValueError(f"stall_seconds must be positive, got {stall_seconds}")
         self.run_dir = Path(run_dir)
         self.run_info = dict(run_info)

@@ -2,7 +2,9 @@
 
 Kiln has no cluster proxy to put in front of the endpoint, so the endpoint checks its own tokens.
 A token is `base64url(expiry || HMAC-SHA256(key, DOMAIN || expiry))` with `expiry` the Unix time
-in seconds as 8 big-endian bytes: 40 bytes, 54 characters, no padding. It carries no state, so any
+in seconds as 8 big-endian bytes: 40 bytes, 54 characters, no padding. Each token has exactly one
+accepted spelling: the last character carries 2 bits and 4 zero bits, and a spelling whose unused
+bits are set (decoding to the same bytes) is refused. It carries no state, so any
 holder of the key (the server, or `python -m kiln.control mint` reading the key file) can mint one
 and the server needs no list of issued tokens. It travels as a path prefix (`/c/<token>/`) so that
 relative links and form actions on the page keep it without the page ever spelling it out.
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.artifacts import atomic_write_bytes, atomic_write_json
+from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES
 
 CONTROL_DIR = "control"
 ENDPOINT_FILE = "endpoint.json"
@@ -51,15 +54,21 @@ def _mac(key: bytes, expiry: bytes) -> bytes:
     return hmac.new(key, _DOMAIN + expiry, hashlib.sha256).digest()
 
 
+def _spelling(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
 def mint_token(key: bytes, expires_at: int) -> str:
     """A token valid until `expires_at` (Unix seconds)."""
     expiry = _EXPIRY.pack(expires_at)
-    return base64.urlsafe_b64encode(expiry + _mac(key, expiry)).decode("ascii").rstrip("=")
+    return _spelling(expiry + _mac(key, expiry))
 
 
 def token_expiring_in(key: bytes, ttl_minutes: float) -> str:
-    if ttl_minutes <= 0:
-        raise ValueError(f"token_ttl_minutes must be positive, got {ttl_minutes}")
+    if not 0 < ttl_minutes <= MAX_TOKEN_TTL_MINUTES:  # False for NaN too
+        raise ValueError(
+            f"token_ttl_minutes must be > 0 and <= {MAX_TOKEN_TTL_MINUTES}, got {ttl_minutes}"
+        )
     return mint_token(key, int(time.time() + ttl_minutes * 60))
 
 
@@ -68,7 +77,7 @@ def verify_token(key: bytes, token: str, now: float | None = None) -> bool:
     if not _TOKEN_SHAPE.fullmatch(token):
         return False
     raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    if len(raw) != _TOKEN_BYTES:
+    if len(raw) != _TOKEN_BYTES or _spelling(raw) != token:
         return False
     expiry, mac = raw[: _EXPIRY.size], raw[_EXPIRY.size :]
     if not hmac.compare_digest(mac, _mac(key, expiry)):

@@ -266,6 +266,34 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+def remove_dead_temporaries(folder: Path) -> None:
+    """Removes the temp folders (`.NAME.tmp-PID`) in `folder` whose process has ended: what a
+    killed build left behind. A live process's temporaries are its own to finish or remove."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        pid = _temporary_owner(entry.name)
+        if pid is not None and not _is_running(pid):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _temporary_owner(name: str) -> int | None:
+    head, marker, pid = name.rpartition(".tmp-")
+    if not (name.startswith(".") and marker and pid.isdigit()):
+        return None
+    return int(pid)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    return True
+
+
 def _replace_dir(source: Path, destination: Path) -> None:
     if destination.exists():
         shutil.rmtree(destination)

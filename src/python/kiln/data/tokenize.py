@@ -30,9 +30,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kiln import lifetime  # before the slow imports: it notes the parent process
 from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_bytes, read_status
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
+from kiln.containment import OutsideRoot, within
 from kiln.data import sources
 from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, SHARDS_DIR, shard_dir_name
 from kiln.data.cache_writer import (
@@ -40,6 +42,7 @@ from kiln.data.cache_writer import (
     assemble_cache,
     check_shard_content,
     read_shard_record,
+    remove_dead_temporaries,
 )
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.spec import CacheSpec, parse_cache_spec
@@ -47,6 +50,8 @@ from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge
+# A tokenize process whose Pants process died ends at SIGTERM; SIGKILL follows if it does not.
+ORPHAN_GRACE_SECONDS = 5.0
 
 
 def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
@@ -242,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     # transformers warns on import that PyTorch is absent: true, and irrelevant for tokenizing.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     args = _parser().parse_args(argv)
+    lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
     try:
+        _check_contained(args)
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
         finished = args.out if args.command != "shard" else args.unless_built
@@ -312,6 +319,7 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
             merge_cache(spec, args.shards, args.out)
             print(f"{_ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     for staging in {shard.parent for shard in args.shards}:  # store mode's .{version}.shards/
+        remove_dead_temporaries(staging)  # what killed builds left
         _remove_if_empty(staging)
 
 
@@ -319,6 +327,19 @@ def _remove_if_empty(folder: Path) -> None:
     """Removes a shard staging folder once nothing is left in it (no shard, no lease)."""
     with contextlib.suppress(OSError):
         folder.rmdir()
+
+
+def _check_contained(args: argparse.Namespace) -> None:
+    """With --root (the artifact store, for store-mode caches), every folder this command writes
+    or moves must resolve inside it, before anything is written."""
+    if args.root is None:
+        return
+    written = [args.out, *(args.shards if args.command == "merge" else [])]
+    try:
+        for path in written:
+            within(path, args.root, "the folder")
+    except OutsideRoot as e:
+        raise SpecError(str(e)) from None
 
 
 def _already_built(spec: CacheSpec, out_dir: Path) -> bool:
@@ -364,6 +385,10 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="all shards in this process, then merge")
     build.add_argument("spec", type=Path)
     build.add_argument("--out", type=Path, required=True)
+    for command in (shard, merge, build):
+        command.add_argument(
+            "--root", type=Path, help="every folder written must resolve inside this one"
+        )
     return parser
 
 

@@ -19,10 +19,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from kiln import lifetime  # before the slow imports: it notes the parent process
 from kiln.train import multihost
 from kiln.train.spec import SpecError, TrainSpec, load_spec
 
 EXIT_STOPPED_EARLY = 3
+# How long a trainer whose parent process died has to save a checkpoint before it is killed.
+ORPHAN_GRACE_SECONDS = 30.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     multihost.add_flags(parser)
     args = parser.parse_args(argv)
+    lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)  # SIGTERM: a checkpoint, then exit
     cluster = multihost.cluster_from_flags(parser, args)
     try:
         with multihost.joined(cluster):

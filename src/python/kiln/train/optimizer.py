@@ -5,7 +5,6 @@ See docs/model.md ("Optimizer") for the schedule's shape.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
@@ -19,21 +18,7 @@ def warmup_and_decay_steps(config: AdamConfig, num_train_steps: int) -> tuple[in
     """(warmup steps, decay steps); between them the learning rate holds at its peak."""
     if num_train_steps <= 0:
         raise ValueError(f"num_train_steps must be > 0, got {num_train_steps}")
-    warmup = _steps(config.warmup, num_train_steps)
-    if warmup > num_train_steps:
-        raise ValueError(
-            f"AdamConfig.warmup ({config.warmup}) is {warmup} steps, more than "
-            f"num_train_steps ({num_train_steps})"
-        )
-    decay = (
-        num_train_steps - warmup if config.decay is None else _steps(config.decay, num_train_steps)
-    )
-    if warmup + decay > num_train_steps:
-        raise ValueError(
-            f"AdamConfig warmup + decay = {warmup} + {decay} steps exceeds "
-            f"num_train_steps ({num_train_steps})"
-        )
-    return warmup, decay
+    return config.schedule_steps(num_train_steps)  # a SpecError (a ValueError) if they overflow
 
 
 def learning_rate_schedule(config: AdamConfig, num_train_steps: int) -> optax.Schedule:
@@ -80,7 +65,3 @@ def _inv_sqrt_schedule(peak: float, floor: float, warmup: int) -> optax.Schedule
         return jnp.maximum(floor, peak * jnp.sqrt(timescale / (timescale + count)))
 
     return schedule
-
-
-def _steps(amount: float, num_train_steps: int) -> int:
-    return int(amount * num_train_steps) if amount < 1 else int(math.floor(amount))

@@ -129,3 +129,41 @@ def test_a_shard_cut_under_other_sharding_rules_is_rebuilt_not_merged(
     assert main(["shard", spec_file, "--index", "0", "--out", str(old_shard)]) == 0  # rebuilt
     assert main(["merge", spec_file, *shards, "--out", str(tmp_path / "cache")]) == 0
     assert TokenCache.open(tmp_path / "cache").num_documents == len(texts)
+
+
+def test_store_writes_through_a_symlink_out_of_the_root_are_refused(tmp_path: Path, capsys):
+    write_corpus(tmp_path / "corpus")
+    spec = make_spec({"kind": "files", "paths": [str(tmp_path / "corpus/*.jsonl")]}, num_shards=1)
+    spec_file = _write_spec(tmp_path, spec)
+    store, outside = tmp_path / "store", tmp_path / "outside"
+    store.mkdir()
+    outside.mkdir()
+    (store / "tokenized").symlink_to(outside)
+    shard = store / "tokenized/.c.shards/shard-0"
+    assert main(["shard", spec_file, "--index", "0", "--out", str(shard), "--root", str(store)]) == 2
+    assert f"resolves to {outside}/.c.shards/shard-0, outside {store}" in capsys.readouterr().err
+    escaping = store / "../outside/cache"
+    merge = ["merge", spec_file, "--shards", str(store / "s0"), "--out", str(escaping)]
+    assert main([*merge, "--root", str(store)]) == 2
+    assert list(outside.iterdir()) == []
+
+
+def test_a_killed_builds_temporaries_are_removed_when_the_cache_is_next_built(tmp_path: Path):
+    write_corpus(tmp_path / "corpus")
+    spec = make_spec({"kind": "files", "paths": [str(tmp_path / "corpus/*.jsonl")]}, num_shards=1)
+    spec_file = _write_spec(tmp_path, spec)
+    store = tmp_path / "store"
+    building = store / "tokenized/.c.shards"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    (building / f".shard-0.tmp-{dead}/data").mkdir(parents=True)  # a shard killed mid-write
+    live = building / f".shard-1.tmp-{os.getpid()}"  # a live process's temporary: kept
+    live.mkdir()
+    shard, cache = building / "shard-0", store / "tokenized/c"
+    root = ["--root", str(store)]
+    assert main(["shard", spec_file, "--index", "0", "--out", str(shard), *root]) == 0
+    assert sorted(p.name for p in building.iterdir()) == [live.name, "shard-0"]
+    live.rmdir()
+    assert main(["merge", spec_file, "--shards", str(shard), "--out", str(cache), *root]) == 0
+    assert read_status(cache) == "SUCCESS"
+    assert not building.exists()  # emptied by the merge, then removed

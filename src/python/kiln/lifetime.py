@@ -1,0 +1,70 @@
+"""Processes end with their run: a runtime process whose parent has died stops.
+
+Pants starts each runtime process (the runner, tokenize shards and merges) as a child of the
+Pants process (pantsd, or the client itself with `--no-pantsd`), in a session of its own. When a
+run is cancelled (Ctrl-C, SIGTERM, a client that goes away under pantsd) Pants interrupts them:
+SIGINT to their process group, SIGKILL a few seconds later. When the Pants process itself is
+killed (SIGKILL of `./pants --no-pantsd run`, of pantsd, an OOM kill), nothing would: the
+process is adopted by init and goes on writing, holding its artifact's lease.
+
+`stop_when_orphaned` watches for exactly that: a daemon thread polls the parent pid, which
+changes when the parent dies (the kernel re-parents the process to init or a subreaper). The
+process then gets SIGTERM (the trainer saves a checkpoint and exits; other processes end at
+once) and SIGKILL if it is still running after a grace period.
+
+The parent is read when this module is imported, which the runtime's command lines do before
+their heavy imports (jax, transformers take seconds): a parent that dies during those imports is
+noticed as well. Only one that dies in the ~0.1 s of interpreter start-up goes unseen.
+
+Why not `prctl(PR_SET_PDEATHSIG)`: Linux sends that signal when the *thread* that forked the
+child exits, not the parent process; Pants forks from its engine's worker threads, so a run
+could be stopped while Pants lives on. The parent pid changes only when the process dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+POLL_SECONDS = 0.5
+
+_watching: list[threading.Thread] = []
+_PARENT_AT_IMPORT = os.getppid()
+
+
+def stop_when_orphaned(grace_seconds: float) -> bool:
+    """From now on, when this process's parent dies: SIGTERM to this process, then SIGKILL
+    `grace_seconds` later if it still runs. Once per process; False when there is no parent to
+    watch (init's children: their parent never dies)."""
+    if _watching:
+        return True
+    parent = _PARENT_AT_IMPORT
+    if parent == 1:
+        return False
+    watcher = threading.Thread(
+        target=_watch, args=(parent, grace_seconds), name="kiln-parent-watch", daemon=True
+    )
+    watcher.start()
+    _watching.append(watcher)
+    return True
+
+
+def _watch(parent: int, grace_seconds: float) -> None:
+    while os.getppid() == parent:
+        time.sleep(POLL_SECONDS)
+    _note(f"kiln: the process that started this one (pid {parent}) has ended; stopping")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace_seconds)
+    _note(f"kiln: still running {grace_seconds:g} s after SIGTERM; killing")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _note(message: str) -> None:
+    """Best effort: whoever read our output may be gone with the parent."""
+    try:
+        print(message, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
