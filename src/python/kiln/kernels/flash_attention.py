@@ -25,6 +25,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -35,6 +36,11 @@ from kiln.kernels.block_sizes import MIN_BLOCK, BlockSizes, LaunchParams, defaul
 # at least to itself, so one always does).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 LOG2_E = math.log2(math.e)
+# checkpoint_name()s of the forward's outputs that the backward reads: a remat policy that saves
+# them (kiln.model.llama's save_dots) spares the backward a second run of the forward kernel.
+ATTENTION_OUTPUT = "kiln_attention_output"
+ATTENTION_LSE = "kiln_attention_lse"
+ATTENTION_RESIDUALS = (ATTENTION_OUTPUT, ATTENTION_LSE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,11 +366,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *, c
 
 
 def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, jax.Array]:
-    """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
+    """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq], named
+    for remat policies (ATTENTION_RESIDUALS)."""
     batch, padded_len, num_heads, _ = q.shape
     blocks, launch = config.block_sizes, config.launch
     q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q)
-    return pl.pallas_call(
+    out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, config=config),
         grid=(padded_len // blocks.block_q, batch, num_heads),
         in_specs=[
@@ -382,6 +389,7 @@ def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, ja
         interpret=config.interpret,
         name="kiln_flash_attention_fwd",
     )(q, k, v, segment_ids)
+    return checkpoint_name(out, ATTENTION_OUTPUT), checkpoint_name(lse, ATTENTION_LSE)
 
 
 # ----------------------------------------------------------------------------------------------

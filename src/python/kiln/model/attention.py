@@ -13,6 +13,9 @@ from jax.sharding import PartitionSpec
 from kiln.model.partitioning import BATCH_AXES, batch_mesh
 from kiln_contract.vocabulary import ATTENTION_IMPLS
 
+# The jax.named_scope() of every attention call, so that a profile can attribute its time.
+ATTENTION_SCOPE = "kiln_attention"
+
 
 def resolve_attention_impl(impl: str) -> str:
     """Validates `impl` and turns "auto" into pallas on GPU, xla elsewhere."""
@@ -33,12 +36,13 @@ def attention(
     causal: bool = True,
 ) -> jax.Array:
     """Softmax attention with scale 1/sqrt(D); returns q's shape and dtype."""
-    impl = resolve_attention_impl(impl)
-    if impl == "xla":
-        return _xla_attention(q, k, v, segment_ids, causal=causal)
-    if impl == "pallas":
-        return _pallas_attention(q, k, v, segment_ids, causal=causal)
-    return _cudnn_attention(q, k, v, segment_ids, causal=causal)
+    implementation = {
+        "xla": _xla_attention,
+        "pallas": _pallas_attention,
+        "cudnn": _cudnn_attention,
+    }[resolve_attention_impl(impl)]
+    with jax.named_scope(ATTENTION_SCOPE):
+        return implementation(q, k, v, segment_ids, causal=causal)
 
 
 def _pallas_attention(

@@ -21,11 +21,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.model.partitioning import BATCH_AXES
-from kiln.train.loss import batch_loss_tokens, next_token_loss, per_token_log_probs
+from kiln.train.loss import batch_loss_tokens, next_token_loss, per_token_log_probs, token_losses
 from kiln.train.mesh import batch_parallelism, batch_sharding, state_shardings
 from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
 
 BATCH_FIELDS = {"tokens": np.int32, "segment_ids": np.int32, "loss_mask": np.float32}
+# jax.named_scope()s of the step's parts, so that a profile can attribute its time (the model
+# names its attention: kiln.model.attention.ATTENTION_SCOPE).
+LOSS_SCOPE = "kiln_lm_head_loss"
+OPTIMIZER_SCOPE = "kiln_optimizer"
 
 
 @struct.dataclass
@@ -118,10 +122,13 @@ def train_step_fn(
         num_tokens = batch_loss_tokens(batch["loss_mask"])
 
         def loss_fn(params: nnx.State, micro: Mapping[str, jax.Array]):
-            logits = nnx.merge(state.graphdef, params)(micro["tokens"], micro["segment_ids"])
-            return next_token_loss(
-                logits, micro["tokens"], micro["loss_mask"], z_loss_weight, num_tokens
-            )
+            model = nnx.merge(state.graphdef, params)
+            hidden = model.hidden_states(micro["tokens"], micro["segment_ids"])
+            with jax.named_scope(LOSS_SCOPE):
+                return next_token_loss(
+                    hidden, model.output_weights(), micro["tokens"], micro["loss_mask"],
+                    z_loss_weight, num_tokens,
+                )  # fmt: skip
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if microbatches == 1:
@@ -129,13 +136,14 @@ def train_step_fn(
         else:
             split = split_microbatches(batch, microbatches, mesh)
             (loss, metrics), grads = _accumulate(grad_fn, state.params, split, mesh)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        next_state = dataclasses.replace(
-            state,
-            params=optax.apply_updates(state.params, updates),
-            opt_state=opt_state,
-            step=state.step + 1,
-        )
+        with jax.named_scope(OPTIMIZER_SCOPE):
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            next_state = dataclasses.replace(
+                state,
+                params=optax.apply_updates(state.params, updates),
+                opt_state=opt_state,
+                step=state.step + 1,
+            )
         if mesh is not None:
             # Pin the layout so the next call sees the same input shardings (no recompiles).
             next_state = jax.lax.with_sharding_constraint(
@@ -196,10 +204,11 @@ def make_eval_step(
     """fn(state, batch) -> {"loss_sum": sum of masked next-token CE in nats, "token_count"}."""
 
     def eval_step(state: TrainState, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        logits = nnx.merge(state.graphdef, state.params)(batch["tokens"], batch["segment_ids"])
+        model = nnx.merge(state.graphdef, state.params)
+        hidden = model.hidden_states(batch["tokens"], batch["segment_ids"])
+        cross_entropy, _ = token_losses(hidden, model.output_weights(), batch["tokens"])
         mask = batch["loss_mask"][:, :-1].astype(jnp.float32)
-        log_probs = per_token_log_probs(logits, batch["tokens"])
-        return {"loss_sum": -(log_probs * mask).sum(), "token_count": mask.sum()}
+        return {"loss_sum": (cross_entropy * mask).sum(), "token_count": mask.sum()}
 
     return _under_mesh(jax.jit(eval_step), mesh)
 
