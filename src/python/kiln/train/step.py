@@ -26,6 +26,8 @@ from kiln.train.mesh import batch_parallelism, batch_sharding, state_shardings
 from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
 
 BATCH_FIELDS = {"tokens": np.int32, "segment_ids": np.int32, "loss_mask": np.float32}
+# A batch without segment ids holds one sequence per row (the attention-only benchmark layout).
+OPTIONAL_BATCH_FIELDS = ("segment_ids",)
 # jax.named_scope()s of the step's parts, so that a profile can attribute its time (the model
 # names its attention: kiln.model.attention.ATTENTION_SCOPE).
 LOSS_SCOPE = "kiln_lm_head_loss"
@@ -123,7 +125,7 @@ def train_step_fn(
 
         def loss_fn(params: nnx.State, micro: Mapping[str, jax.Array]):
             model = nnx.merge(state.graphdef, params)
-            hidden = model.hidden_states(micro["tokens"], micro["segment_ids"])
+            hidden = model.hidden_states(micro["tokens"], micro.get("segment_ids"))
             with jax.named_scope(LOSS_SCOPE):
                 return next_token_loss(
                     hidden, model.output_weights(), micro["tokens"], micro["loss_mask"],
@@ -205,7 +207,7 @@ def make_eval_step(
 
     def eval_step(state: TrainState, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         model = nnx.merge(state.graphdef, state.params)
-        hidden = model.hidden_states(batch["tokens"], batch["segment_ids"])
+        hidden = model.hidden_states(batch["tokens"], batch.get("segment_ids"))
         cross_entropy, _ = token_losses(hidden, model.output_weights(), batch["tokens"])
         mask = batch["loss_mask"][:, :-1].astype(jnp.float32)
         return {"loss_sum": (cross_entropy * mask).sum(), "token_count": mask.sum()}
@@ -244,11 +246,13 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
 
     `batch` is the whole global batch. With several processes (multi-host) every process passes
     the same one (the mixture is deterministic) and places only the rows its own devices hold.
+    Without segment_ids every row is one sequence.
     """
-    missing = sorted(set(BATCH_FIELDS) - set(batch))
+    missing = sorted(set(BATCH_FIELDS) - set(batch) - set(OPTIONAL_BATCH_FIELDS))
     if missing:
         raise ValueError(f"batch is missing field(s) {missing}; expected {sorted(BATCH_FIELDS)}")
-    shapes = {name: np.shape(batch[name]) for name in BATCH_FIELDS}
+    fields = {name: dtype for name, dtype in BATCH_FIELDS.items() if name in batch}
+    shapes = {name: np.shape(batch[name]) for name in fields}
     if len(set(shapes.values())) != 1 or len(shapes["tokens"]) != 2:
         raise ValueError(f"batch fields must all be [batch, seq_len] arrays, got shapes {shapes}")
     global_batch = shapes["tokens"][0]
@@ -258,7 +262,7 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
             f"global batch size {global_batch} is not divisible by the mesh's data * fsdp = {ways}"
         )
     sharding = batch_sharding(mesh)
-    arrays = {name: np.asarray(batch[name], dtype) for name, dtype in BATCH_FIELDS.items()}
+    arrays = {name: np.asarray(batch[name], dtype) for name, dtype in fields.items()}
     return {
         name: jax.make_array_from_callback(array.shape, sharding, array.__getitem__)
         for name, array in arrays.items()
