@@ -30,7 +30,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
 
 from kiln.artifacts import atomic_write_json
