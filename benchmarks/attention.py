@@ -2,12 +2,18 @@
 
     PYTHONPATH=src/python python3 benchmarks/attention.py            # full sweep (GPU)
     PYTHONPATH=src/python python3 benchmarks/attention.py --quick    # tiny sizes, CPU interpret mode
+    PYTHONPATH=src/python python3 benchmarks/attention.py --layouts docs --seqs 2048 4096
 
 For every config it checks each implementation's output (and, for fwd+bwd, dQ/dK/dV) against
 reference_attention in fp32 on one batch row and one kv-head group, then times forward and
-forward+backward (jit, two warm-up calls). FLOPs: forward
-4*batch*heads*seq^2*dim, halved when causal; forward+backward counts 3.5x forward (the backward
-does 5 of the 7 matmuls). Needs only jax: runs on the device image without a kiln install.
+forward+backward (jit, two warm-up calls). Segment layouts (benchmarks/segment_layouts.py): none,
+ones (one document per row) and docs (the quickstart corpus's documents packed into windows, as
+training sees them). With segment ids ours compares them per tile and skips tile pairs across
+documents, XLA takes a dense boolean mask, and cuDNN its own packed layout (q/kv offsets and
+lengths per document; kiln.model.attention.cudnn_packed_attention). FLOPs: forward
+4*batch*heads*seq^2*dim, halved when causal, whatever the layout (the same count for every
+layout, so times compare); forward+backward counts 3.5x forward (the backward does 5 of the 7
+matmuls). Needs jax and src/python only: runs on the device image without a kiln install.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
 
 from kiln.artifacts import atomic_write_json
 from kiln.kernels.block_sizes import BlockSizes, LaunchParams, default_block_sizes
 from kiln.kernels.flash_attention import flash_attention
 from kiln.kernels.reference import reference_attention
+from kiln.model.attention import cudnn_packed_attention, cudnn_packed_layout
 
 IMPLEMENTATIONS = ("ours", "xla", "cudnn")
 PASSES = ("fwd", "fwd+bwd")
@@ -44,6 +52,7 @@ class Config:
     batch: int
     num_heads: int
     num_kv_heads: int
+    layout: str = "none"
 
     def forward_flops(self) -> float:
         flops = 4.0 * self.batch * self.num_heads * self.seq_len**2 * self.head_dim
@@ -61,26 +70,40 @@ class Measurement:
 
 
 def attention(
-    implementation: str, causal: bool, settings: tuple[BlockSizes, LaunchParams] | None = None
+    implementation: str,
+    causal: bool,
+    settings: tuple[BlockSizes, LaunchParams] | None = None,
+    max_segments: int = 1,
 ) -> Callable[..., jax.Array]:
-    """implementation's attention(q, k, v); ours with `settings` (None: the table's)."""
+    """implementation's attention(q, k, v, segment_ids or None); ours with `settings` (None: the
+    table's); cuDNN's packed layout sized for max_segments documents per row."""
     if implementation == "ours":
         block_sizes, launch = settings or (None, None)
-        return lambda q, k, v: flash_attention(
-            q, k, v, causal=causal, block_sizes=block_sizes, launch=launch
+        return lambda q, k, v, ids: flash_attention(
+            q, k, v, ids, causal=causal, block_sizes=block_sizes, launch=launch
         )
-    return lambda q, k, v: jax.nn.dot_product_attention(
-        q, k, v, is_causal=causal, implementation=implementation
-    )
+    if implementation == "cudnn":
+        return lambda q, k, v, ids: (
+            jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+            if ids is None
+            else cudnn_packed_attention(
+                q, k, v, *cudnn_packed_layout(ids, max_segments)[:2], causal=causal
+            )
+        )
+    return lambda q, k, v, ids: jax.nn.dot_product_attention(
+        q, k, v, mask=None if ids is None else ids[:, None, :, None] == ids[:, None, None, :],
+        is_causal=causal, implementation=implementation,
+    )  # fmt: skip
 
 
 def as_pass(fn: Callable[..., jax.Array], pass_name: str) -> Callable[..., object]:
-    """The jitted function a pass times: the output, or dQ/dK/dV for a cotangent d_out."""
+    """The jitted function a pass times, of (q, k, v, d_out, segment_ids): the output, or
+    dQ/dK/dV for a cotangent d_out."""
     if pass_name == "fwd":
-        return jax.jit(lambda q, k, v, d_out: fn(q, k, v))
+        return jax.jit(lambda q, k, v, d_out, ids: fn(q, k, v, ids))
 
-    def loss(q, k, v, d_out):
-        return jnp.sum(fn(q, k, v).astype(jnp.float32) * d_out.astype(jnp.float32))
+    def loss(q, k, v, d_out, ids):
+        return jnp.sum(fn(q, k, v, ids).astype(jnp.float32) * d_out.astype(jnp.float32))
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
 
@@ -105,13 +128,17 @@ def check_error(result, reference, config: Config) -> float:
     )
 
 
-def reference_on_slice(q, k, v, d_out, config: Config, pass_name: str):
+def reference_on_slice(q, k, v, d_out, ids, config: Config, pass_name: str):
     """fp32 reference on batch row 0 and kv head 0 (rows and kv groups are independent)."""
     group = config.num_heads // config.num_kv_heads
     q, d_out = q[:1, :, :group].astype(jnp.float32), d_out[:1, :, :group].astype(jnp.float32)
     k, v = k[:1, :, :1].astype(jnp.float32), v[:1, :, :1].astype(jnp.float32)
-    fn = jax.jit(lambda q, k, v: reference_attention(q, k, v, causal=config.causal))
-    return as_pass(fn, pass_name)(q, k, v, d_out)
+    ids = None if ids is None else ids[:1]
+
+    def fn(q, k, v, ids):
+        return reference_attention(q, k, v, ids, causal=config.causal)
+
+    return as_pass(fn, pass_name)(q, k, v, d_out, ids)
 
 
 def device_seconds(fn: Callable, args: tuple, iters: int, repeats: int = 3) -> float:
@@ -135,7 +162,10 @@ def measure(
     if implementation == "cudnn" and jax.default_backend() != "gpu":
         return Measurement(implementation, None, None, "n/a")
     settings = options.block_sizes.get(config.head_dim)
-    fn = as_pass(attention(implementation, config.causal, settings), pass_name)
+    ids = args[-1]
+    # cuDNN's packed layout at its tightest for this batch: its most documents in a row.
+    max_segments = 1 if ids is None else int((ids[:, 1:] != ids[:, :-1]).sum(axis=1).max()) + 1
+    fn = as_pass(attention(implementation, config.causal, settings, max_segments), pass_name)
     try:
         error = check_error(fn(*args), reference, config)
         seconds = device_seconds(fn, args, options.iters)
@@ -148,15 +178,18 @@ def measure(
     return Measurement(implementation, seconds, error)
 
 
-def make_inputs(config: Config, dtype, seed: int = 0) -> tuple[jax.Array, ...]:
+def make_inputs(config: Config, dtype, seed: int = 0) -> tuple[jax.Array | None, ...]:
+    """(q, k, v, d_out, segment_ids or None) on the device."""
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
     q_shape = (config.batch, config.seq_len, config.num_heads, config.head_dim)
     kv_shape = (config.batch, config.seq_len, config.num_kv_heads, config.head_dim)
+    ids = segment_ids(config.layout, config.batch, config.seq_len, seed)
     return (
         jax.random.normal(keys[0], q_shape, dtype),
         jax.random.normal(keys[1], kv_shape, dtype),
         jax.random.normal(keys[2], kv_shape, dtype),
         jax.random.normal(keys[3], q_shape, dtype),
+        None if ids is None else jnp.asarray(ids),
     )
 
 
@@ -165,17 +198,19 @@ def sweep(options) -> list[Config]:
     for seq_len in options.seqs:
         for head_dim in options.head_dims:
             num_heads = options.num_heads or max(1, options.model_dim // head_dim)
-            for causal in (True, False):
-                configs.append(
-                    Config(
-                        seq_len=seq_len,
-                        head_dim=head_dim,
-                        causal=causal,
-                        batch=max(1, options.tokens // seq_len),
-                        num_heads=num_heads,
-                        num_kv_heads=num_heads // options.group,
+            for causal in options.causal:
+                for layout in options.layouts:
+                    configs.append(
+                        Config(
+                            seq_len=seq_len,
+                            head_dim=head_dim,
+                            causal=causal,
+                            batch=max(1, options.tokens // seq_len),
+                            num_heads=num_heads,
+                            num_kv_heads=num_heads // options.group,
+                            layout=layout,
+                        )
                     )
-                )
     return configs
 
 
@@ -186,7 +221,7 @@ def format_cell(measurement: Measurement, flops: float) -> tuple[str, str]:
 
 
 HEADER = (
-    f"{'seq':>6} {'dim':>4} {'causal':>6} {'pass':>8} {'ours ms':>9} "
+    f"{'seq':>6} {'dim':>4} {'causal':>6} {'layout':>6} {'pass':>8} {'ours ms':>9} "
     + " ".join(f"{name + ' TF/s':>10}" for name in IMPLEMENTATIONS)
     + f" {'ours/cuDNN':>10} "
     + " ".join(f"{name + ' err':>10}" for name in IMPLEMENTATIONS)
@@ -202,8 +237,8 @@ def table_row(config: Config, pass_name: str, measurements: list[Measurement]) -
         ratio = f"{cudnn.seconds / ours.seconds:.2f}"
     ours_ms = "fail" if ours.seconds is None else f"{ours.seconds * 1e3:.3f}"
     return (
-        f"{config.seq_len:>6} {config.head_dim:>4} {config.causal!s:>6} {pass_name:>8} "
-        f"{ours_ms:>9} "
+        f"{config.seq_len:>6} {config.head_dim:>4} {config.causal!s:>6} {config.layout:>6} "
+        f"{pass_name:>8} {ours_ms:>9} "
         + " ".join(f"{tflops:>10}" for tflops, _ in cells)
         + f" {ratio:>10} "
         + " ".join(f"{error:>10}" for _, error in cells)
@@ -216,6 +251,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--seqs", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    parser.add_argument(
+        "--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS), help="segment layouts"
+    )
+    parser.add_argument(
+        "--causal", nargs="+", choices=["true", "false"], default=["true", "false"]
+    )
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--num-heads", type=int, default=0, help="overrides --model-dim")
     parser.add_argument("--group", type=int, default=1, help="q heads per kv head (GQA)")
@@ -229,8 +270,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", help="also write the rows to this JSON file (after each row)")
     options = parser.parse_args(argv)
     if options.quick:
-        options.seqs, options.head_dims, options.num_heads = [128, 256], [64], 2
+        options.seqs, options.head_dims, options.num_heads = [128], [64], 2
         options.tokens, options.iters = 256, 2
+    options.causal = [value == "true" for value in options.causal]
     options.block_sizes = load_block_sizes(options.block_sizes)
     return options
 
@@ -291,6 +333,10 @@ def main(argv: list[str] | None = None) -> None:
             device.device_kind, head_dim
         )
         print(f"  settings (d={head_dim}): {blocks} {launch}")
+    for layout in options.layouts:
+        for seq_len in options.seqs:
+            batch = max(1, options.tokens // seq_len)
+            print(f"  {layout} at seq {seq_len}: {describe(segment_ids(layout, batch, seq_len))}")
     print(HEADER)
     rows = []
     for config in sweep(options):

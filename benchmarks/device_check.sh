@@ -4,12 +4,15 @@
 # It uses the machine's python3 with jax for CUDA (no kiln install: PYTHONPATH=src/python).
 # SETTINGS.json: a settings file ({head_dim: BlockSizes and LaunchParams fields}, a tuner's
 # --json) used instead of the device's table entry.
-#  1. attention.py: error against the fp32 reference, TF/s for ours / XLA / cuDNN, seq 1k-16k,
-#     d 128/64, causal and not, forward and forward+backward.
+#  1. attention.py: error against the fp32 reference, TF/s for ours / XLA / cuDNN, seq 2k-16k,
+#     d 128, causal, no segment ids and the quickstart corpus's documents packed (docs layout),
+#     forward and forward+backward.
 #  2. ncu (hardware counters, clocks left alone) on one forward+backward of ours: speed of light,
 #     occupancy, launch stats (registers, shared memory) and warp state per kernel.
-#  3. train_step.py: the 1.4B train step with pallas and cudnn attention.
-# Each part has its own time limit (together 480 s) and writes as it goes; everything goes under
+#  3. train_step.py: the 1.4B train step with pallas, then cudnn attention (each in its own
+#     process), one document per row and the docs layout, first step cold and warm from the
+#     compilation cache, MFU in both conventions.
+# Each part has its own time limit (together 390 s) and writes as it goes; everything goes under
 # $OUT (default /tmp/kiln-device), and the tables are printed last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,23 +27,27 @@ settings=()
   python3 -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__, "optax", optax.__version__, jax.devices())'
 } >"${OUT}/env.txt" 2>&1
 
-timeout 240 python3 benchmarks/attention.py ${settings[@]+"${settings[@]}"} \
+timeout 130 python3 benchmarks/attention.py ${settings[@]+"${settings[@]}"} \
+  --seqs 2048 4096 8192 16384 --head-dims 128 --causal true --layouts none docs \
   --json "${OUT}/attention.json" >"${OUT}/attention.txt" 2>&1
 echo "attention.py exit $?" >>"${OUT}/attention.txt"
 
 ncu_sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
   --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats)
-timeout 60 ncu --clock-control none --kernel-name regex:kiln_flash --launch-count 3 \
+timeout 40 ncu --clock-control none --kernel-name regex:kiln_flash --launch-count 3 \
   "${ncu_sections[@]}" python3 benchmarks/attention_once.py ${settings[@]+"${settings[@]}"} \
   >"${OUT}/ncu.txt" 2>&1
 echo "ncu exit $?" >>"${OUT}/ncu.txt"
 
-timeout 180 python3 benchmarks/train_step.py --model 1.4b --attention pallas,cudnn \
-  --steps 5 ${settings[@]+"${settings[@]}"} >"${OUT}/train_step.txt" 2>&1
-echo "train_step.py exit $?" >>"${OUT}/train_step.txt"
+for attention in pallas cudnn; do
+  timeout 110 python3 benchmarks/train_step.py --model 1.4b --attention "${attention}" \
+    --layouts ones docs --steps 5 --compile-cache "${OUT}/jax-cache-${attention}" \
+    ${settings[@]+"${settings[@]}"} >>"${OUT}/train_step.txt" 2>&1
+  echo "train_step.py --attention ${attention} exit $?" >>"${OUT}/train_step.txt"
+done
 
 cat "${OUT}/env.txt"
 grep -v "^  ours\|^  xla\|^  cudnn\|Warning\|warn" "${OUT}/attention.txt" | tail -n 50
 grep -E "kiln_flash|Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|exit" \
   "${OUT}/ncu.txt" | head -n 36
-tail -n 8 "${OUT}/train_step.txt"
+grep -v "Warning\|warn" "${OUT}/train_step.txt" | tail -n 20

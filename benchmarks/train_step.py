@@ -1,23 +1,33 @@
-"""Throughput of the jitted train step: tokens/s, step time and MFU per attention implementation.
+"""Throughput of the jitted train step: tokens/s, step time and MFU per attention implementation
+and segment layout.
 
     PYTHONPATH=src/python python3 benchmarks/train_step.py --model tiny            # CPU
     PYTHONPATH=src/python python3 benchmarks/train_step.py --model 1.4b            # GPU (H200)
-    PYTHONPATH=src/python python3 benchmarks/train_step.py --model tiny --attention xla
+    PYTHONPATH=src/python python3 benchmarks/train_step.py --model tiny --attention xla \
+        --layouts docs --compile-cache /tmp/kiln-jax-cache
 
+Segment layouts (benchmarks/segment_layouts.py): none (no segment ids), ones (one document per
+row) and docs (the quickstart corpus's documents packed into windows, as training sees them).
 MFU = tokens/s * flops_per_token(config, seq_len) / (devices * peak FLOP/s of the device), with
 the peak from PEAK_BF16_FLOPS (dense bf16 spec sheets); n/a where the device is not listed (CPU).
-Random tokens, one fixed batch; the median of --steps timed steps after --warmup-steps.
+It is printed in two conventions: attention at full length (PaLM's, Levanter's) and
+causal-halved (the attention FLOPs a causal kernel does). Random tokens, one fixed batch; the
+median of --steps timed steps after --warmup-steps. "1st step s" is the first call (trace,
+compile, run); with --compile-cache, "warm 1st s" is the first call of a second, freshly traced
+step in the same process, its executable read from jax's persistent compilation cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 
 import jax
 import numpy as np
 from attention import load_block_sizes  # benchmarks/attention.py
+from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
 
 from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
@@ -57,8 +67,8 @@ PEAK_BF16_FLOPS = {  # dense, no sparsity
 }
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     config = MODELS[args.model]
     batch_size, seq_len, remat = DEFAULTS[args.model]
     batch_size, seq_len = args.batch_size or batch_size, args.seq_len or seq_len
@@ -66,27 +76,52 @@ def main() -> None:
     device = jax.devices()[0]
     if args.block_sizes:
         TUNED_BLOCK_SIZES[device.device_kind] = load_block_sizes(args.block_sizes)
+    if args.compile_cache is not None:
+        use_compilation_cache(args.compile_cache or tempfile.mkdtemp(prefix="kiln-jax-cache-"))
     print(
         f"model {args.model}: {num_parameters(config) / 1e6:.1f}M params, batch {batch_size} x "
         f"{seq_len}, remat {remat}, compute {args.compute_dtype}, "
         f"{jax.device_count()} x {device.device_kind}"
     )
+    for layout in args.layouts:
+        print(f"  {layout}: {describe(segment_ids(layout, batch_size, seq_len))}")
     print_header()
-    for attention in args.attention.split(","):
-        try:
-            row = measure(config, attention, batch_size, seq_len, remat, args)
-        except Exception as error:  # report the failure in the table and go on
-            row = {"attention": attention, "error": f"{type(error).__name__}: {error}"}
-        print_row(row)  # as each finishes: a run stopped by a timeout keeps its rows
+    for layout in args.layouts:
+        for attention in args.attention.split(","):
+            try:
+                row = measure(config, attention, layout, batch_size, seq_len, remat, args)
+            except Exception as error:  # report the failure in the table and go on
+                row = {"attention": attention, "layout": layout}
+                row["error"] = f"{type(error).__name__}: {error}"
+            print_row(row)  # as each finishes: a run stopped by a timeout keeps its rows
 
 
-def parse_args() -> argparse.Namespace:
+def use_compilation_cache(directory: str) -> None:
+    """jax's persistent compilation cache in `directory`, for every executable however small."""
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    print(f"compilation cache: {directory}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
     parser.add_argument(
         "--attention",
         default="xla,pallas",
         help="comma-separated: xla, pallas (interpret mode on CPU: slow), cudnn (GPU only)",
+    )
+    parser.add_argument(
+        "--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS), help="segment layouts"
+    )
+    parser.add_argument(
+        "--compile-cache",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="use jax's persistent compilation cache in DIR (default: a new temporary directory) "
+        "and print the first step's seconds cold and warm",
     )
     parser.add_argument("--batch-size", type=int, help="global batch (default per model)")
     parser.add_argument("--seq-len", type=int, help="default per model")
@@ -99,12 +134,13 @@ def parse_args() -> argparse.Namespace:
         help="JSON {head_dim: BlockSizes and LaunchParams fields} (a tuner's --json): use it as "
         "this device's entry in the kernel's table",
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def measure(
     config: LlamaConfig,
     attention: str,
+    layout: str,
     batch_size: int,
     seq_len: int,
     remat: str,
@@ -123,48 +159,69 @@ def measure(
         attention=attention,
         remat=remat,
     )
-    train_step = make_train_step(adam, num_train_steps, z_loss_weight=1e-4, mesh=mesh)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, config.vocab_size, (batch_size, seq_len), dtype=np.int32)
-    batch = shard_batch(
-        {
-            "tokens": tokens,
-            "segment_ids": np.ones_like(tokens),
-            "loss_mask": np.ones(tokens.shape, np.float32),
-        },
-        mesh,
-    )
-    start = time.perf_counter()
-    state, metrics = train_step(state, batch)
-    jax.block_until_ready(metrics)
-    compile_seconds = time.perf_counter() - start
+
+    def new_train_step():
+        return make_train_step(adam, num_train_steps, z_loss_weight=1e-4, mesh=mesh)
+
+    batch = shard_batch(make_batch(config, layout, batch_size, seq_len), mesh)
+    train_step = new_train_step()
+    state, first_step_seconds = timed_step(train_step, state, batch)
+    warm_first_step_seconds = None
+    if args.compile_cache is not None:  # a new jit: traced again, compiled from the cache
+        train_step = new_train_step()
+        state, warm_first_step_seconds = timed_step(train_step, state, batch)
     for _ in range(args.warmup_steps - 1):
         state, metrics = train_step(state, batch)
-    jax.block_until_ready(metrics)
     step_times = []
     for _ in range(args.steps):
-        start = time.perf_counter()
-        state, metrics = train_step(state, batch)
-        jax.block_until_ready(metrics)
-        step_times.append(time.perf_counter() - start)
+        state, seconds = timed_step(train_step, state, batch)
+        step_times.append(seconds)
+    state, metrics = train_step(state, batch)
     step_time = statistics.median(step_times)
     tokens_per_second = batch_size * seq_len / step_time
-    peak = PEAK_BF16_FLOPS.get(jax.devices()[0].device_kind)
-    mfu = None
-    if peak is not None:
-        mfu = tokens_per_second * flops_per_token(config, seq_len) / (jax.device_count() * peak)
     return {
         "attention": attention,
+        "layout": layout,
         "tokens_per_second": tokens_per_second,
         "step_ms": step_time * 1e3,
-        "mfu": mfu,
-        "first_step_s": compile_seconds,
+        "mfu": mfu(config, seq_len, tokens_per_second, causal_halved=False),
+        "mfu_causal": mfu(config, seq_len, tokens_per_second, causal_halved=True),
+        "first_step_s": first_step_seconds,
+        "warm_first_step_s": warm_first_step_seconds,
         "loss": float(metrics["loss"]),
     }
 
 
+def make_batch(config: LlamaConfig, layout: str, batch_size: int, seq_len: int) -> dict:
+    """Random tokens, every position in the loss, and the layout's segment ids (if any)."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, config.vocab_size, (batch_size, seq_len), dtype=np.int32)
+    batch = {"tokens": tokens, "loss_mask": np.ones(tokens.shape, np.float32)}
+    ids = segment_ids(layout, batch_size, seq_len)
+    return batch if ids is None else {**batch, "segment_ids": ids}
+
+
+def timed_step(train_step, state, batch) -> tuple[object, float]:
+    """(next state, seconds from the call until its metrics are on the device)."""
+    start = time.perf_counter()
+    state, metrics = train_step(state, batch)
+    jax.block_until_ready(metrics)
+    return state, time.perf_counter() - start
+
+
+def mfu(
+    config: LlamaConfig, seq_len: int, tokens_per_second: float, *, causal_halved: bool
+) -> float | None:
+    peak = PEAK_BF16_FLOPS.get(jax.devices()[0].device_kind)
+    if peak is None:
+        return None
+    flops = flops_per_token(config, seq_len, causal_halved=causal_halved)
+    return tokens_per_second * flops / (jax.device_count() * peak)
+
+
 TABLE_HEADER = (
-    f"{'attention':<10} {'tokens/s':>12} {'step ms':>10} {'MFU':>7} {'1st step s':>11} {'loss':>8}"
+    f"{'layout':<6} {'attention':<10} {'tokens/s':>12} {'step ms':>10} {'MFU full':>9} "
+    f"{'MFU causal':>10} {'1st step s':>11} {'warm 1st s':>11} {'loss':>8}"
 )
 
 
@@ -175,14 +232,20 @@ def print_header() -> None:
 
 def print_row(row: dict) -> None:
     if "error" in row:
-        print(f"{row['attention']:<10} failed: {row['error'][:200]}", flush=True)
+        print(f"{row['layout']:<6} {row['attention']:<10} failed: {row['error'][:200]}", flush=True)
         return
-    mfu = "n/a" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
+    warm = row["warm_first_step_s"]
     print(
-        f"{row['attention']:<10} {row['tokens_per_second']:>12,.0f} {row['step_ms']:>10.1f} "
-        f"{mfu:>7} {row['first_step_s']:>11.1f} {row['loss']:>8.4f}",
+        f"{row['layout']:<6} {row['attention']:<10} {row['tokens_per_second']:>12,.0f} "
+        f"{row['step_ms']:>10.1f} {percent(row['mfu']):>9} {percent(row['mfu_causal']):>10} "
+        f"{row['first_step_s']:>11.2f} {'-' if warm is None else f'{warm:.2f}':>11} "
+        f"{row['loss']:>8.4f}",
         flush=True,
     )
+
+
+def percent(fraction: float | None) -> str:
+    return "n/a" if fraction is None else f"{100 * fraction:.1f}%"
 
 
 if __name__ == "__main__":

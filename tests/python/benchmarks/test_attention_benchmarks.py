@@ -31,9 +31,8 @@ def test_a_settings_file_feeds_the_benchmarks(tmp_path, capsys):
     attention.main(["--quick", "--block-sizes", str(settings_path), "--json", str(rows_path)])
     assert "fused_dq=True" in capsys.readouterr().out  # the settings it ran with
     rows = json.loads(rows_path.read_text())
-    assert {(row["config"]["seq_len"], row["pass"]) for row in rows} >= {
-        (128, "fwd"),
-        (256, "fwd+bwd"),
+    assert {(row["config"]["layout"], row["pass"]) for row in rows} == {
+        (layout, pass_name) for layout in ("none", "ones", "docs") for pass_name in ("fwd", "fwd+bwd")
     }
     for row in rows:
         ours = row["results"][0]

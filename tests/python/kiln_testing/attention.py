@@ -42,6 +42,10 @@ class Case:
     block_sizes: BlockSizes = SMALL_BLOCKS
     batch: int = 2
     launch: LaunchParams = LaunchParams()
+    max_documents: int = 6  # boundaries per row, with segments: 1 to max_documents - 1 random
+    # Segment ids drawn from a few values per run of tokens instead of counting up, so that
+    # equal ids recur in runs far apart (the kernel takes any ids, not only numbered documents).
+    relabelled: bool = False
 
 
 def fresh_seed(test_name: str) -> int:
@@ -60,19 +64,34 @@ def make_inputs(case: Case, seed: int):
         for x in (q, k):
             rows = rng.integers(0, case.seq_len, size=3)
             x[:, rows] *= 8.0
-    segment_ids = ragged_segment_ids(rng, case.batch, case.seq_len) if case.segments else None
+    segment_ids = None
+    if case.segments:
+        segment_ids = ragged_segment_ids(
+            rng, case.batch, case.seq_len, case.max_documents, relabelled=case.relabelled
+        )
     cast = lambda x: jnp.asarray(x, case.dtype)  # noqa: E731
     return cast(q), cast(k), cast(v), segment_ids
 
 
-def ragged_segment_ids(rng: np.random.Generator, batch: int, seq_len: int) -> jax.Array:
-    """Packed documents of random lengths (1 token up to most of the row), different per row."""
+def ragged_segment_ids(
+    rng: np.random.Generator,
+    batch: int,
+    seq_len: int,
+    max_documents: int = 6,
+    *,
+    relabelled: bool = False,
+) -> jax.Array:
+    """Packed documents of random lengths (1 token up to most of the row), different per row: 1 to
+    max_documents - 1 random boundaries, and a one-token document at the end. relabelled: each
+    run of tokens gets one of 3 ids at random instead of its number."""
     rows = []
     for _ in range(batch):
         starts = np.zeros(seq_len, np.int32)
-        starts[rng.choice(np.arange(1, seq_len), size=rng.integers(1, 6), replace=False)] = 1
+        boundaries = rng.integers(1, max_documents)
+        starts[rng.choice(np.arange(1, seq_len), size=boundaries, replace=False)] = 1
         starts[seq_len - 1] = 1  # A one-token document at the end.
-        rows.append(np.cumsum(starts))
+        runs = np.cumsum(starts)
+        rows.append(rng.integers(0, 3, runs.max() + 1)[runs] if relabelled else runs)
     return jnp.asarray(np.stack(rows), jnp.int32)
 
 

@@ -13,6 +13,8 @@ docs/attention-kernel.md describes the design; the short version:
   with atomics (5 matmuls instead of 7; dQ's summation order then varies between GPU runs).
 - GQA: q head h reads kv head h // group in the BlockSpec index maps.
 - Causal: loop bounds skip tiles fully in the future; only tiles on the diagonal build a mask.
+- Segments (packed documents): a q tile and a kv tile whose segment id ranges do not overlap
+  share no document, and the pair is skipped (lax.cond) in every kernel.
 - Lengths that are not a multiple of the block are padded here; padded keys are masked.
 """
 
@@ -25,6 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
@@ -35,6 +38,11 @@ from kiln.kernels.block_sizes import MIN_BLOCK, BlockSizes, LaunchParams, defaul
 # at least to itself, so one always does).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 LOG2_E = math.log2(math.e)
+# checkpoint_name()s of the forward's outputs that the backward reads: a remat policy that saves
+# them (kiln.model.llama's save_dots) spares the backward a second run of the forward kernel.
+ATTENTION_OUTPUT = "kiln_attention_output"
+ATTENTION_LSE = "kiln_attention_lse"
+ATTENTION_RESIDUALS = (ATTENTION_OUTPUT, ATTENTION_LSE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +301,22 @@ def _segments(segment_ids_ref, start, size: int) -> jax.Array | None:
     return None if segment_ids_ref is None else segment_ids_ref[pl.ds(start, size)]
 
 
+def _segment_range(segments: jax.Array | None) -> tuple[jax.Array, jax.Array] | None:
+    """(smallest, largest) segment id of a tile, or None without segment ids."""
+    return None if segments is None else (segments.min(), segments.max())
+
+
+def _unless_segments_apart(q_range, kv_range, visit, carry):
+    """visit(carry), or carry unchanged when the q and kv tiles' segment id ranges do not overlap:
+    then no query of the one shares a segment with a key of the other (a tile pair across
+    document boundaries), every logit is masked and the tile adds exactly nothing. Any ids work
+    (equal ids lie in both ranges); packed documents, numbered in order, skip most pairs."""
+    if q_range is None or kv_range is None:
+        return visit(carry)
+    meet = jnp.logical_and(q_range[0] <= kv_range[1], kv_range[0] <= q_range[1])
+    return lax.cond(meet, visit, lambda unchanged: unchanged, carry)
+
+
 def _segment_spec(padded_len: int) -> pl.BlockSpec:
     return pl.BlockSpec((None, padded_len), lambda _, b, __: (b, 0))
 
@@ -325,28 +349,34 @@ def _forward_kernel(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *, c
     q = q_ref[...]
     q_positions = q_start + jnp.arange(block_q)
     q_segments = _segments(segment_ids_ref, q_start, block_q)
+    q_range = _segment_range(q_segments)
 
     def visit_kv_tile(kv_tile, carry, on_diagonal):
-        acc, row_max, row_sum = carry
         kv_start = kv_tile * block_kv
         kv_slice = pl.ds(kv_start, block_kv)
-        logits = _scaled_logits(
-            config,
-            q,
-            k_ref[kv_slice, :],
-            q_positions,
-            kv_start + jnp.arange(block_kv),
-            q_segments,
-            _segments(segment_ids_ref, kv_start, block_kv),
-            on_diagonal,
-        )
-        new_max = jnp.maximum(row_max, logits.max(axis=-1))
-        correction = jnp.exp2(row_max - new_max)
-        probs = jnp.exp2(logits - new_max[:, None])
-        row_sum = row_sum * correction + probs.sum(axis=-1)
-        v = v_ref[kv_slice, :]
-        acc = acc * correction[:, None] + _dot(probs.astype(v.dtype), v)
-        return acc, new_max, row_sum
+        kv_segments = _segments(segment_ids_ref, kv_start, block_kv)
+
+        def visit(carry):
+            acc, row_max, row_sum = carry
+            logits = _scaled_logits(
+                config,
+                q,
+                k_ref[kv_slice, :],
+                q_positions,
+                kv_start + jnp.arange(block_kv),
+                q_segments,
+                kv_segments,
+                on_diagonal,
+            )
+            new_max = jnp.maximum(row_max, logits.max(axis=-1))
+            correction = jnp.exp2(row_max - new_max)
+            probs = jnp.exp2(logits - new_max[:, None])
+            row_sum = row_sum * correction + probs.sum(axis=-1)
+            v = v_ref[kv_slice, :]
+            acc = acc * correction[:, None] + _dot(probs.astype(v.dtype), v)
+            return acc, new_max, row_sum
+
+        return _unless_segments_apart(q_range, _segment_range(kv_segments), visit, carry)
 
     init = (
         jnp.zeros(q.shape, jnp.float32),
@@ -360,11 +390,12 @@ def _forward_kernel(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *, c
 
 
 def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, jax.Array]:
-    """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq]."""
+    """Returns the output [batch, seq, heads, dim] and the base-2 lse [batch, heads, seq], named
+    for remat policies (ATTENTION_RESIDUALS)."""
     batch, padded_len, num_heads, _ = q.shape
     blocks, launch = config.block_sizes, config.launch
     q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q)
-    return pl.pallas_call(
+    out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, config=config),
         grid=(padded_len // blocks.block_q, batch, num_heads),
         in_specs=[
@@ -382,6 +413,7 @@ def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, ja
         interpret=config.interpret,
         name="kiln_flash_attention_fwd",
     )(q, k, v, segment_ids)
+    return checkpoint_name(out, ATTENTION_OUTPUT), checkpoint_name(lse, ATTENTION_LSE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,35 +432,41 @@ def _backward_dkv_kernel(
     k, v = k_ref[...], v_ref[...]
     kv_positions = kv_start + jnp.arange(block_kv)
     kv_segments = _segments(segment_ids_ref, kv_start, block_kv)
+    kv_range = _segment_range(kv_segments)
     group = q_ref.shape[1]
     ranges = _q_tile_ranges(config, kv_start, block_q, block_kv)
 
     def visit_q_tile(q_tile, carry, on_diagonal, head):
-        dk, dv = carry
         q_start = q_tile * block_q
         q_slice = pl.ds(q_start, block_q)
-        q = q_ref[q_slice, head, :]
-        logits = _scaled_logits(
-            config,
-            q,
-            k,
-            q_start + jnp.arange(block_q),
-            kv_positions,
-            _segments(segment_ids_ref, q_start, block_q),
-            kv_segments,
-            on_diagonal,
-        )
-        probs = jnp.exp2(logits - lse_ref[head, q_slice][:, None])
-        d_out = d_out_ref[q_slice, head, :]
-        dv = dv + _dot(probs.astype(d_out.dtype).T, d_out)
-        d_probs = _dot(d_out, v.T)
-        d_logits = probs * (d_probs - delta_ref[head, q_slice][:, None])
-        dk = dk + _dot(d_logits.astype(q.dtype).T, q)
-        if dq_ref is not None:  # sm_scale is applied once, outside the kernel
-            plgpu.atomic_add(
-                dq_ref, (q_slice, head, slice(None)), _dot(d_logits.astype(k.dtype), k)
+        q_segments = _segments(segment_ids_ref, q_start, block_q)
+
+        def visit(carry):
+            dk, dv = carry
+            q = q_ref[q_slice, head, :]
+            logits = _scaled_logits(
+                config,
+                q,
+                k,
+                q_start + jnp.arange(block_q),
+                kv_positions,
+                q_segments,
+                kv_segments,
+                on_diagonal,
             )
-        return dk, dv
+            probs = jnp.exp2(logits - lse_ref[head, q_slice][:, None])
+            d_out = d_out_ref[q_slice, head, :]
+            dv = dv + _dot(probs.astype(d_out.dtype).T, d_out)
+            d_probs = _dot(d_out, v.T)
+            d_logits = probs * (d_probs - delta_ref[head, q_slice][:, None])
+            dk = dk + _dot(d_logits.astype(q.dtype).T, q)
+            if dq_ref is not None:  # sm_scale is applied once, outside the kernel
+                plgpu.atomic_add(
+                    dq_ref, (q_slice, head, slice(None)), _dot(d_logits.astype(k.dtype), k)
+                )
+            return dk, dv
+
+        return _unless_segments_apart(_segment_range(q_segments), kv_range, visit, carry)
 
     def visit_head(head, carry):
         # The q heads of this kv head's group: GQA gradients are summed here, in registers.
@@ -490,25 +528,31 @@ def _backward_dq_kernel(
     lse, delta = lse_ref[...], delta_ref[...]
     q_positions = q_start + jnp.arange(block_q)
     q_segments = _segments(segment_ids_ref, q_start, block_q)
+    q_range = _segment_range(q_segments)
 
     def visit_kv_tile(kv_tile, dq, on_diagonal):
         kv_start = kv_tile * block_kv
         kv_slice = pl.ds(kv_start, block_kv)
-        k = k_ref[kv_slice, :]
-        logits = _scaled_logits(
-            config,
-            q,
-            k,
-            q_positions,
-            kv_start + jnp.arange(block_kv),
-            q_segments,
-            _segments(segment_ids_ref, kv_start, block_kv),
-            on_diagonal,
-        )
-        probs = jnp.exp2(logits - lse[:, None])
-        d_probs = _dot(d_out, v_ref[kv_slice, :].T)
-        d_logits = probs * (d_probs - delta[:, None])
-        return dq + _dot(d_logits.astype(k.dtype), k)
+        kv_segments = _segments(segment_ids_ref, kv_start, block_kv)
+
+        def visit(dq):
+            k = k_ref[kv_slice, :]
+            logits = _scaled_logits(
+                config,
+                q,
+                k,
+                q_positions,
+                kv_start + jnp.arange(block_kv),
+                q_segments,
+                kv_segments,
+                on_diagonal,
+            )
+            probs = jnp.exp2(logits - lse[:, None])
+            d_probs = _dot(d_out, v_ref[kv_slice, :].T)
+            d_logits = probs * (d_probs - delta[:, None])
+            return dq + _dot(d_logits.astype(k.dtype), k)
+
+        return _unless_segments_apart(q_range, _segment_range(kv_segments), visit, dq)
 
     ranges = _kv_tile_ranges(config, q_start, block_q, block_kv)
     dq = _loop_over_tiles(ranges, visit_kv_tile, jnp.zeros(q.shape, jnp.float32))

@@ -13,6 +13,12 @@ from jax.sharding import PartitionSpec
 from kiln.model.partitioning import BATCH_AXES, batch_mesh
 from kiln_contract.vocabulary import ATTENTION_IMPLS
 
+# The jax.named_scope() of every attention call, so that a profile can attribute its time.
+ATTENTION_SCOPE = "kiln_attention"
+# The cuDNN path's packed layout holds seq_len / this many documents per row (its softmax
+# statistics take that many [heads, seq] rows per sequence); more go through the mask.
+CUDNN_MIN_MEAN_SEGMENT_TOKENS = 32
+
 
 def resolve_attention_impl(impl: str) -> str:
     """Validates `impl` and turns "auto" into pallas on GPU, xla elsewhere."""
@@ -33,12 +39,13 @@ def attention(
     causal: bool = True,
 ) -> jax.Array:
     """Softmax attention with scale 1/sqrt(D); returns q's shape and dtype."""
-    impl = resolve_attention_impl(impl)
-    if impl == "xla":
-        return _xla_attention(q, k, v, segment_ids, causal=causal)
-    if impl == "pallas":
-        return _pallas_attention(q, k, v, segment_ids, causal=causal)
-    return _cudnn_attention(q, k, v, segment_ids, causal=causal)
+    implementation = {
+        "xla": _xla_attention,
+        "pallas": _pallas_attention,
+        "cudnn": _cudnn_attention,
+    }[resolve_attention_impl(impl)]
+    with jax.named_scope(ATTENTION_SCOPE):
+        return implementation(q, k, v, segment_ids, causal=causal)
 
 
 def _pallas_attention(
@@ -109,10 +116,75 @@ def _cudnn_attention(
             f"attention='cudnn' supports bfloat16/float16 only, got {q.dtype}; "
             "use compute_dtype=bfloat16 or attention='xla'"
         )
-    # Packed documents: cuDNN takes a boolean [B, 1, T, S] mask (it becomes an additive bias).
-    mask = None
-    if segment_ids is not None:
-        mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    if segment_ids is None:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn")
+    # Packed documents in cuDNN's own packed layout while they fit it (rows of at most
+    # max_segments documents numbered in order); else the boolean mask, which is always right.
+    max_segments = max(1, q.shape[1] // CUDNN_MIN_MEAN_SEGMENT_TOKENS)
+    lengths, offsets, fits = cudnn_packed_layout(segment_ids, max_segments)
+    return jax.lax.cond(
+        fits,
+        lambda: cudnn_packed_attention(q, k, v, lengths, offsets, causal=causal),
+        lambda: _cudnn_masked_attention(q, k, v, segment_ids, causal=causal),
+    )
+
+
+def cudnn_packed_layout(
+    segment_ids: jax.Array, max_segments: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """cuDNN's packed layout of a [B, T] batch of documents: (lengths int32 [B, max_segments],
+    start offsets int32 [B, max_segments + 1], both padded with -1) for each run of equal ids, and
+    whether that describes the batch exactly (a bool scalar): every row holds at most
+    max_segments runs, and no id recurs after another (ids counting up, as the data numbers
+    documents), so that runs are the segments."""
+    batch, seq_len = segment_ids.shape
+    starts_run = jnp.concatenate(
+        [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+
+    def run_starts(row: jax.Array) -> jax.Array:
+        return jnp.nonzero(row, size=max_segments, fill_value=seq_len)[0]
+
+    starts = jax.vmap(run_starts)(starts_run)  # seq_len where a row has fewer runs
+    ends = jnp.concatenate([starts[:, 1:], jnp.full((batch, 1), seq_len, starts.dtype)], axis=1)
+    present = starts < seq_len
+    lengths = jnp.where(present, ends - starts, -1).astype(jnp.int32)
+    offsets = jnp.where(present, starts, -1).astype(jnp.int32)
+    offsets = jnp.concatenate([offsets, jnp.full((batch, 1), -1, jnp.int32)], axis=1)
+    fits = jnp.logical_and(
+        (starts_run.sum(axis=1) <= max_segments).all(),
+        (segment_ids[:, 1:] >= segment_ids[:, :-1]).all(),
+    )
+    return lengths, offsets, fits
+
+
+def cudnn_packed_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    lengths: jax.Array,
+    offsets: jax.Array,
+    *,
+    causal: bool,
+) -> jax.Array:
+    """cuDNN flash attention over packed documents (cudnn_packed_layout): each document attends
+    only to itself, causally from its own start. jax 0.11.2 reaches cuDNN's packed layout through
+    jax._src.cudnn.fused_attention_stablehlo (q/kv offsets, Hopper or later); the public
+    jax.nn.dot_product_attention takes one length per row only (padding, not packing)."""
+    from jax._src.cudnn import fused_attention_stablehlo as cudnn
+
+    mask_type = cudnn.MaskType.PADDING_CAUSAL if causal else cudnn.MaskType.PADDING
+    return cudnn.dot_product_attention(
+        q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets, kv_offsets=offsets,
+        scale=q.shape[-1] ** -0.5, mask_type=mask_type, qkv_layout="BTNH",
+    )  # fmt: skip
+
+
+def _cudnn_masked_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, *, causal: bool
+) -> jax.Array:
+    # A boolean [B, 1, T, S] mask: jax turns it into an additive bias (and computes no dbias).
+    mask = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
     return jax.nn.dot_product_attention(
         q, k, v, mask=mask, is_causal=causal, implementation="cudnn"
     )

@@ -38,15 +38,16 @@ def num_parameters(config: LlamaConfig) -> int:
     return input_embedding + _num_matmul_parameters(config) + norms
 
 
-def flops_per_token(config: LlamaConfig, seq_len: int) -> float:
+def flops_per_token(config: LlamaConfig, seq_len: int, *, causal_halved: bool = False) -> float:
     """Training FLOPs (forward + backward) per token: 6 * N_matmul + 12 * L * T * H * D.
 
     N_matmul counts the weights used in matrix multiplies (all but the input embedding lookup and
     the norm scales; the lm head is included, tied or not). The attention term counts QK^T and
-    AV at full (not causally halved) length T, the convention of PaLM's and Levanter's MFU.
+    AV at full (not causally halved) length T, the convention of PaLM's and Levanter's MFU;
+    causal_halved counts half of it, the work a causal kernel does.
     """
     attention = 12 * config.num_layers * seq_len * config.num_heads * config.head_dim
-    return float(6 * _num_matmul_parameters(config) + attention)
+    return float(6 * _num_matmul_parameters(config) + attention / (2 if causal_halved else 1))
 
 
 def _num_matmul_parameters(config: LlamaConfig) -> int:

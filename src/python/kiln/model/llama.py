@@ -9,6 +9,7 @@ hidden (embed) dimensions over "fsdp", heads / MLP / vocab dimensions over "tens
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -147,13 +148,16 @@ class Llama(nnx.Module):
         self.lm_head = (
             None
             if config.tie_embeddings
-            else linear(
-                config.hidden_dim, config.vocab_size, ("fsdp", "tensor"), output_dtype=jnp.float32
-            )
+            else linear(config.hidden_dim, config.vocab_size, ("fsdp", "tensor"))
         )
 
     def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
         """tokens int32 [B, T], segment_ids int32 [B, T] or None -> float32 logits [B, T, V]."""
+        return self.logits(self.hidden_states(tokens, segment_ids))
+
+    def hidden_states(self, tokens: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+        """The final norm's output [B, T, D] in the compute dtype: what the lm head reads. The
+        training loss takes it with output_weights() (kiln.train.loss), never the whole logits."""
         seq_len = tokens.shape[1]
         if seq_len > self.config.max_seq_len:
             raise ValueError(
@@ -166,12 +170,20 @@ class Llama(nnx.Module):
         run_block = _remat(Block.__call__, self.remat)
         for block in self.blocks:
             x = run_block(block, x, segment_ids, cos, sin)
-        x = self.final_norm(x)
-        # Logits leave the matmul in float32 (float32 accumulation, no rounding to bf16).
+        return self.final_norm(x)
+
+    def output_weights(self) -> jax.Array:
+        """The lm head as [D, V] in the parameter dtype: its kernel, or the embedding transposed
+        when tied."""
         if self.lm_head is None:
-            table = self.embed.embedding[...].astype(self.compute_dtype)
-            return jnp.einsum("btd,vd->btv", x, table, preferred_element_type=jnp.float32)
-        return self.lm_head(x)
+            return self.embed.embedding[...].T
+        return self.lm_head.kernel[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """float32 [B, T, V] logits of hidden_states(): compute-dtype matmul, float32 out (float32
+        accumulation, no rounding to bf16)."""
+        weights = self.output_weights().astype(self.compute_dtype)
+        return jnp.einsum("btd,dv->btv", hidden, weights, preferred_element_type=jnp.float32)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
@@ -193,23 +205,38 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def _remat(block_call: Callable, policy: str) -> Callable:
     if policy == "none":
         return block_call
-    policies = {
-        "full": jax.checkpoint_policies.nothing_saveable,
-        "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        "offload": jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
-    }
-    return nnx.remat(block_call, policy=policies[policy])
+    return nnx.remat(block_call, policy=_remat_policy(policy))
+
+
+def _remat_policy(policy: str) -> Callable:
+    """jax.checkpoint's policy for a remat name. save_dots and offload also keep the flash-attention
+    kernel's output and log-sum-exp (named residuals), so the backward runs the backward kernels
+    only, never the forward kernel again."""
+    from kiln.kernels.flash_attention import ATTENTION_RESIDUALS  # lazily, as attention does
+
+    policies = jax.checkpoint_policies
+    if policy == "full":
+        return policies.nothing_saveable
+    save_attention = policies.save_only_these_names(*ATTENTION_RESIDUALS)
+    if policy == "save_dots":
+        return policies.save_from_both_policies(
+            policies.dots_with_no_batch_dims_saveable, save_attention
+        )
+    offload_dots = policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+    def offload_dots_save_attention(primitive: Any, *args: Any, **params: Any) -> Any:
+        # The attention residuals stay on the device: the backward reads them first thing.
+        return save_attention(primitive, *args, **params) or offload_dots(
+            primitive, *args, **params
+        )
+
+    return offload_dots_save_attention
 
 
 def _linear_factory(
     config: LlamaConfig, rngs: nnx.Rngs, compute_dtype: jnp.dtype, param_dtype: jnp.dtype
 ) -> Callable[..., nnx.Linear]:
-    def linear(
-        in_features: int,
-        out_features: int,
-        sharding: tuple[str, str],
-        output_dtype: jnp.dtype | None = None,
-    ) -> nnx.Linear:
+    def linear(in_features: int, out_features: int, sharding: tuple[str, str]) -> nnx.Linear:
         return nnx.Linear(
             in_features,
             out_features,
@@ -218,7 +245,6 @@ def _linear_factory(
             param_dtype=param_dtype,
             kernel_init=nnx.initializers.normal(config.init_std),
             kernel_metadata=param_sharding(*sharding),
-            preferred_element_type=output_dtype,
             rngs=rngs,
         )
 

@@ -21,11 +21,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.model.partitioning import BATCH_AXES
-from kiln.train.loss import batch_loss_tokens, next_token_loss, per_token_log_probs
+from kiln.train.loss import batch_loss_tokens, next_token_loss, per_token_log_probs, token_losses
 from kiln.train.mesh import batch_parallelism, batch_sharding, state_shardings
 from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
 
 BATCH_FIELDS = {"tokens": np.int32, "segment_ids": np.int32, "loss_mask": np.float32}
+# A batch without segment ids holds one sequence per row (the attention-only benchmark layout).
+OPTIONAL_BATCH_FIELDS = ("segment_ids",)
+# jax.named_scope()s of the step's parts, so that a profile can attribute its time (the model
+# names its attention: kiln.model.attention.ATTENTION_SCOPE).
+LOSS_SCOPE = "kiln_lm_head_loss"
+OPTIMIZER_SCOPE = "kiln_optimizer"
 
 
 @struct.dataclass
@@ -118,10 +124,13 @@ def train_step_fn(
         num_tokens = batch_loss_tokens(batch["loss_mask"])
 
         def loss_fn(params: nnx.State, micro: Mapping[str, jax.Array]):
-            logits = nnx.merge(state.graphdef, params)(micro["tokens"], micro["segment_ids"])
-            return next_token_loss(
-                logits, micro["tokens"], micro["loss_mask"], z_loss_weight, num_tokens
-            )
+            model = nnx.merge(state.graphdef, params)
+            hidden = model.hidden_states(micro["tokens"], micro.get("segment_ids"))
+            with jax.named_scope(LOSS_SCOPE):
+                return next_token_loss(
+                    hidden, model.output_weights(), micro["tokens"], micro["loss_mask"],
+                    z_loss_weight, num_tokens,
+                )  # fmt: skip
 
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if microbatches == 1:
@@ -129,13 +138,14 @@ def train_step_fn(
         else:
             split = split_microbatches(batch, microbatches, mesh)
             (loss, metrics), grads = _accumulate(grad_fn, state.params, split, mesh)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        next_state = dataclasses.replace(
-            state,
-            params=optax.apply_updates(state.params, updates),
-            opt_state=opt_state,
-            step=state.step + 1,
-        )
+        with jax.named_scope(OPTIMIZER_SCOPE):
+            updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+            next_state = dataclasses.replace(
+                state,
+                params=optax.apply_updates(state.params, updates),
+                opt_state=opt_state,
+                step=state.step + 1,
+            )
         if mesh is not None:
             # Pin the layout so the next call sees the same input shardings (no recompiles).
             next_state = jax.lax.with_sharding_constraint(
@@ -196,10 +206,11 @@ def make_eval_step(
     """fn(state, batch) -> {"loss_sum": sum of masked next-token CE in nats, "token_count"}."""
 
     def eval_step(state: TrainState, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
-        logits = nnx.merge(state.graphdef, state.params)(batch["tokens"], batch["segment_ids"])
+        model = nnx.merge(state.graphdef, state.params)
+        hidden = model.hidden_states(batch["tokens"], batch.get("segment_ids"))
+        cross_entropy, _ = token_losses(hidden, model.output_weights(), batch["tokens"])
         mask = batch["loss_mask"][:, :-1].astype(jnp.float32)
-        log_probs = per_token_log_probs(logits, batch["tokens"])
-        return {"loss_sum": -(log_probs * mask).sum(), "token_count": mask.sum()}
+        return {"loss_sum": (cross_entropy * mask).sum(), "token_count": mask.sum()}
 
     return _under_mesh(jax.jit(eval_step), mesh)
 
@@ -235,11 +246,13 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
 
     `batch` is the whole global batch. With several processes (multi-host) every process passes
     the same one (the mixture is deterministic) and places only the rows its own devices hold.
+    Without segment_ids every row is one sequence.
     """
-    missing = sorted(set(BATCH_FIELDS) - set(batch))
+    missing = sorted(set(BATCH_FIELDS) - set(batch) - set(OPTIONAL_BATCH_FIELDS))
     if missing:
         raise ValueError(f"batch is missing field(s) {missing}; expected {sorted(BATCH_FIELDS)}")
-    shapes = {name: np.shape(batch[name]) for name in BATCH_FIELDS}
+    fields = {name: dtype for name, dtype in BATCH_FIELDS.items() if name in batch}
+    shapes = {name: np.shape(batch[name]) for name in fields}
     if len(set(shapes.values())) != 1 or len(shapes["tokens"]) != 2:
         raise ValueError(f"batch fields must all be [batch, seq_len] arrays, got shapes {shapes}")
     global_batch = shapes["tokens"][0]
@@ -249,7 +262,7 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
             f"global batch size {global_batch} is not divisible by the mesh's data * fsdp = {ways}"
         )
     sharding = batch_sharding(mesh)
-    arrays = {name: np.asarray(batch[name], dtype) for name, dtype in BATCH_FIELDS.items()}
+    arrays = {name: np.asarray(batch[name], dtype) for name, dtype in fields.items()}
     return {
         name: jax.make_array_from_callback(array.shape, sharding, array.__getitem__)
         for name, array in arrays.items()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from kiln.artifacts import atomic_write_json, atomic_write_text
 from kiln.data.cache import open_caches, shared_tokenizer
@@ -232,6 +233,7 @@ class Trainer:
         self.last_checkpoint: CheckpointInfo | None = None
         self.control: Any = None
         self.step_times: list[float] = []
+        self.data_waits: list[float] = []  # seconds each step waited for its batch
         self.metrics_observer = metrics_observer
         self._observed_step: int | None = None
 
@@ -359,7 +361,9 @@ class Trainer:
             cleanup.callback(batches.close)
             for step in range(start_step + 1, end_step + 1):
                 began = time.monotonic()  # step time includes waiting for data, not evaluation
-                self._train_one(step, next(batches), began)
+                batch = next(batches)
+                self.data_waits.append(time.monotonic() - began)
+                self._train_one(step, batch, began)
                 self._after_step(step, signals.received, stopping_early=step == end_step < total)
             return self._finish(started, end_step)
 
@@ -414,6 +418,7 @@ class Trainer:
             "optim/learning_rate": values["learning_rate"],
             "optim/grad_norm": values["grad_norm"],
             **self.throughput.metrics(seconds),
+            "throughput/data_wait_seconds": self.data_waits[-1],
             "timestamp": time.time(),
         }
         self.metrics.log(step, metrics)
@@ -446,7 +451,12 @@ class Trainer:
         if kind != "permanent":  # permanent saves follow the step number: all agree already
             kind = "temporary" if wants_temporary else None
         if kind is not None:
+            save_began = time.monotonic()
             saved = self.checkpointer.save(step, self.state, temporary=kind == "temporary")
+            # How long the save held training up: what an asynchronous save would shorten.
+            self.metrics.log(
+                step, {"throughput/checkpoint_blocked_seconds": time.monotonic() - save_began}
+            )
             self.last_checkpoint = saved
             kind = "temporary" if saved.is_temporary else "permanent"  # it may have been promoted
             self.progress.message(f"saved {kind} checkpoint {saved.path}")
@@ -512,11 +522,17 @@ class Trainer:
             "num_train_steps": self.cfg.num_train_steps,
             "steps_this_run": len(self.step_times),
             "tokens_per_second": tokens_per_second,
+            "data_wait_seconds_p50": _percentile(self.data_waits, 50),
+            "data_wait_seconds_p99": _percentile(self.data_waits, 99),
             "wall_time_seconds": time.monotonic() - started,
             "output_path": str(self.output),
             "checkpoint": str(self.last_checkpoint.path) if self.last_checkpoint else None,
             "metrics_file": str(self.metrics.path),
         }
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
 
 
 def _json_line(record: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ from kiln.kernels.block_sizes import (
 )
 from kiln.kernels.flash_attention import flash_attention
 from kiln.kernels.h200_export import export_for_h200
+from kiln.kernels.reference import reference_attention
 
 # Unequal tiles in every kernel exercise the causal loop-bound arithmetic.
 MIXED_BLOCKS = BlockSizes(
@@ -59,6 +60,21 @@ CASES = {
     ),
     "fused-dq-bf16-d128-full-gqa4:1-pad80": Case(
         80, 4, 1, 128, jnp.bfloat16, False, False, True, SMALL_BLOCKS, launch=FUSED_DQ
+    ),
+    # Many short documents: most tile pairs lie across document boundaries and are skipped.
+    "f32-d64-causal-gqa4:2-many-documents": Case(
+        256, 4, 2, 64, jnp.float32, True, True, False, max_documents=40
+    ),
+    "bf16-d128-full-many-documents-pad200": Case(
+        200, 2, 1, 128, jnp.bfloat16, False, True, True, max_documents=30, batch=1
+    ),
+    "fused-dq-f32-d64-full-gqa4:2-many-documents-mixed-blocks": Case(
+        192, 4, 2, 64, jnp.float32, False, True, False, MIXED_BLOCKS, launch=FUSED_DQ,
+        max_documents=30, batch=1,
+    ),  # fmt: skip
+    # Equal ids in runs far apart attend to each other: skipping compares id ranges, not order.
+    "f32-d64-causal-relabelled-segments": Case(
+        128, 2, 1, 64, jnp.float32, True, True, False, max_documents=12, relabelled=True
     ),
 }
 
@@ -98,6 +114,33 @@ def test_matches_jax_pallas_mha(seed: int) -> None:
         errors = relative_errors(actual, want)
         assert all(e <= tol for e, tol in zip(errors, TOLERANCES[jnp.float32])), (
             f"{name}: (norm, max) relative errors {errors} vs jax mha (seed={seed})"
+        )
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("launch", [LaunchParams(), FUSED_DQ], ids=["split-dq", "fused-dq"])
+def test_tiles_of_other_documents_are_never_read(causal: bool, launch: LaunchParams, seed: int):
+    """Each row holds document B (96 tokens) then document A (the last 32-token tile). B's values
+    and output cotangents are NaN. A pair of tiles across documents is skipped, so A's output
+    and gradients are finite and equal attention over A alone; were one such pair visited, its
+    masked probabilities (0) times B's NaN would reach them, in every kernel."""
+    case = Case(128, 4, 2, 64, jnp.float32, causal, segments=False, outliers=False)
+    q, k, v, _ = make_inputs(case, seed)
+    d_out = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), jnp.float32)
+    a = slice(96, 128)
+    segment_ids = jnp.asarray([[0] * 96 + [1] * 32] * case.batch, jnp.int32)
+    v, d_out = v.at[:, :96].set(jnp.nan), d_out.at[:, :96].set(jnp.nan)
+    ours = forward_and_grads(
+        flash_attention, q, k, v, segment_ids, d_out, causal=causal, block_sizes=SMALL_BLOCKS,
+        launch=launch,
+    )  # fmt: skip
+    alone = forward_and_grads(
+        reference_attention, q[:, a], k[:, a], v[:, a], None, d_out[:, a], causal=causal
+    )
+    for name, actual, want in zip(("out", "dq", "dk", "dv"), ours, alone):
+        errors = relative_errors(actual[:, a], want)
+        assert all(e <= tol for e, tol in zip(errors, TOLERANCES[jnp.float32])), (
+            f"{name}: (norm, max) relative errors {errors} (seed={seed})"
         )
 
 

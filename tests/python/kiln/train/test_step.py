@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -24,6 +26,7 @@ from kiln.train.step import (
     make_logprob_fn,
     make_train_step,
     shard_batch,
+    train_step_fn,
 )
 
 MODEL = LlamaConfig(
@@ -159,6 +162,32 @@ def test_microbatches_give_the_one_pass_update(mesh) -> None:
         make_train_step(ADAM, STEPS, z_loss_weight=None, mesh=mesh, microbatches=3)(
             new_state(mesh), batch
         )
+
+
+# In interpret mode each pallas_call is a while loop over its grid, named after the kernel: one
+# such loop in the compiled step is one run of the kernel.
+FORWARD_KERNEL_LOOP = re.compile(r' while\(.*op_name="[^"]*kiln_flash_attention_fwd/while"')
+
+
+def compiled_forward_kernel_runs(remat: str, mesh) -> int:
+    """How often the compiled bf16 train step (Pallas attention) runs the forward kernel."""
+    model = dataclasses.replace(MODEL, num_layers=2)
+    options = {**OPTIONS, "compute_dtype": "bfloat16", "attention": "pallas", "remat": remat}
+    state = abstract_train_state(model, ADAM, STEPS, mesh=mesh, **options)
+    batch = shard_batch(make_batch(0), mesh)
+    step = jax.jit(train_step_fn(ADAM, STEPS, z_loss_weight=1e-4, mesh=mesh), donate_argnums=0)
+    with jax.set_mesh(mesh):
+        hlo = step.lower(state, batch).compile().as_text()
+    return sum(1 for line in hlo.splitlines() if FORWARD_KERNEL_LOOP.search(line))
+
+
+@pytest.mark.parametrize("remat, runs", [("save_dots", 2), ("offload", 2), ("full", 4)])
+def test_the_backward_reruns_the_attention_forward_only_under_full_remat(
+    remat: str, runs: int, mesh
+) -> None:
+    """save_dots and offload keep the kernel's output and log-sum-exp: the 2-layer step runs the
+    forward kernel once per layer. `full` recomputes it in the backward (twice per layer)."""
+    assert compiled_forward_kernel_runs(remat, mesh) == runs
 
 
 def test_shard_batch_rejects_bad_batches(mesh) -> None:

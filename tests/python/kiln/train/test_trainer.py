@@ -82,8 +82,12 @@ def test_a_run_writes_the_artifact_layout(finished_run) -> None:
     train_lines = [r for r in records if "train/loss" in r]
     assert [r["step"] for r in train_lines] == list(range(1, NUM_STEPS + 1))
     for key in ("train/cross_entropy", "train/z_loss", "optim/learning_rate", "optim/grad_norm",
-                "throughput/tokens_per_second", "throughput/step_time"):  # fmt: skip
+                "throughput/tokens_per_second", "throughput/step_time",
+                "throughput/data_wait_seconds"):  # fmt: skip
         assert key in train_lines[-1]
+    saves = [r for r in records if "throughput/checkpoint_blocked_seconds" in r]
+    assert saves and saves[-1]["step"] == NUM_STEPS  # the final save, timed
+    assert 0 <= summary["data_wait_seconds_p50"] <= summary["data_wait_seconds_p99"]
     assert train_lines[0]["optim/learning_rate"] == 0.0  # linear warmup from 0
     eval_lines = [r for r in records if "eval/loss" in r]
     assert [r["step"] for r in eval_lines] == [12, 24]  # validation_every=12 and the end

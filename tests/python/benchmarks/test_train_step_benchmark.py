@@ -1,0 +1,34 @@
+"""The train-step benchmark runs on CPU at a tiny size under every segment layout, with the
+persistent compilation cache; the docs layout packs the corpus's documents as training does."""
+
+import numpy as np
+import segment_layouts
+import train_step
+
+
+def test_every_layout_gets_a_row_and_the_cache_fills(tmp_path, capsys):
+    cache = tmp_path / "jax-cache"
+    train_step.main(
+        ["--model", "tiny", "--attention", "xla", "--batch-size", "2", "--seq-len", "64",
+         "--steps", "1", "--warmup-steps", "1", "--compile-cache", str(cache)]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert "failed" not in out, out
+    rows = [line.split() for line in out.splitlines() if line.split()[:2] in
+            (["none", "xla"], ["ones", "xla"], ["docs", "xla"])]  # fmt: skip
+    assert [row[0] for row in rows] == ["none", "ones", "docs"], out
+    for row in rows:
+        assert row[4:6] == ["n/a", "n/a"]  # MFU in both conventions: no peak known for a CPU
+        assert float(row[6]) > 0 and float(row[7]) > 0  # first step cold and warm, in seconds
+    assert any(cache.iterdir()), "the compilation cache stayed empty"
+
+
+def test_docs_windows_are_the_corpus_documents_in_order():
+    lengths = segment_layouts.document_lengths()
+    ids = segment_layouts.segment_ids("docs", 8, 1024, seed=1)
+    assert ids.shape == (8, 1024) and (ids[:, 0] == 0).all()
+    assert (np.diff(ids, axis=1) >= 0).all()  # documents numbered up from 0 in each window
+    inner: list[int] = []  # lengths of the documents that start and end inside a window
+    for row in ids:
+        inner += np.diff(np.flatnonzero(np.diff(row)) + 1).tolist()
+    assert inner and set(inner) <= set(lengths.tolist())  # the corpus's documents, whole
