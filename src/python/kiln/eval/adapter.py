@@ -83,7 +83,7 @@ class KilnLM(LM):
     def loglikelihood(
         self, requests: list[Instance], disable_tqdm: bool = False
     ) -> list[tuple[float, bool]]:
-        return self._score([self._pair_to_scored(*request.args) for request in requests])
+        return self.score_sequences([self._pair_to_scored(*request.args) for request in requests])
 
     def loglikelihood_rolling(
         self, requests: list[Instance], disable_tqdm: bool = False
@@ -97,7 +97,7 @@ class KilnLM(LM):
                 windows.append(window)
                 owners.append(owner)
         totals = [0.0] * len(requests)
-        for owner, (logprob, _) in zip(owners, self._score(windows)):
+        for owner, (logprob, _) in zip(owners, self.score_sequences(windows)):
             totals[owner] += logprob
         return totals
 
@@ -120,7 +120,8 @@ class KilnLM(LM):
 
     # ---- batched scoring
 
-    def _score(self, sequences: list[ScoredSequence]) -> list[tuple[float, bool]]:
+    def score_sequences(self, sequences: list[ScoredSequence]) -> list[tuple[float, bool]]:
+        """(sum of the scored tokens' log-probs, whether each is the argmax) per sequence."""
         results: list[tuple[float, bool]] = [(0.0, True)] * len(sequences)
         for bucket, indices in self._batches(sequences):
             # bucket input positions + the last target; padding (right) is any valid token id.
