@@ -274,7 +274,24 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
                 logprob_fn, tokenizer, suite, step=0, model_max_length=MAX_SEQ_LEN
             ),
         }
+    print_largest_differences(results)
     return results
+
+
+def print_largest_differences(results: dict[str, dict[str, Any]]) -> None:
+    """The measured agreement (docs/evals.md), shown with `--test-output=all`."""
+    for side, run in results.items():
+        for task in TASKS:
+            reference = run["reference"][task]
+            kiln = [r[0] for r in run["responses"][task]]
+            expected = [r[0] for r in reference_responses(reference["requests"])]
+            request = max(abs(k - r) for k, r in zip(kiln, expected))
+            metric = max(
+                abs(run["metrics"][f"lm_eval/{task}/{key.split(',')[0]}"] / value - 1)
+                for key, value in reference["metrics"].items()
+                if "_stderr" not in key and value != 0
+            )
+            print(f"{side:7} {task:17} max |d ll| {request:.2e}  max metric rel {metric:.2e}")
 
 
 @pytest.mark.parametrize("task", list(TASKS))
