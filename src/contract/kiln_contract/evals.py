@@ -30,7 +30,6 @@ from kiln_contract.parsing import (
     scalar_json,
 )
 
-
 # How a scored sequence starts. "tokenizer": as lm-eval's Hugging Face runner (HFLM) builds it,
 # with what the tokenizer itself adds (BOS for Llama-3-style tokenizers, nothing for GPT-2-style
 # ones) and lm-eval's prefix token only for an empty context. "document": every sequence starts

@@ -133,7 +133,7 @@ class DocumentConvention:
 
 def sequence_convention(tokenizer: Any, sequence_start: str) -> SequenceConvention:
     """The convention over kiln.data.tokenizer.LoadedTokenizer or a Hugging Face tokenizer."""
-    info = getattr(tokenizer, "info", None)
+    info: Any = getattr(tokenizer, "info", None)  # LoadedTokenizer.info, else None
     is_loaded = info is not None and hasattr(info, "eos_id")
     if sequence_start == "tokenizer":
         return TokenizerConvention(_as_loaded_by_hf(tokenizer) if is_loaded else tokenizer)
