@@ -1,10 +1,13 @@
 """Which lm-eval-harness tasks a run evaluates: `config.evals`, part of a checkpoint's identity.
 
     {"tasks": [{"name": "hellaswag", "num_fewshot": 0, "alias": "hellaswag_0shot"}, ...],
-     "every": 10000, "max_examples": null, "task_paths": ["exp/eval_tasks"]}
+     "every": 10000, "max_examples": null, "task_paths": ["exp/eval_tasks"],
+     "sequence_start": "tokenizer", "max_length": 2048}
 
 `task_paths` are folders of local task YAML: relative to the step's inputs in a step spec,
-absolute in a train spec. docs/evals.md describes the suite.
+absolute in a train spec. `sequence_start` and `max_length` are optional and left out of the
+JSON at their defaults, so suites that do not set them keep their fingerprints. docs/evals.md
+describes the suite.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from kiln_contract.parsing import (
     SpecError,
     build,
+    check_choice,
     check_int,
     check_optional,
     check_str,
@@ -25,6 +29,15 @@ from kiln_contract.parsing import (
     read_json,
     scalar_json,
 )
+
+# How a scored sequence starts. "tokenizer": as lm-eval's Hugging Face runner (HFLM) builds it,
+# with what the tokenizer itself adds (BOS for Llama-3-style tokenizers, nothing for GPT-2-style
+# ones) and lm-eval's prefix token only for an empty context. "document": every sequence starts
+# with the token a document follows in Kiln's training stream (BOS, else EOS).
+SEQUENCE_STARTS = ("tokenizer", "document")
+DEFAULT_SEQUENCE_START = "tokenizer"
+# Metric groups the harness itself logs under lm_eval/: a task label must not shadow them.
+RESERVED_LABELS = ("averages", "dclm_core", "meta")
 
 
 @dataclass(frozen=True)
@@ -55,12 +68,16 @@ class EvalTask:
 
 @dataclass(frozen=True)
 class EvalSuiteConfig:
-    """The reference's `EvalSuite(tasks, every)` plus `max_examples` and local task folders."""
+    """The reference's `EvalSuite(tasks, every)` plus `max_examples`, local task folders, how
+    sequences start and lm-eval's `max_length` (input tokens per sequence; None: the model's
+    max_seq_len)."""
 
     tasks: tuple[EvalTask, ...]
     every: int
     max_examples: int | None = None
     task_paths: tuple[str, ...] = ()
+    sequence_start: str = DEFAULT_SEQUENCE_START
+    max_length: int | None = None
 
     def __post_init__(self) -> None:
         check_tuple_of("tasks", self.tasks, EvalTask)
@@ -70,9 +87,18 @@ class EvalSuiteConfig:
         twice = sorted({label for label in labels if labels.count(label) > 1})
         if twice:
             raise SpecError("tasks", f"two entries are logged as {twice[0]!r}: give each an alias")
+        reserved = sorted(set(labels) & set(RESERVED_LABELS))
+        if reserved:
+            raise SpecError(
+                "tasks",
+                f"{reserved[0]!r} names metrics the harness logs itself "
+                f"(lm_eval/{reserved[0]}/...): give the entry another alias",
+            )
         check_int("every", self.every, minimum=1)
         check_optional(check_int, "max_examples", self.max_examples, minimum=1)
         check_tuple_of("task_paths", self.task_paths, str)
+        check_choice("sequence_start", self.sequence_start, SEQUENCE_STARTS)
+        check_optional(check_int, "max_length", self.max_length, minimum=1)
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "evals") -> EvalSuiteConfig:
@@ -88,8 +114,11 @@ class EvalSuiteConfig:
         return build(cls, where, values)
 
     def to_json(self) -> dict[str, Any]:
+        """The canonical form: optional fields at their defaults are left out (fingerprints)."""
+        defaults = {"sequence_start": DEFAULT_SEQUENCE_START, "max_length": None}
+        fields = scalar_json(self)
         return {
-            **scalar_json(self),
+            **{k: v for k, v in fields.items() if not (k in defaults and v == defaults[k])},
             "tasks": [task.to_json() for task in self.tasks],
             "task_paths": list(self.task_paths),
         }

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
 from kiln_contract.adam import AdamConfig
-from kiln_contract.evals import EvalSuiteConfig, EvalTask
+from kiln_contract.evals import DEFAULT_SEQUENCE_START, EvalSuiteConfig, EvalTask
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
 from kiln_contract.train import Resources
@@ -58,7 +58,12 @@ class EvalSuite:
 
 
 def eval_suite(
-    tasks: Any, every: int, max_examples: Optional[int] = None, task_files: Optional[str] = None
+    tasks: Any,
+    every: int,
+    max_examples: Optional[int] = None,
+    task_files: Optional[str] = None,
+    sequence_start: str = DEFAULT_SEQUENCE_START,
+    max_length: Optional[int] = None,
 ) -> EvalSuite:
     tasks = tuple(_eval_task(task) for task in tasks)
     if not tasks:
@@ -70,7 +75,10 @@ def eval_suite(
             "eval_suite(): `task_files` must be the address of a files target with lm-eval "
             f"task YAML, e.g. ':eval_tasks'; got {task_files!r}."
         )
-    return EvalSuite(EvalSuiteConfig(tasks, every, max_examples), task_files)
+    suite = EvalSuiteConfig(
+        tasks, every, max_examples, sequence_start=sequence_start, max_length=max_length
+    )
+    return EvalSuite(suite, task_files)
 
 
 def _eval_task(task: Any) -> EvalTask:

@@ -16,21 +16,30 @@ import numpy as np
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers, processors  # noqa: E402
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 EOS_ID = 0
 WORDS = [f"w{i}" for i in range(48)]
-VOCAB = {"<eos>": EOS_ID, "<unk>": 1, **{word: i + 2 for i, word in enumerate(WORDS)}}
+BOS_ID = len(WORDS) + 2
+VOCAB = {"<eos>": EOS_ID, "<unk>": 1, **{word: i + 2 for i, word in enumerate(WORDS)}, "<bos>": BOS_ID}
 VOCAB_SIZE = len(VOCAB)
 FORCED_LOGIT = 12.0  # makes a next token near-certain under the bigram model
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    """Every word w0..w47 is one token; whitespace separates and is dropped."""
+def make_tokenizer(with_bos: bool = False) -> PreTrainedTokenizerFast:
+    """Every word w0..w47 is one token; whitespace separates and is dropped. with_bos: the
+    tokenizer starts every encoding with <bos> (its post-processor, as Llama 3's does)."""
     model = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
     model.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=model, eos_token="<eos>", unk_token="<unk>")
+    if not with_bos:
+        return PreTrainedTokenizerFast(tokenizer_object=model, eos_token="<eos>", unk_token="<unk>")
+    model.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", BOS_ID)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=model, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 def make_bigram_logprob_fn(table: np.ndarray) -> Callable:
@@ -171,3 +180,32 @@ def _write_task_yaml(
         f"task: {task}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n{files}\n"
         f"  cache_dir: {cache_dir}\n{body}metadata:\n  version: 1.0\n"
     )
+
+
+def write_hub_dataset_cache(
+    cache_dir: Path, repo_id: str, config_name: str, splits: dict[str, list[dict]]
+) -> Path:
+    """Writes `splits` where `datasets.load_dataset(repo_id, config_name)` finds a hub dataset
+    it downloaded before, `{cache_dir}/{namespace}___{name}/{config}/0.0.0/{hash}/` (Arrow files
+    and dataset_info.json), using datasets' own builder: with HF_DATASETS_CACHE=cache_dir and
+    HF_DATASETS_OFFLINE=1, lm-eval's task YAML for that dataset loads it as it is."""
+    from datasets.packaged_modules.json.json import Json
+
+    namespace, name = repo_id.split("/")
+    staging = cache_dir / ".staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        _write_jsonl(staging / f"{split}.jsonl", rows)
+    builder = Json(
+        cache_dir=str(staging),
+        dataset_name=name,
+        config_name=config_name,
+        config_id=config_name,
+        hash="0" * 40,  # the hub's revision; any name for a cache written here
+        data_files={split: str(staging / f"{split}.jsonl") for split in splits},
+    )
+    builder.download_and_prepare()
+    # The builder names the folder after the dataset; a hub download prefixes its namespace.
+    target = cache_dir / f"{namespace}___{name}"
+    (staging / name).rename(target)
+    return target

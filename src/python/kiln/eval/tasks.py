@@ -8,6 +8,18 @@ See docs/evals.md.
 
 from __future__ import annotations
 
-from kiln_contract.evals import EvalSuiteConfig, EvalTask
+from kiln_contract.evals import (
+    DEFAULT_SEQUENCE_START,
+    RESERVED_LABELS,
+    SEQUENCE_STARTS,
+    EvalSuiteConfig,
+    EvalTask,
+)
 
-__all__ = ["EvalSuiteConfig", "EvalTask"]
+__all__ = [
+    "DEFAULT_SEQUENCE_START",
+    "RESERVED_LABELS",
+    "SEQUENCE_STARTS",
+    "EvalSuiteConfig",
+    "EvalTask",
+]

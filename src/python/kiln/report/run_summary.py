@@ -8,7 +8,9 @@ model or reading the caches again. It shows, in this order:
 - the final training loss and, per validation set, the final validation loss next to the
   unigram baseline of the training mixture over the same positions (kiln.report.baseline);
 - a few continuations sampled from the final model (kiln.model.sample) for prompts taken from
-  the first validation set's first documents.
+  the first validation set's first documents;
+- the last lm-eval scores, each with its shots and documents, under the harness version and
+  conventions they were computed with (kiln.eval.metadata).
 
 Everything else comes from the artifact's own files: summary.json (the trainer's), the loss
 curve and the newest checkpoint's parameters; the train spec (config and input caches) is the
@@ -30,6 +32,7 @@ from flax import nnx
 from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
 from kiln.data.cache import TokenCache, open_caches
 from kiln.data.errors import KilnDataError
+from kiln.eval.metadata import eval_summary_lines
 from kiln.model.config import LlamaConfig
 from kiln.report.plots import PLOT_FILE
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo, restore_params
@@ -71,28 +74,13 @@ def format_run_summary(spec: TrainSpec) -> str:
             validation = caches[len(spec.config.datasets) :]
             sections.append(_loss_lines(spec, summary, caches))
             sections.append(_sample_lines(spec, checkpoint, validation))
-        sections += (
-            [_eval_lines(summary)] if any(k.startswith(EVAL_PREFIX) for k in summary) else []
-        )
+        sections += [eval_lines] if (eval_lines := eval_summary_lines(summary)) else []
         return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
     finally:
         checkpointer.close()
 
 
 # --- what ran and where it is -----------------------------------------------------------------
-
-EVAL_PREFIX = "lm_eval/"
-
-
-def _eval_lines(summary: dict[str, Any]) -> list[str]:
-    """The harness's last scores (lm_eval/{task}/{metric}), timing keys left out."""
-    scores = {
-        key[len(EVAL_PREFIX) :]: value
-        for key, value in sorted(summary.items())
-        if key.startswith(EVAL_PREFIX) and not key.endswith(("seconds", "sample_len"))
-    }
-    return ["lm-eval (last run)"] + [f"  {name:<38} {value:.3f}" for name, value in scores.items()]
-
 
 def _run_lines(spec: TrainSpec, summary: dict[str, Any]) -> list[str]:
     state = "complete" if summary.get("complete") else "INCOMPLETE"

@@ -222,14 +222,17 @@ def make_logprob_fn(
     log p(tokens[:, t + 1] | tokens[:, :t + 1]); with_is_argmax: also a bool [B, T - 1] that says
     whether tokens[:, t + 1] is the model's argmax (lm-eval's is_greedy).
 
-    Jitted per (B, T): callers bucket shapes. Rows are single sequences (no segment ids).
+    The model reads tokens[:, :-1] (the last token is only a target), so T may be max_seq_len + 1:
+    lm-eval's max_length counts input tokens. Jitted per (B, T): callers bucket shapes. Rows are
+    single sequences (no segment ids).
     """
 
     @jax.jit
     def log_probs(params: nnx.State, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits = nnx.merge(graphdef, params)(tokens)
-        is_argmax = jnp.argmax(logits[:, :-1], axis=-1) == tokens[:, 1:]
-        return per_token_log_probs(logits, tokens), is_argmax
+        logits = nnx.merge(graphdef, params)(tokens[:, :-1]).astype(jnp.float32)
+        targets = tokens[:, 1:]
+        picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)
+        return picked[..., 0], jnp.argmax(logits, axis=-1) == targets
 
     def logprob_fn(state_or_params: TrainState | nnx.State, tokens: np.ndarray) -> Any:
         params = state_or_params

@@ -188,7 +188,7 @@ class EvalHook:
         from kiln.data.tokenizer import load_tokenizer
 
         try:
-            harness.load_suite_tasks(suite)
+            harness.load_suite_tasks(suite, model_max_length=max_length)
             self.tokenizer = load_tokenizer(tokenizer_spec)
         except Exception as e:  # any failure to set evals up is a bad input, reported at once
             raise TrainingError(f"config.evals: {e}") from None
@@ -198,7 +198,7 @@ class EvalHook:
 
     def __call__(self, logprob_fn: Callable[[Any], Any], step: int) -> dict[str, float]:
         return self.run_suite(
-            logprob_fn, self.tokenizer, self.suite, step, max_length=self.max_length
+            logprob_fn, self.tokenizer, self.suite, step, model_max_length=self.max_length
         )
 
 

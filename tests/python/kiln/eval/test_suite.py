@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import os
 import re
@@ -25,15 +26,18 @@ from kiln_testing.lm_eval_tasks import (
 )
 from lm_eval.tasks import TaskManager
 
+from kiln.eval.adapter import default_bucket_lengths
 from kiln.eval.harness import (
     EvalTaskUnavailable,
-    default_bucket_lengths,
+    load_suite_tasks,
     load_task,
     run_eval_suite,
 )
-from kiln.eval.tasks import EvalTask
+from kiln.eval.metadata import eval_summary_lines
+from kiln.eval.tasks import EvalSuiteConfig, EvalTask
 
 MAX_LENGTH = 128  # buckets 64 and 128; the perplexity documents need both
+HARNESS = f"lm-eval {importlib.metadata.version('lm_eval')}"
 
 
 def _suite(local_tasks, tasks: list[dict], max_examples: int | None = None) -> dict:
@@ -57,7 +61,7 @@ def suite_run(local_tasks, tokenizer):
             {"name": ROLLING_TASK, "num_fewshot": 0},
         ],
     )
-    metrics = run_eval_suite(logprob_fn, tokenizer, suite, step=7, max_length=MAX_LENGTH)
+    metrics = run_eval_suite(logprob_fn, tokenizer, suite, step=7, model_max_length=MAX_LENGTH)
     return metrics, logprob_fn
 
 
@@ -120,6 +124,85 @@ def test_averages_and_timing(suite_run, local_tasks):
     assert all(key.startswith("lm_eval/") for key in metrics)
 
 
+def test_each_score_records_what_produced_it(suite_run):
+    metrics, _ = suite_run
+    assert metrics["lm_eval/mc_0shot/num_fewshot"] == 0
+    assert metrics["lm_eval/mc_2shot/num_fewshot"] == 2
+    assert metrics["lm_eval/mc_2shot/num_docs"] == 6
+    assert metrics[f"lm_eval/{LAMBADA_TASK}/num_docs"] == 5
+    assert metrics[f"lm_eval/{ROLLING_TASK}/num_docs"] == 3
+    assert metrics[f"lm_eval/meta/harness={HARNESS}"] == 1.0
+    assert metrics["lm_eval/meta/sequence_start=tokenizer"] == 1.0
+    assert metrics["lm_eval/meta/max_length"] == MAX_LENGTH  # the model's, as none is set
+    assert not any(key.startswith("lm_eval/dclm_core/") for key in metrics)  # no CORE task
+
+
+def test_the_summary_prints_shots_docs_and_conventions_beside_the_scores(suite_run, local_tasks):
+    metrics, _ = suite_run
+    lines = eval_summary_lines({**metrics, "train/loss": 2.5, "step": 7})
+    assert lines[0] == (
+        f"lm-eval (last run; harness={HARNESS}, sequence_start=tokenizer, "
+        f"max_length={MAX_LENGTH} input tokens)"
+    )
+    entry = lines.index("  mc_2shot (2-shot, 6 docs)")
+    assert lines[entry + 1].split() == ["acc", f"{local_tasks.mc_expected_acc:.4f}"]
+    assert f"  {ROLLING_TASK} (0-shot, 3 docs)" in lines
+    assert not any(word in line for line in lines for word in ("seconds", "num_docs", "meta"))
+    assert eval_summary_lines({"train/loss": 2.5}) == []
+
+
+def test_the_document_convention_and_max_length_are_options(local_tasks, tokenizer):
+    widths = []
+    bigram = make_bigram_logprob_fn(local_tasks.table)
+
+    def recording_logprob_fn(tokens):
+        widths.append(tokens.shape[1])
+        return bigram(tokens)
+
+    suite = {
+        **_suite(local_tasks, [{"name": ROLLING_TASK}, {"name": MC_TASK}]),
+        "sequence_start": "document",
+        "max_length": 16,
+    }
+    metrics = run_eval_suite(
+        recording_logprob_fn, tokenizer, suite, step=0, model_max_length=MAX_LENGTH
+    )
+    # Every sequence starts with EOS (this tokenizer has no BOS): a MC choice after its cue
+    # word is still the model's; perplexity windows of 16 input tokens, each token once.
+    assert metrics[f"lm_eval/{MC_TASK}/acc"] == pytest.approx(local_tasks.mc_expected_acc)
+    total = sum(
+        bigram_sequence_logprob(
+            local_tasks.table, [EOS_ID, *tokenizer.encode(doc, add_special_tokens=False)]
+        )
+        for doc in local_tasks.rolling_docs
+    )
+    num_bytes = sum(len(doc.encode("utf-8")) for doc in local_tasks.rolling_docs)
+    assert metrics[f"lm_eval/{ROLLING_TASK}/byte_perplexity"] == pytest.approx(
+        math.exp(-total / num_bytes), rel=1e-4
+    )
+    assert metrics["lm_eval/meta/sequence_start=document"] == 1.0
+    assert metrics["lm_eval/meta/max_length"] == 16
+    assert set(widths) == {16 + 1}  # the one bucket of max_length input tokens, + the target
+
+
+def test_a_max_length_longer_than_the_model_fails_before_any_task_loads(local_tasks):
+    suite = EvalSuiteConfig.from_json({**_suite(local_tasks, [{"name": MC_TASK}]), "max_length": 512})
+    with pytest.raises(EvalTaskUnavailable, match="max_length is 512 .* at most 256"):
+        load_suite_tasks(suite, model_max_length=256)
+
+
+def test_generation_tasks_are_refused_when_the_suite_loads(local_tasks, tmp_path):
+    (tmp_path / "gen.yaml").write_text(
+        (local_tasks.task_dir / f"{LAMBADA_TASK}.yaml")
+        .read_text()
+        .replace(f"task: {LAMBADA_TASK}", "task: kiln_test_gen")
+        .replace("output_type: loglikelihood", "output_type: generate_until")
+    )
+    manager = TaskManager(include_path=str(tmp_path), include_defaults=False)
+    with pytest.raises(EvalTaskUnavailable, match="generate_until task: Kiln scores log-lik"):
+        load_task(manager, EvalTask("kiln_test_gen", 0))
+
+
 def test_the_whole_suite_compiles_once_per_bucket(suite_run):
     _, logprob_fn = suite_run
     # Dozens of distinct sequence lengths went through; shapes are (batch, bucket) only.
@@ -137,7 +220,7 @@ def test_few_shot_examples_reach_the_model(local_tasks, tokenizer):
             return bigram(tokens)
 
         suite = _suite(local_tasks, [{"name": MC_TASK, "num_fewshot": num_fewshot}])
-        run_eval_suite(recording_logprob_fn, tokenizer, suite, step=0, max_length=64)
+        run_eval_suite(recording_logprob_fn, tokenizer, suite, step=0, model_max_length=64)
         return sum(counts)
 
     # 6 docs x 3 choices, each preceded by 2 copies of the train example "w12 w13" + " w14".
@@ -147,7 +230,7 @@ def test_few_shot_examples_reach_the_model(local_tasks, tokenizer):
 def test_max_examples_limits_each_task(local_tasks, tokenizer):
     suite = _suite(local_tasks, [{"name": MC_TASK, "num_fewshot": 0}], max_examples=4)
     metrics = run_eval_suite(
-        make_bigram_logprob_fn(local_tasks.table), tokenizer, suite, step=0, max_length=64
+        make_bigram_logprob_fn(local_tasks.table), tokenizer, suite, step=0, model_max_length=64
     )
     # The first four docs are exactly the ones where the model prefers the gold choice.
     assert metrics[f"lm_eval/{MC_TASK}/acc"] == 1.0
@@ -164,7 +247,8 @@ def test_hub_tasks_fail_fast_and_clearly_offline(tmp_path: Path):
         from kiln.eval.tasks import EvalSuiteConfig, EvalTask
         task = EvalTask("hellaswag", 10, "hellaswag_10shot")
         try:
-            load_suite_tasks(EvalSuiteConfig((task,), every=1, task_paths=({str(tmp_path / "tasks")!r},)))
+            suite = EvalSuiteConfig((task,), every=1, task_paths=({str(tmp_path / "tasks")!r},))
+            load_suite_tasks(suite, model_max_length=2048)
         except EvalTaskUnavailable as error:
             print(error)
         """

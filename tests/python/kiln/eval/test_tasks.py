@@ -32,6 +32,19 @@ def test_spec_form_without_optional_fields():
     assert config == EvalSuiteConfig(tasks=(EvalTask("copa", 0),), every=5)
 
 
+def test_conventions_round_trip_and_are_left_out_at_their_defaults():
+    tasks = [{"name": "copa", "num_fewshot": 0, "alias": None}]
+    default = {"tasks": tasks, "every": 5, "max_examples": None, "task_paths": []}
+    # The canonical form of a suite that sets neither is what it was before they existed, so
+    # its checkpoints keep their fingerprints.
+    assert EvalSuiteConfig.from_json(default).to_json() == default
+    assert EvalSuiteConfig.from_json(default).sequence_start == "tokenizer"
+    custom = {**default, "sequence_start": "document", "max_length": 1024}
+    config = EvalSuiteConfig.from_json(custom)
+    assert (config.sequence_start, config.max_length) == ("document", 1024)
+    assert config.to_json() == custom
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -63,6 +76,18 @@ def test_spec_form_without_optional_fields():
                 "every": 1,
             },
             r"evals\.tasks: two entries are logged as 'hellaswag': give each an alias",
+        ),
+        (
+            {"tasks": [{"name": "copa"}], "every": 1, "sequence_start": "bos"},
+            r"evals\.sequence_start: expected one of tokenizer, document, got 'bos'",
+        ),
+        (
+            {"tasks": [{"name": "copa"}], "every": 1, "max_length": 0},
+            r"evals\.max_length: expected an integer >= 1",
+        ),
+        (
+            {"tasks": [{"name": "copa", "alias": "averages"}], "every": 1},
+            r"evals\.tasks: 'averages' names metrics the harness logs itself",
         ),
     ],
 )
