@@ -43,6 +43,10 @@ class ObjectStore(abc.ABC):
     def location(self, key: str) -> str:
         """Where the object is, for messages: a path or a URL."""
 
+    def check(self) -> None:
+        """Fails fast (StorageError naming the store and what to check) when the store cannot
+        be reached or does not exist; a local directory is created on first write instead."""
+
     @abc.abstractmethod
     def read(self, key: str) -> StoredObject:
         """The object and its generation; ObjectMissing if there is none."""
@@ -69,13 +73,23 @@ class UnsupportedStore(ValueError):
 
 
 def open_store(location: str | os.PathLike[str]) -> ObjectStore:
-    """The store at `location`: a local directory (absolute or relative path)."""
-    from kiln.artifacts.local import LocalStore
-
+    """The store at `location`: `s3://BUCKET/PATH`, `gs://BUCKET/PATH`, or a local directory
+    (absolute or relative path)."""
     text = os.fspath(location)
-    if "://" in text:
-        raise UnsupportedStore(
-            f"{text}: this Kiln stores artifacts in local directories only; mount the bucket "
-            "and give its mount point as the prefix."
-        )
-    return LocalStore(text)
+    scheme, sep, _ = text.partition("://")
+    if not sep:
+        from kiln.artifacts.local import LocalStore
+
+        return LocalStore(text)
+    if scheme == "s3":
+        from kiln.artifacts.s3 import S3Store
+
+        return S3Store(text)
+    if scheme == "gs":
+        from kiln.artifacts.gcs import GCSStore
+
+        return GCSStore(text)
+    raise UnsupportedStore(
+        f"{text}: Kiln stores artifacts in s3://, gs:// or local directories; for another "
+        "store, mount it and give its mount point as the prefix."
+    )
