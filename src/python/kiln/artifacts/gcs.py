@@ -73,6 +73,13 @@ class GCSStore(ObjectStore):
         reply = self._request(key, "GET", self._object_path(key), params={"alt": "media"})
         return StoredObject(reply.content, reply.headers["X-Goog-Generation"])
 
+    def size(self, key: str) -> int:
+        return int(self._request(key, "GET", self._object_path(key)).json()["size"])
+
+    def kvstore(self, key: str) -> dict[str, Any]:
+        # TensorStore reaches an emulator through TENSORSTORE_GCS_HTTP_URL, not this spec.
+        return {"driver": "gcs", "bucket": self.url.bucket, "path": self.url.name(key) + "/"}
+
     def write(self, key: str, data: bytes) -> str:
         return self._upload(key, data, if_generation=None)
 

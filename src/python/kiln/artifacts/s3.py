@@ -93,6 +93,20 @@ class S3Store(ObjectStore):
         reply = self._call(key, "get_object", Key=self.url.name(key))
         return StoredObject(reply["Body"].read(), reply["ETag"])
 
+    def size(self, key: str) -> int:
+        return int(self._call(key, "head_object", Key=self.url.name(key))["ContentLength"])
+
+    def kvstore(self, key: str) -> dict[str, Any]:
+        spec = {
+            "driver": "s3",
+            "bucket": self.url.bucket,
+            "path": self.url.name(key).rstrip("/") + "/",
+            "aws_region": self._client.meta.region_name,
+        }
+        if not self.endpoint.endswith(".amazonaws.com"):  # AWS_ENDPOINT_URL: S3-compatible
+            spec["endpoint"] = self.endpoint
+        return spec
+
     def write(self, key: str, data: bytes) -> str:
         return str(self._call(key, "put_object", Key=self.url.name(key), Body=data)["ETag"])
 

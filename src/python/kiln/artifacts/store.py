@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 class ObjectMissing(Exception):
@@ -50,6 +51,16 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def read(self, key: str) -> StoredObject:
         """The object and its generation; ObjectMissing if there is none."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectMissing if there is none."""
+
+    @abc.abstractmethod
+    def kvstore(self, key: str) -> dict[str, Any]:
+        """TensorStore's kvstore spec of the objects under `key/` (its `file`, `s3` or `gcs`
+        driver), for arrays stored there. It names no credentials: TensorStore finds them in
+        the same standard places as the store."""
 
     @abc.abstractmethod
     def write(self, key: str, data: bytes) -> str:
@@ -93,3 +104,24 @@ def open_store(location: str | os.PathLike[str]) -> ObjectStore:
         f"{text}: Kiln stores artifacts in s3://, gs:// or local directories; for another "
         "store, mount it and give its mount point as the prefix."
     )
+
+
+def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str]) -> int:
+    """Uploads every file below the local `folder` to `key/...` in `store`, its STATUS (if any)
+    last, so the copy is never read as complete before it is; returns the bytes copied."""
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    root = Path(folder)
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    last = [name for name in files if name == "STATUS"]
+    first = [name for name in files if name != "STATUS"]
+
+    def upload(name: str) -> int:
+        data = (root / name).read_bytes()
+        store.write(f"{key}/{name}" if key else name, data)
+        return len(data)
+
+    with ThreadPoolExecutor(8) as pool:  # objects upload independently: overlap the requests
+        copied = sum(pool.map(upload, first))
+    return copied + sum(map(upload, last))
