@@ -40,6 +40,9 @@ class LocalStore(ObjectStore):
     def location(self, key: str) -> str:
         return str(self.path(key))
 
+    def check(self) -> None:
+        """Nothing to reach: the directory is made on the first write."""
+
     def read(self, key: str) -> StoredObject:
         try:
             with open(self.path(key), "rb") as f:

@@ -112,7 +112,9 @@ class S3Store(ObjectStore):
 
     def create(self, key: str, data: bytes) -> str:
         try:
-            reply = self._call(key, "put_object", Key=self.url.name(key), Body=data, IfNoneMatch="*")
+            reply = self._call(
+                key, "put_object", Key=self.url.name(key), Body=data, IfNoneMatch="*"
+            )
         except PreconditionFailed:
             raise ObjectExists(self.location(key)) from None
         return str(reply["ETag"])

@@ -44,9 +44,10 @@ class ObjectStore(abc.ABC):
     def location(self, key: str) -> str:
         """Where the object is, for messages: a path or a URL."""
 
+    @abc.abstractmethod
     def check(self) -> None:
         """Fails fast (StorageError naming the store and what to check) when the store cannot
-        be reached or does not exist; a local directory is created on first write instead."""
+        be reached or its bucket does not exist."""
 
     @abc.abstractmethod
     def read(self, key: str) -> StoredObject:

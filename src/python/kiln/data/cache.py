@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 import tensorstore as ts
 
-from kiln.artifacts import SUCCESS, STATUS_FILE
+from kiln.artifacts import STATUS_FILE, SUCCESS
 from kiln.artifacts.content import Damage, check_object_sizes
 from kiln.artifacts.storage_errors import as_storage_error
 from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store

@@ -55,5 +55,7 @@ def test_a_bucket_cache_is_checked_like_a_local_one(s3_server: str, local_cache:
         if p.is_file() and "/data/c/" in p.as_posix()
     )
     store.delete(chunk, generation=store.read(chunk).generation)
-    with pytest.raises(CacheDamaged, match=rf"at {url}: shard shard-0000\d, file data/c/\S+ is missing"):
+    with pytest.raises(
+        CacheDamaged, match=rf"at {url}: shard shard-0000\d, file data/c/\S+ is missing"
+    ):
         TokenCache.open(url)

@@ -80,7 +80,7 @@ def test_of_two_concurrent_takers_exactly_one_wins(store: ObjectStore) -> None:
         start = threading.Barrier(2)
         outcomes: list[str] = []
 
-        def take(name: str) -> None:
+        def take(name: str, start: threading.Barrier, outcomes: list[str]) -> None:
             start.wait()
             try:
                 taken: Lease | None = lease(store, name).acquire(wait=False)
@@ -92,7 +92,9 @@ def test_of_two_concurrent_takers_exactly_one_wins(store: ObjectStore) -> None:
             if taken is not None:
                 taken.release()
 
-        takers = [threading.Thread(target=take, args=(f"taker {i}",)) for i in range(2)]
+        takers = [
+            threading.Thread(target=take, args=(f"taker {i}", start, outcomes)) for i in range(2)
+        ]
         for taker in takers:
             taker.start()
         for taker in takers:
