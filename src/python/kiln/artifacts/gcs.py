@@ -135,7 +135,7 @@ class GCSStore(ObjectStore):
                 reply = self._session.request(
                     method, url, headers=headers, timeout=_TIMEOUTS, **options
                 )
-            except requests.ConnectionError as e:
+            except (requests.ConnectionError, requests.Timeout) as e:
                 raise Transient() from e
             if reply.status_code == 429 or reply.status_code >= 500:
                 raise Transient() from StorageError(
@@ -145,7 +145,7 @@ class GCSStore(ObjectStore):
 
         try:
             reply = with_retries(attempt)
-        except requests.ConnectionError as e:
+        except (requests.ConnectionError, requests.Timeout) as e:
             setting = EMULATOR_VARIABLE if self._emulated else "the proxy settings (HTTPS_PROXY)"
             raise unreachable(self.url, self.endpoint, e, setting) from None
         if reply.ok:

@@ -76,7 +76,7 @@ def test_a_second_taker_is_told_who_holds_it(store: ObjectStore) -> None:
 
 
 def test_of_two_concurrent_takers_exactly_one_wins(store: ObjectStore) -> None:
-    for _ in range(5):
+    for _ in range(3):
         start = threading.Barrier(2)
         outcomes: list[str] = []
 
@@ -198,7 +198,7 @@ def test_contending_processes_hold_it_one_at_a_time(store_location: str, tmp_pat
     import multiprocessing
 
     # Fewer rounds against the loopback servers: each round is a few requests per process.
-    workers, rounds = (4, 10) if "://" not in store_location else (2, 5)
+    workers, rounds = (4, 10) if "://" not in store_location else (2, 3)
     log = tmp_path / "log"
     context = multiprocessing.get_context("spawn")
     processes = [
