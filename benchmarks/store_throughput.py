@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -37,6 +38,7 @@ def start_s3_server() -> object:
     """moto's S3 server on loopback, with made-up credentials in the environment."""
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -170,7 +172,10 @@ def main() -> None:
         copied, _ = timed(lambda: copy_folder_into(open_store(url), "cache", cache))
         local = read_tokens_per_second(cache, args.repeat)
         bucket = read_tokens_per_second(f"{url}/cache", args.repeat)
-        print(f"\ncache upload: {copied:.2f} s")
+        from kiln.data.cache import TokenCache
+
+        tokens = TokenCache.open(cache).num_tokens
+        print(f"\ncache: {tokens:,} tokens in 2 shards; upload to the bucket {copied:.2f} s")
         print(f"\n{'token-cache read':<28} {'tokens/s':>12} {'vs local':>9}")
         print(f"{'local file system':<28} {local:>12,.0f} {1.0:>9.2f}")
         print(f"{'S3 (moto, loopback)':<28} {bucket:>12,.0f} {bucket / local:>9.2f}")
