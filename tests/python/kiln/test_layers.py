@@ -121,9 +121,9 @@ def test_an_upward_or_sideways_import_is_reported(tmp_path: Path) -> None:
     )
     write_module(tmp_path, "kiln/data/mixture.py", "from kiln import model\n")
     assert violations(tmp_path) == [
-        "kiln/data/mixture.py:1: kiln.data (layer 2) imports kiln.model (layer 2): "
+        "kiln/data/mixture.py:1: kiln.data (layer 1) imports kiln.model (layer 1): "
         "a package imports only lower layers",
-        "kiln/train/trainer.py:6: kiln.train (layer 4) imports kiln.report (layer 5): "
+        "kiln/train/trainer.py:6: kiln.train (layer 3) imports kiln.report (layer 4): "
         "a package imports only lower layers",
     ]
 

@@ -197,3 +197,45 @@ def write_eval_task(folder: Path) -> Path:
         "metadata:\n  version: 1.0\n"
     )
     return folder
+
+
+def write_runner_step(root: Path, **overrides: Any) -> Path:
+    """A step JSON for `python -m kiln.runner`, as the Pants backend writes it (docs/step-spec.md):
+    EXAMPLE_SPEC with `overrides` (dotted paths, as make_spec), its two tiny caches built under
+    root with their artifact records (as `merge --record` places them) and named by their
+    location there (`--inputs root`). Returns the step file's path."""
+    caches = {
+        "tokenized/a": build_tiny_cache(root, "tokenized/a", 120, seed=0),
+        "tokenized/val": build_tiny_cache(root, "tokenized/val", 30, seed=2),
+    }
+    spec = make_spec(
+        root / "unused", {"tokenized/a": caches["tokenized/a"]},
+        {"tokenized/val": caches["tokenized/val"]}, **overrides,
+    )  # fmt: skip
+    entries = spec["config"]["datasets"] + spec["config"]["validation"]
+    for entry in entries:
+        del entry["path"]  # a step names its caches; the runner finds them under --inputs
+    records = {e["name"]: _record(e["name"], e["fingerprint"], "tokenized_cache", {}) for e in entries}
+    for name, record in records.items():
+        (caches[name] / "artifact.json").write_text(json.dumps(record))
+    inputs: list[dict[str, Any]] = [
+        {"ref": f"{e['name']}@{e['version']}", "name": e["name"], "version": e["version"],
+         "record": records[e["name"]], "location": caches[e["name"]].name}
+        for e in entries
+    ]  # fmt: skip
+    identity = {"kind": "lm_checkpoint", "config": spec["config"]}
+    step = {
+        "step_version": 1, "kind": "lm_checkpoint", "name": spec["name"],
+        "version": spec["version"], "fingerprint": spec["fingerprint"],
+        "record": _record(spec["name"], spec["fingerprint"], "lm_checkpoint", identity),
+        "config": spec["config"], "runtime": spec["runtime"], "inputs": inputs,
+        "provenance": {"code_digest": "a" * 64, "lockfile_digest": "b" * 64},
+    }  # fmt: skip
+    path = root / "step.json"
+    path.write_text(json.dumps(step))
+    return path
+
+
+def _record(name: str, fingerprint: str, kind: str, identity: dict[str, Any]) -> dict[str, Any]:
+    return {"record_version": 1, "kind": kind, "name": name, "version": "2026.11.29",
+            "fingerprint": fingerprint, "identity": identity, "inputs": []}  # fmt: skip

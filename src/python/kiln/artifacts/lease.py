@@ -134,9 +134,17 @@ class Lease:
         self.lost: str | None = None  # why the lease was lost while held, if it was
 
     @classmethod
-    def beside(cls, folder: Path, *, what: str, **options: float) -> Lease:
+    def beside(
+        cls,
+        folder: Path,
+        *,
+        what: str,
+        ttl: float = LEASE_TTL_SECONDS,
+        heartbeat: float = HEARTBEAT_SECONDS,
+    ) -> Lease:
         """The lease of a folder: the object `.{name}.lease` in the folder's parent."""
-        return cls(open_store(folder.parent), lease_key(folder.name), what=what, **options)
+        store = open_store(folder.parent)
+        return cls(store, lease_key(folder.name), what=what, ttl=ttl, heartbeat=heartbeat)
 
     @property
     def location(self) -> str:

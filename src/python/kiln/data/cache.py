@@ -101,6 +101,47 @@ class _SliceRead:
     future: ts.Future
 
 
+def read_cache_records(location: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(cache.json, ledger.json) of a finished cache of a format this Kiln reads, in a folder
+    or a bucket; CacheNotReady otherwise. Reads no array."""
+    store = open_store(location)
+    status = _read_text(store, STATUS_FILE)
+    status = None if status is None else status.strip()
+    if status != SUCCESS:
+        found = "no STATUS file" if status is None else f"STATUS {status}"
+        raise CacheNotReady(
+            f"{location} is not a finished token cache ({found}); build it with "
+            "`python -m kiln.data.tokenize build` (or its Pants target) first."
+        )
+    info = json.loads(store.read(CACHE_FILE).data)
+    version = info.get("format_version")
+    if version not in (FORMAT_VERSION, UNVERIFIED_FORMAT_VERSION):
+        raise CacheNotReady(
+            f"{location}: cache format_version {version}; this kiln reads "
+            f"{UNVERIFIED_FORMAT_VERSION} and {FORMAT_VERSION}. Rebuild the cache with this "
+            "version of kiln."
+        )
+    if version == UNVERIFIED_FORMAT_VERSION:
+        log.warning(
+            "%s: cache format_version 1 records no file sizes or digests, so its files are "
+            "read unverified; rebuild it (a new version) to have them checked",
+            location,
+        )
+    return info, json.loads(store.read(LEDGER_FILE).data)
+
+
+def cache_damaged(
+    path: str | Path, info: dict[str, Any], shard: str | None, damage: Damage
+) -> CacheDamaged:
+    """The error for a damaged file of the cache at `path` (`shard` None: the cache's own)."""
+    where = f"shard {shard}, file {damage.file}" if shard else f"file {damage.file}"
+    return CacheDamaged(
+        f"token cache {info.get('name')}@{info.get('version')} at {path}: "
+        f"{where} {damage.reason}. The cache is damaged: delete the folder and rebuild it, "
+        "or restore it from a good copy."
+    )
+
+
 class TokenCache:
     """A finished cache in a local folder or a bucket (`s3://`, `gs://`): its records are read
     through the object store, its arrays through TensorStore's matching kvstore driver."""
@@ -143,31 +184,8 @@ class TokenCache:
     @classmethod
     def open(cls, location: str | Path) -> TokenCache:
         """The cache at a local path or a bucket URL; CacheNotReady unless it is finished."""
-        store = open_store(location)
         path = location if "://" in str(location) else Path(location)
-        status = _read_text(store, STATUS_FILE)
-        status = None if status is None else status.strip()
-        if status != SUCCESS:
-            found = "no STATUS file" if status is None else f"STATUS {status}"
-            raise CacheNotReady(
-                f"{path} is not a finished token cache ({found}); build it with "
-                "`python -m kiln.data.tokenize build` (or its Pants target) first."
-            )
-        info = json.loads(store.read(CACHE_FILE).data)
-        version = info.get("format_version")
-        if version not in (FORMAT_VERSION, UNVERIFIED_FORMAT_VERSION):
-            raise CacheNotReady(
-                f"{path}: cache format_version {version}; this kiln reads "
-                f"{UNVERIFIED_FORMAT_VERSION} and {FORMAT_VERSION}. Rebuild the cache with this "
-                "version of kiln."
-            )
-        if version == UNVERIFIED_FORMAT_VERSION:
-            log.warning(
-                "%s: cache format_version 1 records no file sizes or digests, so its files are "
-                "read unverified; rebuild it (a new version) to have them checked",
-                path,
-            )
-        return cls(path, info, json.loads(store.read(LEDGER_FILE).data))
+        return cls(path, *read_cache_records(path))
 
     @property
     def token_byte_lengths(self) -> np.ndarray:
@@ -199,12 +217,7 @@ class TokenCache:
 
     def damaged(self, shard: str | None, damage: Damage) -> CacheDamaged:
         """The error for a damaged file of `shard` (None: a file of the cache itself)."""
-        where = f"shard {shard}, file {damage.file}" if shard else f"file {damage.file}"
-        return CacheDamaged(
-            f"token cache {self.info.get('name')}@{self.info.get('version')} at {self.path}: "
-            f"{where} {damage.reason}. The cache is damaged: delete the folder and rebuild it, "
-            "or restore it from a good copy."
-        )
+        return cache_damaged(self.path, self.info, shard, damage)
 
     def _check_sizes(self) -> None:
         for damage in check_object_sizes(self.store, "", self.ledger.get("files", {})):

@@ -122,9 +122,9 @@ def merge_cache(
         _check_shard_plan(shard_dir, record, spec)
     for index in sorted(set(range(spec.num_shards)) - set(by_index)):
         merged = out_dir / SHARDS_DIR / shard_dir_name(index)
-        record = _reusable_shard_record(merged, spec, index, tokenizer)
-        if record is not None:
-            by_index[index] = (merged, record)
+        reusable = _reusable_shard_record(merged, spec, index, tokenizer)
+        if reusable is not None:
+            by_index[index] = (merged, reusable)
     missing = sorted(set(range(spec.num_shards)) - set(by_index))
     if missing:
         raise CacheError(
@@ -251,11 +251,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "shard":
             _shard_command(spec, args)
-            return 0
-        if args.command == "merge":
+        elif args.command == "merge":
             _merge_command(spec, args)
         else:
             build_cache(raw_spec, args.out)
+            print(f"{_ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     except KilnDataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -265,7 +265,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {failure}", file=sys.stderr)
         return EXIT_STORAGE
-    print(f"{_ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     return 0
 
 
@@ -276,19 +275,25 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
         raise SpecError(
             f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
         )
+    cache = args.unless_built
     what = f"tokenize {_ref(spec)} shard {args.index}"
     with Lease.beside(args.out, what=what).acquire(wait=True):
-        cache = args.unless_built
         if cache is not None and _already_built(spec, cache):
             print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
+        else:
+            _tokenize_unless_done(spec, args.index, args.out, cache)
+    if cache is not None and read_status(cache) == SUCCESS:
+        _remove_if_empty(args.out.parent)  # merged while this waited: its lease was the last
+
+
+def _tokenize_unless_done(spec: CacheSpec, index: int, out: Path, cache: Path | None) -> None:
+    tokenizer = load_tokenizer(spec.tokenizer)
+    done = [out] + ([cache / SHARDS_DIR / shard_dir_name(index)] if cache else [])
+    for folder in done:
+        if _reusable_shard_record(folder, spec, index, tokenizer) is not None:
+            print(f"{spec.name}: shard {index} is already at {folder}", file=sys.stderr)
             return
-        tokenizer = load_tokenizer(spec.tokenizer)
-        done = [args.out] + ([cache / SHARDS_DIR / shard_dir_name(args.index)] if cache else [])
-        for folder in done:
-            if _reusable_shard_record(folder, spec, args.index, tokenizer) is not None:
-                print(f"{spec.name}: shard {args.index} is already at {folder}", file=sys.stderr)
-                return
-        tokenize_shard(spec, args.index, args.out, tokenizer)
+    tokenize_shard(spec, index, out, tokenizer)
 
 
 def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
@@ -297,16 +302,23 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     with contextlib.ExitStack() as leases:
         leases.enter_context(Lease.beside(args.out, what=f"merge {_ref(spec)}").acquire(wait=True))
         if _already_built(spec, args.out):
-            return
-        for shard in args.shards:
-            what = f"merge {_ref(spec)} (shard {shard.name})"
-            leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
-        if args.record is not None:  # the artifact record (docs/artifacts.md), before STATUS
-            atomic_write_bytes(args.out / RECORD_FILE, args.record.read_bytes())
-        merge_cache(spec, args.shards, args.out)
+            print(f"{_ref(spec)}: already built at {args.out}", file=sys.stderr)
+        else:
+            for shard in args.shards:
+                what = f"merge {_ref(spec)} (shard {shard.name})"
+                leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
+            if args.record is not None:  # the artifact record (docs/artifacts.md), before STATUS
+                atomic_write_bytes(args.out / RECORD_FILE, args.record.read_bytes())
+            merge_cache(spec, args.shards, args.out)
+            print(f"{_ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     for staging in {shard.parent for shard in args.shards}:  # store mode's .{version}.shards/
-        with contextlib.suppress(OSError):
-            staging.rmdir()  # only when empty: nothing else is building there
+        _remove_if_empty(staging)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Removes a shard staging folder once nothing is left in it (no shard, no lease)."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def _already_built(spec: CacheSpec, out_dir: Path) -> bool:

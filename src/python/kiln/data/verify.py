@@ -1,9 +1,9 @@
 """`python -m kiln.data.verify CACHE_DIR...`: check token caches against their ledgers.
 
-Each cache is opened as a reader opens it (STATUS SUCCESS, every file present with its recorded
-size, offsets consistent with the ledger), then every file's sha256 is compared with the one
-recorded when it was written. kiln.runner runs the same check when it places a cache into the
-artifact store. One line per cache:
+Each cache must be finished (STATUS SUCCESS); every file's sha256 is compared with the one
+recorded when it was written, then the cache is opened as a reader opens it (every file present
+with its recorded size, offsets consistent with the ledger). kiln.runner runs the same check
+when it places a cache into the artifact store. One line per cache:
 
     tokenized/x@v1 at /store/tokenized/x/v1: verified 13 files (41.9 MB)
 
@@ -19,10 +19,17 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kiln.artifacts.content import check_digests
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
-from kiln.data.cache import SHARDS_DIR, TokenCache
+from kiln.data.cache import (
+    FORMAT_VERSION,
+    SHARDS_DIR,
+    TokenCache,
+    cache_damaged,
+    read_cache_records,
+)
 from kiln.data.errors import KilnDataError
 
 EXIT_DAMAGED = 1
@@ -47,26 +54,35 @@ class Verification:
 
 
 def verify_cache(path: Path, *, digests: bool = True) -> Verification:
-    """Opens the cache at `path` (the reader's checks) and, with `digests`, compares every
-    file's sha256 with the ledger. CacheDamaged names the first damaged file; CacheNotReady
-    an unfinished cache; StorageError a file the OS cannot read."""
+    """With `digests`, compares every file's sha256 with the ledger (before any array is
+    decoded, so that altered bytes are named as such), then opens the cache as a reader does.
+    CacheDamaged names the first damaged file; CacheNotReady an unfinished cache; StorageError
+    a file the OS cannot read."""
     try:
-        cache = TokenCache.open(path)
+        info, ledger = read_cache_records(path)
+        files, size = _compare_digests(path, info, ledger) if digests else (0, 0)
+        cache = TokenCache(path, info, ledger)
     except (ValueError, KeyError) as e:  # cache.json or ledger.json are not what was written
         raise KilnDataError(f"{path}: the cache's records cannot be read ({e})") from None
-    if not (cache.verified and digests):
-        return Verification(cache, 0, 0)
-    folders = [(None, path, cache.ledger["files"])] + [
+    return Verification(cache, files, size)
+
+
+def _compare_digests(path: Path, info: dict[str, Any], ledger: dict[str, Any]) -> tuple[int, int]:
+    """(files, bytes) whose digests match; CacheDamaged at the first that does not. A cache
+    of the unverified format has no digests: (0, 0)."""
+    if info.get("format_version") != FORMAT_VERSION:
+        return 0, 0
+    folders = [(None, path, ledger["files"])] + [
         (shard["name"], path / SHARDS_DIR / shard["name"], shard["files"])
-        for shard in cache.ledger["shards"]
+        for shard in ledger["shards"]
     ]
     files = size = 0
     for shard, folder, records in folders:
         for damage in check_digests(folder, records):
-            raise cache.damaged(shard, damage)
+            raise cache_damaged(path, info, shard, damage)
         files += len(records)
         size += sum(int(record["bytes"]) for record in records.values())
-    return Verification(cache, files, size)
+    return files, size
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,12 +24,14 @@ rather than start over silently.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import shutil
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -208,8 +210,9 @@ class Checkpointer:
         else:
             if path.exists() and self._is_writer:
                 shutil.rmtree(path)  # a killed save of this very step
-            self._orbax.save(path / STATE_DIR, state)
-            self._orbax.wait_until_finished()
+            with _failures_raised_not_logged():
+                self._orbax.save(path / STATE_DIR, state)
+                self._orbax.wait_until_finished()
             info = self._write_metadata(path, step, temporary=temporary)
         self._last_save_time = self._clock()
         self._prune(info)
@@ -247,6 +250,34 @@ class Checkpointer:
 
     def close(self) -> None:
         self._orbax.close()
+
+
+@contextlib.contextmanager
+def _failures_raised_not_logged() -> Iterator[None]:
+    """Orbax logs a failed background save with its traceback (on the `absl` logger) and raises
+    the same error from wait_until_finished: the raised one is reported (a storage error as one
+    line, kiln.artifacts.storage_errors), so the logged copies are held back. After a failure,
+    TensorStore still completes the writes in flight and reports each to orbax's event loop,
+    closed by then: Python would print each as an unraisable "Event loop is closed", which says
+    nothing the raised error does not, so those are dropped from then on."""
+    orbax_log = logging.getLogger("absl")
+    level, hook = orbax_log.level, sys.unraisablehook
+    orbax_log.setLevel(logging.CRITICAL)
+    sys.unraisablehook = _without_closed_loop_reports(hook)
+    try:
+        yield
+        sys.unraisablehook = hook  # a save that succeeded leaves no write in flight
+    finally:
+        orbax_log.setLevel(level)
+
+
+def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def report(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            hook(unraisable)
+
+    return report
 
 
 def _missing_or_truncated(info: CheckpointInfo) -> str | None:

@@ -260,18 +260,26 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def checkpoint_params(run: Path, step: int) -> dict[str, np.ndarray]:
-    """The checkpoint's parameters as the end-of-run summary restores them (another path)."""
-    from kiln.report.run_summary import restore_state
+    """The checkpoint's parameters as the trainer resumes them: the whole train state, optimizer
+    included (another path than the export's parameters-only restore)."""
     from kiln.train.checkpoints import Checkpointer
+    from kiln.train.mesh import make_mesh
     from kiln.train.spec import load_spec
+    from kiln.train.step import abstract_train_state
 
     spec = load_spec(run / "train_spec.json")
     model = LlamaConfig.from_json(json.loads((run / "config.json").read_text())["model"])
+    cfg = spec.config
+    target = abstract_train_state(
+        model, cfg.optimizer, cfg.num_train_steps, mesh=make_mesh({"data": -1}),
+        compute_dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype, attention="xla",
+        remat="none",
+    )  # fmt: skip
     checkpointer = Checkpointer.from_spec(run, spec.runtime.checkpointer, name=spec.name,
                                           version=spec.version)  # fmt: skip
     try:
         (info,) = (c for c in checkpointer.complete() if c.step == step)
-        state = restore_state(spec, model, checkpointer, info)
+        state = checkpointer.restore(info, target)
     finally:
         checkpointer.close()
     return leaves(nnx.to_pure_dict(jax.device_get(state.params)))

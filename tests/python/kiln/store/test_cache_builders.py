@@ -1,0 +1,154 @@
+"""Store-mode token caches built by real `python -m kiln.data.tokenize` processes, laid out as
+the Pants backend lays them out: concurrent builders, a killed builder, a full disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kiln_testing.data import make_spec, sample_texts, write_jsonl
+from kiln_testing.small_disk import FULL_DISK, SmallDisk
+
+from kiln.artifacts import read_status
+from kiln.artifacts.lease import Lease
+from kiln.data.cache import TokenCache
+from kiln.data.spec import parse_cache_spec
+from kiln.data.tokenize import merge_cache, tokenize_shard
+from kiln.data.verify import verify_cache
+
+NUM_SHARDS = 3
+NAME, VERSION = "tokenized/test", "2026.11.29"
+
+
+def write_spec(root: Path, documents_per_file: int) -> Path:
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True)
+    for i in range(NUM_SHARDS):
+        write_jsonl(corpus / f"part-{i}.jsonl", sample_texts(documents_per_file, seed=i))
+    spec = make_spec({"kind": "files", "paths": [str(corpus / "*.jsonl")]}, num_shards=NUM_SHARDS)
+    path = root / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def layout(prefix: Path) -> tuple[Path, list[Path]]:
+    """(cache, shard folders) where store mode builds them (kiln_pants.tokenize_rules)."""
+    cache = prefix / NAME / VERSION
+    staging = prefix / NAME / f".{VERSION}.shards"
+    return cache, [staging / f"shard-{i}" for i in range(NUM_SHARDS)]
+
+
+def tokenize(*args: object) -> list[str]:
+    return [sys.executable, "-m", "kiln.data.tokenize", *map(str, args)]
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+def builder(spec: Path, prefix: Path) -> subprocess.Popen:
+    """One build as Pants runs it in store mode: every shard process at once, then the merge."""
+    cache, shards = layout(prefix)
+    shard_commands = [
+        " ".join(tokenize("shard", spec, "--index", i, "--out", shard, "--unless-built", cache))
+        for i, shard in enumerate(shards)
+    ]
+    merge = " ".join(tokenize("merge", spec, "--shards", *shards, "--out", cache))
+    script = " & ".join(shard_commands) + " & wait && " + merge
+    return subprocess.Popen(
+        ["bash", "-c", script], env=environment(), stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_two_concurrent_builders_build_a_store_cache_once(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, documents_per_file=3000)
+    prefix = tmp_path / "store"
+    builders = [builder(spec, prefix), builder(spec, prefix)]
+    errors = [b.communicate(timeout=300)[1] for b in builders]
+    assert [b.returncode for b in builders] == [0, 0], errors
+    both = "".join(errors)
+    assert both.count(" documents, ") == NUM_SHARDS, both  # each shard tokenized once
+    assert both.count("cache ready at") == 1 and both.count("already built at") >= 1, both
+    assert "no such shard folder" not in both and "Traceback" not in both
+    cache, shards = layout(prefix)
+    assert verify_cache(cache).files == 1 + 4 * NUM_SHARDS
+    assert not shards[0].parent.exists()  # the staging folder is gone
+    assert sorted(p.name for p in cache.parent.iterdir()) == [VERSION]  # no lease, no temp
+
+
+def test_a_second_builder_waits_for_the_holder_and_uses_its_cache(tmp_path: Path) -> None:
+    spec_path = write_spec(tmp_path, documents_per_file=50)
+    cache = tmp_path / "store" / NAME / VERSION
+    with Lease.beside(cache, what="merge by the first builder").acquire(wait=False):
+        second = subprocess.Popen(
+            tokenize("build", spec_path, "--out", cache), env=environment(),
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert second.stderr is not None
+        line = second.stderr.readline()
+        assert "waiting for build tokenized/test@2026.11.29: merge by the first builder" in line
+        # The holder builds the cache meanwhile (without the lease API: it holds the lease).
+        spec = parse_cache_spec(json.loads(spec_path.read_text()))
+        shards = [tmp_path / f"s{i}" for i in range(NUM_SHARDS)]
+        for index, shard in enumerate(shards):
+            tokenize_shard(spec, index, shard)
+        merge_cache(spec, shards, cache)
+        time.sleep(0.5)
+        assert second.poll() is None  # still waiting
+    rest = second.communicate(timeout=60)[1]
+    assert second.returncode == 0, rest
+    assert " documents, " not in rest  # it tokenized nothing: it used the holder's cache
+    assert "tokenized/test@2026.11.29: cache ready at" in rest
+    assert TokenCache.open(cache).num_documents == NUM_SHARDS * 50
+
+
+def test_a_killed_shard_builder_is_taken_over_and_its_temp_folder_removed(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, documents_per_file=15000)
+    cache, shards = layout(tmp_path / "store")
+    command = tokenize("shard", spec, "--index", 0, "--out", shards[0], "--unless-built", cache)
+    killed = subprocess.Popen(command, env=environment(), stderr=subprocess.DEVNULL)
+    temp = []
+    deadline = time.monotonic() + 60
+    while not temp and time.monotonic() < deadline and killed.poll() is None:
+        temp = list(shards[0].parent.glob(".shard-0.tmp-*"))
+        time.sleep(0.01)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert temp and temp[0].exists(), "the shard finished before it could be killed"
+    assert (shards[0].parent / ".shard-0.lease").exists()  # its lease is left behind too
+
+    started = time.monotonic()
+    result = subprocess.run(command, env=environment(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 60  # not the lease's two minutes
+    assert f"pid {killed.pid} on this host, has ended" in result.stderr
+    assert read_status(shards[0]) == "SUCCESS"
+    assert sorted(p.name for p in shards[0].parent.iterdir()) == ["shard-0"]
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path):
+    disk = SmallDisk(tmp_path / "disk", size=16 * 1024, file_limit=1024)
+    yield disk
+    disk.close()
+
+
+def test_a_full_disk_fails_in_one_line_and_the_build_resumes(small_disk, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, documents_per_file=300)
+    cache = small_disk.folder / "cache"
+    full = small_disk.run(tokenize("build", spec, "--out", cache))
+    assert full.returncode == 4, full.stderr
+    [line] = full.stderr.splitlines()[-1:]
+    assert line.startswith(f"error: {small_disk.folder}/") and line.endswith(FULL_DISK), line
+    assert "Traceback" not in full.stderr
+    assert read_status(cache) is None
+    small_disk.grow()
+    resumed = small_disk.run(tokenize("build", spec, "--out", cache))
+    assert resumed.returncode == 0, resumed.stderr
+    assert verify_cache(cache).files == 1 + 4 * NUM_SHARDS

@@ -1,0 +1,173 @@
+"""`python -m kiln.runner` against damaged inputs, a full disk and other runs' leases: every
+failure ends with one line, STATUS FAILED and a documented exit code, and the next run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tensorstore as ts
+from kiln_testing.small_disk import FULL_DISK, SmallDisk
+from kiln_testing.training import write_runner_step
+
+from kiln.artifacts import read_status
+from kiln.artifacts.content import record_sizes
+from kiln.artifacts.lease import LeaseRecord, lease_key
+from kiln.artifacts.local import LocalStore
+from kiln.data.cache import zarr_spec
+from kiln.runner import place_inputs, read_step
+
+REF = "checkpoints/tiny@2026.11.29"
+STEPS = {"config.num_train_steps": 6, "runtime.checkpointer.every": 3}
+
+
+@pytest.fixture(scope="module")
+def step(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_runner_step(tmp_path_factory.mktemp("runner-faults"), **STEPS)
+
+
+def runner(step: Path, prefix: Path) -> list[str]:
+    return [sys.executable, "-m", "kiln.runner", str(step), "--inputs", str(step.parent),
+            "--prefix", str(prefix)]  # fmt: skip
+
+
+def environment() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+        "JAX_PLATFORMS": "cpu",
+    }
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300)
+
+
+def output(prefix: Path) -> Path:
+    return prefix / "checkpoints/tiny/2026.11.29"
+
+
+def placed(step: Path, prefix: Path) -> Path:
+    """The training cache, placed in the store as a run places it; returns its shard folder."""
+    place_inputs(read_step(step), step.parent, prefix)
+    return prefix / "tokenized/a/2026.11.29/shards/shard-00000"
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("kiln: error:")]
+
+
+def test_a_damaged_input_cache_ends_the_run_failed(step: Path, tmp_path: Path) -> None:
+    prefix = tmp_path / "store"
+    (placed(step, prefix) / "data/c/0").unlink()
+    result = run(runner(step, prefix))
+    assert result.returncode == 1, result.stderr
+    [line] = error_lines(result.stderr)
+    assert "input tokenized/a@2026.11.29: token cache tokenized/a@2026.11.29 at " in line
+    assert "shard shard-00000, file data/c/0 is missing" in line
+    assert "Traceback" not in result.stderr
+    assert read_status(output(prefix)) == "FAILED"
+
+
+def test_altered_bytes_are_refused_when_the_cache_is_placed(tmp_path: Path) -> None:
+    step = write_runner_step(tmp_path / "inputs", **STEPS)
+    source = step.parent / json.loads(step.read_text())["inputs"][0]["location"]
+    chunk = source / "shards/shard-00000/offsets/c/0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the digest can tell
+    chunk.write_bytes(bytes(data))
+    prefix = tmp_path / "store"
+    result = run(runner(step, prefix))
+    assert result.returncode == 1, result.stderr
+    [line] = error_lines(result.stderr)
+    assert "shard shard-00000, file offsets/c/0 does not match its sha256 digest" in line
+    assert "Traceback" not in result.stderr
+    assert not (prefix / "tokenized/a/2026.11.29").exists()  # nothing damaged was placed
+    assert [p.name for p in (prefix / "tokenized/a").iterdir()] == []  # no temp copy, no lease
+    assert read_status(output(prefix)) == "FAILED"
+
+
+def test_ids_beyond_the_vocabulary_end_the_run_failed(step: Path, tmp_path: Path) -> None:
+    prefix = tmp_path / "store"
+    shard = placed(step, prefix)
+    data = ts.open(zarr_spec(shard / "data"), open=True).result()
+    data[10].write(60000).result()
+    ledger_path = shard.parents[1] / "ledger.json"
+    ledger = json.loads(ledger_path.read_text())  # sizes kept: only the content is wrong
+    for name, size in record_sizes(shard, ledger["shards"][0]["files"]).items():
+        ledger["shards"][0]["files"][name]["bytes"] = size["bytes"]
+    ledger_path.write_text(json.dumps(ledger))
+
+    result = run(runner(step, prefix))
+    assert result.returncode == 1, result.stderr
+    assert "shard shard-00000, file data/c/0 holds token id 60000 at position 10" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert read_status(output(prefix)) == "FAILED"
+
+
+def test_a_run_refuses_a_live_lease_of_another_host_until_it_expires(
+    step: Path, tmp_path: Path
+) -> None:
+    prefix = tmp_path / "store"
+    now = time.time()
+    holder = LeaseRecord("x", "other-host", 4242, None, f"train {REF}", now - 30, now + 3)
+    LocalStore(prefix).create(lease_key("checkpoints/tiny/2026.11.29"), holder.to_bytes())
+    refused = run(runner(step, prefix))
+    assert refused.returncode == 1, refused.stderr
+    [line] = error_lines(refused.stderr)
+    assert f"{REF} is being built by another run: the lease " in line
+    assert f"held by train {REF} (host other-host, pid 4242, since " in line
+    assert not output(prefix).exists()  # nothing was changed
+    time.sleep(max(0.0, now + 3 - time.time()))
+    taken = run([*runner(step, prefix), "--max-steps", "1"])
+    assert taken.returncode == 3, taken.stderr  # it took the expired lease and trained a step
+    assert "it expired" in taken.stderr
+
+
+def test_a_killed_run_is_taken_over_at_once_and_resumed(step: Path, tmp_path: Path) -> None:
+    prefix = tmp_path / "store"
+    killed = subprocess.Popen(runner(step, prefix), env=environment(), stderr=subprocess.DEVNULL)
+    first_checkpoint = output(prefix) / "checkpoints/step-3/metadata.json"
+    deadline = time.monotonic() + 240
+    while not first_checkpoint.exists() and time.monotonic() < deadline and killed.poll() is None:
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert first_checkpoint.exists(), "the run ended before it could be killed"
+    lease = json.loads((output(prefix).parent / ".2026.11.29.lease").read_text())
+    assert (lease["host"], lease["pid"]) == (socket.gethostname(), killed.pid)
+
+    resumed = run(runner(step, prefix))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"its holder, pid {killed.pid} on this host, has ended" in resumed.stderr
+    assert read_status(output(prefix)) == "SUCCESS"
+    assert not (output(prefix).parent / ".2026.11.29.lease").exists()
+
+
+def test_a_full_disk_ends_the_run_failed_and_it_resumes(step: Path, tmp_path: Path) -> None:
+    # Room for the caches and one checkpoint (about 8.5 MB), not for the second.
+    disk = SmallDisk(tmp_path / "disk", size=12 << 20, file_limit=3 << 20)
+    try:
+        prefix = disk.folder / "store"
+        full = disk.run(runner(step, prefix), env={"JAX_PLATFORMS": "cpu"})
+        assert full.returncode == 4, full.stderr[-3000:]
+        [line] = error_lines(full.stderr)
+        assert line.startswith(f"kiln: error: {disk.folder}/") and line.endswith(FULL_DISK), line
+        assert "Traceback" not in full.stderr, full.stderr[-3000:]
+        assert read_status(output(prefix)) == "FAILED"
+        disk.grow()
+        resumed = disk.run(runner(step, prefix), env={"JAX_PLATFORMS": "cpu"})
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert read_status(output(prefix)) == "SUCCESS"
+        if disk.mounted:  # the first checkpoint fitted: the run went on from it
+            assert "resumed from" in resumed.stderr + resumed.stdout
+    finally:
+        disk.close()

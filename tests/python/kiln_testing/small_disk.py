@@ -1,0 +1,57 @@
+"""A store with little space, for full-disk tests.
+
+Where this process may mount file systems (root, as in CI), the folder is a tmpfs of `size`
+bytes: writes fail with ENOSPC once it is full, and `grow` gives the space back (a remount keeps
+the files). Elsewhere the commands run with RLIMIT_FSIZE at `file_limit` bytes (SIGXFSZ
+ignored): writing a file past it fails with EFBIG, and `grow` lifts the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# What a full disk reads like in a Kiln error line, in the two forms above.
+FULL_DISK = ("No space left on device (ENOSPC)", "File too large (EFBIG)")
+_ROOMY = "1g"
+
+
+class SmallDisk:
+    def __init__(self, folder: Path, *, size: int, file_limit: int) -> None:
+        self.folder = folder
+        self.file_limit = file_limit
+        folder.mkdir(parents=True, exist_ok=True)
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+        self.mounted = subprocess.run(mount, capture_output=True).returncode == 0
+        self._limited = not self.mounted
+
+    def run(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        """Runs `command` (its output captured as text) against the small disk."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        return subprocess.run(
+            command, env={**env, **kwargs.pop("env", {})}, capture_output=True, text=True,
+            preexec_fn=self._limit() if self._limited else None, **kwargs,
+        )  # fmt: skip
+
+    def grow(self) -> None:
+        if self.mounted:
+            subprocess.run(["mount", "-o", f"remount,size={_ROOMY}", str(self.folder)], check=True)
+        self._limited = False
+
+    def close(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", str(self.folder)], check=True)
+
+    def _limit(self) -> Callable[[], None]:
+        size = self.file_limit
+
+        def limit() -> None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+        return limit
