@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.artifacts.bucket import Transient, with_retries
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import (
@@ -110,3 +111,26 @@ def test_missing_s3_credentials_are_named(s3_server: str, monkeypatch) -> None:
 def test_a_local_store_needs_no_check(tmp_path: Path) -> None:
     open_store(tmp_path / "not yet made").check()
     assert not os.path.exists(tmp_path / "not yet made")
+
+
+def test_transient_failures_are_retried_with_backoff() -> None:
+    calls: list[float] = []
+
+    def flaky() -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise Transient() from ConnectionError("dropped")
+        return "done"
+
+    assert with_retries(flaky) == "done"
+    first_pause, second_pause = (b - a for a, b in zip(calls, calls[1:]))
+    assert 0.2 <= first_pause < second_pause and second_pause >= 0.4  # doubling backoff
+    calls.clear()
+
+    def down() -> str:
+        calls.append(time.monotonic())
+        raise Transient() from ConnectionError("refused")
+
+    with pytest.raises(ConnectionError, match="refused"):
+        with_retries(down, attempts=2)
+    assert len(calls) == 2
