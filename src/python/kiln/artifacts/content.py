@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
+
 FileRecords = dict[str, dict[str, Any]]  # relative path -> {"bytes": int, "sha256": str}
 
 
@@ -66,11 +68,18 @@ def files_under(folder: Path, *, exclude: Iterable[str] = ()) -> list[str]:
 
 def check_sizes(folder: Path, records: Mapping[str, Mapping[str, Any]]) -> list[Damage]:
     """Files that are missing or of another size than recorded."""
+    return check_object_sizes(open_store(folder), "", records)
+
+
+def check_object_sizes(
+    store: ObjectStore, folder: str, records: Mapping[str, Mapping[str, Any]]
+) -> list[Damage]:
+    """check_sizes for the objects under the key `folder` of `store` (a folder or a bucket)."""
     damage = []
     for name, record in records.items():
         try:
-            size = (folder / name).stat().st_size
-        except FileNotFoundError:
+            size = store.size(f"{folder}/{name}" if folder else name)
+        except ObjectMissing:
             damage.append(Damage(name, "is missing"))
             continue
         if size != record["bytes"]:

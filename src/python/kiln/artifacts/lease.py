@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
+from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import (
     ObjectExists,
     ObjectMissing,
@@ -191,7 +192,7 @@ class Lease:
             self.store.delete(self.key, generation=self._generation)
         except (PreconditionFailed, ObjectMissing):
             pass  # taken over after we stalled: it is no longer ours to delete
-        except OSError as e:  # it goes stale with this process; say why it is left
+        except (OSError, StorageError) as e:  # it goes stale with this process; say why
             log.warning("could not release the lease %s: %s", self.location, e)
         self._generation = None
 
@@ -251,7 +252,8 @@ class Lease:
             except (PreconditionFailed, ObjectMissing) as e:
                 self._lose(f"another process took it over ({e})")
                 return
-            except OSError as e:  # e.g. a full disk: keep trying until the lease expires
+            except (OSError, StorageError) as e:  # a full disk, a bucket that stopped answering:
+                # keep trying until the lease expires
                 if self._clock() >= expires:
                     self._lose(f"it expired while renewals failed ({e})")
                     return

@@ -18,6 +18,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from kiln.artifacts import atomic_write_bytes
 from kiln.artifacts.store import (
@@ -39,12 +40,24 @@ class LocalStore(ObjectStore):
     def location(self, key: str) -> str:
         return str(self.path(key))
 
+    def check(self) -> None:
+        """Nothing to reach: the directory is made on the first write."""
+
     def read(self, key: str) -> StoredObject:
         try:
             with open(self.path(key), "rb") as f:
                 return StoredObject(f.read(), _generation(os.fstat(f.fileno())))
         except FileNotFoundError:
             raise ObjectMissing(self.location(key)) from None
+
+    def size(self, key: str) -> int:
+        try:
+            return os.stat(self.path(key)).st_size
+        except FileNotFoundError:
+            raise ObjectMissing(self.location(key)) from None
+
+    def kvstore(self, key: str) -> dict[str, Any]:
+        return {"driver": "file", "path": str(self.path(key))}
 
     def write(self, key: str, data: bytes) -> str:
         atomic_write_bytes(self.path(key), data)

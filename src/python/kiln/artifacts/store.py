@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 class ObjectMissing(Exception):
@@ -44,8 +45,23 @@ class ObjectStore(abc.ABC):
         """Where the object is, for messages: a path or a URL."""
 
     @abc.abstractmethod
+    def check(self) -> None:
+        """Fails fast (StorageError naming the store and what to check) when the store cannot
+        be reached or its bucket does not exist."""
+
+    @abc.abstractmethod
     def read(self, key: str) -> StoredObject:
         """The object and its generation; ObjectMissing if there is none."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ObjectMissing if there is none."""
+
+    @abc.abstractmethod
+    def kvstore(self, key: str) -> dict[str, Any]:
+        """TensorStore's kvstore spec of the objects under `key/` (its `file`, `s3` or `gcs`
+        driver), for arrays stored there. It names no credentials: TensorStore finds them in
+        the same standard places as the store."""
 
     @abc.abstractmethod
     def write(self, key: str, data: bytes) -> str:
@@ -69,13 +85,44 @@ class UnsupportedStore(ValueError):
 
 
 def open_store(location: str | os.PathLike[str]) -> ObjectStore:
-    """The store at `location`: a local directory (absolute or relative path)."""
-    from kiln.artifacts.local import LocalStore
-
+    """The store at `location`: `s3://BUCKET/PATH`, `gs://BUCKET/PATH`, or a local directory
+    (absolute or relative path)."""
     text = os.fspath(location)
-    if "://" in text:
-        raise UnsupportedStore(
-            f"{text}: this Kiln stores artifacts in local directories only; mount the bucket "
-            "and give its mount point as the prefix."
-        )
-    return LocalStore(text)
+    scheme, sep, _ = text.partition("://")
+    if not sep:
+        from kiln.artifacts.local import LocalStore
+
+        return LocalStore(text)
+    if scheme == "s3":
+        from kiln.artifacts.s3 import S3Store
+
+        return S3Store(text)
+    if scheme == "gs":
+        from kiln.artifacts.gcs import GCSStore
+
+        return GCSStore(text)
+    raise UnsupportedStore(
+        f"{text}: Kiln stores artifacts in s3://, gs:// or local directories; for another "
+        "store, mount it and give its mount point as the prefix."
+    )
+
+
+def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str]) -> int:
+    """Uploads every file below the local `folder` to `key/...` in `store`, its STATUS (if any)
+    last, so the copy is never read as complete before it is; returns the bytes copied."""
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    root = Path(folder)
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    last = [name for name in files if name == "STATUS"]
+    first = [name for name in files if name != "STATUS"]
+
+    def upload(name: str) -> int:
+        data = (root / name).read_bytes()
+        store.write(f"{key}/{name}" if key else name, data)
+        return len(data)
+
+    with ThreadPoolExecutor(8) as pool:  # objects upload independently: overlap the requests
+        copied = sum(pool.map(upload, first))
+    return copied + sum(map(upload, last))

@@ -26,6 +26,7 @@ sizes or digests: it is read with the offsets and id checks only, and said to be
 from __future__ import annotations
 
 import bisect
+import io
 import json
 import logging
 from collections.abc import Sequence
@@ -36,9 +37,10 @@ from typing import Any, Protocol
 import numpy as np
 import tensorstore as ts
 
-from kiln.artifacts import SUCCESS, read_status
-from kiln.artifacts.content import Damage, check_sizes
+from kiln.artifacts import STATUS_FILE, SUCCESS
+from kiln.artifacts.content import Damage, check_object_sizes
 from kiln.artifacts.storage_errors import as_storage_error
+from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
 from kiln.data.errors import CacheDamaged, CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo
 
@@ -63,7 +65,13 @@ def shard_dir_name(index: int) -> str:
 
 
 def zarr_spec(path: Path) -> dict[str, Any]:
-    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}
+    """The spec of a zarr3 array in a local folder."""
+    return zarr_spec_in(open_store(path), "")
+
+
+def zarr_spec_in(store: ObjectStore, key: str) -> dict[str, Any]:
+    """The spec of the zarr3 array under `key` in `store` (a folder or a bucket)."""
+    return {"driver": "zarr3", "kvstore": store.kvstore(key)}
 
 
 class CacheNotReady(KilnDataError):
@@ -93,21 +101,23 @@ class _SliceRead:
     future: ts.Future
 
 
-def read_cache_records(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(cache.json, ledger.json) of a finished cache of a format this Kiln reads; CacheNotReady
-    otherwise. Reads no array."""
-    status = read_status(path)
+def read_cache_records(location: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(cache.json, ledger.json) of a finished cache of a format this Kiln reads, in a folder
+    or a bucket; CacheNotReady otherwise. Reads no array."""
+    store = open_store(location)
+    status = _read_text(store, STATUS_FILE)
+    status = None if status is None else status.strip()
     if status != SUCCESS:
         found = "no STATUS file" if status is None else f"STATUS {status}"
         raise CacheNotReady(
-            f"{path} is not a finished token cache ({found}); build it with "
+            f"{location} is not a finished token cache ({found}); build it with "
             "`python -m kiln.data.tokenize build` (or its Pants target) first."
         )
-    info = json.loads((path / CACHE_FILE).read_text())
+    info = json.loads(store.read(CACHE_FILE).data)
     version = info.get("format_version")
     if version not in (FORMAT_VERSION, UNVERIFIED_FORMAT_VERSION):
         raise CacheNotReady(
-            f"{path}: cache format_version {version}; this kiln reads "
+            f"{location}: cache format_version {version}; this kiln reads "
             f"{UNVERIFIED_FORMAT_VERSION} and {FORMAT_VERSION}. Rebuild the cache with this "
             "version of kiln."
         )
@@ -115,13 +125,13 @@ def read_cache_records(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         log.warning(
             "%s: cache format_version 1 records no file sizes or digests, so its files are "
             "read unverified; rebuild it (a new version) to have them checked",
-            path,
+            location,
         )
-    return info, json.loads((path / LEDGER_FILE).read_text())
+    return info, json.loads(store.read(LEDGER_FILE).data)
 
 
 def cache_damaged(
-    path: Path, info: dict[str, Any], shard: str | None, damage: Damage
+    path: str | Path, info: dict[str, Any], shard: str | None, damage: Damage
 ) -> CacheDamaged:
     """The error for a damaged file of the cache at `path` (`shard` None: the cache's own)."""
     where = f"shard {shard}, file {damage.file}" if shard else f"file {damage.file}"
@@ -133,8 +143,12 @@ def cache_damaged(
 
 
 class TokenCache:
-    def __init__(self, path: Path, info: dict[str, Any], ledger: dict[str, Any]) -> None:
-        self.path = path
+    """A finished cache in a local folder or a bucket (`s3://`, `gs://`): its records are read
+    through the object store, its arrays through TensorStore's matching kvstore driver."""
+
+    def __init__(self, location: str | Path, info: dict[str, Any], ledger: dict[str, Any]) -> None:
+        self.path = location  # where it is, for messages
+        self.store = open_store(location)
         self.info = info
         self.ledger = ledger
         self.verified = info.get("format_version") == FORMAT_VERSION
@@ -146,7 +160,7 @@ class TokenCache:
             self._check_sizes()
         self.tokenizer = TokenizerInfo(
             **{key: value for key, value in info["tokenizer"].items() if key != "spec"},
-            token_byte_lengths=np.load(path / BYTE_LENGTHS_FILE),
+            token_byte_lengths=np.load(io.BytesIO(self.store.read(BYTE_LENGTHS_FILE).data)),
         )
         context = ts.Context({"cache_pool": {"total_bytes_limit": READ_CACHE_BYTES}})
         self._first_documents = [int(s["first_document"]) for s in shards]
@@ -168,8 +182,9 @@ class TokenCache:
         )
 
     @classmethod
-    def open(cls, path: str | Path) -> TokenCache:
-        path = Path(path)
+    def open(cls, location: str | Path) -> TokenCache:
+        """The cache at a local path or a bucket URL; CacheNotReady unless it is finished."""
+        path = location if "://" in str(location) else Path(location)
         return cls(path, *read_cache_records(path))
 
     @property
@@ -205,11 +220,11 @@ class TokenCache:
         return cache_damaged(self.path, self.info, shard, damage)
 
     def _check_sizes(self) -> None:
-        for damage in check_sizes(self.path, self.ledger.get("files", {})):
+        for damage in check_object_sizes(self.store, "", self.ledger.get("files", {})):
             raise self.damaged(None, damage)
         for shard in self.ledger["shards"]:
-            folder = self.path / SHARDS_DIR / shard["name"]
-            for damage in check_sizes(folder, shard["files"]):
+            folder = f"{SHARDS_DIR}/{shard['name']}"
+            for damage in check_object_sizes(self.store, folder, shard["files"]):
                 raise self.damaged(shard["name"], damage)
 
     def _checked_offsets(self, shard: int, offsets: np.ndarray) -> np.ndarray:
@@ -240,7 +255,8 @@ class TokenCache:
         try:
             return future.result()
         except ValueError as e:
-            failure = as_storage_error(e, self.path / SHARDS_DIR / self._shard_names[shard])
+            shard_key = f"{SHARDS_DIR}/{self._shard_names[shard]}"
+            failure = as_storage_error(e, self.store.location(shard_key))
             if failure is not None:
                 raise failure from None
             detail = str(e).splitlines()[0]
@@ -305,7 +321,7 @@ class TokenCache:
         return reads
 
     def _open(self, shard_name: str, array: str, context: ts.Context) -> ts.Future:
-        spec = zarr_spec(self.path / SHARDS_DIR / shard_name / array)
+        spec = zarr_spec_in(self.store, f"{SHARDS_DIR}/{shard_name}/{array}")
         return ts.open(spec, open=True, read=True, context=context)
 
 
@@ -344,3 +360,10 @@ def shared_tokenizer(
             "retokenize them with one tokenizer"
         )
     return caches[0].tokenizer
+
+
+def _read_text(store: ObjectStore, key: str) -> str | None:
+    try:
+        return store.read(key).data.decode()
+    except ObjectMissing:
+        return None

@@ -172,9 +172,10 @@ def _sample_lines(
     if not validation or checkpoint is None:
         return ["Samples: skipped (no validation set to take prompts from, or no checkpoint)"]
     cache = validation[0]
-    tokenizer_spec = resolve_tokenizer_spec(
-        cache.info["tokenizer"].get("spec"), [Path.cwd(), checkpoint.path, cache.path]
-    )
+    search_from = [Path.cwd(), checkpoint.path]
+    if isinstance(cache.path, Path):  # a cache in a bucket holds no tokenizer files to find
+        search_from.append(cache.path)
+    tokenizer_spec = resolve_tokenizer_spec(cache.info["tokenizer"].get("spec"), search_from)
     try:
         tokenizer = load_tokenizer(tokenizer_spec)
     except (KilnDataError, OSError, ValueError) as e:

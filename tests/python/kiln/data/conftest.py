@@ -16,3 +16,8 @@ from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer  # noqa: E402
 @pytest.fixture(scope="session")
 def tokenizer() -> LoadedTokenizer:
     return load_tokenizer(STDLIB_TOKENIZER)
+
+
+from kiln_testing.buckets import gcs_server, s3_server  # noqa: E402
+
+__all__ = ["gcs_server", "s3_server"]  # fixtures: the bucket servers on loopback

@@ -1,4 +1,5 @@
-"""kiln.artifacts.lease: one holder at a time, renewed, released, taken over only when stale."""
+"""kiln.artifacts.lease: one holder at a time, renewed, released, taken over only when stale;
+in a local directory and in S3 and GCS buckets (servers on loopback, conftest.py)."""
 
 from __future__ import annotations
 
@@ -16,23 +17,28 @@ from pathlib import Path
 import pytest
 
 from kiln.artifacts.lease import Lease, LeaseHeld, LeaseRecord, lease_key
-from kiln.artifacts.local import LocalStore
+from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
 
 HOLDER = Path(__file__).with_name("lease_holder.py")
+KEY = lease_key("artifact")  # the lease of the folder "artifact" at the store's root
 
 
-def foreign_lease(folder: Path, *, host: str, pid: int, expires_in: float) -> None:
+def foreign_lease(store: ObjectStore, *, host: str, pid: int, expires_in: float) -> None:
     """A lease written by another process, as it would have written it."""
     now = time.time()
     record = LeaseRecord(
         owner="elsewhere", host=host, pid=pid, pid_started=None, what="train x@v",
         created=now - 60, expires=now + expires_in,
     )  # fmt: skip
-    LocalStore(folder.parent).create(lease_key(folder.name), record.to_bytes())
+    store.create(KEY, record.to_bytes())
 
 
-def lease_file(folder: Path) -> Path:
-    return folder.parent / f".{folder.name}.lease"
+def held(store: ObjectStore) -> dict:
+    return json.loads(store.read(KEY).data)
+
+
+def lease(store: ObjectStore, what: str, **options: float) -> Lease:
+    return Lease(store, KEY, what=what, **options)
 
 
 def test_lease_keys_sit_beside_their_folder() -> None:
@@ -40,114 +46,146 @@ def test_lease_keys_sit_beside_their_folder() -> None:
     assert lease_key("v1") == ".v1.lease"
 
 
-def test_the_lease_records_its_holder_and_is_released(tmp_path: Path) -> None:
-    folder = tmp_path / "artifact"
-    with Lease.beside(folder, what="train x@v").acquire(wait=False):
-        held = json.loads(lease_file(folder).read_text())
-        assert held["host"] == socket.gethostname() and held["pid"] == os.getpid()
-        assert held["what"] == "train x@v"
-        assert 119 < held["expires"] - held["created"] <= 120
-        assert not folder.exists()  # the lease exists before its folder does
-    assert not lease_file(folder).exists()
+def test_the_lease_records_its_holder_and_is_released(store: ObjectStore) -> None:
+    with lease(store, "train x@v").acquire(wait=False):
+        record = held(store)
+        assert record["host"] == socket.gethostname() and record["pid"] == os.getpid()
+        assert record["what"] == "train x@v"
+        assert 119 < record["expires"] - record["created"] <= 120
+        with pytest.raises(ObjectMissing):  # the lease exists before its folder does
+            store.read("artifact/STATUS")
+    with pytest.raises(ObjectMissing):
+        store.read(KEY)
 
 
-def test_a_second_taker_is_told_who_holds_it(tmp_path: Path) -> None:
+def test_the_lease_beside_a_local_folder_is_a_file(tmp_path: Path) -> None:
     folder = tmp_path / "artifact"
     with Lease.beside(folder, what="train x@v").acquire(wait=False):
-        with pytest.raises(LeaseHeld) as held:
-            Lease.beside(folder, what="another run").acquire(wait=False)
-    message = str(held.value)
+        assert json.loads((tmp_path / ".artifact.lease").read_text())["what"] == "train x@v"
+        assert not folder.exists()
+    assert not (tmp_path / ".artifact.lease").exists()
+
+
+def test_a_second_taker_is_told_who_holds_it(store: ObjectStore) -> None:
+    with lease(store, "train x@v").acquire(wait=False):
+        with pytest.raises(LeaseHeld) as refused:
+            lease(store, "another run").acquire(wait=False)
+    message = str(refused.value)
     assert f"held by train x@v (host {socket.gethostname()}, pid {os.getpid()}, since " in message
-    assert str(lease_file(folder)) in message
+    assert store.location(KEY) in message
 
 
-def test_a_waiter_gets_the_lease_when_it_is_released(tmp_path: Path, caplog) -> None:
-    folder = tmp_path / "artifact"
-    first = Lease.beside(folder, what="merge x@v").acquire(wait=False)
+def test_of_two_concurrent_takers_exactly_one_wins(store: ObjectStore) -> None:
+    for _ in range(3):
+        start = threading.Barrier(2)
+        outcomes: list[str] = []
+
+        def take(name: str, start: threading.Barrier, outcomes: list[str]) -> None:
+            start.wait()
+            try:
+                taken: Lease | None = lease(store, name).acquire(wait=False)
+                outcomes.append("won")
+            except LeaseHeld:
+                taken = None
+                outcomes.append("refused")
+            start.wait()  # the winner holds it until the other taker has tried
+            if taken is not None:
+                taken.release()
+
+        takers = [
+            threading.Thread(target=take, args=(f"taker {i}", start, outcomes)) for i in range(2)
+        ]
+        for taker in takers:
+            taker.start()
+        for taker in takers:
+            taker.join(30)
+        assert sorted(outcomes) == ["refused", "won"]
+
+
+def test_a_waiter_gets_the_lease_when_it_is_released(store: ObjectStore, caplog) -> None:
+    first = lease(store, "merge x@v").acquire(wait=False)
     threading.Timer(0.5, first.release).start()
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="kiln.artifacts.lease"):
-        with Lease.beside(folder, what="merge x@v (second)").acquire(wait=True):
+        with lease(store, "merge x@v (second)").acquire(wait=True):
             waited = time.monotonic() - started
     assert 0.4 < waited < 5
     assert "waiting for merge x@v (second): merge x@v (host" in caplog.text
 
 
-def test_the_heartbeat_renews_the_lease(tmp_path: Path) -> None:
-    folder = tmp_path / "artifact"
-    with Lease.beside(folder, what="train x@v", ttl=1.0, heartbeat=0.1).acquire(wait=False):
-        first = json.loads(lease_file(folder).read_text())
+def test_the_heartbeat_renews_the_lease(store: ObjectStore) -> None:
+    with lease(store, "train x@v", ttl=1.0, heartbeat=0.1).acquire(wait=False) as holder:
+        first = held(store)
         time.sleep(1.5)  # past the first expiry: renewals keep it alive
-        renewed = json.loads(lease_file(folder).read_text())
+        renewed = held(store)
         assert renewed["expires"] > first["expires"] and renewed["created"] == first["created"]
         with pytest.raises(LeaseHeld):
-            Lease.beside(folder, what="another run").acquire(wait=False)
+            lease(store, "another run").acquire(wait=False)
+        assert holder.lost is None
 
 
-def test_a_holder_whose_lease_was_taken_over_knows_it(tmp_path: Path) -> None:
-    folder = tmp_path / "artifact"
-    stalled = Lease.beside(folder, what="train x@v", ttl=0.3, heartbeat=0.2).acquire(wait=False)
-    lease_file(folder).unlink()  # as if it expired and another run broke it
-    foreign_lease(folder, host="elsewhere", pid=1, expires_in=60)
+def test_a_holder_whose_lease_was_taken_over_knows_it(store: ObjectStore) -> None:
+    stalled = lease(store, "train x@v", ttl=0.3, heartbeat=0.2).acquire(wait=False)
+    store.delete(KEY, generation=store.read(KEY).generation)  # expired, broken by another run
+    foreign_lease(store, host="elsewhere", pid=1, expires_in=60)
     time.sleep(0.5)
     assert stalled.lost is not None and "another process took it over" in stalled.lost
     stalled.release()
-    assert json.loads(lease_file(folder).read_text())["owner"] == "elsewhere"  # not deleted
+    assert held(store)["owner"] == "elsewhere"  # not deleted
 
 
-def test_a_killed_holder_on_this_host_is_taken_over_at_once(tmp_path: Path) -> None:
-    folder = tmp_path / "artifact"
+def test_a_killed_holder_on_this_host_is_taken_over_at_once(
+    store: ObjectStore, store_location: str
+) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     holder = subprocess.Popen(
-        [sys.executable, str(HOLDER), str(folder)], env=env, stdout=subprocess.PIPE, text=True
-    )
+        [sys.executable, str(HOLDER), store_location, "artifact"],
+        env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
         with pytest.raises(LeaseHeld, match=f"pid {holder.pid}"):
-            Lease.beside(folder, what="resume").acquire(wait=False)
+            lease(store, "resume").acquire(wait=False)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert json.loads(lease_file(folder).read_text())["pid"] == holder.pid  # left behind
+    assert held(store)["pid"] == holder.pid  # left behind
     started = time.monotonic()
-    with Lease.beside(folder, what="resume").acquire(wait=False):
-        assert json.loads(lease_file(folder).read_text())["pid"] == os.getpid()
+    with lease(store, "resume").acquire(wait=False):
+        assert held(store)["pid"] == os.getpid()
     assert time.monotonic() - started < 1  # no waiting for the expiry
 
 
-def test_a_reused_pid_does_not_keep_a_dead_holders_lease(tmp_path: Path) -> None:
-    folder = tmp_path / "artifact"
+def test_a_reused_pid_does_not_keep_a_dead_holders_lease(store: ObjectStore) -> None:
     # This process's pid, but "started" at another time: the holder was an earlier process.
     now = time.time()
     record = LeaseRecord("old", socket.gethostname(), os.getpid(), 1, "train", now, now + 60)
-    LocalStore(tmp_path).create(lease_key(folder.name), record.to_bytes())
-    with Lease.beside(folder, what="resume").acquire(wait=False):
-        pass
+    store.create(KEY, record.to_bytes())
+    with lease(store, "resume").acquire(wait=False):
+        assert held(store)["owner"] != "old"
 
 
-def test_a_holder_on_another_host_is_taken_over_after_expiry(tmp_path: Path) -> None:
-    folder = tmp_path / "artifact"
-    foreign_lease(folder, host="other-host", pid=os.getpid(), expires_in=1.0)
+def test_a_holder_on_another_host_is_taken_over_after_expiry(store: ObjectStore) -> None:
+    foreign_lease(store, host="other-host", pid=os.getpid(), expires_in=1.0)
     with pytest.raises(LeaseHeld, match=r"held by train x@v \(host other-host, pid"):
-        Lease.beside(folder, what="resume").acquire(wait=False)
+        lease(store, "resume").acquire(wait=False)
     started = time.monotonic()
-    with Lease.beside(folder, what="resume").acquire(wait=True):
+    with lease(store, "resume").acquire(wait=True):
         waited = time.monotonic() - started
     assert 0.5 < waited < 5
 
 
-def test_an_unreadable_lease_is_broken(tmp_path: Path, caplog) -> None:
-    folder = tmp_path / "artifact"
-    lease_file(folder).write_text("not json")
+def test_an_unreadable_lease_is_broken(store: ObjectStore, caplog) -> None:
+    store.write(KEY, b"not json")
     with caplog.at_level(logging.WARNING, logger="kiln.artifacts.lease"):
-        with Lease.beside(folder, what="resume").acquire(wait=False):
+        with lease(store, "resume").acquire(wait=False):
             pass
     assert "taking over the lease" in caplog.text and "it is unreadable" in caplog.text
 
 
-def _hold_and_count(folder: str, log: str, rounds: int) -> None:
+def _hold_and_count(location: str, log: str, rounds: int) -> None:
     for _ in range(rounds):
-        with Lease.beside(Path(folder), what="contender").acquire(wait=True):
+        with Lease(open_store(location), KEY, what="contender").acquire(wait=True):
             with open(log, "a") as f:
                 f.write(f"in {os.getpid()}\n")
                 f.flush()
@@ -156,21 +194,23 @@ def _hold_and_count(folder: str, log: str, rounds: int) -> None:
                 f.write(f"out {os.getpid()}\n")
 
 
-def test_contending_processes_hold_it_one_at_a_time(tmp_path: Path) -> None:
+def test_contending_processes_hold_it_one_at_a_time(store_location: str, tmp_path: Path) -> None:
     import multiprocessing
 
+    # Fewer rounds against the loopback servers: each round is a few requests per process.
+    workers, rounds = (4, 10) if "://" not in store_location else (2, 3)
     log = tmp_path / "log"
     context = multiprocessing.get_context("spawn")
-    workers = [
-        context.Process(target=_hold_and_count, args=(str(tmp_path / "a"), str(log), 10))
-        for _ in range(4)
+    processes = [
+        context.Process(target=_hold_and_count, args=(store_location, str(log), rounds))
+        for _ in range(workers)
     ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(60)
-    assert [w.exitcode for w in workers] == [0] * 4
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert [p.exitcode for p in processes] == [0] * workers
     lines = log.read_text().splitlines()
-    assert len(lines) == 80
+    assert len(lines) == 2 * workers * rounds
     for enter, leave in zip(lines[::2], lines[1::2]):  # strictly alternating, same process
         assert enter.startswith("in ") and leave == "out " + enter.split()[1]

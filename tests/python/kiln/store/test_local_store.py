@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kiln.artifacts.gcs import GCSStore
 from kiln.artifacts.local import LocalStore
+from kiln.artifacts.s3 import S3Store
 from kiln.artifacts.store import (
     ObjectExists,
     ObjectMissing,
@@ -72,7 +74,7 @@ def test_exactly_one_of_many_processes_creates(tmp_path: Path) -> None:
 
 def test_open_store_maps_locations() -> None:
     assert isinstance(open_store("/some/where"), LocalStore)
-    with pytest.raises(
-        UnsupportedStore, match="s3://bucket/x: this Kiln stores artifacts in local"
-    ):
-        open_store("s3://bucket/x")
+    assert isinstance(open_store("s3://bucket/x"), S3Store)
+    assert isinstance(open_store("gs://bucket/x"), GCSStore)
+    with pytest.raises(UnsupportedStore, match="^ftp://bucket/x: Kiln stores artifacts in s3://"):
+        open_store("ftp://bucket/x")

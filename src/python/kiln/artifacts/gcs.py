@@ -1,0 +1,219 @@
+"""A Google Cloud Storage bucket as an object store, over the JSON API.
+
+- create: a multipart upload with `ifGenerationMatch=0` (412 when the object exists).
+- replace / delete: `ifGenerationMatch=N`; the generation is the object's `generation`.
+- read: `alt=media`, the generation from the `X-Goog-Generation` header of the same reply.
+- Endpoint: https://storage.googleapis.com, or STORAGE_EMULATOR_HOST (an emulator: no
+  credentials are sent). Credentials: google-auth's default chain
+  (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default credentials, the metadata
+  server on Google Cloud).
+- Throttling (429), server errors (5xx) and dropped connections are retried with backoff
+  (kiln.artifacts.bucket.with_retries); connecting times out after a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import uuid
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from kiln.artifacts.bucket import (
+    CONNECT_TIMEOUT_SECONDS,
+    READ_TIMEOUT_SECONDS,
+    BucketURL,
+    Transient,
+    missing_bucket,
+    unreachable,
+    with_retries,
+)
+from kiln.artifacts.storage_errors import StorageError
+from kiln.artifacts.store import (
+    ObjectExists,
+    ObjectMissing,
+    ObjectStore,
+    PreconditionFailed,
+    StoredObject,
+)
+
+GCS_ENDPOINT = "https://storage.googleapis.com"
+EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
+_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+_TIMEOUTS = (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS)
+
+
+def gcs_endpoint() -> str:
+    """The JSON API's base URL: the emulator's when STORAGE_EMULATOR_HOST is set."""
+    emulator = os.environ.get(EMULATOR_VARIABLE)
+    if not emulator:
+        return GCS_ENDPOINT
+    return emulator.rstrip("/") if "://" in emulator else f"http://{emulator.rstrip('/')}"
+
+
+class GCSStore(ObjectStore):
+    def __init__(self, url: str) -> None:
+        self.url = BucketURL.parse(url)
+        self.endpoint = gcs_endpoint()
+        self._emulated = self.endpoint != GCS_ENDPOINT
+        self._session = requests.Session()
+        self._credentials: Any = None
+        self._credentials_lock = threading.Lock()
+
+    def location(self, key: str) -> str:
+        return self.url.url(key)
+
+    def check(self) -> None:
+        self._request("", "GET", f"/storage/v1/b/{self.url.bucket}")
+
+    def read(self, key: str) -> StoredObject:
+        reply = self._request(key, "GET", self._object_path(key), params={"alt": "media"})
+        return StoredObject(reply.content, reply.headers["X-Goog-Generation"])
+
+    def size(self, key: str) -> int:
+        return int(self._request(key, "GET", self._object_path(key)).json()["size"])
+
+    def kvstore(self, key: str) -> dict[str, Any]:
+        # TensorStore reaches an emulator through TENSORSTORE_GCS_HTTP_URL, not this spec.
+        return {"driver": "gcs", "bucket": self.url.bucket, "path": self.url.name(key) + "/"}
+
+    def write(self, key: str, data: bytes) -> str:
+        return self._upload(key, data, if_generation=None)
+
+    def create(self, key: str, data: bytes) -> str:
+        try:
+            return self._upload(key, data, if_generation="0")
+        except PreconditionFailed:
+            raise ObjectExists(self.location(key)) from None
+
+    def replace(self, key: str, data: bytes, *, generation: str) -> str:
+        return self._upload(key, data, if_generation=generation)
+
+    def delete(self, key: str, *, generation: str) -> None:
+        params = {"ifGenerationMatch": generation}
+        self._request(key, "DELETE", self._object_path(key), params=params)
+
+    def _object_path(self, key: str) -> str:
+        return f"/storage/v1/b/{self.url.bucket}/o/{quote(self.url.name(key), safe='')}"
+
+    def _upload(self, key: str, data: bytes, *, if_generation: str | None) -> str:
+        """A multipart upload (metadata + bytes in one request): the object appears whole."""
+        boundary = uuid.uuid4().hex
+        metadata = json.dumps({"name": self.url.name(key)}).encode()
+        body = b"".join([
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
+            metadata,
+            f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
+            data,
+            f"\r\n--{boundary}--\r\n".encode(),
+        ])  # fmt: skip
+        params = {"uploadType": "multipart"}
+        if if_generation is not None:
+            params["ifGenerationMatch"] = if_generation
+        reply = self._request(
+            key,
+            "POST",
+            f"/upload/storage/v1/b/{self.url.bucket}/o",
+            params=params,
+            data=body,
+            headers={"Content-Type": f"multipart/related; boundary={boundary}"},
+        )
+        return str(reply.json()["generation"])
+
+    def _request(self, key: str, method: str, path: str, **options: Any) -> requests.Response:
+        """One JSON API request, retried while transient; other failures as store exceptions."""
+
+        extra_headers = options.pop("headers", {})
+
+        def attempt() -> requests.Response:
+            headers = {**extra_headers, **self._auth_headers()}
+            url = self.endpoint + path
+            try:
+                reply = self._session.request(
+                    method, url, headers=headers, timeout=_TIMEOUTS, **options
+                )
+            except (requests.ConnectionError, requests.Timeout) as e:
+                raise Transient() from e
+            if reply.status_code == 429 or reply.status_code >= 500:
+                raise Transient() from StorageError(
+                    self.location(key), f"HTTP {reply.status_code} from {self.endpoint}"
+                )
+            return reply
+
+        try:
+            reply = with_retries(attempt)
+        except (requests.ConnectionError, requests.Timeout) as e:
+            setting = EMULATOR_VARIABLE if self._emulated else "the proxy settings (HTTPS_PROXY)"
+            raise unreachable(self.url, self.endpoint, e, setting) from None
+        if reply.ok:
+            return reply
+        raise self._http_error(key, reply) from None
+
+    def _http_error(self, key: str, reply: requests.Response) -> Exception:
+        status = reply.status_code
+        if status == 412:
+            return PreconditionFailed(f"{self.location(key)} is another generation now")
+        if status == 404:
+            # Real GCS says which is missing; an upload's 404 can only be the bucket.
+            names_bucket = "bucket" in _error_message(reply).lower()
+            if key and reply.request.method in ("GET", "DELETE") and not names_bucket:
+                return ObjectMissing(self.location(key))
+            return missing_bucket(self.url)
+        if status in (401, 403):
+            return StorageError(
+                self.location(key),
+                f"access denied (HTTP {status}): check that these credentials "
+                "(GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default login, the VM's "
+                "service account) may read and write the bucket",
+            )
+        return StorageError(self.location(key), f"HTTP {status} from {self.endpoint}")
+
+    def _auth_headers(self) -> dict[str, str]:
+        if self._emulated:
+            return {}
+        with self._credentials_lock:
+            if self._credentials is None:
+                self._credentials = _default_credentials(self.url)
+            if not self._credentials.valid:
+                _refresh(self._credentials, self.url)
+            return {"Authorization": f"Bearer {self._credentials.token}"}
+
+
+def _default_credentials(url: BucketURL) -> Any:
+    import google.auth
+    import google.auth.exceptions
+
+    try:
+        credentials, _ = google.auth.default(scopes=[_SCOPE])
+    except google.auth.exceptions.DefaultCredentialsError:
+        raise StorageError(
+            url.url(),
+            "no Google credentials found: set GOOGLE_APPLICATION_CREDENTIALS to a service "
+            "account key file, run `gcloud auth application-default login`, or run on a VM with "
+            "a service account",
+        ) from None
+    return credentials
+
+
+def _refresh(credentials: Any, url: BucketURL) -> None:
+    import google.auth.exceptions
+    import google.auth.transport.requests
+
+    try:
+        credentials.refresh(google.auth.transport.requests.Request())
+    except google.auth.exceptions.GoogleAuthError as e:
+        raise StorageError(
+            url.url(),
+            f"could not get an access token ({type(e).__name__}): check "
+            "GOOGLE_APPLICATION_CREDENTIALS or the VM's service account",
+        ) from None
+
+
+def _error_message(reply: requests.Response) -> str:
+    try:
+        return str(reply.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return reply.text[:200]

