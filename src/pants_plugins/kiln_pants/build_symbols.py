@@ -101,10 +101,11 @@ CORE_TASKS: Tuple[EvalTask, ...] = (
 )
 
 
-def gpu(type: str, count: int = 1) -> Resources:  # noqa: A002 - mirrors ResourceConfig.with_gpu
+def gpu(type: str, count: int = 1, hosts: int | None = None) -> Resources:  # noqa: A002 - mirrors ResourceConfig.with_gpu
+    """`count` GPUs of model `type` on each of `hosts` hosts (a cluster run; default one)."""
     if not isinstance(type, str) or not type:
         raise BuildSymbolError(f"gpu(): `type` must be a GPU model such as 'H100', got {type!r}.")
-    return Resources("gpu", type, count)
+    return Resources("gpu", type, count, hosts)
 
 
 def tpu(type: str) -> Resources:  # noqa: A002
@@ -113,8 +114,9 @@ def tpu(type: str) -> Resources:  # noqa: A002
     return Resources("tpu", type)
 
 
-def cpu() -> Resources:
-    return Resources("cpu")
+def cpu(hosts: int | None = None) -> Resources:
+    """CPUs; `hosts` > 1 trains over that many hosts of a cluster (one process each)."""
+    return Resources("cpu", hosts=hosts)
 
 
 BUILD_FILE_OBJECTS = {

@@ -1,0 +1,87 @@
+"""`python -m kiln.runner ... --cluster ray://...` against a real two-node Ray cluster on
+loopback (kiln_testing.ray_cluster): the runner serves/places here, then runs one trainer
+process per Ray node, wired into one jax runtime by Kiln.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kiln_testing.multihost import free_port, run_each
+from kiln_testing.ray_cluster import ray_cluster
+from kiln_testing.steps import NUM_STEPS, write_step
+from kiln_testing.training import read_jsonl
+
+from kiln import artifacts
+
+DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two hosts
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    with ray_cluster({"accelerator_type:H100": 1}, num_gpus=1, devices=DEVICES_PER_HOST) as address:
+        yield address
+
+
+def runner(step: Path, prefix: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "kiln.runner", str(step), "--inputs", str(step.parent),
+            "--prefix", str(prefix), *flags]  # fmt: skip
+
+
+def train_losses(output: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["train/loss"]) for r in read_jsonl(output / "metrics.jsonl") if "train/loss" in r]
+
+
+def test_two_hosts_train_like_one_process(cluster: str, tmp_path: Path) -> None:
+    step = write_step(tmp_path / "step", resources={"kind": "cpu", "hosts": 2})
+    [alone] = run_each([runner(step, tmp_path / "alone")], devices=2 * DEVICES_PER_HOST)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    [clustered] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
+    assert clustered.returncode == 0, clustered.stdout[-3000:] + clustered.stderr[-3000:]
+
+    name = json.loads(step.read_text())["name"] + "/2026.11.29"
+    one, two = tmp_path / "alone" / name, tmp_path / "store" / name
+    assert (two / artifacts.STATUS_FILE).read_text().strip() == artifacts.SUCCESS
+    losses = {run: train_losses(run) for run in (one, two)}
+    assert [s for s, _ in losses[two]] == list(range(1, NUM_STEPS + 1))  # process 0 alone wrote
+    np.testing.assert_allclose([v for _, v in losses[two]], [v for _, v in losses[one]], rtol=1e-5)
+    argv = json.loads((two / artifacts.RECORD_FILE).read_text())["provenance"]["argv"]
+    assert argv[argv.index("--num-processes") + 1 :] == ["2", "--process-id", "0"]
+    assert json.loads((two / "config.json").read_text())["process_count"] == 2
+    assert "kiln: built checkpoints/tiny@2026.11.29" in clustered.stdout  # streamed back
+
+    [served] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
+    assert served.returncode == 0 and "is already built" in served.stdout, served.stderr[-2000:]
+
+
+def test_a_request_the_cluster_can_never_hold_fails_in_seconds(cluster: str, tmp_path: Path) -> None:
+    step = write_step(tmp_path, resources={"kind": "gpu", "type": "H100", "count": 8})
+    [result] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
+    assert result.returncode == 1, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("kiln: error: resources=gpu('H100', count=8) asks for 1 host(s) with "
+                            "CPU 1, GPU 8, accelerator_type:H100 each"), error  # fmt: skip
+    node = r"[0-9.]+: CPU 1, GPU 1, accelerator_type:H100"
+    assert re.search(rf"0 of its 2 node\(s\) fit \({node}; {node}\)", error), error
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "store").exists()  # nothing placed, nothing started
+
+
+def test_an_unreachable_cluster_is_one_line(tmp_path: Path) -> None:
+    step = write_step(tmp_path)
+    address = f"ray://127.0.0.1:{free_port()}"
+    result = subprocess.run(runner(step, tmp_path / "store", "--cluster", address),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 1
+    assert not (tmp_path / "store").exists()
+    assert result.stderr.strip() == (
+        f"kiln: error: cannot reach the Ray cluster at {address} (Connection refused); check the "
+        "address ([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
+    )
