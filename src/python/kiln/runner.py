@@ -183,7 +183,9 @@ def run_step(
         return exit_code
 
 
-def run_on_cluster(step: StepSpec, inputs_root: Path, prefix: Path, address: str) -> int:
+def run_on_cluster(
+    step: StepSpec, inputs_root: Path, prefix: Path, address: str, max_retries: int
+) -> int:
     """Serves or refuses here like `run_step`; otherwise places the inputs in the store and
     trains on the cluster's hosts."""
     output = prefix / step.name / step.version
@@ -194,7 +196,7 @@ def run_on_cluster(step: StepSpec, inputs_root: Path, prefix: Path, address: str
     resources = step.runtime.resources
     print(f"kiln: training {step.ref} on the Ray cluster at {address}: {describe(resources)}")
     files = {dispatch.STEP_FILE: json.dumps(step.to_json()).encode(), **_task_files(step, inputs_root)}
-    job = dispatch.ClusterJob(address, resources, files, prefix)
+    job = dispatch.ClusterJob(address, resources, files, prefix, max_retries)
     return dispatch.run(job, prepare=lambda: place_inputs(step, inputs_root, prefix))
 
 
@@ -332,6 +334,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ray://HOST:PORT|HOST:PORT|auto|local",
         help="train on this Ray cluster (auto: RAY_ADDRESS; local: here); docs/clusters.md",
     )
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        help="cluster runs: attempts after a lost host, each from the newest checkpoint",
+    )
     return parser
 
 
@@ -364,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         address = dispatch.resolve_address(args.cluster)
         if address is not None:
             _check_cluster_flags(parser, args, cluster)
-            return run_on_cluster(step, args.inputs.absolute(), args.prefix.absolute(), address)
+            inputs, prefix = args.inputs.absolute(), args.prefix.absolute()
+            return run_on_cluster(step, inputs, prefix, address, args.max_retries)
         prefix = None if args.output else args.prefix
         return run_step(step, args.inputs, output.absolute(), prefix, cluster)
     except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:

@@ -42,6 +42,7 @@ class ClusterJob:
     resources: Resources
     files: Mapping[str, bytes]  # the step (STEP_FILE) and its eval task files, by relative path
     prefix: Path  # the artifact store, at this path on every host
+    max_retries: int = 3  # attempts after a lost host, each from the newest checkpoint
 
     def runner_argv(self, coordinator: str, process_id: int) -> list[str]:
         """Host `process_id`'s `python -m kiln.runner` arguments."""
@@ -143,10 +144,32 @@ def run(job: ClusterJob, prepare: Callable[[], None]) -> int:
 
 
 def _run_hosts(ray: Any, job: ClusterJob, code: Path) -> int:
+    """Runs the hosts; a lost host (its actor or node died, or its trainer was killed by a
+    signal) ends the attempt, and the next one resumes from the newest checkpoint."""
+    ray.cloudpickle.register_pickle_by_value(host)  # hosts need no Kiln to start the actor
+    lost = ""
+    for attempt in range(job.max_retries + 1):
+        if attempt:
+            print(
+                f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
+                f"{job.max_retries}, from the newest checkpoint",
+                flush=True,
+            )
+        outcome = _attempt(ray, job, code)
+        if isinstance(outcome, int):
+            return outcome
+        lost = outcome
+    raise ClusterError(
+        f"a host of the cluster run was lost {job.max_retries + 1} times (last: {lost}); "
+        "rerun to resume from the newest checkpoint"
+    )
+
+
+def _attempt(ray: Any, job: ClusterJob, code: Path) -> int | str:
+    """One run of every host: the exit code, or why a host was lost."""
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    ray.cloudpickle.register_pickle_by_value(host)  # hosts need no Kiln to start the actor
     wanted = bundle(job.resources)
     group = placement_group([wanted] * host_count(job.resources), strategy="STRICT_SPREAD")
     hosts: list[Any] = []
@@ -176,25 +199,28 @@ def _run_hosts(ray: Any, job: ClusterJob, code: Path) -> int:
         return _wait(ray, hosts, runs)
     finally:
         for h in hosts:
-            ray.kill(h)
+            ray.kill(h)  # a trainer dies with its actor
         remove_placement_group(group)
 
 
-def _wait(ray: Any, hosts: list[Any], runs: list[Any]) -> int:
-    """The first non-zero exit code of the hosts' runners (0 when all succeed). Ctrl-C asks
-    every trainer to save a checkpoint and stop."""
+def _wait(ray: Any, hosts: list[Any], runs: list[Any]) -> int | str:
+    """The first non-zero exit code of the hosts' runners (0 when all succeed), or why a host
+    was lost, as soon as one is. Ctrl-C asks every trainer to save a checkpoint and stop."""
+    codes = []
+    pending = list(runs)
     try:
-        try:
-            codes = ray.get(runs)
-        except KeyboardInterrupt:
-            print("kiln: stopping the cluster run (the trainers save a checkpoint) ...", flush=True)
-            for h in hosts:
-                h.stop.remote()
-            codes = ray.get(runs, timeout=STOP_TIMEOUT_S)
-    except ray.exceptions.RayError as e:
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ClusterError(
-            f"a host of the cluster run failed ({first_line}); rerun to resume from the newest "
-            "checkpoint"
-        ) from None
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                code = ray.get(done[0])
+            except ray.exceptions.RayError as e:
+                return (str(e).strip().splitlines() or [type(e).__name__])[0]
+            if code < 0:
+                return f"process {runs.index(done[0])}'s trainer was killed by signal {-code}"
+            codes.append(code)
+    except KeyboardInterrupt:
+        print("kiln: stopping the cluster run (the trainers save a checkpoint) ...", flush=True)
+        for h in hosts:
+            h.stop.remote()
+        codes = ray.get(runs, timeout=STOP_TIMEOUT_S)
     return next((code for code in codes if code != 0), 0)

@@ -52,7 +52,11 @@ class TrainerHost:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(content)
             paths = [pythonpath, os.environ.get("PYTHONPATH", "")]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+                "PYTHONUNBUFFERED": "1",  # stdout is a log file Ray streams to the submitter
+            }
             command = [sys.executable, "-m", "kiln.runner"]
             command += [arg.replace(INPUTS, inputs) for arg in argv]
             self._process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
