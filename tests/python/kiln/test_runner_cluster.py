@@ -52,7 +52,7 @@ def test_two_hosts_train_like_one_process_through_a_lost_host(cluster: str, tmp_
     clustered = subprocess.Popen(runner(step, tmp_path / "store", "--cluster", cluster),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     # Once the step-3 checkpoint is saved, SIGKILL host 1's trainer: the run goes on from it.
-    kill_when(two / "checkpoints/step-3/metadata.json", lambda cmdline: "--process-id 1" in cmdline and str(tmp_path / "store") in cmdline)
+    kill_when(two / "checkpoints/step-3/metadata.json", clustered, is_host_1_of(tmp_path / "store"))
     stdout, stderr = clustered.communicate(timeout=600)
     assert clustered.returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert "a host of the run was lost (process 1's trainer was killed by signal 9); retry 1 of 3" in stdout
@@ -72,23 +72,32 @@ def test_two_hosts_train_like_one_process_through_a_lost_host(cluster: str, tmp_
     assert served.returncode == 0 and "is already built" in served.stdout, served.stderr[-2000:]
 
 
-def kill_when(path: Path, is_victim: Callable[[str], bool], timeout_s: float = 300) -> None:
-    """SIGKILLs the processes `is_victim` picks by command line once `path` exists."""
-    deadline = time.monotonic() + timeout_s
+def is_host_1_of(prefix: Path) -> Callable[[list[str]], bool]:
+    """Picks the argv of host 1's runner (kiln.cluster.dispatch.ClusterJob.runner_argv)."""
+
+    def is_host_1(argv: list[str]) -> bool:
+        flags = dict(zip(argv, argv[1:]))
+        return "kiln.runner" in argv and flags.get("--prefix") == str(prefix) and flags.get("--process-id") == "1"
+
+    return is_host_1
+
+
+def kill_when(path: Path, submitter: subprocess.Popen, is_victim: Callable[[list[str]], bool]) -> None:
+    """SIGKILLs the processes `is_victim` picks by argv once `path` exists."""
     while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear"
+        assert submitter.poll() is None, f"the run ended before {path} appeared"
         time.sleep(0.02)
-    victims = [pid for pid, cmdline in command_lines() if is_victim(cmdline)]
+    victims = [pid for pid, argv in command_lines() if is_victim(argv)]
     assert victims, "no process to kill"
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
 
 
-def command_lines() -> Iterator[tuple[int, str]]:
+def command_lines() -> Iterator[tuple[int, list[str]]]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                yield int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                yield int(entry.name), (entry / "cmdline").read_bytes().decode().split("\0")[:-1]
             except OSError:
                 continue
 

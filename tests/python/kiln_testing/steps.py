@@ -33,6 +33,8 @@ def write_step(root: Path, **runtime: Any) -> Path:
          "location": caches[e["name"]].name}
         for e in entries
     ]  # fmt: skip
+    for entry in inputs:  # each cache's record, as the tokenize step writes it
+        (caches[entry["name"]] / "artifact.json").write_text(json.dumps(entry["record"]))
     spec["runtime"].update(runtime)
     identity = {"kind": "lm_checkpoint", "config": spec["config"]}
     step = {
