@@ -195,7 +195,10 @@ def run_on_cluster(
         return 0
     resources = step.runtime.resources
     print(f"kiln: training {step.ref} on the Ray cluster at {address}: {describe(resources)}")
-    files = {dispatch.STEP_FILE: json.dumps(step.to_json()).encode(), **_task_files(step, inputs_root)}
+    files = {
+        dispatch.STEP_FILE: json.dumps(step.to_json()).encode(),
+        **_task_files(step, inputs_root),
+    }
     job = dispatch.ClusterJob(address, resources, files, prefix, max_retries)
     return dispatch.run(job, prepare=lambda: place_inputs(step, inputs_root, prefix))
 
@@ -385,7 +388,9 @@ def _check_cluster_flags(
     parser: argparse.ArgumentParser, args: argparse.Namespace, cluster: multihost.Cluster
 ) -> None:
     if cluster.is_multihost:
-        parser.error("--cluster starts every host itself: drop --coordinator (or --cluster local)")
+        parser.error(
+            "--cluster starts every host itself: drop --coordinator (or give --cluster local)"
+        )
     if args.output is not None:
         parser.error("--cluster builds into the artifact store: give --prefix, not --output")
 

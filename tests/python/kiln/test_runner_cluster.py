@@ -29,7 +29,8 @@ DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    with ray_cluster({"accelerator_type:H100": 1}, num_gpus=1, devices=DEVICES_PER_HOST) as address:
+    h100 = {"accelerator_type:H100": 1.0}
+    with ray_cluster(h100, num_gpus=1, devices=DEVICES_PER_HOST) as address:
         yield address
 
 
@@ -39,30 +40,34 @@ def runner(step: Path, prefix: Path, *flags: str) -> list[str]:
 
 
 def train_losses(output: Path) -> list[tuple[int, float]]:
-    return [(r["step"], r["train/loss"]) for r in read_jsonl(output / "metrics.jsonl") if "train/loss" in r]
+    lines = read_jsonl(output / "metrics.jsonl")
+    return [(r["step"], r["train/loss"]) for r in lines if "train/loss" in r]
 
 
-def test_two_hosts_train_like_one_process_through_a_lost_host(cluster: str, tmp_path: Path) -> None:
+def test_two_hosts_train_like_one_process_through_a_lost_host(
+    cluster: str, tmp_path: Path
+) -> None:
     step = write_step(tmp_path / "step", resources={"kind": "cpu", "hosts": 2})
     [alone] = run_each([runner(step, tmp_path / "alone")], devices=2 * DEVICES_PER_HOST)
     assert alone.returncode == 0, alone.stderr[-3000:]
 
     name = json.loads(step.read_text())["name"] + "/2026.11.29"
     one, two = tmp_path / "alone" / name, tmp_path / "store" / name
-    clustered = subprocess.Popen(runner(step, tmp_path / "store", "--cluster", cluster),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    command = runner(step, tmp_path / "store", "--cluster", cluster)
+    clustered = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Once the step-3 checkpoint is saved, SIGKILL host 1's trainer: the run goes on from it.
-    kill_when(two / "checkpoints/step-3/metadata.json", clustered, is_host_1_of(tmp_path / "store"))
+    saved = two / "checkpoints/step-3/metadata.json"
+    kill_when(saved, clustered, is_host_1_of(tmp_path / "store"))
     stdout, stderr = clustered.communicate(timeout=600)
     assert clustered.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    assert "a host of the run was lost (process 1's trainer was killed by signal 9); retry 1 of 3" in stdout
+    lost = "a host of the run was lost (process 1's trainer was killed by signal 9); retry 1 of 3"
+    assert lost in stdout
 
     assert (two / artifacts.STATUS_FILE).read_text().strip() == artifacts.SUCCESS
-    losses = {run: dict(train_losses(run)) for run in (one, two)}  # a step redone: its last line
-    assert sorted(losses[two]) == list(range(1, NUM_STEPS + 1))
-    np.testing.assert_allclose(
-        [losses[two][s] for s in sorted(losses[two])], [losses[one][s] for s in sorted(losses[one])], rtol=1e-5
-    )
+    losses = {run: train_losses(run) for run in (one, two)}
+    # One line per step: process 0 alone writes, and the retry rewound the file to step 3.
+    assert [s for s, _ in losses[two]] == list(range(1, NUM_STEPS + 1))
+    np.testing.assert_allclose([v for _, v in losses[two]], [v for _, v in losses[one]], rtol=1e-5)
     argv = json.loads((two / artifacts.RECORD_FILE).read_text())["provenance"]["argv"]
     assert argv[argv.index("--num-processes") + 1 :] == ["2", "--process-id", "0"]
     assert json.loads((two / "config.json").read_text())["process_count"] == 2
@@ -77,12 +82,15 @@ def is_host_1_of(prefix: Path) -> Callable[[list[str]], bool]:
 
     def is_host_1(argv: list[str]) -> bool:
         flags = dict(zip(argv, argv[1:]))
-        return "kiln.runner" in argv and flags.get("--prefix") == str(prefix) and flags.get("--process-id") == "1"
+        host = (flags.get("--prefix"), flags.get("--process-id"))
+        return "kiln.runner" in argv and host == (str(prefix), "1")
 
     return is_host_1
 
 
-def kill_when(path: Path, submitter: subprocess.Popen, is_victim: Callable[[list[str]], bool]) -> None:
+def kill_when(
+    path: Path, submitter: subprocess.Popen, is_victim: Callable[[list[str]], bool]
+) -> None:
     """SIGKILLs the processes `is_victim` picks by argv once `path` exists."""
     while not path.exists():
         assert submitter.poll() is None, f"the run ended before {path} appeared"
@@ -102,7 +110,7 @@ def command_lines() -> Iterator[tuple[int, list[str]]]:
                 continue
 
 
-def test_a_request_the_cluster_can_never_hold_fails_in_seconds(cluster: str, tmp_path: Path) -> None:
+def test_a_request_the_cluster_can_never_hold_fails_at_once(cluster: str, tmp_path: Path) -> None:
     step = write_step(tmp_path, resources={"kind": "gpu", "type": "H100", "count": 8})
     [result] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
     assert result.returncode == 1, result.stderr[-3000:]

@@ -21,7 +21,6 @@ from kiln_testing.training import read_jsonl
 from kiln import artifacts
 
 
-
 def run_runners(step: Path, output: Path) -> list[subprocess.CompletedProcess]:
     command = [sys.executable, "-m", "kiln.runner", str(step), "--inputs", str(step.parent)]
     command += ["--output", str(output)]

@@ -22,7 +22,9 @@ OBJECT_STORE_BYTES = 200 * 2**20
 
 
 @contextmanager
-def ray_cluster(node_resources: dict[str, float], num_gpus: int = 0, devices: int = 1) -> Iterator[str]:
+def ray_cluster(
+    node_resources: dict[str, float], num_gpus: int = 0, devices: int = 1
+) -> Iterator[str]:
     """Starts the two nodes (each with `devices` jax CPU devices for its workers) and yields the
     Ray Client address; at the end, stops every process the nodes started."""
     # Ray's socket paths must stay under 108 bytes: a short folder of the test's own.
@@ -52,7 +54,8 @@ def ray_cluster(node_resources: dict[str, float], num_gpus: int = 0, devices: in
 def _ray(env: dict[str, str], *args: str) -> None:
     result = subprocess.run([*RAY, *args], env=env, capture_output=True, text=True, timeout=120)
     if result.returncode != 0:
-        raise RuntimeError(f"ray {args[0]} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        output = f"{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+        raise RuntimeError(f"ray {args[0]} failed:\n{output}")
 
 
 def stop_processes_under(root: Path) -> None:

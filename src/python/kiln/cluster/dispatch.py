@@ -95,7 +95,9 @@ def connect(address: str) -> Any:
         ray.init(address=address, logging_level="ERROR", log_to_driver=True)
     except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ClusterError(f"cannot connect to the Ray cluster at {address}: {first_line}") from None
+        raise ClusterError(
+            f"cannot connect to the Ray cluster at {address}: {first_line}"
+        ) from None
     return ray
 
 

@@ -52,7 +52,8 @@ def test_capacity_counts_distinct_alive_nodes_that_fit() -> None:
 
 def test_another_accelerator_model_does_not_fit() -> None:
     nodes = [node("10.0.0.1", CPU=32.0, GPU=8.0, **{"accelerator_type:A100": 1.0})]
-    with pytest.raises(PlacementError, match=r"0 of its 1 node\(s\) fit \(10.0.0.1: CPU 32, GPU 8, accelerator_type:A100\)"):
+    offered = r"0 of its 1 node\(s\) fit \(10.0.0.1: CPU 32, GPU 8, accelerator_type:A100\)"
+    with pytest.raises(PlacementError, match=offered):
         check_capacity(Resources("gpu", "H100", 8), nodes, "10.0.0.1:6379")
 
 
@@ -61,7 +62,7 @@ def test_cluster_addresses() -> None:
     assert resolve_address("local") is None
     assert resolve_address("ray://head:10001") == "ray://head:10001"
     assert resolve_address("auto", {"RAY_ADDRESS": "ray://h:1"}) == "ray://h:1"
-    with pytest.raises(ClusterError, match="--cluster auto reads the cluster's address from RAY_ADDRESS"):
+    with pytest.raises(ClusterError, match="--cluster auto reads the cluster's address from RAY"):
         resolve_address("auto", {})
 
 
