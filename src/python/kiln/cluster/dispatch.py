@@ -12,6 +12,7 @@ holds the lease and writes the record as in any multi-host run.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import socket
@@ -92,7 +93,7 @@ def connect(address: str) -> Any:
     import ray
 
     try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=True)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
     except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ClusterError(
