@@ -194,13 +194,18 @@ def run_on_cluster(
         _serve(step, stored, output)
         return 0
     resources = step.runtime.resources
-    print(f"kiln: training {step.ref} on the Ray cluster at {address}: {describe(resources)}")
+
+    def prepare() -> None:  # once the cluster is reached and can hold the request
+        place_inputs(step, inputs_root, prefix)
+        where = f"the Ray cluster at {address}: {describe(resources)}"
+        print(f"kiln: training {step.ref} on {where}", flush=True)
+
     files = {
         dispatch.STEP_FILE: json.dumps(step.to_json()).encode(),
         **_task_files(step, inputs_root),
     }
     job = dispatch.ClusterJob(address, resources, files, prefix, max_retries)
-    return dispatch.run(job, prepare=lambda: place_inputs(step, inputs_root, prefix))
+    return dispatch.run(job, prepare)
 
 
 def _task_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:

@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from kiln_contract.train import Resources
 STEP_FILE = "step.json"
 CODE_DIR = ".kiln/code"  # in the artifact store: Kiln's sources, one folder per digest
 CONNECT_TIMEOUT_S = 5.0
+CONNECT_ATTEMPTS = 2
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after Ctrl-C, how long the trainers get to save a checkpoint
 
@@ -92,13 +94,19 @@ def connect(address: str) -> Any:
         ) from None
     import ray
 
-    try:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
-    except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ClusterError(
-            f"cannot connect to the Ray cluster at {address}: {first_line}"
-        ) from None
+    for attempt in range(CONNECT_ATTEMPTS):
+        try:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
+            break
+        except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
+            # Ray Client's server sometimes fails to start a session on a busy head: ask again.
+            if attempt + 1 < CONNECT_ATTEMPTS and "Initialization failure" in str(e):
+                time.sleep(2.0)
+                continue
+            lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+            reason = " ".join(lines[:3]) or type(e).__name__
+            message = f"cannot connect to the Ray cluster at {address}: {reason}"
+            raise ClusterError(message) from None
     return ray
 
 
