@@ -95,7 +95,8 @@ def test_resources_do_not_change_the_fingerprint(rule_runner: RuleRunner) -> Non
             resources="gpu('H100', count=8), per_device_parallelism=2, mesh={'fsdp': -1}",
         )
     )
-    assert on_cpu == on_gpus == accumulating
+    on_two_hosts = fingerprints(graph(rule_runner, resources="cpu(hosts=2)"))
+    assert on_cpu == on_gpus == accumulating == on_two_hosts
 
 
 def test_changed_data_changes_the_cache_and_its_dependents(rule_runner: RuleRunner) -> None:

@@ -36,7 +36,7 @@ lm_checkpoint(
     num_train_steps=100,
     z_loss_weight=1e-4,
     evals=eval_suite(["stdlib_mc", eval_task("copa", 2)], every=50, task_files=":tasks"),
-    resources=gpu("H100", count=8),
+    resources=gpu("H100", count=8, hosts=2),
     mesh={"data": 2, "fsdp": -1},
     gradient_checkpointing="full",
 )
@@ -71,7 +71,7 @@ def test_a_step_from_a_build_file_parses_with_the_runtimes_parser(rule_runner: R
     assert step.config.evals is not None
     assert [t.label for t in step.config.evals.tasks] == ["stdlib_mc", "copa"]
     assert step.config.evals.task_paths == ("exp/tasks",)
-    assert step.runtime.resources == Resources("gpu", "H100", 8)
+    assert step.runtime.resources == Resources("gpu", "H100", 8, hosts=2)
     assert step.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
     assert step.runtime.gradient_checkpointing == "full"
     assert step.provenance == PROVENANCE

@@ -221,16 +221,19 @@ def _check_unique_names(field: str, datasets: tuple[Any, ...]) -> None:
 
 @dataclass(frozen=True)
 class Resources:
-    """Where training runs: `cpu()`, `gpu(type, count)` or `tpu(type)` in a BUILD file."""
+    """Where training runs: `cpu(hosts)`, `gpu(type, count, hosts)` or `tpu(type)` in a BUILD
+    file."""
 
     kind: str
     type: str | None = None  # GPU model or TPU slice, e.g. H100, v4-128
     count: int | None = None  # devices on one host (gpu); a TPU slice's size is in its type
+    hosts: int | None = None  # hosts of a cluster run (one trainer process each); None: 1
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, RESOURCE_KINDS)
         check_optional(check_str, "type", self.type)
         check_optional(check_int, "count", self.count, minimum=1)
+        check_optional(check_int, "hosts", self.hosts, minimum=1)
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "resources") -> Resources:

@@ -1,5 +1,5 @@
 """Typed helper objects for BUILD files: `llama(...)`, `adam(...)`, `eval_task(...)`, `eval_suite(...)`,
-`gpu(...)`, `tpu(...)`, `cpu()` and the `CORE_TASKS` constant.
+`gpu(...)`, `tpu(...)`, `cpu(...)` and the `CORE_TASKS` constant.
 
 The objects are the contract's (kiln_contract), the ones the runtime reads back from the step
 spec: `llama(...)` is a LlamaArchitecture, `adam(...)` an AdamConfig, `gpu(...)` Resources.
@@ -109,10 +109,11 @@ CORE_TASKS: Tuple[EvalTask, ...] = (
 )
 
 
-def gpu(type: str, count: int = 1) -> Resources:  # noqa: A002 - mirrors ResourceConfig.with_gpu
+def gpu(type: str, count: int = 1, hosts: Optional[int] = None) -> Resources:  # noqa: A002
+    """`count` GPUs of model `type` on each of `hosts` hosts (a cluster run; default one)."""
     if not isinstance(type, str) or not type:
         raise BuildSymbolError(f"gpu(): `type` must be a GPU model such as 'H100', got {type!r}.")
-    return Resources("gpu", type, count)
+    return Resources("gpu", type, count, hosts)
 
 
 def tpu(type: str) -> Resources:  # noqa: A002
@@ -121,8 +122,9 @@ def tpu(type: str) -> Resources:  # noqa: A002
     return Resources("tpu", type)
 
 
-def cpu() -> Resources:
-    return Resources("cpu")
+def cpu(hosts: Optional[int] = None) -> Resources:
+    """CPUs; `hosts` > 1 trains over that many hosts of a cluster (one process each)."""
+    return Resources("cpu", hosts=hosts)
 
 
 BUILD_FILE_OBJECTS = {

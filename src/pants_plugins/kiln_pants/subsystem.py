@@ -22,6 +22,15 @@ class KilnSubsystem(Subsystem):
         ),
     )
 
+    cluster = StrOption(
+        default="",
+        help=(
+            "Where `pants run` trains: empty for this machine, `ray://HOST:PORT` for a Ray "
+            "cluster (Ray Client), or `auto` for the cluster in $RAY_ADDRESS. One run overrides "
+            "it with `-- --cluster ADDRESS` or `-- --cluster local` (docs/clusters.md)."
+        ),
+    )
+
     def prefix_path(self, buildroot: str) -> str:
         if "://" in self.prefix:
             raise ValueError(

@@ -345,10 +345,11 @@ async def run_lm_checkpoint(
     wrapped = await Get(
         WrappedTarget, WrappedTargetRequest(field_set.address, description_of_origin="<kiln run>")
     )
-    await Get(
-        AcceleratorsPresent,
-        CheckAcceleratorsRequest(field_set.address, wrapped.target[ResourcesField].value),
-    )
+    if not kiln.cluster:  # a cluster run's accelerators are on the cluster's hosts
+        await Get(
+            AcceleratorsPresent,
+            CheckAcceleratorsRequest(field_set.address, wrapped.target[ResourcesField].value),
+        )
     prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address))
     runtime = prepared.runtime
     # The runtime's venv PEX is already built for the sandbox environment: the one used here.
@@ -368,6 +369,8 @@ async def run_lm_checkpoint(
             chroot,
             "--prefix",
             kiln.prefix_path(build_root.path),
+            # `-- --cluster X` comes after these and wins (argparse keeps the last).
+            *(("--cluster", kiln.cluster) if kiln.cluster else ()),
         ),
         extra_env={
             **environment.environment_dict(python=python),

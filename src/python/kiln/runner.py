@@ -30,6 +30,10 @@ Multi-host (`--coordinator ...`, the same command on every host, docs/training.m
 serves or refuses alike and derives the same train spec; process 0 alone places the inputs, holds
 the lease and writes STATUS and the record; then all train and compute the report (both
 collectives), and process 0 writes it.
+
+Cluster (`--cluster ray://HOST:PORT|HOST:PORT|auto`, or `[kiln] cluster`; docs/clusters.md):
+this runner serves or refuses as above, places the inputs in the store, then starts the
+multi-host run on the hosts of a Ray cluster (kiln.cluster.dispatch) and waits for it.
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ from typing import Any
 from kiln import artifacts, lifetime  # lifetime before the slow imports: it notes the parent
 from kiln.artifacts.lease import Lease, LeaseHeld
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
+from kiln.cluster import dispatch
+from kiln.cluster.placement import PlacementError, describe
 from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
 from kiln.data.verify import verify_cache
@@ -259,6 +265,43 @@ def _restart_dev_run(step: StepSpec, output: Path) -> None:
         shutil.rmtree(checkpoints)
 
 
+def run_on_cluster(
+    step: StepSpec, inputs_root: Path, prefix: Path, address: str, max_retries: int
+) -> int:
+    """Serves or refuses here like `run_step`; otherwise places the inputs in the store and
+    trains on the cluster's hosts."""
+    output = prefix / step.name / step.version
+    stored = None if is_mutable_version(step.version) else check_drift(output, step.record)
+    if stored is not None and artifacts.is_built(output):
+        _serve(step, stored, output)
+        return 0
+    resources = step.runtime.resources
+
+    def prepare() -> None:  # once the cluster is reached and can hold the request
+        place_inputs(step, inputs_root, prefix)
+        where = f"the Ray cluster at {address}: {describe(resources)}"
+        print(f"kiln: training {step.ref} on {where}", flush=True)
+
+    files = {
+        dispatch.STEP_FILE: json.dumps(step.to_json()).encode(),
+        **_task_files(step, inputs_root),
+    }
+    job = dispatch.ClusterJob(address, resources, files, prefix, max_retries)
+    return dispatch.run(job, prepare)
+
+
+def _task_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:
+    """The local eval task files the step names, by path under `inputs_root`: they travel to
+    the hosts with the step."""
+    task_paths = step.config.evals.task_paths if step.config.evals else ()
+    return {
+        str(path.relative_to(inputs_root)): path.read_bytes()
+        for folder in task_paths
+        for path in sorted((inputs_root / folder).rglob("*"))
+        if path.is_file()
+    }
+
+
 def _start_run(
     step: StepSpec,
     spec: TrainSpec,
@@ -433,6 +476,17 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, help="scratch runs only (needs --output): throughput checks"
     )
     multihost.add_flags(parser)
+    parser.add_argument(
+        "--cluster",
+        metavar="ray://HOST:PORT|HOST:PORT|auto|local",
+        help="train on this Ray cluster (auto: RAY_ADDRESS; local: here); docs/clusters.md",
+    )
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        help="cluster runs: attempts after a lost host, each from the newest checkpoint",
+    )
     return parser
 
 
@@ -470,9 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     output = (args.output or args.prefix / step.name / step.version).absolute()
     try:
         step = apply_overrides(step, args)
+        address = dispatch.resolve_address(args.cluster)
+        if address is not None:
+            _check_cluster_flags(parser, args, cluster)
+            inputs, prefix = args.inputs.absolute(), args.prefix.absolute()
+            return run_on_cluster(step, inputs, prefix, address, args.max_retries)
         prefix = None if args.output else args.prefix.absolute()
         return run_step(step, args.inputs, output, prefix, cluster)
-    except (StepError, multihost.JoinError) as e:
+    except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
     except StorageError as e:
@@ -481,6 +540,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kiln: {step.ref} interrupted; rerun to go on", file=sys.stderr)
         return 130
+
+
+def _check_cluster_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, cluster: multihost.Cluster
+) -> None:
+    if cluster.is_multihost:
+        parser.error(
+            "--cluster starts every host itself: drop --coordinator (or give --cluster local)"
+        )
+    if args.output is not None:
+        parser.error("--cluster builds into the artifact store: give --prefix, not --output")
 
 
 def read_step(path: Path) -> StepSpec:

@@ -15,20 +15,11 @@ from pathlib import Path
 
 import pytest
 from kiln_testing.multihost import multihost_flags, run_each
-from kiln_testing.training import read_jsonl, write_runner_step
+from kiln_testing.steps import NUM_STEPS, write_step
+from kiln_testing.training import read_jsonl
 
 from kiln import artifacts
 from kiln.artifacts.lease import Lease
-
-NUM_STEPS = 6
-
-
-def write_step(root: Path) -> Path:
-    return write_runner_step(
-        root,
-        **{"config.num_train_steps": NUM_STEPS, "runtime.mesh": {"data": 2, "fsdp": 2, "tensor": 1},
-           "runtime.checkpointer.every": 3},
-    )  # fmt: skip
 
 
 def run_runners(step: Path, output: Path) -> list[subprocess.CompletedProcess]:

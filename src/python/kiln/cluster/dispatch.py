@@ -1,0 +1,237 @@
+"""Running one step's trainer on a Ray cluster: one `python -m kiln.runner` process per host.
+
+The submitting runner has already served, refused or placed the inputs in the artifact store,
+which every host mounts at the same path. Here it connects to the cluster, checks that the
+cluster can ever hold the request (Ray itself would wait forever), copies Kiln's sources into the
+store once per code digest, reserves one bundle per host (STRICT_SPREAD: one host each), and
+starts a `host.TrainerHost` actor on each; the hosts run the multi-host runner with the
+coordinator on host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0
+holds the lease and writes the record as in any multi-host run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kiln.cluster import host
+from kiln.cluster.placement import PlacementError, bundle, check_capacity, host_count
+from kiln_contract.train import Resources
+
+STEP_FILE = "step.json"
+CODE_DIR = ".kiln/code"  # in the artifact store: Kiln's sources, one folder per digest
+CONNECT_TIMEOUT_S = 5.0
+CONNECT_ATTEMPTS = 2
+PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
+STOP_TIMEOUT_S = 120.0  # after Ctrl-C, how long the trainers get to save a checkpoint
+
+
+class ClusterError(RuntimeError):
+    """An expected failure talking to the cluster (one paragraph, no traceback)."""
+
+
+@dataclass(frozen=True)
+class ClusterJob:
+    address: str  # ray://HOST:PORT (Ray Client) or HOST:PORT (the cluster's GCS)
+    resources: Resources
+    files: Mapping[str, bytes]  # the step (STEP_FILE) and its eval task files, by relative path
+    prefix: Path  # the artifact store, at this path on every host
+    max_retries: int = 3  # attempts after a lost host, each from the newest checkpoint
+
+    def runner_argv(self, coordinator: str, process_id: int) -> list[str]:
+        """Host `process_id`'s `python -m kiln.runner` arguments."""
+        return [
+            f"{host.INPUTS}/{STEP_FILE}", "--inputs", host.INPUTS, "--prefix", str(self.prefix),
+            "--coordinator", coordinator, "--num-processes", str(host_count(self.resources)),
+            "--process-id", str(process_id),
+        ]  # fmt: skip
+
+
+def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The cluster to use: None for this machine (unset, empty or `local`); `auto` reads
+    RAY_ADDRESS."""
+    if value in (None, "", "local"):
+        return None
+    if value == "auto":
+        address = environ.get("RAY_ADDRESS", "")
+        if not address:
+            raise ClusterError(
+                "--cluster auto reads the cluster's address from RAY_ADDRESS, which is not set; "
+                "set it, or give --cluster ray://HOST:PORT"
+            )
+        return address
+    return value
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host_port = address.removeprefix("ray://")
+    name, _, port = host_port.rpartition(":")
+    if not name or not port.isdigit():
+        raise ClusterError(
+            f"cluster address {address!r}: expected ray://HOST:PORT (Ray Client), HOST:PORT, "
+            "auto (RAY_ADDRESS) or local"
+        )
+    return name, int(port)
+
+
+def connect(address: str) -> Any:
+    """`ray`, connected to the cluster at `address`; ClusterError when it cannot be reached."""
+    try:
+        socket.create_connection(_host_port(address), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ClusterError(
+            f"cannot reach the Ray cluster at {address} ({e.strerror or e}); check the address "
+            "([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
+        ) from None
+    import ray
+
+    for attempt in range(CONNECT_ATTEMPTS):
+        try:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
+            break
+        except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
+            # Ray Client's server sometimes fails to start a session on a busy head: ask again.
+            if attempt + 1 < CONNECT_ATTEMPTS and "Initialization failure" in str(e):
+                time.sleep(2.0)
+                continue
+            lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+            reason = " ".join(lines[:3]) or type(e).__name__
+            message = f"cannot connect to the Ray cluster at {address}: {reason}"
+            raise ClusterError(message) from None
+    return ray
+
+
+def ship_code(prefix: Path) -> Path:
+    """Copies the `kiln` and `kiln_contract` packages this runner runs into the store, once per
+    digest of their files; returns the folder to put on the hosts' PYTHONPATH."""
+    import kiln
+    import kiln_contract
+
+    roots = [Path(kiln.__file__).parent, Path(kiln_contract.__file__).parent]
+    files = sorted(
+        (path.relative_to(root.parent), path)
+        for root in roots
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    )
+    digest = hashlib.sha256()
+    for name, path in files:
+        digest.update(f"{name}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    destination = prefix / CODE_DIR / digest.hexdigest()[:16]
+    if destination.is_dir():
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=".staging."))
+    for name, path in files:
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, staging / name)
+    try:
+        os.replace(staging, destination)
+    except OSError:  # another run shipped the same code first
+        shutil.rmtree(staging)
+    return destination
+
+
+def run(job: ClusterJob, prepare: Callable[[], None]) -> int:
+    """Trains on the cluster; returns the runners' exit code (docs/step-spec.md). `prepare`
+    (placing the inputs in the store) runs once the cluster is known to fit the request."""
+    ray = connect(job.address)
+    try:
+        check_capacity(job.resources, ray.nodes(), job.address)
+        prepare()
+        return _run_hosts(ray, job, ship_code(job.prefix))
+    finally:
+        ray.shutdown()
+
+
+def _run_hosts(ray: Any, job: ClusterJob, code: Path) -> int:
+    """Runs the hosts; a lost host (its actor or node died, or its trainer was killed by a
+    signal) ends the attempt, and the next one resumes from the newest checkpoint."""
+    ray.cloudpickle.register_pickle_by_value(host)  # hosts need no Kiln to start the actor
+    lost = ""
+    for attempt in range(job.max_retries + 1):
+        if attempt:
+            print(
+                f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
+                f"{job.max_retries}, from the newest checkpoint",
+                flush=True,
+            )
+        outcome = _attempt(ray, job, code)
+        if isinstance(outcome, int):
+            return outcome
+        lost = outcome
+    raise ClusterError(
+        f"a host of the cluster run was lost {job.max_retries + 1} times (last: {lost}); "
+        "rerun to resume from the newest checkpoint"
+    )
+
+
+def _attempt(ray: Any, job: ClusterJob, code: Path) -> int | str:
+    """One run of every host: the exit code, or why a host was lost."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    wanted = bundle(job.resources)
+    group = placement_group([wanted] * host_count(job.resources), strategy="STRICT_SPREAD")
+    hosts: list[Any] = []
+    try:
+        ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise PlacementError(
+                f"the Ray cluster at {job.address} has nodes for this run, but they stayed busy "
+                f"for {PLACEMENT_TIMEOUT_S:.0f} s; rerun when they are free"
+            )
+        trainer_host = ray.remote(host.TrainerHost)
+        hosts = [
+            trainer_host.options(
+                num_cpus=wanted["CPU"],
+                num_gpus=wanted.get("GPU", 0),
+                resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
+                max_concurrency=2,  # `stop` runs while `run` waits for the trainer
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
+            ).remote()
+            for i in range(len(group.bundle_specs))
+        ]
+        coordinator = ray.get(hosts[0].coordinator_address.remote())
+        runs = [
+            h.run.remote(dict(job.files), job.runner_argv(coordinator, i), str(code))
+            for i, h in enumerate(hosts)
+        ]
+        return _wait(ray, hosts, runs)
+    finally:
+        for h in hosts:
+            ray.kill(h)  # a trainer dies with its actor
+        remove_placement_group(group)
+
+
+def _wait(ray: Any, hosts: list[Any], runs: list[Any]) -> int | str:
+    """The first non-zero exit code of the hosts' runners (0 when all succeed), or why a host
+    was lost, as soon as one is. Ctrl-C asks every trainer to save a checkpoint and stop."""
+    codes = []
+    pending = list(runs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                code = ray.get(done[0])
+            except ray.exceptions.RayError as e:
+                return (str(e).strip().splitlines() or [type(e).__name__])[0]
+            if code < 0:
+                return f"process {runs.index(done[0])}'s trainer was killed by signal {-code}"
+            codes.append(code)
+    except KeyboardInterrupt:
+        print("kiln: stopping the cluster run (the trainers save a checkpoint) ...", flush=True)
+        for h in hosts:
+            h.stop.remote()
+        codes = ray.get(runs, timeout=STOP_TIMEOUT_S)
+    return next((code for code in codes if code != 0), 0)

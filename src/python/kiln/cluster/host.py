@@ -1,0 +1,68 @@
+"""The Ray actor each host of a cluster run is: it starts that host's `python -m kiln.runner`.
+
+Standard library only (and Ray, present on every worker): the driver ships this module by
+value, so a host needs no Kiln installed to run it; the runner it starts finds Kiln's sources
+in the shared store (`PYTHONPATH`, see dispatch.ship_code).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+INPUTS = "{inputs}"  # replaced in the runner's argv by this host's inputs folder
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the trainer process: a killed host actor takes its trainer with it (Linux)."""
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+class TrainerHost:
+    """One host of a run: reports where a coordinator can listen, then runs the runner."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def coordinator_address(self) -> str:
+        """This node's address and a port free on it now, for jax.distributed's coordinator."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def run(self, files: dict[str, bytes], argv: list[str], pythonpath: str) -> int:
+        """Writes `files` (the step and its eval tasks) to a fresh folder and runs
+        `python -m kiln.runner` there; returns its exit code."""
+        with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
+            for name, content in files.items():
+                path = Path(inputs, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content)
+            paths = [pythonpath, os.environ.get("PYTHONPATH", "")]
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+                "PYTHONUNBUFFERED": "1",  # stdout is a log file Ray streams to the submitter
+            }
+            command = [sys.executable, "-m", "kiln.runner"]
+            command += [arg.replace(INPUTS, inputs) for arg in argv]
+            self._process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+            return self._process.wait()
+
+    def stop(self) -> None:
+        """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGTERM)

@@ -1,0 +1,136 @@
+"""`python -m kiln.runner ... --cluster ray://...` against a real two-node Ray cluster on
+loopback (kiln_testing.ray_cluster): the runner serves/places here, then runs one trainer
+process per Ray node, wired into one jax runtime by Kiln.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kiln_testing.multihost import free_port, run_each
+from kiln_testing.ray_cluster import ray_cluster
+from kiln_testing.steps import NUM_STEPS, write_step
+from kiln_testing.training import read_jsonl
+
+from kiln import artifacts
+
+DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two hosts
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    h100 = {"accelerator_type:H100": 1.0}
+    with ray_cluster(h100, num_gpus=1, devices=DEVICES_PER_HOST) as address:
+        yield address
+
+
+def runner(step: Path, prefix: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "kiln.runner", str(step), "--inputs", str(step.parent),
+            "--prefix", str(prefix), *flags]  # fmt: skip
+
+
+def train_losses(output: Path) -> list[tuple[int, float]]:
+    lines = read_jsonl(output / "metrics.jsonl")
+    return [(r["step"], r["train/loss"]) for r in lines if "train/loss" in r]
+
+
+def test_two_hosts_train_like_one_process_through_a_lost_host(
+    cluster: str, tmp_path: Path
+) -> None:
+    step = write_step(tmp_path / "step", resources={"kind": "cpu", "hosts": 2})
+    [alone] = run_each([runner(step, tmp_path / "alone")], devices=2 * DEVICES_PER_HOST)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+
+    name = json.loads(step.read_text())["name"] + "/2026.11.29"
+    one, two = tmp_path / "alone" / name, tmp_path / "store" / name
+    command = runner(step, tmp_path / "store", "--cluster", cluster)
+    clustered = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Once the step-3 checkpoint is saved, SIGKILL host 1's trainer: the run goes on from it.
+    saved = two / "checkpoints/step-3/metadata.json"
+    kill_when(saved, clustered, is_host_1_of(tmp_path / "store"))
+    stdout, stderr = clustered.communicate(timeout=600)
+    assert clustered.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    lost = "a host of the run was lost (process 1's trainer was killed by signal 9); retry 1 of 3"
+    assert lost in stdout
+
+    assert (two / artifacts.STATUS_FILE).read_text().strip() == artifacts.SUCCESS
+    losses = {run: train_losses(run) for run in (one, two)}
+    # One line per step: process 0 alone writes, and the retry rewound the file to step 3.
+    assert [s for s, _ in losses[two]] == list(range(1, NUM_STEPS + 1))
+    np.testing.assert_allclose([v for _, v in losses[two]], [v for _, v in losses[one]], rtol=1e-5)
+    argv = json.loads((two / artifacts.RECORD_FILE).read_text())["provenance"]["argv"]
+    assert argv[argv.index("--num-processes") + 1 :] == ["2", "--process-id", "0"]
+    assert json.loads((two / "config.json").read_text())["process_count"] == 2
+    assert "kiln: built checkpoints/tiny@2026.11.29" in stdout  # streamed back
+
+    [served] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
+    assert served.returncode == 0 and "is already built" in served.stdout, served.stderr[-2000:]
+
+
+def is_host_1_of(prefix: Path) -> Callable[[list[str]], bool]:
+    """Picks the argv of host 1's runner (kiln.cluster.dispatch.ClusterJob.runner_argv)."""
+
+    def is_host_1(argv: list[str]) -> bool:
+        flags = dict(zip(argv, argv[1:]))
+        host = (flags.get("--prefix"), flags.get("--process-id"))
+        return "kiln.runner" in argv and host == (str(prefix), "1")
+
+    return is_host_1
+
+
+def kill_when(
+    path: Path, submitter: subprocess.Popen, is_victim: Callable[[list[str]], bool]
+) -> None:
+    """SIGKILLs the processes `is_victim` picks by argv once `path` exists."""
+    while not path.exists():
+        assert submitter.poll() is None, f"the run ended before {path} appeared"
+        time.sleep(0.02)
+    victims = [pid for pid, argv in command_lines() if is_victim(argv)]
+    assert victims, "no process to kill"
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+
+
+def command_lines() -> Iterator[tuple[int, list[str]]]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), (entry / "cmdline").read_bytes().decode().split("\0")[:-1]
+            except OSError:
+                continue
+
+
+def test_a_request_the_cluster_can_never_hold_fails_at_once(cluster: str, tmp_path: Path) -> None:
+    step = write_step(tmp_path, resources={"kind": "gpu", "type": "H100", "count": 8})
+    [result] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
+    assert result.returncode == 1, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("kiln: error: resources=gpu('H100', count=8) asks for 1 host(s) with "
+                            "CPU 1, GPU 8, accelerator_type:H100 each"), error  # fmt: skip
+    node = r"[0-9.]+: CPU 1, GPU 1, accelerator_type:H100"
+    assert re.search(rf"0 of its 2 node\(s\) fit \({node}; {node}\)", error), error
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "store").exists()  # nothing placed, nothing started
+
+
+def test_an_unreachable_cluster_is_one_line(tmp_path: Path) -> None:
+    step = write_step(tmp_path)
+    address = f"ray://127.0.0.1:{free_port()}"
+    result = subprocess.run(runner(step, tmp_path / "store", "--cluster", address),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 1
+    assert not (tmp_path / "store").exists()
+    assert result.stderr.strip() == (
+        f"kiln: error: cannot reach the Ray cluster at {address} (Connection refused); check the "
+        "address ([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
+    )
