@@ -549,6 +549,11 @@ class LmCheckpointTarget(Target):
 ARTIFACT_TARGET_TYPES = (TokenizedCacheTarget, LmCheckpointTarget)
 
 
+# Where each artifact kind's default `artifact_name` lives in the store.
+DEFAULT_ARTIFACT_FOLDERS = {"tokenized_cache": "tokenized", "lm_checkpoint": "checkpoints",
+                            "hf_model": "hf"}  # fmt: skip
+
+
 def default_artifact_name(target: Target) -> str:
-    prefix = "checkpoints" if isinstance(target, LmCheckpointTarget) else "tokenized"
-    return target[ArtifactNameField].value or f"{prefix}/{target.address.target_name}"
+    folder = DEFAULT_ARTIFACT_FOLDERS[target.alias]
+    return target[ArtifactNameField].value or f"{folder}/{target.address.target_name}"
