@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from pants.core.goals.package import BuiltPackage
 from pants.core.target_types import FilesGeneratorTarget, FileTarget
 from pants.core.util_rules import source_files
 from pants.engine.addresses import Addresses
@@ -9,6 +10,7 @@ from pants.testutil.rule_runner import QueryRule, RuleRunner
 
 from kiln_pants import register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.hf_model_rules import HfModelPackageFieldSet
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
 
@@ -21,6 +23,7 @@ def rule_runner() -> RuleRunner:
             QueryRule(ArtifactGraph, [ArtifactGraphRequest]),
             QueryRule(Addresses, [DependenciesRequest]),
             QueryRule(StepJson, [StepJsonRequest]),
+            QueryRule(BuiltPackage, [HfModelPackageFieldSet]),
         ],
         target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
         objects=register.build_file_aliases().objects,

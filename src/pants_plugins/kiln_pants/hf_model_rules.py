@@ -193,11 +193,11 @@ async def package_hf_model(
         StoredCheckpoint,
         StoredCheckpointRequest(field_set.address, checkpoint, artifact_path(prefix, checkpoint)),
     )
-    runtime, lockfile, tokenizer = await MultiGet(
+    runtime, lockfile = await MultiGet(
         Get(Runtime, RuntimeRequest(*EXPORT)),
         Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
-        _run_tokenizer(checkpoint),
     )
+    tokenizer = await _run_tokenizer(checkpoint)
     provenance = Provenance(
         code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
     )
