@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from pants.core.goals.package import BuiltPackage
 from pants.engine.addresses import Address, Addresses
 from pants.engine.internals.scheduler import ExecutionError
 from pants.engine.target import Dependencies, DependenciesRequest
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.hf_model_rules import HfModelPackageFieldSet
+from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.plan import Plan
 
 CHECKPOINT = """
@@ -154,11 +153,17 @@ def test_plan_shows_the_export_after_its_checkpoint(rule_runner: RuleRunner, tmp
     assert drift.exit_code == 1 and "differs in: dtype" in drift.stdout
 
 
-def package_error(rule_runner: RuleRunner, tmp_path: Path) -> str:
-    rule_runner.set_options([f"--kiln-prefix={tmp_path}"])
-    target = rule_runner.get_target(Address("exp", target_name="hf"))
+def probe(rule_runner: RuleRunner, checkpoint, folder: Path) -> StoredCheckpoint:
+    """What `package` checks before it builds anything: the checkpoint's folder in the store,
+    read afresh in every Pants session (each command is one)."""
+    rule_runner.set_options([])  # a new session
+    request = StoredCheckpointRequest(Address("exp", target_name="hf"), checkpoint, str(folder))
+    return rule_runner.request(StoredCheckpoint, [request])
+
+
+def probe_error(rule_runner: RuleRunner, checkpoint, folder: Path) -> str:
     with pytest.raises(ExecutionError) as error:
-        rule_runner.request(BuiltPackage, [HfModelPackageFieldSet.create(target)])
+        probe(rule_runner, checkpoint, folder)
     return str(error.value)
 
 
@@ -172,14 +177,16 @@ def test_packaging_before_the_checkpoint_is_built_names_the_command(
         f"exp:hf exports exp:ckpt (checkpoints/ckpt@2026.06.28), which is not built in the "
         f"artifact store ({folder}: would run): build it with `./pants run exp:ckpt`, then "
         "package again."
-    ) in package_error(rule_runner, tmp_path)
+    ) in probe_error(rule_runner, checkpoint, folder)
 
     write_record(folder, checkpoint.fingerprint, checkpoint.identity, status="RUNNING")
-    assert f"({folder}: incomplete): build it with `./pants run exp:ckpt`" in package_error(
-        rule_runner, tmp_path
+    assert f"({folder}: incomplete): build it with `./pants run exp:ckpt`" in probe_error(
+        rule_runner, checkpoint, folder
     )
     write_record(folder, "0" * 16, {**checkpoint.identity, "batch_size": 4})
     assert (
         "holds another configuration of checkpoints/ckpt@2026.06.28 (built with fingerprint "
         "0000000000000000; differs in: batch_size): bump the checkpoint's `version`"
-    ) in package_error(rule_runner, tmp_path)
+    ) in probe_error(rule_runner, checkpoint, folder)
+    write_record(folder, checkpoint.fingerprint, checkpoint.identity)
+    assert probe(rule_runner, checkpoint, folder).path == str(folder)
