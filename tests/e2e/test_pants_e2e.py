@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
 TARGET = "experiments:ci_tiny"
 HF_TARGET = "experiments:ci_tiny_hf"

@@ -70,7 +70,10 @@ def test_defaults_name_and_identity(rule_runner: RuleRunner) -> None:
     assert export.identity == {
         "kind": "hf_model",
         "format": 1,
-        "checkpoint": {"input": "checkpoints/ckpt@2026.06.28", "fingerprint": checkpoint.fingerprint},
+        "checkpoint": {
+            "input": "checkpoints/ckpt@2026.06.28",
+            "fingerprint": checkpoint.fingerprint,
+        },
         "step": "last",
         "dtype": "bfloat16",
     }
@@ -106,7 +109,9 @@ def test_the_checkpoint_is_an_inferred_dependency(rule_runner: RuleRunner) -> No
         (', artifact_name="/abs"', "The `artifact_name` field in target exp:hf starts or ends"),
     ],
 )
-def test_bad_fields_are_refused_at_load(rule_runner: RuleRunner, fields: str, expected: str) -> None:
+def test_bad_fields_are_refused_at_load(
+    rule_runner: RuleRunner, fields: str, expected: str
+) -> None:
     rule_runner.write_files({"exp/BUILD": build(fields)})
     with pytest.raises(ExecutionError) as error:
         rule_runner.get_target(Address("exp", target_name="hf"))
@@ -114,7 +119,9 @@ def test_bad_fields_are_refused_at_load(rule_runner: RuleRunner, fields: str, ex
 
 
 def test_a_checkpoint_field_naming_a_cache_is_refused(rule_runner: RuleRunner) -> None:
-    rule_runner.write_files({"exp/BUILD": build().replace('checkpoint=":ckpt"', 'checkpoint=":train"')})
+    rule_runner.write_files(
+        {"exp/BUILD": build().replace('checkpoint=":ckpt"', 'checkpoint=":train"')}
+    )
     target = rule_runner.get_target(Address("exp", target_name="hf"))
     with pytest.raises(ExecutionError) as error:
         rule_runner.request(Addresses, [DependenciesRequest(target[Dependencies])])
@@ -133,11 +140,15 @@ def test_a_fixed_version_may_not_export_a_dev_checkpoint(rule_runner: RuleRunner
 
 def write_record(folder: Path, fingerprint: str, identity: dict, status: str = "SUCCESS") -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "artifact.json").write_text(json.dumps({"fingerprint": fingerprint, "identity": identity}))
+    (folder / "artifact.json").write_text(
+        json.dumps({"fingerprint": fingerprint, "identity": identity})
+    )
     (folder / "STATUS").write_text(status + "\n")
 
 
-def test_plan_shows_the_export_after_its_checkpoint(rule_runner: RuleRunner, tmp_path: Path) -> None:
+def test_plan_shows_the_export_after_its_checkpoint(
+    rule_runner: RuleRunner, tmp_path: Path
+) -> None:
     export = hf_artifact(rule_runner, build())
     args = [f"--kiln-prefix={tmp_path}", "exp:hf"]
     result = rule_runner.run_goal_rule(Plan, args=args)

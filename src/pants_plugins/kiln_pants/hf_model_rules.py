@@ -214,12 +214,17 @@ async def package_hf_model(
         RuntimeProcess(
             runtime,
             argv=(
-                "export", stored.path, out,
-                "--step", str(field_set.step.value),
-                "--dtype", field_set.dtype.value,
-                "--record", RECORD_INPUT,
+                "export",
+                stored.path,
+                out,
+                "--step",
+                str(field_set.step.value),
+                "--dtype",
+                field_set.dtype.value,
+                "--record",
+                RECORD_INPUT,
                 *tokenizer.argv,
-            ),  # fmt: skip
+            ),
             description=f"Exporting {checkpoint.ref} as {artifact.ref}",
             input_digest=await Get(Digest, MergeDigests([record_digest, tokenizer.digest])),
             output_directories=(),

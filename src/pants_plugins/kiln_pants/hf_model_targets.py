@@ -62,7 +62,9 @@ class ExportStepField(Field):
     @classmethod
     def compute_value(cls, raw_value: Optional[Any], address: Address) -> Union[int, str]:
         value = super().compute_value(raw_value, address)
-        if value == "last" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        if value == "last" or (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        ):
             return value
         raise InvalidFieldException(
             f"The `step` field in target {address} must be `last` or a step number >= 0; "

@@ -68,7 +68,9 @@ def _stored_record(folder: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except ValueError as e:
-        raise InteropError(f"{folder / artifacts.RECORD_FILE} is not JSON ({e}); move it away") from None
+        raise InteropError(
+            f"{folder / artifacts.RECORD_FILE} is not JSON ({e}); move it away"
+        ) from None
 
 
 def _check_same(out: Path, stored: dict[str, Any], record: ArtifactRecord) -> None:
