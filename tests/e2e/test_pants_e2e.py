@@ -191,9 +191,6 @@ def test_an_hf_model_exports_the_stored_checkpoint_into_the_store(
     config = read_hf_llama(export, tokenizer=tokenizer.info).config
     assert (config.hidden_dim, config.num_layers, config.num_kv_heads) == (32, 1, 1)
 
-    plan = pants(repo, "plan", HF_TARGET).stdout
-    assert re.search(r"built\s+\w+\s+hf_model\s+hf/ci_tiny@2026.11.29", plan), plan
-
 
 def unused_port() -> int:
     """A free port below Linux's ephemeral range (32768-60999), so that no connection opened
