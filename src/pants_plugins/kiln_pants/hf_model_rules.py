@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 
 from pants.backend.python.subsystems.setup import PythonSetup
@@ -58,6 +59,8 @@ from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
 
 RECORD_INPUT = "artifact_record.json"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,11 @@ async def package_hf_model(
             cache_scope=ProcessCacheScope.PER_SESSION,
         ),
     )
-    await Get(ProcessResult, Process, process)
+    exported = await Get(ProcessResult, Process, process)
+    # Pants shows no output of its processes: pass on the note that other code built it.
+    for line in exported.stdout.decode().splitlines():
+        if line.startswith("kiln: note:"):
+            logger.warning(line)
     location = f"{artifact.name}/{artifact.version}"
     manifest = {"store_path": out, "fingerprint": artifact.fingerprint}
     digest = await Get(
