@@ -3,7 +3,8 @@
 Build it, build it again (every process a cache hit), then change one identity field and edit the
 trainer's code: training reruns, tokenization (whose processes never see trainer code) stays a
 cache hit. A `store` cache builds in the artifact store. Two `pants run`s, one per "host", train
-the checkpoint as one multi-host run. Runs without pantsd, so each call also pays Pants' start-up.
+the checkpoint as one multi-host run into the artifact store, and its `hf_model` exports it from
+there. Runs without pantsd, so each call also pays Pants' start-up.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
 TARGET = "experiments:ci_tiny"
+HF_TARGET = "experiments:ci_tiny_hf"
 TRAINING = "Training checkpoints/ci_tiny@2026.11.29"
 TOKENIZING = "Tokenizing tokenized/quickstart/stdlib_validation@2026.11.29"
 
@@ -125,10 +129,13 @@ def test_store_mode_builds_in_the_artifact_store_and_resumes_there(tmp_path: Pat
     assert not list((cache.parent / ".2026.11.29.shards").glob("shard-*"))
 
 
-def test_two_pants_runs_train_one_checkpoint_as_a_multihost_run(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def trained_in_store(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[tuple[str, str]]]:
     """`pants run X -- --coordinator ...` on each "host" (here: two at once on one machine, one CPU
-    device each): one jax runtime, one artifact; process 0 holds the lease and writes STATUS."""
-    repo = copy_workspace(tmp_path)
+    device each): the workspace, with ci_tiny in its artifact store, and each run's output."""
+    repo = copy_workspace(tmp_path_factory.mktemp("store"))
     coordinator = f"127.0.0.1:{unused_port()}"
     runs = [
         subprocess.Popen(
@@ -140,6 +147,14 @@ def test_two_pants_runs_train_one_checkpoint_as_a_multihost_run(tmp_path: Path) 
     ]
     outputs = [run.communicate(timeout=900) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], [err[-3000:] for _, err in outputs]
+    return repo, outputs
+
+
+def test_two_pants_runs_train_one_checkpoint_as_a_multihost_run(
+    trained_in_store: tuple[Path, list[tuple[str, str]]],
+) -> None:
+    """One jax runtime, one artifact; process 0 holds the lease and writes STATUS."""
+    repo, outputs = trained_in_store
     artifact = repo / "artifacts/checkpoints/ci_tiny/2026.11.29"
     assert (artifact / "STATUS").read_text().strip() == "SUCCESS"
     assert "kiln: built checkpoints/ci_tiny@2026.11.29" in outputs[0][0]
@@ -149,6 +164,32 @@ def test_two_pants_runs_train_one_checkpoint_as_a_multihost_run(tmp_path: Path) 
     argv = json.loads((artifact / "artifact.json").read_text())["provenance"]["argv"]
     assert argv[argv.index("--process-id") + 1] == "0"
     assert "Samples from step-20" in (artifact / "summary.txt").read_text()
+
+
+def test_an_hf_model_exports_the_stored_checkpoint_into_the_store(
+    trained_in_store: tuple[Path, list[tuple[str, str]]],
+) -> None:
+    from kiln.data.tokenizer import load_tokenizer
+    from kiln.interop.read import read_hf_llama
+
+    repo, _ = trained_in_store
+    checkpoint = json.loads(
+        (repo / "artifacts/checkpoints/ci_tiny/2026.11.29/artifact.json").read_text()
+    )
+    export = repo / "artifacts/hf/ci_tiny/2026.11.29"
+
+    pants(repo, "package", HF_TARGET)
+    assert (export / "STATUS").read_text().strip() == "SUCCESS"
+    record = json.loads((export / "artifact.json").read_text())
+    assert record["kind"] == "hf_model" and record["identity"]["dtype"] == "float32"
+    assert record["inputs"] == [
+        {"ref": "checkpoints/ci_tiny@2026.11.29", "fingerprint": checkpoint["fingerprint"]}
+    ]
+    manifest = json.loads((repo / "dist/hf/ci_tiny/2026.11.29/manifest.json").read_text())
+    assert manifest == {"store_path": str(export), "fingerprint": record["fingerprint"]}
+    tokenizer = load_tokenizer({"kind": "local", "path": str(export)})  # the exported one
+    config = read_hf_llama(export, tokenizer=tokenizer.info).config
+    assert (config.hidden_dim, config.num_layers, config.num_kv_heads) == (32, 1, 1)
 
 
 def unused_port() -> int:

@@ -9,6 +9,7 @@ from pants.testutil.rule_runner import QueryRule, RuleRunner
 
 from kiln_pants import register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
 
@@ -21,6 +22,7 @@ def rule_runner() -> RuleRunner:
             QueryRule(ArtifactGraph, [ArtifactGraphRequest]),
             QueryRule(Addresses, [DependenciesRequest]),
             QueryRule(StepJson, [StepJsonRequest]),
+            QueryRule(StoredCheckpoint, [StoredCheckpointRequest]),
         ],
         target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
         objects=register.build_file_aliases().objects,

@@ -27,6 +27,12 @@ from pants.engine.target import (
 
 from kiln_contract.vocabulary import is_mutable_version
 from kiln_pants.fingerprint import canonical_json, fingerprint
+from kiln_pants.hf_model_targets import (
+    CheckpointField,
+    ExportDtypeField,
+    ExportStepField,
+    HfModelTarget,
+)
 from kiln_pants.target_types import (
     STDLIB_SOURCES,
     ArtifactVersionField,
@@ -65,7 +71,7 @@ IDENTITY_FORMAT = 1
 @dataclass(frozen=True)
 class Artifact:
     address: Address
-    kind: str  # the target alias: tokenized_cache | lm_checkpoint
+    kind: str  # the target alias: tokenized_cache | lm_checkpoint | hf_model
     name: str
     version: str
     identity_json: str  # canonical JSON of the identity config
@@ -230,6 +236,18 @@ async def _resolve(target: Target, field_alias: str, values: tuple[str, ...]) ->
     return [addresses[0] for addresses in resolved]
 
 
+def _input_ref(target: Target, artifact: Artifact) -> dict[str, Any]:
+    """How an artifact names one of its inputs: `name@version` and fingerprint."""
+    if artifact.mutable and not is_mutable_version(target[ArtifactVersionField].value):
+        raise InvalidFieldException(
+            f"The `{target.alias}` {target.address} has the fixed version "
+            f"{target[ArtifactVersionField].value!r} but its input {artifact.address} has the "
+            f"mutable version {artifact.version!r}: give the input a calendar version, or make "
+            f"this {target.alias}'s version `dev` too."
+        )
+    return {"input": artifact.ref, "fingerprint": artifact.fingerprint}
+
+
 async def _checkpoint_identity(
     target: Target, caches: dict[Address, Artifact]
 ) -> tuple[dict[str, Any], tuple[Address, ...]]:
@@ -238,15 +256,7 @@ async def _checkpoint_identity(
     validation_addresses = await _resolve(target, "validation", target[ValidationField].value or ())
 
     def input_ref(address: Address) -> dict[str, Any]:
-        cache = caches[address]
-        if cache.mutable and not is_mutable_version(target[ArtifactVersionField].value):
-            raise InvalidFieldException(
-                f"The `lm_checkpoint` {target.address} has the fixed version "
-                f"{target[ArtifactVersionField].value!r} but its input {address} has the mutable "
-                f"version {cache.version!r}: give the input a calendar version, or make this "
-                "checkpoint's version `dev` too."
-            )
-        return {"input": cache.ref, "fingerprint": cache.fingerprint}
+        return _input_ref(target, caches[address])
 
     datasets = [
         {**input_ref(address), "weight": weight}
@@ -281,6 +291,26 @@ async def _checkpoint_identity(
     return identity, (*dataset_addresses, *validation_addresses)
 
 
+async def _hf_model_identity(
+    target: Target, checkpoints: dict[Address, Artifact]
+) -> tuple[dict[str, Any], tuple[Address, ...]]:
+    """An export is its checkpoint (by fingerprint) at one step, in one dtype."""
+    [address] = await _resolve(target, CheckpointField.alias, (target[CheckpointField].value,))
+    if address not in checkpoints:
+        raise InvalidFieldException(
+            f"The `checkpoint` field in target {target.address} refers to {address}, which is "
+            "not an `lm_checkpoint`."
+        )
+    identity = {
+        "kind": HfModelTarget.alias,
+        "format": IDENTITY_FORMAT,
+        "checkpoint": _input_ref(target, checkpoints[address]),
+        "step": target[ExportStepField].value,
+        "dtype": target[ExportDtypeField].value,
+    }
+    return identity, (address,)
+
+
 def _artifact(target: Target, identity: dict[str, Any], inputs: tuple[Address, ...]) -> Artifact:
     return Artifact(
         address=target.address,
@@ -303,11 +333,15 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     caches = {}
     for target in cache_targets:
         caches[target.address] = _artifact(target, await _cache_identity(target), ())
-    checkpoints = []
+    checkpoints = {}
     for checkpoint in checkpoint_targets:
         identity, inputs = await _checkpoint_identity(checkpoint, caches)
-        checkpoints.append(_artifact(checkpoint, identity, inputs))
-    return ArtifactGraph([*caches.values(), *checkpoints])
+        checkpoints[checkpoint.address] = _artifact(checkpoint, identity, inputs)
+    exports = []
+    for export in (t for t in targets if isinstance(t, HfModelTarget)):
+        identity, inputs = await _hf_model_identity(export, checkpoints)
+        exports.append(_artifact(export, identity, inputs))
+    return ArtifactGraph([*caches.values(), *checkpoints.values(), *exports])
 
 
 def rules():

@@ -53,8 +53,16 @@ def stored_state(prefix: str, artifact: Artifact) -> StoredState:
     path = artifact_path(prefix, artifact)
     if artifact.mutable:
         return StoredState("dev", "mutable version: always rebuilt")
-    status = (_read(os.path.join(path, STATUS_FILE)) or "").strip()
-    record_text = _read(os.path.join(path, RECORD_FILE))
+    return recorded_state(
+        artifact, _read(os.path.join(path, STATUS_FILE)), _read(os.path.join(path, RECORD_FILE))
+    )
+
+
+def recorded_state(
+    artifact: Artifact, status_text: Optional[str], record_text: Optional[str]
+) -> StoredState:
+    """The state of `artifact` given its folder's STATUS and artifact.json (None: absent)."""
+    status = (status_text or "").strip()
     if record_text is None:
         return StoredState("would run")
     record = json.loads(record_text)

@@ -5,6 +5,7 @@ from pants.build_graph.build_file_aliases import BuildFileAliases
 from kiln_pants import (
     artifact_graph,
     dependency_inference,
+    hf_model_rules,
     package,
     plan,
     runtime,
@@ -13,6 +14,7 @@ from kiln_pants import (
     train_rules,
 )
 from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
+from kiln_pants.hf_model_targets import HfModelTarget
 from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
 
 
@@ -21,7 +23,7 @@ def build_file_aliases() -> BuildFileAliases:
 
 
 def target_types():
-    return list(ARTIFACT_TARGET_TYPES)
+    return [*ARTIFACT_TARGET_TYPES, HfModelTarget]
 
 
 def rules():
@@ -30,6 +32,7 @@ def rules():
     return [
         *artifact_graph.rules(),
         *dependency_inference.rules(),
+        *hf_model_rules.rules(),
         *package.rules(),
         *plan.rules(),
         *runtime.rules(),

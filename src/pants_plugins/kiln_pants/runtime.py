@@ -32,6 +32,7 @@ from pants.util.logging import LogLevel
 # The runtime's entry points, as modules and the files that own them.
 TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
 RUN_STEP = ("kiln.runner", Address("src/python/kiln", relative_file_path="runner.py"))
+EXPORT = ("kiln.interop", Address("src/python/kiln/interop", relative_file_path="__main__.py"))
 
 
 @dataclass(frozen=True)

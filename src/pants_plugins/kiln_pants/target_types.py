@@ -329,7 +329,7 @@ class TokenizedCacheTarget(Target):
                 f"The `split` field in target {self.address} is {split!r}; a stdlib source has "
                 f"the splits {', '.join(STDLIB_SPLITS)}."
             )
-        _check_default_artifact_name(self)
+        check_default_artifact_name(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,13 +570,18 @@ class LmCheckpointTarget(Target):
             raise InvalidFieldException(
                 f"The `optimizer` field in target {self.address}: `{e.field}`: {e.problem}."
             ) from None
-        _check_default_artifact_name(self)
+        check_default_artifact_name(self)
 
 
 ARTIFACT_TARGET_TYPES = (TokenizedCacheTarget, LmCheckpointTarget)
 
 
-def _check_default_artifact_name(target: Target) -> None:
+# Where each artifact kind's default `artifact_name` lives in the store.
+DEFAULT_ARTIFACT_FOLDERS = {"tokenized_cache": "tokenized", "lm_checkpoint": "checkpoints",
+                            "hf_model": "hf"}  # fmt: skip
+
+
+def check_default_artifact_name(target: Target) -> None:
     """A target without `artifact_name` is stored under its target name, which must then be
     a valid artifact name too."""
     if target[ArtifactNameField].value is not None:
@@ -592,5 +597,5 @@ def _check_default_artifact_name(target: Target) -> None:
 
 
 def default_artifact_name(target: Target) -> str:
-    prefix = "checkpoints" if isinstance(target, LmCheckpointTarget) else "tokenized"
-    return target[ArtifactNameField].value or f"{prefix}/{target.address.target_name}"
+    folder = DEFAULT_ARTIFACT_FOLDERS[target.alias]
+    return target[ArtifactNameField].value or f"{folder}/{target.address.target_name}"

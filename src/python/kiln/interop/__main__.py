@@ -1,9 +1,11 @@
 """`python -m kiln.interop`: Kiln checkpoints <-> Hugging Face `transformers` Llama folders.
 
   export RUN_DIR OUT [--step last|N] [--dtype float32|bfloat16] [--tokenizer DIR]
-         [--max-shard-size 5GB]
+         [--max-shard-size 5GB] [--record RECORD.json]
       writes checkpoint N (default: the newest complete one) of the lm_checkpoint folder RUN_DIR
       as a folder that transformers' AutoModelForCausalLM / AutoTokenizer (and vLLM) load.
+      With --record (an hf_model target's build), OUT is an artifact of the store: served when
+      built with the record's fingerprint, refused when built with another.
   import HF_DIR [--tokenizer DIR]
       reads and checks a transformers Llama folder (config.json + safetensors) and prints the
       `llama(...)` it is in a BUILD file, or what keeps Kiln from computing it.
@@ -81,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
         default="5GB",
         help="largest safetensors shard (default 5GB = 5*10^9 bytes)",
     )
+    export.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="the artifact record of an hf_model target: export into the artifact store",
+    )
     imported = commands.add_parser("import", help="check a transformers Llama folder")
     imported.add_argument("hf_dir", type=Path, help="a folder with config.json and safetensors")
     imported.add_argument(
@@ -93,16 +101,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _export(args: argparse.Namespace) -> int:
+    options = {
+        "step": args.step,
+        "dtype": args.dtype,
+        "tokenizer_dir": args.tokenizer,
+        "max_shard_bytes": args.max_shard_size,
+    }
+    if args.record is not None:
+        from kiln.interop.store_export import export_artifact
+
+        print(export_artifact(args.run_dir, args.out, args.record, **options))
+        return 0
     from kiln.interop.export import export_run
 
-    out = export_run(
-        args.run_dir,
-        args.out,
-        step=args.step,
-        dtype=args.dtype,
-        tokenizer_dir=args.tokenizer,
-        max_shard_bytes=args.max_shard_size,
-    )
+    out = export_run(args.run_dir, args.out, **options)
     files = sorted(p.name for p in out.iterdir())
     print(f"exported {args.run_dir} ({args.dtype}) to {out}: {', '.join(files)}")
     return 0

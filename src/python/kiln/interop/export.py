@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_json, write_status
 from kiln.interop.errors import InteropError
 from kiln.interop.llama_config import (
     SpecialTokens,
@@ -41,8 +42,10 @@ def export_run(
     dtype: str = "float32",
     tokenizer_dir: Path | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    record: dict[str, Any] | None = None,
 ) -> Path:
-    """Exports checkpoint `step` ("last": the newest complete one) of the run at `run_dir`."""
+    """Exports checkpoint `step` ("last": the newest complete one) of the run at `run_dir`;
+    with `record`, as an artifact of the store (see write_hf_llama)."""
     from kiln.interop.trained_run import TrainedRun
 
     run_dir, out = Path(run_dir), Path(out)
@@ -57,7 +60,13 @@ def export_run(
     finally:
         run.close()
     return write_hf_llama(
-        out, run.model_config, params, tokenizer, dtype=dtype, max_shard_bytes=max_shard_bytes
+        out,
+        run.model_config,
+        params,
+        tokenizer,
+        dtype=dtype,
+        max_shard_bytes=max_shard_bytes,
+        record=record,
     )
 
 
@@ -69,10 +78,12 @@ def write_hf_llama(
     *,
     dtype: str = "float32",
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    record: dict[str, Any] | None = None,
 ) -> Path:
     """Writes Llama(config)'s `params` with `tokenizer` (a kiln.data.tokenizer.LoadedTokenizer)
     as a transformers Llama folder at `out`, atomically. float32 keeps the parameters exactly;
-    bfloat16 rounds each float32 value once (round to nearest even)."""
+    bfloat16 rounds each float32 value once (round to nearest even). With `record`, the folder
+    is an artifact of the store: `record` as its artifact.json, then STATUS SUCCESS, last."""
     out = Path(out)
     _check_free(out)
     check_export_dtype(dtype)
@@ -86,6 +97,9 @@ def write_hf_llama(
         tokenizer.hf_tokenizer.save_pretrained(str(staging))
         _write_json(staging / "config.json", hf_config(config, tokens, dtype))
         _write_json(staging / "generation_config.json", generation_config(tokens))
+        if record is not None:
+            atomic_write_json(staging / RECORD_FILE, record)
+            write_status(staging, SUCCESS)
         _flush_files(staging)
         os.rename(staging, out)
     except BaseException:

@@ -350,3 +350,71 @@ def test_sizes_follow_transformers_units() -> None:
     for bad in ("0", "5 TB", "-1", "five"):
         with pytest.raises(Exception, match="is not a size"):
             parse_size(bad)
+
+
+# --- an hf_model target's build: the export as an artifact of the store ---------------------
+
+
+def export_record(path: Path, version: str = "2026.12.01", dtype: str = "float32") -> Path:
+    """The record file the Pants side writes for an hf_model (kiln_pants.hf_model_rules) of the
+    checkpoint `checkpoints/run@1`, fingerprint `ckpt-1`."""
+    checkpoint = {"input": "checkpoints/run@1", "fingerprint": "ckpt-1"}
+    identity = {"kind": "hf_model", "format": 1, "step": "last", "dtype": dtype,
+                "checkpoint": checkpoint}  # fmt: skip
+    record = {"record_version": 1, "kind": "hf_model", "name": "hf/run", "version": version,
+              "fingerprint": f"f-{dtype}", "identity": identity,
+              "inputs": [{"ref": checkpoint["input"], "fingerprint": checkpoint["fingerprint"]}],
+              "provenance": {"code_digest": "code-a", "lockfile_digest": "lock"}}  # fmt: skip
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_an_export_into_the_store_is_recorded_served_and_drift_checked(
+    trained_run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    run = tmp_path / "checkpoints/run/1"
+    shutil.copytree(trained_run, run)
+    out = tmp_path / "hf/run/2026.12.01"
+    record = export_record(tmp_path / "record.json")
+    export = ["export", str(run), str(out), "--record", str(record)]
+
+    atomic_write_json(run / "artifact.json", {"fingerprint": "ckpt-1"})  # RUNNING: no STATUS
+    assert main(export) == 1
+    assert "holds no finished checkpoints/run@1" in capsys.readouterr().err
+    (run / "STATUS").write_text("SUCCESS\n")
+    assert main(export) == 0
+    assert f"kiln: built hf/run@2026.12.01 at {out}" in capsys.readouterr().out
+    stored = json.loads((out / "artifact.json").read_text())
+    assert stored["fingerprint"] == "f-float32" and stored["provenance"]["code_digest"] == "code-a"
+    assert (out / "STATUS").read_text() == "SUCCESS\n"
+    assert read_hf_llama(out).config.vocab_size == VOCAB
+    written = (out / "config.json").stat().st_mtime_ns
+
+    assert main(export) == 0  # served: nothing rewritten
+    assert "is already built" in capsys.readouterr().out
+    assert (out / "config.json").stat().st_mtime_ns == written
+
+    other = export_record(tmp_path / "bf16.json", dtype="bfloat16")
+    assert main(["export", str(run), str(out), "--record", str(other)]) == 1
+    error = capsys.readouterr().err
+    assert "fingerprint f-float32" in error and "differs in: dtype" in error
+    assert (out / "config.json").stat().st_mtime_ns == written
+
+    atomic_write_json(run / "artifact.json", {"fingerprint": "retrained"})
+    assert main(["export", str(run), str(tmp_path / "y"), "--record", str(record)]) == 1
+    assert "but this export is of fingerprint ckpt-1" in capsys.readouterr().err
+
+
+def test_a_dev_export_is_rebuilt(trained_run: Path, tmp_path: Path, capsys: Any) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    atomic_write_json(run / "artifact.json", {"fingerprint": "ckpt-1"})
+    (run / "STATUS").write_text("SUCCESS\n")
+    out = tmp_path / "hf/run/dev"
+    record = export_record(tmp_path / "record.json", version="dev")
+    export = ["export", str(run), str(out), "--record", str(record)]
+    assert main(export) == 0
+    (out / "stale").write_text("from the previous export")
+    assert main(export) == 0
+    assert not (out / "stale").exists() and (out / "STATUS").is_file()
+    assert not list(out.parent.glob(".dev.*"))

@@ -1,0 +1,258 @@
+"""Building an `hf_model`: `pants package experiments:X_hf` exports its checkpoint, read from the
+artifact store, into the store at `{prefix}/{name}/{version}` with `python -m kiln.interop export`.
+
+Like a `storage="store"` cache, the store is the cache: the export process runs every session
+(a finished export with the same fingerprint is a no-op in it, another fingerprint is refused) and
+`dist/` gets only a manifest pointing at the store. The checkpoint must be built in the store
+first (`pants run` it): training is interactive and long, so packaging an export never trains.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+
+from pants.backend.python.subsystems.setup import PythonSetup
+from pants.base.build_root import BuildRoot
+from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
+from pants.engine.addresses import Address, Addresses, UnparsedAddressInputs
+from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
+from pants.engine.process import Process, ProcessCacheScope, ProcessResult
+from pants.engine.rules import Get, MultiGet, collect_rules, rule
+from pants.engine.target import (
+    FieldSet,
+    InferDependenciesRequest,
+    InferredDependencies,
+    InvalidFieldException,
+    UnexpandedTargets,
+    WrappedTarget,
+    WrappedTargetRequest,
+)
+from pants.engine.unions import UnionRule
+
+from kiln_contract.step import Provenance
+from kiln_pants.artifact_graph import (
+    Artifact,
+    ArtifactGraph,
+    ArtifactGraphRequest,
+    TokenizerFiles,
+    TokenizerFilesRequest,
+)
+from kiln_pants.artifact_store import (
+    RECORD_FILE,
+    STATUS_FILE,
+    artifact_path,
+    artifact_record,
+    recorded_state,
+)
+from kiln_pants.hf_model_targets import (
+    CheckpointField,
+    ExportDtypeField,
+    ExportStepField,
+    HfModelDependencies,
+)
+from kiln_pants.package import MANIFEST_FILE
+from kiln_pants.runtime import EXPORT, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.subsystem import KilnSubsystem
+from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
+
+RECORD_INPUT = "artifact_record.json"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HfModelCheckpointFieldSet(FieldSet):
+    required_fields = (CheckpointField, HfModelDependencies)
+
+    checkpoint: CheckpointField
+    dependencies: HfModelDependencies
+
+
+class InferHfModelCheckpoint(InferDependenciesRequest):
+    infer_from = HfModelCheckpointFieldSet
+
+
+@rule(desc="Inferring the checkpoint of an hf_model")
+async def infer_hf_model_checkpoint(request: InferHfModelCheckpoint) -> InferredDependencies:
+    field_set = request.field_set
+    addresses = await Get(
+        Addresses,
+        UnparsedAddressInputs(
+            [field_set.checkpoint.value],
+            owning_address=field_set.address,
+            description_of_origin=f"the `checkpoint` field of {field_set.address}",
+        ),
+    )
+    for target in await Get(UnexpandedTargets, Addresses, addresses):
+        if not isinstance(target, LmCheckpointTarget):
+            raise InvalidFieldException(
+                f"The `checkpoint` field in target {field_set.address} refers to "
+                f"{target.address}, a `{target.alias}` target; it must be an `lm_checkpoint`."
+            )
+    return InferredDependencies(addresses)
+
+
+class CheckpointNotBuilt(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class StoredCheckpointRequest:
+    export: Address
+    checkpoint: Artifact
+    path: str  # the checkpoint's folder in the artifact store
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    path: str
+
+
+# Prints a folder's STATUS, a NUL, then its artifact.json (either may be absent), with shell
+# builtins only: Pants processes get no PATH.
+_READ_RECORD = (
+    'show() { [ -f "$1" ] || return 0; '
+    'while IFS= read -r line || [ -n "$line" ]; do printf "%s\\n" "$line"; done < "$1"; }; '
+    f'show "$0/{STATUS_FILE}"; printf "\\000"; show "$0/{RECORD_FILE}"'
+)
+
+
+@rule(desc="Looking for a checkpoint in the artifact store")
+async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoint:
+    """Fails in seconds, with the command that builds it, when the checkpoint is not built (or
+    the store holds another configuration under its name and version)."""
+    checkpoint = request.checkpoint
+    probe = await Get(
+        ProcessResult,
+        Process(
+            argv=("/bin/sh", "-c", _READ_RECORD, request.path),
+            description=f"Reading {checkpoint.ref}'s record",
+            cache_scope=ProcessCacheScope.PER_SESSION,
+        ),
+    )
+    status, _, record = probe.stdout.decode().partition("\0")
+    state = recorded_state(checkpoint, status if status else None, record if record else None)
+    build = f"./pants run {checkpoint.address}"
+    if state.status == "drift":
+        raise CheckpointNotBuilt(
+            f"{request.export} exports {checkpoint.address}, but {request.path} holds another "
+            f"configuration of {checkpoint.ref} ({state.detail}): bump the checkpoint's "
+            f"`version` and build it with `{build}`."
+        )
+    if state.status != "built":
+        raise CheckpointNotBuilt(
+            f"{request.export} exports {checkpoint.address} ({checkpoint.ref}), which is not "
+            f"built in the artifact store ({request.path}: {state.status}): build it with "
+            f"`{build}`, then package again."
+        )
+    return StoredCheckpoint(request.path)
+
+
+@dataclass(frozen=True)
+class HfModelPackageFieldSet(PackageFieldSet):
+    required_fields = (CheckpointField, ExportDtypeField)
+
+    checkpoint: CheckpointField
+    step: ExportStepField
+    dtype: ExportDtypeField
+
+
+@dataclass(frozen=True)
+class RunTokenizer:
+    """The checkpoint's tokenizer files from the repo, for the export to save beside the weights
+    (empty when its caches name a tokenizer outside the repo: the export finds that one itself)."""
+
+    digest: Digest
+    argv: tuple[str, ...]
+
+
+async def _run_tokenizer(checkpoint: Artifact) -> RunTokenizer:
+    first_cache = checkpoint.inputs[0]  # every cache of a run shares one tokenizer
+    wrapped = await Get(
+        WrappedTarget, WrappedTargetRequest(first_cache, description_of_origin="<kiln export>")
+    )
+    tokenizer = wrapped.target[TokenizerField].value
+    if tokenizer_address(tokenizer) is None:
+        return RunTokenizer(EMPTY_DIGEST, ())
+    files = await Get(TokenizerFiles, TokenizerFilesRequest(first_cache, tokenizer))
+    return RunTokenizer(files.digest, ("--tokenizer", files.directory))
+
+
+@rule(desc="Packaging an hf_model")
+async def package_hf_model(
+    field_set: HfModelPackageFieldSet,
+    kiln: KilnSubsystem,
+    build_root: BuildRoot,
+    python_setup: PythonSetup,
+) -> BuiltPackage:
+    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
+    artifact = graph.get(field_set.address)
+    checkpoint = graph.get(artifact.inputs[0])
+    prefix = kiln.prefix_path(build_root.path)
+    stored = await Get(
+        StoredCheckpoint,
+        StoredCheckpointRequest(field_set.address, checkpoint, artifact_path(prefix, checkpoint)),
+    )
+    runtime, lockfile = await MultiGet(
+        Get(Runtime, RuntimeRequest(*EXPORT)),
+        Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
+    )
+    tokenizer = await _run_tokenizer(checkpoint)
+    provenance = Provenance(
+        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
+    )
+    record = {
+        **artifact_record(artifact, [checkpoint]).to_json(),
+        "provenance": dataclasses.asdict(provenance),
+    }
+    record_digest = await Get(
+        Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
+    )
+    out = artifact_path(prefix, artifact)
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=(
+                "export",
+                stored.path,
+                out,
+                "--step",
+                str(field_set.step.value),
+                "--dtype",
+                field_set.dtype.value,
+                "--record",
+                RECORD_INPUT,
+                *tokenizer.argv,
+            ),
+            description=f"Exporting {checkpoint.ref} as {artifact.ref}",
+            input_digest=await Get(Digest, MergeDigests([record_digest, tokenizer.digest])),
+            output_directories=(),
+            # The store is the cache: the export skips itself when built, and can be deleted
+            # behind Pants' back, so a cached "done" could point at nothing.
+            cache_scope=ProcessCacheScope.PER_SESSION,
+        ),
+    )
+    exported = await Get(ProcessResult, Process, process)
+    # Pants shows no output of its processes: pass on the note that other code built it.
+    for line in exported.stdout.decode().splitlines():
+        if line.startswith("kiln: note:"):
+            logger.warning(line)
+    location = f"{artifact.name}/{artifact.version}"
+    manifest = {"store_path": out, "fingerprint": artifact.fingerprint}
+    digest = await Get(
+        Digest,
+        CreateDigest([FileContent(f"{location}/{MANIFEST_FILE}", json.dumps(manifest).encode())]),
+    )
+    return BuiltPackage(digest, (BuiltPackageArtifact(location),))
+
+
+def rules():
+    return [
+        *collect_rules(),
+        UnionRule(InferDependenciesRequest, InferHfModelCheckpoint),
+        UnionRule(PackageFieldSet, HfModelPackageFieldSet),
+    ]
