@@ -122,3 +122,21 @@ class EvalSuiteConfig:
             "tasks": [task.to_json() for task in self.tasks],
             "task_paths": list(self.task_paths),
         }
+
+
+# The DCLM paper's CORE suite, as the reference runs it.
+CORE_TASKS: tuple[EvalTask, ...] = (
+    EvalTask("agieval_lsat_ar", 3),
+    EvalTask("arc_easy", 10),
+    EvalTask("arc_challenge", 10),
+    EvalTask("boolq", 10),
+    EvalTask("commonsense_qa", 10),
+    EvalTask("copa", 0),
+    EvalTask("hellaswag", 0, "hellaswag_0shot"),
+    EvalTask("hellaswag", 10, "hellaswag_10shot"),
+    EvalTask("lambada_openai", 0),
+    EvalTask("openbookqa", 0),
+    EvalTask("piqa", 10),
+    EvalTask("wsc273", 0),
+    EvalTask("winogrande", 0),
+)

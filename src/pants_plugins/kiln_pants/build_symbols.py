@@ -12,10 +12,10 @@ step specs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, TypeVar
 
 from kiln_contract.adam import AdamConfig
-from kiln_contract.evals import DEFAULT_SEQUENCE_START, EvalSuiteConfig, EvalTask
+from kiln_contract.evals import CORE_TASKS, DEFAULT_SEQUENCE_START, EvalSuiteConfig, EvalTask
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
 from kiln_contract.train import Resources
@@ -91,22 +91,6 @@ def _eval_task(task: Any) -> EvalTask:
     )
 
 
-# The DCLM paper's CORE suite, as the reference runs it.
-CORE_TASKS: Tuple[EvalTask, ...] = (
-    EvalTask("agieval_lsat_ar", 3),
-    EvalTask("arc_easy", 10),
-    EvalTask("arc_challenge", 10),
-    EvalTask("boolq", 10),
-    EvalTask("commonsense_qa", 10),
-    EvalTask("copa", 0),
-    EvalTask("hellaswag", 0, "hellaswag_0shot"),
-    EvalTask("hellaswag", 10, "hellaswag_10shot"),
-    EvalTask("lambada_openai", 0),
-    EvalTask("openbookqa", 0),
-    EvalTask("piqa", 10),
-    EvalTask("wsc273", 0),
-    EvalTask("winogrande", 0),
-)
 
 
 def gpu(type: str, count: int = 1, hosts: Optional[int] = None) -> Resources:  # noqa: A002

@@ -17,6 +17,7 @@ from kiln_testing.lm_eval_tasks import VOCAB, WORDS, write_hub_dataset_cache
 
 from kiln.eval.dclm_core import DCLM_CORE_TASKS, dclm_core_metrics
 from kiln.eval.tasks import EvalSuiteConfig, EvalTask
+from kiln_contract.evals import CORE_TASKS
 
 UNK_ID = VOCAB["<unk>"]
 
@@ -101,25 +102,8 @@ def test_a_core_task_runs_its_real_yaml_on_cached_data_offline(tmp_path: Path):
     assert metrics["lm_eval/dclm_core/missing_task_count"] == len(DCLM_CORE_TASKS) - 1
 
 
-# The reference suite (kiln_pants.build_symbols.CORE_TASKS), as the backend writes it.
-CORE_SUITE = EvalSuiteConfig(
-    tasks=(
-        EvalTask("agieval_lsat_ar", 3),
-        EvalTask("arc_easy", 10),
-        EvalTask("arc_challenge", 10),
-        EvalTask("boolq", 10),
-        EvalTask("commonsense_qa", 10),
-        EvalTask("copa", 0),
-        EvalTask("hellaswag", 0, "hellaswag_0shot"),
-        EvalTask("hellaswag", 10, "hellaswag_10shot"),
-        EvalTask("lambada_openai", 0),
-        EvalTask("openbookqa", 0),
-        EvalTask("piqa", 10),
-        EvalTask("wsc273", 0),
-        EvalTask("winogrande", 0),
-    ),
-    every=10000,
-)
+# The reference suite, as the backend writes it.
+CORE_SUITE = EvalSuiteConfig(tasks=CORE_TASKS, every=10000)
 
 
 def test_centered_accuracy_uses_each_tasks_primary_metric_and_baseline():
