@@ -80,14 +80,6 @@ def token_losses(
     return cross_entropy[:, : seq_len - 1], log_normalizer[:, : seq_len - 1]
 
 
-def per_token_log_probs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """log p(tokens[:, t + 1] | tokens[:, :t + 1]) in float32, shape [B, T - 1], from logits
-    [B, T, V] that a caller holds anyway (log-probabilities and greedy choices for evals)."""
-    logits = logits[:, :-1].astype(jnp.float32)
-    target_logits = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-    return target_logits - jax.nn.logsumexp(logits, axis=-1)
-
-
 def _block_len(batch: int, seq_len: int, block_tokens: int) -> int:
     """Positions per block: block_tokens over the rows one device holds (the batch is split over
     the mesh's batch axes), at least 1 and at most seq_len."""

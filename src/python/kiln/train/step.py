@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.model.partitioning import BATCH_AXES
-from kiln.train.loss import batch_loss_tokens, next_token_loss, per_token_log_probs, token_losses
+from kiln.train.loss import batch_loss_tokens, next_token_loss, token_losses
 from kiln.train.mesh import batch_parallelism, batch_sharding, state_shardings
 from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kiln.train.loss import next_token_loss, per_token_log_probs, token_losses
+from kiln.train.loss import next_token_loss, token_losses
 
 VOCAB, DIM = 37, 16
 
@@ -138,11 +138,3 @@ def test_the_loss_keeps_one_block_of_logits() -> None:
     assert temp_bytes(batch * seq_len) > whole_batch_logits  # one block: the whole batch
     assert temp_bytes(batch * 8) < whole_batch_logits / 2  # 8 blocks
 
-
-def test_per_token_log_probs(example) -> None:
-    hidden, weights, tokens, _ = example
-    logits = whole_logits(hidden, weights)
-    log_probs = per_token_log_probs(logits, tokens)
-    ce, _ = numpy_terms(logits, tokens)
-    assert log_probs.shape == (2, 6) and log_probs.dtype == jnp.float32
-    np.testing.assert_allclose(log_probs, -ce, rtol=1e-5)
