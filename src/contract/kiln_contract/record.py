@@ -79,6 +79,18 @@ class ArtifactRecord:
         }
 
 
+def fingerprint_drift(stored: Mapping[str, Any], record: ArtifactRecord) -> str | None:
+    """None when `stored` (an artifact.json) has `record`'s fingerprint; otherwise how they
+    differ, for a message: "fingerprint X, but the target now has fingerprint Y; it differs in: F"."""
+    if stored.get("fingerprint") == record.fingerprint:
+        return None
+    fields = differing_fields(stored.get("identity", {}), record.identity)
+    return (
+        f"fingerprint {stored.get('fingerprint')}, but the target now has fingerprint "
+        f"{record.fingerprint}; it differs in: {', '.join(fields) or 'identity format'}"
+    )
+
+
 def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
     """Dotted paths of the fields that differ between two identity configs (for drift errors)."""
     if isinstance(old, Mapping) and isinstance(new, Mapping):

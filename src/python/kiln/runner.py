@@ -65,7 +65,7 @@ from kiln.data.errors import KilnDataError
 from kiln.data.verify import verify_cache
 from kiln.train import multihost
 from kiln_contract.parsing import SpecError
-from kiln_contract.record import ArtifactRecord, differing_fields
+from kiln_contract.record import ArtifactRecord, fingerprint_drift
 from kiln_contract.step import StepInput, StepSpec
 from kiln_contract.train import TrainSpec
 from kiln_contract.vocabulary import ATTENTION_IMPLS, REMAT_POLICIES, is_mutable_version
@@ -87,13 +87,11 @@ def check_drift(directory: Path, record: ArtifactRecord) -> dict[str, Any] | Non
     stored = _read_json(directory / artifacts.RECORD_FILE)
     if stored is None:
         return None
-    if stored.get("fingerprint") != record.fingerprint:
-        fields = differing_fields(stored.get("identity", {}), record.identity)
+    drift = fingerprint_drift(stored, record)
+    if drift is not None:
         raise StepError(
-            f"{record.ref} already exists at {directory} with fingerprint "
-            f"{stored.get('fingerprint')}, but the target now has fingerprint "
-            f"{record.fingerprint}; it differs in: {', '.join(fields) or 'identity format'}. "
-            "Bump `version` in the BUILD file to build a new artifact (the old one is kept)."
+            f"{record.ref} already exists at {directory} with {drift}. Bump `version` in the "
+            "BUILD file to build a new artifact (the old one is kept)."
         )
     return stored
 

@@ -24,7 +24,7 @@ from typing import Any
 from kiln import artifacts
 from kiln.interop.errors import InteropError
 from kiln_contract.parsing import SpecError
-from kiln_contract.record import ArtifactRecord, differing_fields
+from kiln_contract.record import ArtifactRecord, fingerprint_drift
 from kiln_contract.vocabulary import is_mutable_version
 
 
@@ -74,13 +74,11 @@ def _stored_record(folder: Path) -> dict[str, Any] | None:
 
 
 def _check_same(out: Path, stored: dict[str, Any], record: ArtifactRecord) -> None:
-    if stored.get("fingerprint") != record.fingerprint:
-        fields = differing_fields(stored.get("identity", {}), record.identity)
+    drift = fingerprint_drift(stored, record)
+    if drift is not None:
         raise InteropError(
-            f"{out} already holds {record.ref} with fingerprint {stored.get('fingerprint')}, but "
-            f"the target now has fingerprint {record.fingerprint}; it differs in: "
-            f"{', '.join(fields) or 'identity format'}. Bump `version` in the BUILD file to "
-            "export a new artifact (the old one is kept)."
+            f"{out} already holds {record.ref} with {drift}. Bump `version` in the BUILD file "
+            "to export a new artifact (the old one is kept)."
         )
 
 
