@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import shutil
 import socket
 import subprocess
 import uuid
@@ -20,23 +19,12 @@ from pathlib import Path
 
 import pytest
 
-WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
+from tests.e2e.workspace import copy_workspace
+
 TARGET = "experiments:ci_tiny"
 HF_TARGET = "experiments:ci_tiny_hf"
 TRAINING = "Training checkpoints/ci_tiny@2026.11.29"
 TOKENIZING = "Tokenizing tokenized/quickstart/stdlib_validation@2026.11.29"
-
-
-def copy_workspace(destination: Path) -> Path:
-    for name in WORKSPACE:
-        source = Path(name)
-        if source.is_dir():
-            shutil.copytree(
-                source, destination / name, ignore=shutil.ignore_patterns("__pycache__")
-            )
-        else:
-            shutil.copy2(source, destination / name)
-    return destination
 
 
 def pants_command(*args: str) -> list[str]:
