@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pants.engine.addresses import Address, Addresses
+from pants.engine.internals.scheduler import ExecutionError
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.llama import LlamaArchitecture
@@ -219,3 +220,20 @@ def test_kiln_options_are_the_wandb_defaults(rule_runner: RuleRunner) -> None:
     )
     wandb = step.runtime.wandb
     assert (wandb.project, wandb.entity, wandb.mode, wandb.group) == ("marin", "lab", "online", None)
+
+
+def test_clashing_eval_names_are_refused_naming_the_checkpoint(rule_runner: RuleRunner) -> None:
+    build = BUILD.replace('eval_name="stdlib/docstrings"', 'eval_name="stdlib"').replace(
+        'validation=[":valid"]', 'validation=[":valid", ":more"]'
+    )
+    build += (
+        'tokenized_cache(name="more", source="stdlib:pydoc_topics", split="validation", '
+        'tokenizer="package:gpt2", version="2026.06.28", eval_name="stdlib/pydoc_topics")\n'
+    )
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": "{}\n", "exp/tasks/a.yaml": ""})
+    with pytest.raises(ExecutionError) as error:
+        rule_runner.request(StepJson, [StepJsonRequest(CHECKPOINT, PROVENANCE)])
+    assert (
+        "The validation caches of exp:ckpt have `eval_name`s that clash: stdlib name(s) a "
+        "validation set and a group of others; rename one."
+    ) in str(error.value)

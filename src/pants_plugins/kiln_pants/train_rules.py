@@ -291,7 +291,13 @@ async def step_json(
             kiln.prefix_path(build_root.path),
             kiln.wandb_settings(),
         )
-    except (SpecError, ValueError) as e:
+    except SpecError as e:
+        if e.field.startswith("runtime.validation_names"):
+            raise InvalidTargetException(
+                f"The validation caches of {address} have `eval_name`s that clash: {e.problem}."
+            ) from None
+        raise InvalidTargetException(f"{address}: {e}") from None
+    except ValueError as e:  # a bad `[kiln]` option
         raise InvalidTargetException(f"{address}: {e}") from None
     return StepJson(
         json.dumps(step.to_json(), indent=2).encode(),
