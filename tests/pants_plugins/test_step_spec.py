@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 from pants.engine.addresses import Address, Addresses
+from pants.engine.internals.scheduler import ExecutionError
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
 from kiln_contract.step import Provenance, StepSpec
-from kiln_contract.train import Resources, TrainSpec
+from kiln_contract.train import CheckpointerSpec, Resources, TrainSpec, WandbSpec
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
@@ -22,7 +23,8 @@ BUILD = """
 tokenized_cache(name="train", sources=["train.jsonl"], tokenizer="package:gpt2",
                 version="2026.06.28")
 tokenized_cache(name="valid", source="stdlib:docstrings", split="validation",
-                tokenizer="package:gpt2", version="2026.06.28", storage="store")
+                tokenizer="package:gpt2", version="2026.06.28", storage="store",
+                eval_name="stdlib/docstrings")
 lm_checkpoint(
     name="ckpt",
     version="2026.06.28",
@@ -39,6 +41,12 @@ lm_checkpoint(
     resources=gpu("H100", count=8, hosts=2),
     mesh={"data": 2, "fsdp": -1},
     gradient_checkpointing="full",
+    tags=["DCLM_1B_1X", "baseline"],
+    wandb={"project": "marin", "group": "dclm"},
+    temporary_base_path="/scratch/kiln",
+    checkpoint_every=40,
+    checkpoint_interval_minutes=30,
+    validate_at_start=True,
 )
 files(name="tasks", sources=["tasks/*"])
 """
@@ -75,6 +83,14 @@ def test_a_step_from_a_build_file_parses_with_the_runtimes_parser(rule_runner: R
     assert step.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
     assert step.runtime.gradient_checkpointing == "full"
     assert step.provenance == PROVENANCE
+    # Run-time choices from the target, then [kiln] options, then Kiln's defaults.
+    assert step.runtime.wandb == WandbSpec(
+        project="marin", group="dclm", tags=("DCLM_1B_1X", "baseline")
+    )  # the rest: WANDB_* variables when the run starts, else Kiln's defaults
+    assert step.runtime.checkpointer == CheckpointerSpec(30, 2, 40, Path("/scratch/kiln"))
+    assert step.runtime.validation_names == {"tokenized/valid": "stdlib/docstrings"}
+    assert step.runtime.validate_at_start is True
+    assert step.runtime.max_eval_batches == 3  # validation every 10 steps: 0.1 x 10 x 3 batches
 
     inline, store = step.inputs
     assert (inline.location, inline.store_path) == ("inputs/tokenized/train/2026.06.28", None)
@@ -114,7 +130,7 @@ STEP = {
     "runtime": {
         "resources": {"kind": "cpu"}, "mesh": {}, "attention": "auto",
         "gradient_checkpointing": "none", "per_device_parallelism": None,
-        "validation_every": 5, "validation_batches": 2,
+        "validation_every": 5, "max_eval_batches": 2,
         "checkpointer": {"save_interval_minutes": 1, "keep_last_temporary": 2, "every": None,
                          "temporary_base_path": None},
         "wandb": {"mode": "disabled", "project": "kiln", "entity": None, "run_id": None},
@@ -178,3 +194,46 @@ def test_a_bad_step_names_the_field(path: tuple, value: object, message: str) ->
     with pytest.raises(SpecError) as error:
         StepSpec.from_json(step)
     assert message in str(error.value)
+
+
+def test_run_time_settings_change_no_fingerprint(rule_runner: RuleRunner) -> None:
+    plain = BUILD.replace('    wandb={"project": "marin", "group": "dclm"},\n', "")
+    plain = plain.replace('    validate_at_start=True,\n', "").replace(
+        ',\n                eval_name="stdlib/docstrings"', ""
+    )
+    fingerprints = []
+    for build in (BUILD, plain):
+        rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": "{}\n", "exp/tasks/a.yaml": ""})
+        graph = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([CHECKPOINT]))])
+        fingerprints.append(graph.get(CHECKPOINT).fingerprint)
+    assert fingerprints[0] == fingerprints[1]
+
+
+def test_kiln_options_are_the_wandb_defaults(rule_runner: RuleRunner) -> None:
+    rule_runner.write_files(
+        {"exp/BUILD": BUILD.replace('"group": "dclm"', '"mode": "online"'),
+         "exp/train.jsonl": "{}\n", "exp/tasks/a.yaml": ""}
+    )  # fmt: skip
+    rule_runner.set_options(["--kiln-wandb-entity=lab", "--kiln-wandb-mode=disabled"])
+    step = StepSpec.from_json(
+        json.loads(rule_runner.request(StepJson, [StepJsonRequest(CHECKPOINT, PROVENANCE)]).content)
+    )
+    wandb = step.runtime.wandb
+    assert (wandb.project, wandb.entity, wandb.mode, wandb.group) == ("marin", "lab", "online", None)
+
+
+def test_clashing_eval_names_are_refused_naming_the_checkpoint(rule_runner: RuleRunner) -> None:
+    build = BUILD.replace('eval_name="stdlib/docstrings"', 'eval_name="stdlib"').replace(
+        'validation=[":valid"]', 'validation=[":valid", ":more"]'
+    )
+    build += (
+        'tokenized_cache(name="more", source="stdlib:pydoc_topics", split="validation", '
+        'tokenizer="package:gpt2", version="2026.06.28", eval_name="stdlib/pydoc_topics")\n'
+    )
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": "{}\n", "exp/tasks/a.yaml": ""})
+    with pytest.raises(ExecutionError) as error:
+        rule_runner.request(StepJson, [StepJsonRequest(CHECKPOINT, PROVENANCE)])
+    assert (
+        "The validation caches of exp:ckpt have `eval_name`s that clash: stdlib name(s) a "
+        "validation set and a group of others; rename one."
+    ) in str(error.value)

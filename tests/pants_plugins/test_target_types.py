@@ -86,6 +86,16 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
         ({"model": '"big"'}, "model"),
         ({"resources": None}, "resources"),
         ({"artifact_name": '"../escape"'}, "`artifact_name` field in target exp:ckpt must be `/`-"),
+        (
+            {"wandb": '{"mode": "ofline"}'},
+            "The `wandb` field in target exp:ckpt: `mode` expects one of online, offline, "
+            "disabled, got 'ofline'.",
+        ),
+        ({"wandb": '{"projcet": "x"}'}, "unknown setting 'projcet'; known: project, entity,"),
+        ({"max_eval_batches": "0"}, "`max_eval_batches` field in target exp:ckpt expects an"),
+        ({"max_eval_batches": '"some"'}, "`max_eval_batches` field in target exp:ckpt expects"),
+        ({"temporary_base_path": '"scratch"'}, "expects an absolute path, got 'scratch'"),
+        ({"checkpoint_interval_minutes": "0"}, "`checkpoint_interval_minutes` field in target"),
     ],
 )
 def test_invalid_checkpoint_fields(rule_runner: RuleRunner, overrides: dict, expected: str) -> None:
@@ -247,3 +257,10 @@ def test_core_tasks_are_the_reference_suite() -> None:
         ("wsc273", 0, None),
         ("winogrande", 0, None),
     ]
+
+
+def test_a_bad_eval_name_fails_at_load(rule_runner: RuleRunner) -> None:
+    build = CACHE.replace('version="2026.06.28")', 'version="2026.06.28", eval_name="paloma/")')
+    assert "The `eval_name` field in target exp:cache expects a name of" in load_error(
+        rule_runner, build, "cache"
+    )

@@ -113,6 +113,10 @@ class StepSpec:
                     raise SpecError(
                         f"config.{key}[{index}]", f"{dataset.ref} is not among the step's inputs"
                     )
+        try:
+            self.runtime.eval_names(self.config.validation)
+        except SpecError as e:
+            raise e.within("runtime") from None
 
     @property
     def ref(self) -> str:

@@ -8,8 +8,8 @@ whose caches have absolute paths. `python -m kiln.train SPEC.json` reads one fro
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -27,6 +27,7 @@ from kiln_contract.parsing import (
     check_number,
     check_optional,
     check_str,
+    check_tuple_of,
     field_path,
     json_fields,
     json_list,
@@ -42,6 +43,8 @@ from kiln_contract.vocabulary import (
     RESOURCE_KINDS,
     WANDB_MODES,
     check_address,
+    check_eval_name,
+    check_eval_names,
     check_seed,
     check_token_ttl,
     mesh_sizes,
@@ -265,16 +268,32 @@ class CheckpointerSpec:
 
 @dataclass(frozen=True)
 class WandbSpec:
-    mode: str  # $WANDB_MODE overrides it
-    project: str
-    entity: str | None
-    run_id: str | None  # else $WANDB_RUN_ID, else {name}-{version}
+    """The W&B run's settings given explicitly: by the BUILD target (`wandb={...}`, `tags`), else
+    by `[kiln]` options. At run time an unset one comes from its `WANDB_*` variable, else Kiln's
+    default (kiln.train.metrics.WandbSettings)."""
+
+    mode: str | None = None
+    project: str | None = None
+    entity: str | None = None
+    run_id: str | None = None
+    group: str | None = None
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        check_choice("mode", self.mode, WANDB_MODES)
-        check_str("project", self.project)
-        check_optional(check_str, "entity", self.entity)
-        check_optional(check_str, "run_id", self.run_id)
+        check_optional(check_choice, "mode", self.mode, choices=WANDB_MODES)
+        for key in ("project", "entity", "run_id", "group"):
+            check_optional(check_str, key, getattr(self, key))
+        check_tuple_of("tags", self.tags, str)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "wandb") -> WandbSpec:
+        values = json_fields(cls, obj, where)
+        if "tags" in values:
+            values["tags"] = tuple(json_list(values["tags"], field_path(where, "tags")))
+        return build(cls, where, values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**scalar_json(self), "tags": list(self.tags)}
 
 
 @dataclass(frozen=True)
@@ -305,12 +324,16 @@ class RuntimeSpec:
     gradient_checkpointing: str
     per_device_parallelism: int | None  # sequences per device per microbatch; None: all
     validation_every: int
-    validation_batches: int
+    max_eval_batches: int | None  # per validation set; None: the whole set
     checkpointer: CheckpointerSpec
     wandb: WandbSpec
     control: ControlSpec
     progress: str
     max_steps_this_run: int | None
+    validate_at_start: bool = False  # also validate the initial model, at step 0
+    # Validation cache name -> its name in metrics (`paloma/c4_en`); missing: the cache name's
+    # last part.
+    validation_names: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_instance("resources", self.resources, Resources)
@@ -319,7 +342,12 @@ class RuntimeSpec:
         check_choice("gradient_checkpointing", self.gradient_checkpointing, REMAT_POLICIES)
         check_optional(check_int, "per_device_parallelism", self.per_device_parallelism, minimum=1)
         check_int("validation_every", self.validation_every, minimum=1)
-        check_int("validation_batches", self.validation_batches, minimum=1)
+        check_optional(check_int, "max_eval_batches", self.max_eval_batches, minimum=1)
+        check_bool("validate_at_start", self.validate_at_start)
+        if not isinstance(self.validation_names, Mapping):
+            raise SpecError("validation_names", f"expected an object, got {self.validation_names!r}")
+        for cache, name in self.validation_names.items():
+            check_eval_name(field_path("validation_names", cache), name)
         _check_instance("checkpointer", self.checkpointer, CheckpointerSpec)
         _check_instance("wandb", self.wandb, WandbSpec)
         _check_instance("control", self.control, ControlSpec)
@@ -336,7 +364,7 @@ class RuntimeSpec:
         values["checkpointer"] = CheckpointerSpec.from_json(
             values["checkpointer"], field_path(where, "checkpointer")
         )
-        values["wandb"] = read_json(WandbSpec, values["wandb"], field_path(where, "wandb"))
+        values["wandb"] = WandbSpec.from_json(values["wandb"], field_path(where, "wandb"))
         values["control"] = read_json(ControlSpec, values["control"], field_path(where, "control"))
         return build(cls, where, values)
 
@@ -346,9 +374,23 @@ class RuntimeSpec:
             "resources": self.resources.to_json(),
             "mesh": dict(self.mesh),
             "checkpointer": scalar_json(self.checkpointer),
-            "wandb": scalar_json(self.wandb),
+            "wandb": self.wandb.to_json(),
             "control": scalar_json(self.control),
+            "validation_names": dict(self.validation_names),
         }
+
+    def eval_names(self, validation: Sequence[DatasetRef | DatasetInput]) -> tuple[str, ...]:
+        """Each validation set's name in metrics, checked: unique, none another's group, and
+        every `validation_names` entry naming one of the sets."""
+        caches = {d.name for d in validation}
+        for cache in self.validation_names:
+            if cache not in caches:
+                raise SpecError(
+                    field_path("validation_names", cache), "is not one of config.validation"
+                )
+        names = [self.validation_names.get(d.name, d.name.split("/")[-1]) for d in validation]
+        check_eval_names("validation_names", names)
+        return tuple(names)
 
 
 # --- the train spec --------------------------------------------------------------------------------
@@ -371,6 +413,10 @@ class TrainSpec:
         check_absolute_path("output_path", self.output_path)
         _check_instance("config", self.config, TrainConfig)
         _check_instance("runtime", self.runtime, RuntimeSpec)
+        try:
+            self.runtime.eval_names(self.config.validation)
+        except SpecError as e:
+            raise e.within("runtime") from None
 
     @classmethod
     def from_json(cls, obj: Any) -> TrainSpec:

@@ -30,6 +30,8 @@ DTYPES = ("bfloat16", "float32", "float16")
 COMPUTE_DTYPES = DTYPES[:2]
 WANDB_MODES = ("online", "offline", "disabled")
 PROGRESS_MODES = ("auto", "bar", "log", "none")
+# The W&B settings a BUILD file's `wandb={...}` may give (runtime.wandb's fields).
+WANDB_SETTINGS = ("project", "entity", "group", "mode", "run_id")
 # The Python standard library's own prose, a source needing no download (kiln.data.stdlib_corpus).
 STDLIB_PARTS = ("docstrings", "pydoc_topics", "all")
 STDLIB_SPLITS = ("train", "validation")
@@ -134,3 +136,34 @@ def mesh_sizes(value: Any, where: str = "mesh") -> dict[str, int]:
     if list(sizes.values()).count(-1) > 1:
         raise SpecError(where, "at most one axis may be -1 (the rest of the devices)")
     return sizes
+
+
+def check_eval_name(field: str, value: Any) -> None:
+    """A validation set's name in metrics, e.g. `paloma/c4_en`: its metrics are
+    `eval/paloma/c4_en/loss`, and each `/`-prefix (`paloma`) is a group with averages."""
+    check_str(field, value)
+    if len(value) > MAX_NAME_CHARS or not all(_PATH_PART.fullmatch(p) for p in value.split("/")):
+        raise SpecError(
+            field, f"expected a name of `/`-separated {_PARTS_RULE} (e.g. `paloma/c4_en`), "
+            f"got {value!r}"
+        )  # fmt: skip
+
+
+def eval_groups(name: str) -> tuple[str, ...]:
+    """The groups a validation set belongs to: `a/b/c` -> `a`, `a/b` (Levanter's tag hierarchy)."""
+    parts = name.split("/")
+    return tuple("/".join(parts[:i]) for i in range(1, len(parts)))
+
+
+def check_eval_names(field: str, names: list[str]) -> None:
+    """Validation sets' names must be unique, and none may be another's group: set `paloma`'s
+    `eval/paloma/bpb` would be group `paloma`'s byte-weighted bpb too."""
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SpecError(field, f"validation set name(s) used twice: {', '.join(twice)}")
+    groups = {g for n in names for g in eval_groups(n)}
+    clash = sorted(groups & set(names))
+    if clash:
+        raise SpecError(
+            field, f"{', '.join(clash)} name(s) a validation set and a group of others; rename one"
+        )

@@ -7,6 +7,8 @@ import os
 from pants.option.option_types import StrOption
 from pants.option.subsystem import Subsystem
 
+from kiln_contract.vocabulary import WANDB_MODES
+
 
 class KilnSubsystem(Subsystem):
     options_scope = "kiln"
@@ -30,6 +32,42 @@ class KilnSubsystem(Subsystem):
             "it with `-- --cluster ADDRESS` or `-- --cluster local` (docs/clusters.md)."
         ),
     )
+
+    wandb_project = StrOption(
+        default=None,
+        help=(
+            "The W&B project of runs whose target's `wandb` names none. Unset: `$WANDB_PROJECT` "
+            "when the run starts, else `kiln` (docs/training.md, \"W&B\")."
+        ),
+    )
+
+    wandb_entity = StrOption(
+        default=None,
+        help=(
+            "The W&B entity (team or user) of runs whose target's `wandb` names none. Unset: "
+            "`$WANDB_ENTITY`, else W&B's default entity."
+        ),
+    )
+
+    wandb_mode = StrOption(
+        default=None,
+        help=(
+            "The W&B mode of runs whose target's `wandb` names none: `online`, `offline` (the "
+            "run is written under the artifact; `wandb sync` uploads it) or `disabled`. Unset: "
+            "`$WANDB_MODE`, else `offline`."
+        ),
+    )
+
+    def wandb_settings(self) -> dict[str, str]:
+        """The `[kiln] wandb_*` options that are set, checked: what a target's `wandb` falls
+        back to."""
+        if self.wandb_mode is not None and self.wandb_mode not in WANDB_MODES:
+            raise ValueError(
+                f"[kiln] wandb_mode = {self.wandb_mode!r}: expected one of {', '.join(WANDB_MODES)}"
+            )
+        options = {"project": self.wandb_project, "entity": self.wandb_entity,
+                   "mode": self.wandb_mode}  # fmt: skip
+        return {key: value for key, value in options.items() if value}
 
     def prefix_path(self, buildroot: str) -> str:
         if "://" in self.prefix:

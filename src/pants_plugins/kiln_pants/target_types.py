@@ -8,11 +8,13 @@ the target and field). Which fields bear identity — and so enter the fingerpri
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from pants.engine.addresses import Address
 from pants.engine.target import (
     COMMON_TARGET_FIELDS,
+    BoolField,
     Dependencies,
     DictStringToStringField,
     Field,
@@ -29,7 +31,14 @@ from pants.util.frozendict import FrozenDict
 
 from kiln_contract.adam import AdamConfig
 from kiln_contract.llama import LlamaArchitecture
-from kiln_contract.parsing import SpecError, check_number
+from kiln_contract.parsing import (
+    SpecError,
+    check_absolute_path,
+    check_choice,
+    check_int,
+    check_number,
+    check_str,
+)
 from kiln_contract.train import Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
@@ -37,7 +46,10 @@ from kiln_contract.vocabulary import (
     REMAT_POLICIES,
     STDLIB_PARTS,
     STDLIB_SPLITS,
+    WANDB_MODES,
+    WANDB_SETTINGS,
     check_artifact_name,
+    check_eval_name,
     check_seed,
     check_version,
     mesh_sizes,
@@ -285,6 +297,24 @@ class CacheStorageField(StringField):
     )
 
 
+class EvalNameField(StringField):
+    value: str
+    alias = "eval_name"
+    help = (
+        "The name a checkpoint's validation metrics give this cache: `GROUP/NAME` or `NAME`, e.g. "
+        "`paloma/c4_en` logs `eval/paloma/c4_en/loss` and `.../bpb`, and counts towards group "
+        "`paloma`'s averages (`eval/paloma/macro_loss`, docs/training.md). Default: the target "
+        "name. Not part of any fingerprint."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
+        value = super().compute_value(raw_value, address)
+        value = address.target_name if value is None else value
+        _check_field(cls.alias, address, check_eval_name, value)
+        return value
+
+
 class TokenizedCacheDependencies(Dependencies):
     pass
 
@@ -306,6 +336,7 @@ class TokenizedCacheTarget(Target):
         MaxDocumentCharsField,
         NumShardsField,
         CacheStorageField,
+        EvalNameField,
         TokenizedCacheDependencies,
     )
     help = (
@@ -491,6 +522,7 @@ class MeshField(Field):
 
 
 class GradientCheckpointingField(StringField):
+    value: str
     alias = "gradient_checkpointing"
     default = "none"
     valid_choices = REMAT_POLICIES
@@ -523,6 +555,110 @@ class SeedField(IntField):
         return value
 
 
+class MaxEvalBatchesField(Field):
+    alias = "max_eval_batches"
+    help = (
+        "Validation batches (of `batch_size` sequences) per validation set: a number, or `'all'` "
+        "for each whole set. Default: each whole set, capped so that validating costs about a "
+        "tenth of training (docs/training.md, \"Validation budget\"). A run-time choice, excluded "
+        "from the fingerprint."
+    )
+    default = None
+    value: Optional[Any]  # None: Kiln's budget; "all"; or a positive int
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[Any]:
+        value = super().compute_value(raw_value, address)
+        if value is None or value == "all":
+            return value
+        _check_field(cls.alias, address, check_int, value, minimum=1)
+        return value
+
+
+class ValidateAtStartField(BoolField):
+    alias = "validate_at_start"
+    default = False
+    help = "Also validate the initial model, logged at step 0. A run-time choice."
+
+
+class WandbField(DictStringToStringField):
+    alias = "wandb"
+    help = (
+        "The W&B run: any of `project`, `entity`, `group`, `mode` (`online`, `offline`, "
+        "`disabled`) and `run_id`, e.g. `{'project': 'marin', 'mode': 'online'}`. The target's "
+        "`tags` become the run's tags. Unset settings come from `[kiln] wandb_*` options, then "
+        "Kiln's defaults (project `kiln`, offline, run id `{artifact_name}-{version}`); at run "
+        "time a set `WANDB_*` variable wins (docs/training.md). A run-time choice, excluded from "
+        "the fingerprint."
+    )
+
+    @classmethod
+    def compute_value(
+        cls, raw_value: Optional[dict[str, str]], address: Address
+    ) -> Optional[FrozenDict[str, str]]:
+        value = super().compute_value(raw_value, address)
+        for key, setting in (value or {}).items():
+            if key not in WANDB_SETTINGS:
+                raise InvalidFieldException(
+                    f"The `wandb` field in target {address} has an unknown setting {key!r}; "
+                    f"known: {', '.join(WANDB_SETTINGS)}."
+                )
+            try:
+                if key == "mode":
+                    check_choice(key, setting, WANDB_MODES)
+                else:
+                    check_str(key, setting)
+            except SpecError as e:
+                raise InvalidFieldException(
+                    f"The `wandb` field in target {address}: `{key}` {_problem(e.problem)}."
+                ) from None
+        return value
+
+
+class TemporaryBasePathField(StringField):
+    alias = "temporary_base_path"
+    help = (
+        "Where temporary (time-based) checkpoints go instead of beside the permanent ones: "
+        "`{it}/{artifact_name}/{version}/checkpoints/`, e.g. fast local or cheaper storage. An "
+        "absolute path. A run-time choice, excluded from the fingerprint."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
+        value = super().compute_value(raw_value, address)
+        if value is not None:
+            _check_field(cls.alias, address, check_absolute_path, Path(value))
+        return value
+
+
+class CheckpointEveryField(_PositiveIntField):
+    alias = "checkpoint_every"
+    required = False
+    default = 10000
+    help = (
+        "A permanent checkpoint every N steps (and always at the end). A run-time choice, "
+        "excluded from the fingerprint."
+    )
+
+
+class CheckpointIntervalField(Field):
+    alias = "checkpoint_interval_minutes"
+    default = None
+    value: Optional[float]
+    help = (
+        "A temporary checkpoint when this many minutes passed since the last save. Default: 10, "
+        "or 1 on `cpu()` runs. A run-time choice, excluded from the fingerprint."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[float]:
+        value = super().compute_value(raw_value, address)
+        if value is None:
+            return None
+        _check_field(cls.alias, address, check_number, value, positive=True)
+        return float(value)
+
+
 class LmCheckpointDependencies(Dependencies):
     pass
 
@@ -548,6 +684,12 @@ class LmCheckpointTarget(Target):
         MeshField,
         SeedField,
         ComputeDtypeField,
+        MaxEvalBatchesField,
+        ValidateAtStartField,
+        WandbField,
+        TemporaryBasePathField,
+        CheckpointEveryField,
+        CheckpointIntervalField,
         LmCheckpointDependencies,
     )
     help = (

@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 from pants.backend.python.subsystems.setup import PythonSetup
@@ -34,9 +37,16 @@ from pants.engine.fs import (
 )
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
-from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.engine.target import (
+    InvalidTargetException,
+    Tags,
+    Target,
+    WrappedTarget,
+    WrappedTargetRequest,
+)
 from pants.engine.unions import UnionRule
 
+from kiln_contract.parsing import SpecError
 from kiln_contract.step import Provenance, StepInput, StepSpec
 from kiln_contract.train import (
     CheckpointerSpec,
@@ -65,10 +75,14 @@ from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
     BatchSizeField,
     CacheStorageField,
+    CheckpointEveryField,
+    CheckpointIntervalField,
     ComputeDtypeField,
     DatasetsField,
+    EvalNameField,
     EvalsField,
     GradientCheckpointingField,
+    MaxEvalBatchesField,
     MeshField,
     ModelField,
     NumTrainStepsField,
@@ -77,6 +91,9 @@ from kiln_pants.target_types import (
     ResourcesField,
     SeedField,
     SeqLenField,
+    TemporaryBasePathField,
+    ValidateAtStartField,
+    WandbField,
     ZLossWeightField,
 )
 from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cache_location
@@ -85,38 +102,61 @@ STEP_FILE = "step.json"
 OUTPUT_DIR = "out"
 
 
+# Validation's default budget: a validation pass costs about a tenth of the training steps
+# between two passes, and a validation batch (forward only) about a third of a training step.
+VALIDATION_BUDGET = Fraction(1, 10)
+VALIDATION_BATCH_COST = Fraction(1, 3)
+
+
+def default_max_eval_batches(validation_every: int, num_sets: int) -> int:
+    """Batches per validation set within the budget: each whole set, up to this many."""
+    budget = VALIDATION_BUDGET * validation_every / VALIDATION_BATCH_COST
+    return max(1, int(budget / max(1, num_sets)))
+
+
 def runtime_section(
-    num_train_steps: int,
-    resources: Resources,
-    per_device_parallelism: int | None,
-    gradient_checkpointing: str,
-    mesh: dict[str, int],
+    target: Target, wandb_options: Mapping[str, str], validation_names: Mapping[str, str]
 ) -> RuntimeSpec:
     """Operational choices (not identity): how the trainer runs, not what it makes. The BUILD
-    file's run-time fields, plus Kiln's defaults for the rest.
+    file's run-time fields, then `[kiln]` options (`wandb_options`), then Kiln's defaults (W&B's
+    unset settings are left to the trainer: `WANDB_*` variables, then its defaults).
 
-    Validation runs ~10 times per run (at most every 1000 steps); temporary checkpoints every
-    10 minutes, or every minute on a CPU, where runs are short and saves cost ~0.2 s.
+    Validation runs ~10 times per run (at most every 1000 steps) on each whole set within the
+    validation budget; temporary checkpoints every 10 minutes, or every minute on a CPU, where
+    runs are short and saves cost ~0.2 s.
     """
+    resources = target[ResourcesField].value
+    validation_every = max(1, min(1000, target[NumTrainStepsField].value // 10))
+    max_eval_batches = target[MaxEvalBatchesField].value
+    if max_eval_batches is None:
+        max_eval_batches = default_max_eval_batches(validation_every, len(validation_names))
+    wandb = {**wandb_options, **dict(target[WandbField].value or {})}
+    interval = target[CheckpointIntervalField].value
     return RuntimeSpec(
         resources=resources,
-        mesh=mesh,
+        mesh=dict(target[MeshField].value),
         attention="auto",
-        gradient_checkpointing=gradient_checkpointing,
-        per_device_parallelism=per_device_parallelism,
-        validation_every=max(1, min(1000, num_train_steps // 10)),
-        validation_batches=8,
+        gradient_checkpointing=target[GradientCheckpointingField].value,
+        per_device_parallelism=target[PerDeviceParallelismField].value,
+        validation_every=validation_every,
+        max_eval_batches=None if max_eval_batches == "all" else max_eval_batches,
+        validate_at_start=target[ValidateAtStartField].value,
+        validation_names=dict(validation_names),
         checkpointer=CheckpointerSpec(
-            save_interval_minutes=1 if resources.kind == "cpu" else 10,
+            save_interval_minutes=interval or (1 if resources.kind == "cpu" else 10),
             keep_last_temporary=2,
-            every=10000,
-            temporary_base_path=None,
+            every=target[CheckpointEveryField].value,
+            temporary_base_path=_optional_path(target[TemporaryBasePathField].value),
         ),
-        wandb=WandbSpec(mode="offline", project="kiln", entity=None, run_id=None),
+        wandb=WandbSpec(**wandb, tags=tuple(target[Tags].value or ())),
         control=ControlSpec(enabled=True, host="127.0.0.1", port=0, token_ttl_minutes=720),
         progress="auto",
         max_steps_this_run=None,
     )
+
+
+def _optional_path(value: str | None) -> Path | None:
+    return None if value is None else Path(value)
 
 
 @dataclass(frozen=True)
@@ -142,15 +182,24 @@ def _step(
     target: Any,
     artifact: Artifact,
     graph: ArtifactGraph,
-    store_paths: dict[Address, str],
+    caches: Mapping[Address, Target],
     eval_task_dirs: tuple[str, ...],
     provenance: Provenance,
+    store_prefix: str,
+    wandb_options: Mapping[str, str],
 ) -> StepSpec:
     # Artifact.inputs lists the `datasets` in declaration order, then the `validation` sets.
     weights = target[DatasetsField].value
     dataset_inputs = [graph.get(a) for a in artifact.inputs[: len(weights)]]
     validation_inputs = [graph.get(a) for a in artifact.inputs[len(weights) :]]
     inputs = list({cache.address: cache for cache in dataset_inputs + validation_inputs}.values())
+    # Store caches are already in place; inline caches travel with the step.
+    store_paths = {
+        address: artifact_path(store_prefix, graph.get(address))
+        for address, cache in caches.items()
+        if cache[CacheStorageField].value == "store"
+    }
+    validation_names = {c.name: caches[c.address][EvalNameField].value for c in validation_inputs}
     evals = target[EvalsField].value
     return StepSpec(
         name=artifact.name,
@@ -174,13 +223,7 @@ def _step(
             compute_dtype=target[ComputeDtypeField].value,
             param_dtype="float32",
         ),
-        runtime=runtime_section(
-            target[NumTrainStepsField].value,
-            target[ResourcesField].value,
-            target[PerDeviceParallelismField].value,
-            target[GradientCheckpointingField].value,
-            dict(target[MeshField].value),
-        ),
+        runtime=runtime_section(target, wandb_options, validation_names),
         inputs=tuple(
             StepInput(
                 ref=i.ref,
@@ -226,12 +269,6 @@ async def step_json(
         Get(WrappedTarget, WrappedTargetRequest(a, description_of_origin="<kiln run>"))
         for a in artifact.inputs
     )
-    prefix = kiln.prefix_path(build_root.path)
-    store_paths = {
-        cache.target.address: artifact_path(prefix, graph.get(cache.target.address))
-        for cache in caches
-        if cache.target[CacheStorageField].value == "store"
-    }
     evals = wrapped.target[EvalsField].value
     task_files = (
         await Get(SourceFiles, ReferencedFilesRequest(address, evals.task_files, "evals"))
@@ -243,7 +280,25 @@ async def step_json(
         if task_files
         else ()
     )
-    step = _step(wrapped.target, artifact, graph, store_paths, task_dirs, request.provenance)
+    try:
+        step = _step(
+            wrapped.target,
+            artifact,
+            graph,
+            {cache.target.address: cache.target for cache in caches},
+            task_dirs,
+            request.provenance,
+            kiln.prefix_path(build_root.path),
+            kiln.wandb_settings(),
+        )
+    except SpecError as e:
+        if e.field.startswith("runtime.validation_names"):
+            raise InvalidTargetException(
+                f"The validation caches of {address} have `eval_name`s that clash: {e.problem}."
+            ) from None
+        raise InvalidTargetException(f"{address}: {e}") from None
+    except ValueError as e:  # a bad `[kiln]` option
+        raise InvalidTargetException(f"{address}: {e}") from None
     return StepJson(
         json.dumps(step.to_json(), indent=2).encode(),
         task_files.snapshot.digest if task_files else EMPTY_DIGEST,

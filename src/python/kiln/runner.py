@@ -411,6 +411,7 @@ RUNTIME_OVERRIDES = {
     "attention": "attention",
     "gradient_checkpointing": "gradient_checkpointing",
     "validation_every": "validation_every",
+    "max_eval_batches": "max_eval_batches",
     "per_device_parallelism": "per_device_parallelism",
     "mesh": "mesh",
 }
@@ -460,6 +461,9 @@ def _parser() -> argparse.ArgumentParser:
     overrides.add_argument("--attention", choices=ATTENTION_IMPLS)
     overrides.add_argument("--gradient-checkpointing", choices=REMAT_POLICIES)
     overrides.add_argument("--validation-every", type=int)
+    overrides.add_argument(
+        "--max-eval-batches", type=int, help="validate on at most N batches of each set"
+    )
     overrides.add_argument(
         "--mesh",
         type=_mesh_sizes,

@@ -174,10 +174,11 @@ def test_run_time_overrides_leave_the_identity_alone() -> None:
     base = step()
     args = _parser().parse_args(
         ["step.json", "--inputs", ".", "--per-device-parallelism", "2", "--attention", "xla"]
-        + ["--mesh", "data=2, fsdp=-1"]
+        + ["--mesh", "data=2, fsdp=-1", "--max-eval-batches", "5"]
     )
     overridden = apply_overrides(base, args)
     assert overridden.runtime.attention == "xla"
+    assert overridden.runtime.max_eval_batches == 5
     assert overridden.runtime.per_device_parallelism == 2
     assert overridden.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
     assert overridden.config == base.config
@@ -193,6 +194,7 @@ def test_run_time_overrides_leave_the_identity_alone() -> None:
     ("flags", "message"),
     [
         (["--validation-every", "0"], "runtime.validation_every: expected an integer >= 1, got 0"),
+        (["--max-eval-batches", "0"], "runtime.max_eval_batches: expected an integer >= 1, got 0"),
         (["--mesh", "model=2"], "runtime.mesh: expected one of data, fsdp, tensor, got 'model'"),
     ],
 )

@@ -117,17 +117,20 @@ EXAMPLE_SPEC: dict[str, Any] = {
         "gradient_checkpointing": "none",
         "per_device_parallelism": None,
         "validation_every": 6,
-        "validation_batches": 2,
+        "max_eval_batches": 2,
         "checkpointer": {
             "save_interval_minutes": 10,
             "keep_last_temporary": 2,
             "every": 5,
             "temporary_base_path": None,
         },
-        "wandb": {"mode": "disabled", "project": "kiln", "entity": None, "run_id": None},
+        "wandb": {"mode": "disabled", "project": "kiln", "entity": None, "run_id": None,
+                  "group": None, "tags": []},
         "control": {"enabled": False, "host": "127.0.0.1", "port": 0, "token_ttl_minutes": 720},
         "progress": "log",
         "max_steps_this_run": None,
+        "validate_at_start": False,
+        "validation_names": {},
     },
 }
 

@@ -1,4 +1,4 @@
-"""The training plot: loss (train and each eval set), learning rate and throughput against step.
+"""The training plot: loss (train, each validation set or group), learning rate and throughput against step.
 
 Drawn with matplotlib's object API on an Agg canvas rather than pyplot, so that it keeps no global
 figure state and is safe to call from a running trainer (kiln.runner passes `plot_run` to it as
@@ -24,12 +24,21 @@ from kiln.report.metrics_log import (
 )
 
 PLOT_FILE = "plots/training.png"  # in the run's folder, beside metrics.jsonl
+OVERALL_MACRO = "eval/macro_loss"  # over every set: not a group
 
 
 def eval_loss_keys(records: list[Record]) -> list[str]:
-    """`eval/loss` and every `eval/<set>/loss` present, in sorted order."""
-    keys = {key for record in records for key in record}
-    return sorted(key for key in keys if key.startswith("eval/") and key.endswith("/loss"))
+    """The validation losses worth a line, sorted: `eval/loss`, each group's macro average
+    (`eval/paloma/macro_loss`) and each set in no group (`eval/<set>/loss`). With Paloma and
+    Uncheatable Eval's 23 sets, one line per set would drown the curves."""
+    keys = {key for record in records for key in record if key.startswith("eval/")}
+    groups = {
+        k[: -len("/macro_loss")] for k in keys if k.endswith("/macro_loss") and k != OVERALL_MACRO
+    }
+    ungrouped = {
+        k for k in keys if k.endswith("/loss") and not any(k.startswith(f"{g}/") for g in groups)
+    }
+    return sorted(ungrouped | {f"{g}/macro_loss" for g in groups})
 
 
 def write_training_plot(metrics_jsonl: Path, out_png: Path) -> None:

@@ -111,16 +111,17 @@ def _loss_lines(
 ) -> list[str]:
     """Final losses; each validation loss against the unigram baseline on the same positions."""
     cfg = spec.config
-    names = ["train (last step)", *(d.name for d in cfg.validation)]
+    set_names = spec.runtime.eval_names(cfg.validation)
+    names = ["train (last step)", *set_names]
     width = max(map(len, names))
     lines = [
         "Final loss, nats/token (unigram: training-token frequencies alone, same positions)",
         f"  {names[0]:<{width}}  {_number(summary.get('train/loss'))}",
     ]
     baselines = [None] * len(cfg.validation) if caches is None else _unigram_losses(spec, caches)
-    for d, unigram in zip(cfg.validation, baselines):
-        loss = summary.get(f"eval/{d.name}/loss")
-        line = f"  {d.name:<{width}}  {_number(loss)}"
+    for name, unigram in zip(set_names, baselines):
+        loss = summary.get(f"eval/{name}/loss")
+        line = f"  {name:<{width}}  {_number(loss)}"
         if isinstance(unigram, str):
             line += f"  (no unigram baseline: {unigram})"
         elif unigram is not None:
@@ -133,13 +134,15 @@ def _loss_lines(
 
 def _unigram_losses(spec: TrainSpec, caches: Sequence[TokenCache]) -> list[float | str]:
     """Per validation set, its unigram cross-entropy, or why there is none. The positions are
-    the trainer's validation windows: the first validation_batches x batch_size of seq_len."""
+    the trainer's validation windows: the first max_eval_batches x batch_size of seq_len (all
+    of them without a maximum)."""
     from kiln.report.baseline import cross_entropy, unigram_log_probs
 
     cfg = spec.config
     train = list(zip(caches[: len(cfg.datasets)], (d.weight for d in cfg.datasets)))
     validation = caches[len(cfg.datasets) :]
-    windows = spec.runtime.validation_batches * cfg.batch_size
+    max_batches = spec.runtime.max_eval_batches
+    windows = max_batches * cfg.batch_size if max_batches else None
     try:
         log_probs = unigram_log_probs(train)
     except ValueError as e:

@@ -99,7 +99,8 @@ def _training_lines(records: list[Record], summary: Record) -> list[str]:
 
 
 def _eval_lines(records: list[Record]) -> list[str]:
-    """One row per validation set (eval/<set>/<metric>), one column per metric, latest values."""
+    """One row per validation set or group (eval/<name>/<metric>), one column per metric,
+    latest values."""
     keys = sorted({k for r in records for k in r if k.startswith("eval/")})
     table: dict[str, dict[str, str]] = {}
     for key in keys:
@@ -111,7 +112,7 @@ def _eval_lines(records: list[Record]) -> list[str]:
     if not table:
         return []
     metrics = sorted({m for row in table.values() for m in row})
-    rows = [("set", *metrics)] + [
+    rows = [("set or group", *metrics)] + [
         (name, *(row.get(m, "-") for m in metrics)) for name, row in sorted(table.items())
     ]
     return ["Validation (latest values)", *_aligned(rows)]

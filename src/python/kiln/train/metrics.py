@@ -8,6 +8,7 @@ run. W&B is fed from a background thread: a W&B failure is logged once and train
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from kiln.artifacts import atomic_write_text
+from kiln_contract.train import WandbSpec
+from kiln_contract.vocabulary import WANDB_MODES
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +77,57 @@ class Throughput:
 
 
 def wandb_run_id(explicit: str | None, name: str, version: str) -> str:
-    """runtime.wandb.run_id, else $WANDB_RUN_ID, else name+version: stable across resumes."""
-    run_id = explicit or os.environ.get("WANDB_RUN_ID") or f"{name}-{version}"
+    """runtime.wandb.run_id, else name+version: stable across resumes."""
+    run_id = explicit or f"{name}-{version}"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", run_id).strip("-")
+
+
+# The variable each W&B setting falls back to (the names W&B itself reads), then Kiln's default.
+WANDB_VARIABLES = {
+    "mode": "WANDB_MODE",
+    "project": "WANDB_PROJECT",
+    "entity": "WANDB_ENTITY",
+    "group": "WANDB_RUN_GROUP",
+    "run_id": "WANDB_RUN_ID",
+    "tags": "WANDB_TAGS",  # comma-separated
+}
+WANDB_DEFAULTS = {"mode": "offline", "project": "kiln"}
 
 
 @dataclass(frozen=True)
 class WandbSettings:
-    mode: str  # online | offline | disabled; $WANDB_MODE wins over the spec
+    """The W&B run as it starts. Each setting: the spec's (the BUILD target's, else `[kiln]`'s),
+    else its `WANDB_*` variable, else Kiln's default; as `wandb.init` arguments beat W&B's
+    variables and the reference's explicit run id beats the environment's."""
+
+    mode: str  # online | offline | disabled
     project: str
     entity: str | None
-    run_id: str
-    config: Mapping[str, Any]
+    group: str | None
+    run_id: str  # else {name}-{version}: stable across resumes
+    tags: tuple[str, ...]
+
+    @classmethod
+    def resolve(
+        cls, spec: WandbSpec, name: str, version: str, environ: Mapping[str, str] = os.environ
+    ) -> WandbSettings:
+        values: dict[str, Any] = {
+            key: getattr(spec, key) or environ.get(variable) or WANDB_DEFAULTS.get(key)
+            for key, variable in WANDB_VARIABLES.items()
+        }
+        if isinstance(values["tags"], str):
+            values["tags"] = tuple(t.strip() for t in values["tags"].split(",") if t.strip())
+        values["tags"] = tuple(values["tags"] or ())
+        if values["mode"] not in WANDB_MODES:
+            raise ValueError(
+                f"W&B mode {values['mode']!r} (from $WANDB_MODE) is not one of "
+                f"{', '.join(WANDB_MODES)}"
+            )
+        values["run_id"] = wandb_run_id(values["run_id"], name, version)
+        return cls(**values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "tags": list(self.tags)}
 
 
 def rewind_metrics_file(path: Path, last_step: int) -> dict[str, float]:
@@ -119,6 +161,7 @@ class MetricsLogger:
         *,
         resume_step: int,
         wandb: WandbSettings | None,
+        run_config: Mapping[str, Any] | None = None,
         write: bool = True,
     ):
         self.path = output_path / METRICS_FILE
@@ -128,7 +171,8 @@ class MetricsLogger:
         if write:
             self.latest = rewind_metrics_file(self.path, resume_step)
             self._file = self.path.open("a")
-            self._wandb = _WandbThread(wandb, output_path) if wandb else None
+            if wandb is not None and wandb.mode != "disabled":
+                self._wandb = _WandbThread(wandb, run_config or {}, output_path)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         values = {k: float(v) for k, v in metrics.items()}
@@ -151,8 +195,9 @@ class _WandbThread:
 
     _STOP = object()
 
-    def __init__(self, settings: WandbSettings, output_path: Path):
+    def __init__(self, settings: WandbSettings, config: Mapping[str, Any], output_path: Path):
         self._settings = settings
+        self._config = config
         self._dir = output_path
         self._queue: queue.Queue[Any] = queue.Queue()
         self._run: Any = None
@@ -196,11 +241,13 @@ class _WandbThread:
         return wandb.init(
             project=s.project,
             entity=s.entity,
+            group=s.group,
+            tags=list(s.tags),
             id=s.run_id,
             name=s.run_id,
             resume="allow",
             dir=str(self._dir),
-            mode=cast(Any, os.environ.get("WANDB_MODE") or s.mode),  # validated by wandb
-            config=dict(s.config),
+            mode=cast(Any, s.mode),
+            config=dict(self._config),
             settings=wandb.Settings(console="off", silent=True, x_disable_stats=True),
         )

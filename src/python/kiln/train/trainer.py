@@ -40,11 +40,10 @@ from kiln.train.metrics import (
     Throughput,
     WandbSettings,
     peak_flops_per_device,
-    wandb_run_id,
 )
 from kiln.train.multihost import agree_max, barrier
 from kiln.train.progress import Progress, make_progress
-from kiln.train.spec import Resources, TrainSpec
+from kiln.train.spec import Resources, RuntimeSpec, TrainConfig, TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +95,19 @@ def open_data(spec: TrainSpec) -> RunData:
     )
     validation = tuple(
         ValidationSet.build(
-            d.name,
-            fixed_batches(c, cfg.seq_len, cfg.batch_size, runtime.validation_batches),
+            name,
+            fixed_batches(c, cfg.seq_len, cfg.batch_size, eval_batches(runtime, c, cfg)),
             tokenizer.token_byte_lengths,
         )
-        for d, c in zip(cfg.validation, caches[len(cfg.datasets) :])
+        for name, c in zip(runtime.eval_names(cfg.validation), caches[len(cfg.datasets) :])
     )
     return RunData(mixture, validation, tokenizer, caches[0].info["tokenizer"].get("spec"))
+
+
+def eval_batches(runtime: RuntimeSpec, cache: Any, cfg: TrainConfig) -> int:
+    """Validation batches of one set: runtime.max_eval_batches, or all of the set's windows."""
+    whole_set = -(-cache.num_windows(cfg.seq_len) // cfg.batch_size)
+    return min(whole_set, runtime.max_eval_batches or whole_set)
 
 
 def microbatch_count(batch_size: int, per_device_parallelism: int | None, ways: int) -> int:
@@ -225,7 +230,11 @@ class Trainer:
         self.microbatches = microbatch_count(
             self.cfg.batch_size, self.runtime.per_device_parallelism, batch_parallelism(self.mesh)
         )
-        self.run_id = wandb_run_id(self.runtime.wandb.run_id, spec.name, spec.version)
+        try:
+            self.wandb = WandbSettings.resolve(self.runtime.wandb, spec.name, spec.version)
+        except ValueError as e:
+            raise TrainingError(f"runtime.wandb: {e}") from None
+        self.run_id = self.wandb.run_id
         self.checkpointer = Checkpointer.from_spec(
             self.output, self.runtime.checkpointer, name=spec.name, version=spec.version
         )
@@ -244,6 +253,7 @@ class Trainer:
         return {
             "spec": self.spec.to_json(),
             "run_id": self.run_id,
+            "wandb": self.wandb.to_json(),  # as resolved: the spec, then WANDB_* variables
             "model": self.model_config.to_json(),
             "tokenizer": self.data.tokenizer.to_json(),
             "mixture": {
@@ -316,11 +326,14 @@ class Trainer:
         self.logprobs = make_logprob_fn(self.state.graphdef, with_is_argmax=True)
 
     def _metrics_logger(self, resume_step: int) -> MetricsLogger:
-        wandb = None
-        if self.is_main and self.runtime.wandb.mode != "disabled":
-            w = self.runtime.wandb
-            wandb = WandbSettings(w.mode, w.project, w.entity, self.run_id, self.resolved_config())
-        return MetricsLogger(self.output, resume_step=resume_step, wandb=wandb, write=self.is_main)
+        return MetricsLogger(
+            self.output,
+            # A fresh run also drops step-0 lines: an earlier attempt's validation at the start.
+            resume_step=resume_step if resume_step else -1,
+            wandb=self.wandb,
+            run_config=self.resolved_config() if self.is_main else None,
+            write=self.is_main,
+        )
 
     def _control_server(self, progress: Progress) -> Any:
         control = self.runtime.control
@@ -356,6 +369,8 @@ class Trainer:
             end_step = total
             if self.runtime.max_steps_this_run is not None:
                 end_step = min(total, start_step + self.runtime.max_steps_this_run)
+            if start_step == 0 and self.runtime.validate_at_start:
+                self._validate(0)
             signals = cleanup.enter_context(StopSignals())
             batches = prefetched(self._batch, range(start_step, end_step), PREFETCH_BATCHES)
             cleanup.callback(batches.close)
@@ -434,9 +449,8 @@ class Trainer:
     def _after_step(self, step: int, signum: int | None, *, stopping_early: bool) -> None:
         total = self.cfg.num_train_steps
         final = step == total
-        if self.data.validation and (final or step % self.runtime.validation_every == 0):
-            self.metrics.log(step, validation_metrics(self._eval_batch, self.data.validation))
-            self._observe_metrics(step)
+        if final or step % self.runtime.validation_every == 0:
+            self._validate(step)
         evals = self.cfg.evals
         if evals is not None and (final or step % evals.every == 0):
             self._run_evals(step)
@@ -474,6 +488,14 @@ class Trainer:
                 f"{self.last_checkpoint.path}. Rerun to resume.",
                 signum,
             )
+
+    def _validate(self, step: int) -> None:
+        if not self.data.validation:
+            return
+        began = time.monotonic()
+        metrics = validation_metrics(self._eval_batch, self.data.validation)
+        self.metrics.log(step, {**metrics, "eval/total_time": time.monotonic() - began})
+        self._observe_metrics(step)
 
     def _eta_seconds(self, step: int) -> float:
         recent = self.step_times[-20:]

@@ -41,7 +41,7 @@ def _train_spec(root: Path, output: Path) -> dict[str, Any]:
             "config.z_loss_weight": None,
             "runtime.attention": "xla",
             "runtime.validation_every": 100_000,
-            "runtime.validation_batches": 1,
+            "runtime.max_eval_batches": 1,
             "runtime.checkpointer.save_interval_minutes": 10_000,
             "runtime.checkpointer.keep_last_temporary": 5,
             "runtime.checkpointer.every": None,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kiln.report.metrics_log import MetricsError, read_metrics
-from kiln.report.plots import write_training_plot
+from kiln.report.plots import eval_loss_keys, write_training_plot
 from kiln.report.table import format_report
 
 STEPS = 60
@@ -136,3 +136,14 @@ def test_report_cli(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1
     assert "metrics.jsonl does not exist" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_the_plot_draws_groups_by_their_macro_average() -> None:
+    record = {key: 1.0 for key in (
+        "eval/loss", "eval/macro_loss", "eval/total_time", "eval/heldout/loss",
+        "eval/paloma/c4_en/loss", "eval/paloma/ptb/loss", "eval/paloma/macro_loss",
+        "eval/paloma/micro_loss", "eval/uncheatable/bbc/loss", "eval/uncheatable/macro_loss",
+    )}  # fmt: skip
+    assert eval_loss_keys([record]) == [
+        "eval/heldout/loss", "eval/loss", "eval/paloma/macro_loss", "eval/uncheatable/macro_loss"
+    ]  # fmt: skip

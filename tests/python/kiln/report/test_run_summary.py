@@ -51,11 +51,11 @@ def test_summary_shows_losses_baseline_locations_and_samples(finished_run: Path)
     spec = json.loads((finished_run / TRAIN_SPEC_FILE).read_text())["config"]
     train_cache = TokenCache.open(spec["datasets"][0]["path"])
     val_cache = TokenCache.open(spec["validation"][0]["path"])
-    windows = 2 * 4  # runtime.validation_batches x config.batch_size in trainer_testing's spec
+    windows = 2 * 4  # runtime.max_eval_batches x config.batch_size in trainer_testing's spec
     unigram = unigram_baseline(
         [(train_cache, 1.0)], val_cache, seq_len=SEQ_LEN, num_windows=windows
     )
-    val_loss = summary["eval/tokenized/val/loss"]
+    val_loss = summary["eval/val/loss"]
     assert f"{val_loss:.3f}  vs unigram {unigram:.3f}: {val_loss - unigram:+.3f}" in text
     assert f"artifact    {finished_run}" in text
     assert str(finished_run / "checkpoints/step-3") in text

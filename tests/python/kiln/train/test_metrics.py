@@ -13,9 +13,9 @@ from kiln.train.metrics import (
     WandbSettings,
     peak_flops_per_device,
     rewind_metrics_file,
-    wandb_run_id,
 )
 from kiln.train.progress import make_progress
+from kiln.train.spec import WandbSpec
 
 
 def test_lines_are_appended_and_latest_values_kept(tmp_path: Path) -> None:
@@ -47,15 +47,22 @@ def test_a_resumed_run_rewinds_to_its_checkpoint(tmp_path: Path) -> None:
     assert [r["step"] for r in read_jsonl(path)] == [1, 2, 3, 4]
 
 
-def test_run_id_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
-    assert (
-        wandb_run_id(None, "checkpoints/quickstart", "2026.11.29")
-        == "checkpoints-quickstart-2026.11.29"
+def test_wandb_settings_spec_then_variables_then_defaults() -> None:
+    name, version = "checkpoints/quickstart", "2026.11.29"
+    assert WandbSettings.resolve(WandbSpec(), name, version, environ={}) == WandbSettings(
+        "offline", "kiln", None, None, "checkpoints-quickstart-2026.11.29", ()
     )
-    monkeypatch.setenv("WANDB_RUN_ID", "from-env")
-    assert wandb_run_id(None, "checkpoints/quickstart", "2026.11.29") == "from-env"
-    assert wandb_run_id("explicit", "checkpoints/quickstart", "2026.11.29") == "explicit"
+    environ = {"WANDB_MODE": "disabled", "WANDB_PROJECT": "p", "WANDB_ENTITY": "lab",
+               "WANDB_RUN_GROUP": "g", "WANDB_RUN_ID": "from-env", "WANDB_TAGS": "a, b,"}  # fmt: skip
+    assert WandbSettings.resolve(WandbSpec(), name, version, environ) == WandbSettings(
+        "disabled", "p", "lab", "g", "from-env", ("a", "b")
+    )
+    explicit = WandbSpec("online", "marin", "team", "run/1", group="dclm", tags=("DCLM_1B_1X",))
+    assert WandbSettings.resolve(explicit, name, version, environ) == WandbSettings(
+        "online", "marin", "team", "dclm", "run-1", ("DCLM_1B_1X",)
+    )
+    with pytest.raises(ValueError, match="W&B mode 'cloud' .from .WANDB_MODE. is not one of"):
+        WandbSettings.resolve(WandbSpec(), name, version, {"WANDB_MODE": "cloud"})
 
 
 def test_throughput_and_mfu() -> None:
@@ -73,7 +80,7 @@ def test_throughput_and_mfu() -> None:
 
 
 def wandb_settings(mode: str) -> WandbSettings:
-    return WandbSettings(mode, "kiln-tests", None, "checkpoints-test-2026.11.29", {"seed": 0})
+    return WandbSettings(mode, "kiln-tests", None, None, "checkpoints-test-2026.11.29", ())
 
 
 def test_wandb_offline_run_is_written_under_output(tmp_path: Path, monkeypatch) -> None:

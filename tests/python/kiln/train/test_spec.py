@@ -104,6 +104,16 @@ def test_evals_and_optional_nulls() -> None:
         (spec_with(**{"runtime.attention": "flash"}), "runtime.attention"),
         (spec_with(**{"runtime.checkpointer.keep_last_temporary": 0}), "keep_last_temporary"),
         (spec_with(**{"runtime.wandb.mode": "cloud"}), "runtime.wandb.mode"),
+        (spec_with(**{"runtime.wandb.tags": "a,b"}), "runtime.wandb.tags: expected a JSON list"),
+        (spec_with(**{"runtime.max_eval_batches": 0}), "runtime.max_eval_batches"),
+        (
+            spec_with(**{"runtime.validation_names": {"tokenized/val": "paloma/"}}),
+            "runtime.validation_names.tokenized/val: expected a name of `/`-separated parts",
+        ),
+        (
+            spec_with(**{"runtime.validation_names": {"tokenized/other": "x"}}),
+            "runtime.validation_names.tokenized/other: is not one of config.validation",
+        ),
         (spec_with(**{"runtime.control.port": 70000}), "runtime.control.port"),
         (spec_with(**{"runtime.speed": "fast"}), "runtime: unknown field(s) speed"),
         (
@@ -136,3 +146,20 @@ def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(SpecError, match="bad.json is not valid JSON"):
         load_spec(tmp_path / "bad.json")
+
+
+def test_validation_set_names_are_unique_and_no_set_is_a_group() -> None:
+    second = {**EXAMPLE_SPEC["config"]["validation"][0], "name": "tokenized/more/val2"}
+    two_sets = {"config.validation": [*EXAMPLE_SPEC["config"]["validation"], second]}
+    spec = parse_spec(spec_with(**two_sets))
+    assert spec.runtime.eval_names(spec.config.validation) == ("val", "val2")  # last parts
+    named = {"tokenized/val": "paloma/c4_en", "tokenized/more/val2": "paloma/ptb"}
+    spec = parse_spec(spec_with(**two_sets, **{"runtime.validation_names": named}))
+    assert spec.runtime.eval_names(spec.config.validation) == ("paloma/c4_en", "paloma/ptb")
+    for names, problem in [
+        ({"tokenized/val": "x", "tokenized/more/val2": "x"}, "validation set name(s) used twice: x"),
+        ({"tokenized/val": "paloma", "tokenized/more/val2": "paloma/ptb"},
+         "paloma name(s) a validation set and a group of others"),
+    ]:  # fmt: skip
+        with pytest.raises(SpecError, match=re.escape(f"runtime.validation_names: {problem}")):
+            parse_spec(spec_with(**two_sets, **{"runtime.validation_names": names}))

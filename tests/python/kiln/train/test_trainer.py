@@ -7,6 +7,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from kiln_testing.training import (
 )
 
 from kiln.data.errors import CacheError
+from kiln.train.metrics import WANDB_VARIABLES
 from kiln.train.spec import parse_spec
 from kiln.train.trainer import (
     TrainingDiverged,
@@ -38,16 +40,17 @@ def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "tokenized/a": build_tiny_cache(folder, "tokenized/a", 150, seed=0),
         "tokenized/b": build_tiny_cache(folder, "tokenized/b", 60, seed=1),
         "tokenized/val": build_tiny_cache(folder, "tokenized/val", 30, seed=2),
+        "tokenized/val2": build_tiny_cache(folder, "tokenized/val2", 30, seed=3),
     }
 
 
-def spec_for(output: Path, caches: dict[str, Path], **overrides):
-    train_caches = {k: v for k, v in caches.items() if k != "tokenized/val"}
+def spec_for(output: Path, caches: dict[str, Path], validation=("tokenized/val",), **overrides):
+    train_caches = {k: v for k, v in caches.items() if not k.startswith("tokenized/val")}
     overrides = {"weights": {"tokenized/a": 0.7, "tokenized/b": 0.3},
                  "config.num_train_steps": NUM_STEPS, "runtime.checkpointer.every": 10,
                  "runtime.validation_every": 12, **overrides}  # fmt: skip
     return parse_spec(
-        make_spec(output, train_caches, {"tokenized/val": caches["tokenized/val"]}, **overrides)
+        make_spec(output, train_caches, {k: caches[k] for k in validation}, **overrides)
     )
 
 
@@ -59,20 +62,38 @@ def train_losses(output: Path) -> dict[int, float]:
     }
 
 
+# In the environment of the finished run: a secret that must reach no file the run writes.
+PLANTED_API_KEY = "wandbkey-planted-0123456789abcdef0123456789"
+
+
 @pytest.fixture(scope="module")
 def finished_run(caches: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """The quickstart's shape at test size: two validation sets in one group, validated at the
+    start, lm-eval, and an offline W&B run with the target's tags."""
     root = tmp_path_factory.mktemp("run")
     output = root / "out"
     evals = {"tasks": [{"name": EVAL_TASK, "num_fewshot": 0, "alias": "mc"}], "every": 12,
              "task_paths": [str(write_eval_task(root / "tasks"))]}  # fmt: skip
-    spec = spec_for(output, caches, **{"runtime.control.enabled": True, "config.evals": evals})
+    spec = spec_for(
+        output, caches, validation=("tokenized/val", "tokenized/val2"),
+        **{"runtime.control.enabled": True, "config.evals": evals,
+           "runtime.validate_at_start": True,
+           "runtime.validation_names": {"tokenized/val": "heldout/val",
+                                        "tokenized/val2": "heldout/val2"},
+           "runtime.wandb": {"mode": "offline", "project": "kiln-tests", "entity": None,
+                             "run_id": None, "group": "tiny-runs", "tags": ["tiny", "ci"]}},
+    )  # fmt: skip
     observed = []
 
     def observe(metrics_file: Path) -> None:
         observed.append((metrics_file, read_jsonl(metrics_file)[-1]["step"]))
 
-    summary = train(spec, observe)
-    assert observed == [(output / "metrics.jsonl", 12), (output / "metrics.jsonl", 24)]
+    with pytest.MonkeyPatch.context() as env:
+        for variable in WANDB_VARIABLES.values():
+            env.delenv(variable, raising=False)
+        env.setenv("WANDB_API_KEY", PLANTED_API_KEY)
+        summary = train(spec, observe)
+    assert [step for _, step in observed] == [0, 12, 24]
     return output, spec, summary
 
 
@@ -90,13 +111,15 @@ def test_a_run_writes_the_artifact_layout(finished_run) -> None:
     assert 0 <= summary["data_wait_seconds_p50"] <= summary["data_wait_seconds_p99"]
     assert train_lines[0]["optim/learning_rate"] == 0.0  # linear warmup from 0
     eval_lines = [r for r in records if "eval/loss" in r]
-    assert [r["step"] for r in eval_lines] == [12, 24]  # validation_every=12 and the end
-    assert {
-        "eval/tokenized/val/loss",
-        "eval/tokenized/val/bpb",
-        "eval/bpb",
-        "eval/macro_bpb",
-    } <= set(eval_lines[0])
+    assert [r["step"] for r in eval_lines] == [0, 12, 24]  # the start, every 12 and the end
+    assert set(eval_lines[0]) == {"step", "eval/total_time", *(
+        f"eval/{prefix}{metric}"
+        for prefix, metrics in (("heldout/val/", ("loss", "bpb")), ("heldout/val2/", ("loss", "bpb")),
+                                ("heldout/", ("macro_loss", "micro_loss", "macro_bpb", "bpb")),
+                                ("", ("loss", "macro_loss", "bpb", "macro_bpb")))
+        for metric in metrics
+    )}  # fmt: skip
+    assert eval_lines[0]["eval/loss"] > eval_lines[-1]["eval/loss"]  # step 0: the initial model
 
     eval_harness_lines = [r for r in records if "lm_eval/mc/acc" in r]
     assert [r["step"] for r in eval_harness_lines] == [12, 24]  # evals.every=12 and the end
@@ -119,9 +142,53 @@ def test_a_run_writes_the_artifact_layout(finished_run) -> None:
     assert tracker["summary"] == summary and tracker["config"] == config
     assert summary["complete"] is True and summary["step"] == NUM_STEPS
     assert summary["train/loss"] == train_lines[-1]["train/loss"] < train_lines[0]["train/loss"]
-    assert summary["eval/tokenized/val/loss"] == eval_lines[-1]["eval/tokenized/val/loss"]
+    assert summary["eval/heldout/val/loss"] == eval_lines[-1]["eval/heldout/val/loss"]
     assert summary["checkpoint"] == str(output / "checkpoints/step-24")
     assert not (output / "control/endpoint.json").exists()  # the control server stopped
+
+
+def wandb_records(run_dir: Path) -> list[Any]:
+    """The records of an offline W&B run's .wandb file: LevelDB-log blocks (a 7-byte file
+    header, then per chunk crc32 u32, length u16, type u8) of wandb's protobuf `Record`s."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = next(run_dir.glob("*.wandb")).read_bytes()
+    assert data[:4] == b":W&B"
+    records, pending, offset = [], b"", 7
+    while offset + 7 <= len(data):
+        if 32768 - offset % 32768 < 7:  # a block's tail too short for a header is padding
+            offset += 32768 - offset % 32768
+            continue
+        length, kind = int.from_bytes(data[offset + 4 : offset + 6], "little"), data[offset + 6]
+        pending += data[offset + 7 : offset + 7 + length]
+        offset += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_the_wandb_run_carries_the_settings_and_tags(finished_run) -> None:
+    output, spec, summary = finished_run
+    (run_dir,) = (output / "wandb").glob("offline-run-*-checkpoints-tiny-2026.11.29")
+    runs = [r.run for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "run"]
+    assert runs, "the offline run file holds no run record"
+    assert (runs[0].project, runs[0].run_group, list(runs[0].tags)) == (
+        "kiln-tests", "tiny-runs", ["tiny", "ci"]
+    )  # fmt: skip
+    config = json.loads((output / "config.json").read_text())
+    assert config["wandb"] == {"mode": "offline", "project": "kiln-tests", "entity": None,
+                               "group": "tiny-runs", "run_id": "checkpoints-tiny-2026.11.29",
+                               "tags": ["tiny", "ci"]}  # fmt: skip
+
+
+def test_secrets_in_the_environment_reach_no_file_of_the_run(finished_run) -> None:
+    output, spec, summary = finished_run
+    leaked = [p for p in output.rglob("*")
+              if p.is_file() and PLANTED_API_KEY.encode() in p.read_bytes()]  # fmt: skip
+    assert leaked == []
 
 
 def test_rerunning_a_finished_run_trains_nothing(finished_run) -> None:
@@ -151,7 +218,7 @@ def test_stopping_early_then_resuming_matches_the_uninterrupted_run(
     assert second["complete"] is True and second["steps_this_run"] == NUM_STEPS - 2
     # Bit-for-bit: same batches (a pure function of the step), same restored state, same XLA.
     assert train_losses(output) == train_losses(reference_output)
-    assert second["eval/loss"] == reference["eval/loss"]
+    assert second["eval/val/loss"] == reference["eval/heldout/val/loss"]  # same set, windows
     assert sorted(p.name for p in (output / "checkpoints").iterdir()) == [
         "step-10",
         "step-20",

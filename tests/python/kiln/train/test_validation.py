@@ -75,5 +75,28 @@ def test_uniform_model_loss_is_ln_vocab_and_bpb_follows(caches: list[TokenCache]
     assert metrics["eval/bpb"] != pytest.approx(metrics["eval/macro_bpb"], rel=1e-9)
 
 
+def scripted_set(name: str, nats: float, tokens: float, target_bytes: int) -> ValidationSet:
+    return ValidationSet(name, ({"nats": np.float64(nats), "tokens": np.float64(tokens)},), target_bytes)
+
+
+def test_groups_get_macro_and_micro_averages_as_levanter_logs_them() -> None:
+    sets = [scripted_set("paloma/c4_en", 20, 10, 40), scripted_set("paloma/ptb", 30, 30, 50),
+            scripted_set("uncheatable/bbc_news", 40, 10, 10)]  # fmt: skip
+    metrics = validation_metrics(lambda b: {"loss_sum": b["nats"], "token_count": b["tokens"]}, sets)
+    bits = 1 / math.log(2)
+    expected = {
+        "eval/paloma/c4_en/loss": 2.0, "eval/paloma/c4_en/bpb": 20 / 40 * bits,
+        "eval/paloma/ptb/loss": 1.0, "eval/paloma/ptb/bpb": 30 / 50 * bits,
+        "eval/uncheatable/bbc_news/loss": 4.0, "eval/uncheatable/bbc_news/bpb": 40 / 10 * bits,
+        "eval/paloma/macro_loss": 1.5, "eval/paloma/micro_loss": 50 / 40,
+        "eval/paloma/macro_bpb": (20 / 40 + 30 / 50) / 2 * bits, "eval/paloma/bpb": 50 / 90 * bits,
+        "eval/uncheatable/macro_loss": 4.0, "eval/uncheatable/micro_loss": 4.0,
+        "eval/uncheatable/macro_bpb": 4 * bits, "eval/uncheatable/bpb": 4 * bits,
+        "eval/loss": 90 / 50, "eval/macro_loss": 7 / 3,
+        "eval/bpb": 90 / 100 * bits, "eval/macro_bpb": (0.5 + 0.6 + 4) / 3 * bits,
+    }  # fmt: skip
+    assert metrics == pytest.approx(expected)
+
+
 def test_no_sets_no_metrics() -> None:
     assert validation_metrics(uniform_model(10), []) == {}
