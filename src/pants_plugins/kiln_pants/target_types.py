@@ -30,9 +30,10 @@ from pants.util.frozendict import FrozenDict
 from kiln_contract.adam import AdamConfig
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError, check_number
-from kiln_contract.train import Resources
+from kiln_contract.train import HfModelSource, Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
+    HF_REPO_ID,
     MESH_AXES,
     REMAT_POLICIES,
     STDLIB_PARTS,
@@ -139,7 +140,6 @@ class _SymbolField(Field):
 # ---------------------------------------------------------------------------------------------
 
 STDLIB_SOURCES = tuple(f"stdlib:{part}" for part in STDLIB_PARTS)
-_HF_DATASET_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class CacheSourceField(StringField):
@@ -156,7 +156,7 @@ class CacheSourceField(StringField):
         value = super().compute_value(raw_value, address)
         if value is None:
             return None
-        if value in STDLIB_SOURCES or value.startswith("/") or _HF_DATASET_ID.match(value):
+        if value in STDLIB_SOURCES or value.startswith("/") or HF_REPO_ID.match(value):
             return value
         if value.startswith("stdlib:"):
             raise InvalidFieldException(
@@ -226,7 +226,7 @@ class TokenizerField(StringField):
         assert value is not None
         if not (
             value.startswith(("//", ":", "package:", "/"))
-            or _HF_DATASET_ID.match(value)
+            or HF_REPO_ID.match(value)
             or re.match(r"^[\w.-]+$", value)
         ):
             raise InvalidFieldException(
@@ -523,6 +523,18 @@ class SeedField(IntField):
         return value
 
 
+class InitFromField(_SymbolField):
+    alias = "init_from"
+    default = None
+    symbol_type = HfModelSource
+    helper_name = "hf_model_source(...)"
+    help = (
+        "Published Llama weights the run starts from, instead of a random initialisation: "
+        "`hf_model_source('org/model', revision='COMMIT')` (fine-tuning, continued "
+        "pre-training). In the fingerprint; `model` must match the weights' architecture."
+    )
+
+
 class LmCheckpointDependencies(Dependencies):
     pass
 
@@ -548,6 +560,7 @@ class LmCheckpointTarget(Target):
         MeshField,
         SeedField,
         ComputeDtypeField,
+        InitFromField,
         LmCheckpointDependencies,
     )
     help = (

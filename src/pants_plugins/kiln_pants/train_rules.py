@@ -69,6 +69,7 @@ from kiln_pants.target_types import (
     DatasetsField,
     EvalsField,
     GradientCheckpointingField,
+    InitFromField,
     MeshField,
     ModelField,
     NumTrainStepsField,
@@ -173,6 +174,7 @@ def _step(
             seed=target[SeedField].value,
             compute_dtype=target[ComputeDtypeField].value,
             param_dtype="float32",
+            init_from=target[InitFromField].value,
         ),
         runtime=runtime_section(
             target[NumTrainStepsField].value,
