@@ -99,6 +99,19 @@ def test_resources_do_not_change_the_fingerprint(rule_runner: RuleRunner) -> Non
     assert on_cpu == on_gpus == accumulating == on_two_hosts
 
 
+def test_init_from_is_in_the_fingerprint_and_the_step(rule_runner: RuleRunner) -> None:
+    def with_init_from(revision: str) -> ArtifactGraph:
+        source = f"hf_model_source('org/llama', revision='{revision}')"
+        return graph(rule_runner, resources=f"cpu(), init_from={source}")
+
+    plain = fingerprints(graph(rule_runner))
+    at_a, at_b = fingerprints(with_init_from("a" * 40)), fingerprints(with_init_from("b" * 40))
+    assert plain["train"] == at_a["train"] == at_b["train"]
+    assert len({plain["ckpt"], at_a["ckpt"], at_b["ckpt"]}) == 3
+    identity = with_init_from("a" * 40).get(Address("exp", target_name="ckpt")).identity
+    assert identity["init_from"] == {"repo_id": "org/llama", "revision": "a" * 40}
+
+
 def test_changed_data_changes_the_cache_and_its_dependents(rule_runner: RuleRunner) -> None:
     before = fingerprints(graph(rule_runner))
     after = fingerprints(graph(rule_runner, **{"exp/train.jsonl": '{"text": "other"}\n'}))

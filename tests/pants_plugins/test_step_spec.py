@@ -15,7 +15,7 @@ from pants.testutil.rule_runner import RuleRunner
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
 from kiln_contract.step import Provenance, StepSpec
-from kiln_contract.train import CheckpointerSpec, Resources, TrainSpec, WandbSpec
+from kiln_contract.train import CheckpointerSpec, HfModelSource, Resources, TrainSpec, WandbSpec
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
@@ -47,6 +47,7 @@ lm_checkpoint(
     checkpoint_every=40,
     checkpoint_interval_minutes=30,
     validate_at_start=True,
+    init_from=hf_model_source("org/llama", revision="v1.0"),
 )
 files(name="tasks", sources=["tasks/*"])
 """
@@ -79,6 +80,7 @@ def test_a_step_from_a_build_file_parses_with_the_runtimes_parser(rule_runner: R
     assert step.config.evals is not None
     assert [t.label for t in step.config.evals.tasks] == ["stdlib_mc", "copa"]
     assert step.config.evals.task_paths == ("exp/tasks",)
+    assert step.config.init_from == HfModelSource("org/llama", revision="v1.0")
     assert step.runtime.resources == Resources("gpu", "H100", 8, hosts=2)
     assert step.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
     assert step.runtime.gradient_checkpointing == "full"

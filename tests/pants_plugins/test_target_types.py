@@ -213,6 +213,25 @@ def test_build_symbols_validate_at_parse_time(
     assert "exp/BUILD" in message
 
 
+@pytest.mark.parametrize(
+    "init_from, expected",
+    [
+        ("hf_model_source('meta-llama/Llama-3.2-1B')",
+         "hf_model_source(): missing 1 required positional argument: 'revision'"),
+        ("hf_model_source('llama', revision='main')",
+         "hf_model_source(): `repo_id`: 'llama' is not a hub model id (`org/name`)"),
+        ("hf_model_source('org/m', revision='../x')",
+         "hf_model_source(): `revision`: '../x' is not a hub revision"),
+        ("'org/m'", "init_from"),
+    ],
+)  # fmt: skip
+def test_init_from_names_a_hub_model_at_a_revision(
+    rule_runner: RuleRunner, init_from: str, expected: str
+) -> None:
+    message = load_error(rule_runner, checkpoint(init_from=init_from))
+    assert expected in message and "exp/BUILD" in message
+
+
 def test_eval_suite_task_files_must_be_an_address(rule_runner: RuleRunner) -> None:
     message = load_error(
         rule_runner, checkpoint(evals="eval_suite(['t'], every=5, task_files='tasks/')")

@@ -38,6 +38,7 @@ from kiln_contract.parsing import (
 from kiln_contract.vocabulary import (
     ATTENTION_IMPLS,
     DTYPES,
+    HF_REPO_ID,
     PROGRESS_MODES,
     REMAT_POLICIES,
     RESOURCE_KINDS,
@@ -45,6 +46,7 @@ from kiln_contract.vocabulary import (
     check_address,
     check_eval_name,
     check_eval_names,
+    check_hf_revision,
     check_seed,
     check_token_ttl,
     mesh_sizes,
@@ -124,6 +126,29 @@ def _dataset_json(dataset: DatasetRef | DatasetInput, weighted: bool) -> dict[st
 
 
 @dataclass(frozen=True)
+class HfModelSource:
+    """`hf_model_source("org/model", revision=...)`: published Llama weights on the Hugging Face
+    hub a run starts from (kiln.interop.hub). The revision is required: a branch moves, so a
+    commit hash is what makes the run reproducible."""
+
+    repo_id: str
+    revision: str
+
+    def __post_init__(self) -> None:
+        check_str("repo_id", self.repo_id)
+        if not HF_REPO_ID.match(self.repo_id):
+            raise SpecError("repo_id", f"{self.repo_id!r} is not a hub model id (`org/name`)")
+        check_hf_revision("revision", self.revision)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "init_from") -> HfModelSource:
+        return read_json(cls, obj, where)
+
+    def to_json(self) -> dict[str, Any]:
+        return scalar_json(self)
+
+
+@dataclass(frozen=True)
 class TrainConfig(Generic[Dataset]):
     """`config`: the identity of the run (all of it is in the fingerprint)."""
 
@@ -139,6 +164,8 @@ class TrainConfig(Generic[Dataset]):
     seed: int  # model init and data order
     compute_dtype: str
     param_dtype: str
+    # Weights the run starts from instead of a random initialisation; None: random (seed).
+    init_from: HfModelSource | None = None
 
     def __post_init__(self) -> None:
         _check_instance("model", self.model, LlamaArchitecture)
@@ -165,6 +192,8 @@ class TrainConfig(Generic[Dataset]):
             raise e.within("optimizer") from None
         check_choice("compute_dtype", self.compute_dtype, DTYPES)
         check_choice("param_dtype", self.param_dtype, DTYPES)
+        if self.init_from is not None:
+            _check_instance("init_from", self.init_from, HfModelSource)
 
     @classmethod
     def from_json(cls, obj: Any, where: str, dataset: type[Dataset]) -> TrainConfig[Dataset]:
@@ -179,11 +208,17 @@ class TrainConfig(Generic[Dataset]):
             )
         if values["evals"] is not None:
             values["evals"] = EvalSuiteConfig.from_json(values["evals"], field_path(where, "evals"))
+        if "init_from" in values:
+            values["init_from"] = HfModelSource.from_json(
+                values["init_from"], field_path(where, "init_from")
+            )
         return build(cls, where, values)
 
     def to_json(self) -> dict[str, Any]:
+        init_from = {"init_from": self.init_from.to_json()} if self.init_from else {}
         return {
-            **scalar_json(self),
+            **{k: v for k, v in scalar_json(self).items() if k != "init_from"},
+            **init_from,  # only when set: the JSON of a run without it is unchanged
             "model": self.model.to_json(),
             "optimizer": self.optimizer.to_json(),
             "datasets": [_dataset_json(d, weighted=True) for d in self.datasets],

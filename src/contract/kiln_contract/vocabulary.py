@@ -35,6 +35,10 @@ WANDB_SETTINGS = ("project", "entity", "group", "mode", "run_id")
 # The Python standard library's own prose, a source needing no download (kiln.data.stdlib_corpus).
 STDLIB_PARTS = ("docstrings", "pydoc_topics", "all")
 STDLIB_SPLITS = ("train", "validation")
+# A Hugging Face hub repository id: `org/name` (datasets and models alike).
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# A hub revision: a commit hash, branch or tag, as the hub's URLs carry it.
+_HF_REVISION = re.compile(r"^[\w][\w./-]{0,199}$")
 
 _CALENDAR_VERSION = re.compile(r"^(\d{4})\.(\d{2})\.(\d{2})(\.\d+)?$")
 
@@ -166,4 +170,12 @@ def check_eval_names(field: str, names: list[str]) -> None:
     if clash:
         raise SpecError(
             field, f"{', '.join(clash)} name(s) a validation set and a group of others; rename one"
+        )
+
+
+def check_hf_revision(field: str, value: Any) -> None:
+    check_str(field, value)
+    if not _HF_REVISION.match(value) or ".." in value:
+        raise SpecError(
+            field, f"{value!r} is not a hub revision (a commit hash, branch or tag)"
         )

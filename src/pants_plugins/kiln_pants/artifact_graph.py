@@ -44,6 +44,7 @@ from kiln_pants.target_types import (
     EvalsField,
     HfRevisionField,
     HfSubsetField,
+    InitFromField,
     LmCheckpointTarget,
     MaxDocumentCharsField,
     ModelField,
@@ -288,6 +289,9 @@ async def _checkpoint_identity(
         "seed": target[SeedField].value,
         "compute_dtype": target[ComputeDtypeField].value,
     }
+    init_from = target[InitFromField].value
+    if init_from is not None:  # only when set: fingerprints of runs without it are unchanged
+        identity["init_from"] = init_from.to_json()
     return identity, (*dataset_addresses, *validation_addresses)
 
 

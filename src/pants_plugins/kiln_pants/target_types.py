@@ -39,9 +39,10 @@ from kiln_contract.parsing import (
     check_number,
     check_str,
 )
-from kiln_contract.train import Resources
+from kiln_contract.train import HfModelSource, Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
+    HF_REPO_ID,
     MESH_AXES,
     REMAT_POLICIES,
     STDLIB_PARTS,
@@ -151,7 +152,6 @@ class _SymbolField(Field):
 # ---------------------------------------------------------------------------------------------
 
 STDLIB_SOURCES = tuple(f"stdlib:{part}" for part in STDLIB_PARTS)
-_HF_DATASET_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 class CacheSourceField(StringField):
@@ -168,7 +168,7 @@ class CacheSourceField(StringField):
         value = super().compute_value(raw_value, address)
         if value is None:
             return None
-        if value in STDLIB_SOURCES or value.startswith("/") or _HF_DATASET_ID.match(value):
+        if value in STDLIB_SOURCES or value.startswith("/") or HF_REPO_ID.match(value):
             return value
         if value.startswith("stdlib:"):
             raise InvalidFieldException(
@@ -238,7 +238,7 @@ class TokenizerField(StringField):
         assert value is not None
         if not (
             value.startswith(("//", ":", "package:", "/"))
-            or _HF_DATASET_ID.match(value)
+            or HF_REPO_ID.match(value)
             or re.match(r"^[\w.-]+$", value)
         ):
             raise InvalidFieldException(
@@ -659,6 +659,18 @@ class CheckpointIntervalField(Field):
         return float(value)
 
 
+class InitFromField(_SymbolField):
+    alias = "init_from"
+    default = None
+    symbol_type = HfModelSource
+    helper_name = "hf_model_source(...)"
+    help = (
+        "Published Llama weights the run starts from, instead of a random initialisation: "
+        "`hf_model_source('org/model', revision='COMMIT')` (fine-tuning, continued "
+        "pre-training). In the fingerprint; `model` must match the weights' architecture."
+    )
+
+
 class LmCheckpointDependencies(Dependencies):
     pass
 
@@ -690,6 +702,7 @@ class LmCheckpointTarget(Target):
         TemporaryBasePathField,
         CheckpointEveryField,
         CheckpointIntervalField,
+        InitFromField,
         LmCheckpointDependencies,
     )
     help = (

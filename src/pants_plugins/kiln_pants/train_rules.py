@@ -82,6 +82,7 @@ from kiln_pants.target_types import (
     EvalNameField,
     EvalsField,
     GradientCheckpointingField,
+    InitFromField,
     MaxEvalBatchesField,
     MeshField,
     ModelField,
@@ -222,6 +223,7 @@ def _step(
             seed=target[SeedField].value,
             compute_dtype=target[ComputeDtypeField].value,
             param_dtype="float32",
+            init_from=target[InitFromField].value,
         ),
         runtime=runtime_section(target, wandb_options, validation_names),
         inputs=tuple(

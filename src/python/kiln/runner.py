@@ -340,7 +340,9 @@ def _train(step: StepSpec, spec: TrainSpec, lease: Lease | None) -> int:
 
     output = spec.output_path
     with _failure_recorded(output, writer=lease is not None):
-        exit_code = run_training(spec, quiet=True, metrics_observer=plot_run)
+        exit_code = run_training(
+            spec, quiet=True, metrics_observer=plot_run, initial_params=_published_weights
+        )
         if exit_code == 0:
             summary = write_run_summary(spec)  # on every process: sampling is a collective
             if lease is not None:
@@ -350,6 +352,18 @@ def _train(step: StepSpec, spec: TrainSpec, lease: Lease | None) -> int:
         elif exit_code in (1, 2) and lease is not None:
             artifacts.mark_failed(output)
         return exit_code
+
+
+def _published_weights(source: Any, model_config: Any, tokenizer: Any) -> Any:
+    """`init_from`'s weights for the trainer (kiln.interop.hub), a failure as one line."""
+    from kiln.interop.errors import InteropError
+    from kiln.interop.hub import initial_params
+    from kiln.train.trainer import TrainingError
+
+    try:
+        return initial_params(source, model_config, tokenizer)
+    except InteropError as e:
+        raise TrainingError(str(e)) from None
 
 
 class LeaseLost(StepError):

@@ -18,6 +18,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from kiln import lifetime  # before the slow imports: it notes the parent process
 from kiln.train import multihost
@@ -49,11 +50,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_training(
-    spec: TrainSpec, *, quiet: bool, metrics_observer: Callable[[Path], None] | None = None
+    spec: TrainSpec,
+    *,
+    quiet: bool,
+    metrics_observer: Callable[[Path], None] | None = None,
+    initial_params: Callable[..., Any] | None = None,
 ) -> int:
     """Trains the run `spec` describes (on every process of a multi-host run); returns the exit
-    code, with expected failures printed as one paragraph. `metrics_observer`: see
-    kiln.train.trainer.MetricsObserver."""
+    code, with expected failures printed as one paragraph. `metrics_observer` and
+    `initial_params`: see kiln.train.trainer.MetricsObserver and InitialParams."""
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kiln").setLevel(logging.INFO)
@@ -63,7 +68,7 @@ def run_training(
     from kiln.train.trainer import TrainingError, TrainingInterrupted, train
 
     try:
-        summary = train(spec, metrics_observer)
+        summary = train(spec, metrics_observer, initial_params)
     except (KilnDataError, MixtureError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)
         return 1

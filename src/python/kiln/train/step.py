@@ -63,6 +63,24 @@ def init_train_state(
         return init(jax.random.key(seed))
 
 
+def with_params(state: TrainState, params: Mapping[str, Any]) -> TrainState:
+    """`state` with its parameters replaced by `params` (the tree nnx.to_pure_dict gives, e.g.
+    imported weights), each laid out as the parameter it replaces: same dtype, same sharding.
+    The optimizer state stays as initialised: Adam's moments start at zero whatever the
+    parameters are. Every process passes the same full values (multi-host too)."""
+
+    def place(new: Any, old: jax.Array) -> jax.Array:
+        value = np.asarray(new, dtype=old.dtype)
+        if value.shape != old.shape:
+            raise ValueError(f"a parameter of shape {value.shape} replaces one of {old.shape}")
+        return jax.make_array_from_callback(old.shape, old.sharding, lambda index: value[index])
+
+    placed = jax.tree.map(place, dict(params), nnx.to_pure_dict(state.params))
+    new_params = jax.tree.map(lambda leaf: leaf, state.params)  # a copy to fill in
+    nnx.replace_by_pure_dict(new_params, placed)
+    return dataclasses.replace(state, params=new_params)
+
+
 def abstract_train_state(
     model_config: LlamaConfig,
     adam_config: AdamConfig,

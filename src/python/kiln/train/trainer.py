@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +51,9 @@ CONFIG_FILE = "config.json"
 PREFETCH_BATCHES = 2
 
 MetricsObserver = Callable[[Path], None]
+# The weights `config.init_from` names, as Llama(config)'s parameter tree: given by the runner
+# (kiln.interop.hub.initial_params), called only when a run starts without a checkpoint.
+InitialParams = Callable[[Any, LlamaConfig, TokenizerInfo], Mapping[str, Any]]
 """Called on process 0 with the run's metrics file after each validation and when the run ends
 (kiln.runner draws the training plot with it). Its failures are logged: they never stop a run."""
 
@@ -212,7 +215,12 @@ def _finite(metrics: dict[str, float]) -> bool:
 
 
 class Trainer:
-    def __init__(self, spec: TrainSpec, metrics_observer: MetricsObserver | None = None):
+    def __init__(
+        self,
+        spec: TrainSpec,
+        metrics_observer: MetricsObserver | None = None,
+        initial_params: InitialParams | None = None,
+    ):
         from kiln.train.mesh import batch_parallelism, make_mesh
 
         self.spec = spec
@@ -244,6 +252,12 @@ class Trainer:
         self.step_times: list[float] = []
         self.data_waits: list[float] = []  # seconds each step waited for its batch
         self.metrics_observer = metrics_observer
+        self.initial_params = initial_params
+        if self.cfg.init_from is not None and initial_params is None:
+            raise TrainingError(
+                "config.init_from needs the weights loaded by kiln.runner (python -m kiln.runner "
+                "STEP.json), which reads them from the Hugging Face hub"
+            )
         self._observed_step: int | None = None
 
     # --- setup ------------------------------------------------------------------------------
@@ -305,7 +319,8 @@ class Trainer:
         except CheckpointDamaged as e:
             raise TrainingError(str(e)) from None
         if restored is None:
-            return init_train_state(*args, seed=self.cfg.seed, **self._model_options()), 0
+            state = init_train_state(*args, seed=self.cfg.seed, **self._model_options())
+            return self._with_initial_params(state), 0
         state, latest = restored
         if int(state.step) != latest.step:
             raise TrainingError(
@@ -314,6 +329,16 @@ class Trainer:
             )
         self.last_checkpoint = latest
         return state, latest.step
+
+    def _with_initial_params(self, state: Any) -> Any:
+        """A fresh state starts from `config.init_from`'s weights when the run names some."""
+        from kiln.train.step import with_params
+
+        source = self.cfg.init_from
+        if source is None or self.initial_params is None:
+            return state
+        params = self.initial_params(source, self.model_config, self.data.tokenizer)
+        return with_params(state, params)
 
     def _setup_evals(self) -> None:
         from kiln.train.step import make_logprob_fn
@@ -406,6 +431,9 @@ class Trainer:
         cleanup.callback(self.progress.close)
         if start_step and self.last_checkpoint is not None:
             self.progress.message(f"resumed from {self.last_checkpoint.path}")
+        elif self.cfg.init_from is not None:
+            source = self.cfg.init_from
+            self.progress.message(f"started from {source.repo_id}@{source.revision}")
         self.control = self._control_server(self.progress)
         if self.control is not None:
             cleanup.callback(self.control.stop)
@@ -561,6 +589,10 @@ def _json_line(record: dict[str, Any]) -> str:
     return json.dumps(record, sort_keys=True) + "\n"
 
 
-def train(spec: TrainSpec, metrics_observer: MetricsObserver | None = None) -> dict[str, Any]:
+def train(
+    spec: TrainSpec,
+    metrics_observer: MetricsObserver | None = None,
+    initial_params: InitialParams | None = None,
+) -> dict[str, Any]:
     """Trains (or resumes) the run described by `spec`; returns the summary dict."""
-    return Trainer(spec, metrics_observer).run()
+    return Trainer(spec, metrics_observer, initial_params).run()

@@ -1,0 +1,136 @@
+"""`init_from=hf_model_source(...)`: a run starts from published Llama weights.
+
+The weights are "published" the way huggingface_hub caches a download (`HF_HOME/hub/models--ORG--
+NAME/snapshots/COMMIT/`), written by Kiln's own export; with `HF_HUB_OFFLINE=1` the real
+`snapshot_download` serves them from there, so nothing reaches the hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from kiln_testing.data import STDLIB_TOKENIZER
+from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache, make_spec, write_runner_step
+
+from kiln.data.tokenizer import load_tokenizer
+from kiln.interop.errors import InteropError
+from kiln.interop.export import write_hf_llama
+from kiln.interop.hub import check_architecture
+from kiln.interop.read import read_hf_llama
+from kiln.model.config import LlamaConfig
+from kiln.model.llama import Llama
+from kiln.train.spec import parse_spec
+from kiln.train.trainer import Trainer, TrainingError
+from kiln_contract.llama import LlamaArchitecture
+from kiln_contract.train import HfModelSource
+
+SOURCE = HfModelSource("kiln-test/tiny-llama", revision="0123456789abcdef" * 2 + "01234567")
+INIT_FROM = SOURCE.to_json()
+ARCHITECTURE = LlamaArchitecture.from_json(EXAMPLE_SPEC["config"]["model"], "model")
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return load_tokenizer(STDLIB_TOKENIZER)
+
+
+def published(hf_home: Path, tokenizer: Any, config: LlamaConfig | None = None) -> Path:
+    """Random weights for the example run's model, in the hub cache's layout; their folder."""
+    config = config or LlamaConfig.for_vocabulary(ARCHITECTURE, tokenizer.info.vocab_size)
+    shapes = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0)))))
+    rng = np.random.default_rng(3)
+    params = jax.tree.map(lambda leaf: rng.standard_normal(leaf.shape, np.float32), shapes)
+    repo = hf_home / "hub" / ("models--" + SOURCE.repo_id.replace("/", "--"))
+    return write_hf_llama(repo / "snapshots" / SOURCE.revision, config, params, tokenizer)
+
+
+def leaves(tree: Any) -> dict[str, np.ndarray]:
+    return {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoint(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    folder = published(tmp_path / "hf", tokenizer)
+    caches = {n: build_tiny_cache(tmp_path, n, 40, seed=i) for i, n in enumerate(("a", "val"))}
+    spec = parse_spec(make_spec(
+        tmp_path / "run", {"a": caches["a"]}, {"val": caches["val"]},
+        **{"config.init_from": INIT_FROM, "config.num_train_steps": 4},
+    ))  # fmt: skip
+    loads: list[HfModelSource] = []
+
+    def weights(source: HfModelSource, config: LlamaConfig, tok: Any) -> Any:
+        loads.append(source)
+        return read_hf_llama(folder, tokenizer=tok).params
+
+    state, step = Trainer(spec, initial_params=weights).initial_state()
+    assert step == 0 and loads == [SOURCE]
+    expected = leaves(read_hf_llama(folder).params)
+    started = leaves(nnx.to_pure_dict(state.params))
+    assert started.keys() == expected.keys()
+    for name, value in expected.items():
+        assert np.array_equal(started[name], value), name  # float32: bit for bit
+
+    Trainer(spec, initial_params=weights).run()
+    _, step = Trainer(spec, initial_params=weights).initial_state()
+    assert step == 4 and loads == [SOURCE, SOURCE]  # the resumed run read no weights
+
+
+def test_a_run_without_the_runner_is_refused(tmp_path: Path) -> None:
+    cache = build_tiny_cache(tmp_path, "a", 20, seed=0)
+    spec = parse_spec(make_spec(tmp_path / "run", {"a": cache}, {}, **{"config.init_from": INIT_FROM}))
+    with pytest.raises(TrainingError, match="init_from needs the weights loaded by kiln.runner"):
+        Trainer(spec)
+
+
+def test_other_architectures_are_refused_naming_each_field(tokenizer: Any) -> None:
+    declared = LlamaConfig.for_vocabulary(ARCHITECTURE, 8192)
+    weights = LlamaConfig.for_vocabulary(
+        LlamaArchitecture.from_json({**ARCHITECTURE.to_json(), "num_layers": 3,
+                                     "max_seq_len": 128, "init_std": 0.01}, "model"), 8192
+    )  # fmt: skip
+    with pytest.raises(InteropError) as e:
+        check_architecture(weights, declared, SOURCE)
+    assert "num_layers: model=2, weights=3" in str(e.value)
+    assert "max_seq_len" not in str(e.value) and "init_std" not in str(e.value)
+
+
+def run_runner(root: Path, step: Path, hf_home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "kiln.runner", str(step), "--inputs", str(root),
+         "--prefix", str(root / "store")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_the_runner_reads_the_weights_from_the_hugging_face_cache(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    hf_home = tmp_path / "hf"
+    step = write_runner_step(
+        tmp_path, **{"config.init_from": INIT_FROM, "config.num_train_steps": 4}
+    )
+    missing = run_runner(tmp_path, step, hf_home)  # nothing published yet
+    assert missing.returncode == 1, missing.stderr
+    assert (
+        f"init_from: {SOURCE.repo_id}@{SOURCE.revision} is not in the Hugging Face cache "
+        f"({hf_home / 'hub'}) and the hub cannot be reached (HF_HUB_OFFLINE=1)"
+    ) in missing.stderr
+
+    published(hf_home, tokenizer)
+    started = run_runner(tmp_path, step, hf_home)
+    assert started.returncode == 0, started.stderr
+    assert f"started from {SOURCE.repo_id}@{SOURCE.revision}" in started.stdout + started.stderr
+    record = json.loads((tmp_path / "store/checkpoints/tiny/2026.11.29/artifact.json").read_text())
+    assert record["identity"]["config"]["init_from"] == INIT_FROM
+    assert "HF_HOME" not in json.dumps(record)
