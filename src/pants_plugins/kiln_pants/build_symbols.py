@@ -1,5 +1,5 @@
 """Typed helper objects for BUILD files: `llama(...)`, `adam(...)`, `eval_task(...)`, `eval_suite(...)`,
-`gpu(...)`, `tpu(...)`, `cpu(...)` and the `CORE_TASKS` constant.
+`gpu(...)`, `tpu(...)`, `cpu(...)`, `levanter_cache(...)` and the `CORE_TASKS` constant.
 
 The objects are the contract's (kiln_contract), the ones the runtime reads back from the step
 spec: `llama(...)` is a LlamaArchitecture, `adam(...)` an AdamConfig, `gpu(...)` Resources.
@@ -18,6 +18,7 @@ from kiln_contract.adam import AdamConfig
 from kiln_contract.evals import CORE_TASKS, DEFAULT_SEQUENCE_START, EvalSuiteConfig, EvalTask
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
+from kiln_contract.tokenize import LevanterCacheSource
 from kiln_contract.train import Resources
 
 T = TypeVar("T")
@@ -119,5 +120,6 @@ BUILD_FILE_OBJECTS = {
     "gpu": _helper("gpu", gpu),
     "tpu": _helper("tpu", tpu),
     "cpu": _helper("cpu", cpu),
+    "levanter_cache": _helper("levanter_cache", LevanterCacheSource),
     "CORE_TASKS": CORE_TASKS,
 }

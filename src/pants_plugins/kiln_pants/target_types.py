@@ -8,7 +8,7 @@ the target and field). Which fields bear identity — and so enter the fingerpri
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from pants.engine.addresses import Address
 from pants.engine.target import (
@@ -30,6 +30,7 @@ from pants.util.frozendict import FrozenDict
 from kiln_contract.adam import AdamConfig
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError, check_number
+from kiln_contract.tokenize import LevanterCacheSource
 from kiln_contract.train import Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
@@ -142,20 +143,30 @@ STDLIB_SOURCES = tuple(f"stdlib:{part}" for part in STDLIB_PARTS)
 _HF_DATASET_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-class CacheSourceField(StringField):
+class CacheSourceField(Field):
+    value: Union[str, LevanterCacheSource, None]
     alias = "source"
+    default = None
     help = (
         "Where the documents come from, when they are not files in this repo (see `sources`): a "
         "Hugging Face dataset id `org/name` (read with `datasets`, streaming), an absolute path or "
-        "glob on this machine (`/data/corpus/*.jsonl`), or the Python standard library's own "
-        "prose: `stdlib:docstrings`, `stdlib:pydoc_topics`, `stdlib:all` (what the quickstart uses)."
+        "glob on this machine (`/data/corpus/*.jsonl`), the Python standard library's own "
+        "prose: `stdlib:docstrings`, `stdlib:pydoc_topics`, `stdlib:all` (what the quickstart "
+        "uses), or an existing Levanter/Marin token cache, imported rather than re-tokenized: "
+        "`levanter_cache('s3://bucket/tokenized/dclm-1a2b3c/train')` (the folder of one split)."
     )
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
+    def compute_value(
+        cls, raw_value: Optional[Any], address: Address
+    ) -> Union[str, LevanterCacheSource, None]:
         value = super().compute_value(raw_value, address)
-        if value is None:
-            return None
+        if value is None or isinstance(value, LevanterCacheSource):
+            return value
+        if not isinstance(value, str):
+            raise InvalidFieldTypeException(
+                address, cls.alias, value, expected_type="a string or `levanter_cache(...)`"
+            )
         if value in STDLIB_SOURCES or value.startswith("/") or _HF_DATASET_ID.match(value):
             return value
         if value.startswith("stdlib:"):
@@ -165,8 +176,9 @@ class CacheSourceField(StringField):
             )
         raise InvalidFieldException(
             f"The `source` field in target {address} must be a Hugging Face dataset id "
-            f"(`org/name`), an absolute path or glob, or a `stdlib:` source; got {value!r}. "
-            "For files in this repo use `sources=[...]` instead."
+            f"(`org/name`), an absolute path or glob, a `stdlib:` source or "
+            f"`levanter_cache(...)`; got {value!r}. For files in this repo use `sources=[...]` "
+            "instead."
         )
 
 

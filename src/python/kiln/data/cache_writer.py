@@ -21,8 +21,8 @@ import io
 import json
 import os
 import shutil
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
