@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kiln_testing.buckets import fresh_url
 from kiln_testing.data import STDLIB_TOKENIZER, sample_texts
 from kiln_testing.levanter import write_levanter_cache
 
+from kiln.artifacts.store import copy_folder_into, open_store
 from kiln.data.cache import TokenCache
 from kiln.data.errors import CacheDamaged, SourceError
 from kiln.data.mixture import MixtureDataset, fixed_batches
@@ -127,3 +129,15 @@ def test_the_import_command(tmp_path: Path, levanter_dir: Path, capsys) -> None:
     assert (out / "STATUS").read_text().strip() == "SUCCESS"
     assert main(["import", str(spec_file), "--out", str(out)]) == 0  # done: a no-op
     assert "already built" in capsys.readouterr().err
+
+
+def test_a_cache_in_a_bucket_is_imported_in_place(
+    s3_server: str, tmp_path: Path, levanter_dir: Path, documents
+) -> None:
+    url = fresh_url("s3")
+    copy_folder_into(open_store(url), "", levanter_dir)
+    cache = TokenCache.open(build_cache(import_spec(url), tmp_path / "imported"))
+    (shard,) = cache.ledger["shards"]
+    assert shard["location"] == f"{url}/input_ids" and shard["identity"]["location"] == url
+    assert cache.document(len(documents) - 1).tolist() == documents[-1].tolist()
+    assert cache.windows([3], 64).tokens.tolist() == [np.concatenate(documents)[192:256].tolist()]
