@@ -266,3 +266,6 @@ def test_a_levanter_cache_source_is_checked_at_load_and_identified_by_location(
         assert identity["source"] == {"kind": "levanter_cache", "location": location}
         fingerprints.append(graph.get(address).fingerprint)
     assert fingerprints[0] != fingerprints[1]
+    imported = build.replace("LOCATION", "'/data/dclm/train'")
+    message = load_error(rule_runner, imported[:-1] + ", num_shards=4, revision='main')", name="c")
+    assert "imports a Levanter cache, which is used as it is: remove `revision`, `num_shards`" in message

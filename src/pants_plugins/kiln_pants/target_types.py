@@ -335,6 +335,7 @@ class TokenizedCacheTarget(Target):
                 f"(a Hugging Face id, absolute path or stdlib: source) and `sources` (files in "
                 f"this repo); it has {'both' if has_source else 'neither'}."
             )
+        self._check_imported_cache_fields()
         split = self[SplitField].value
         if self[CacheSourceField].value in STDLIB_SOURCES and split not in STDLIB_SPLITS:
             raise InvalidFieldException(
@@ -342,6 +343,20 @@ class TokenizedCacheTarget(Target):
                 f"the splits {', '.join(STDLIB_SPLITS)}."
             )
         check_default_artifact_name(self)
+
+    def _check_imported_cache_fields(self) -> None:
+        """An imported Levanter cache is used as it is: reading options would be ignored."""
+        if not isinstance(self[CacheSourceField].value, LevanterCacheSource):
+            return
+        fields = (HfRevisionField, HfSubsetField, RecordFilterField)
+        ignored = [field.alias for field in fields if self[field].value]
+        if self[NumShardsField].value != 1:
+            ignored.append(NumShardsField.alias)
+        if ignored:
+            raise InvalidTargetException(
+                f"The `tokenized_cache` target {self.address} imports a Levanter cache, which is "
+                f"used as it is: remove {', '.join(f'`{alias}`' for alias in ignored)}."
+            )
 
 
 # ---------------------------------------------------------------------------------------------
