@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from pants.engine.addresses import Address
+from pants.engine.addresses import Address, Addresses
 from pants.engine.internals.scheduler import ExecutionError
 from pants.testutil.rule_runner import RuleRunner
 
+from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.build_symbols import CORE_TASKS
 
 CACHE = """
@@ -283,3 +284,24 @@ def test_a_bad_eval_name_fails_at_load(rule_runner: RuleRunner) -> None:
     assert "The `eval_name` field in target exp:cache expects a name of" in load_error(
         rule_runner, build, "cache"
     )
+
+
+def test_a_levanter_cache_source_is_checked_at_load_and_identified_by_location(
+    rule_runner: RuleRunner,
+) -> None:
+    build = 'tokenized_cache(name="c", source=levanter_cache(LOCATION), tokenizer="package:gpt2", version="dev")'
+    message = load_error(rule_runner, build.replace("LOCATION", "'tokenized/dclm'"), name="c")
+    assert "levanter_cache(): `location`: expected an absolute path, s3://BUCKET/PATH" in message
+    assert "exp/BUILD" in message
+    fingerprints = []
+    for location in ("s3://bucket/tokenized/dclm/train", "s3://bucket/tokenized/dclm/validation"):
+        rule_runner.write_files({"exp/BUILD": build.replace("LOCATION", repr(location))})
+        address = Address("exp", target_name="c")
+        graph = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([address]))])
+        identity = graph.get(address).identity
+        assert identity["source"] == {"kind": "levanter_cache", "location": location}
+        fingerprints.append(graph.get(address).fingerprint)
+    assert fingerprints[0] != fingerprints[1]
+    imported = build.replace("LOCATION", "'/data/dclm/train'")
+    message = load_error(rule_runner, imported[:-1] + ", num_shards=4, revision='main')", name="c")
+    assert "imports a Levanter cache, which is used as it is: remove `revision`, `num_shards`" in message

@@ -92,8 +92,39 @@ class StdlibSource:
         check_choice("split", self.split, STDLIB_SPLITS)
 
 
-Source = Union[FilesSource, HfSource, StdlibSource]
-_SOURCES: dict[str, type[Source]] = {cls.kind: cls for cls in (FilesSource, HfSource, StdlibSource)}
+# Where an imported cache may live: a local folder or a bucket TensorStore reads.
+CACHE_LOCATION_SCHEMES = ("s3://", "gs://")
+
+
+def check_cache_location(field: str, value: Any) -> None:
+    check_str(field, value)
+    if not (value.startswith("/") or value.startswith(CACHE_LOCATION_SCHEMES)):
+        raise SpecError(
+            field, f"expected an absolute path, s3://BUCKET/PATH or gs://BUCKET/PATH, got {value!r}"
+        )
+
+
+@dataclass(frozen=True)
+class LevanterCacheSource:
+    """A finished Levanter/Marin token cache: the folder of one split, holding
+    `shard_ledger.json` and the jagged array `input_ids/{offsets,data}`. Imported as it is,
+    never re-tokenized (docs/token-cache.md, "Importing a Levanter cache")."""
+
+    location: str
+
+    kind = "levanter_cache"
+
+    def __post_init__(self) -> None:
+        check_cache_location("location", self.location)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "location": self.location}
+
+
+Source = Union[FilesSource, HfSource, StdlibSource, LevanterCacheSource]
+_SOURCES: dict[str, type[Source]] = {
+    cls.kind: cls for cls in (FilesSource, HfSource, StdlibSource, LevanterCacheSource)
+}
 
 
 def source_from_json(obj: Any, where: str = "source") -> Source:

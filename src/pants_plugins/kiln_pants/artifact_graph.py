@@ -25,6 +25,7 @@ from pants.engine.target import (
     TransitiveTargetsRequest,
 )
 
+from kiln_contract.tokenize import LevanterCacheSource
 from kiln_contract.vocabulary import is_mutable_version
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.hf_model_targets import (
@@ -172,6 +173,9 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
             "files": sorted(files.files),
             "digest": files.snapshot.digest.fingerprint,
         }
+    elif isinstance(source, LevanterCacheSource):
+        # Its content is pinned on import (docs/token-cache.md): a changed cache is refused.
+        source_identity = source.to_json()
     elif source in STDLIB_SOURCES:
         # The runtime is pinned to CPython 3.12 (3rdparty/python): its docs are the text.
         source_identity = {

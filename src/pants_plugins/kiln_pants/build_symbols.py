@@ -1,5 +1,6 @@
 """Typed helper objects for BUILD files: `llama(...)`, `adam(...)`, `eval_task(...)`, `eval_suite(...)`,
-`gpu(...)`, `tpu(...)`, `cpu(...)`, `hf_model_source(...)` and the `CORE_TASKS` constant.
+`gpu(...)`, `tpu(...)`, `cpu(...)`, `hf_model_source(...)`, `levanter_cache(...)` and the
+`CORE_TASKS` constant.
 
 The objects are the contract's (kiln_contract), the ones the runtime reads back from the step
 spec: `llama(...)` is a LlamaArchitecture, `adam(...)` an AdamConfig, `gpu(...)` Resources.
@@ -18,6 +19,7 @@ from kiln_contract.adam import AdamConfig
 from kiln_contract.evals import CORE_TASKS, DEFAULT_SEQUENCE_START, EvalSuiteConfig, EvalTask
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
+from kiln_contract.tokenize import LevanterCacheSource
 from kiln_contract.train import HfModelSource, Resources
 
 T = TypeVar("T")
@@ -120,5 +122,6 @@ BUILD_FILE_OBJECTS = {
     "tpu": _helper("tpu", tpu),
     "cpu": _helper("cpu", cpu),
     "hf_model_source": _helper("hf_model_source", HfModelSource),
+    "levanter_cache": _helper("levanter_cache", LevanterCacheSource),
     "CORE_TASKS": CORE_TASKS,
 }

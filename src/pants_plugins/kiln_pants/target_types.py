@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from pants.engine.addresses import Address
 from pants.engine.target import (
@@ -39,6 +39,7 @@ from kiln_contract.parsing import (
     check_number,
     check_str,
 )
+from kiln_contract.tokenize import LevanterCacheSource
 from kiln_contract.train import HfModelSource, Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
@@ -154,20 +155,30 @@ class _SymbolField(Field):
 STDLIB_SOURCES = tuple(f"stdlib:{part}" for part in STDLIB_PARTS)
 
 
-class CacheSourceField(StringField):
+class CacheSourceField(Field):
+    value: Union[str, LevanterCacheSource, None]
     alias = "source"
+    default = None
     help = (
         "Where the documents come from, when they are not files in this repo (see `sources`): a "
         "Hugging Face dataset id `org/name` (read with `datasets`, streaming), an absolute path or "
-        "glob on this machine (`/data/corpus/*.jsonl`), or the Python standard library's own "
-        "prose: `stdlib:docstrings`, `stdlib:pydoc_topics`, `stdlib:all` (what the quickstart uses)."
+        "glob on this machine (`/data/corpus/*.jsonl`), the Python standard library's own "
+        "prose: `stdlib:docstrings`, `stdlib:pydoc_topics`, `stdlib:all` (what the quickstart "
+        "uses), or an existing Levanter/Marin token cache, imported rather than re-tokenized: "
+        "`levanter_cache('s3://bucket/tokenized/dclm-1a2b3c/train')` (the folder of one split)."
     )
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
+    def compute_value(
+        cls, raw_value: Optional[Any], address: Address
+    ) -> Union[str, LevanterCacheSource, None]:
         value = super().compute_value(raw_value, address)
-        if value is None:
-            return None
+        if value is None or isinstance(value, LevanterCacheSource):
+            return value
+        if not isinstance(value, str):
+            raise InvalidFieldTypeException(
+                address, cls.alias, value, expected_type="a string or `levanter_cache(...)`"
+            )
         if value in STDLIB_SOURCES or value.startswith("/") or HF_REPO_ID.match(value):
             return value
         if value.startswith("stdlib:"):
@@ -177,8 +188,9 @@ class CacheSourceField(StringField):
             )
         raise InvalidFieldException(
             f"The `source` field in target {address} must be a Hugging Face dataset id "
-            f"(`org/name`), an absolute path or glob, or a `stdlib:` source; got {value!r}. "
-            "For files in this repo use `sources=[...]` instead."
+            f"(`org/name`), an absolute path or glob, a `stdlib:` source or "
+            f"`levanter_cache(...)`; got {value!r}. For files in this repo use `sources=[...]` "
+            "instead."
         )
 
 
@@ -354,6 +366,7 @@ class TokenizedCacheTarget(Target):
                 f"(a Hugging Face id, absolute path or stdlib: source) and `sources` (files in "
                 f"this repo); it has {'both' if has_source else 'neither'}."
             )
+        self._check_imported_cache_fields()
         split = self[SplitField].value
         if self[CacheSourceField].value in STDLIB_SOURCES and split not in STDLIB_SPLITS:
             raise InvalidFieldException(
@@ -361,6 +374,20 @@ class TokenizedCacheTarget(Target):
                 f"the splits {', '.join(STDLIB_SPLITS)}."
             )
         check_default_artifact_name(self)
+
+    def _check_imported_cache_fields(self) -> None:
+        """An imported Levanter cache is used as it is: reading options would be ignored."""
+        if not isinstance(self[CacheSourceField].value, LevanterCacheSource):
+            return
+        fields = (HfRevisionField, HfSubsetField, RecordFilterField)
+        ignored = [field.alias for field in fields if self[field].value]
+        if self[NumShardsField].value != 1:
+            ignored.append(NumShardsField.alias)
+        if ignored:
+            raise InvalidTargetException(
+                f"The `tokenized_cache` target {self.address} imports a Levanter cache, which is "
+                f"used as it is: remove {', '.join(f'`{alias}`' for alias in ignored)}."
+            )
 
 
 # ---------------------------------------------------------------------------------------------

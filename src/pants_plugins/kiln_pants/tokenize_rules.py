@@ -1,4 +1,5 @@
-"""Building a `tokenized_cache`: one Pants process per shard (in parallel), then a merge process.
+"""Building a `tokenized_cache`: one Pants process per shard (in parallel), then a merge process;
+for a `levanter_cache(...)` source, one import process instead (nothing is tokenized).
 
 Each process runs `python -m kiln.data.tokenize` from the tokenize runtime PEX, whose sources are
 kiln.data's closure only, so trainer edits never re-tokenize. Two storage modes (the `storage`
@@ -37,6 +38,7 @@ from kiln_contract.tokenize import (
     CacheSpec,
     FilesSource,
     HfSource,
+    LevanterCacheSource,
     Source,
     StdlibSource,
     TokenizerSpec,
@@ -129,6 +131,8 @@ def _source_spec(target: Any, files: SourceFiles | None) -> Source:
     split = target[SplitField].value
     if files is not None:
         return FilesSource(tuple(sorted(files.files)))
+    if isinstance(source, LevanterCacheSource):
+        return source
     if source in STDLIB_SOURCES:
         return StdlibSource(part=source.split(":", 1)[1], split=split)
     if source.startswith("/"):
@@ -150,6 +154,20 @@ def _tokenizer_spec(tokenizer: str, files: TokenizerFiles | None) -> TokenizerSp
     if tokenizer.startswith("package:"):
         return TokenizerSpec("package", name=tokenizer.split(":", 1)[1])
     return TokenizerSpec("hf", id=tokenizer)
+
+
+async def _built(
+    artifact: Artifact,
+    layout: _Layout,
+    last: ProcessResult,
+    tokenizer_files: Optional[TokenizerFiles],
+) -> BuiltCache:
+    """The cache the last process (merge or import) finished: its output, or in the store."""
+    tokenizer_digest = tokenizer_files.digest if tokenizer_files else EMPTY_DIGEST
+    if os.path.isabs(layout.cache):
+        return BuiltCache(artifact, EMPTY_DIGEST, tokenizer_digest, store_path=layout.cache)
+    cache = await Get(Digest, RemovePrefix(last.output_digest, CACHE_DIR))
+    return BuiltCache(artifact, cache, tokenizer_digest)
 
 
 @rule(desc="Tokenizing a cache")
@@ -207,6 +225,23 @@ async def build_tokenized_cache(
     prefix = kiln.prefix_path(build_root.path)
     store_path = artifact_path(prefix, artifact)
     layout = _Layout.for_storage(target[CacheStorageField].value, num_shards, store_path, prefix)
+    if isinstance(spec.source, LevanterCacheSource):
+        import_process = await Get(
+            Process,
+            RuntimeProcess(
+                runtime,
+                argv=(
+                    "import", SPEC_FILE, "--out", layout.cache, "--record", RECORD_INPUT,
+                    *layout.confined,
+                ),  # fmt: skip
+                description=f"Importing the Levanter cache {spec.source.location} as {artifact.ref}",
+                input_digest=input_digest,
+                output_directories=layout.outputs(layout.cache),
+                cache_scope=layout.cache_scope,
+            ),
+        )
+        imported = await Get(ProcessResult, Process, import_process)
+        return await _built(artifact, layout, imported, tokenizer_files)
 
     shard_processes = await MultiGet(
         Get(
@@ -251,11 +286,7 @@ async def build_tokenized_cache(
         ),
     )
     merged = await Get(ProcessResult, Process, merge_process)
-    tokenizer_digest = tokenizer_files.digest if tokenizer_files else EMPTY_DIGEST
-    if os.path.isabs(layout.cache):
-        return BuiltCache(artifact, EMPTY_DIGEST, tokenizer_digest, store_path=layout.cache)
-    cache = await Get(Digest, RemovePrefix(merged.output_digest, CACHE_DIR))
-    return BuiltCache(artifact, cache, tokenizer_digest)
+    return await _built(artifact, layout, merged, tokenizer_files)
 
 
 def cache_location(artifact: Artifact) -> str:

@@ -1,4 +1,4 @@
-"""The token cache: its on-disk layout (format_version 2, docs/token-cache.md) and its reader.
+"""The token cache: its on-disk layout (format_version 3, docs/token-cache.md) and its reader.
 
     CACHE_DIR/
       STATUS                    RUNNING while merge writes, SUCCESS (written last) or FAILED
@@ -12,6 +12,11 @@
           data/                 uint16 (vocab <= 65536) or uint32 token ids, all documents concatenated
           shard.json, STATUS    the shard's own record and success marker
 
+An imported Levanter cache (kiln.data.levanter_cache) has no shard folder: its one ledger shard
+names the `location` of Levanter's own `offsets`/`data` arrays (the same jagged layout) and the
+`identity` (sha256 of Levanter's ledger and array metadata) it had when imported; the reader
+recomputes that identity on open, so a cache changed under its location is never read.
+
 The packed stream is all documents in cache order (each ends with EOS); window i of length L is
 stream[i*L : (i+1)*L]. Reads touch only the shard slices a window needs.
 
@@ -21,11 +26,13 @@ are consistent with the ledger (one count per document, strictly increasing ends
 the shard's token count); on every read, that token ids are below the tokenizer's vocabulary
 size. Full digests are checked by kiln.data.verify. A cache of format_version 1 records no
 sizes or digests: it is read with the offsets and id checks only, and said to be unverified.
+Format 2 is format 3 without imported shards: read as it is.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import io
 import json
 import logging
@@ -46,8 +53,10 @@ from kiln.data.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # 2: the ledger records each file's size and sha256
+FORMAT_VERSION = 3  # 3: a ledger shard may be an imported cache's arrays, elsewhere
+VERIFIED_FORMAT_VERSIONS = (2, FORMAT_VERSION)  # 2: each file's size and sha256, no imports
 UNVERIFIED_FORMAT_VERSION = 1  # still read, without size or digest checks
+READABLE_FORMAT_VERSIONS = (UNVERIFIED_FORMAT_VERSION, *VERIFIED_FORMAT_VERSIONS)
 CACHE_FILE = "cache.json"
 LEDGER_FILE = "ledger.json"
 STATS_FILE = "stats.json"
@@ -72,6 +81,17 @@ def zarr_spec(path: Path) -> dict[str, Any]:
 def zarr_spec_in(store: ObjectStore, key: str) -> dict[str, Any]:
     """The spec of the zarr3 array under `key` in `store` (a folder or a bucket)."""
     return {"driver": "zarr3", "kvstore": store.kvstore(key)}
+
+
+def records_digest(store: ObjectStore, keys: Sequence[str]) -> str:
+    """sha256 over the objects `keys` of `store` (each key, its size, its bytes): the identity
+    of an imported cache, from its small records rather than its terabytes of arrays."""
+    digest = hashlib.sha256()
+    for key in keys:
+        data = store.read(key).data
+        digest.update(f"{key}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
 
 class CacheNotReady(KilnDataError):
@@ -115,11 +135,11 @@ def read_cache_records(location: str | Path) -> tuple[dict[str, Any], dict[str, 
         )
     info = json.loads(store.read(CACHE_FILE).data)
     version = info.get("format_version")
-    if version not in (FORMAT_VERSION, UNVERIFIED_FORMAT_VERSION):
+    if version not in READABLE_FORMAT_VERSIONS:
+        readable = ", ".join(map(str, READABLE_FORMAT_VERSIONS))
         raise CacheNotReady(
-            f"{location}: cache format_version {version}; this kiln reads "
-            f"{UNVERIFIED_FORMAT_VERSION} and {FORMAT_VERSION}. Rebuild the cache with this "
-            "version of kiln."
+            f"{location}: cache format_version {version}; this kiln reads {readable}. "
+            "Rebuild the cache with this version of kiln."
         )
     if version == UNVERIFIED_FORMAT_VERSION:
         log.warning(
@@ -151,13 +171,14 @@ class TokenCache:
         self.store = open_store(location)
         self.info = info
         self.ledger = ledger
-        self.verified = info.get("format_version") == FORMAT_VERSION
+        self.verified = info.get("format_version") in VERIFIED_FORMAT_VERSIONS
         self.num_documents = int(ledger["documents"])
         self.num_tokens = int(ledger["tokens"])
         shards = ledger["shards"]
         self._shard_names = [str(s["name"]) for s in shards]
         if self.verified:
             self._check_sizes()
+        self._check_imported_identities()
         self.tokenizer = TokenizerInfo(
             **{key: value for key, value in info["tokenizer"].items() if key != "spec"},
             token_byte_lengths=np.load(io.BytesIO(self.store.read(BYTE_LENGTHS_FILE).data)),
@@ -166,11 +187,12 @@ class TokenCache:
         self._first_documents = [int(s["first_document"]) for s in shards]
         self._first_tokens = [int(s["first_token"]) for s in shards]
         # Opens and offset reads are issued for all shards at once; TensorStore overlaps them.
-        data = [self._open(s["name"], DATA_ARRAY, context) for s in shards]
-        offsets = [self._open(s["name"], OFFSETS_ARRAY, context) for s in shards]
+        data = [self._open(s, DATA_ARRAY, context) for s in shards]
+        offsets = [self._open(s, OFFSETS_ARRAY, context) for s in shards]
         self._data = [self._wait(future, i, DATA_ARRAY) for i, future in enumerate(data)]
         offset_reads = [
-            self._wait(future, i, OFFSETS_ARRAY).read() for i, future in enumerate(offsets)
+            self._document_offsets(self._wait(future, i, OFFSETS_ARRAY), s["documents"])
+            for i, (future, s) in enumerate(zip(offsets, shards))
         ]
         # Global end (exclusive) of every document in the stream, for segment ids and document(i).
         self._document_ends = np.concatenate(
@@ -226,6 +248,27 @@ class TokenCache:
             folder = f"{SHARDS_DIR}/{shard['name']}"
             for damage in check_object_sizes(self.store, folder, shard["files"]):
                 raise self.damaged(shard["name"], damage)
+
+    def _check_imported_identities(self) -> None:
+        """An imported shard's source must still be what was imported (same records digest)."""
+        for shard in self.ledger["shards"]:
+            identity = shard.get("identity")
+            if identity is None:
+                continue
+            found = records_digest(open_store(identity["location"]), identity["keys"])
+            if found != identity["sha256"]:
+                raise CacheDamaged(
+                    f"token cache {self.info.get('name')}@{self.info.get('version')} at "
+                    f"{self.path}: the imported cache at {identity['location']} changed since it "
+                    f"was imported (its records' sha256 is {found[:12]}, was "
+                    f"{identity['sha256'][:12]}). Bump the target's version to import it again."
+                )
+
+    @staticmethod
+    def _document_offsets(offsets: ts.TensorStore, documents: int) -> ts.Future:
+        """Reads a shard's offsets: the count and document ends, not the array's unused tail
+        (Levanter's arrays are 2**54 elements long)."""
+        return offsets[: min(int(documents) + 1, offsets.shape[0])].read()
 
     def _checked_offsets(self, shard: int, offsets: np.ndarray) -> np.ndarray:
         """Shard `shard`'s document ends (local), after checking them against the ledger."""
@@ -288,15 +331,15 @@ class TokenCache:
         """The tokens of `read`, after checking that every id is in the vocabulary."""
         piece = self._wait(read.future, read.shard, DATA_ARRAY)
         vocab_size = self.tokenizer.vocab_size
-        if len(piece) and int(piece.max()) >= vocab_size:
-            offset = int(np.argmax(piece >= vocab_size))
+        if len(piece) and not (int(piece.max()) < vocab_size and int(piece.min()) >= 0):
+            offset = int(np.argmax((piece >= vocab_size) | (piece < 0)))
             position = read.local + offset
             file_elements = self._data[read.shard].chunk_layout.write_chunk.shape[0]
             raise self.damaged(
                 self._shard_names[read.shard],
                 Damage(
                     f"{DATA_ARRAY}/c/{position // file_elements}",
-                    f"holds token id {int(piece[offset])} at position {position}, beyond the "
+                    f"holds token id {int(piece[offset])} at position {position}, not in the "
                     f"tokenizer's vocabulary of {vocab_size}",
                 ),
             )
@@ -320,8 +363,12 @@ class TokenCache:
             shard += 1
         return reads
 
-    def _open(self, shard_name: str, array: str, context: ts.Context) -> ts.Future:
-        spec = zarr_spec_in(self.store, f"{SHARDS_DIR}/{shard_name}/{array}")
+    def _open(self, shard: dict[str, Any], array: str, context: ts.Context) -> ts.Future:
+        """Opens `array` of a shard: in its folder, or where an imported shard's arrays are."""
+        if "location" in shard:
+            spec = zarr_spec_in(open_store(shard["location"]), array)
+        else:
+            spec = zarr_spec_in(self.store, f"{SHARDS_DIR}/{shard['name']}/{array}")
         return ts.open(spec, open=True, read=True, context=context)
 
 

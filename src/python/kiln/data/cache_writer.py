@@ -16,10 +16,12 @@ left beside a shard or cache by a killed build are deleted when it is next writt
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -164,10 +166,31 @@ def assemble_cache(
     stays. The ledger, stats and cache.json follow, and STATUS SUCCESS last; STATUS is RUNNING
     meanwhile, and FAILED if assembly fails.
     """
+    with _writing(cache_dir):
+        _assemble(cache_dir, shards, cache_record, token_byte_lengths)
+
+
+def write_imported_cache(
+    cache_dir: Path,
+    shard: dict[str, Any],
+    cache_record: dict[str, Any],
+    token_byte_lengths: np.ndarray,
+) -> None:
+    """A cache of one imported shard (its arrays stay where they are: `shard["location"]`),
+    written like an assembled one: STATUS RUNNING, the records, STATUS SUCCESS last."""
+    with _writing(cache_dir):
+        totals = {"documents": shard["documents"], "tokens": shard["tokens"]}
+        stats = {**totals, "mean_document_tokens": shard["tokens"] / max(shard["documents"], 1)}
+        _write_records(cache_dir, [shard], stats, cache_record, token_byte_lengths)
+
+
+@contextlib.contextmanager
+def _writing(cache_dir: Path) -> Iterator[None]:
+    """STATUS RUNNING while the body writes the cache, SUCCESS after it, FAILED if it fails."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     write_status(cache_dir, RUNNING)
     try:
-        _assemble(cache_dir, shards, cache_record, token_byte_lengths)
+        yield
     except BaseException:
         mark_failed(cache_dir)
         raise
@@ -198,18 +221,33 @@ def _assemble(
         )
         first_document += record["documents"]
         first_token += record["tokens"]
-    totals = {"documents": first_document, "tokens": first_token}
+    stats = _stats([record for _, record in shards])
+    _write_records(cache_dir, ledger_shards, stats, cache_record, token_byte_lengths)
+
+
+def _write_records(
+    cache_dir: Path,
+    ledger_shards: list[dict[str, Any]],
+    stats: dict[str, Any],
+    cache_record: dict[str, Any],
+    token_byte_lengths: np.ndarray,
+) -> None:
+    totals = {
+        "documents": sum(shard["documents"] for shard in ledger_shards),
+        "tokens": sum(shard["tokens"] for shard in ledger_shards),
+    }
     atomic_write_bytes(cache_dir / BYTE_LENGTHS_FILE, _npy_bytes(token_byte_lengths))
     atomic_write_json(
         cache_dir / LEDGER_FILE,
         {
+            "format_version": cache_record["format_version"],
             "shards": ledger_shards,
             **totals,
             "files": record_files(cache_dir, [BYTE_LENGTHS_FILE]),
             "finished": True,
         },
     )
-    atomic_write_json(cache_dir / STATS_FILE, _stats([record for _, record in shards]))
+    atomic_write_json(cache_dir / STATS_FILE, stats)
     atomic_write_json(cache_dir / CACHE_FILE, {**cache_record, **totals})
 
 

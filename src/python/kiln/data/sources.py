@@ -55,7 +55,7 @@ def shard_documents(
         return _file_shard_documents(source, text_key, num_shards, index)
     if isinstance(source, HfSource):
         return _hf_shard_documents(source, text_key, num_shards, index)
-    return _stdlib_shard_documents(source, num_shards, index)
+    return _stdlib_shard_documents(_as_stdlib(source), num_shards, index)
 
 
 def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
@@ -66,7 +66,7 @@ def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
         return _assigned_keys(_file_pieces(source, num_shards), num_shards, index)
     if isinstance(source, HfSource):
         return [f"split_dataset_by_node(rank={index}, world_size={num_shards})"]
-    return _assigned_keys(_stdlib_units(source), num_shards, index)
+    return _assigned_keys(_stdlib_units(_as_stdlib(source)), num_shards, index)
 
 
 def provenance(source: Source) -> dict[str, Any]:
@@ -86,11 +86,20 @@ def provenance(source: Source) -> dict[str, Any]:
             "subset": source.subset,
             "where": dict(source.where),
         }
+    source = _as_stdlib(source)
     return {"kind": "python_stdlib", "part": source.part, **stdlib_corpus.provenance()}
 
 
 def split_name(source: Source) -> str | None:
-    return None if isinstance(source, FilesSource) else source.split
+    return source.split if isinstance(source, (HfSource, StdlibSource)) else None
+
+
+def _as_stdlib(source: Source) -> StdlibSource:
+    """The one source kind left once files and hf are handled; an imported cache (kind
+    levanter_cache, kiln.data.levanter_cache) has no documents to read."""
+    if isinstance(source, StdlibSource):
+        return source
+    raise SourceError(f"a {source.kind} source is imported as it is: it has no documents to read.")
 
 
 def assign_to_shards(sizes: dict[str, int], num_shards: int) -> list[list[str]]:

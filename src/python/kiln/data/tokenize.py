@@ -3,8 +3,11 @@
     python -m kiln.data.tokenize shard SPEC.json --index I --out DIR
     python -m kiln.data.tokenize merge SPEC.json --shards DIR0 DIR1 ... --out CACHE_DIR
     python -m kiln.data.tokenize build SPEC.json --out CACHE_DIR
+    python -m kiln.data.tokenize import SPEC.json --out CACHE_DIR
 
-`shard` tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
+`import` is for a `levanter_cache` source (kiln.data.levanter_cache): it checks the cache and
+writes the Kiln cache that reads it in place; `build` of such a spec imports too. `shard`
+tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
 
@@ -36,7 +39,13 @@ from kiln.artifacts.lease import Lease
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.containment import OutsideRoot, within
 from kiln.data import sources
-from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, SHARDS_DIR, shard_dir_name
+from kiln.data.cache import (
+    CACHE_FILE,
+    FORMAT_VERSION,
+    SHARDS_DIR,
+    VERIFIED_FORMAT_VERSIONS,
+    shard_dir_name,
+)
 from kiln.data.cache_writer import (
     ShardWriter,
     assemble_cache,
@@ -45,7 +54,8 @@ from kiln.data.cache_writer import (
     remove_dead_temporaries,
 )
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
-from kiln.data.spec import CacheSpec, parse_cache_spec
+from kiln.data.levanter_cache import import_levanter_cache
+from kiln.data.spec import CacheSpec, LevanterCacheSource, parse_cache_spec
 from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
 
 ENCODE_BATCH_DOCUMENTS = 1000
@@ -63,6 +73,8 @@ def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
         if _already_built(cache_spec, out_dir):
             return out_dir
         tokenizer = load_tokenizer(cache_spec.tokenizer)
+        if isinstance(cache_spec.source, LevanterCacheSource):
+            return import_levanter_cache(cache_spec, out_dir, tokenizer)
         staging = out_dir / BUILD_SHARDS_DIR
         shard_dirs = []
         for index in range(cache_spec.num_shards):
@@ -164,7 +176,7 @@ def _check_shard_identity(
     shard_dir: Path, record: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     differing = {k: (record.get(k), v) for k, v in expected.items() if record.get(k) != v}
-    if record.get("format_version") != FORMAT_VERSION:
+    if record.get("format_version") not in VERIFIED_FORMAT_VERSIONS:  # shards are alike in both
         differing["format_version"] = (record.get("format_version"), FORMAT_VERSION)
     if differing:
         details = ", ".join(
@@ -256,10 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         if finished is not None and _already_built(spec, finished):  # no lease needed to see it
             print(f"{_ref(spec)}: already built at {finished}", file=sys.stderr)
             return 0
+        _check_command_fits_source(spec, args.command)
         if args.command == "shard":
             _shard_command(spec, args)
         elif args.command == "merge":
             _merge_command(spec, args)
+        elif args.command == "import":
+            _import_command(spec, args)
         else:
             build_cache(raw_spec, args.out)
             print(f"{_ref(spec)}: cache ready at {args.out}", file=sys.stderr)
@@ -273,6 +288,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {failure}", file=sys.stderr)
         return EXIT_STORAGE
     return 0
+
+
+def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
+    imported = isinstance(spec.source, LevanterCacheSource)
+    if imported and command in ("shard", "merge"):
+        raise SpecError(
+            f"{_ref(spec)}: a {spec.source.kind} source is imported, not tokenized: run "
+            "`python -m kiln.data.tokenize import` (or `build`)."
+        )
+    if not imported and command == "import":
+        raise SpecError(
+            f"{_ref(spec)}: only a levanter_cache source is imported; a {spec.source.kind} "
+            "source is tokenized with `shard` and `merge` (or `build`)."
+        )
+
+
+def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
+    """Imports under the cache's lease, the artifact record placed before STATUS."""
+    with Lease.beside(args.out, what=f"import {_ref(spec)}").acquire(wait=True):
+        if _already_built(spec, args.out):
+            print(f"{_ref(spec)}: already built at {args.out}", file=sys.stderr)
+            return
+        tokenizer = load_tokenizer(spec.tokenizer)
+        if args.record is not None:
+            atomic_write_bytes(args.out / RECORD_FILE, args.record.read_bytes())
+        import_levanter_cache(spec, args.out, tokenizer)
+        print(f"{_ref(spec)}: imported at {args.out}", file=sys.stderr)
 
 
 def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
@@ -385,7 +427,11 @@ def _parser() -> argparse.ArgumentParser:
     build = commands.add_parser("build", help="all shards in this process, then merge")
     build.add_argument("spec", type=Path)
     build.add_argument("--out", type=Path, required=True)
-    for command in (shard, merge, build):
+    imported = commands.add_parser("import", help="import a levanter_cache source")
+    imported.add_argument("spec", type=Path)
+    imported.add_argument("--out", type=Path, required=True)
+    imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
+    for command in (shard, merge, build, imported):
         command.add_argument(
             "--root", type=Path, help="every folder written must resolve inside this one"
         )

@@ -24,8 +24,8 @@ from typing import Any
 from kiln.artifacts.content import check_digests
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
 from kiln.data.cache import (
-    FORMAT_VERSION,
     SHARDS_DIR,
+    UNVERIFIED_FORMAT_VERSION,
     TokenCache,
     cache_damaged,
     read_cache_records,
@@ -70,7 +70,7 @@ def verify_cache(path: Path, *, digests: bool = True) -> Verification:
 def _compare_digests(path: Path, info: dict[str, Any], ledger: dict[str, Any]) -> tuple[int, int]:
     """(files, bytes) whose digests match; CacheDamaged at the first that does not. A cache
     of the unverified format has no digests: (0, 0)."""
-    if info.get("format_version") != FORMAT_VERSION:
+    if info.get("format_version") == UNVERIFIED_FORMAT_VERSION:
         return 0, 0
     folders = [(None, path, ledger["files"])] + [
         (shard["name"], path / SHARDS_DIR / shard["name"], shard["files"])

@@ -57,7 +57,8 @@ def rewrite(cache_dir: Path, array: str, index: int, value: int) -> None:
 
 def test_an_intact_cache_records_and_verifies_every_file(cache_dir: Path) -> None:
     ledger = json.loads((cache_dir / "ledger.json").read_text())
-    assert json.loads((cache_dir / "cache.json").read_text())["format_version"] == 2
+    assert json.loads((cache_dir / "cache.json").read_text())["format_version"] == 3
+    assert ledger["format_version"] == 3
     assert sorted(ledger["files"]) == ["token_byte_lengths.npy"]
     files = ledger["shards"][1]["files"]
     assert sorted(files) == ["data/c/0", "data/zarr.json", "offsets/c/0", "offsets/zarr.json"]
@@ -103,7 +104,7 @@ def test_ids_beyond_the_vocabulary_are_refused_when_read(cache_dir: Path) -> Non
         cache.windows([first // 4, first // 4 + 1], 4)
     message = str(error.value)
     assert f"shard {SHARD}, file data/c/0 holds token id 65000 at position 3" in message
-    assert "beyond the tokenizer's vocabulary of 8192" in message
+    assert "not in the tokenizer's vocabulary of 8192" in message
     with pytest.raises(CacheDamaged, match="does not match its sha256 digest"):
         verify_cache(cache_dir)
 

@@ -13,9 +13,11 @@ from kiln.data import cache_writer
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.cache_writer import ShardWriter
 from kiln.data.errors import CacheError, SourceError
+from kiln.data.mixture import MixtureDataset, fixed_batches
 from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import build_cache, merge_cache, tokenize_shard
-from kiln.data.tokenizer import LoadedTokenizer
+from kiln.data.tokenizer import LoadedTokenizer, TokenizerInfo
+from kiln.data.verify import main as verify_main
 
 
 def _corpus_spec(tmp_path: Path, num_shards: int = 3, **config) -> tuple[dict, list[str]]:
@@ -227,3 +229,37 @@ def test_merge_copies_a_symlinked_shard(tmp_path: Path, tokenizer: LoadedTokeniz
     assert not (tmp_path / "cache/shards/shard-00000").is_symlink()
     assert (tmp_path / "real/STATUS").exists()  # the link's target is left alone
     assert cache.num_documents == len(texts)
+
+
+FORMAT_2_SAMPLE = Path(__file__).parent / "samples" / "format2"
+
+
+def test_a_format_2_cache_still_reads_and_verifies(tokenizer: LoadedTokenizer):
+    """A cache the previous Kiln wrote (committed; its documents beside it) reads the same ids."""
+    lines = (FORMAT_2_SAMPLE / "documents.jsonl").read_text().splitlines()
+    texts = [json.loads(line)["text"] for line in lines]
+    cache = TokenCache.open(FORMAT_2_SAMPLE / "cache")
+    assert cache.info["format_version"] == 2 and cache.verified
+    assert cache.num_documents == len(texts)
+    for i, text in enumerate(texts):
+        assert cache.document(i).tolist() == [*tokenizer.encode(text), tokenizer.info.eos_id]
+    assert verify_main([str(FORMAT_2_SAMPLE / "cache")]) == 0
+
+
+def test_uint16_and_uint32_caches_read_the_same_ids(tmp_path: Path, monkeypatch):
+    """Ids are stored as uint16 when the vocabulary fits (8192 here), else uint32; forcing
+    uint32 stores the same ids twice as wide, and every reader returns the same batches."""
+    spec, _ = _corpus_spec(tmp_path)
+    narrow = TokenCache.open(build_cache(spec, tmp_path / "uint16"))
+    monkeypatch.setattr(TokenizerInfo, "token_dtype", lambda self: np.dtype(np.uint32))
+    wide = TokenCache.open(build_cache(spec, tmp_path / "uint32"))
+    for cache, dtype in ((narrow, "uint16"), (wide, "uint32")):
+        shard = json.loads((Path(cache.path) / "shards/shard-00000/shard.json").read_text())
+        assert shard["dtype"] == dtype
+        assert verify_main([str(cache.path)]) == 0
+    both = (narrow, wide)
+    mixed = [MixtureDataset([(c, 1.0)], 37, seed=1).batch(3, 8)["tokens"].tolist() for c in both]
+    assert mixed[0] == mixed[1]
+    validation = [[b["tokens"].tolist() for b in fixed_batches(c, 37, 8, 3)] for c in both]
+    assert validation[0] == validation[1]
+    assert narrow.document(89).tolist() == wide.document(89).tolist()
