@@ -226,7 +226,7 @@ async def step_json(
         Get(WrappedTarget, WrappedTargetRequest(a, description_of_origin="<kiln run>"))
         for a in artifact.inputs
     )
-    prefix = kiln.prefix_path(build_root.path)
+    prefix = kiln.prefix_location(build_root.path)
     store_paths = {
         cache.target.address: artifact_path(prefix, graph.get(cache.target.address))
         for cache in caches
@@ -368,7 +368,7 @@ async def run_lm_checkpoint(
             "--inputs",
             chroot,
             "--prefix",
-            kiln.prefix_path(build_root.path),
+            kiln.prefix_location(build_root.path),
             # `-- --cluster X` comes after these and wins (argparse keeps the last).
             *(("--cluster", kiln.cluster) if kiln.cluster else ()),
         ),

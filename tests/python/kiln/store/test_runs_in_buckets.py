@@ -18,6 +18,7 @@ import pytest
 from kiln_testing.buckets import S3Gate, fresh_url
 from kiln_testing.training import write_runner_step
 
+from kiln.artifacts import peek
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectStore, open_store
 from kiln.runner import read_step, run_in_bucket
@@ -105,6 +106,19 @@ def test_a_run_in_s3_puts_everything_in_the_bucket_and_is_served_from_it(
     served = capsys.readouterr().out
     assert f"checkpoints/tiny@2026.11.29 is already built at {s3_run}/{RUN}" in served
     assert text(store, f"{RUN}/summary.txt") in served
+
+
+def test_plan_reads_built_and_would_run_from_the_bucket(s3_run: str, capsys) -> None:
+    """What `pants plan` runs for a bucket prefix (kiln_pants.plan): the records it decides on."""
+    assert peek.main([s3_run, RUN, "checkpoints/other/2026.11.29"]) == 0
+    read = json.loads(capsys.readouterr().out)
+    assert read[RUN]["STATUS"] == "SUCCESS\n"
+    assert json.loads(read[RUN]["artifact.json"])["name"] == "checkpoints/tiny"
+    assert read["checkpoints/other/2026.11.29"] == {"STATUS": None, "artifact.json": None}
+    assert peek.main(["s3://kiln-no-such-bucket/x", RUN]) == 4
+    assert "s3://kiln-no-such-bucket/x: the bucket kiln-no-such-bucket does not exist" in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_run_killed_while_uploading_a_checkpoint_resumes_equal(
