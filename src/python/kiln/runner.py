@@ -456,7 +456,8 @@ def _train(
     with _failure_recorded(output, writer=lease is not None):
         exit_code = run_training(spec, quiet=True, metrics_observer=plot_run)
         if exit_code == 0:
-            summary = write_run_summary(spec)  # on every process: sampling is a collective
+            # On every process: sampling is a collective.
+            summary = write_run_summary(spec, shown_at=shown_at)
             if lease is not None:
                 _check_still_held(lease, step)
                 artifacts.write_status(output, artifacts.SUCCESS)
@@ -645,8 +646,8 @@ def main(argv: list[str] | None = None) -> int:
         address = dispatch.resolve_address(args.cluster)
         if address is not None:
             _check_cluster_flags(parser, args, cluster)
-            inputs, prefix = args.inputs.absolute(), Path(args.prefix).absolute()
-            return run_on_cluster(step, inputs, prefix, address, args.max_retries)
+            inputs, store = args.inputs.absolute(), Path(args.prefix).absolute()
+            return run_on_cluster(step, inputs, store, address, args.max_retries)
         prefix = None if args.output else Path(args.prefix).absolute()
         return run_step(step, args.inputs, output, prefix, cluster)
     except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:

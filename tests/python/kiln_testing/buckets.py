@@ -21,8 +21,8 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests

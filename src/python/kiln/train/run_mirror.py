@@ -14,6 +14,8 @@ bucket trains into a local staging folder, and the bucket stays the truth:
   never waits for an upload.
 - `push(status=True)` is the final, blocking upload: checkpoints, files, and `STATUS` last.
 
+The control endpoint's folder (its key is a secret) never leaves the machine.
+
 Transient bucket errors are retried with backoff by the stores themselves (kiln.artifacts.s3,
 kiln.artifacts.gcs); what still fails is a StorageError naming the URL.
 """
@@ -30,6 +32,7 @@ from pathlib import Path
 from kiln.artifacts import STATUS_FILE, atomic_write_bytes
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectMissing, ObjectStore
+from kiln.control.tokens import CONTROL_DIR
 from kiln.train.checkpoints import METADATA_FILE, STEP_DIR
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,9 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 UPLOAD_INTERVAL_SECONDS = 1.0  # how often the background thread looks for new files
 _PARALLEL_OBJECTS = 8  # objects upload and download independently: overlap the requests
+# Not uploaded as files: checkpoints (their own protocol, above) and the control endpoint's key
+# and address (a secret, and meaningful only on this machine while the run lasts).
+_NOT_FILES = (CHECKPOINTS, CONTROL_DIR)
 
 
 class RunMirror:
@@ -110,7 +116,7 @@ class RunMirror:
         files; `STATUS` last when `status`."""
         with self._lock:
             self._push_checkpoints()
-            files = [n for n in _files(self.local) if not n.startswith(f"{CHECKPOINTS}/")]
+            files = [n for n in _files(self.local) if n.partition("/")[0] not in _NOT_FILES]
             _parallel(self._upload_if_changed, [n for n in files if n != STATUS_FILE])
             if status and STATUS_FILE in files:
                 self._upload(STATUS_FILE)

@@ -72,18 +72,13 @@ def final_state(store: ObjectStore, into: Path) -> list[np.ndarray]:
     return [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
 
 
-def built_in_bucket(scheme: str, step: Path) -> str:
-    prefix = fresh_url(scheme)
-    built = run(runner(step, prefix))
-    assert built.returncode == 0, built.stderr[-3000:]
-    assert f"kiln: built checkpoints/tiny@2026.11.29 at {prefix}/{RUN}" in built.stdout
-    return prefix
-
-
 @pytest.fixture(scope="module")
 def s3_run(s3_server: str, step: Path) -> str:
-    """The prefix of an uninterrupted run in the S3 bucket: the reference."""
-    return built_in_bucket("s3", step)
+    """The prefix of an uninterrupted run in the S3 bucket (in this process: the killed run
+    below runs `python -m kiln.runner`)."""
+    prefix = fresh_url("s3")
+    assert run_in_bucket(read_step(step), step.parent, open_store(prefix)) == 0
+    return prefix
 
 
 def test_a_run_in_s3_puts_everything_in_the_bucket_and_is_served_from_it(
@@ -96,11 +91,13 @@ def test_a_run_in_s3_puts_everything_in_the_bucket_and_is_served_from_it(
                  "summary.json", "plots/training.png", "checkpoints/step-3/metadata.json",
                  "checkpoints/step-6/metadata.json"):  # fmt: skip
         assert name in names
+    assert f"  artifact    {s3_run}/{RUN}\n" in text(store, f"{RUN}/summary.txt")
     record = json.loads(text(store, f"{RUN}/artifact.json"))
     assert record["name"] == "checkpoints/tiny" and record["provenance"]["argv"]
     for cache in ("tokenized/a/2026.11.29", "tokenized/val/2026.11.29"):  # inputs placed
         assert text(store, f"{cache}/STATUS") == "SUCCESS\n"
     assert not [k for k in store.keys("checkpoints/tiny") if k.endswith(".lease")]
+    assert not [name for name in names if name.startswith("control/")]  # its key stays here
 
     assert run_in_bucket(read_step(step), step.parent, store) == 0  # needs no jax: in-process
     served = capsys.readouterr().out
@@ -173,6 +170,7 @@ def test_denied_writes_fail_in_seconds_naming_the_url(
 def test_a_run_in_gcs_trains_and_is_served(gcs_server: str, step: Path, capsys) -> None:
     prefix = fresh_url("gs")
     assert run_in_bucket(read_step(step), step.parent, open_store(prefix)) == 0
+    assert f"kiln: built checkpoints/tiny@2026.11.29 at {prefix}/{RUN}" in capsys.readouterr().out
     store = open_store(prefix)
     assert text(store, f"{RUN}/STATUS") == "SUCCESS\n"
     assert "checkpoints/step-6/metadata.json" in store.keys(RUN)
