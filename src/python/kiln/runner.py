@@ -391,8 +391,9 @@ def run_in_bucket(step: StepSpec, inputs_root: Path, store: ObjectStore) -> int:
             with mirror.uploading():
                 exit_code = _train(step, spec, lease, shown_at=store.location(key))
         except BaseException:
-            with contextlib.suppress(OSError, StorageError):  # the store may be what failed
-                mirror.push(status=True)
+            if lease.lost is None:  # else the run that took the lease owns the folder now
+                with contextlib.suppress(OSError, StorageError):  # the store may have failed
+                    mirror.push(status=True)
             raise
         mirror.push(status=True)  # STATUS last
         return exit_code

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kiln.artifacts import STATUS_FILE, atomic_write_bytes
 from kiln.artifacts.storage_errors import StorageError
-from kiln.artifacts.store import ObjectMissing, ObjectStore
+from kiln.artifacts.store import ObjectStore
 from kiln.control.tokens import CONTROL_DIR
 from kiln.train.checkpoints import METADATA_FILE, STEP_DIR
 
@@ -59,16 +59,6 @@ class RunMirror:
     def location(self, name: str = "") -> str:
         return self.store.location(f"{self.key}/{name}" if name else self.key)
 
-    def read_text(self, name: str) -> str | None:
-        """An object of the run folder as text; None when it does not exist."""
-        try:
-            return self.store.read(f"{self.key}/{name}").data.decode()
-        except ObjectMissing:
-            return None
-
-    def write_text(self, name: str, text: str) -> None:
-        self.store.write(f"{self.key}/{name}", text.encode())
-
     def pull(self, *, checkpoints: bool) -> str | None:
         """Downloads the run's files and (`checkpoints`) its newest complete checkpoint into the
         staging folder; deletes incomplete checkpoints from the bucket (all of them when not
@@ -81,7 +71,7 @@ class RunMirror:
         for folder, files in folders.items():
             if folder != newest and (folder not in complete or not checkpoints):
                 self._remove_checkpoint(folder, files)
-        wanted = [n for n in names if not n.startswith(f"{CHECKPOINTS}/") and n != STATUS_FILE]
+        wanted = [n for n in names if n.partition("/")[0] not in _NOT_FILES and n != STATUS_FILE]
         if newest is not None:
             wanted += [f"{CHECKPOINTS}/{newest}/{name}" for name in folders[newest]]
         _parallel(self._download, wanted)
@@ -132,13 +122,15 @@ class RunMirror:
                 continue  # still being saved
             if self._uploaded.get(folder) == marker:
                 continue
+            key = f"{self.key}/{CHECKPOINTS}/{folder}"
             try:
                 if folder not in self._uploaded:
-                    state = [n for n in _files(root / folder) if n != METADATA_FILE]
+                    state = [n for n in _files(root / folder, hidden=True) if n != METADATA_FILE]
                     _parallel(self._upload, [f"{CHECKPOINTS}/{folder}/{n}" for n in state])
-            except FileNotFoundError:
-                continue  # pruned by the trainer while uploading: a newer one supersedes it
-            self._upload(f"{CHECKPOINTS}/{folder}/{METADATA_FILE}")
+            except FileNotFoundError:  # pruned by the trainer meanwhile: a newer one supersedes it
+                self._remove_checkpoint(folder, self.store.keys(key))
+                continue
+            self.store.write(f"{key}/{METADATA_FILE}", marker)  # last: now it is complete
             self._uploaded[folder] = marker
         for folder in [f for f in self._uploaded if f not in present]:
             files = self.store.keys(f"{self.key}/{CHECKPOINTS}/{folder}")
@@ -168,10 +160,10 @@ class RunMirror:
         atomic_write_bytes(self.local / name, self.store.read(f"{self.key}/{name}").data)
 
 
-def _files(folder: Path) -> list[str]:
-    """The files below `folder`, without hidden ones (temporaries of atomic writes)."""
+def _files(folder: Path, *, hidden: bool = False) -> list[str]:
+    """The files below `folder`; hidden ones (temporaries of atomic writes) only if `hidden`."""
     names = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-    return sorted(n for n in names if not any(part.startswith(".") for part in n.split("/")))
+    return sorted(n for n in names if hidden or not any(p.startswith(".") for p in n.split("/")))
 
 
 def _checkpoint_folders(names: list[str]) -> dict[str, list[str]]:
