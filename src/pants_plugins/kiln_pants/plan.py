@@ -91,10 +91,8 @@ async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
     result = await Get(FallibleProcessResult, Process, process)
     if result.exit_code != 0:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
-        raise BucketUnreadable(
-            f"cannot read the artifact store {request.prefix}: "
-            f"{lines[-1] if lines else f'exit {result.exit_code}'}"
-        )
+        why = lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
+        raise BucketUnreadable(f"cannot read the artifact store: {why}")  # why names the URL
     texts = json.loads(result.stdout)
     return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
 
