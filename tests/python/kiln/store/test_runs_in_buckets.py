@@ -126,12 +126,14 @@ def test_a_run_killed_while_uploading_a_checkpoint_resumes_equal(
     try:
         killed = subprocess.Popen(runner(step, prefix), stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL,
-                                  env=environment(AWS_ENDPOINT_URL=gate.endpoint))  # fmt: skip
+                                  env=environment(AWS_ENDPOINT_URL=gate.endpoint,
+                                                  TMPDIR=str(tmp_path)))  # fmt: skip
         assert gate.held.wait(240), "the run never uploaded step 6"
         killed.send_signal(signal.SIGKILL)
         killed.wait()
     finally:
         gate.close()
+    assert len(list(tmp_path.glob("kiln-staging-*"))) == 1  # left behind, unused by the rerun
     store = open_store(prefix)
     names = store.keys(RUN)
     assert "checkpoints/step-3/metadata.json" in names
