@@ -150,7 +150,8 @@ def test_a_dataset_that_is_not_a_cache_is_refused(rule_runner: RuleRunner) -> No
     )
 
 
-def test_plan_reports_built_would_run_and_drift(rule_runner: RuleRunner, tmp_path) -> None:
+def test_plan_reports_built_would_run_and_drift(plan_rule_runner: RuleRunner, tmp_path) -> None:
+    rule_runner = plan_rule_runner
     g = graph(rule_runner)
     ckpt = g.get(Address("exp", target_name="ckpt"))
     args = [f"--kiln-prefix={tmp_path}", "exp:ckpt"]

@@ -147,8 +147,9 @@ def write_record(folder: Path, fingerprint: str, identity: dict, status: str = "
 
 
 def test_plan_shows_the_export_after_its_checkpoint(
-    rule_runner: RuleRunner, tmp_path: Path
+    plan_rule_runner: RuleRunner, tmp_path: Path
 ) -> None:
+    rule_runner = plan_rule_runner
     export = hf_artifact(rule_runner, build())
     args = [f"--kiln-prefix={tmp_path}", "exp:hf"]
     result = rule_runner.run_goal_rule(Plan, args=args)

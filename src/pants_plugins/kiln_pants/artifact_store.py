@@ -41,6 +41,9 @@ class StoredState:
     detail: str = ""
 
 
+DEV = StoredState("dev", "mutable version: always rebuilt")
+
+
 def _read(path: str) -> Optional[str]:
     try:
         with open(path) as f:
@@ -52,7 +55,7 @@ def _read(path: str) -> Optional[str]:
 def stored_state(prefix: str, artifact: Artifact) -> StoredState:
     path = artifact_path(prefix, artifact)
     if artifact.mutable:
-        return StoredState("dev", "mutable version: always rebuilt")
+        return DEV
     return recorded_state(
         artifact, _read(os.path.join(path, STATUS_FILE)), _read(os.path.join(path, RECORD_FILE))
     )

@@ -191,7 +191,7 @@ async def package_hf_model(
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
     artifact = graph.get(field_set.address)
     checkpoint = graph.get(artifact.inputs[0])
-    prefix = kiln.prefix_path(build_root.path)
+    prefix = kiln.prefix_path(build_root.path, needed_by=f"exporting {field_set.address}")
     stored = await Get(
         StoredCheckpoint,
         StoredCheckpointRequest(field_set.address, checkpoint, artifact_path(prefix, checkpoint)),

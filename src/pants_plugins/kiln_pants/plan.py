@@ -2,21 +2,48 @@
 
 Lists every artifact in the transitive closure, inputs first, with its fingerprint, its output
 path `{prefix}/{name}/{version}` and what `pants run` would do with it. Reads the artifact store;
-builds nothing.
+builds nothing. A local store is read directly; a bucket through the runtime's own store client
+(`python -m kiln.artifacts.peek`), run as a process that is never cached beyond this run
+(PER_SESSION) and gets the bucket's credentials from the caller's environment.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from typing import Optional
+
 from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Addresses
 from pants.engine.console import Console
-from pants.engine.fs import Workspace
+from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
+from pants.engine.fs import EMPTY_DIGEST, Workspace
 from pants.engine.goal import Goal, GoalSubsystem
-from pants.engine.rules import Get, collect_rules, goal_rule
+from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
+from pants.engine.rules import Get, collect_rules, goal_rule, rule
+from pants.util.frozendict import FrozenDict
 
-from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.artifact_store import artifact_path, stored_state
+from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_store import (
+    DEV,
+    RECORD_FILE,
+    STATUS_FILE,
+    StoredState,
+    artifact_path,
+    recorded_state,
+    stored_state,
+)
+from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
+
+# Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
+# ~/.aws and gcloud's application-default login.
+STORE_ENVIRONMENT = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+    "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED", "GOOGLE_APPLICATION_CREDENTIALS",
+    "CLOUDSDK_CONFIG", "STORAGE_EMULATOR_HOST", "HOME",
+)  # fmt: skip
 
 
 class PlanSubsystem(GoalSubsystem):
@@ -29,6 +56,54 @@ class Plan(Goal):
     environment_behavior = Goal.EnvironmentBehavior.LOCAL_ONLY
 
 
+class BucketUnreadable(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class BucketRecordsRequest:
+    prefix: str  # s3://... or gs://...
+    folders: tuple[str, ...]  # name/version
+
+
+@dataclass(frozen=True)
+class BucketRecords:
+    texts: FrozenDict[str, FrozenDict[str, Optional[str]]]  # folder -> file -> text or None
+
+
+@rule(desc="Reading artifact records from a bucket")
+async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
+    runtime, environment = await Get(Runtime, RuntimeRequest(*PEEK)), await Get(
+        EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)
+    )
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=(request.prefix, *request.folders),
+            description=f"Reading {len(request.folders)} artifact records from {request.prefix}",
+            input_digest=EMPTY_DIGEST,
+            output_directories=(),
+            cache_scope=ProcessCacheScope.PER_SESSION,  # the bucket changes behind Pants' back
+            env=FrozenDict(environment),
+        ),
+    )
+    result = await Get(FallibleProcessResult, Process, process)
+    if result.exit_code != 0:
+        lines = result.stderr.decode(errors="replace").strip().splitlines()
+        why = lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
+        raise BucketUnreadable(f"cannot read the artifact store: {why}")  # why names the URL
+    texts = json.loads(result.stdout)
+    return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
+
+
+def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
+    if artifact.mutable:
+        return DEV
+    texts = records.texts[f"{artifact.name}/{artifact.version}"]
+    return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE])
+
+
 @goal_rule
 async def plan(
     console: Console,
@@ -38,11 +113,16 @@ async def plan(
     workspace: Workspace,  # marks the goal as side-effecting: it reads the artifact store
 ) -> Plan:
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
-    prefix = kiln.prefix_path(build_root.path)
+    prefix = kiln.prefix_location(build_root.path)
     console.print_stdout(f"Artifact store: {prefix}")
     counts: dict[str, int] = {}
-    for artifact in graph:
-        state = stored_state(prefix, artifact)
+    if "://" in prefix:  # a bucket: read through the runtime's store client
+        folders = tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
+        records = await Get(BucketRecords, BucketRecordsRequest(prefix, folders))
+        states = [(a, _bucket_state(a, records)) for a in graph]
+    else:  # a local store: read directly, every time
+        states = [(a, stored_state(prefix, a)) for a in graph]
+    for artifact, state in states:
         counts[state.status] = counts.get(state.status, 0) + 1
         console.print_stdout(
             f"  {state.status:<11} {artifact.fingerprint}  {artifact.kind:<15} "

@@ -27,12 +27,14 @@ from pants.engine.fs import Digest, MergeDigests
 from pants.engine.process import Process, ProcessCacheScope
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import TransitiveTargets, TransitiveTargetsRequest
+from pants.util.frozendict import FrozenDict
 from pants.util.logging import LogLevel
 
 # The runtime's entry points, as modules and the files that own them.
 TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
 RUN_STEP = ("kiln.runner", Address("src/python/kiln", relative_file_path="runner.py"))
 EXPORT = ("kiln.interop", Address("src/python/kiln/interop", relative_file_path="__main__.py"))
+PEEK = ("kiln.artifacts.peek", Address("src/python/kiln/artifacts", relative_file_path="peek.py"))
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,13 @@ class RuntimeProcess:
     output_directories: tuple[str, ...]
     cache_scope: ProcessCacheScope = ProcessCacheScope.SUCCESSFUL
     timeout_seconds: int | None = None
+    # Variables of the caller's environment (credentials): only for PER_SESSION processes, whose
+    # keys are never persisted.
+    env: FrozenDict[str, str] = FrozenDict()
+
+    def __post_init__(self) -> None:
+        if self.env and self.cache_scope != ProcessCacheScope.PER_SESSION:
+            raise ValueError("a runtime process given the caller's environment is PER_SESSION")
 
 
 @rule
@@ -143,7 +152,7 @@ async def runtime_process(request: RuntimeProcess) -> Process:
             description=request.description,
             level=LogLevel.INFO,
             input_digest=input_digest,
-            extra_env={"PEX_EXTRA_SYS_PATH": request.runtime.sys_path()},
+            extra_env={**request.env, "PEX_EXTRA_SYS_PATH": request.runtime.sys_path()},
             output_directories=request.output_directories,
             cache_scope=request.cache_scope,
             timeout_seconds=request.timeout_seconds,

@@ -222,9 +222,14 @@ async def build_tokenized_cache(
         ),
     )
     input_digest = await Get(Digest, MergeDigests([spec_digest, *inputs]))
-    prefix = kiln.prefix_path(build_root.path)
+    storage = target[CacheStorageField].value
+    prefix = (
+        kiln.prefix_path(build_root.path, needed_by=f'{request.address}: storage="store"')
+        if storage == "store"
+        else kiln.prefix_location(build_root.path)
+    )
     store_path = artifact_path(prefix, artifact)
-    layout = _Layout.for_storage(target[CacheStorageField].value, num_shards, store_path, prefix)
+    layout = _Layout.for_storage(storage, num_shards, store_path, prefix)
     if isinstance(spec.source, LevanterCacheSource):
         import_process = await Get(
             Process,

@@ -290,7 +290,7 @@ async def step_json(
             {cache.target.address: cache.target for cache in caches},
             task_dirs,
             request.provenance,
-            kiln.prefix_path(build_root.path),
+            kiln.prefix_location(build_root.path),
             kiln.wandb_settings(),
         )
     except SpecError as e:
@@ -425,7 +425,7 @@ async def run_lm_checkpoint(
             "--inputs",
             chroot,
             "--prefix",
-            kiln.prefix_path(build_root.path),
+            kiln.prefix_location(build_root.path),
             # `-- --cluster X` comes after these and wins (argparse keeps the last).
             *(("--cluster", kiln.cluster) if kiln.cluster else ()),
         ),

@@ -50,14 +50,22 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kiln import artifacts, lifetime  # lifetime before the slow imports: it notes the parent
-from kiln.artifacts.lease import Lease, LeaseHeld
+from kiln.artifacts.lease import Lease, LeaseHeld, lease_key
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
+from kiln.artifacts.store import (
+    ObjectMissing,
+    ObjectStore,
+    UnsupportedStore,
+    copy_folder_into,
+    open_store,
+)
 from kiln.cluster import dispatch
 from kiln.cluster.placement import PlacementError, describe
 from kiln.containment import OutsideRoot, within
@@ -84,13 +92,20 @@ def _read_json(path: Path) -> Any:
 
 def check_drift(directory: Path, record: ArtifactRecord) -> dict[str, Any] | None:
     """The stored record if `directory` holds this artifact; StepError if it holds another."""
-    stored = _read_json(directory / artifacts.RECORD_FILE)
+    return _same_artifact(_read_json(directory / artifacts.RECORD_FILE), record, str(directory))
+
+
+def _same_artifact(
+    stored: dict[str, Any] | None, record: ArtifactRecord, where: str
+) -> dict[str, Any] | None:
+    """`stored` (a record read at `where`, or None) if it is this artifact's; StepError if it
+    is another's."""
     if stored is None:
         return None
     drift = fingerprint_drift(stored, record)
     if drift is not None:
         raise StepError(
-            f"{record.ref} already exists at {directory} with {drift}. Bump `version` in the "
+            f"{record.ref} already exists at {where} with {drift}. Bump `version` in the "
             "BUILD file to build a new artifact (the old one is kept)."
         )
     return stored
@@ -205,7 +220,7 @@ def run_step(
     record = step.record
     stored = None if is_mutable_version(record.version) else check_drift(output, record)
     if stored is not None and artifacts.is_built(output):
-        _serve(step, stored, output)
+        _serve(step, stored, str(output), _read_text(output / artifacts.SUMMARY_TEXT_FILE))
         return 0
     spec = train_spec(step, inputs_root, output, prefix)
     check_write_paths(spec, prefix or output)
@@ -271,7 +286,7 @@ def run_on_cluster(
     output = prefix / step.name / step.version
     stored = None if is_mutable_version(step.version) else check_drift(output, step.record)
     if stored is not None and artifacts.is_built(output):
-        _serve(step, stored, output)
+        _serve(step, stored, str(output), _read_text(output / artifacts.SUMMARY_TEXT_FILE))
         return 0
     resources = step.runtime.resources
 
@@ -310,7 +325,14 @@ def _start_run(
     """Takes the artifact's lease into `held` (a second run is refused at once), places the
     inputs and writes STATUS RUNNING, the record and, for people, the train spec."""
     output = spec.output_path
-    lease = Lease.beside(output, what=f"train {step.ref}")
+    lease = _take_lease(step, Lease.beside(output, what=f"train {step.ref}"), held)
+    with _failure_recorded(output, writer=True):
+        place_inputs(step, inputs_root, prefix)
+        _begin(step, spec)
+    return lease
+
+
+def _take_lease(step: StepSpec, lease: Lease, held: contextlib.ExitStack) -> Lease:
     try:
         held.enter_context(lease.acquire(wait=False))
     except LeaseHeld as e:
@@ -318,22 +340,115 @@ def _start_run(
             f"{step.ref} is being built by another run: {e}. A second run of {step.ref} is "
             "refused; nothing was changed."
         ) from None
-    with _failure_recorded(output, writer=True):
-        place_inputs(step, inputs_root, prefix)
-        output.mkdir(parents=True, exist_ok=True)
-        if is_mutable_version(step.version) and artifacts.is_built(output):
-            _restart_dev_run(step, output)
-        artifacts.write_status(output, artifacts.RUNNING)
-        artifacts.atomic_write_json(
-            output / artifacts.RECORD_FILE,
-            {**step.record.to_json(), "provenance": _provenance(step)},
-        )
-        artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec.to_json())
     return lease
 
 
-def _train(step: StepSpec, spec: TrainSpec, lease: Lease | None) -> int:
-    """Trains and reports on every process; the lease holder (process 0) writes STATUS."""
+def _begin(step: StepSpec, spec: TrainSpec) -> None:
+    """Writes STATUS RUNNING, the record and, for people, the train spec into the output
+    (a built dev artifact's checkpoints deleted first)."""
+    output = spec.output_path
+    output.mkdir(parents=True, exist_ok=True)
+    if is_mutable_version(step.version) and artifacts.is_built(output):
+        _restart_dev_run(step, output)
+    artifacts.write_status(output, artifacts.RUNNING)
+    artifacts.atomic_write_json(
+        output / artifacts.RECORD_FILE,
+        {**step.record.to_json(), "provenance": _provenance(step)},
+    )
+    artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec.to_json())
+
+
+def run_in_bucket(step: StepSpec, inputs_root: Path, store: ObjectStore) -> int:
+    """Serves, refuses or builds the step in a bucket (docs/artifacts.md, "Runs in a bucket"):
+    the store is read for the decision and holds the lease; the inputs are copied into it; the
+    run trains into a local staging folder, pulled from the bucket first (the newest complete
+    checkpoint) and uploaded while it trains, STATUS last."""
+    store.check()  # a missing bucket or an unreachable endpoint fails here, in seconds
+    key = f"{step.name}/{step.version}"
+    mutable = is_mutable_version(step.version)
+    stored = None if mutable else _same_artifact(
+        _read_object_json(store, f"{key}/{artifacts.RECORD_FILE}"), step.record,
+        store.location(key))  # fmt: skip
+    built = _status(store, key) == artifacts.SUCCESS
+    if stored is not None and built:
+        summary = _read_object(store, f"{key}/{artifacts.SUMMARY_TEXT_FILE}")
+        _serve(step, stored, store.location(key), summary)
+        return 0
+    from kiln.train.run_mirror import RunMirror  # jax and orbax: only to train
+
+    with tempfile.TemporaryDirectory(prefix="kiln-staging-") as staging, \
+            contextlib.ExitStack() as held:  # fmt: skip
+        output = Path(staging) / "run"
+        spec = train_spec(step, inputs_root, output, None)  # trains on the local inputs
+        lease = _take_lease(step, Lease(store, lease_key(key), what=f"train {step.ref}"), held)
+        mirror = RunMirror(store, key, output)
+        try:
+            with _failure_recorded(output, writer=True):
+                upload_inputs(step, inputs_root, store)
+                mirror.pull(checkpoints=not (built and mutable))  # a built dev run starts over
+                _begin(step, spec)
+                mirror.push(status=True)
+            with mirror.uploading():
+                exit_code = _train(step, spec, lease, shown_at=store.location(key))
+        except BaseException:
+            if lease.lost is None:  # else the run that took the lease owns the folder now
+                with contextlib.suppress(OSError, StorageError):  # the store may have failed
+                    mirror.push(status=True)
+            raise
+        mirror.push(status=True)  # STATUS last
+        return exit_code
+
+
+def upload_inputs(step: StepSpec, inputs_root: Path, store: ObjectStore) -> None:
+    """Copies each input cache into the bucket at `{name}/{version}` (digests checked first,
+    STATUS last, under the cache's lease) unless the same cache is there already."""
+    for entry in step.inputs:
+        if entry.location is None:
+            raise StepError(
+                f"input {entry.ref} has storage=\"store\" (built in place in a local store); "
+                f"with a bucket prefix ({store.location('')}) inputs are inline caches: drop "
+                "`storage` from its tokenized_cache target"
+            )
+        key = f"{entry.name}/{entry.version}"
+        if _uploaded(store, key, entry.record):
+            continue
+        source = inputs_root / entry.location
+        if not artifacts.is_built(source):
+            raise StepError(f"input cache {source} is not complete (no STATUS SUCCESS)")
+        with Lease(store, lease_key(key), what=f"place {entry.ref}").acquire(wait=True):
+            if not _uploaded(store, key, entry.record):  # or another run uploaded it meanwhile
+                _check_cache(source, entry.record, digests=True)
+                copy_folder_into(store, key, source)
+
+
+def _uploaded(store: ObjectStore, key: str, record: ArtifactRecord) -> bool:
+    stored = _read_object_json(store, f"{key}/{artifacts.RECORD_FILE}")
+    same = _same_artifact(stored, record, store.location(key)) is not None
+    return same and _status(store, key) == artifacts.SUCCESS
+
+
+def _status(store: ObjectStore, key: str) -> str | None:
+    text = _read_object(store, f"{key}/{artifacts.STATUS_FILE}")
+    return None if text is None else text.strip()
+
+
+def _read_object(store: ObjectStore, key: str) -> str | None:
+    try:
+        return store.read(key).data.decode()
+    except ObjectMissing:
+        return None
+
+
+def _read_object_json(store: ObjectStore, key: str) -> Any:
+    text = _read_object(store, key)
+    return None if text is None else json.loads(text)
+
+
+def _train(
+    step: StepSpec, spec: TrainSpec, lease: Lease | None, *, shown_at: str | None = None
+) -> int:
+    """Trains and reports on every process; the lease holder (process 0) writes STATUS.
+    `shown_at`: where the artifact is, for people (default: the output folder)."""
     from kiln.report.plots import plot_run
     from kiln.report.run_summary import write_run_summary
     from kiln.train.__main__ import run_training
@@ -344,11 +459,12 @@ def _train(step: StepSpec, spec: TrainSpec, lease: Lease | None) -> int:
             spec, quiet=True, metrics_observer=plot_run, initial_params=_published_weights
         )
         if exit_code == 0:
-            summary = write_run_summary(spec)  # on every process: sampling is a collective
+            # On every process: sampling is a collective.
+            summary = write_run_summary(spec, shown_at=shown_at)
             if lease is not None:
                 _check_still_held(lease, step)
                 artifacts.write_status(output, artifacts.SUCCESS)
-                print(f"kiln: built {step.ref} at {output}\n{summary}")
+                print(f"kiln: built {step.ref} at {shown_at or output}\n{summary}")
         elif exit_code in (1, 2) and lease is not None:
             artifacts.mark_failed(output)
         return exit_code
@@ -396,10 +512,10 @@ def _failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
         raise
 
 
-def _serve(step: StepSpec, stored: dict[str, Any], output: Path) -> None:
-    print(
-        f"kiln: {step.ref} is already built at {output} (fingerprint {step.fingerprint})."
-    )
+def _serve(step: StepSpec, stored: dict[str, Any], where: str, summary: str | None) -> None:
+    """Says that the artifact at `where` is built, and prints its `summary` (written when it
+    was built: losses vs a unigram baseline, where things are, samples; no jax needed)."""
+    print(f"kiln: {step.ref} is already built at {where} (fingerprint {step.fingerprint}).")
     built_by = stored.get("provenance", {}).get("code_digest")
     now = step.provenance.code_digest
     if built_by and built_by != now:
@@ -408,15 +524,15 @@ def _serve(step: StepSpec, stored: dict[str, Any], output: Path) -> None:
             f"{now[:12]}); the code is not part of its identity, so it is kept. Bump "
             "`version` to retrain with the current code."
         )
-    _print_report(output)
+    if summary is not None:
+        print(summary)
 
 
-def _print_report(output: Path) -> None:
-    """The summary written when the artifact was built (losses vs a unigram baseline, where
-    things are, samples): printing it needs no jax, so an already-built run answers fast."""
-    summary = output / artifacts.SUMMARY_TEXT_FILE
-    if summary.exists():
-        print(summary.read_text())
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
 
 
 # Command-line options (argparse dests) -> the step's `runtime` keys they override.
@@ -466,7 +582,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("step", type=Path, help="the step JSON written by the Pants backend")
     parser.add_argument("--inputs", type=Path, required=True, help="where the built inputs are")
-    parser.add_argument("--prefix", type=Path, help="the artifact store (interactive runs)")
+    parser.add_argument(
+        "--prefix", help="the artifact store: a directory, s3://BUCKET/PATH or gs://BUCKET/PATH"
+    )
     parser.add_argument("--output", type=Path, help="build here instead of the artifact store")
     overrides = parser.add_argument_group(
         "run-time overrides (not part of the artifact's identity)"
@@ -537,15 +655,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is None and args.prefix is None:
         parser.error("give --prefix (artifact store) or --output")
     cluster = multihost.cluster_from_flags(parser, args)
-    output = (args.output or args.prefix / step.name / step.version).absolute()
     try:
         step = apply_overrides(step, args)
+        bucket = None if args.output else _bucket(args.prefix)
+        if bucket is not None:
+            _check_bucket_flags(parser, args, cluster)
+            return run_in_bucket(step, args.inputs.absolute(), bucket)
+        output = (args.output or Path(args.prefix) / step.name / step.version).absolute()
         address = dispatch.resolve_address(args.cluster)
         if address is not None:
             _check_cluster_flags(parser, args, cluster)
-            inputs, prefix = args.inputs.absolute(), args.prefix.absolute()
-            return run_on_cluster(step, inputs, prefix, address, args.max_retries)
-        prefix = None if args.output else args.prefix.absolute()
+            inputs, store = args.inputs.absolute(), Path(args.prefix).absolute()
+            return run_on_cluster(step, inputs, store, address, args.max_retries)
+        prefix = None if args.output else Path(args.prefix).absolute()
         return run_step(step, args.inputs, output, prefix, cluster)
     except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
@@ -556,6 +678,25 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"kiln: {step.ref} interrupted; rerun to go on", file=sys.stderr)
         return 130
+
+
+def _bucket(prefix: str) -> ObjectStore | None:
+    """The store at `prefix` if it is a bucket; None for a local directory."""
+    try:
+        store = open_store(prefix)
+    except (UnsupportedStore, ValueError) as e:
+        raise StepError(f"--prefix {e}") from None
+    return None if store.local_root is not None else store
+
+
+def _check_bucket_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, cluster: multihost.Cluster
+) -> None:
+    if cluster.is_multihost or args.cluster not in (None, "local"):
+        parser.error(
+            f"--prefix {args.prefix}: a run in a bucket trains on this machine; drop "
+            "--coordinator and --cluster"
+        )
 
 
 def _check_cluster_flags(

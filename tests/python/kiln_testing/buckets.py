@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -132,3 +133,82 @@ def _set_environment(values: dict[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+class S3Gate:
+    """An HTTP proxy on loopback in front of the S3 test server, to stand between a process and
+    its bucket: it forwards every request, except that it answers `AccessDenied` to writes while
+    `deny_writes` is set, and holds (without answering) the first write whose object name
+    contains `hold` until it is closed, setting `held` when it does. Point a process at it with
+    AWS_ENDPOINT_URL=gate.endpoint."""
+
+    def __init__(self, upstream: str, *, hold: str | None = None, deny_writes: bool = False):
+        import http.server
+        import threading
+
+        self.upstream = upstream
+        self.hold = hold
+        self.deny_writes = deny_writes
+        self.held = threading.Event()
+        self._closing = threading.Event()
+        gate = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # answers `Expect: 100-continue` as S3 does
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                gate._forward(self)
+
+            do_HEAD = do_PUT = do_POST = do_DELETE = do_GET
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def _forward(self, handler: Any) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else b""
+        writes = handler.command in ("PUT", "POST", "DELETE")
+        if writes and self.deny_writes:
+            return self._answer(handler, 403, _S3_ACCESS_DENIED, {"Content-Type": "application/xml"})
+        if writes and self.hold and self.hold in handler.path and not self.held.is_set():
+            self.held.set()
+            self._closing.wait(60)
+            return self._answer(handler, 503, b"", {})
+        headers = {k: v for k, v in handler.headers.items() if k.lower() != "expect"}
+        reply = requests.request(handler.command, self.upstream + handler.path, data=body,
+                                 headers=headers, timeout=30, allow_redirects=False)  # fmt: skip
+        keep = {k: v for k, v in reply.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection",
+                                     "content-encoding")}  # fmt: skip
+        keep["X-Upstream-Length"] = reply.headers.get("Content-Length", "0")
+        self._answer(handler, reply.status_code, reply.content, keep)
+
+    @staticmethod
+    def _answer(handler: Any, status: int, body: bytes, headers: dict[str, str]) -> None:
+        handler.send_response(status)
+        for name, value in headers.items():
+            handler.send_header(name, value)
+        if handler.command == "HEAD":  # no body: the object's own length
+            handler.send_header("Content-Length", headers.get("X-Upstream-Length", "0"))
+        else:
+            handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(body)
+
+    def close(self) -> None:
+        self._closing.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+_S3_ACCESS_DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message></Error>"
+)

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -95,6 +96,22 @@ class GCSStore(ObjectStore):
     def delete(self, key: str, *, generation: str) -> None:
         params = {"ifGenerationMatch": generation}
         self._request(key, "DELETE", self._object_path(key), params=params)
+
+    def keys(self, key: str) -> list[str]:
+        folder = self.url.name(key).rstrip("/") + "/"
+        found: list[str] = []
+        params = {"prefix": folder, "fields": "items(name),nextPageToken"}
+        while True:
+            reply = self._request(key, "GET", f"/storage/v1/b/{self.url.bucket}/o", params=params)
+            page = reply.json()
+            found += [item["name"][len(folder) :] for item in page.get("items", [])]
+            if "nextPageToken" not in page:
+                return sorted(found)
+            params = {**params, "pageToken": page["nextPageToken"]}
+
+    def remove(self, key: str) -> None:
+        with contextlib.suppress(ObjectMissing):
+            self._request(key, "DELETE", self._object_path(key))
 
     def _object_path(self, key: str) -> str:
         return f"/storage/v1/b/{self.url.bucket}/o/{quote(self.url.name(key), safe='')}"

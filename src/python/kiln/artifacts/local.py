@@ -88,6 +88,18 @@ class LocalStore(ObjectStore):
         with self._locked(key, generation):
             os.unlink(self.path(key))
 
+    def keys(self, key: str) -> list[str]:
+        folder = self.path(key)
+        return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+    def remove(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(key))
+
+    @property
+    def local_root(self) -> str | None:
+        return str(self.root)
+
     @contextlib.contextmanager
     def _locked(self, key: str, generation: str) -> Iterator[None]:
         """Holds an flock on the object's current file while it is still `generation`: a

@@ -126,6 +126,20 @@ class S3Store(ObjectStore):
     def delete(self, key: str, *, generation: str) -> None:
         self._call(key, "delete_object", Key=self.url.name(key), IfMatch=generation)
 
+    def keys(self, key: str) -> list[str]:
+        folder = self.url.name(key).rstrip("/") + "/"
+        found: list[str] = []
+        token: dict[str, str] = {}
+        while True:  # pages of at most 1000 keys
+            reply = self._call(key, "list_objects_v2", Prefix=folder, **token)
+            found += [item["Key"][len(folder) :] for item in reply.get("Contents", [])]
+            if not reply.get("IsTruncated"):
+                return sorted(found)
+            token = {"ContinuationToken": reply["NextContinuationToken"]}
+
+    def remove(self, key: str) -> None:
+        self._call(key, "delete_object", Key=self.url.name(key))  # S3: no error when absent
+
     def _call(self, key: str, operation: str, **arguments: Any) -> Any:
         """The client's `operation` on the bucket, its failures as the store's exceptions."""
         from botocore.exceptions import (

@@ -79,6 +79,20 @@ class ObjectStore(abc.ABC):
     def delete(self, key: str, *, generation: str) -> None:
         """Deletes the object only if it is still `generation` (PreconditionFailed otherwise)."""
 
+    @abc.abstractmethod
+    def keys(self, key: str) -> list[str]:
+        """The keys of every object under `key/`, relative to `key`, sorted."""
+
+    @abc.abstractmethod
+    def remove(self, key: str) -> None:
+        """Deletes the object whatever its generation; no error if there is none. For the
+        objects of a folder only one writer touches (under its lease), never for leases."""
+
+    @property
+    def local_root(self) -> str | None:
+        """The directory of a store on the local file system; None for a bucket."""
+        return None
+
 
 class UnsupportedStore(ValueError):
     """A store location this Kiln cannot open."""

@@ -47,17 +47,18 @@ TEMPERATURE = 0.8
 SAMPLE_SEED = 0
 
 
-def write_run_summary(spec: TrainSpec) -> str:
+def write_run_summary(spec: TrainSpec, *, shown_at: str | None = None) -> str:
     """Computes the summary of the finished run `spec` describes, writes it atomically to
     {output_path}/summary.txt and returns it. In a multi-host run every process computes it (the
-    restore and the sampling are collectives) and process 0 writes it."""
-    text = format_run_summary(spec)
+    restore and the sampling are collectives) and process 0 writes it. `shown_at`: where people
+    find the artifact, when not at output_path (a bucket URL, for a run staged locally)."""
+    text = format_run_summary(spec, shown_at=shown_at)
     if jax.process_index() == 0:
         atomic_write_text(spec.output_path / SUMMARY_TEXT_FILE, text)
     return text
 
 
-def format_run_summary(spec: TrainSpec) -> str:
+def format_run_summary(spec: TrainSpec, *, shown_at: str | None = None) -> str:
     output_path = spec.output_path
     summary = json.loads((output_path / SUMMARY_FILE).read_text())
     checkpointer = Checkpointer.from_spec(
@@ -65,7 +66,7 @@ def format_run_summary(spec: TrainSpec) -> str:
     )
     try:
         checkpoint = checkpointer.latest()
-        sections = [_run_lines(spec, summary) + _location_lines(output_path, checkpoint)]
+        sections = [_run_lines(spec, summary) + _location_lines(output_path, checkpoint, shown_at)]
         try:
             caches = open_caches([*spec.config.datasets, *spec.config.validation])
         except KilnDataError as e:
@@ -94,12 +95,20 @@ def _run_lines(spec: TrainSpec, summary: dict[str, Any]) -> list[str]:
     return [f"{spec.name} {spec.version}: {', '.join(facts)}"]
 
 
-def _location_lines(output_path: Path, checkpoint: CheckpointInfo | None) -> list[str]:
+def _location_lines(
+    output_path: Path, checkpoint: CheckpointInfo | None, shown_at: str | None
+) -> list[str]:
+    def shown(path: Path) -> str:
+        if shown_at is None or not path.is_relative_to(output_path):
+            return str(path)
+        return "/".join([shown_at, *path.relative_to(output_path).parts])
+
     plot = output_path / PLOT_FILE
+    missing = "" if plot.is_file() else "  (missing: no plot was written)"
     return [
-        f"  artifact    {output_path}",
-        f"  checkpoint  {checkpoint.path if checkpoint else 'none (no complete checkpoint)'}",
-        f"  loss curve  {plot}" + ("" if plot.is_file() else "  (missing: no plot was written)"),
+        f"  artifact    {shown(output_path)}",
+        f"  checkpoint  {shown(checkpoint.path) if checkpoint else 'none (no complete checkpoint)'}",
+        f"  loss curve  {shown(plot)}{missing}",
     ]
 
 

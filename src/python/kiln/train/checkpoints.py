@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 METADATA_FILE = "metadata.json"
 STATE_DIR = "state"
 PARAMS_KEY = "params"  # the parameters' field of the saved TrainState (kiln.train.step)
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointDamaged(RuntimeError):
@@ -134,7 +134,7 @@ class Checkpointer:
             for root in self._roots()
             if root.is_dir()
             for p in sorted(root.iterdir())
-            if p.is_dir() and _STEP_DIR.match(p.name)
+            if p.is_dir() and STEP_DIR.match(p.name)
         ]
 
     def complete(self) -> list[CheckpointInfo]:

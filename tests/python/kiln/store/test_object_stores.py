@@ -41,6 +41,16 @@ def test_objects_are_written_read_and_located(store: ObjectStore, store_location
         store.read("a/missing")
 
 
+def test_a_folder_is_listed_and_its_objects_removed(store: ObjectStore) -> None:
+    for key in ("run/b", "run/a/x.json", "run/a/y/z", "runner/other", "elsewhere"):
+        store.write(key, b"1")
+    assert store.keys("run") == ["a/x.json", "a/y/z", "b"]  # not runner/: a folder, not a prefix
+    store.remove("run/a/x.json")
+    store.remove("run/a/x.json")  # absent: no error
+    assert store.keys("run/") == ["a/y/z", "b"]
+    assert store.keys("nothing") == []
+
+
 def test_create_refuses_an_existing_key(store: ObjectStore) -> None:
     generation = store.create("lease", b"mine")
     with pytest.raises(ObjectExists):

@@ -1,0 +1,37 @@
+"""`[kiln] prefix`: local paths, and bucket URLs checked for their shape before anything runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln_pants.subsystem import bucket_url
+
+
+@pytest.mark.parametrize(
+    "url, normalized",
+    [
+        ("s3://kiln-artifacts/team/runs/", "s3://kiln-artifacts/team/runs"),
+        ("gs://my.bucket_1", "gs://my.bucket_1"),
+        ("s3://b12/date=2026-12-01", "s3://b12/date=2026-12-01"),
+    ],
+)
+def test_bucket_urls_are_accepted(url: str, normalized: str) -> None:
+    assert bucket_url(url) == normalized
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("ftp://host/x", "Kiln stores artifacts in s3://BUCKET/PATH, gs://BUCKET/PATH or a local"),
+        ("s3://", "'' is not a valid S3 bucket name"),
+        ("gs://Big_Bucket/x", "'Big_Bucket' is not a valid Google Cloud Storage bucket name"),
+        ("s3://bucket/a/../b", "the path part '..' is not allowed"),
+        ("s3://bucket/a//b", "the path part '' is not allowed"),
+        ("s3://bucket/a b", "the path part 'a b' is not allowed"),
+    ],
+)
+def test_malformed_bucket_urls_are_refused_naming_the_problem(url: str, message: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        bucket_url(url)
+    assert str(refused.value).startswith(f"[kiln] prefix = {url!r}: ")
+    assert message in str(refused.value)
