@@ -118,15 +118,19 @@ def test_a_run_refuses_a_live_lease_of_another_host_until_it_expires(
 ) -> None:
     prefix = tmp_path / "store"
     now = time.time()
-    holder = LeaseRecord("x", "other-host", 4242, None, f"train {REF}", now - 30, now + 3)
-    LocalStore(prefix).create(lease_key("checkpoints/tiny/2026.11.29"), holder.to_bytes())
+    key = lease_key("checkpoints/tiny/2026.11.29")
+    holder = LeaseRecord("x", "other-host", 4242, None, f"train {REF}", now - 30, now + 600)
+    LocalStore(prefix).create(key, holder.to_bytes())
     refused = run(runner(step, prefix))
     assert refused.returncode == 1, refused.stderr
     [line] = error_lines(refused.stderr)
     assert f"{REF} is being built by another run: the lease " in line
     assert f"held by train {REF} (host other-host, pid 4242, since " in line
     assert not output(prefix).exists()  # nothing was changed
-    time.sleep(max(0.0, now + 3 - time.time()))
+    # The holder stops renewing: its lease expires (written so, not waited for: a loaded
+    # machine may start the runner later than any short expiry).
+    expired = LeaseRecord("x", "other-host", 4242, None, f"train {REF}", now - 30, now - 1)
+    LocalStore(prefix).write(key, expired.to_bytes())
     taken = run([*runner(step, prefix), "--max-steps", "1"])
     assert taken.returncode == 3, taken.stderr  # it took the expired lease and trained a step
     assert "it expired" in taken.stderr
