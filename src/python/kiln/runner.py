@@ -32,8 +32,9 @@ the lease and writes STATUS and the record; then all train and compute the repor
 collectives), and process 0 writes it.
 
 Cluster (`--cluster ray://HOST:PORT|HOST:PORT|auto`, or `[kiln] cluster`; docs/clusters.md):
-this runner serves or refuses as above, places the inputs in the store, then starts the
-multi-host run on the hosts of a Ray cluster (kiln.cluster.dispatch) and waits for it.
+this runner serves or refuses as above, places the inputs in the store, then submits the
+multi-host run as a job on a Ray cluster (kiln.cluster.jobs) and follows its output (Ctrl-C
+detaches; `--detach` returns the job's id at once).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from typing import Any
 from kiln import artifacts, lifetime  # lifetime before the slow imports: it notes the parent
 from kiln.artifacts.lease import Lease, LeaseHeld
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
-from kiln.cluster import dispatch
+from kiln.cluster import dispatch, jobs
 from kiln.cluster.placement import PlacementError, describe
 from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
@@ -151,9 +152,10 @@ def _check_cache(folder: Path, record: ArtifactRecord, *, digests: bool) -> None
         print(f"kiln: note: input {verification.describe()}", file=sys.stderr)
 
 
-def _provenance(step: StepSpec) -> dict[str, Any]:
+def _provenance(step: StepSpec, cluster_job: dict[str, Any] | None) -> dict[str, Any]:
     return {
         **dataclasses.asdict(step.provenance),
+        **({"cluster_job": cluster_job} if cluster_job else {}),
         "user": getpass.getuser(),
         "host": socket.gethostname(),
         "python": platform.python_version(),
@@ -199,9 +201,11 @@ def run_step(
     output: Path,
     prefix: Path | None,
     cluster: multihost.Cluster = multihost.ALONE,
+    cluster_job: dict[str, Any] | None = None,
 ) -> int:
     """Serves, refuses or builds the step at `output`. In a multi-host run every process calls
-    this; process 0 alone places the inputs, holds the lease and writes STATUS and the record."""
+    this; process 0 alone places the inputs, holds the lease and writes STATUS and the record
+    (with `cluster_job`, the Ray job's id and retries, when it is one)."""
     record = step.record
     stored = None if is_mutable_version(record.version) else check_drift(output, record)
     if stored is not None and artifacts.is_built(output):
@@ -214,7 +218,7 @@ def run_step(
         lease: Lease | None = None
         if process_index == 0:
             try:
-                lease = _start_run(step, spec, inputs_root, prefix, held)
+                lease = _start_run(step, spec, inputs_root, prefix, held, cluster_job)
             except Exception as e:  # noqa: BLE001 - raised below, once the others know
                 failure = e
         if cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
@@ -264,10 +268,15 @@ def _restart_dev_run(step: StepSpec, output: Path) -> None:
 
 
 def run_on_cluster(
-    step: StepSpec, inputs_root: Path, prefix: Path, address: str, max_retries: int
+    step: StepSpec,
+    inputs_root: Path,
+    prefix: Path,
+    address: str,
+    max_retries: int,
+    detach: bool = False,
 ) -> int:
     """Serves or refuses here like `run_step`; otherwise places the inputs in the store and
-    trains on the cluster's hosts."""
+    submits the training as a job on the cluster's hosts, following it unless `detach`."""
     output = prefix / step.name / step.version
     stored = None if is_mutable_version(step.version) else check_drift(output, step.record)
     if stored is not None and artifacts.is_built(output):
@@ -284,8 +293,9 @@ def run_on_cluster(
         dispatch.STEP_FILE: json.dumps(step.to_json()).encode(),
         **_task_files(step, inputs_root),
     }
-    job = dispatch.ClusterJob(address, resources, files, prefix, max_retries)
-    return dispatch.run(job, prepare)
+    job_id = jobs.new_job_id(step.name)
+    job = dispatch.ClusterJob(job_id, step.ref, address, resources, files, prefix, max_retries)
+    return jobs.run(job, prepare, detach=detach)
 
 
 def _task_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:
@@ -306,6 +316,7 @@ def _start_run(
     inputs_root: Path,
     prefix: Path | None,
     held: contextlib.ExitStack,
+    cluster_job: dict[str, Any] | None,
 ) -> Lease:
     """Takes the artifact's lease into `held` (a second run is refused at once), places the
     inputs and writes STATUS RUNNING, the record and, for people, the train spec."""
@@ -326,7 +337,7 @@ def _start_run(
         artifacts.write_status(output, artifacts.RUNNING)
         artifacts.atomic_write_json(
             output / artifacts.RECORD_FILE,
-            {**step.record.to_json(), "provenance": _provenance(step)},
+            {**step.record.to_json(), "provenance": _provenance(step, cluster_job)},
         )
         artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec.to_json())
     return lease
@@ -485,6 +496,14 @@ def _parser() -> argparse.ArgumentParser:
         default=3,
         help="cluster runs: attempts after a lost host, each from the newest checkpoint",
     )
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="cluster runs: print the job's id and return; the job trains on",
+    )
+    parser.add_argument(
+        "--job", help="set by kiln.cluster on its hosts: the cluster job's id, for the record"
+    )
     return parser
 
 
@@ -526,9 +545,12 @@ def main(argv: list[str] | None = None) -> int:
         if address is not None:
             _check_cluster_flags(parser, args, cluster)
             inputs, prefix = args.inputs.absolute(), args.prefix.absolute()
-            return run_on_cluster(step, inputs, prefix, address, args.max_retries)
+            return run_on_cluster(
+                step, inputs, prefix, address, args.max_retries, args.detach
+            )
         prefix = None if args.output else args.prefix.absolute()
-        return run_step(step, args.inputs, output, prefix, cluster)
+        cluster_job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
+        return run_step(step, args.inputs, output, prefix, cluster, cluster_job)
     except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
