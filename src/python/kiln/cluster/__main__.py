@@ -64,11 +64,11 @@ def _command(ray: Any, args: argparse.Namespace, address: str) -> int:
             print(f"{field}: {_when(value) if field.endswith('_at') else value}")
         return 0
     if args.command == "stop":
-        status = jobs.stop(ray, handle, args.job)
-        if status is None:
+        stopped = jobs.stop(ray, handle, args.job)
+        if stopped is None:
             print(f"kiln: job {args.job} had already finished")
             return 0
-        print(f"kiln: job {args.job} is {status['state']} (exit code {status['exit_code']})")
+        print(f"kiln: job {args.job} is {stopped['state']} (exit code {stopped['exit_code']})")
         return 0
     if args.follow:
         return jobs.follow(ray, handle, args.job, address)

@@ -69,9 +69,9 @@ class JobDriver:
         exit_code = 1
         try:
             sys.path.insert(0, code)  # Kiln's sources, shipped into the store (dispatch.ship_code)
-            from kiln.cluster import dispatch
-
             import ray
+
+            from kiln.cluster import dispatch
 
             me = ray.get_runtime_context().current_actor
             exit_code = dispatch.run_hosts(job, code, me, self.write, self._stopping)
