@@ -548,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_on_cluster(
                 step, inputs, prefix, address, args.max_retries, args.detach
             )
+        if args.detach:
+            parser.error("--detach submits a cluster job: give --cluster (or [kiln] cluster)")
         prefix = None if args.output else args.prefix.absolute()
         cluster_job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
         return run_step(step, args.inputs, output, prefix, cluster, cluster_job)

@@ -80,7 +80,7 @@ class JobDriver:
         self._finish(exit_code)
 
     def _finish(self, exit_code: int) -> None:
-        state = STOPPED if self._stopping.is_set() else SUCCEEDED if exit_code == 0 else FAILED
+        state = SUCCEEDED if exit_code == 0 else STOPPED if self._stopping.is_set() else FAILED
         with self._lock:
             self._status.update(state=state, exit_code=exit_code, ended_at=time.time())
         # The actor is detached: it ends itself once its status has been readable long enough.
