@@ -13,9 +13,9 @@ the Ray Client session and the host actor all run on this machine. Per run:
 - steady-state tokens/s: the median of `throughput/tokens_per_second` over the steps after the
   first quarter (compile and warm-up left out).
 
-Ray starts its workers at nice 15 (`worker_niceness`), so on a machine shared with other jobs
-the cluster run would lose the CPU to them; the benchmark's nodes start with
-RAY_worker_niceness=0 to measure Ray's own cost. Ratios are cluster / here.
+The nodes start with RAY_worker_niceness=0, so that on a machine shared with other jobs the
+trainer competes for the CPU at the same priority as the run without a cluster. Ratios are
+cluster / here.
 """
 
 from __future__ import annotations

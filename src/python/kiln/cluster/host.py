@@ -61,8 +61,8 @@ class TrainerHost:
                 "PYTHONPATH": os.pathsep.join(p for p in paths if p),
                 "PYTHONUNBUFFERED": "1",  # each line reaches the job's output as it is printed
             }
-            # Ray caps a 1-CPU actor at one thread (OMP_NUM_THREADS=1): the trainer is its
-            # host's one process and uses every core (2.5x the tokens/s on 2 cores).
+            # Ray caps a 1-CPU actor at one thread (OMP_NUM_THREADS=1); the trainer is its
+            # host's one process and may use every core (benchmarks/RESULTS.md).
             env.pop("OMP_NUM_THREADS", None)
             command = [sys.executable, "-m", "kiln.runner"]
             command += [arg.replace(INPUTS, inputs) for arg in argv]
