@@ -32,8 +32,9 @@ the lease and writes STATUS and the record; then all train and compute the repor
 collectives), and process 0 writes it.
 
 Cluster (`--cluster ray://HOST:PORT|HOST:PORT|auto`, or `[kiln] cluster`; docs/clusters.md):
-this runner serves or refuses as above, places the inputs in the store, then starts the
-multi-host run on the hosts of a Ray cluster (kiln.cluster.dispatch) and waits for it.
+this runner serves or refuses as above, places the inputs in the store, then submits the
+multi-host run as a job on a Ray cluster (kiln.cluster.jobs) and follows its output (Ctrl-C
+detaches; `--detach` returns the job's id at once).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from kiln.artifacts.store import (
     copy_folder_into,
     open_store,
 )
-from kiln.cluster import dispatch
+from kiln.cluster import dispatch, jobs
 from kiln.cluster.placement import PlacementError, describe
 from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
@@ -166,9 +167,10 @@ def _check_cache(folder: Path, record: ArtifactRecord, *, digests: bool) -> None
         print(f"kiln: note: input {verification.describe()}", file=sys.stderr)
 
 
-def _provenance(step: StepSpec) -> dict[str, Any]:
+def _provenance(step: StepSpec, cluster_job: dict[str, Any] | None) -> dict[str, Any]:
     return {
         **dataclasses.asdict(step.provenance),
+        **({"cluster_job": cluster_job} if cluster_job else {}),
         "user": getpass.getuser(),
         "host": socket.gethostname(),
         "python": platform.python_version(),
@@ -214,9 +216,11 @@ def run_step(
     output: Path,
     prefix: Path | None,
     cluster: multihost.Cluster = multihost.ALONE,
+    cluster_job: dict[str, Any] | None = None,
 ) -> int:
     """Serves, refuses or builds the step at `output`. In a multi-host run every process calls
-    this; process 0 alone places the inputs, holds the lease and writes STATUS and the record."""
+    this; process 0 alone places the inputs, holds the lease and writes STATUS and the record
+    (with `cluster_job`, the Ray job's id and retries, when it is one)."""
     record = step.record
     stored = None if is_mutable_version(record.version) else check_drift(output, record)
     if stored is not None and artifacts.is_built(output):
@@ -229,7 +233,7 @@ def run_step(
         lease: Lease | None = None
         if process_index == 0:
             try:
-                lease = _start_run(step, spec, inputs_root, prefix, held)
+                lease = _start_run(step, spec, inputs_root, prefix, held, cluster_job)
             except Exception as e:  # noqa: BLE001 - raised below, once the others know
                 failure = e
         if cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
@@ -279,10 +283,15 @@ def _restart_dev_run(step: StepSpec, output: Path) -> None:
 
 
 def run_on_cluster(
-    step: StepSpec, inputs_root: Path, prefix: Path, address: str, max_retries: int
+    step: StepSpec,
+    inputs_root: Path,
+    prefix: Path,
+    address: str,
+    max_retries: int,
+    detach: bool = False,
 ) -> int:
     """Serves or refuses here like `run_step`; otherwise places the inputs in the store and
-    trains on the cluster's hosts."""
+    submits the training as a job on the cluster's hosts, following it unless `detach`."""
     output = prefix / step.name / step.version
     stored = None if is_mutable_version(step.version) else check_drift(output, step.record)
     if stored is not None and artifacts.is_built(output):
@@ -299,8 +308,9 @@ def run_on_cluster(
         dispatch.STEP_FILE: json.dumps(step.to_json()).encode(),
         **_task_files(step, inputs_root),
     }
-    job = dispatch.ClusterJob(address, resources, files, prefix, max_retries)
-    return dispatch.run(job, prepare)
+    job_id = jobs.new_job_id(step.name)
+    job = dispatch.ClusterJob(job_id, step.ref, address, resources, files, prefix, max_retries)
+    return jobs.run(job, prepare, detach=detach)
 
 
 def _task_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:
@@ -321,6 +331,7 @@ def _start_run(
     inputs_root: Path,
     prefix: Path | None,
     held: contextlib.ExitStack,
+    cluster_job: dict[str, Any] | None,
 ) -> Lease:
     """Takes the artifact's lease into `held` (a second run is refused at once), places the
     inputs and writes STATUS RUNNING, the record and, for people, the train spec."""
@@ -328,7 +339,7 @@ def _start_run(
     lease = _take_lease(step, Lease.beside(output, what=f"train {step.ref}"), held)
     with _failure_recorded(output, writer=True):
         place_inputs(step, inputs_root, prefix)
-        _begin(step, spec)
+        _begin(step, spec, cluster_job)
     return lease
 
 
@@ -343,9 +354,10 @@ def _take_lease(step: StepSpec, lease: Lease, held: contextlib.ExitStack) -> Lea
     return lease
 
 
-def _begin(step: StepSpec, spec: TrainSpec) -> None:
-    """Writes STATUS RUNNING, the record and, for people, the train spec into the output
-    (a built dev artifact's checkpoints deleted first)."""
+def _begin(step: StepSpec, spec: TrainSpec, cluster_job: dict[str, Any] | None = None) -> None:
+    """Writes STATUS RUNNING, the record (with `cluster_job`, the Ray job's id and retries, when
+    it is one) and, for people, the train spec into the output (a built dev artifact's
+    checkpoints deleted first)."""
     output = spec.output_path
     output.mkdir(parents=True, exist_ok=True)
     if is_mutable_version(step.version) and artifacts.is_built(output):
@@ -353,7 +365,7 @@ def _begin(step: StepSpec, spec: TrainSpec) -> None:
     artifacts.write_status(output, artifacts.RUNNING)
     artifacts.atomic_write_json(
         output / artifacts.RECORD_FILE,
-        {**step.record.to_json(), "provenance": _provenance(step)},
+        {**step.record.to_json(), "provenance": _provenance(step, cluster_job)},
     )
     artifacts.atomic_write_json(output / artifacts.TRAIN_SPEC_FILE, spec.to_json())
 
@@ -621,6 +633,14 @@ def _parser() -> argparse.ArgumentParser:
         default=3,
         help="cluster runs: attempts after a lost host, each from the newest checkpoint",
     )
+    parser.add_argument(
+        "--detach",
+        action="store_true",
+        help="cluster runs: print the job's id and return; the job trains on",
+    )
+    parser.add_argument(
+        "--job", help="set by kiln.cluster on its hosts: the cluster job's id, for the record"
+    )
     return parser
 
 
@@ -666,9 +686,12 @@ def main(argv: list[str] | None = None) -> int:
         if address is not None:
             _check_cluster_flags(parser, args, cluster)
             inputs, store = args.inputs.absolute(), Path(args.prefix).absolute()
-            return run_on_cluster(step, inputs, store, address, args.max_retries)
+            return run_on_cluster(step, inputs, store, address, args.max_retries, args.detach)
+        if args.detach:
+            parser.error("--detach submits a cluster job: give --cluster (or [kiln] cluster)")
         prefix = None if args.output else Path(args.prefix).absolute()
-        return run_step(step, args.inputs, output, prefix, cluster)
+        cluster_job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
+        return run_step(step, args.inputs, output, prefix, cluster, cluster_job)
     except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1

@@ -68,13 +68,54 @@ def test_two_hosts_train_like_one_process_through_a_lost_host(
     # One line per step: process 0 alone writes, and the retry rewound the file to step 3.
     assert [s for s, _ in losses[two]] == list(range(1, NUM_STEPS + 1))
     np.testing.assert_allclose([v for _, v in losses[two]], [v for _, v in losses[one]], rtol=1e-5)
-    argv = json.loads((two / artifacts.RECORD_FILE).read_text())["provenance"]["argv"]
+    provenance = json.loads((two / artifacts.RECORD_FILE).read_text())["provenance"]
+    argv = provenance["argv"]
     assert argv[argv.index("--num-processes") + 1 :] == ["2", "--process-id", "0"]
+    assert provenance["cluster_job"] == {"id": submitted_job(stdout), "max_retries": 3}
     assert json.loads((two / "config.json").read_text())["process_count"] == 2
-    assert "kiln: built checkpoints/tiny@2026.11.29" in stdout  # streamed back
+    assert "(host 0) kiln: built checkpoints/tiny@2026.11.29" in stdout  # followed
 
     [served] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
     assert served.returncode == 0 and "is already built" in served.stdout, served.stderr[-2000:]
+
+
+def submitted_job(stdout: str) -> str:
+    found = re.search(r"^kiln: submitted job (\S+)$", stdout, re.MULTILINE)
+    assert found, stdout[-3000:]
+    return found.group(1)
+
+
+def kiln_cluster(address: str, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "kiln.cluster", "--cluster", address, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def test_a_detached_job_trains_on_and_is_followed_from_elsewhere(
+    cluster: str, tmp_path: Path
+) -> None:
+    step = write_step(tmp_path, mesh={"data": 2, "fsdp": 1, "tensor": 1})  # one host
+    [submitted] = run_each([runner(step, tmp_path / "store", "--cluster", cluster, "--detach")],
+                           devices=1)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+    job = submitted_job(submitted.stdout)
+    assert f"logs -f {job}" in submitted.stdout  # how to follow it
+
+    status = kiln_cluster(cluster, "status", job)
+    assert status.returncode == 0, status.stderr
+    assert f"job: {job}\nartifact: checkpoints/tiny@2026.11.29\nstate: " in status.stdout
+    followed = kiln_cluster(cluster, "logs", "-f", job)  # to the end: the job's exit code
+    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+    assert "(host 0) kiln: built checkpoints/tiny@2026.11.29" in followed.stdout
+    finished = kiln_cluster(cluster, "status", job).stdout
+    assert "state: SUCCEEDED\nexit_code: 0\n" in finished, finished
+    listed = kiln_cluster(cluster, "list")
+    assert re.search(rf"^{job}  SUCCEEDED  checkpoints/tiny@2026.11.29 ", listed.stdout, re.M)
+
+    missing = kiln_cluster(cluster, "logs", "no-such-job")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().startswith(
+        f"kiln: error: no job 'no-such-job' on the Ray cluster at {cluster} "
+    ), missing.stderr
 
 
 def is_host_1_of(prefix: Path) -> Callable[[list[str]], bool]:

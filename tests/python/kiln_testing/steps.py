@@ -16,6 +16,6 @@ def write_step(root: Path, **runtime: Any) -> Path:
     return write_runner_step(
         root,
         **{"config.num_train_steps": NUM_STEPS, "runtime.mesh": {"data": 2, "fsdp": 2, "tensor": 1},
-           "runtime.checkpointer.every": 3},
-        **{f"runtime.{key}": value for key, value in runtime.items()},
+           "runtime.checkpointer.every": 3,
+           **{f"runtime.{key}": value for key, value in runtime.items()}},
     )  # fmt: skip

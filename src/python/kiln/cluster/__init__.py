@@ -1,6 +1,8 @@
 """Training on a Ray cluster (docs/clusters.md).
 
 `placement` turns a step's `resources` into a placement group and checks it against the cluster's
-nodes (no Ray needed); `dispatch` connects to the cluster and runs one trainer process per host;
-`host` is the Ray actor each host runs (standard library only: it is shipped by value).
+nodes (no Ray needed); `jobs` submits a run as a job and follows, lists, shows and stops jobs
+(`python -m kiln.cluster`); the job is a `driver.JobDriver` actor, which runs the hosts through
+`dispatch`; `host` is the Ray actor each host runs. `driver` and `host` are standard library only
+at import: they are shipped by value.
 """

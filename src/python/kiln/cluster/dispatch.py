@@ -1,12 +1,13 @@
 """Running one step's trainer on a Ray cluster: one `python -m kiln.runner` process per host.
 
 The submitting runner has already served, refused or placed the inputs in the artifact store,
-which every host mounts at the same path. Here it connects to the cluster, checks that the
-cluster can ever hold the request (Ray itself would wait forever), copies Kiln's sources into the
-store once per code digest, reserves one bundle per host (STRICT_SPREAD: one host each), and
-starts a `host.TrainerHost` actor on each; the hosts run the multi-host runner with the
-coordinator on host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0
-holds the lease and writes the record as in any multi-host run.
+which every host mounts at the same path. It connects to the cluster, checks that the cluster can
+ever hold the request (Ray itself would wait forever) and copies Kiln's sources into the store
+once per code digest; the job's driver (kiln.cluster.driver, started by kiln.cluster.jobs) then
+calls `run_hosts`, which reserves one bundle per host (STRICT_SPREAD: one host each) and starts a
+`host.TrainerHost` actor on each; the hosts run the multi-host runner with the coordinator on
+host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0 holds the lease
+and writes the record as in any multi-host run.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.cluster import host
-from kiln.cluster.placement import PlacementError, bundle, check_capacity, host_count
+from kiln.cluster import driver, host
+from kiln.cluster.placement import PlacementError, bundle, host_count
 from kiln_contract.train import Resources
 
 STEP_FILE = "step.json"
@@ -32,7 +34,8 @@ CODE_DIR = ".kiln/code"  # in the artifact store: Kiln's sources, one folder per
 CONNECT_TIMEOUT_S = 5.0
 CONNECT_ATTEMPTS = 2
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
-STOP_TIMEOUT_S = 120.0  # after Ctrl-C, how long the trainers get to save a checkpoint
+STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
+STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
 
 
 class ClusterError(RuntimeError):
@@ -41,6 +44,8 @@ class ClusterError(RuntimeError):
 
 @dataclass(frozen=True)
 class ClusterJob:
+    job_id: str  # the name of the job's driver (kiln.cluster.jobs.new_job_id)
+    artifact: str  # NAME@VERSION, for people
     address: str  # ray://HOST:PORT (Ray Client) or HOST:PORT (the cluster's GCS)
     resources: Resources
     files: Mapping[str, bytes]  # the step (STEP_FILE) and its eval task files, by relative path
@@ -51,9 +56,25 @@ class ClusterJob:
         """Host `process_id`'s `python -m kiln.runner` arguments."""
         return [
             f"{host.INPUTS}/{STEP_FILE}", "--inputs", host.INPUTS, "--prefix", str(self.prefix),
+            "--job", self.job_id, "--max-retries", str(self.max_retries),
             "--coordinator", coordinator, "--num-processes", str(host_count(self.resources)),
             "--process-id", str(process_id),
         ]  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values (and the files' bytes): the driver unpickles it before it can import
+        Kiln."""
+        return {
+            "job_id": self.job_id, "artifact": self.artifact, "address": self.address,
+            "resources": self.resources.to_json(),
+            "files": dict(self.files), "prefix": str(self.prefix), "max_retries": self.max_retries,
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ClusterJob:
+        resources = Resources.from_json(obj["resources"])
+        fields = {**obj, "resources": resources, "prefix": Path(obj["prefix"])}
+        return cls(**fields)
 
 
 def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -84,7 +105,8 @@ def _host_port(address: str) -> tuple[str, int]:
 
 
 def connect(address: str) -> Any:
-    """`ray`, connected to the cluster at `address`; ClusterError when it cannot be reached."""
+    """`ray`, connected to the cluster at `address` in Kiln's namespace; ClusterError when it
+    cannot be reached (or runs another Ray version)."""
     try:
         socket.create_connection(_host_port(address), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as e:
@@ -96,7 +118,12 @@ def connect(address: str) -> Any:
 
     for attempt in range(CONNECT_ATTEMPTS):
         try:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=True)
+            ray.init(
+                address=address,
+                namespace=driver.NAMESPACE,
+                logging_level=logging.ERROR,
+                log_to_driver=False,  # a job's output comes through its driver (jobs.follow)
+            )
             break
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
             # Ray Client's server sometimes fails to start a session on a busy head: ask again.
@@ -104,6 +131,8 @@ def connect(address: str) -> Any:
                 time.sleep(2.0)
                 continue
             lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+            if any(line.startswith("Traceback") for line in lines):  # the server's: its cause
+                lines = [lines[0], lines[-1]]
             reason = " ".join(lines[:3]) or type(e).__name__
             message = f"cannot connect to the Ray cluster at {address}: {reason}"
             raise ClusterError(message) from None
@@ -142,31 +171,29 @@ def ship_code(prefix: Path) -> Path:
     return destination
 
 
-def run(job: ClusterJob, prepare: Callable[[], None]) -> int:
-    """Trains on the cluster; returns the runners' exit code (docs/step-spec.md). `prepare`
-    (placing the inputs in the store) runs once the cluster is known to fit the request."""
-    ray = connect(job.address)
-    try:
-        check_capacity(job.resources, ray.nodes(), job.address)
-        prepare()
-        return _run_hosts(ray, job, ship_code(job.prefix))
-    finally:
-        ray.shutdown()
+def run_hosts(
+    job_json: dict[str, Any],
+    code: str,
+    driver_actor: Any,
+    say: Callable[[str], None],
+    stopping: threading.Event,
+) -> int:
+    """In the job's driver (kiln.cluster.driver): runs the hosts, their output going to
+    `driver_actor.write`; a lost host (its actor or node died, or its trainer was killed by a signal)
+    ends the attempt, and the next one resumes from the newest checkpoint. `stopping` asks the
+    trainers to save a checkpoint and stop. Returns the runners' exit code."""
+    import ray
 
-
-def _run_hosts(ray: Any, job: ClusterJob, code: Path) -> int:
-    """Runs the hosts; a lost host (its actor or node died, or its trainer was killed by a
-    signal) ends the attempt, and the next one resumes from the newest checkpoint."""
+    job = ClusterJob.from_json(job_json)
     ray.cloudpickle.register_pickle_by_value(host)  # hosts need no Kiln to start the actor
     lost = ""
     for attempt in range(job.max_retries + 1):
         if attempt:
-            print(
+            say(
                 f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
-                f"{job.max_retries}, from the newest checkpoint",
-                flush=True,
+                f"{job.max_retries}, from the newest checkpoint"
             )
-        outcome = _attempt(ray, job, code)
+        outcome = _attempt(ray, job, code, driver_actor, stopping)
         if isinstance(outcome, int):
             return outcome
         lost = outcome
@@ -176,7 +203,9 @@ def _run_hosts(ray: Any, job: ClusterJob, code: Path) -> int:
     )
 
 
-def _attempt(ray: Any, job: ClusterJob, code: Path) -> int | str:
+def _attempt(
+    ray: Any, job: ClusterJob, code: str, driver_actor: Any, stopping: threading.Event
+) -> int | str:
     """One run of every host: the exit code, or why a host was lost."""
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -204,34 +233,35 @@ def _attempt(ray: Any, job: ClusterJob, code: Path) -> int | str:
         ]
         coordinator = ray.get(hosts[0].coordinator_address.remote())
         runs = [
-            h.run.remote(dict(job.files), job.runner_argv(coordinator, i), str(code))
+            h.run.remote(dict(job.files), job.runner_argv(coordinator, i), code, driver_actor, i)
             for i, h in enumerate(hosts)
         ]
-        return _wait(ray, hosts, runs)
+        return _wait(ray, hosts, runs, stopping)
     finally:
         for h in hosts:
             ray.kill(h)  # a trainer dies with its actor
         remove_placement_group(group)
 
 
-def _wait(ray: Any, hosts: list[Any], runs: list[Any]) -> int | str:
+def _wait(ray: Any, hosts: list[Any], runs: list[Any], stopping: threading.Event) -> int | str:
     """The first non-zero exit code of the hosts' runners (0 when all succeed), or why a host
-    was lost, as soon as one is. Ctrl-C asks every trainer to save a checkpoint and stop."""
+    was lost, as soon as one is. Once `stopping` is set, every trainer saves a checkpoint and
+    stops."""
     codes = []
     pending = list(runs)
-    try:
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                code = ray.get(done[0])
-            except ray.exceptions.RayError as e:
-                return (str(e).strip().splitlines() or [type(e).__name__])[0]
-            if code < 0:
-                return f"process {runs.index(done[0])}'s trainer was killed by signal {-code}"
-            codes.append(code)
-    except KeyboardInterrupt:
-        print("kiln: stopping the cluster run (the trainers save a checkpoint) ...", flush=True)
-        for h in hosts:
-            h.stop.remote()
-        codes = ray.get(runs, timeout=STOP_TIMEOUT_S)
+    while pending:
+        if stopping.is_set():
+            for h in hosts:
+                h.stop.remote()
+            return next((c for c in ray.get(runs, timeout=STOP_TIMEOUT_S) if c != 0), 0)
+        done, pending = ray.wait(pending, num_returns=1, timeout=STOP_POLL_S)
+        if not done:
+            continue
+        try:
+            code = ray.get(done[0])
+        except ray.exceptions.RayError as e:
+            return (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if code < 0:
+            return f"process {runs.index(done[0])}'s trainer was killed by signal {-code}"
+        codes.append(code)
     return next((code for code in codes if code != 0), 0)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 INPUTS = "{inputs}"  # replaced in the runner's argv by this host's inputs folder
 _PR_SET_PDEATHSIG = 1
@@ -32,7 +33,7 @@ class TrainerHost:
     """One host of a run: reports where a coordinator can listen, then runs the runner."""
 
     def __init__(self) -> None:
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: subprocess.Popen[str] | None = None
 
     def coordinator_address(self) -> str:
         """This node's address and a port free on it now, for jax.distributed's coordinator."""
@@ -43,9 +44,12 @@ class TrainerHost:
             port = s.getsockname()[1]
         return f"{ray.util.get_node_ip_address()}:{port}"
 
-    def run(self, files: dict[str, bytes], argv: list[str], pythonpath: str) -> int:
+    def run(
+        self, files: dict[str, bytes], argv: list[str], pythonpath: str, driver: Any, index: int
+    ) -> int:
         """Writes `files` (the step and its eval tasks) to a fresh folder and runs
-        `python -m kiln.runner` there; returns its exit code."""
+        `python -m kiln.runner` there, each line of its output sent to the job's `driver`;
+        returns its exit code."""
         with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
             for name, content in files.items():
                 path = Path(inputs, name)
@@ -55,11 +59,25 @@ class TrainerHost:
             env = {
                 **os.environ,
                 "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-                "PYTHONUNBUFFERED": "1",  # stdout is a log file Ray streams to the submitter
+                "PYTHONUNBUFFERED": "1",  # each line reaches the job's output as it is printed
             }
+            # Ray caps a 1-CPU actor at one thread (OMP_NUM_THREADS=1); the trainer is its
+            # host's one process and may use every core (benchmarks/RESULTS.md).
+            env.pop("OMP_NUM_THREADS", None)
             command = [sys.executable, "-m", "kiln.runner"]
             command += [arg.replace(INPUTS, inputs) for arg in argv]
-            self._process = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+            self._process = subprocess.Popen(
+                command,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                preexec_fn=_die_with_parent,
+            )
+            assert self._process.stdout is not None
+            for line in self._process.stdout:
+                driver.write.remote(f"(host {index}) {line.rstrip()}")
             return self._process.wait()
 
     def stop(self) -> None:

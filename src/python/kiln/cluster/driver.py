@@ -1,0 +1,87 @@
+"""The Ray actor a cluster job is: a detached driver that outlives the terminal that submitted it.
+
+It runs the hosts (kiln.cluster.dispatch.run_hosts) with Kiln's sources from the store, keeps
+their output and the job's state, and answers `status`, `read` and `stop` from any client of the
+cluster (kiln.cluster.jobs). Standard library only at import (and Ray, present on every worker):
+the submitter ships this module by value, like host.TrainerHost.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+NAMESPACE = "kiln"  # the Ray namespace of every job's driver, named by the job's id
+RUNNING, SUCCEEDED, FAILED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"
+FINISHED = (SUCCEEDED, FAILED, STOPPED)
+KEEP_FINISHED_S = 24 * 3600  # a finished job's status and output stay readable this long
+READ_LINES = 2000  # the most output lines one `read` returns
+
+
+def job_names() -> list[str]:
+    """The ids of the cluster's jobs (run on the cluster: Ray Client cannot list actors)."""
+    import ray
+
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    return [actor["name"] for actor in actors if actor["namespace"] == NAMESPACE]
+
+
+class JobDriver:
+    """One job: trains in a thread of its own from construction on, so the job starts even if
+    the submitter disconnects at once."""
+
+    def __init__(self, job_id: str, job: dict[str, Any], code: str, summary: dict[str, Any]):
+        self._status: dict[str, Any] = {
+            **summary, "job": job_id, "state": RUNNING, "exit_code": None,
+            "started_at": time.time(), "ended_at": None,
+        }  # fmt: skip
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._run, args=(job, code), daemon=True).start()
+
+    def write(self, line: str) -> None:
+        """Appends a line of the job's output (the hosts send theirs here)."""
+        with self._lock:
+            self._lines.append(line)
+
+    def read(self, offset: int) -> tuple[list[str], dict[str, Any]]:
+        """The output lines from `offset` on (at most READ_LINES) and the status."""
+        with self._lock:
+            return self._lines[offset : offset + READ_LINES], dict(self._status)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self._status, "lines": len(self._lines)}
+
+    def stop(self) -> bool:
+        """Asks the hosts to save a checkpoint and stop; False when the job had finished."""
+        with self._lock:
+            if self._status["state"] in FINISHED:
+                return False
+        self._stopping.set()
+        return True
+
+    def _run(self, job: dict[str, Any], code: str) -> None:
+        exit_code = 1
+        try:
+            sys.path.insert(0, code)  # Kiln's sources, shipped into the store (dispatch.ship_code)
+            import ray
+
+            from kiln.cluster import dispatch
+
+            me = ray.get_runtime_context().current_actor
+            exit_code = dispatch.run_hosts(job, code, me, self.write, self._stopping)
+        except Exception as e:  # noqa: BLE001 - every failure ends the job, in its output
+            self.write(f"kiln: error: {e}")
+        self._finish(exit_code)
+
+    def _finish(self, exit_code: int) -> None:
+        state = SUCCEEDED if exit_code == 0 else STOPPED if self._stopping.is_set() else FAILED
+        with self._lock:
+            self._status.update(state=state, exit_code=exit_code, ended_at=time.time())
+        # The actor is detached: it ends itself once its status has been readable long enough.
+        threading.Timer(KEEP_FINISHED_S, os._exit, args=(0,)).start()

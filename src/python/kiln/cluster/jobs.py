@@ -1,0 +1,130 @@
+"""Cluster jobs, from any machine that reaches the cluster: submit, follow, list, status, stop.
+
+A job is a detached Ray actor (kiln.cluster.driver.JobDriver) named by the job's id in Kiln's
+namespace: it runs the hosts and outlives the terminal that submitted it, which follows its
+output until it ends, or detaches (`--detach`, Ctrl-C) and leaves it running.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kiln.cluster import driver
+from kiln.cluster.dispatch import ClusterError, ClusterJob, connect, ship_code
+from kiln.cluster.placement import check_capacity, describe, host_count
+
+FOLLOW_POLL_S = 0.5  # how often a follower asks the driver for new output
+STOP_WAIT_S = 180.0  # how long `stop` waits for the trainers' checkpoint
+
+
+def new_job_id(name: str) -> str:
+    """`tiny-20261201-103000-3fa2`: the artifact's name, the time, and a random tail."""
+    return f"{name.rsplit('/', 1)[-1]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def how_to_follow(job_id: str, address: str) -> str:
+    command = f"python -m kiln.cluster --cluster {address}"
+    return f"follow it: {command} logs -f {job_id}; stop it: {command} stop {job_id}"
+
+
+def run(job: ClusterJob, prepare: Callable[[], None], *, detach: bool) -> int:
+    """Submits `job` once the cluster is known to hold it and `prepare` (placing the inputs in
+    the store) has run; then follows its output to the end (its exit code), or returns 0 at once
+    when `detach`."""
+    ray = connect(job.address)
+    try:
+        check_capacity(job.resources, ray.nodes(), job.address)
+        prepare()
+        handle = _start(ray, job)
+        print(f"kiln: submitted job {job.job_id}", flush=True)
+        if detach:
+            print(f"kiln: {how_to_follow(job.job_id, job.address)}", flush=True)
+            return 0
+        return follow(ray, handle, job.job_id, job.address)
+    finally:
+        ray.shutdown()
+
+
+def _start(ray: Any, job: ClusterJob) -> Any:
+    code = ship_code(job.prefix)
+    ray.cloudpickle.register_pickle_by_value(driver)  # the cluster needs no Kiln to start it
+    summary = {
+        "artifact": job.artifact, "address": job.address,
+        "resources": describe(job.resources), "hosts": host_count(job.resources),
+        "max_retries": job.max_retries, "prefix": str(job.prefix),
+    }  # fmt: skip
+    handle = (
+        ray.remote(driver.JobDriver)
+        .options(
+            name=job.job_id,
+            lifetime="detached",
+            num_cpus=0,  # the hosts' bundles hold the cluster's CPUs
+            max_concurrency=8,  # status, read and stop answer while the job runs
+        )
+        .remote(job.job_id, job.to_json(), str(code), summary)
+    )
+    ray.get(handle.status.remote())  # started: the job goes on without this process
+    return handle
+
+
+def follow(ray: Any, handle: Any, job_id: str, address: str) -> int:
+    """Prints the job's output as it comes until the job ends; returns its exit code. Ctrl-C
+    detaches (the job goes on) and says how to reattach."""
+    offset = 0
+    try:
+        while True:
+            lines, status = _call(ray, handle.read.remote(offset), job_id)
+            for line in lines:
+                print(line, flush=True)
+            offset += len(lines)
+            if status["state"] in driver.FINISHED and len(lines) < driver.READ_LINES:
+                return int(status["exit_code"])
+            if not lines:
+                time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        print(f"\nkiln: detached; job {job_id} goes on. {how_to_follow(job_id, address)}")
+        return 130
+
+
+def job(ray: Any, job_id: str, address: str) -> Any:
+    """The driver of job `job_id`; ClusterError when the cluster has no such job."""
+    try:
+        return ray.get_actor(job_id)
+    except ValueError:
+        raise ClusterError(
+            f"no job {job_id!r} on the Ray cluster at {address} (finished jobs are kept "
+            f"{driver.KEEP_FINISHED_S // 3600} h); `python -m kiln.cluster list` shows its jobs"
+        ) from None
+
+
+def list_jobs(ray: Any) -> list[dict[str, Any]]:
+    """Every job's status, oldest first."""
+    names = ray.get(ray.remote(driver.job_names).options(num_cpus=0).remote())
+    statuses = [_call(ray, ray.get_actor(name).status.remote(), name) for name in names]
+    return sorted(statuses, key=lambda status: status["started_at"])
+
+
+def stop(ray: Any, handle: Any, job_id: str) -> dict[str, Any] | None:
+    """Asks the job to save a checkpoint and stop, waits for it, and returns its status; None
+    when it had already finished."""
+    if not _call(ray, handle.stop.remote(), job_id):
+        return None
+    print(f"kiln: stopping job {job_id} (the trainers save a checkpoint) ...", flush=True)
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        status = _call(ray, handle.status.remote(), job_id)
+        if status["state"] in driver.FINISHED:
+            return status
+        time.sleep(FOLLOW_POLL_S)
+    raise ClusterError(f"job {job_id} did not stop within {STOP_WAIT_S:.0f} s; ask again")
+
+
+def _call(ray: Any, ref: Any, job_id: str) -> Any:
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ClusterError(f"the driver of job {job_id} is gone ({reason})") from None
