@@ -153,7 +153,8 @@ def _add_eval_parser(commands: Any) -> None:
     evaluate = commands.add_parser(
         "eval", help="score transformers Llama folders with Kiln's evals, side by side"
     )
-    evaluate.add_argument("hf_dirs", type=Path, nargs="+", metavar="HF_DIR")
+    evaluate.add_argument("hf_dirs", type=Path, nargs="+", metavar="HF_DIR",
+                          help="a transformers Llama folder (config, safetensors, tokenizer)")
     evaluate.add_argument(
         "--tasks", type=parse_tasks, default=None,
         help="lm-eval tasks: NAME[:SHOTS],... or `core` (the DCLM CORE suite)",
@@ -168,16 +169,17 @@ def _add_eval_parser(commands: Any) -> None:
         "--validation", type=parse_validation, action="append", default=[],
         metavar="[NAME=]CACHE_DIR", help="a token cache for eval/NAME/loss and bpb (repeatable)",
     )  # fmt: skip
-    evaluate.add_argument("--seq-len", type=positive_int, default=None,
+    evaluate.add_argument("--seq-len", type=positive_int, default=None, metavar="N",
                           help="validation window length (default: the model's max_seq_len)")
-    evaluate.add_argument("--batch-size", type=positive_int, default=8,
+    evaluate.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                           help="validation windows per batch (default 8)")
     evaluate.add_argument("--max-eval-batches", type=positive_int, default=None, metavar="N",
                           help="validation batches per cache (default: all its windows)")
     evaluate.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32")
-    evaluate.add_argument("--tokenizer", type=Path, default=None,
+    evaluate.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
                           help="the models' tokenizer folder (default: each folder's own)")
-    evaluate.add_argument("--out", type=Path, default=None, help="write all metrics as JSON")
+    evaluate.add_argument("--out", type=Path, default=None, metavar="RESULTS.json",
+                          help="write all metrics as JSON")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -233,9 +235,9 @@ def _eval(args: argparse.Namespace) -> int:
         suite=_suite(args),
         validation=tuple(_named(v) for v in args.validation),
         seq_len=args.seq_len,
-        batch_size=args.batch_size,
         max_eval_batches=args.max_eval_batches,
         compute_dtype=args.compute_dtype,
+        **({"batch_size": args.batch_size} if args.batch_size else {}),
     )
     results = {
         str(folder): evaluate_hf_llama(folder, request, tokenizer_dir=args.tokenizer)

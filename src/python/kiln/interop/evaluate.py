@@ -23,6 +23,7 @@ from flax import nnx
 
 from kiln.interop.errors import InteropError
 from kiln.interop.read import ImportedLlama, read_hf_config, read_hf_llama
+from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 
 DEFAULT_BATCH_SIZE = 8
@@ -56,30 +57,51 @@ def evaluate_hf_llama(
     folder: Path, request: EvalRequest, *, tokenizer_dir: Path | None = None
 ) -> dict[str, float]:
     """The metrics of the Llama in `folder` (its own tokenizer, or the one in `tokenizer_dir`).
-    Refuses a folder that is not a plain Llama, and a validation cache or a vocabulary of
-    another tokenizer, before any weights are read or any task is scored."""
+    Refuses a folder that is not a plain Llama, a validation cache of another tokenizer or
+    shorter than one window, and a task that cannot run, before any weights are read."""
     from kiln.train.mesh import make_mesh
 
     folder = Path(folder)
-    read_hf_config(folder)  # a model Kiln cannot compute is refused before anything else
+    config = read_hf_config(folder)  # a model Kiln cannot compute is refused before anything else
     tokenizer = load_folder_tokenizer(tokenizer_dir or folder)
     caches = open_validation_caches(request.validation, tokenizer, model_folder=folder)
+    seq_len = window_length(request, config, folder)
+    sets = validation_sets(caches, tokenizer.info, seq_len, request)
+    if request.suite is not None:
+        check_suite(request.suite, model_max_length=config.max_seq_len)
     model = read_hf_llama(folder, tokenizer=tokenizer.info)
-    seq_len = request.seq_len or model.config.max_seq_len
-    if seq_len > model.config.max_seq_len:
-        raise InteropError(
-            f"--seq-len {seq_len} is longer than {folder} reads (max_position_embeddings "
-            f"{model.config.max_seq_len}); use at most that"
-        )
     mesh = make_mesh({"data": -1})
     graphdef, params = placed_model(model, mesh, request.compute_dtype)
     metrics: dict[str, float] = {}
-    if caches:
-        sets = validation_sets(caches, tokenizer.info, seq_len, request)
+    if sets:
         metrics.update(_validation_metrics(graphdef, params, mesh, sets))
     if request.suite is not None:
         metrics.update(_suite_metrics(graphdef, params, tokenizer, request.suite, model))
     return metrics
+
+
+def window_length(request: EvalRequest, config: LlamaConfig, folder: Path) -> int:
+    """Validation windows are request.seq_len tokens, at most (and by default) the model's."""
+    seq_len = request.seq_len or config.max_seq_len
+    if seq_len > config.max_seq_len:
+        raise InteropError(
+            f"--seq-len {seq_len} is longer than {folder} reads (max_position_embeddings "
+            f"{config.max_seq_len}); use at most that"
+        )
+    return seq_len
+
+
+def check_suite(suite: Mapping[str, Any], *, model_max_length: int) -> None:
+    """Loads every task (as a run does when it starts), so that a task that cannot run is
+    refused before the weights are read."""
+    from kiln.eval.harness import EvalTaskUnavailable, load_suite_tasks
+    from kiln.eval.tasks import EvalSuiteConfig
+    from kiln_contract.parsing import SpecError
+
+    try:
+        load_suite_tasks(EvalSuiteConfig.from_json(dict(suite)), model_max_length=model_max_length)
+    except (SpecError, EvalTaskUnavailable) as e:
+        raise InteropError(f"--tasks: {e}") from None
 
 
 def load_folder_tokenizer(folder: Path) -> Any:
@@ -222,14 +244,11 @@ def _suite_metrics(
     suite: Mapping[str, Any],
     model: ImportedLlama,
 ) -> dict[str, float]:
-    from kiln.eval.harness import EvalTaskUnavailable, run_eval_suite
+    from kiln.eval.harness import run_eval_suite
     from kiln.train.step import make_logprob_fn
 
     logprobs = make_logprob_fn(graphdef, with_is_argmax=True)
-    try:
-        return run_eval_suite(
-            lambda tokens: logprobs(params, tokens), tokenizer, dict(suite), step=0,
-            model_max_length=model.config.max_seq_len,
-        )  # fmt: skip
-    except EvalTaskUnavailable as e:
-        raise InteropError(str(e)) from None
+    return run_eval_suite(
+        lambda tokens: logprobs(params, tokens), tokenizer, dict(suite), step=0,
+        model_max_length=model.config.max_seq_len,
+    )  # fmt: skip

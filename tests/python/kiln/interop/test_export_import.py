@@ -503,6 +503,7 @@ def test_cli_eval_refuses_bad_input_in_one_line(
     refusals = {
         ("--validation", str(other)): "was tokenized with 'swapped-8k' (8192 tokens, digest",
         (): "nothing to score",
+        ("--tasks", f"{EVAL_TASK},{EVAL_TASK}"): f"two entries are logged as '{EVAL_TASK}'",
     }
     errors = []
     for arguments, expected in refusals.items():
