@@ -147,30 +147,37 @@ def check_same_tokenizer(cache: Any, tokenizer: Any, *, model_folder: Path) -> N
     are the same tokenizer; so are files that define the same tokenizer (`save_pretrained`
     rewrites the files of the tokenizer it exports, not its vocabulary, merges or rules)."""
     recorded = cache.tokenizer
-    if recorded.digest == tokenizer.info.digest or _same_definition(cache, tokenizer):
+    if recorded.digest == tokenizer.info.digest:
         return
+    theirs, unloadable = _recorded_tokenizer(cache)
+    if theirs is not None and _definition(theirs) == _definition(tokenizer):
+        return
+    why = (
+        f" (its tokenizer cannot be loaded here to compare definitions: {unloadable}; pass its "
+        "folder with --tokenizer DIR if it is the model's)"
+        if unloadable
+        else ""
+    )
     raise InteropError(
         f"validation cache {cache.path} was tokenized with {recorded.name!r} "
         f"({recorded.vocab_size} tokens, digest {recorded.digest[:12]}) but the model in "
         f"{model_folder} uses {tokenizer.info.name!r} ({tokenizer.info.vocab_size} tokens, "
-        f"digest {tokenizer.info.digest[:12]}); score it with a model of that tokenizer, or "
-        "retokenize the validation set with the model's"
+        f"digest {tokenizer.info.digest[:12]}){why}; score it with a model of that tokenizer, "
+        "or retokenize the validation set with the model's"
     )
 
 
-def _same_definition(cache: Any, tokenizer: Any) -> bool:
-    """Whether the cache's recorded tokenizer, loaded, is defined exactly as `tokenizer` is
-    (False when it cannot be loaded here: nothing then shows that it is the same)."""
+def _recorded_tokenizer(cache: Any) -> tuple[Any, str]:
+    """(the tokenizer the cache records, loaded; None and why when it cannot be)."""
     from kiln.data.errors import KilnDataError
     from kiln.data.tokenizer import load_tokenizer, resolve_tokenizer_spec
 
     search_from = [Path.cwd()] + ([cache.path] if isinstance(cache.path, Path) else [])
     spec = resolve_tokenizer_spec(cache.info["tokenizer"].get("spec"), search_from)
     try:
-        theirs = load_tokenizer(spec)
-    except (KilnDataError, OSError, ValueError, TypeError):
-        return False
-    return _definition(theirs) == _definition(tokenizer)
+        return load_tokenizer(spec), ""
+    except (KilnDataError, OSError, ValueError, TypeError) as e:
+        return None, str(e)
 
 
 def _definition(tokenizer: Any) -> Any:

@@ -511,6 +511,10 @@ def test_cli_eval_refuses_bad_input_in_one_line(
         errors.append(capsys.readouterr().err)
         assert expected in errors[-1], errors[-1]
     assert f"the model in {out} uses 'hf'" in errors[0]
+    shutil.rmtree(swapped)  # the cache's tokenizer gone: its definition cannot be compared
+    assert main(["eval", str(out), "--validation", str(other)]) == 1
+    errors.append(capsys.readouterr().err)
+    assert "cannot be loaded here to compare definitions" in errors[-1]
     mistral = hf_config_folder(tmp_path, transformers.MistralConfig(sliding_window=64, **SMALL))
     assert main(["eval", str(mistral), "--tasks", EVAL_TASK]) == 1
     errors.append(capsys.readouterr().err)
