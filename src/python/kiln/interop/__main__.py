@@ -9,6 +9,13 @@
   import HF_DIR [--tokenizer DIR]
       reads and checks a transformers Llama folder (config.json + safetensors) and prints the
       `llama(...)` it is in a BUILD file, or what keeps Kiln from computing it.
+  eval HF_DIR [HF_DIR ...] [--tasks NAME[:SHOTS],...|core] [--task-files DIR ...]
+       [--max-examples N] [--validation [NAME=]CACHE_DIR ...] [--seq-len N] [--batch-size N]
+       [--max-eval-batches N] [--compute-dtype float32|bfloat16] [--tokenizer DIR]
+       [--out RESULTS.json]
+      scores each transformers Llama folder with the lm-eval tasks and validation caches a
+      training run evaluates itself with (same code, same metric names) and prints a table with
+      a column per folder; --out also writes every metric as JSON.
 
 Exit codes: 0 done; 1 bad input (a one-paragraph message naming what differs, no traceback).
 """
@@ -19,6 +26,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}  # fmt: skip
@@ -32,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "export":
             return _export(args)
+        if args.command == "eval":
+            return _eval(args)
         return _import(args)
     except InteropError as e:
         print(f"kiln.interop: error: {e}", file=sys.stderr)
@@ -97,7 +107,79 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="the vocabulary to check against (default: the folder's own)",
     )
+    _add_eval_parser(commands)
     return parser
+
+
+def parse_tasks(text: str) -> list[dict[str, Any]]:
+    """lm-eval task entries from "hellaswag:10,arc_easy" (0 shots unless given) or "core"."""
+    from kiln_contract.evals import CORE_TASKS
+
+    if text.strip() == "core":
+        return [task.to_json() for task in CORE_TASKS]
+    tasks = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, shots = item.partition(":")
+        if not name or (shots and not shots.isdigit()):
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a task; write NAME or NAME:SHOTS (e.g. hellaswag:10), or `core`"
+            )
+        tasks.append({"name": name, "num_fewshot": int(shots or 0)})
+    if not tasks:
+        raise argparse.ArgumentTypeError("--tasks names no task")
+    return tasks
+
+
+def parse_validation(text: str) -> Any:
+    """A validation cache from "NAME=DIR" or "DIR" (named like a run names it: the last part
+    of its cache name)."""
+    from kiln.interop.evaluate import ValidationCache
+
+    name, sep, path = text.partition("=")
+    if not sep:
+        return ValidationCache(name="", path=text)
+    if not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=CACHE_DIR or CACHE_DIR")
+    return ValidationCache(name=name, path=path)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _add_eval_parser(commands: Any) -> None:
+    evaluate = commands.add_parser(
+        "eval", help="score transformers Llama folders with Kiln's evals, side by side"
+    )
+    evaluate.add_argument("hf_dirs", type=Path, nargs="+", metavar="HF_DIR",
+                          help="a transformers Llama folder (config, safetensors, tokenizer)")
+    evaluate.add_argument(
+        "--tasks", type=parse_tasks, default=None,
+        help="lm-eval tasks: NAME[:SHOTS],... or `core` (the DCLM CORE suite)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--task-files", type=Path, action="append", default=[], metavar="DIR",
+        help="a folder of local lm-eval task YAML (repeatable)",
+    )  # fmt: skip
+    evaluate.add_argument("--max-examples", type=positive_int, default=None, metavar="N",
+                          help="score at most N documents per task")  # fmt: skip
+    evaluate.add_argument(
+        "--validation", type=parse_validation, action="append", default=[],
+        metavar="[NAME=]CACHE_DIR", help="a token cache for eval/NAME/loss and bpb (repeatable)",
+    )  # fmt: skip
+    evaluate.add_argument("--seq-len", type=positive_int, default=None, metavar="N",
+                          help="validation window length (default: the model's max_seq_len)")
+    evaluate.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
+                          help="validation windows per batch (default 8)")
+    evaluate.add_argument("--max-eval-batches", type=positive_int, default=None, metavar="N",
+                          help="validation batches per cache (default: all its windows)")
+    evaluate.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32")
+    evaluate.add_argument("--tokenizer", type=Path, default=None, metavar="DIR",
+                          help="the models' tokenizer folder (default: each folder's own)")
+    evaluate.add_argument("--out", type=Path, default=None, metavar="RESULTS.json",
+                          help="write all metrics as JSON")
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -140,6 +222,79 @@ def _import(args: argparse.Namespace) -> int:
         + "  )"
     )
     return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from kiln.artifacts import atomic_write_json
+    from kiln.interop.errors import InteropError
+    from kiln.interop.evaluate import EvalRequest, evaluate_hf_llama
+
+    if args.tasks is None and not args.validation:
+        raise InteropError("eval needs --tasks, --validation or both: nothing to score")
+    request = EvalRequest(
+        suite=_suite(args),
+        validation=tuple(_named(v) for v in args.validation),
+        seq_len=args.seq_len,
+        max_eval_batches=args.max_eval_batches,
+        compute_dtype=args.compute_dtype,
+        **({"batch_size": args.batch_size} if args.batch_size else {}),
+    )
+    results = {
+        str(folder): evaluate_hf_llama(folder, request, tokenizer_dir=args.tokenizer)
+        for folder in args.hf_dirs
+    }
+    print(format_table(results))
+    if args.out is not None:
+        atomic_write_json(args.out, {"models": results})
+    return 0
+
+
+def _suite(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.tasks is None:
+        return None
+    return {
+        "tasks": args.tasks,
+        "every": 1,
+        "max_examples": args.max_examples,
+        "task_paths": [str(folder.resolve()) for folder in args.task_files],
+    }
+
+
+def _named(cache: Any) -> Any:
+    """A validation cache without a name is named as a run names it: the last part of the
+    name its cache.json records."""
+    from dataclasses import replace
+
+    from kiln.data.cache import read_cache_records
+    from kiln.data.errors import KilnDataError
+    from kiln.interop.errors import InteropError
+
+    if cache.name:
+        return cache
+    location = cache.path if "://" in cache.path else Path(cache.path)
+    try:
+        info, _ = read_cache_records(location)
+    except (KilnDataError, OSError, ValueError) as e:
+        raise InteropError(f"validation cache {cache.path}: {e}") from None
+    return replace(cache, name=str(info.get("name", Path(cache.path).name)).split("/")[-1])
+
+
+def format_table(results: dict[str, dict[str, float]]) -> str:
+    """One row per metric (timings left out), one column per model."""
+    names = sorted({name for metrics in results.values() for name in metrics
+                    if not name.endswith("seconds")})  # fmt: skip
+    width = max(map(len, ["metric", *names]))
+    columns = list(results)
+    lines = ["  ".join([f"{'metric':<{width}}", *columns])]
+    for name in names:
+        cells = [_cell(results[model].get(name), len(model)) for model in columns]
+        lines.append("  ".join([f"{name:<{width}}", *cells]))
+    return "\n".join(lines)
+
+
+def _cell(value: float | None, width: int) -> str:
+    text = "n/a" if value is None else f"{value:.4f}"
+    return f"{text:>{max(width, 10)}}"
 
 
 def _tokenizer(folder: Path, *, required: bool):

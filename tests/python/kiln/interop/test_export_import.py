@@ -1,7 +1,8 @@
 """Export and import in the runtime resolve (no torch): the fp32 round trip is bit-identical, the
 folder is what transformers reads (config, generation config, shards, tokenizer), bad input is
-refused naming what differs, and nothing is half-written. test_hf_parity.py runs the exported
-folders in transformers' own Llama."""
+refused naming what differs, and nothing is half-written; `eval` scores an exported checkpoint
+exactly as its run scored itself. test_hf_parity.py runs the exported folders in transformers'
+own Llama."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ import numpy as np
 import pytest
 from flax import nnx
 from kiln_testing.data import STDLIB_TOKENIZER
-from kiln_testing.training import build_tiny_cache, make_spec
+from kiln_testing.training import (
+    EVAL_TASK,
+    build_tiny_cache,
+    make_spec,
+    read_jsonl,
+    write_eval_task,
+)
 
 from kiln.artifacts import atomic_write_json
 from kiln.data.tokenizer import load_tokenizer
@@ -249,10 +256,15 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("run")
     cache = build_tiny_cache(folder, "tokenized/a", 40, seed=0)
+    validation = build_tiny_cache(folder, "tokenized/val", 20, seed=2)
+    evals = {"tasks": [{"name": EVAL_TASK, "num_fewshot": 0}], "every": 2,
+             "task_paths": [str(write_eval_task(folder / "tasks"))]}  # fmt: skip
     output = folder / "out"
-    spec = make_spec(output, {"tokenized/a": cache}, {},
+    # Validation and lm-eval at steps 2 and 3, the steps of its checkpoints.
+    spec = make_spec(output, {"tokenized/a": cache}, {"tokenized/val": validation},
                      **{"config.num_train_steps": 3, "config.seq_len": 32,
-                        "runtime.checkpointer.every": 2})  # fmt: skip
+                        "runtime.checkpointer.every": 2, "runtime.validation_every": 2,
+                        "config.evals": evals})  # fmt: skip
     output.mkdir()
     atomic_write_json(output / "train_spec.json", spec)  # as kiln.runner does
     train(parse_spec(spec))
@@ -418,3 +430,93 @@ def test_a_dev_export_is_rebuilt(trained_run: Path, tmp_path: Path, capsys: Any)
     assert main(export) == 0
     assert not (out / "stale").exists() and (out / "STATUS").is_file()
     assert not list(out.parent.glob(".dev.*"))
+
+
+# --- `eval`: an exported checkpoint scores what its run logged ------------------------------
+
+
+def logged_metrics(run: Path, step: int) -> dict[str, float]:
+    """Everything the run logged at `step` (validation and lm-eval are separate lines)."""
+    merged: dict[str, float] = {}
+    for record in read_jsonl(run / "metrics.jsonl"):
+        if record["step"] == step:
+            merged.update(record)
+    return merged
+
+
+def test_cli_eval_of_exports_equals_what_the_run_logged(
+    trained_run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    for step in (2, 3):
+        assert main(["export", str(trained_run), str(tmp_path / f"step{step}"),
+                     "--step", str(step)]) == 0  # fmt: skip
+    capsys.readouterr()
+    spec = json.loads((trained_run / "train_spec.json").read_text())
+    config = spec["config"]
+    assert main([
+        "eval", str(tmp_path / "step2"), str(tmp_path / "step3"), "--tasks", EVAL_TASK,
+        *("--task-files", config["evals"]["task_paths"][0]),
+        *("--validation", config["validation"][0]["path"]),  # named `val`, as the run names it
+        *("--seq-len", "32", "--batch-size", "4", "--max-eval-batches", "2"),  # the run's windows
+        *("--out", str(tmp_path / "results.json")),
+    ]) == 0  # fmt: skip
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split()[1:] == [str(tmp_path / "step2"), str(tmp_path / "step3")]
+    assert any(line.split()[0] == "eval/val/bpb" for line in table.splitlines())
+    results = json.loads((tmp_path / "results.json").read_text())["models"]
+    for step in (2, 3):
+        scored = results[str(tmp_path / f"step{step}")]
+        logged = logged_metrics(trained_run, step)
+        assert {"eval/val/loss", "eval/val/bpb", f"lm_eval/{EVAL_TASK}/acc"} <= scored.keys()
+        # Same float32 parameters (the export is exact), same jitted functions: equal values.
+        differing = {
+            name: (value, logged.get(name))
+            for name, value in scored.items()
+            if not name.endswith("seconds") and logged.get(name) != value
+        }
+        assert not differing, step
+
+
+def a_different_tokenizer(tmp_path: Path) -> Path:
+    """kiln-stdlib-8k with two token ids swapped: as many tokens, other meanings."""
+    folder = tmp_path / "swapped-8k"
+    shutil.copytree(STDLIB_TOKENIZER["path"], folder)
+    definition = json.loads((folder / "tokenizer.json").read_text())
+    vocab = definition["model"]["vocab"]
+    first, second = (token for token, index in vocab.items() if index in (300, 301))
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (folder / "tokenizer.json").write_text(json.dumps(definition))
+    return folder
+
+
+def test_cli_eval_refuses_bad_input_in_one_line(
+    tokenizer: Any, tmp_path: Path, capsys: Any
+) -> None:
+    import transformers
+
+    config = LlamaConfig(**{**MHA_TIED.to_json(), "max_seq_len": 64})
+    out = write_hf_llama(tmp_path / "hf", config, random_params(config, 9), tokenizer)
+    swapped = a_different_tokenizer(tmp_path)
+    other = build_tiny_cache(tmp_path, "tokenized/other", 5, seed=3,
+                             tokenizer={"kind": "local", "path": str(swapped)})  # fmt: skip
+    capsys.readouterr()
+    refusals = {
+        ("--validation", str(other)): "was tokenized with 'swapped-8k' (8192 tokens, digest",
+        (): "nothing to score",
+        ("--tasks", f"{EVAL_TASK},{EVAL_TASK}"): f"two entries are logged as '{EVAL_TASK}'",
+    }
+    errors = []
+    for arguments, expected in refusals.items():
+        assert main(["eval", str(out), *arguments]) == 1
+        errors.append(capsys.readouterr().err)
+        assert expected in errors[-1], errors[-1]
+    assert f"the model in {out} uses 'hf'" in errors[0]
+    shutil.rmtree(swapped)  # the cache's tokenizer gone: its definition cannot be compared
+    assert main(["eval", str(out), "--validation", str(other)]) == 1
+    errors.append(capsys.readouterr().err)
+    assert "cannot be loaded here to compare definitions" in errors[-1]
+    mistral = hf_config_folder(tmp_path, transformers.MistralConfig(sliding_window=64, **SMALL))
+    assert main(["eval", str(mistral), "--tasks", EVAL_TASK]) == 1
+    errors.append(capsys.readouterr().err)
+    assert "model_type='mistral'" in errors[-1]
+    assert all(error.count("\n") == 1 for error in errors), errors  # one line, no traceback
