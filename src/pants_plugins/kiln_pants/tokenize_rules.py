@@ -42,6 +42,7 @@ from kiln_contract.tokenize import (
     Source,
     StdlibSource,
     TokenizerSpec,
+    UrlFilesSource,
 )
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -58,6 +59,7 @@ from kiln_pants.target_types import (
     CacheSourceField,
     CacheSourcesField,
     CacheStorageField,
+    HfDataFilesField,
     HfRevisionField,
     HfSubsetField,
     MaxDocumentCharsField,
@@ -131,7 +133,7 @@ def _source_spec(target: Any, files: SourceFiles | None) -> Source:
     split = target[SplitField].value
     if files is not None:
         return FilesSource(tuple(sorted(files.files)))
-    if isinstance(source, LevanterCacheSource):
+    if isinstance(source, (LevanterCacheSource, UrlFilesSource)):
         return source
     if source in STDLIB_SOURCES:
         return StdlibSource(part=source.split(":", 1)[1], split=split)
@@ -142,6 +144,7 @@ def _source_spec(target: Any, files: SourceFiles | None) -> Source:
         split=split,
         revision=target[HfRevisionField].value,
         subset=target[HfSubsetField].value,
+        data_files=tuple(target[HfDataFilesField].value or ()),
         where=tuple(sorted((target[RecordFilterField].value or {}).items())),
     )
 
