@@ -32,6 +32,21 @@ from kiln_contract.vocabulary import STDLIB_PARTS, STDLIB_SPLITS, check_address
 
 SPEC_VERSION = 1
 SPEC_KIND = "tokenized_cache"
+# The Hugging Face settings a tokenize process needs and that must not enter its cache key: the
+# backend writes the user's values to HUB_SETTINGS_FILE in a Pants named cache (not part of any
+# key), mounted at HUB_SETTINGS_DIR in the sandbox; the entry point reads them before importing
+# huggingface_hub (docs/token-cache.md, "Hub credentials").
+HUB_VARIABLES = (
+    "HF_TOKEN",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+)
+HUB_SETTINGS_CACHE = "kiln_hub_settings"
+HUB_SETTINGS_DIR = ".kiln_hub_settings"
+HUB_SETTINGS_FILE = "settings.json"
 FILE_FORMATS = ("auto", "json", "jsonl", "parquet", "text")
 TOKENIZER_KINDS = ("hf", "local", "package")
 # `config`'s keys: CacheSpec's fields but its address and identity.

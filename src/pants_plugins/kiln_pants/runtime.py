@@ -27,6 +27,7 @@ from pants.engine.fs import Digest, MergeDigests
 from pants.engine.process import Process, ProcessCacheScope
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import TransitiveTargets, TransitiveTargetsRequest
+from pants.util.frozendict import FrozenDict
 from pants.util.logging import LogLevel
 
 # The runtime's entry points, as modules and the files that own them.
@@ -130,6 +131,8 @@ class RuntimeProcess:
     output_directories: tuple[str, ...]
     cache_scope: ProcessCacheScope = ProcessCacheScope.SUCCESSFUL
     timeout_seconds: int | None = None
+    # Named caches to mount: their names enter the cache key, their contents do not.
+    append_only_caches: FrozenDict[str, str] = FrozenDict()
 
 
 @rule
@@ -147,6 +150,7 @@ async def runtime_process(request: RuntimeProcess) -> Process:
             output_directories=request.output_directories,
             cache_scope=request.cache_scope,
             timeout_seconds=request.timeout_seconds,
+            append_only_caches=request.append_only_caches,
         ),
     )
 

@@ -52,6 +52,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFilesRequest,
 )
 from kiln_pants.artifact_store import artifact_path, artifact_record
+from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
@@ -175,7 +176,10 @@ async def _built(
 
 @rule(desc="Tokenizing a cache")
 async def build_tokenized_cache(
-    request: BuildCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
+    request: BuildCacheRequest,
+    kiln: KilnSubsystem,
+    build_root: BuildRoot,
+    hub: HubSettingsCache,
 ) -> BuiltCache:
     wrapped, graph, runtime = await MultiGet(
         Get(
@@ -241,6 +245,7 @@ async def build_tokenized_cache(
                 input_digest=input_digest,
                 output_directories=layout.outputs(layout.cache),
                 cache_scope=layout.cache_scope,
+                append_only_caches=hub.append_only_caches,
             ),
         )
         imported = await Get(ProcessResult, Process, import_process)
@@ -259,6 +264,7 @@ async def build_tokenized_cache(
                 input_digest=input_digest,
                 output_directories=layout.outputs(shard),
                 cache_scope=layout.cache_scope,
+                append_only_caches=hub.append_only_caches,
             ),
         )
         for index, shard in enumerate(layout.shards)
@@ -286,6 +292,7 @@ async def build_tokenized_cache(
             input_digest=merge_input,
             output_directories=layout.outputs(layout.cache),
             cache_scope=layout.cache_scope,
+            append_only_caches=hub.append_only_caches,
         ),
     )
     merged = await Get(ProcessResult, Process, merge_process)

@@ -416,27 +416,55 @@ def load_hf_dataset(source: HfSource) -> Any:
             streaming=True,
         )
     except Exception as e:  # datasets raises ConnectionError, FileNotFoundError, ValueError, ...
+        offline = (
+            " Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set): only the local Hugging Face "
+            "cache (HF_HOME) is read, and it does not hold this dataset."
+            if _hf_offline() and not is_local
+            else ""
+        )
         raise SourceError(
             f"Could not load the Hugging Face dataset {source.id!r} (split {source.split!r}): "
-            f"{type(e).__name__}: {_first_line(e)}. {_hf_advice()}"
+            f"{type(e).__name__}: {_first_line(e)}.{offline} {_hf_advice()}"
         ) from None
 
 
 def _probe_hub(source: HfSource) -> None:
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         HfApi().dataset_info(source.id, revision=source.revision, timeout=10)
+    except GatedRepoError:  # before RepositoryNotFoundError: it is one
+        raise SourceError(
+            f"The Hugging Face dataset {source.id!r} is gated: accept its terms on "
+            f"huggingface.co with your account, then set HF_TOKEN to a token of that account "
+            f"{_token_state()}."
+        ) from None
+    except RevisionNotFoundError:
+        raise SourceError(
+            f"The Hugging Face dataset {source.id!r} has no revision {source.revision!r}: "
+            "check the target's `revision` field."
+        ) from None
     except RepositoryNotFoundError:
         raise SourceError(
-            f"The Hugging Face dataset {source.id!r} does not exist (or is private). {_hf_advice()}"
+            f"The Hugging Face dataset {source.id!r} does not exist, or is private: check the id, "
+            f"or set HF_TOKEN to a token that can read it {_token_state()}. {_hf_advice()}"
         ) from None
     except Exception as e:  # connection errors come from httpx / requests, whichever hub uses
         raise SourceError(
             f"The Hugging Face hub is unreachable while looking up dataset {source.id!r} "
             f"({type(e).__name__}: {_first_line(e)}). {_hf_advice()}"
         ) from None
+
+
+def _token_state() -> str:
+    return "(HF_TOKEN is set, but that token has no access)" if os.environ.get("HF_TOKEN") else (
+        "(HF_TOKEN is not set)"
+    )
 
 
 def _hf_offline() -> bool:

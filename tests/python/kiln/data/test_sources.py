@@ -145,6 +145,7 @@ def test_hf_offline_fails_fast_naming_the_dataset():
         _texts(HfSource(id="kiln-test/no-such-dataset", split="train"))
     message = str(error.value)
     assert "'kiln-test/no-such-dataset'" in message
+    assert "Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set)" in message
     assert '"kind": "files"' in message
 
 
