@@ -32,7 +32,22 @@ from kiln_contract.vocabulary import STDLIB_PARTS, STDLIB_SPLITS, check_address
 
 SPEC_VERSION = 1
 SPEC_KIND = "tokenized_cache"
-FILE_FORMATS = ("auto", "jsonl", "parquet", "text")
+# The Hugging Face settings a tokenize process needs and that must not enter its cache key: the
+# backend writes the user's values to HUB_SETTINGS_FILE in a Pants named cache (not part of any
+# key), mounted at HUB_SETTINGS_DIR in the sandbox; the entry point reads them before importing
+# huggingface_hub (docs/token-cache.md, "Hub credentials").
+HUB_VARIABLES = (
+    "HF_TOKEN",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+)
+HUB_SETTINGS_CACHE = "kiln_hub_settings"
+HUB_SETTINGS_DIR = ".kiln_hub_settings"
+HUB_SETTINGS_FILE = "settings.json"
+FILE_FORMATS = ("auto", "json", "jsonl", "parquet", "text")
 TOKENIZER_KINDS = ("hf", "local", "package")
 # `config`'s keys: CacheSpec's fields but its address and identity.
 _CONFIG_KEYS = ("source", "tokenizer", "text_key", "max_document_chars", "num_shards")
@@ -65,6 +80,8 @@ class HfSource:
     subset: str | None = None
     # Keep only records whose fields equal these values (one category of a snapshot).
     where: tuple[tuple[str, str], ...] = ()
+    # Read only the repository's files matching these globs (`c4_en/val/val*.jsonl.gz`), as `split`.
+    data_files: tuple[str, ...] = ()
 
     kind = "hf"
 
@@ -73,6 +90,8 @@ class HfSource:
         check_str("split", self.split)
         check_optional(check_str, "revision", self.revision)
         check_optional(check_str, "subset", self.subset)
+        for i, pattern in enumerate(self.data_files):
+            check_str(f"data_files[{i}]", pattern)
         for key, value in self.where:
             if not isinstance(value, str):
                 raise SpecError(f"where.{key}", f"expected a string, got {value!r}")
@@ -121,9 +140,63 @@ class LevanterCacheSource:
         return {"kind": self.kind, "location": self.location}
 
 
-Source = Union[FilesSource, HfSource, StdlibSource, LevanterCacheSource]
+# How a pinned download is checked: the file's SHA-256, or its git blob id (the SHA-1 that a
+# repository's tree records for it, for a file whose SHA-256 was never published).
+DIGEST_LENGTHS = {"sha256": 64, "git-blob-sha1": 40}
+URL_SCHEMES = ("https://", "http://")
+
+
+def check_digest(field: str, value: Any) -> None:
+    check_str(field, value)
+    algorithm, _, hexdigest = value.partition(":")
+    length = DIGEST_LENGTHS.get(algorithm)
+    if length is None or len(hexdigest) != length or not _is_lower_hex(hexdigest):
+        raise SpecError(
+            field,
+            f"expected 'sha256:' and 64 lowercase hex digits (or 'git-blob-sha1:' and 40), "
+            f"got {value!r}",
+        )
+
+
+def _is_lower_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+@dataclass(frozen=True)
+class UrlFilesSource:
+    """Files downloaded from pinned URLs, each checked against its digest, then read as local
+    files (FilesSource's formats, plus `json`: one JSON array of documents)."""
+
+    files: tuple[tuple[str, str], ...]  # (url, digest), in declaration order
+    format: str = "auto"
+
+    kind = "url_files"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.files, tuple) or not self.files:
+            raise SpecError("files", "expected a {url: digest} mapping of at least one file")
+        for url, digest in self.files:
+            check_str("files", url)
+            if not url.startswith(URL_SCHEMES) or len(url.split("/")) < 4:
+                raise SpecError(f"files[{url!r}]", "expected an https:// (or http://) file URL")
+            check_digest(f"files[{url!r}]", digest)
+        check_choice("format", self.format, FILE_FORMATS)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "files": dict(self.files), "format": self.format}
+
+
+def url_files(files: Mapping[str, str], format: str = "auto") -> UrlFilesSource:  # noqa: A002
+    """The BUILD helper: `url_files({url: "sha256:..."})`."""
+    if not isinstance(files, Mapping):
+        raise SpecError("files", f"expected a {{url: digest}} mapping, got {files!r}")
+    return UrlFilesSource(tuple(files.items()), format)
+
+
+Source = Union[FilesSource, HfSource, StdlibSource, LevanterCacheSource, UrlFilesSource]
 _SOURCES: dict[str, type[Source]] = {
-    cls.kind: cls for cls in (FilesSource, HfSource, StdlibSource, LevanterCacheSource)
+    cls.kind: cls
+    for cls in (FilesSource, HfSource, StdlibSource, LevanterCacheSource, UrlFilesSource)
 }
 
 
@@ -135,6 +208,12 @@ def source_from_json(obj: Any, where: str = "source") -> Source:
     values = json_fields(cls, {k: v for k, v in obj.items() if k != "kind"}, where)
     if "paths" in values:
         values["paths"] = tuple(json_list(values["paths"], field_path(where, "paths")))
+    if "data_files" in values:
+        values["data_files"] = tuple(json_list(values["data_files"], field_path(where, "data_files")))
+    if cls is UrlFilesSource:
+        if not isinstance(values.get("files"), Mapping):
+            raise SpecError(field_path(where, "files"), "expected a JSON object {url: digest}")
+        values["files"] = tuple(values["files"].items())
     if "where" in values:
         if not isinstance(values["where"], Mapping):
             raise SpecError(field_path(where, "where"), "expected a JSON object")
@@ -146,13 +225,18 @@ def source_from_json(obj: Any, where: str = "source") -> Source:
 
 
 def source_to_json(source: Source) -> dict[str, Any]:
+    if isinstance(source, UrlFilesSource):
+        return source.to_json()
     values = {"kind": source.kind, **scalar_json(source)}
     if isinstance(source, FilesSource):
         values["paths"] = list(source.paths)
     if isinstance(source, HfSource):
         values.pop("where")
+        values.pop("data_files")
         if source.where:
             values["where"] = dict(source.where)
+        if source.data_files:
+            values["data_files"] = list(source.data_files)
     return values
 
 

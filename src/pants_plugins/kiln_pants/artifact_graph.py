@@ -25,7 +25,7 @@ from pants.engine.target import (
     TransitiveTargetsRequest,
 )
 
-from kiln_contract.tokenize import LevanterCacheSource
+from kiln_contract.tokenize import LevanterCacheSource, UrlFilesSource
 from kiln_contract.vocabulary import is_mutable_version
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.hf_model_targets import (
@@ -43,6 +43,7 @@ from kiln_pants.target_types import (
     ComputeDtypeField,
     DatasetsField,
     EvalsField,
+    HfDataFilesField,
     HfRevisionField,
     HfSubsetField,
     InitFromField,
@@ -176,6 +177,9 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
     elif isinstance(source, LevanterCacheSource):
         # Its content is pinned on import (docs/token-cache.md): a changed cache is refused.
         source_identity = source.to_json()
+    elif isinstance(source, UrlFilesSource):
+        # The digests pin the content: a download that differs is refused.
+        source_identity = source.to_json()
     elif source in STDLIB_SOURCES:
         # The runtime is pinned to CPython 3.12 (3rdparty/python): its docs are the text.
         source_identity = {
@@ -195,6 +199,9 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
             "subset": target[HfSubsetField].value,
             "split": split,
         }
+        data_files = target[HfDataFilesField].value
+        if data_files:
+            source_identity["data_files"] = list(data_files)
     where = target[RecordFilterField].value
     if where:
         source_identity["where"] = dict(sorted(where.items()))

@@ -1,5 +1,5 @@
 """Typed helper objects for BUILD files: `llama(...)`, `adam(...)`, `eval_task(...)`, `eval_suite(...)`,
-`gpu(...)`, `tpu(...)`, `cpu(...)`, `hf_model_source(...)`, `levanter_cache(...)` and the
+`gpu(...)`, `tpu(...)`, `cpu(...)`, `hf_model_source(...)`, `levanter_cache(...)`, `url_files(...)` and the
 `CORE_TASKS` constant.
 
 The objects are the contract's (kiln_contract), the ones the runtime reads back from the step
@@ -19,7 +19,7 @@ from kiln_contract.adam import AdamConfig
 from kiln_contract.evals import CORE_TASKS, DEFAULT_SEQUENCE_START, EvalSuiteConfig, EvalTask
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
-from kiln_contract.tokenize import LevanterCacheSource
+from kiln_contract.tokenize import LevanterCacheSource, url_files
 from kiln_contract.train import HfModelSource, Resources
 
 T = TypeVar("T")
@@ -123,5 +123,6 @@ BUILD_FILE_OBJECTS = {
     "cpu": _helper("cpu", cpu),
     "hf_model_source": _helper("hf_model_source", HfModelSource),
     "levanter_cache": _helper("levanter_cache", LevanterCacheSource),
+    "url_files": _helper("url_files", url_files),
     "CORE_TASKS": CORE_TASKS,
 }

@@ -135,6 +135,8 @@ class RuntimeProcess:
     # Variables of the caller's environment (credentials): only for PER_SESSION processes, whose
     # keys are never persisted.
     env: FrozenDict[str, str] = FrozenDict()
+    # Named caches to mount: their names enter the cache key, their contents do not.
+    append_only_caches: FrozenDict[str, str] = FrozenDict()
 
     def __post_init__(self) -> None:
         if self.env and self.cache_scope != ProcessCacheScope.PER_SESSION:
@@ -156,6 +158,7 @@ async def runtime_process(request: RuntimeProcess) -> Process:
             output_directories=request.output_directories,
             cache_scope=request.cache_scope,
             timeout_seconds=request.timeout_seconds,
+            append_only_caches=request.append_only_caches,
         ),
     )
 

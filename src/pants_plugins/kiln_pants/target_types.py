@@ -39,7 +39,7 @@ from kiln_contract.parsing import (
     check_number,
     check_str,
 )
-from kiln_contract.tokenize import LevanterCacheSource
+from kiln_contract.tokenize import LevanterCacheSource, UrlFilesSource
 from kiln_contract.train import HfModelSource, Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
@@ -155,8 +155,12 @@ class _SymbolField(Field):
 STDLIB_SOURCES = tuple(f"stdlib:{part}" for part in STDLIB_PARTS)
 
 
+# Sources declared with a BUILD helper rather than a string.
+HELPER_SOURCES = (LevanterCacheSource, UrlFilesSource)
+
+
 class CacheSourceField(Field):
-    value: Union[str, LevanterCacheSource, None]
+    value: Union[str, LevanterCacheSource, UrlFilesSource, None]
     alias = "source"
     default = None
     help = (
@@ -165,19 +169,24 @@ class CacheSourceField(Field):
         "glob on this machine (`/data/corpus/*.jsonl`), the Python standard library's own "
         "prose: `stdlib:docstrings`, `stdlib:pydoc_topics`, `stdlib:all` (what the quickstart "
         "uses), or an existing Levanter/Marin token cache, imported rather than re-tokenized: "
-        "`levanter_cache('s3://bucket/tokenized/dclm-1a2b3c/train')` (the folder of one split)."
+        "`levanter_cache('s3://bucket/tokenized/dclm-1a2b3c/train')` (the folder of one split), "
+        "or files at pinned URLs, downloaded once and checked against their digests: "
+        "`url_files({'https://host/data/x.jsonl.gz': 'sha256:<64 hex digits>'})`."
     )
 
     @classmethod
     def compute_value(
         cls, raw_value: Optional[Any], address: Address
-    ) -> Union[str, LevanterCacheSource, None]:
+    ) -> Union[str, LevanterCacheSource, UrlFilesSource, None]:
         value = super().compute_value(raw_value, address)
-        if value is None or isinstance(value, LevanterCacheSource):
+        if value is None or isinstance(value, HELPER_SOURCES):
             return value
         if not isinstance(value, str):
             raise InvalidFieldTypeException(
-                address, cls.alias, value, expected_type="a string or `levanter_cache(...)`"
+                address,
+                cls.alias,
+                value,
+                expected_type="a string, `levanter_cache(...)` or `url_files(...)`",
             )
         if value in STDLIB_SOURCES or value.startswith("/") or HF_REPO_ID.match(value):
             return value
@@ -188,8 +197,8 @@ class CacheSourceField(Field):
             )
         raise InvalidFieldException(
             f"The `source` field in target {address} must be a Hugging Face dataset id "
-            f"(`org/name`), an absolute path or glob, a `stdlib:` source or "
-            f"`levanter_cache(...)`; got {value!r}. For files in this repo use `sources=[...]` "
+            f"(`org/name`), an absolute path or glob, a `stdlib:` source, "
+            f"`levanter_cache(...)` or `url_files(...)`; got {value!r}. For files in this repo use `sources=[...]` "
             "instead."
         )
 
@@ -211,6 +220,15 @@ class HfRevisionField(StringField):
 class HfSubsetField(StringField):
     alias = "subset"
     help = "For a Hugging Face `source`: the dataset configuration (subset) name."
+
+
+class HfDataFilesField(StringSequenceField):
+    alias = "data_files"
+    help = (
+        "For a Hugging Face `source`: read only the repository's files matching these globs, as "
+        "the `split`, e.g. `['c4_en/val/val*.jsonl.gz']` (Paloma's layout). Part of the "
+        "fingerprint; pin `revision` with it."
+    )
 
 
 class RecordFilterField(DictStringToStringField):
@@ -341,6 +359,7 @@ class TokenizedCacheTarget(Target):
         CacheSourcesField,
         HfRevisionField,
         HfSubsetField,
+        HfDataFilesField,
         RecordFilterField,
         SplitField,
         TokenizerField,
@@ -376,11 +395,21 @@ class TokenizedCacheTarget(Target):
         check_default_artifact_name(self)
 
     def _check_imported_cache_fields(self) -> None:
-        """An imported Levanter cache is used as it is: reading options would be ignored."""
-        if not isinstance(self[CacheSourceField].value, LevanterCacheSource):
+        """An imported Levanter cache is used as it is: reading options would be ignored; so are
+        the hub's options for any source that is not a hub dataset."""
+        source = self[CacheSourceField].value
+        if isinstance(source, UrlFilesSource) or source is None:
+            ignored = self._set_fields(HfRevisionField, HfSubsetField, HfDataFilesField)
+            if ignored:
+                raise InvalidTargetException(
+                    f"The `tokenized_cache` target {self.address} reads no Hugging Face dataset: "
+                    f"remove {', '.join(f'`{alias}`' for alias in ignored)}."
+                )
+        if not isinstance(source, LevanterCacheSource):
             return
-        fields = (HfRevisionField, HfSubsetField, RecordFilterField)
-        ignored = [field.alias for field in fields if self[field].value]
+        ignored = self._set_fields(
+            HfRevisionField, HfSubsetField, HfDataFilesField, RecordFilterField
+        )
         if self[NumShardsField].value != 1:
             ignored.append(NumShardsField.alias)
         if ignored:
@@ -388,6 +417,9 @@ class TokenizedCacheTarget(Target):
                 f"The `tokenized_cache` target {self.address} imports a Levanter cache, which is "
                 f"used as it is: remove {', '.join(f'`{alias}`' for alias in ignored)}."
             )
+
+    def _set_fields(self, *fields: type[Field]) -> list[str]:
+        return [field.alias for field in fields if self[field].value]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from kiln_contract.tokenize import (
     Source,
     StdlibSource,
     TokenizerSpec,
+    UrlFilesSource,
 )
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -51,6 +52,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFilesRequest,
 )
 from kiln_pants.artifact_store import artifact_path, artifact_record
+from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
@@ -58,6 +60,7 @@ from kiln_pants.target_types import (
     CacheSourceField,
     CacheSourcesField,
     CacheStorageField,
+    HfDataFilesField,
     HfRevisionField,
     HfSubsetField,
     MaxDocumentCharsField,
@@ -131,7 +134,7 @@ def _source_spec(target: Any, files: SourceFiles | None) -> Source:
     split = target[SplitField].value
     if files is not None:
         return FilesSource(tuple(sorted(files.files)))
-    if isinstance(source, LevanterCacheSource):
+    if isinstance(source, (LevanterCacheSource, UrlFilesSource)):
         return source
     if source in STDLIB_SOURCES:
         return StdlibSource(part=source.split(":", 1)[1], split=split)
@@ -142,6 +145,7 @@ def _source_spec(target: Any, files: SourceFiles | None) -> Source:
         split=split,
         revision=target[HfRevisionField].value,
         subset=target[HfSubsetField].value,
+        data_files=tuple(target[HfDataFilesField].value or ()),
         where=tuple(sorted((target[RecordFilterField].value or {}).items())),
     )
 
@@ -172,7 +176,10 @@ async def _built(
 
 @rule(desc="Tokenizing a cache")
 async def build_tokenized_cache(
-    request: BuildCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
+    request: BuildCacheRequest,
+    kiln: KilnSubsystem,
+    build_root: BuildRoot,
+    hub: HubSettingsCache,
 ) -> BuiltCache:
     wrapped, graph, runtime = await MultiGet(
         Get(
@@ -243,6 +250,7 @@ async def build_tokenized_cache(
                 input_digest=input_digest,
                 output_directories=layout.outputs(layout.cache),
                 cache_scope=layout.cache_scope,
+                append_only_caches=hub.append_only_caches,
             ),
         )
         imported = await Get(ProcessResult, Process, import_process)
@@ -261,6 +269,7 @@ async def build_tokenized_cache(
                 input_digest=input_digest,
                 output_directories=layout.outputs(shard),
                 cache_scope=layout.cache_scope,
+                append_only_caches=hub.append_only_caches,
             ),
         )
         for index, shard in enumerate(layout.shards)
@@ -288,6 +297,7 @@ async def build_tokenized_cache(
             input_digest=merge_input,
             output_directories=layout.outputs(layout.cache),
             cache_scope=layout.cache_scope,
+            append_only_caches=hub.append_only_caches,
         ),
     )
     merged = await Get(ProcessResult, Process, merge_process)

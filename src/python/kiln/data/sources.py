@@ -12,10 +12,12 @@ Sharding:
     row groups that start inside its share of the file's bytes (key `path#row-groups-start-end`).
     Compressed JSONL and text files stay whole.
   - python_stdlib: the same greedy assignment over its units (one .py file, or the pydoc topics).
+  - url_files: downloaded once (kiln.data.downloads), then sharded as local files.
   - hf: `datasets` streaming with `split_dataset_by_node(rank=index, world_size=num_shards)`.
 
 Formats (`format: "auto"` picks by extension): `.jsonl`, `.jsonl.gz`, `.jsonl.zst` (one JSON object
-per line, blank lines skipped), `.parquet` (the `text_key` column), `.txt` (one document per file).
+per line, blank lines skipped), `.json` (one JSON array of documents: strings, or objects holding
+`text_key`), `.parquet` (the `text_key` column), `.txt` (one document per file).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
-from kiln.data import stdlib_corpus
+from kiln.data import downloads, stdlib_corpus
 from kiln.data.errors import SourceError
-from kiln.data.spec import FilesSource, HfSource, Source, StdlibSource
+from kiln.data.spec import FilesSource, HfSource, Source, StdlibSource, UrlFilesSource
 
 PARQUET_BATCH_ROWS = 4096
 MIN_PIECE_BYTES = 64 * 2**20
@@ -51,6 +53,7 @@ def shard_documents(
 ) -> Iterator[Document]:
     if not 0 <= index < num_shards:
         raise SourceError(f"shard index {index} is out of range for num_shards={num_shards}.")
+    source = _local(source)
     if isinstance(source, FilesSource):
         return _file_shard_documents(source, text_key, num_shards, index)
     if isinstance(source, HfSource):
@@ -62,6 +65,7 @@ def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
     """What shard `index` reads, in order: file piece keys, stdlib unit keys, or the hf node
     split. Recorded in shard.json, so a shard cut under other sharding rules (an older Kiln) is
     rebuilt rather than merged with shards that may hold the same documents."""
+    source = _local(source)
     if isinstance(source, FilesSource):
         return _assigned_keys(_file_pieces(source, num_shards), num_shards, index)
     if isinstance(source, HfSource):
@@ -71,6 +75,8 @@ def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
 
 def provenance(source: Source) -> dict[str, Any]:
     """What identifies the source's content, recorded in cache.json."""
+    if isinstance(source, UrlFilesSource):
+        return source.to_json()
     if isinstance(source, FilesSource):
         files = expand_paths(source.paths)
         return {
@@ -84,10 +90,19 @@ def provenance(source: Source) -> dict[str, Any]:
             "id": source.id,
             "revision": source.revision,
             "subset": source.subset,
+            "data_files": list(source.data_files),
             "where": dict(source.where),
         }
     source = _as_stdlib(source)
     return {"kind": "python_stdlib", "part": source.part, **stdlib_corpus.provenance()}
+
+
+def _local(source: Source) -> Source:
+    """A url_files source as the local files it downloads to (once); any other as it is."""
+    if isinstance(source, UrlFilesSource):
+        paths = tuple(str(path) for path in downloads.downloaded_files(source))
+        return FilesSource(paths, source.format)
+    return source
 
 
 def split_name(source: Source) -> str | None:
@@ -241,6 +256,8 @@ def read_file(path: Path, file_format: str, text_key: str) -> Iterator[Document]
         return _read_jsonl(path, text_key)
     if resolved == "parquet":
         return _read_parquet(path, text_key)
+    if resolved == "json":
+        return _read_json_array(path, text_key)
     return _read_text(path)
 
 
@@ -248,13 +265,16 @@ def _format_of(path: Path) -> str:
     name = path.name.lower()
     if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst")):
         return "jsonl"
+    if name.endswith(".json"):
+        return "json"
     if name.endswith(".parquet"):
         return "parquet"
     if name.endswith(".txt"):
         return "text"
     raise SourceError(
-        f"{path}: cannot tell the format from the extension; use .jsonl, .jsonl.gz, .jsonl.zst, "
-        '.parquet or .txt, or set the source\'s "format" to "jsonl", "parquet" or "text".'
+        f"{path}: cannot tell the format from the extension; use .json, .jsonl, .jsonl.gz, "
+        '.jsonl.zst, .parquet or .txt, or set the source\'s "format" to "json", "jsonl", '
+        '"parquet" or "text".'
     )
 
 
@@ -290,6 +310,20 @@ def _jsonl_documents(lines: Iterable[tuple[str, bytes]], text_key: str) -> Itera
         except json.JSONDecodeError as e:
             raise SourceError(f"{origin}: the line is not valid JSON ({e.msg}).") from None
         yield Document(text_of(record, text_key, origin), origin)
+
+
+def _read_json_array(path: Path, text_key: str) -> Iterator[Document]:
+    """One JSON array per file (Uncheatable Eval's layout): each item a string or an object."""
+    try:
+        records = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SourceError(f"{path}: not a valid UTF-8 JSON file ({e}).") from None
+    if not isinstance(records, list):
+        raise SourceError(f"{path}: expected a JSON array of documents, got {type(records).__name__}.")
+    for number, record in enumerate(records):
+        origin = f"{path}[{number}]"
+        text = record if isinstance(record, str) else text_of(record, text_key, origin)
+        yield Document(text, origin)
 
 
 def _parquet_file(path: Path) -> Any:
@@ -376,32 +410,61 @@ def load_hf_dataset(source: HfSource) -> Any:
         return datasets.load_dataset(
             source.id,
             name=source.subset,
+            data_files={source.split: list(source.data_files)} if source.data_files else None,
             split=source.split,
             revision=source.revision,
             streaming=True,
         )
     except Exception as e:  # datasets raises ConnectionError, FileNotFoundError, ValueError, ...
+        offline = (
+            " Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set): only the local Hugging Face "
+            "cache (HF_HOME) is read, and it does not hold this dataset."
+            if _hf_offline() and not is_local
+            else ""
+        )
         raise SourceError(
             f"Could not load the Hugging Face dataset {source.id!r} (split {source.split!r}): "
-            f"{type(e).__name__}: {_first_line(e)}. {_hf_advice()}"
+            f"{type(e).__name__}: {_first_line(e)}.{offline} {_hf_advice()}"
         ) from None
 
 
 def _probe_hub(source: HfSource) -> None:
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         HfApi().dataset_info(source.id, revision=source.revision, timeout=10)
+    except GatedRepoError:  # before RepositoryNotFoundError: it is one
+        raise SourceError(
+            f"The Hugging Face dataset {source.id!r} is gated: accept its terms on "
+            f"huggingface.co with your account, then set HF_TOKEN to a token of that account "
+            f"{_token_state()}."
+        ) from None
+    except RevisionNotFoundError:
+        raise SourceError(
+            f"The Hugging Face dataset {source.id!r} has no revision {source.revision!r}: "
+            "check the target's `revision` field."
+        ) from None
     except RepositoryNotFoundError:
         raise SourceError(
-            f"The Hugging Face dataset {source.id!r} does not exist (or is private). {_hf_advice()}"
+            f"The Hugging Face dataset {source.id!r} does not exist, or is private: check the id, "
+            f"or set HF_TOKEN to a token that can read it {_token_state()}. {_hf_advice()}"
         ) from None
     except Exception as e:  # connection errors come from httpx / requests, whichever hub uses
         raise SourceError(
             f"The Hugging Face hub is unreachable while looking up dataset {source.id!r} "
             f"({type(e).__name__}: {_first_line(e)}). {_hf_advice()}"
         ) from None
+
+
+def _token_state() -> str:
+    return "(HF_TOKEN is set, but that token has no access)" if os.environ.get("HF_TOKEN") else (
+        "(HF_TOKEN is not set)"
+    )
 
 
 def _hf_offline() -> bool:

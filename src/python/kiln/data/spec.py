@@ -16,6 +16,7 @@ from kiln_contract.tokenize import (
     Source,
     StdlibSource,
     TokenizerSpec,
+    UrlFilesSource,
 )
 from kiln_contract.vocabulary import STDLIB_PARTS
 
@@ -28,6 +29,7 @@ __all__ = [
     "Source",
     "StdlibSource",
     "TokenizerSpec",
+    "UrlFilesSource",
     "parse_cache_spec",
     "parse_tokenizer_spec",
 ]

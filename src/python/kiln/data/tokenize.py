@@ -54,6 +54,7 @@ from kiln.data.cache_writer import (
     remove_dead_temporaries,
 )
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
+from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache
 from kiln.data.spec import CacheSpec, LevanterCacheSource, parse_cache_spec
 from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
@@ -258,6 +259,7 @@ def _checked_batches(
 def main(argv: list[str] | None = None) -> int:
     # transformers warns on import that PyTorch is absent: true, and irrelevant for tokenizing.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    apply_hub_settings()  # before huggingface_hub is imported: it reads HF_HOME etc. once
     args = _parser().parse_args(argv)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
     try:

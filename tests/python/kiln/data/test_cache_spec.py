@@ -6,7 +6,15 @@ import pytest
 from kiln_testing.data import make_spec
 
 from kiln.data.errors import SpecError
-from kiln.data.spec import FilesSource, HfSource, StdlibSource, TokenizerSpec, parse_cache_spec
+from kiln.data.spec import (
+    FilesSource,
+    HfSource,
+    StdlibSource,
+    TokenizerSpec,
+    UrlFilesSource,
+    parse_cache_spec,
+)
+from kiln_contract.tokenize import source_from_json, source_to_json
 
 
 def test_parses_a_full_spec():
@@ -44,6 +52,18 @@ def test_defaults_and_other_source_and_tokenizer_kinds():
         make_spec({"kind": "python_stdlib", "part": "all", "split": "validation"})
     )
     assert stdlib.source == StdlibSource(part="all", split="validation")
+
+
+def test_url_files_and_hub_data_files_round_trip():
+    url = "https://raw.githubusercontent.com/o/r/0123/data/a.json"
+    digest = "git-blob-sha1:" + "0a" * 20
+    url_files = UrlFilesSource(((url, digest),))
+    assert parse_cache_spec(make_spec(source_to_json(url_files))).source == url_files
+    paloma = HfSource("allenai/paloma", "validation", "65cd6fc", data_files=("c4_en/val/val*.jsonl.gz",))
+    assert source_from_json(source_to_json(paloma)) == paloma
+    bad = {"kind": "url_files", "files": {url: "md5:" + "0" * 32}, "format": "auto"}
+    with pytest.raises(SpecError, match=r"config\.source\.files\['https://raw.*expected 'sha256:'"):
+        parse_cache_spec(make_spec(bad))
 
 
 def _broken(edit) -> str:

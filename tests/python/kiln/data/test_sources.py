@@ -125,6 +125,17 @@ def test_hf_where_keeps_one_category(tmp_path: Path):
     assert _texts(source) == [r["text"] for r in records if r["category"] == "arxiv"]
 
 
+def test_hf_data_files_read_only_the_matching_files_as_the_split(tmp_path: Path):
+    """Paloma's layout: `{subset}/val/val*.jsonl.gz` picks one subset's validation files."""
+    folder = tmp_path / "paloma"
+    for subset in ("c4_en", "ptb"):
+        (folder / subset / "val").mkdir(parents=True)
+        with gzip.open(folder / subset / "val" / "val_0.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"text": f"{subset} {i}"}) + "\n" for i in range(3))
+    source = HfSource(id=str(folder), split="validation", data_files=("ptb/val/val*.jsonl.gz",))
+    assert _texts(source) == ["ptb 0", "ptb 1", "ptb 2"]
+
+
 def _texts_of_shard(source, num_shards, index) -> list[str]:
     return [doc.text for doc in shard_documents(source, "text", num_shards, index)]
 
@@ -134,6 +145,7 @@ def test_hf_offline_fails_fast_naming_the_dataset():
         _texts(HfSource(id="kiln-test/no-such-dataset", split="train"))
     message = str(error.value)
     assert "'kiln-test/no-such-dataset'" in message
+    assert "Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set)" in message
     assert '"kind": "files"' in message
 
 

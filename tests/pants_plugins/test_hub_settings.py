@@ -1,0 +1,36 @@
+"""HF_TOKEN and the other hub variables reach tokenize processes through a named cache, never
+through their env (which Pants hashes into the cache key)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+from pants.engine.rules import QueryRule
+from pants.testutil.rule_runner import RuleRunner
+
+from kiln_contract.tokenize import HUB_SETTINGS_CACHE, HUB_SETTINGS_DIR, HUB_SETTINGS_FILE
+from kiln_pants import hub_settings
+from kiln_pants.hub_settings import HubSettingsCache
+
+
+def test_the_settings_file_holds_the_variables_and_the_mount_does_not(tmp_path: Path) -> None:
+    rule_runner = RuleRunner(
+        rules=[*hub_settings.rules(), QueryRule(HubSettingsCache, [])],
+    )
+    caches = tmp_path / "named_caches"
+    env = {"HF_TOKEN": "hf_secret_value", "HF_HOME": "/data/hf", "WANDB_API_KEY": "other"}
+    rule_runner.set_options([f"--named-caches-dir={caches}"], env=env)
+    mount = rule_runner.request(HubSettingsCache, [])
+    assert dict(mount.append_only_caches) == {HUB_SETTINGS_CACHE: HUB_SETTINGS_DIR}
+    assert "hf_secret_value" not in repr(mount)
+
+    settings = caches / HUB_SETTINGS_CACHE / HUB_SETTINGS_FILE
+    assert json.loads(settings.read_text()) == {"HF_HOME": "/data/hf", "HF_TOKEN": "hf_secret_value"}
+    assert stat.S_IMODE(settings.stat().st_mode) == 0o600
+
+    # Unsetting the token removes it from the file.
+    rule_runner.set_options([f"--named-caches-dir={caches}"], env={"HF_HOME": "/data/hf"})
+    rule_runner.request(HubSettingsCache, [])
+    assert json.loads(settings.read_text()) == {"HF_HOME": "/data/hf"}
