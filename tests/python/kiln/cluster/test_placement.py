@@ -67,8 +67,11 @@ def test_cluster_addresses() -> None:
 
 
 def test_each_host_runs_the_multihost_runner() -> None:
-    job = ClusterJob("ray://h:1", Resources("cpu", hosts=2), {}, Path("/store"))
+    job = ClusterJob("tiny-1", "checkpoints/tiny@2026.11.29", "ray://h:1",
+                     Resources("cpu", hosts=2), {}, Path("/store"))  # fmt: skip
     assert job.runner_argv("10.0.0.1:4000", 1) == [
         "{inputs}/step.json", "--inputs", "{inputs}", "--prefix", "/store",
+        "--job", "tiny-1", "--max-retries", "3",
         "--coordinator", "10.0.0.1:4000", "--num-processes", "2", "--process-id", "1",
     ]  # fmt: skip
+    assert ClusterJob.from_json(job.to_json()) == job
