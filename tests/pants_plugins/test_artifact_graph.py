@@ -109,7 +109,7 @@ def test_init_from_is_in_the_fingerprint_and_the_step(rule_runner: RuleRunner) -
     assert plain["train"] == at_a["train"] == at_b["train"]
     assert len({plain["ckpt"], at_a["ckpt"], at_b["ckpt"]}) == 3
     identity = with_init_from("a" * 40).get(Address("exp", target_name="ckpt")).identity
-    assert identity["init_from"] == {"repo_id": "org/llama", "revision": "a" * 40}
+    assert identity["init_from"] == {"model": "org/llama", "revision": "a" * 40}
 
 
 def test_changed_data_changes_the_cache_and_its_dependents(rule_runner: RuleRunner) -> None:

@@ -218,9 +218,12 @@ def test_build_symbols_validate_at_parse_time(
     "init_from, expected",
     [
         ("hf_model_source('meta-llama/Llama-3.2-1B')",
-         "hf_model_source(): missing 1 required positional argument: 'revision'"),
+         "hf_model_source(): `revision`: required for the hub model 'meta-llama/Llama-3.2-1B'"),
         ("hf_model_source('llama', revision='main')",
-         "hf_model_source(): `repo_id`: 'llama' is not a hub model id (`org/name`)"),
+         "hf_model_source(): `model`: 'llama' is neither a hub model id (`org/name`) nor an "
+         "absolute path"),
+        ("hf_model_source('/models/llama', revision='main')",
+         "hf_model_source(): `revision`: a local folder has no revision; remove it"),
         ("hf_model_source('org/m', revision='../x')",
          "hf_model_source(): `revision`: '../x' is not a hub revision"),
         ("'org/m'", "init_from"),

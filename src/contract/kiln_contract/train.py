@@ -127,25 +127,44 @@ def _dataset_json(dataset: DatasetRef | DatasetInput, weighted: bool) -> dict[st
 
 @dataclass(frozen=True)
 class HfModelSource:
-    """`hf_model_source("org/model", revision=...)`: published Llama weights on the Hugging Face
-    hub a run starts from (kiln.interop.hub). The revision is required: a branch moves, so a
-    commit hash is what makes the run reproducible."""
+    """`hf_model_source("org/model", revision=...)` or `hf_model_source("/abs/folder")`:
+    published Llama weights a run starts from (kiln.interop.hub). A hub model needs its
+    revision (a branch moves: a commit hash makes the run reproducible); a local folder is
+    identified by its path, so new weights go in a new folder."""
 
-    repo_id: str
-    revision: str
+    model: str  # a hub id `org/name`, or the absolute path of a transformers Llama folder
+    revision: str | None = None
 
     def __post_init__(self) -> None:
-        check_str("repo_id", self.repo_id)
-        if not HF_REPO_ID.match(self.repo_id):
-            raise SpecError("repo_id", f"{self.repo_id!r} is not a hub model id (`org/name`)")
+        check_str("model", self.model)
+        if self.is_local:
+            check_absolute_path("model", Path(self.model))
+            if self.revision is not None:
+                raise SpecError("revision", "a local folder has no revision; remove it")
+            return
+        if not HF_REPO_ID.match(self.model):
+            raise SpecError(
+                "model", f"{self.model!r} is neither a hub model id (`org/name`) nor an absolute path"
+            )
+        if self.revision is None:
+            raise SpecError("revision", f"required for the hub model {self.model!r} (a commit hash)")
         check_hf_revision("revision", self.revision)
+
+    @property
+    def is_local(self) -> bool:
+        return self.model.startswith("/")
+
+    @property
+    def label(self) -> str:
+        """The source for people: `org/name@revision`, or the folder."""
+        return self.model if self.is_local else f"{self.model}@{self.revision}"
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "init_from") -> HfModelSource:
         return read_json(cls, obj, where)
 
     def to_json(self) -> dict[str, Any]:
-        return scalar_json(self)
+        return {key: value for key, value in scalar_json(self).items() if value is not None}
 
 
 @dataclass(frozen=True)

@@ -725,8 +725,9 @@ class InitFromField(_SymbolField):
     helper_name = "hf_model_source(...)"
     help = (
         "Published Llama weights the run starts from, instead of a random initialisation: "
-        "`hf_model_source('org/model', revision='COMMIT')` (fine-tuning, continued "
-        "pre-training). In the fingerprint; `model` must match the weights' architecture."
+        "`hf_model_source('org/model', revision='COMMIT')` or a folder's absolute path, "
+        "`hf_model_source('/models/llama')` (fine-tuning, continued pre-training). In the "
+        "fingerprint; `model` must match the weights' architecture."
     )
 
 

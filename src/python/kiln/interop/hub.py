@@ -1,6 +1,7 @@
-"""Published Llama weights a run starts from: `init_from=hf_model_source("org/model", revision=...)`.
+"""Published Llama weights a run starts from: `init_from=hf_model_source("org/model", revision=...)`
+or `hf_model_source("/abs/folder")` (a folder is read where it is).
 
-The folder comes through huggingface_hub's own cache, so its usual variables apply and reach
+A hub model's folder comes through huggingface_hub's own cache, so its usual variables apply and reach
 only this process: `HF_TOKEN` (or the token `huggingface-cli login` stored under `HF_HOME`) for
 gated and private models, `HF_HOME` / `HF_HUB_CACHE` for where the cache is, `HF_ENDPOINT` for a
 mirror, `HF_HUB_OFFLINE=1` to use only what is cached. None of them is in the step spec, the
@@ -29,7 +30,13 @@ WEIGHT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
 
 
 def hf_model_folder(source: HfModelSource) -> Path:
-    """The model's folder in the Hugging Face cache, downloaded there first if needed."""
+    """The model's folder: a local one as it is; a hub model's in the Hugging Face cache,
+    downloaded there first if needed."""
+    if source.is_local:
+        local = Path(source.model)
+        if not local.is_dir():
+            raise InteropError(f"init_from: {local} is not a folder; give a transformers Llama folder")
+        return local
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -39,10 +46,10 @@ def hf_model_folder(source: HfModelSource) -> Path:
         RevisionNotFoundError,
     )
 
-    where = f"init_from: {source.repo_id}@{source.revision}"
+    where = f"init_from: {source.label}"
     try:
         folder = snapshot_download(
-            source.repo_id, revision=source.revision, allow_patterns=list(WEIGHT_FILES)
+            source.model, revision=source.revision, allow_patterns=list(WEIGHT_FILES)
         )
     except GatedRepoError:
         raise InteropError(
@@ -91,7 +98,7 @@ def check_architecture(
     ]
     if differing:
         raise InteropError(
-            f"init_from: {source.repo_id}@{source.revision} is not the architecture `model` "
+            f"init_from: {source.label} is not the architecture `model` "
             f"declares ({'; '.join(differing)}); make `model=llama(...)` match the weights "
             "(`python -m kiln.interop import FOLDER` prints it)"
         )

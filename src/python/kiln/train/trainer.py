@@ -433,7 +433,7 @@ class Trainer:
             self.progress.message(f"resumed from {self.last_checkpoint.path}")
         elif self.cfg.init_from is not None:
             source = self.cfg.init_from
-            self.progress.message(f"started from {source.repo_id}@{source.revision}")
+            self.progress.message(f"started from {source.label}")
         self.control = self._control_server(self.progress)
         if self.control is not None:
             cleanup.callback(self.control.stop)

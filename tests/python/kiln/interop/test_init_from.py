@@ -24,7 +24,7 @@ from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache, make_spec, wri
 from kiln.data.tokenizer import load_tokenizer
 from kiln.interop.errors import InteropError
 from kiln.interop.export import write_hf_llama
-from kiln.interop.hub import check_architecture
+from kiln.interop.hub import check_architecture, hf_model_folder
 from kiln.interop.read import read_hf_llama
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
@@ -49,7 +49,7 @@ def published(hf_home: Path, tokenizer: Any, config: LlamaConfig | None = None) 
     shapes = nnx.to_pure_dict(nnx.state(nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0)))))
     rng = np.random.default_rng(3)
     params = jax.tree.map(lambda leaf: rng.standard_normal(leaf.shape, np.float32), shapes)
-    repo = hf_home / "hub" / ("models--" + SOURCE.repo_id.replace("/", "--"))
+    repo = hf_home / "hub" / ("models--" + SOURCE.model.replace("/", "--"))
     return write_hf_llama(repo / "snapshots" / SOURCE.revision, config, params, tokenizer)
 
 
@@ -104,6 +104,13 @@ def test_other_architectures_are_refused_naming_each_field(tokenizer: Any) -> No
     assert "max_seq_len" not in str(e.value) and "init_std" not in str(e.value)
 
 
+def test_a_local_folder_is_read_where_it_is(tokenizer: Any, tmp_path: Path) -> None:
+    folder = published(tmp_path / "hf", tokenizer)
+    assert hf_model_folder(HfModelSource(str(folder))) == folder
+    with pytest.raises(InteropError, match=f"init_from: {tmp_path}/none is not a folder"):
+        hf_model_folder(HfModelSource(str(tmp_path / "none")))
+
+
 def run_runner(root: Path, step: Path, hf_home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
@@ -123,14 +130,14 @@ def test_the_runner_reads_the_weights_from_the_hugging_face_cache(
     missing = run_runner(tmp_path, step, hf_home)  # nothing published yet
     assert missing.returncode == 1, missing.stderr
     assert (
-        f"init_from: {SOURCE.repo_id}@{SOURCE.revision} is not in the Hugging Face cache "
+        f"init_from: {SOURCE.label} is not in the Hugging Face cache "
         f"({hf_home / 'hub'}) and the hub cannot be reached (HF_HUB_OFFLINE=1)"
     ) in missing.stderr
 
     published(hf_home, tokenizer)
     started = run_runner(tmp_path, step, hf_home)
     assert started.returncode == 0, started.stderr
-    assert f"started from {SOURCE.repo_id}@{SOURCE.revision}" in started.stdout + started.stderr
+    assert f"started from {SOURCE.label}" in started.stdout + started.stderr
     record = json.loads((tmp_path / "store/checkpoints/tiny/2026.11.29/artifact.json").read_text())
     assert record["identity"]["config"]["init_from"] == INIT_FROM
     assert "HF_HOME" not in json.dumps(record)
