@@ -9,9 +9,10 @@ bucket trains into a local staging folder, and the bucket stays the truth:
   exists. Its marker is uploaded last, so a save whose upload was cut off never reads as
   complete; such leftovers are deleted from the bucket (the puller holds the run's lease).
 - `uploading()` runs a background thread that uploads each checkpoint once it is complete in
-  the staging folder (every state file, then `metadata.json`), then the run's other files, and
-  deletes from the bucket the checkpoints the trainer pruned (their marker first). Training
-  never waits for an upload.
+  the staging folder (every state file, the run's changed files such as metrics.jsonl, then
+  `metadata.json`: a complete checkpoint never lacks the metrics up to it), then the run's
+  other files, and deletes from the bucket the checkpoints the trainer pruned (their marker
+  first). Training never waits for an upload.
 - `push(status=True)` is the final, blocking upload: checkpoints, files, and `STATUS` last.
 
 The control endpoint's folder (its key is a secret) never leaves the machine.
@@ -106,10 +107,14 @@ class RunMirror:
         files; `STATUS` last when `status`."""
         with self._lock:
             self._push_checkpoints()
-            files = [n for n in _files(self.local) if n.partition("/")[0] not in _NOT_FILES]
-            _parallel(self._upload_if_changed, [n for n in files if n != STATUS_FILE])
-            if status and STATUS_FILE in files:
+            self._push_run_files()
+            if status and (self.local / STATUS_FILE).is_file():
                 self._upload(STATUS_FILE)
+
+    def _push_run_files(self) -> None:
+        """The run's files other than checkpoints and STATUS (metrics, record, plots), if changed."""
+        files = [n for n in _files(self.local) if n.partition("/")[0] not in _NOT_FILES]
+        _parallel(self._upload_if_changed, [n for n in files if n != STATUS_FILE])
 
     def _push_checkpoints(self) -> None:
         root = self.local / CHECKPOINTS
@@ -130,6 +135,9 @@ class RunMirror:
             except FileNotFoundError:  # pruned by the trainer meanwhile: a newer one supersedes it
                 self._remove_checkpoint(folder, self.store.keys(key))
                 continue
+            # The metrics up to this step first: a complete checkpoint never lacks its history,
+            # even when the upload of a later one is cut off.
+            self._push_run_files()
             self.store.write(f"{key}/{METADATA_FILE}", marker)  # last: now it is complete
             self._uploaded[folder] = marker
         for folder in [f for f in self._uploaded if f not in present]:
