@@ -61,11 +61,11 @@ from kiln import artifacts, lifetime  # lifetime before the slow imports: it not
 from kiln.artifacts.lease import Lease, LeaseHeld, lease_key
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
 from kiln.artifacts.store import (
-    ObjectMissing,
     ObjectStore,
     UnsupportedStore,
     copy_folder_into,
     open_store,
+    read_text,
 )
 from kiln.cluster import dispatch, jobs
 from kiln.cluster.placement import PlacementError, describe
@@ -383,7 +383,7 @@ def run_in_bucket(step: StepSpec, inputs_root: Path, store: ObjectStore) -> int:
         store.location(key))  # fmt: skip
     built = _status(store, key) == artifacts.SUCCESS
     if stored is not None and built:
-        summary = _read_object(store, f"{key}/{artifacts.SUMMARY_TEXT_FILE}")
+        summary = read_text(store, f"{key}/{artifacts.SUMMARY_TEXT_FILE}")
         _serve(step, stored, store.location(key), summary)
         return 0
     from kiln.train.run_mirror import RunMirror  # jax and orbax: only to train
@@ -440,19 +440,13 @@ def _uploaded(store: ObjectStore, key: str, record: ArtifactRecord) -> bool:
 
 
 def _status(store: ObjectStore, key: str) -> str | None:
-    text = _read_object(store, f"{key}/{artifacts.STATUS_FILE}")
+    text = read_text(store, f"{key}/{artifacts.STATUS_FILE}")
     return None if text is None else text.strip()
 
 
-def _read_object(store: ObjectStore, key: str) -> str | None:
-    try:
-        return store.read(key).data.decode()
-    except ObjectMissing:
-        return None
-
 
 def _read_object_json(store: ObjectStore, key: str) -> Any:
-    text = _read_object(store, key)
+    text = read_text(store, key)
     return None if text is None else json.loads(text)
 
 

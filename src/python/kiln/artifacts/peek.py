@@ -14,19 +14,13 @@ import sys
 
 from kiln.artifacts import RECORD_FILE, STATUS_FILE
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
-from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
+from kiln.artifacts.store import ObjectStore, open_store, read_text
 
 
 def peek(store: ObjectStore, folders: list[str]) -> dict[str, dict[str, str | None]]:
-    return {folder: {name: _text(store, f"{folder}/{name}") for name in (STATUS_FILE, RECORD_FILE)}
+    return {folder: {name: read_text(store, f"{folder}/{name}") for name in (STATUS_FILE, RECORD_FILE)}
             for folder in folders}  # fmt: skip
 
-
-def _text(store: ObjectStore, key: str) -> str | None:
-    try:
-        return store.read(key).data.decode()
-    except ObjectMissing:
-        return None
 
 
 def main(argv: list[str]) -> int:

@@ -94,6 +94,14 @@ class ObjectStore(abc.ABC):
         return None
 
 
+def read_text(store: ObjectStore, key: str) -> str | None:
+    """The object at `key` as text; None if there is none."""
+    try:
+        return store.read(key).data.decode()
+    except ObjectMissing:
+        return None
+
+
 class UnsupportedStore(ValueError):
     """A store location this Kiln cannot open."""
 

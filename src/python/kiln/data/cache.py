@@ -47,7 +47,7 @@ import tensorstore as ts
 from kiln.artifacts import STATUS_FILE, SUCCESS
 from kiln.artifacts.content import Damage, check_object_sizes
 from kiln.artifacts.storage_errors import as_storage_error
-from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
+from kiln.artifacts.store import ObjectStore, open_store, read_text
 from kiln.data.errors import CacheDamaged, CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo
 
@@ -125,7 +125,7 @@ def read_cache_records(location: str | Path) -> tuple[dict[str, Any], dict[str, 
     """(cache.json, ledger.json) of a finished cache of a format this Kiln reads, in a folder
     or a bucket; CacheNotReady otherwise. Reads no array."""
     store = open_store(location)
-    status = _read_text(store, STATUS_FILE)
+    status = read_text(store, STATUS_FILE)
     status = None if status is None else status.strip()
     if status != SUCCESS:
         found = "no STATUS file" if status is None else f"STATUS {status}"
@@ -409,8 +409,3 @@ def shared_tokenizer(
     return caches[0].tokenizer
 
 
-def _read_text(store: ObjectStore, key: str) -> str | None:
-    try:
-        return store.read(key).data.decode()
-    except ObjectMissing:
-        return None
