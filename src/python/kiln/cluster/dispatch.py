@@ -33,7 +33,7 @@ from kiln_contract.train import Resources
 STEP_FILE = "step.json"
 CODE_DIR = ".kiln/code"  # in the artifact store: Kiln's sources, one folder per digest
 CONNECT_TIMEOUT_S = 5.0
-CONNECT_ATTEMPTS = 2
+CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
