@@ -10,7 +10,13 @@ import pytest
 
 from kiln.control.__main__ import main as control_main
 from kiln.control.redact import REDACTED, redact, redact_environment
-from kiln.control.tokens import HIDDEN_TOKEN, hide_tokens, mint_token, token_expiring_in, verify_token
+from kiln.control.tokens import (
+    HIDDEN_TOKEN,
+    hide_tokens,
+    mint_token,
+    token_expiring_in,
+    verify_token,
+)
 from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES
 
 KEY = b"k" * 32
