@@ -28,6 +28,17 @@ from kiln import artifacts
 
 DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two hosts
 
+# One host (mesh data=2 on its two devices), the control endpoint on, and no save but the ones
+# asked for: the run trains until `stop`.
+ENDLESS_ONE_HOST_RUN = {
+    "config.num_train_steps": 100_000,
+    "runtime.mesh": {"data": 2, "fsdp": 1, "tensor": 1},
+    "runtime.validation_every": 100_000,
+    "runtime.checkpointer.every": None,
+    "runtime.checkpointer.save_interval_minutes": 10_000,
+    "runtime.control.enabled": True,
+}
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
@@ -130,18 +141,6 @@ def test_a_detached_job_is_followed_controlled_and_stopped_from_elsewhere(
     assert missing.stderr.strip().startswith(
         f"kiln: error: no job 'no-such-job' on the Ray cluster at {cluster} "
     ), missing.stderr
-
-
-# One host (mesh data=2 on its two devices), the control endpoint on, and no save but the ones
-# asked for: the run trains until `stop`.
-ENDLESS_ONE_HOST_RUN = {
-    "config.num_train_steps": 100_000,
-    "runtime.mesh": {"data": 2, "fsdp": 1, "tensor": 1},
-    "runtime.validation_every": 100_000,
-    "runtime.checkpointer.every": None,
-    "runtime.checkpointer.save_interval_minutes": 10_000,
-    "runtime.control.enabled": True,
-}
 
 
 def request_a_checkpoint_through_the_job(cluster: str, job: str, run_dir: Path) -> str:
