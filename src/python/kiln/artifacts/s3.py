@@ -52,6 +52,7 @@ _CONFLICT = {"ConditionalRequestConflict", "409"}  # a concurrent conditional wr
 # a few at once, so memory holds a few parts, never a whole checkpoint file.
 PART_BYTES = 32 << 20
 PARTS_AT_ONCE = 4
+CONNECTIONS = 32  # callers move several files at once (the run mirror: 8), each in parts
 
 
 _loader_lock = threading.Lock()
@@ -84,6 +85,7 @@ class S3Store(ObjectStore):
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
             read_timeout=READ_TIMEOUT_SECONDS,
             retries={"max_attempts": ATTEMPTS, "mode": "standard"},
+            max_pool_connections=CONNECTIONS,
         )
         session = boto3.session.Session(botocore_session=_botocore_session())
         self._client: Any = session.client("s3", config=config)
@@ -167,6 +169,7 @@ class S3Store(ObjectStore):
 
     def _call(self, key: str, operation: str, **arguments: Any) -> Any:
         """The client's `operation` on the bucket, its failures as the store's exceptions."""
+        from boto3.exceptions import RetriesExceededError
         from botocore.exceptions import (
             ClientError,
             ConnectionError,
@@ -178,7 +181,8 @@ class S3Store(ObjectStore):
             return getattr(self._client, operation)(Bucket=self.url.bucket, **arguments)
         except ClientError as e:
             raise self._client_error(key, e) from None
-        except ConnectionError as e:  # after botocore's retries
+        # After botocore's retries; a download's streamed body after the transfer manager's.
+        except (ConnectionError, RetriesExceededError) as e:
             raise unreachable(self.url, self.endpoint, e, "AWS_ENDPOINT_URL") from None
         except (NoCredentialsError, PartialCredentialsError):
             raise StorageError(
