@@ -107,14 +107,12 @@ def is_bucket_url(value: Any) -> bool:
 
 def check_location(field: str, value: Any) -> None:
     """Where an artifact is: an absolute path, or a bucket URL (a string)."""
-    if isinstance(value, str) and not is_bucket_url(value):
+    if not (is_bucket_url(value) or (isinstance(value, Path) and value.is_absolute())):
         raise SpecError(
             field,
-            f"expected an absolute path or a bucket URL (s3://BUCKET/PATH, gs://BUCKET/PATH), "
-            f"got {value!r}",
+            "expected an absolute path or a bucket URL (s3://BUCKET/PATH, gs://BUCKET/PATH), "
+            f"got {str(value)!r}",
         )
-    if not isinstance(value, str):
-        check_absolute_path(field, value)
 
 
 def check_relative_path(field: str, value: Any) -> None:
@@ -186,9 +184,9 @@ def json_path(value: Any) -> Any:
 
 
 def json_location(value: Any) -> Any:
-    """A JSON string as a Path, unless it is a bucket URL (kept a string: a Path would fold
-    its `//`)."""
-    return value if is_bucket_url(value) else json_path(value)
+    """A JSON string as a Path, unless it is a URL (kept a string: a Path would fold its `//`,
+    and a message should show it as written)."""
+    return value if isinstance(value, str) and "://" in value else json_path(value)
 
 
 def build(cls: type[T], where: str, values: Mapping[str, Any]) -> T:

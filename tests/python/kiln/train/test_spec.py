@@ -88,10 +88,14 @@ def test_evals_and_optional_nulls() -> None:
         (spec_with(**{"config.datasets": []}), "config.datasets"),
         (spec_with(**{"config.datasets.0.weight": 0}), "weight > 0"),
         (spec_with(**{"config.datasets.0.weight": -1}), "config.datasets[0].weight"),
-        (spec_with(**{"config.datasets.0.path": "relative/dir"}), "config.datasets[0].path"),
+        (
+            spec_with(**{"config.datasets.0.path": "relative/dir"}),
+            "config.datasets[0].path: expected an absolute path or a bucket URL",
+        ),
         (
             spec_with(**{"config.validation.0.path": "hdfs://b/val"}),
-            "config.validation[0].path: expected an absolute path or a bucket URL",
+            "config.validation[0].path: expected an absolute path or a bucket URL "
+            "(s3://BUCKET/PATH, gs://BUCKET/PATH), got 'hdfs://b/val'",
         ),
         (
             spec_with(**{"config.datasets.0.colour": "red"}),
