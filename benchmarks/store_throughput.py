@@ -9,7 +9,8 @@
    1.4B run on one H200 (about 35k tokens/s) ten times over, i.e. >= 350k tokens/s.
 2. Checkpoints: a state of float32 arrays (~100 MB) saved and restored by orbax's
    StandardCheckpointer to a local folder; then the same through the bucket: saved locally and
-   uploaded (`copy_folder_into`), downloaded and restored. Orbax's own `s3://` path is tried
+   uploaded (`copy_folder_into`), downloaded (`ObjectStore.download`) and restored; both
+   stream each file in parts, as a run in a bucket moves its checkpoints. Orbax's own `s3://` path is tried
    first and what it says is printed.
 
 Ratios are bucket / local (seconds: higher is slower; tokens/s: lower is slower).
@@ -145,8 +146,7 @@ def checkpoint_seconds(state: dict, work: Path, url: str) -> dict[str, tuple[flo
             for p in (work / "upload-ckpt").rglob("*")
             if p.is_file()
         ):  # the same names that were uploaded; a real restore lists the bucket
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            (target / name).write_bytes(store.read(f"ckpt/{name}").data)
+            store.download(f"ckpt/{name}", target / name)
         return restore(target)
 
     bucket_save, _ = timed(save_and_upload)

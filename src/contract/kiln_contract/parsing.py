@@ -95,6 +95,26 @@ def check_absolute_path(field: str, value: Any) -> None:
         raise SpecError(field, f"expected an absolute path, got {str(value)!r}")
 
 
+BUCKET_SCHEMES = ("s3", "gs")  # artifact stores in buckets: s3://BUCKET/PATH, gs://BUCKET/PATH
+
+
+def is_bucket_url(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    scheme, sep, rest = value.partition("://")
+    return bool(sep) and scheme in BUCKET_SCHEMES and bool(rest.partition("/")[0])
+
+
+def check_location(field: str, value: Any) -> None:
+    """Where an artifact is: an absolute path, or a bucket URL (a string)."""
+    if not (is_bucket_url(value) or (isinstance(value, Path) and value.is_absolute())):
+        raise SpecError(
+            field,
+            "expected an absolute path or a bucket URL (s3://BUCKET/PATH, gs://BUCKET/PATH), "
+            f"got {str(value)!r}",
+        )
+
+
 def check_relative_path(field: str, value: Any) -> None:
     """A relative path that cannot climb out of the folder it is relative to."""
     check_str(field, value)
@@ -161,6 +181,12 @@ def json_list(value: Any, where: str) -> list[Any]:
 def json_path(value: Any) -> Any:
     """A JSON string as a Path (other values are left for the field's check to refuse)."""
     return Path(value) if isinstance(value, str) else value
+
+
+def json_location(value: Any) -> Any:
+    """A JSON string as a Path, unless it is a URL (kept a string: a Path would fold its `//`,
+    and a message should show it as written)."""
+    return value if isinstance(value, str) and "://" in value else json_path(value)
 
 
 def build(cls: type[T], where: str, values: Mapping[str, Any]) -> T:

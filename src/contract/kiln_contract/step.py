@@ -151,7 +151,7 @@ class StepSpec:
         }
 
     def train_spec(
-        self, output_path: Path, paths: Mapping[str, Path], inputs_root: Path
+        self, output_path: Path, paths: Mapping[str, Path | str], inputs_root: Path
     ) -> TrainSpec:
         """What the trainer gets: this step's config with every input cache at its path
         (`paths` by `name@version`), writing to `output_path`."""

@@ -22,6 +22,7 @@ from kiln_contract.parsing import (
     check_optional,
     check_str,
     field_path,
+    is_bucket_url,
     json_fields,
     json_keys,
     json_list,
@@ -111,13 +112,10 @@ class StdlibSource:
         check_choice("split", self.split, STDLIB_SPLITS)
 
 
-# Where an imported cache may live: a local folder or a bucket TensorStore reads.
-CACHE_LOCATION_SCHEMES = ("s3://", "gs://")
-
-
 def check_cache_location(field: str, value: Any) -> None:
+    """Where an imported cache may live: a local folder or a bucket TensorStore reads."""
     check_str(field, value)
-    if not (value.startswith("/") or value.startswith(CACHE_LOCATION_SCHEMES)):
+    if not (value.startswith("/") or is_bucket_url(value)):
         raise SpecError(
             field, f"expected an absolute path, s3://BUCKET/PATH or gs://BUCKET/PATH, got {value!r}"
         )

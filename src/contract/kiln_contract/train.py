@@ -24,6 +24,7 @@ from kiln_contract.parsing import (
     check_choice,
     check_header,
     check_int,
+    check_location,
     check_number,
     check_optional,
     check_str,
@@ -31,6 +32,7 @@ from kiln_contract.parsing import (
     field_path,
     json_fields,
     json_list,
+    json_location,
     json_path,
     read_json,
     scalar_json,
@@ -76,23 +78,24 @@ class DatasetRef:
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
 
-    def located(self, path: Path) -> DatasetInput:
+    def located(self, path: Path | str) -> DatasetInput:
         return DatasetInput(self.name, self.version, self.fingerprint, path, self.weight)
 
 
 @dataclass(frozen=True)
 class DatasetInput:
-    """A token cache the run reads, at an absolute path."""
+    """A token cache the run reads, at an absolute path or a bucket URL (`s3://…`, `gs://…`,
+    a string: the run streams it from the bucket)."""
 
     name: str
     version: str
     fingerprint: str
-    path: Path
+    path: Path | str
     weight: float = 0.0
 
     def __post_init__(self) -> None:
         _check_dataset(self)
-        check_absolute_path("path", self.path)
+        check_location("path", self.path)
 
 
 Dataset = TypeVar("Dataset", DatasetRef, DatasetInput)
@@ -115,7 +118,7 @@ def _read_datasets(
         if not weighted and "weight" in values:
             raise SpecError(at, "unknown field(s) weight (validation sets have no weight)")
         if "path" in values:
-            values["path"] = json_path(values["path"])
+            values["path"] = json_location(values["path"])
         parsed.append(build(kind, at, values))
     return tuple(parsed)
 
@@ -246,7 +249,7 @@ class TrainConfig(Generic[Dataset]):
         }
 
     def located(
-        self: TrainConfig[DatasetRef], paths: Mapping[str, Path], inputs_root: Path
+        self: TrainConfig[DatasetRef], paths: Mapping[str, Path | str], inputs_root: Path
     ) -> TrainConfig[DatasetInput]:
         """This config with every cache at its path (`paths` by `name@version`) and the local
         eval task folders, relative to the step's inputs, under `inputs_root`."""

@@ -372,9 +372,9 @@ def _begin(step: StepSpec, spec: TrainSpec, cluster_job: dict[str, Any] | None =
 
 def run_in_bucket(step: StepSpec, inputs_root: Path, store: ObjectStore) -> int:
     """Serves, refuses or builds the step in a bucket (docs/artifacts.md, "Runs in a bucket"):
-    the store is read for the decision and holds the lease; the inputs are copied into it; the
-    run trains into a local staging folder, pulled from the bucket first (the newest complete
-    checkpoint) and uploaded while it trains, STATUS last."""
+    the store is read for the decision and holds the lease; the inputs are copied into it and
+    read from there; the run trains into a local staging folder, pulled from the bucket first
+    (the newest complete checkpoint) and uploaded while it trains, STATUS last."""
     store.check()  # a missing bucket or an unreachable endpoint fails here, in seconds
     key = f"{step.name}/{step.version}"
     mutable = is_mutable_version(step.version)
@@ -391,7 +391,7 @@ def run_in_bucket(step: StepSpec, inputs_root: Path, store: ObjectStore) -> int:
     with tempfile.TemporaryDirectory(prefix="kiln-staging-") as staging, \
             contextlib.ExitStack() as held:  # fmt: skip
         output = Path(staging) / "run"
-        spec = train_spec(step, inputs_root, output, None)  # trains on the local inputs
+        spec = step.train_spec(output, _bucket_inputs(step, store), inputs_root)
         lease = _take_lease(step, Lease(store, lease_key(key), what=f"train {step.ref}"), held)
         mirror = RunMirror(store, key, output)
         try:
@@ -409,6 +409,12 @@ def run_in_bucket(step: StepSpec, inputs_root: Path, store: ObjectStore) -> int:
             raise
         mirror.push(status=True)  # STATUS last
         return exit_code
+
+
+def _bucket_inputs(step: StepSpec, store: ObjectStore) -> dict[str, str]:
+    """Where a run in a bucket reads each input cache: its copy in the bucket, streamed through
+    TensorStore, so that every host of a run reads the same bytes."""
+    return {entry.ref: store.location(f"{entry.name}/{entry.version}") for entry in step.inputs}
 
 
 def upload_inputs(step: StepSpec, inputs_root: Path, store: ObjectStore) -> None:

@@ -135,12 +135,17 @@ def _set_environment(values: dict[str, str | None]) -> None:
             os.environ[name] = value
 
 
-class S3Gate:
-    """An HTTP proxy on loopback in front of the S3 test server, to stand between a process and
-    its bucket: it forwards every request, except that it answers `AccessDenied` to writes while
-    `deny_writes` is set, and holds (without answering) the first write whose object name
-    contains `hold` until it is closed, setting `held` when it does. Point a process at it with
-    AWS_ENDPOINT_URL=gate.endpoint."""
+# The variable that points a process's bucket client at an endpoint, by URL scheme.
+ENDPOINT_VARIABLES = {"s3": "AWS_ENDPOINT_URL", "gs": "STORAGE_EMULATOR_HOST"}
+
+
+class BucketGate:
+    """An HTTP proxy on loopback in front of a test server (S3 or GCS), to stand between a
+    process and its bucket: it forwards every request, except that it answers 403
+    `AccessDenied` to writes while `deny_writes` is set, and holds (without answering) the first
+    write whose URL or body (a GCS upload names its object there) contains `hold` until it is
+    closed, setting `held` when it does. Point a process at it with
+    `{ENDPOINT_VARIABLES[scheme]: gate.endpoint}`."""
 
     def __init__(self, upstream: str, *, hold: str | None = None, deny_writes: bool = False):
         import http.server
@@ -176,7 +181,8 @@ class S3Gate:
         writes = handler.command in ("PUT", "POST", "DELETE")
         if writes and self.deny_writes:
             return self._answer(handler, 403, _S3_ACCESS_DENIED, {"Content-Type": "application/xml"})
-        if writes and self.hold and self.hold in handler.path and not self.held.is_set():
+        named = self.hold and (self.hold in handler.path or self.hold.encode() in body)
+        if writes and named and not self.held.is_set():
             self.held.set()
             self._closing.wait(60)
             return self._answer(handler, 503, b"", {})

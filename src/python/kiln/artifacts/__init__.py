@@ -25,8 +25,9 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 RECORD_FILE = "artifact.json"
 SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed when it is served
@@ -45,12 +46,18 @@ def _current_umask() -> int:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    atomic_write_with(path, lambda f: f.write(data))
+
+
+def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
+    """The file at `path` as `write` writes it into an open temp file (streamed, in pieces),
+    renamed into place once complete."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         # mkstemp creates 0600; artifacts are shared, so give the usual umask-respecting mode.

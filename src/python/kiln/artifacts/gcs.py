@@ -3,6 +3,8 @@
 - create: a multipart upload with `ifGenerationMatch=0` (412 when the object exists).
 - replace / delete: `ifGenerationMatch=N`; the generation is the object's `generation`.
 - read: `alt=media`, the generation from the `X-Goog-Generation` header of the same reply.
+- upload / download of local files: files above CHUNK_BYTES go as a resumable upload in
+  chunks (the object appears when the last one arrives); downloads stream into a temp file.
 - Endpoint: https://storage.googleapis.com, or STORAGE_EMULATOR_HOST (an emulator: no
   credentials are sent). Credentials: google-auth's default chain
   (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default credentials, the metadata
@@ -18,11 +20,14 @@ import json
 import os
 import threading
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 import requests
+from requests.exceptions import ChunkedEncodingError
 
+from kiln.artifacts import atomic_write_with
 from kiln.artifacts.bucket import (
     CONNECT_TIMEOUT_SECONDS,
     READ_TIMEOUT_SECONDS,
@@ -45,6 +50,9 @@ GCS_ENDPOINT = "https://storage.googleapis.com"
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _TIMEOUTS = (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS)
+# upload and download of local files stream in chunks of this size (a multiple of 256 KiB, as
+# resumable uploads require): memory holds a chunk, never a whole checkpoint file.
+CHUNK_BYTES = 32 << 20
 
 
 def gcs_endpoint() -> str:
@@ -83,6 +91,17 @@ class GCSStore(ObjectStore):
 
     def write(self, key: str, data: bytes) -> str:
         return self._upload(key, data, if_generation=None)
+
+    def upload(self, key: str, path: Path) -> None:
+        size = path.stat().st_size
+        if size <= CHUNK_BYTES:  # one request
+            self._upload(key, path.read_bytes(), if_generation=None)
+            return
+        with open(path, "rb") as f:
+            self._upload_resumable(key, f, size)
+
+    def download(self, key: str, path: Path) -> None:
+        atomic_write_with(path, lambda f: self._download_into(key, f))
 
     def create(self, key: str, data: bytes) -> str:
         try:
@@ -140,14 +159,63 @@ class GCSStore(ObjectStore):
         )
         return str(reply.json()["generation"])
 
-    def _request(self, key: str, method: str, path: str, **options: Any) -> requests.Response:
-        """One JSON API request, retried while transient; other failures as store exceptions."""
+    def _download_into(self, key: str, f: BinaryIO) -> None:
+        """The object's bytes into `f`, streamed; a connection dropped mid-body starts over."""
+
+        def attempt() -> None:
+            f.seek(0)
+            f.truncate()
+            reply = self._request(key, "GET", self._object_path(key), params={"alt": "media"},
+                                  stream=True)  # fmt: skip
+            with reply:
+                try:
+                    for chunk in reply.iter_content(CHUNK_BYTES):
+                        f.write(chunk)
+                except (requests.ConnectionError, requests.Timeout, ChunkedEncodingError) as e:
+                    raise Transient() from e
+
+        try:
+            with_retries(attempt)
+        except (requests.ConnectionError, requests.Timeout, ChunkedEncodingError) as e:
+            raise self._unreachable(e) from None
+
+    def _upload_resumable(self, key: str, f: BinaryIO, size: int) -> None:
+        """A resumable upload in chunks of CHUNK_BYTES: the object appears whole when its last
+        chunk arrives. After each chunk the server says how much it has kept (`Range`), and
+        the next chunk starts there."""
+        started = self._request(
+            key,
+            "POST",
+            f"/upload/storage/v1/b/{self.url.bucket}/o",
+            params={"uploadType": "resumable"},
+            json={"name": self.url.name(key)},
+        )
+        session = started.headers["Location"]  # a full URL, valid for this upload only
+        offset = 0
+        while True:
+            f.seek(offset)
+            chunk = f.read(CHUNK_BYTES)
+            end = offset + len(chunk)
+            total = str(size) if end == size else "*"
+            reply = self._request(key, "PUT", session, data=chunk,
+                                  headers={"Content-Range": f"bytes {offset}-{end - 1}/{total}"},
+                                  expected=(308,))  # fmt: skip
+            if reply.status_code != 308:
+                return  # 200 or 201: complete
+            kept = reply.headers.get("Range")  # "bytes=0-N", absent when nothing was kept
+            offset = int(kept.rpartition("-")[2]) + 1 if kept else 0
+
+    def _request(
+        self, key: str, method: str, path: str, *, expected: tuple[int, ...] = (), **options: Any
+    ) -> requests.Response:
+        """One JSON API request (`path` under the endpoint, or a full URL), retried while
+        transient; failures other than an `expected` status as store exceptions."""
 
         extra_headers = options.pop("headers", {})
 
         def attempt() -> requests.Response:
             headers = {**extra_headers, **self._auth_headers()}
-            url = self.endpoint + path
+            url = path if "://" in path else self.endpoint + path
             try:
                 reply = self._session.request(
                     method, url, headers=headers, timeout=_TIMEOUTS, **options
@@ -163,11 +231,14 @@ class GCSStore(ObjectStore):
         try:
             reply = with_retries(attempt)
         except (requests.ConnectionError, requests.Timeout) as e:
-            setting = EMULATOR_VARIABLE if self._emulated else "the proxy settings (HTTPS_PROXY)"
-            raise unreachable(self.url, self.endpoint, e, setting) from None
-        if reply.ok:
+            raise self._unreachable(e) from None
+        if reply.ok or reply.status_code in expected:
             return reply
         raise self._http_error(key, reply) from None
+
+    def _unreachable(self, cause: Exception) -> StorageError:
+        setting = EMULATOR_VARIABLE if self._emulated else "the proxy settings (HTTPS_PROXY)"
+        return unreachable(self.url, self.endpoint, cause, setting)
 
     def _http_error(self, key: str, reply: requests.Response) -> Exception:
         status = reply.status_code

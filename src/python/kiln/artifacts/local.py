@@ -1,6 +1,6 @@
 """A local directory as an object store (kiln.artifacts.store).
 
-- write: temp file + fsync + rename (kiln.artifacts.atomic_write_bytes).
+- write, upload: temp file + fsync + rename (kiln.artifacts.atomic_write_with); download too.
 - create: the bytes go to a temp file first, then `link(temp, key)`, which fails if the key
   exists: the exclusive create of `O_CREAT|O_EXCL`, with the object's bytes complete the moment
   it appears (and atomic on NFS, where O_EXCL has not always been).
@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts import atomic_write_bytes
+from kiln.artifacts import atomic_write_bytes, atomic_write_with
 from kiln.artifacts.store import (
     ObjectExists,
     ObjectMissing,
@@ -28,6 +29,8 @@ from kiln.artifacts.store import (
     PreconditionFailed,
     StoredObject,
 )
+
+_CHUNK = 8 << 20  # bytes copied at a time by upload and download
 
 
 class LocalStore(ObjectStore):
@@ -62,6 +65,18 @@ class LocalStore(ObjectStore):
     def write(self, key: str, data: bytes) -> str:
         atomic_write_bytes(self.path(key), data)
         return _generation(os.stat(self.path(key)))
+
+    def upload(self, key: str, path: Path) -> None:
+        with open(path, "rb") as source:
+            atomic_write_with(self.path(key), lambda f: shutil.copyfileobj(source, f, _CHUNK))
+
+    def download(self, key: str, path: Path) -> None:
+        try:
+            source = open(self.path(key), "rb")
+        except FileNotFoundError:
+            raise ObjectMissing(self.location(key)) from None
+        with source:
+            atomic_write_with(path, lambda f: shutil.copyfileobj(source, f, _CHUNK))
 
     def create(self, key: str, data: bytes) -> str:
         path = self.path(key)

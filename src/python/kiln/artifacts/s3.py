@@ -2,6 +2,8 @@
 
 - create: `PutObject` with `If-None-Match: *` (412 when the key exists).
 - replace / delete: `If-Match: ETAG`; the generation is the object's ETag.
+- upload / download of local files: boto3's transfer manager, in parts of PART_BYTES (a
+  multipart upload appears whole when it completes; a download is renamed into place).
 - Credentials and endpoint come from boto3's standard chain: AWS_ACCESS_KEY_ID /
   AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE and ~/.aws, instance roles;
   AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) for S3-compatible stores, AWS_REGION.
@@ -15,8 +17,10 @@ store's users write objects that differ on every write (leases carry an owner an
 from __future__ import annotations
 
 import threading
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
+from kiln.artifacts import atomic_write_with
 from kiln.artifacts.bucket import (
     ATTEMPTS,
     CONNECT_TIMEOUT_SECONDS,
@@ -44,6 +48,11 @@ _BAD_CREDENTIALS = {
 }
 _PRECONDITION = {"PreconditionFailed", "412"}
 _CONFLICT = {"ConditionalRequestConflict", "409"}  # a concurrent conditional write won
+# upload and download: objects above one part go in parts (a multipart upload, ranged GETs),
+# a few at once, so memory holds a few parts, never a whole checkpoint file.
+PART_BYTES = 32 << 20
+PARTS_AT_ONCE = 4
+CONNECTIONS = 32  # callers move several files at once (the run mirror: 8), each in parts
 
 
 _loader_lock = threading.Lock()
@@ -68,6 +77,7 @@ def _botocore_session() -> Any:
 class S3Store(ObjectStore):
     def __init__(self, url: str) -> None:
         import boto3
+        from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
         self.url = BucketURL.parse(url)
@@ -75,9 +85,14 @@ class S3Store(ObjectStore):
             connect_timeout=CONNECT_TIMEOUT_SECONDS,
             read_timeout=READ_TIMEOUT_SECONDS,
             retries={"max_attempts": ATTEMPTS, "mode": "standard"},
+            max_pool_connections=CONNECTIONS,
         )
         session = boto3.session.Session(botocore_session=_botocore_session())
         self._client: Any = session.client("s3", config=config)
+        self._transfer = TransferConfig(
+            multipart_threshold=PART_BYTES, multipart_chunksize=PART_BYTES,
+            max_concurrency=PARTS_AT_ONCE, use_threads=True,
+        )  # fmt: skip
 
     @property
     def endpoint(self) -> str:
@@ -109,6 +124,18 @@ class S3Store(ObjectStore):
 
     def write(self, key: str, data: bytes) -> str:
         return str(self._call(key, "put_object", Key=self.url.name(key), Body=data)["ETag"])
+
+    def upload(self, key: str, path: Path) -> None:
+        with open(path, "rb") as f:
+            self._call(key, "upload_fileobj", Fileobj=f, Key=self.url.name(key),
+                       Config=self._transfer)  # fmt: skip
+
+    def download(self, key: str, path: Path) -> None:
+        def fetch(f: BinaryIO) -> None:
+            self._call(key, "download_fileobj", Fileobj=f, Key=self.url.name(key),
+                       Config=self._transfer)  # fmt: skip
+
+        atomic_write_with(path, fetch)
 
     def create(self, key: str, data: bytes) -> str:
         try:
@@ -142,6 +169,7 @@ class S3Store(ObjectStore):
 
     def _call(self, key: str, operation: str, **arguments: Any) -> Any:
         """The client's `operation` on the bucket, its failures as the store's exceptions."""
+        from boto3.exceptions import RetriesExceededError
         from botocore.exceptions import (
             ClientError,
             ConnectionError,
@@ -153,7 +181,8 @@ class S3Store(ObjectStore):
             return getattr(self._client, operation)(Bucket=self.url.bucket, **arguments)
         except ClientError as e:
             raise self._client_error(key, e) from None
-        except ConnectionError as e:  # after botocore's retries
+        # After botocore's retries; a download's streamed body after the transfer manager's.
+        except (ConnectionError, RetriesExceededError) as e:
             raise unreachable(self.url, self.endpoint, e, "AWS_ENDPOINT_URL") from None
         except (NoCredentialsError, PartialCredentialsError):
             raise StorageError(

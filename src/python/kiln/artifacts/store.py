@@ -16,6 +16,7 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -66,6 +67,16 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def write(self, key: str, data: bytes) -> str:
         """Writes the whole object, replacing any; returns its generation."""
+
+    @abc.abstractmethod
+    def upload(self, key: str, path: Path) -> None:
+        """Writes the object from the local file `path`, replacing any, streamed in parts (a
+        checkpoint's file of gigabytes never sits in memory); it appears whole or not at all."""
+
+    @abc.abstractmethod
+    def download(self, key: str, path: Path) -> None:
+        """Writes the object into the local file `path`, streamed, renamed into place once
+        complete; ObjectMissing if there is none."""
 
     @abc.abstractmethod
     def create(self, key: str, data: bytes) -> str:
@@ -133,7 +144,6 @@ def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str
     """Uploads every file below the local `folder` to `key/...` in `store`, its STATUS (if any)
     last, so the copy is never read as complete before it is; returns the bytes copied."""
     from concurrent.futures import ThreadPoolExecutor
-    from pathlib import Path
 
     root = Path(folder)
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
@@ -141,9 +151,8 @@ def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str
     first = [name for name in files if name != "STATUS"]
 
     def upload(name: str) -> int:
-        data = (root / name).read_bytes()
-        store.write(f"{key}/{name}" if key else name, data)
-        return len(data)
+        store.upload(f"{key}/{name}" if key else name, root / name)
+        return (root / name).stat().st_size
 
     with ThreadPoolExecutor(8) as pool:  # objects upload independently: overlap the requests
         copied = sum(pool.map(upload, first))

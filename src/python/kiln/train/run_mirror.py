@@ -17,8 +17,10 @@ bucket trains into a local staging folder, and the bucket stays the truth:
 
 The control endpoint's folder (its key is a secret) never leaves the machine.
 
-Transient bucket errors are retried with backoff by the stores themselves (kiln.artifacts.s3,
-kiln.artifacts.gcs); what still fails is a StorageError naming the URL.
+Files move by the stores' streaming `upload` and `download` (in parts: a checkpoint's files of
+gigabytes never sit in memory). Transient bucket errors are retried with backoff by the stores
+themselves (kiln.artifacts.s3, kiln.artifacts.gcs); what still fails is a StorageError naming
+the URL.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kiln.artifacts import STATUS_FILE, atomic_write_bytes
+from kiln.artifacts import STATUS_FILE
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectStore
 from kiln.control.tokens import CONTROL_DIR
@@ -162,10 +164,10 @@ class RunMirror:
             pass  # replaced or removed meanwhile: the next pass sees what is there
 
     def _upload(self, name: str) -> None:
-        self.store.write(f"{self.key}/{name}", (self.local / name).read_bytes())
+        self.store.upload(f"{self.key}/{name}", self.local / name)
 
     def _download(self, name: str) -> None:
-        atomic_write_bytes(self.local / name, self.store.read(f"{self.key}/{name}").data)
+        self.store.download(f"{self.key}/{name}", self.local / name)
 
 
 def _files(folder: Path, *, hidden: bool = False) -> list[str]:

@@ -77,6 +77,29 @@ def test_delete_needs_the_generation_read(store: ObjectStore, store_location: st
         store.read("lease")
 
 
+def test_files_stream_in_parts_and_appear_whole(
+    store_location: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parts as small as the services allow, so that a file of a few MB takes several.
+    monkeypatch.setattr("kiln.artifacts.s3.PART_BYTES", 5 << 20)  # S3's smallest part
+    monkeypatch.setattr("kiln.artifacts.gcs.CHUNK_BYTES", 1 << 20)  # a multiple of 256 KiB
+    store = open_store(store_location)
+    data = os.urandom((11 << 20) + 12345)  # three S3 parts, twelve GCS chunks, the last short
+    (tmp_path / "big").write_bytes(data)
+    (tmp_path / "small").write_bytes(b"12345")
+    store.upload("ckpt/state/big", tmp_path / "big")
+    store.upload("ckpt/small", tmp_path / "small")
+    assert store.size("ckpt/state/big") == len(data)
+    store.download("ckpt/state/big", tmp_path / "back" / "big")
+    store.download("ckpt/small", tmp_path / "back" / "small")
+    assert (tmp_path / "back" / "big").read_bytes() == data
+    assert (tmp_path / "back" / "small").read_bytes() == b"12345"
+    assert sorted(p.name for p in (tmp_path / "back").iterdir()) == ["big", "small"]  # no temps
+    with pytest.raises(ObjectMissing, match="ckpt/missing"):
+        store.download("ckpt/missing", tmp_path / "back" / "missing")
+    assert not (tmp_path / "back" / "missing").exists()
+
+
 @pytest.mark.parametrize("scheme", ["s3", "gs"])
 def test_a_missing_bucket_is_named(scheme: str, request: pytest.FixtureRequest) -> None:
     request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[scheme])

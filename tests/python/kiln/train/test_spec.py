@@ -47,6 +47,12 @@ def test_the_example_spec_round_trips() -> None:
     assert parse_spec(spec.to_json()) == spec
 
 
+def test_a_dataset_in_a_bucket_keeps_its_url() -> None:
+    spec = parse_spec(spec_with(**{"config.datasets.0.path": "gs://b/tokenized/a/v1"}))
+    assert spec.config.datasets[0].path == "gs://b/tokenized/a/v1"  # not a Path: no `//` folded
+    assert spec.to_json()["config"]["datasets"][0]["path"] == "gs://b/tokenized/a/v1"
+
+
 def test_evals_and_optional_nulls() -> None:
     tasks = [{"name": "hellaswag", "num_fewshot": 0, "alias": "hellaswag_0shot"}]
     spec = parse_spec(
@@ -82,7 +88,15 @@ def test_evals_and_optional_nulls() -> None:
         (spec_with(**{"config.datasets": []}), "config.datasets"),
         (spec_with(**{"config.datasets.0.weight": 0}), "weight > 0"),
         (spec_with(**{"config.datasets.0.weight": -1}), "config.datasets[0].weight"),
-        (spec_with(**{"config.datasets.0.path": "relative/dir"}), "config.datasets[0].path"),
+        (
+            spec_with(**{"config.datasets.0.path": "relative/dir"}),
+            "config.datasets[0].path: expected an absolute path or a bucket URL",
+        ),
+        (
+            spec_with(**{"config.validation.0.path": "hdfs://b/val"}),
+            "config.validation[0].path: expected an absolute path or a bucket URL "
+            "(s3://BUCKET/PATH, gs://BUCKET/PATH), got 'hdfs://b/val'",
+        ),
         (
             spec_with(**{"config.datasets.0.colour": "red"}),
             "config.datasets[0]: unknown field(s) colour",
