@@ -40,8 +40,8 @@ from kiln.data.spec import CacheSpec, FilesSource, LevanterCacheSource, parse_ca
 from kiln.data.tokenize import already_built
 from kiln_contract.tokenize import HUB_VARIABLES
 
-SPEC_FILE = "tokenize_spec.json"  # the names the spec and the record have in a task's folder
-RECORD_FILE = "artifact_record.json"
+TASK_SPEC = "tokenize_spec.json"  # the names the spec and the record have in a task's folder
+TASK_RECORD = "artifact_record.json"
 TASK_CPUS = 1
 # Folders of the submitting machine: a node keeps its own Hugging Face cache.
 MACHINE_LOCAL_HUB_VARIABLES = ("HF_HOME", "HF_HUB_CACHE")
@@ -71,12 +71,12 @@ class FanOut:
         return f"{self.spec.name}@{self.spec.version}"
 
     def shard_argv(self, index: int) -> list[str]:
-        return ["shard", SPEC_FILE, "--index", str(index), "--out", str(self.shards[index]),
+        return ["shard", TASK_SPEC, "--index", str(index), "--out", str(self.shards[index]),
                 "--unless-built", str(self.out), "--root", str(self.prefix)]  # fmt: skip
 
     def merge_argv(self) -> list[str]:
-        record = ["--record", RECORD_FILE] if self.record else []
-        return ["merge", SPEC_FILE, "--shards", *map(str, self.shards), "--out", str(self.out),
+        record = ["--record", TASK_RECORD] if self.record else []
+        return ["merge", TASK_SPEC, "--shards", *map(str, self.shards), "--out", str(self.out),
                 *record, "--root", str(self.prefix)]  # fmt: skip
 
 
@@ -84,9 +84,9 @@ def task_files(spec: CacheSpec, spec_bytes: bytes, record: Path | None) -> dict[
     """What a task's folder holds: the spec, the record, and the files the spec names relative
     to the working folder (data files, a local tokenizer). Absolute paths are read where they
     are: on the cluster they must be on a filesystem every node shares."""
-    files = {SPEC_FILE: spec_bytes}
+    files = {TASK_SPEC: spec_bytes}
     if record is not None:
-        files[RECORD_FILE] = record.read_bytes()
+        files[TASK_RECORD] = record.read_bytes()
     relative: list[Path] = []
     if isinstance(spec.source, FilesSource):
         relative += [p for p in expand_paths(spec.source.paths) if not p.is_absolute()]
