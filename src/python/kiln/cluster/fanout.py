@@ -15,7 +15,8 @@ byte-identical to one built here.
 
 Exit status: 0 built (or already built); 1 one line about the cluster (unreachable, another Ray
 version, no CPU, a task lost with its node); a failed task's own status (2 bad input, 4 storage:
-docs/token-cache.md), its message naming the cache and the shard.
+docs/token-cache.md), its message naming the cache and the shard; 130 interrupted (the tasks
+are cancelled).
 """
 
 from __future__ import annotations
@@ -169,20 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     apply_hub_settings()  # the Pants backend's hub settings file, as for a local build
     args = _parser().parse_args(argv)
     try:
-        spec_bytes, spec = _read_spec(args.spec)
-        if isinstance(spec.source, LevanterCacheSource):
-            raise SpecError(f"{spec.name}: a levanter_cache source is imported, not tokenized.")
-        if len(args.shards) != spec.num_shards:
-            raise SpecError(f"--shards names {len(args.shards)} folders for {spec.num_shards} shards.")
-        if already_built(spec, args.out):  # no cluster needed to see it
-            print(f"{spec.name}@{spec.version}: already built at {args.out}", file=sys.stderr)
-            return 0
-        files = task_files(spec, spec_bytes, args.record)
-        address = resolve_address(args.cluster)
-        if address is None:
-            raise ClusterError(f"--cluster {args.cluster!r} names no cluster; tokenize here instead")
-        fan_out = FanOut(spec, tuple(args.shards), args.out, args.prefix, address, bool(args.record))
-        return _on_cluster(fan_out, files)
+        return _command(args)
+    except KeyboardInterrupt:  # the tasks were cancelled on the way out
+        print("kiln: interrupted; the shards finished so far are kept", file=sys.stderr)
+        return 130
     except TaskFailed as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -200,8 +191,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STORAGE
 
 
-def _on_cluster(fan_out: FanOut, files: dict[str, bytes]) -> int:
-    ray = connect(fan_out.address)
+def _command(args: argparse.Namespace) -> int:
+    spec_bytes, spec = _read_spec(args.spec)
+    if isinstance(spec.source, LevanterCacheSource):
+        raise SpecError(f"{spec.name}: a levanter_cache source is imported, not tokenized.")
+    if len(args.shards) != spec.num_shards:
+        raise SpecError(f"--shards names {len(args.shards)} folders for {spec.num_shards} shards.")
+    if already_built(spec, args.out):  # no cluster needed to see it
+        print(f"{spec.name}@{spec.version}: already built at {args.out}", file=sys.stderr)
+        return 0
+    files = task_files(spec, spec_bytes, args.record)
+    address = resolve_address(args.cluster)
+    if address is None:
+        raise ClusterError(f"--cluster {args.cluster!r} names no cluster; tokenize here instead")
+    fan_out = FanOut(spec, tuple(args.shards), args.out, args.prefix, address, bool(args.record))
+    ray = connect(address)
     try:
         build(ray, fan_out, files)
     finally:
