@@ -13,8 +13,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from kiln_testing.data import STDLIB_TOKENIZER, make_spec, write_corpus
 from kiln_testing.multihost import free_port, run_each
 from kiln_testing.ray_cluster import ray_cluster
 from kiln_testing.steps import NUM_STEPS, write_step
-from kiln_testing.training import read_jsonl
+from kiln_testing.training import read_jsonl, write_runner_step
 
 from kiln import artifacts
 from kiln.cluster import fanout
@@ -31,6 +33,17 @@ from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import build_cache, tokenize_shard
 
 DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two hosts
+
+# One host (mesh data=2 on its two devices), the control endpoint on, and no save but the ones
+# asked for: the run trains until `stop`.
+ENDLESS_ONE_HOST_RUN = {
+    "config.num_train_steps": 100_000,
+    "runtime.mesh": {"data": 2, "fsdp": 1, "tensor": 1},
+    "runtime.validation_every": 100_000,
+    "runtime.checkpointer.every": None,
+    "runtime.checkpointer.save_interval_minutes": 10_000,
+    "runtime.control.enabled": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -96,32 +109,76 @@ def kiln_cluster(address: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=300)
 
 
-def test_a_detached_job_trains_on_and_is_followed_from_elsewhere(
+def test_a_detached_job_is_followed_controlled_and_stopped_from_elsewhere(
     cluster: str, tmp_path: Path
 ) -> None:
-    step = write_step(tmp_path, mesh={"data": 2, "fsdp": 1, "tensor": 1})  # one host
+    step = write_runner_step(tmp_path, **ENDLESS_ONE_HOST_RUN)  # only `stop` ends it
     [submitted] = run_each([runner(step, tmp_path / "store", "--cluster", cluster, "--detach")],
                            devices=1)  # fmt: skip
     assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
     job = submitted_job(submitted.stdout)
     assert f"logs -f {job}" in submitted.stdout  # how to follow it
+    run_dir = tmp_path / "store" / "checkpoints/tiny/2026.11.29"
+    try:
+        status = kiln_cluster(cluster, "status", job)
+        assert status.returncode == 0, status.stderr
+        assert f"job: {job}\nartifact: checkpoints/tiny@2026.11.29\nstate: " in status.stdout
+        token = request_a_checkpoint_through_the_job(cluster, job, run_dir)
+    finally:
+        stopped = kiln_cluster(cluster, "stop", job)  # the trainer saves a checkpoint and stops
+    assert stopped.returncode == 0, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    exit_code = re.search(rf"^kiln: job {job} is STOPPED \(exit code (\d+)\)$", stopped.stdout, re.M)
+    assert exit_code, stopped.stdout
 
-    status = kiln_cluster(cluster, "status", job)
-    assert status.returncode == 0, status.stderr
-    assert f"job: {job}\nartifact: checkpoints/tiny@2026.11.29\nstate: " in status.stdout
     followed = kiln_cluster(cluster, "logs", "-f", job)  # to the end: the job's exit code
-    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
-    assert "(host 0) kiln: built checkpoints/tiny@2026.11.29" in followed.stdout
-    finished = kiln_cluster(cluster, "status", job).stdout
-    assert "state: SUCCEEDED\nexit_code: 0\n" in finished, finished
+    assert followed.returncode == int(exit_code.group(1)) != 0, followed.stderr[-3000:]
+    assert "(host 0) training control: http://127.0.0.1:" in followed.stdout
+    assert "/c/[hidden]/" in followed.stdout and token not in followed.stdout
+    assert not re.search(r"/c/[A-Za-z0-9_-]{54}", followed.stdout)  # no token in the log
     listed = kiln_cluster(cluster, "list")
-    assert re.search(rf"^{job}  SUCCEEDED  checkpoints/tiny@2026.11.29 ", listed.stdout, re.M)
+    assert re.search(rf"^{job}  STOPPED    checkpoints/tiny@2026.11.29 ", listed.stdout, re.M)
+    ended = kiln_cluster(cluster, "endpoints", job)
+    assert ended.returncode == 1
+    assert ended.stderr == f"kiln: error: job {job} has ended (STOPPED): its control endpoint " \
+                           "is gone\n"  # fmt: skip
 
-    missing = kiln_cluster(cluster, "logs", "no-such-job")
+    missing = kiln_cluster(cluster, "mint", "no-such-job")
     assert missing.returncode == 1
     assert missing.stderr.strip().startswith(
         f"kiln: error: no job 'no-such-job' on the Ray cluster at {cluster} "
     ), missing.stderr
+
+
+def request_a_checkpoint_through_the_job(cluster: str, job: str, run_dir: Path) -> str:
+    """`endpoints` lists process 0's endpoint, `mint` gives a URL for it, and a POST with the
+    control header makes the trainer save a temporary checkpoint into the store. Returns the
+    URL's token."""
+    wait_for(lambda: (run_dir / "control/endpoint.json").exists(), "process 0's endpoint")
+    listed = kiln_cluster(cluster, "endpoints", job)
+    assert listed.returncode == 0, listed.stderr
+    routes = "GET / \\(control page\\), GET healthz, POST checkpoint"
+    line = rf"^{job}/training-control  127\.0\.0\.1:\d+  node [0-9.]+  {routes}$"
+    assert re.search(line, listed.stdout, re.M), listed.stdout
+    minted = kiln_cluster(cluster, "mint", f"{job}/training-control")
+    assert minted.returncode == 0, minted.stderr
+    url = re.search(r"^url (http://127\.0\.0\.1:\d+/c/([A-Za-z0-9_-]+)/)$", minted.stdout, re.M)
+    assert url, minted.stdout
+    request = urllib.request.Request(url.group(1) + "checkpoint", method="POST",
+                                     headers={"X-Levanter-Training-Control": "request-checkpoint"})
+    with urllib.request.urlopen(request, timeout=60) as answer:  # fmt: skip
+        assert answer.status == 202
+    saved = wait_for(lambda: list(run_dir.glob("checkpoints/step-*/metadata.json")), "the save")
+    assert json.loads(saved[0].read_text())["is_temporary"] is True
+    return url.group(2)
+
+
+def wait_for(condition: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + 300  # a bound for a loaded 2-core machine, not a timing check
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.1)
+    pytest.fail(f"gave up waiting for {what}")
 
 
 def is_host_1_of(prefix: Path) -> Callable[[list[str]], bool]:

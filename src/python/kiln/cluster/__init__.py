@@ -3,6 +3,7 @@
 `placement` turns a step's `resources` into a placement group and checks it against the cluster's
 nodes (no Ray needed); `jobs` submits a run as a job and follows, lists, shows and stops jobs
 (`python -m kiln.cluster`); the job is a `driver.JobDriver` actor, which runs the hosts through
-`dispatch`; `host` is the Ray actor each host runs. `driver` and `host` are standard library only
-at import: they are shipped by value.
+`dispatch`; `host` is the Ray actor each host runs; `endpoints` finds, lists and mints for the
+run's control endpoint on process 0's host. `driver` and `host` are standard library only at
+import: they are shipped by value.
 """

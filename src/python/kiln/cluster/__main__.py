@@ -1,9 +1,10 @@
-"""`python -m kiln.cluster {list,status,logs [-f],stop} [JOB]`: Kiln's jobs on a Ray cluster, from
-any machine that reaches it (docs/clusters.md). The cluster is `--cluster ADDRESS`, or
-$RAY_ADDRESS.
+"""`python -m kiln.cluster {list,status,logs [-f],stop,endpoints,mint} [JOB]`: Kiln's jobs on a
+Ray cluster, from any machine that reaches it (docs/clusters.md). The cluster is
+`--cluster ADDRESS`, or $RAY_ADDRESS.
 
 Exit status: 0 done (`logs -f`: the job's own exit code); 1 one line saying what went wrong (an
-unreachable cluster, another Ray version, no such job); 130 `logs -f` detached by Ctrl-C.
+unreachable cluster, another Ray version, no such job, no control endpoint); 130 `logs -f`
+detached by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import sys
 import time
 from typing import Any
 
-from kiln.cluster import jobs
+from kiln.cluster import endpoints, jobs
 from kiln.cluster.dispatch import ClusterError, connect, resolve_address
+from kiln_contract.parsing import SpecError
+from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES, check_token_ttl
 
 STATUS_FIELDS = ("job", "artifact", "state", "exit_code", "resources", "hosts", "max_retries",
                  "prefix", "started_at", "ended_at")  # fmt: skip
@@ -32,11 +35,29 @@ def _parser() -> argparse.ArgumentParser:
     logs = commands.add_parser("logs", help="a job's output")
     logs.add_argument("job")
     logs.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    commands.add_parser(
+        "endpoints", help="the job's control endpoint: name, address, node, routes"
+    ).add_argument("job")
+    mint = commands.add_parser("mint", help="a capability URL for the job's control endpoint")
+    mint.add_argument("job", metavar="JOB|JOB/training-control")
+    mint.add_argument(
+        "--ttl-minutes",
+        type=float,
+        default=720.0,
+        help=f"how long the URL works (default 720, at most {MAX_TOKEN_TTL_MINUTES}: a week)",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "mint":
+        args.job = endpoints.job_of(args.job)
+        try:
+            check_token_ttl("--ttl-minutes", args.ttl_minutes)
+        except SpecError as e:
+            parser.error(f"{e}; mint a fresh URL when one expires")
     try:
         address = resolve_address(args.cluster or "auto")
         assert address is not None  # "auto" reads RAY_ADDRESS or raises
@@ -70,12 +91,28 @@ def _command(ray: Any, args: argparse.Namespace, address: str) -> int:
             return 0
         print(f"kiln: job {args.job} is {stopped['state']} (exit code {stopped['exit_code']})")
         return 0
+    if args.command in ("endpoints", "mint"):
+        return _endpoint(ray, handle, args)
     if args.follow:
         return jobs.follow(ray, handle, args.job, address)
     offset = 0
     while lines := ray.get(handle.read.remote(offset))[0]:
         print("\n".join(lines))
         offset += len(lines)
+    return 0
+
+
+def _endpoint(ray: Any, handle: Any, args: argparse.Namespace) -> int:
+    """`endpoints` lists the job's one endpoint; `mint` prints a URL for it (to this caller
+    only) and, on stderr, how to reach it."""
+    ttl_minutes = args.ttl_minutes if args.command == "mint" else None
+    found = jobs.endpoint(ray, handle, args.job, ttl_minutes)
+    if args.command == "endpoints":
+        print(endpoints.listing(args.job, found))
+        print(f"  {endpoints.reach(found)}")
+        return 0
+    print(endpoints.minted(found))
+    print(f"kiln: {endpoints.reach(found)}", file=sys.stderr)
     return 0
 
 

@@ -13,6 +13,7 @@ and writes the record as in any multi-host run.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ from kiln_contract.train import Resources
 STEP_FILE = "step.json"
 CODE_DIR = ".kiln/code"  # in the artifact store: Kiln's sources, one folder per digest
 CONNECT_TIMEOUT_S = 5.0
-CONNECT_ATTEMPTS = 2
+CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
@@ -51,6 +52,12 @@ class ClusterJob:
     files: Mapping[str, bytes]  # the step (STEP_FILE) and its eval task files, by relative path
     prefix: Path  # the artifact store, at this path on every host
     max_retries: int = 3  # attempts after a lost host, each from the newest checkpoint
+
+    @property
+    def run_dir(self) -> Path:
+        """The artifact's folder in the store, where the runner builds it: PREFIX/NAME/VERSION."""
+        step = json.loads(self.files[STEP_FILE])
+        return self.prefix / step["name"] / step["version"]
 
     def runner_argv(self, coordinator: str, process_id: int) -> list[str]:
         """Host `process_id`'s `python -m kiln.runner` arguments."""
@@ -177,11 +184,13 @@ def run_hosts(
     driver_actor: Any,
     say: Callable[[str], None],
     stopping: threading.Event,
+    process_0: Callable[[Any], None],
 ) -> int:
     """In the job's driver (kiln.cluster.driver): runs the hosts, their output going to
     `driver_actor.write`; a lost host (its actor or node died, or its trainer was killed by a signal)
     ends the attempt, and the next one resumes from the newest checkpoint. `stopping` asks the
-    trainers to save a checkpoint and stop. Returns the runners' exit code."""
+    trainers to save a checkpoint and stop; `process_0` is told each attempt's host 0 actor
+    (None once it ends), which finds the control endpoint. Returns the runners' exit code."""
     import ray
 
     job = ClusterJob.from_json(job_json)
@@ -193,7 +202,7 @@ def run_hosts(
                 f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
                 f"{job.max_retries}, from the newest checkpoint"
             )
-        outcome = _attempt(ray, job, code, driver_actor, stopping)
+        outcome = _attempt(ray, job, code, driver_actor, stopping, process_0)
         if isinstance(outcome, int):
             return outcome
         lost = outcome
@@ -204,7 +213,12 @@ def run_hosts(
 
 
 def _attempt(
-    ray: Any, job: ClusterJob, code: str, driver_actor: Any, stopping: threading.Event
+    ray: Any,
+    job: ClusterJob,
+    code: str,
+    driver_actor: Any,
+    stopping: threading.Event,
+    process_0: Callable[[Any], None],
 ) -> int | str:
     """One run of every host: the exit code, or why a host was lost."""
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -226,11 +240,12 @@ def _attempt(
                 num_cpus=wanted["CPU"],
                 num_gpus=wanted.get("GPU", 0),
                 resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
-                max_concurrency=2,  # `stop` runs while `run` waits for the trainer
+                max_concurrency=4,  # `stop` and `endpoint` answer while `run` waits
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
-            ).remote()
+            ).remote(str(job.run_dir))
             for i in range(len(group.bundle_specs))
         ]
+        process_0(hosts[0])
         coordinator = ray.get(hosts[0].coordinator_address.remote())
         runs = [
             h.run.remote(dict(job.files), job.runner_argv(coordinator, i), code, driver_actor, i)
@@ -238,6 +253,7 @@ def _attempt(
         ]
         return _wait(ray, hosts, runs, stopping)
     finally:
+        process_0(None)
         for h in hosts:
             ray.kill(h)  # a trainer dies with its actor
         remove_placement_group(group)

@@ -1,9 +1,10 @@
 """The Ray actor a cluster job is: a detached driver that outlives the terminal that submitted it.
 
 It runs the hosts (kiln.cluster.dispatch.run_hosts) with Kiln's sources from the store, keeps
-their output and the job's state, and answers `status`, `read` and `stop` from any client of the
-cluster (kiln.cluster.jobs). Standard library only at import (and Ray, present on every worker):
-the submitter ships this module by value, like host.TrainerHost.
+their output and the job's state, and answers `status`, `read`, `stop` and `endpoint` (through the
+host of process 0) from any client of the cluster (kiln.cluster.jobs). Standard library only at
+import (and Ray, present on every worker): the submitter ships this module by value, like
+host.TrainerHost.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ RUNNING, SUCCEEDED, FAILED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "STOPPED
 FINISHED = (SUCCEEDED, FAILED, STOPPED)
 KEEP_FINISHED_S = 24 * 3600  # a finished job's status and output stay readable this long
 READ_LINES = 2000  # the most output lines one `read` returns
+ENDPOINT_TIMEOUT_S = 30.0  # how long `endpoint` waits for process 0's host to answer
 
 
 def job_names() -> list[str]:
@@ -41,6 +43,7 @@ class JobDriver:
         self._lines: list[str] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._host_0: Any = None  # the current attempt's host 0 actor (dispatch.run_hosts)
         threading.Thread(target=self._run, args=(job, code), daemon=True).start()
 
     def write(self, line: str) -> None:
@@ -65,6 +68,28 @@ class JobDriver:
         self._stopping.set()
         return True
 
+    def endpoint(self, ttl_minutes: float | None = None) -> dict[str, Any] | None:
+        """The control endpoint process 0 serves now (with a capability URL when
+        `ttl_minutes`; kiln.cluster.endpoints), or None: not serving yet, between attempts,
+        or finished."""
+        import ray
+
+        with self._lock:
+            host_0 = self._host_0 if self._status["state"] == RUNNING else None
+        if host_0 is None:
+            return None
+        try:
+            found: dict[str, Any] | None = ray.get(
+                host_0.endpoint.remote(ttl_minutes), timeout=ENDPOINT_TIMEOUT_S
+            )
+        except (ray.exceptions.RayError, TimeoutError):  # the host is going: a retry or the end
+            return None
+        return found
+
+    def _set_host_0(self, host_0: Any) -> None:
+        with self._lock:
+            self._host_0 = host_0
+
     def _run(self, job: dict[str, Any], code: str) -> None:
         exit_code = 1
         try:
@@ -74,7 +99,9 @@ class JobDriver:
             from kiln.cluster import dispatch
 
             me = ray.get_runtime_context().current_actor
-            exit_code = dispatch.run_hosts(job, code, me, self.write, self._stopping)
+            exit_code = dispatch.run_hosts(
+                job, code, me, self.write, self._stopping, self._set_host_0
+            )
         except Exception as e:  # noqa: BLE001 - every failure ends the job, in its output
             self.write(f"kiln: error: {e}")
         self._finish(exit_code)

@@ -1,8 +1,8 @@
 """The Ray actor each host of a cluster run is: it starts that host's `python -m kiln.runner`.
 
-Standard library only (and Ray, present on every worker): the driver ships this module by
-value, so a host needs no Kiln installed to run it; the runner it starts finds Kiln's sources
-in the shared store (`PYTHONPATH`, see dispatch.ship_code).
+Standard library only at import (and Ray, present on every worker): the driver ships this module
+by value, so a host needs no Kiln installed to run it; the runner it starts, and the actor's own
+later imports, find Kiln's sources in the shared store (`PYTHONPATH`, see dispatch.ship_code).
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ def _die_with_parent() -> None:
 
 
 class TrainerHost:
-    """One host of a run: reports where a coordinator can listen, then runs the runner."""
+    """One host of a run: reports where a coordinator can listen, then runs the runner; on
+    process 0's host, it also finds and mints for the run's control endpoint."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_dir: str) -> None:
+        self._run_dir = run_dir  # the run's folder in the store: process 0 records its endpoint
         self._process: subprocess.Popen[str] | None = None
+        self._code = ""  # Kiln's sources in the store, once `run` has them
 
     def coordinator_address(self) -> str:
         """This node's address and a port free on it now, for jax.distributed's coordinator."""
@@ -50,6 +53,10 @@ class TrainerHost:
         """Writes `files` (the step and its eval tasks) to a fresh folder and runs
         `python -m kiln.runner` there, each line of its output sent to the job's `driver`;
         returns its exit code."""
+        self._code = pythonpath
+        self._find_kiln()
+        from kiln.control.tokens import hide_tokens  # the job's output is no place for them
+
         with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
             for name, content in files.items():
                 path = Path(inputs, name)
@@ -77,8 +84,28 @@ class TrainerHost:
             )
             assert self._process.stdout is not None
             for line in self._process.stdout:
-                driver.write.remote(f"(host {index}) {line.rstrip()}")
+                driver.write.remote(f"(host {index}) {hide_tokens(line.rstrip())}")
             return self._process.wait()
+
+    def endpoint(self, ttl_minutes: float | None) -> dict[str, Any] | None:
+        """The control endpoint this host's trainer serves, if it serves one now (with a
+        capability URL when `ttl_minutes`): kiln.cluster.endpoints.endpoint, on its node."""
+        import ray
+
+        process = self._process
+        if process is None or process.poll() is not None:
+            return None
+        self._find_kiln()
+        from kiln.cluster.endpoints import endpoint
+
+        node = ray.util.get_node_ip_address()
+        return endpoint(Path(self._run_dir), process.pid, node, ttl_minutes)
+
+    def _find_kiln(self) -> None:
+        """Puts Kiln's sources in the store on this worker's path (it is shipped without
+        them)."""
+        if self._code not in sys.path:
+            sys.path.insert(0, self._code)
 
     def stop(self) -> None:
         """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally."""

@@ -1,4 +1,5 @@
-"""Cluster jobs, from any machine that reaches the cluster: submit, follow, list, status, stop.
+"""Cluster jobs, from any machine that reaches the cluster: submit, follow, list, status, stop,
+and their control endpoint.
 
 A job is a detached Ray actor (kiln.cluster.driver.JobDriver) named by the job's id in Kiln's
 namespace: it runs the hosts and outlives the terminal that submitted it, which follows its
@@ -120,6 +121,24 @@ def stop(ray: Any, handle: Any, job_id: str) -> dict[str, Any] | None:
             return status
         time.sleep(FOLLOW_POLL_S)
     raise ClusterError(f"job {job_id} did not stop within {STOP_WAIT_S:.0f} s; ask again")
+
+
+def endpoint(
+    ray: Any, handle: Any, job_id: str, ttl_minutes: float | None = None
+) -> dict[str, Any]:
+    """The control endpoint job `job_id` serves (kiln.cluster.endpoints; with a capability URL
+    when `ttl_minutes`); ClusterError when it serves none."""
+    found = _call(ray, handle.endpoint.remote(ttl_minutes), job_id)
+    if found is not None:
+        return dict(found)
+    status = _call(ray, handle.status.remote(), job_id)
+    if status["state"] in driver.FINISHED:
+        raise ClusterError(f"job {job_id} has ended ({status['state']}): its control endpoint "
+                           "is gone")  # fmt: skip
+    raise ClusterError(
+        f"job {job_id} has no control endpoint yet: its process 0 serves one once training "
+        "starts (and none with runtime.control.enabled false); ask again in a moment"
+    )
 
 
 def _call(ray: Any, ref: Any, job_id: str) -> Any:

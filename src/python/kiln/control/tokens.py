@@ -44,6 +44,9 @@ _EXPIRY = struct.Struct(">Q")
 _TOKEN_BYTES = _EXPIRY.size + hashlib.sha256().digest_size
 _TOKEN_CHARS = 54  # ceil(40 * 4 / 3) without padding
 _TOKEN_SHAPE = re.compile(rf"[A-Za-z0-9_-]{{{_TOKEN_CHARS}}}")
+# A token where a capability URL carries it, in any text.
+_TOKEN_IN_URL = re.compile(rf"(?<=/c/){_TOKEN_SHAPE.pattern}(?![A-Za-z0-9_-])")
+HIDDEN_TOKEN = "[hidden]"
 
 
 class EndpointError(RuntimeError):
@@ -83,6 +86,12 @@ def verify_token(key: bytes, token: str, now: float | None = None) -> bool:
     if not hmac.compare_digest(mac, _mac(key, expiry)):
         return False
     return _EXPIRY.unpack(expiry)[0] > (time.time() if now is None else now)
+
+
+def hide_tokens(text: str) -> str:
+    """`text` with the token of every capability URL in it replaced by HIDDEN_TOKEN: for output
+    that others read (a cluster job's log)."""
+    return _TOKEN_IN_URL.sub(HIDDEN_TOKEN, text)
 
 
 def new_key() -> bytes:

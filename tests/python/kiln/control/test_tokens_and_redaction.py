@@ -10,7 +10,13 @@ import pytest
 
 from kiln.control.__main__ import main as control_main
 from kiln.control.redact import REDACTED, redact, redact_environment
-from kiln.control.tokens import mint_token, token_expiring_in, verify_token
+from kiln.control.tokens import (
+    HIDDEN_TOKEN,
+    hide_tokens,
+    mint_token,
+    token_expiring_in,
+    verify_token,
+)
 from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES
 
 KEY = b"k" * 32
@@ -26,6 +32,16 @@ def test_a_token_has_exactly_one_accepted_spelling() -> None:
     variants = [token[:-1] + BASE64URL[(last & 0b110000) | low] for low in range(16)]
     accepted = [variant for variant in variants if verify_token(KEY, variant)]
     assert accepted == [token]
+
+
+def test_hide_tokens_hides_the_token_of_every_capability_url_and_nothing_else() -> None:
+    token, other = mint_token(KEY, 2_000_000_000), mint_token(KEY, 2_000_000_001)
+    line = f"training control: http://127.0.0.1:41234/c/{token}/ and [::1]:80/c/{other}"
+    assert hide_tokens(line) == (
+        f"training control: http://127.0.0.1:41234/c/{HIDDEN_TOKEN}/ and [::1]:80/c/{HIDDEN_TOKEN}"
+    )
+    for harmless in ("/c/short/", f"/c/{token}x/", f"/d/{token}/", "step 3 loss 2.5"):
+        assert hide_tokens(harmless) == harmless
 
 
 @pytest.mark.parametrize("ttl", [math.nan, math.inf, -1.0, 0.0, MAX_TOKEN_TTL_MINUTES + 1])

@@ -5,11 +5,11 @@ Runs in the torch-tests PEX (tests/python/kiln/interop:hf-reference, which bundl
 of jobs, each
 
   {"model": DIR, "task_dir": DIR, "tasks": [NAME, ...], "num_fewshot": {NAME: N},
-   "batch_size": B, "out": JSON}
+   "batch_size": B, "dtype": "float32" | "float64", "out": JSON}
 
 `DIR` is a transformers Llama folder. Each task runs through `lm_eval.simple_evaluate` on
-lm-eval's `hf` model (HFLM over AutoModelForCausalLM, float32, CPU) at its few-shot count, as
-`lm_eval --model hf --model_args pretrained=DIR,dtype=float32 --tasks NAME --num_fewshot N
+lm-eval's `hf` model (HFLM over AutoModelForCausalLM at the job's dtype, CPU) at its few-shot
+count, as `lm_eval --model hf --model_args pretrained=DIR,dtype=D --tasks NAME --num_fewshot N
 --include_path DIR` runs it, everything else at lm-eval's defaults (max_length from the model's
 config, prefix token, seeds). The out file holds,
 per task, lm-eval's numeric metrics, every request's arguments and responses, and every token
@@ -32,7 +32,9 @@ from lm_eval.tasks import TaskManager
 
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     # What simple_evaluate(model="hf", model_args=...) builds; built once for all the tasks.
-    lm = HFLM(pretrained=job["model"], dtype="float32", device="cpu", batch_size=job["batch_size"])
+    lm = HFLM(
+        pretrained=job["model"], dtype=job["dtype"], device="cpu", batch_size=job["batch_size"]
+    )
     recorder = SequenceRecorder(lm)
     manager = TaskManager(include_path=job["task_dir"], include_defaults=False)
     scored: dict[str, Any] = {}
