@@ -1,5 +1,7 @@
 """Building a `tokenized_cache`: one Pants process per shard (in parallel), then a merge process;
-for a `levanter_cache(...)` source, one import process instead (nothing is tokenized).
+for a `levanter_cache(...)` source, one import process instead (nothing is tokenized); for a
+store-mode cache with `[kiln] cluster` set, one process that runs the shards and the merge as Ray
+tasks on the cluster (kiln.cluster.fanout, docs/clusters.md).
 
 Each process runs `python -m kiln.data.tokenize` from the tokenize runtime PEX, whose sources are
 kiln.data's closure only, so trainer edits never re-tokenize. Two storage modes (the `storage`
@@ -21,6 +23,7 @@ from typing import Any, Optional
 from pants.base.build_root import BuildRoot
 from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
 from pants.engine.addresses import Address, Addresses
+from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import (
     EMPTY_DIGEST,
     AddPrefix,
@@ -30,9 +33,10 @@ from pants.engine.fs import (
     MergeDigests,
     RemovePrefix,
 )
-from pants.engine.process import Process, ProcessCacheScope, ProcessResult
+from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.util.frozendict import FrozenDict
 
 from kiln_contract.tokenize import (
     CacheSpec,
@@ -53,7 +57,7 @@ from kiln_pants.artifact_graph import (
 )
 from kiln_pants.artifact_store import artifact_path, artifact_record
 from kiln_pants.hub_settings import HubSettingsCache
-from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import FAN_OUT, TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
     STDLIB_SOURCES,
@@ -76,6 +80,11 @@ from kiln_pants.target_types import (
 SPEC_FILE = "tokenize_spec.json"
 RECORD_INPUT = "artifact_record.json"
 CACHE_DIR = "cache"
+NO_CLUSTER = ("", "local")  # [kiln] cluster values that mean this machine
+
+
+class CacheTokenizationFailed(Exception):
+    pass
 
 
 @dataclass(frozen=True)
@@ -163,15 +172,60 @@ def _tokenizer_spec(tokenizer: str, files: TokenizerFiles | None) -> TokenizerSp
 async def _built(
     artifact: Artifact,
     layout: _Layout,
-    last: ProcessResult,
+    last: ProcessResult | FallibleProcessResult,
     tokenizer_files: Optional[TokenizerFiles],
 ) -> BuiltCache:
-    """The cache the last process (merge or import) finished: its output, or in the store."""
+    """The cache the last process (merge, import or fan-out) finished: its output, or in the
+    store."""
     tokenizer_digest = tokenizer_files.digest if tokenizer_files else EMPTY_DIGEST
     if os.path.isabs(layout.cache):
         return BuiltCache(artifact, EMPTY_DIGEST, tokenizer_digest, store_path=layout.cache)
     cache = await Get(Digest, RemovePrefix(last.output_digest, CACHE_DIR))
     return BuiltCache(artifact, cache, tokenizer_digest)
+
+
+async def _tokenize_on_cluster(
+    address: Address,
+    artifact: Artifact,
+    layout: _Layout,
+    input_digest: Digest,
+    cluster: str,
+    hub: HubSettingsCache,
+) -> FallibleProcessResult:
+    """One process for every shard and the merge, each a Ray task on the cluster; per session,
+    like every store-mode process (the store resumes and skips by itself)."""
+    runtime, environment = await MultiGet(
+        Get(Runtime, RuntimeRequest(*FAN_OUT)),
+        Get(EnvironmentVars, EnvironmentVarsRequest(("RAY_ADDRESS",))),  # for `auto`
+    )
+    assert layout.root is not None  # store storage
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=(
+                SPEC_FILE, "--cluster", cluster, "--prefix", layout.root,
+                "--shards", *layout.shards, "--out", layout.cache, "--record", RECORD_INPUT,
+            ),  # fmt: skip
+            description=(
+                f"Tokenizing {artifact.ref}: {len(layout.shards)} shard(s) on the Ray cluster "
+                f"{cluster}"
+            ),
+            input_digest=input_digest,
+            output_directories=(),
+            cache_scope=layout.cache_scope,
+            env=FrozenDict(environment),
+            append_only_caches=hub.append_only_caches,
+        ),
+    )
+    result = await Get(FallibleProcessResult, Process, process)
+    if result.exit_code != 0:
+        lines = result.stderr.decode(errors="replace").strip().splitlines()
+        why = lines[-1].removeprefix("kiln: ").removeprefix("error: ") if lines else ""
+        raise CacheTokenizationFailed(
+            f"{address}: {why or f'tokenizing on the cluster failed (exit {result.exit_code})'}"
+        )
+    return result
 
 
 @rule(desc="Tokenizing a cache")
@@ -181,13 +235,12 @@ async def build_tokenized_cache(
     build_root: BuildRoot,
     hub: HubSettingsCache,
 ) -> BuiltCache:
-    wrapped, graph, runtime = await MultiGet(
+    wrapped, graph = await MultiGet(
         Get(
             WrappedTarget,
             WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
         ),
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address]))),
-        Get(Runtime, RuntimeRequest(*TOKENIZE)),
     )
     target = wrapped.target
     artifact = graph.get(request.address)
@@ -237,6 +290,17 @@ async def build_tokenized_cache(
     )
     store_path = artifact_path(prefix, artifact)
     layout = _Layout.for_storage(storage, num_shards, store_path, prefix)
+    # An imported cache is read in place: nothing to fan out.
+    if (
+        storage == "store"
+        and kiln.cluster not in NO_CLUSTER
+        and not isinstance(spec.source, LevanterCacheSource)
+    ):
+        fanned_out = await _tokenize_on_cluster(
+            request.address, artifact, layout, input_digest, kiln.cluster, hub
+        )
+        return await _built(artifact, layout, fanned_out, tokenizer_files)
+    runtime = await Get(Runtime, RuntimeRequest(*TOKENIZE))
     if isinstance(spec.source, LevanterCacheSource):
         import_process = await Get(
             Process,

@@ -71,7 +71,7 @@ def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
     cache_spec = parse_cache_spec(spec)
     out_dir = Path(out_dir)
     with Lease.beside(out_dir, what=f"build {_ref(cache_spec)}").acquire(wait=True):
-        if _already_built(cache_spec, out_dir):
+        if already_built(cache_spec, out_dir):
             return out_dir
         tokenizer = load_tokenizer(cache_spec.tokenizer)
         if isinstance(cache_spec.source, LevanterCacheSource):
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
         finished = args.out if args.command != "shard" else args.unless_built
-        if finished is not None and _already_built(spec, finished):  # no lease needed to see it
+        if finished is not None and already_built(spec, finished):  # no lease needed to see it
             print(f"{_ref(spec)}: already built at {finished}", file=sys.stderr)
             return 0
         _check_command_fits_source(spec, args.command)
@@ -309,7 +309,7 @@ def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
 def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     """Imports under the cache's lease, the artifact record placed before STATUS."""
     with Lease.beside(args.out, what=f"import {_ref(spec)}").acquire(wait=True):
-        if _already_built(spec, args.out):
+        if already_built(spec, args.out):
             print(f"{_ref(spec)}: already built at {args.out}", file=sys.stderr)
             return
         tokenizer = load_tokenizer(spec.tokenizer)
@@ -329,7 +329,7 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     cache = args.unless_built
     what = f"tokenize {_ref(spec)} shard {args.index}"
     with Lease.beside(args.out, what=what).acquire(wait=True):
-        if cache is not None and _already_built(spec, cache):
+        if cache is not None and already_built(spec, cache):
             print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
         else:
             _tokenize_unless_done(spec, args.index, args.out, cache)
@@ -352,7 +352,7 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     cache another builder finished while this one waited is served."""
     with contextlib.ExitStack() as leases:
         leases.enter_context(Lease.beside(args.out, what=f"merge {_ref(spec)}").acquire(wait=True))
-        if _already_built(spec, args.out):
+        if already_built(spec, args.out):
             print(f"{_ref(spec)}: already built at {args.out}", file=sys.stderr)
         else:
             for shard in args.shards:
@@ -386,7 +386,7 @@ def _check_contained(args: argparse.Namespace) -> None:
         raise SpecError(str(e)) from None
 
 
-def _already_built(spec: CacheSpec, out_dir: Path) -> bool:
+def already_built(spec: CacheSpec, out_dir: Path) -> bool:
     """A finished cache of this spec is served as is (the artifact store resumes, not Pants);
     a finished cache of another fingerprint under the same name and version is refused."""
     if read_status(out_dir) != SUCCESS:
