@@ -21,6 +21,7 @@ from kiln.artifacts.lease import Lease, LeaseRecord
 from kiln.artifacts.replacement import replaced_folder
 from kiln.runner import (
     StepError,
+    _continue_replacement,
     _HolderWatch,
     _lease_output,
     _parser,
@@ -225,6 +226,21 @@ def test_a_served_artifact_finishes_a_replacement_left_behind(
     assert f"deleted the replaced checkpoints/x@2026.11.29 ({replaced_folder(output)})" in printed
     assert "1 built artifact(s) in the store were built from the replaced" in printed
     assert f"hf/x@2026.11.29 (hf_model) at {store / 'hf/x/2026.11.29'}: delete " in printed
+
+
+def test_a_run_goes_on_with_a_stopped_forced_rebuild(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = built(tmp_path / "checkpoints/x/2026.11.29", record())
+    _continue_replacement(step(), output, force=True)
+    aside = replaced_folder(output)
+    assert f"kiln: --force: moved {output} aside to {aside}" in capsys.readouterr().out
+    artifacts.write_status(output, artifacts.RUNNING)  # stopped mid-way (killed, --max-steps)
+    _continue_replacement(step(), output, force=False)
+    assert "going on with the forced rebuild of checkpoints/x@2026.11.29; the replaced " in (
+        capsys.readouterr().out
+    )
+    assert artifacts.is_built(aside)  # kept until the rebuild succeeds
 
 
 def test_force_needs_a_local_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
