@@ -21,9 +21,10 @@ A code-only change does not retrain a finished artifact: the record keeps the co
 built with, and a differing one is reported ("built by other code"), never silently discarded.
 
 Exit status: 0 built or served; 1 an expected error (one paragraph: bad input, a damaged input
-cache, a lease held by another run); 2 the loss diverged; 3 stopped early by --max-steps
-(rerun to continue); 4 a storage error, as one line `kiln: error: PATH: CAUSE` (no space, no
-permission, an I/O error: fix it and rerun, the run resumes); 128 + N stopped by signal N.
+cache, a lease held by another run with --no-wait or --force, a run waited for that failed); 2
+the loss diverged; 3 stopped early by --max-steps (rerun to continue); 4 a storage error, as one
+line `kiln: error: PATH: CAUSE` (no space, no permission, an I/O error: fix it and rerun, the run
+resumes); 128 + N stopped by signal N.
 
 Containment: before anything is written, the output, the checkpoint folders and each input it
 places are resolved and checked to lie in the prefix (or the explicit --output folder), and a
