@@ -416,7 +416,10 @@ def _lease_output(
 
 def _after_waiting(step: StepSpec, output: Path, holder: LeaseRecord, lease: Lease) -> Lease | None:
     status = artifacts.read_status(output)
-    stored = None if is_mutable_version(step.version) else check_drift(output, step.record)
+    if is_mutable_version(step.version):
+        print(f"kiln: {holder.describe()} ended; a dev version is rebuilt by every run", flush=True)
+        return lease
+    stored = check_drift(output, step.record)
     if status == artifacts.SUCCESS and stored is not None:
         lease.release()
         _serve(step, stored, str(output), _read_text(output / artifacts.SUMMARY_TEXT_FILE))
@@ -502,7 +505,10 @@ def _identity(step: StepSpec) -> tuple[str, str, str]:
 def _finish_replacement(step: StepSpec, output: Path, prefix: Path) -> None:
     """Once the rebuild has STATUS SUCCESS: deletes the artifact it replaced and names the built
     artifacts in the store that were built from it (they now point at an older input)."""
-    finished = replacement.finish(output)
+    try:
+        finished = replacement.finish(output)
+    except OSError as e:
+        raise as_storage_error(e, replacement.replaced_folder(output)) or e from None
     if finished is None:
         return
     print(f"kiln: deleted the replaced {step.ref} ({finished.replaced})", flush=True)
