@@ -480,11 +480,11 @@ def _duration(seconds: float) -> str:
 
 def _continue_replacement(step: StepSpec, output: Path, *, force: bool) -> None:
     """Forced: sets the built artifact aside (or goes on with a stopped forced rebuild). Not
-    forced: finishes a replacement whose rebuild succeeded, or says that the build goes on
-    with one under way."""
+    forced, with a forced rebuild under way: says that this run goes on with it."""
     try:
         if force:
-            print(f"kiln: --force: {replacement.set_aside(output, *_identity(step))}", flush=True)
+            done = replacement.set_aside(output, step.name, step.version, step.fingerprint)
+            print(f"kiln: --force: {done}", flush=True)
         elif replacement.is_replacing(output) and not artifacts.is_built(output):
             aside = replacement.replaced_folder(output)
             print(
@@ -496,10 +496,6 @@ def _continue_replacement(step: StepSpec, output: Path, *, force: bool) -> None:
         raise StepError(str(e)) from None
     except OSError as e:
         raise as_storage_error(e, output) or e from None
-
-
-def _identity(step: StepSpec) -> tuple[str, str, str]:
-    return step.name, step.version, step.fingerprint
 
 
 def _finish_replacement(step: StepSpec, output: Path, prefix: Path) -> None:

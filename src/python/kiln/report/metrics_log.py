@@ -77,7 +77,11 @@ def latest_train_step(path: Path) -> Record | None:
             record = json.loads(line)
         except ValueError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int) and STEP_TIME in record:
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("step"), int)
+            and isinstance(record.get(STEP_TIME), (int, float))
+        ):
             return record
     return None
 
