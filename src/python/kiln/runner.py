@@ -740,6 +740,8 @@ def apply_overrides(step: StepSpec, args: argparse.Namespace) -> StepSpec:
         for option, key in RUNTIME_OVERRIDES.items()
         if getattr(args, option) is not None
     }
+    if args.control_host is not None:
+        runtime["control"] = _replace(step.runtime.control, "runtime.control", host=args.control_host)
     config = step.config
     if args.batch_size is not None:
         # Identity changes: only for scratch runs (throughput checks), never into the store.
@@ -805,6 +807,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     overrides.add_argument(
         "--batch-size", type=int, help="scratch runs only (needs --output): throughput checks"
+    )
+    overrides.add_argument(
+        "--control-host",
+        metavar="ADDRESS",
+        help="where the control endpoint listens (default 127.0.0.1; 0.0.0.0: every interface, "
+        "same tokens, no TLS)",
     )
     multihost.add_flags(parser)
     parser.add_argument(

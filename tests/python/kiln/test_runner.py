@@ -300,10 +300,12 @@ def test_run_time_overrides_leave_the_identity_alone() -> None:
     base = step()
     args = _parser().parse_args(
         ["step.json", "--inputs", ".", "--per-device-parallelism", "2", "--attention", "xla"]
-        + ["--mesh", "data=2, fsdp=-1", "--max-eval-batches", "5"]
+        + ["--mesh", "data=2, fsdp=-1", "--max-eval-batches", "5", "--control-host", "0.0.0.0"]
     )
     overridden = apply_overrides(base, args)
     assert overridden.runtime.attention == "xla"
+    assert overridden.runtime.control.host == "0.0.0.0"
+    assert overridden.runtime.control.port == base.runtime.control.port
     assert overridden.runtime.max_eval_batches == 5
     assert overridden.runtime.per_device_parallelism == 2
     assert overridden.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
