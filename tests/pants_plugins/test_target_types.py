@@ -308,3 +308,11 @@ def test_a_levanter_cache_source_is_checked_at_load_and_identified_by_location(
     imported = build.replace("LOCATION", "'/data/dclm/train'")
     message = load_error(rule_runner, imported[:-1] + ", num_shards=4, revision='main')", name="c")
     assert "imports a Levanter cache, which is used as it is: remove `revision`, `num_shards`" in message
+    message = load_error(rule_runner, imported[:-1] + ", max_tokens=1000)", name="c")
+    assert "used as it is: remove `max_tokens`" in message
+
+
+def test_max_tokens_must_be_positive(rule_runner: RuleRunner) -> None:
+    build = CACHE.replace('version="2026.06.28"', 'version="2026.06.28", max_tokens=0')
+    message = load_error(rule_runner, build, name="cache")
+    assert "The `max_tokens` field in target exp:cache must be > 0, got 0" in message

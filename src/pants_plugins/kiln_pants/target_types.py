@@ -313,6 +313,20 @@ class NumShardsField(_PositiveIntField):
     )
 
 
+class MaxTokensField(_PositiveIntField):
+    alias = "max_tokens"
+    required = False
+    value: Optional[int]  # type: ignore[assignment]
+    help = (
+        "Tokenize only about this many tokens of the source, for a run that reads a fraction of "
+        "a huge dataset. Each of the `num_shards` shards reads its own files in their planned "
+        "order and stops at the first document that brings it to max_tokens / num_shards tokens "
+        "(the remainder one token each to the first shards), so the cache holds at least "
+        "max_tokens, and later files are never read. A source too small for it fails the build, "
+        "naming this field. Part of the identity. Not for an imported `levanter_cache`."
+    )
+
+
 class CacheStorageField(StringField):
     value: str
     alias = "storage"
@@ -366,6 +380,7 @@ class TokenizedCacheTarget(Target):
         TextKeyField,
         MaxDocumentCharsField,
         NumShardsField,
+        MaxTokensField,
         CacheStorageField,
         EvalNameField,
         TokenizedCacheDependencies,
@@ -408,7 +423,7 @@ class TokenizedCacheTarget(Target):
         if not isinstance(source, LevanterCacheSource):
             return
         ignored = self._set_fields(
-            HfRevisionField, HfSubsetField, HfDataFilesField, RecordFilterField
+            HfRevisionField, HfSubsetField, HfDataFilesField, RecordFilterField, MaxTokensField
         )
         if self[NumShardsField].value != 1:
             ignored.append(NumShardsField.alias)

@@ -65,6 +65,7 @@ from kiln_pants.target_types import (
     HfRevisionField,
     HfSubsetField,
     MaxDocumentCharsField,
+    MaxTokensField,
     NumShardsField,
     RecordFilterField,
     SplitField,
@@ -268,6 +269,7 @@ async def build_tokenized_cache(
         text_key=target[TextKeyField].value,
         max_document_chars=target[MaxDocumentCharsField].value,
         num_shards=num_shards,
+        max_tokens=target[MaxTokensField].value,
     )
     spec_digest = await Get(
         Digest,

@@ -57,7 +57,7 @@ from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache
 from kiln.data.spec import CacheSpec, LevanterCacheSource, parse_cache_spec
-from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
+from kiln.data.tokenizer import EncodedDocuments, LoadedTokenizer, load_tokenizer
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge
@@ -96,13 +96,25 @@ def tokenize_shard(
     started = time.monotonic()
     documents = sources.shard_documents(spec.source, spec.text_key, spec.num_shards, index)
     counts = {"text_bytes": 0, "skipped_empty_documents": 0}
+    quota = spec.shard_token_quota(index)
+    tokens = 0
     with ShardWriter(Path(out_dir), tokenizer.info.token_dtype()) as writer:
         for texts in _checked_batches(documents, spec.max_document_chars, counts):
-            writer.append(tokenizer.encode_documents(texts))
+            encoded = tokenizer.encode_documents(texts)
+            if quota is not None:
+                encoded = _up_to_quota(encoded, quota - tokens)
+                texts = texts[: len(encoded.lengths)]
+            writer.append(encoded)
+            tokens += len(encoded.tokens)
             counts["text_bytes"] += sum(len(text.encode("utf-8")) for text in texts)
+            if quota is not None and tokens >= quota:
+                break  # the rest of the shard's files are never opened
+        if quota is not None and tokens < quota:
+            raise SourceError(_short_of_quota(spec, index, tokens, quota))
         plan = sources.shard_plan(spec.source, spec.num_shards, index)
+        bound = {} if quota is None else {"token_quota": quota}
         record = writer.finish(
-            {**_identity(spec, tokenizer), "index": index, "plan": plan, **counts}
+            {**_identity(spec, tokenizer), "index": index, "plan": plan, **bound, **counts}
         )
     elapsed = time.monotonic() - started
     print(
@@ -112,6 +124,26 @@ def tokenize_shard(
         file=sys.stderr,
     )
     return record
+
+
+def _up_to_quota(encoded: EncodedDocuments, remaining: int) -> EncodedDocuments:
+    """The batch's first documents, up to and including the one whose tokens reach `remaining`
+    (documents are kept whole); the whole batch if they never do."""
+    ends = encoded.lengths.cumsum()
+    keep = int(ends.searchsorted(remaining)) + 1  # first document ending at >= remaining
+    if keep >= len(ends):
+        return encoded
+    return EncodedDocuments(encoded.tokens[: ends[keep - 1]], encoded.lengths[:keep])
+
+
+def _short_of_quota(spec: CacheSpec, index: int, tokens: int, quota: int) -> str:
+    return (
+        f"{_ref(spec)}: shard {index} of {spec.num_shards} read all of its part of the source and "
+        f"got {tokens:,} tokens, short of its quota of {quota:,} (the target's `max_tokens` "
+        f"field, {spec.max_tokens:,}, split evenly over num_shards={spec.num_shards}). The "
+        "source holds fewer tokens than max_tokens asks for, or too few of them fall to this "
+        "shard: lower `max_tokens` (or num_shards), or remove it to tokenize the whole source."
+    )
 
 
 def merge_cache(
@@ -226,6 +258,7 @@ def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]
         "text_key": spec.text_key,
         "max_document_chars": spec.max_document_chars,
         "num_shards": spec.num_shards,
+        **({} if spec.max_tokens is None else {"max_tokens": spec.max_tokens}),
         "tokenizer": {**tokenizer.info.to_json(), "spec": tokenizer.spec.to_json()},
     }
 
