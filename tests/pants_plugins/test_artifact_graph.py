@@ -208,6 +208,10 @@ def test_plan_sets_what_the_run_reads_against_what_each_cache_holds(
     assert "weight 1 (100.0%): reads 102.40k tokens, will hold >= 110.00k (max_tokens)" in (
         fits.stdout
     )
+    assert "estimate: 110.00k tokens (max_tokens), 0.00 GB as uint32, 0.0 CPU-hours" in fits.stdout
+    assert "estimate: tokens unknown (a python_stdlib source is sized when it is read)" in (
+        fits.stdout
+    )
 
     graph(rule_runner, **{"exp/BUILD": bounded_build(100_000)})
     small = rule_runner.run_goal_rule(Plan, args=args)
