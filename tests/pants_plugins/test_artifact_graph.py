@@ -267,8 +267,8 @@ def test_a_tokenizer_directory_on_disk_is_identified_by_its_path(rule_runner: Ru
         rule_runner.write_files(
             {
                 "disk/BUILD": (
-                    f'tokenized_cache(name="c", source="org/data", tokenizer="{tokenizer}", '
-                    'version="2026.06.28")'
+                    f'tokenized_cache(name="c", source="org/data", revision="abc1234", '
+                    f'tokenizer="{tokenizer}", version="2026.06.28")'
                 )
             }
         )

@@ -11,7 +11,7 @@ from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.build_symbols import CORE_TASKS
 
 CACHE = """
-tokenized_cache(name="cache", source="org/data", tokenizer="package:gpt2", version="2026.06.28")
+tokenized_cache(name="cache", source="org/data", revision="abc1234", tokenizer="package:gpt2", version="2026.06.28")
 """
 
 
@@ -316,3 +316,8 @@ def test_max_tokens_must_be_positive(rule_runner: RuleRunner) -> None:
     build = CACHE.replace('version="2026.06.28"', 'version="2026.06.28", max_tokens=0')
     message = load_error(rule_runner, build, name="cache")
     assert "The `max_tokens` field in target exp:cache must be > 0, got 0" in message
+
+
+def test_a_hub_source_needs_a_revision(rule_runner: RuleRunner) -> None:
+    message = load_error(rule_runner, CACHE.replace('revision="abc1234", ', ""), name="cache")
+    assert "exp:cache reads the Hugging Face dataset 'org/data' and needs a `revision`" in message

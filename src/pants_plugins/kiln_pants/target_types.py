@@ -214,7 +214,11 @@ class CacheSourcesField(MultipleSourcesField):
 
 class HfRevisionField(StringField):
     alias = "revision"
-    help = "For a Hugging Face `source`: the dataset revision (commit or tag) to read."
+    help = (
+        "For a Hugging Face `source` (required there): the dataset revision to read, a commit "
+        "of the dataset repository. Its file list at that revision is the source's plan: which "
+        "files each shard reads. Part of the identity."
+    )
 
 
 class HfSubsetField(StringField):
@@ -401,6 +405,7 @@ class TokenizedCacheTarget(Target):
                 f"this repo); it has {'both' if has_source else 'neither'}."
             )
         self._check_imported_cache_fields()
+        self._check_hub_revision()
         split = self[SplitField].value
         if self[CacheSourceField].value in STDLIB_SOURCES and split not in STDLIB_SPLITS:
             raise InvalidFieldException(
@@ -431,6 +436,18 @@ class TokenizedCacheTarget(Target):
             raise InvalidTargetException(
                 f"The `tokenized_cache` target {self.address} imports a Levanter cache, which is "
                 f"used as it is: remove {', '.join(f'`{alias}`' for alias in ignored)}."
+            )
+
+    def _check_hub_revision(self) -> None:
+        """A hub source is planned from its file list, which only a pinned revision fixes."""
+        source = self[CacheSourceField].value
+        is_hub = isinstance(source, str) and source not in STDLIB_SOURCES and source[:1] != "/"
+        if is_hub and not self[HfRevisionField].value:
+            raise InvalidFieldException(
+                f"The `tokenized_cache` target {self.address} reads the Hugging Face dataset "
+                f"{source!r} and needs a `revision`: a commit of the dataset repository (its "
+                f"history on huggingface.co/datasets/{source}/commits), so that the files its "
+                "shards read, and so the cache, stay the same."
             )
 
     def _set_fields(self, *fields: type[Field]) -> list[str]:

@@ -56,7 +56,7 @@ from kiln.data.cache_writer import (
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache
-from kiln.data.spec import CacheSpec, LevanterCacheSource, parse_cache_spec
+from kiln.data.spec import CacheSpec, HfSource, LevanterCacheSource, parse_cache_spec
 from kiln.data.tokenizer import EncodedDocuments, LoadedTokenizer, load_tokenizer
 
 ENCODE_BATCH_DOCUMENTS = 1000
@@ -220,6 +220,14 @@ def _check_shard_identity(
 
 def _check_shard_plan(shard_dir: Path, record: dict[str, Any], spec: CacheSpec) -> None:
     plan = sources.shard_plan(spec.source, spec.num_shards, record["index"])
+    if record.get("plan") != plan and isinstance(spec.source, HfSource):
+        raise CacheError(
+            f"{shard_dir} read other files of the Hugging Face dataset {spec.source.id!r} than "
+            f"shard {record['index']} reads now (it read {record.get('plan')}, now {plan}): the "
+            f"dataset's file list changed under revision {spec.source.revision!r}. Pin the "
+            "target's `revision` to a commit (a branch moves), and delete the shard folder so it "
+            "is rebuilt."
+        )
     if record.get("plan") != plan:
         raise CacheError(
             f"{shard_dir} read other parts of the source than shard {record['index']} reads now "

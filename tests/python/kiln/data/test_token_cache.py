@@ -9,7 +9,7 @@ import pytest
 from kiln_testing.data import make_spec, write_corpus, write_jsonl
 
 from kiln.artifacts import read_status
-from kiln.data import cache_writer, tokenize
+from kiln.data import cache_writer, sources, tokenize
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.cache_writer import ShardWriter
 from kiln.data.errors import CacheError, SourceError
@@ -233,6 +233,23 @@ def test_max_tokens_beyond_the_source_fails_naming_the_field(tmp_path: Path):
         build_cache(spec, tmp_path / "cache")
     assert read_status(tmp_path / "cache") is None
     assert not list((tmp_path / "cache").rglob("shard.json"))  # nothing that passes as a shard
+
+
+def test_a_hub_file_list_that_changed_under_its_revision_is_refused(tmp_path: Path, tokenizer):
+    folder = tmp_path / "repo"
+    for name in ("a", "b"):
+        (folder / "train").mkdir(parents=True, exist_ok=True)
+        write_jsonl(folder / "train" / f"{name}.jsonl", [f"{name} one", f"{name} two"])
+    source = {"kind": "hf", "id": str(folder), "split": "train", "revision": "main"}
+    spec = parse_cache_spec(make_spec(source, num_shards=2))
+    shards = [tmp_path / f"shard-{i}" for i in range(2)]
+    for index, shard in enumerate(shards):
+        tokenize_shard(spec, index, shard, tokenizer)
+    write_jsonl(folder / "train" / "c.jsonl", ["a file pushed to the branch"])
+    sources.hf_file_sizes.cache_clear()  # a new process lists the files again
+    with pytest.raises(CacheError, match=r"file list changed under revision 'main'.*Pin"):
+        merge_cache(spec, shards, tmp_path / "cache", tokenizer)
+    assert read_status(tmp_path / "cache") is None
 
 
 def test_empty_shards_in_the_middle(tmp_path: Path, tokenizer: LoadedTokenizer):
