@@ -82,6 +82,23 @@ def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
     return _assigned_keys(_stdlib_units(_as_stdlib(source)), num_shards, index)
 
 
+def shard_sizes(source: Source, num_shards: int, index: int) -> dict[str, int] | None:
+    """Bytes of each file (piece, unit) shard `index` reads, in read order; None for a source
+    streamed through `datasets`, whose parts are not known before it is read."""
+    source = _local(source)
+    if isinstance(source, HfSource) and _streamed(source):
+        return None
+    if isinstance(source, HfSource):
+        sizes = hf_file_sizes(source)
+        return {path: sizes[path] for path in hf_shard_files(source, num_shards, index)}
+    sized = (
+        _file_pieces(source, num_shards)
+        if isinstance(source, FilesSource)
+        else _stdlib_units(_as_stdlib(source))
+    )
+    return {key: sized[key].size for key in _assigned_keys(sized, num_shards, index)}
+
+
 def provenance(source: Source) -> dict[str, Any]:
     """What identifies the source's content, recorded in cache.json."""
     if isinstance(source, UrlFilesSource):

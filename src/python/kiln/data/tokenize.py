@@ -4,12 +4,14 @@
     python -m kiln.data.tokenize merge SPEC.json --shards DIR0 DIR1 ... --out CACHE_DIR
     python -m kiln.data.tokenize build SPEC.json --out CACHE_DIR
     python -m kiln.data.tokenize import SPEC.json --out CACHE_DIR
+    python -m kiln.data.tokenize plan SPEC.json
 
 `import` is for a `levanter_cache` source (kiln.data.levanter_cache): it checks the cache and
 writes the Kiln cache that reads it in place; `build` of such a spec imports too. `shard`
 tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
+`plan` prints the files (pieces, units) and bytes each shard reads, and writes nothing.
 
 One builder per folder: `shard` holds its shard folder's lease, `merge` the cache's lease and
 then each shard's, `build` the cache's (kiln.artifacts.lease). A second builder waits for the
@@ -307,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         _check_contained(args)
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
+        if args.command == "plan":
+            _plan_command(spec)
+            return 0
         finished = args.out if args.command != "shard" else args.unless_built
         if finished is not None and _already_built(spec, finished):  # no lease needed to see it
             print(f"{_ref(spec)}: already built at {finished}", file=sys.stderr)
@@ -345,6 +350,18 @@ def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
             f"{_ref(spec)}: only a levanter_cache source is imported; a {spec.source.kind} "
             "source is tokenized with `shard` and `merge` (or `build`)."
         )
+
+
+def _plan_command(spec: CacheSpec) -> None:
+    for index in range(spec.num_shards):
+        sizes = sources.shard_sizes(spec.source, spec.num_shards, index)
+        if sizes is None:
+            streamed = sources.shard_plan(spec.source, spec.num_shards, index)[0]
+            print(f"shard {index}/{spec.num_shards}: {streamed}")
+            continue
+        print(f"shard {index}/{spec.num_shards}: {len(sizes)} files, {sum(sizes.values()):,} bytes")
+        for key, size in sizes.items():
+            print(f"  {key} ({size:,} bytes)")
 
 
 def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
@@ -474,6 +491,9 @@ def _parser() -> argparse.ArgumentParser:
     imported.add_argument("spec", type=Path)
     imported.add_argument("--out", type=Path, required=True)
     imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
+    plan = commands.add_parser("plan", help="print the files and bytes each shard reads")
+    plan.add_argument("spec", type=Path)
+    plan.set_defaults(root=None)  # it writes nothing
     for command in (shard, merge, build, imported):
         command.add_argument(
             "--root", type=Path, help="every folder written must resolve inside this one"
