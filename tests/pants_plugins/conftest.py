@@ -11,6 +11,7 @@ from pants.testutil.rule_runner import QueryRule, RuleRunner
 from kiln_pants import plan, register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
+from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
@@ -38,6 +39,7 @@ def _rule_runner(rules: list) -> RuleRunner:
             QueryRule(Addresses, [DependenciesRequest]),
             QueryRule(StepJson, [StepJsonRequest]),
             QueryRule(StoredCheckpoint, [StoredCheckpointRequest]),
+            QueryRule(MixtureFits, [MixtureBudgetRequest]),
         ],
         target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
         objects=register.build_file_aliases().objects,

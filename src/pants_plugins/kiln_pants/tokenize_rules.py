@@ -10,7 +10,8 @@ field):
   locally and in a remote cache, and the cache travels through Pants' store.
 - store: the processes write straight into `{prefix}/{name}/{version}` (shards beside it) and are
   never served from Pants' cache; the store itself skips a finished shard or cache, so a rerun
-  resumes where a killed build stopped. For data too large for Pants' store.
+  resumes where a killed build stopped. For data too large for Pants' store. A cache the store
+  holds built with this fingerprint starts no process at all (`built_or_tokenized_cache`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pants.engine.fs import (
     RemovePrefix,
 )
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope, ProcessResult
-from pants.engine.rules import Get, MultiGet, collect_rules, rule
+from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
@@ -55,7 +56,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import artifact_path, artifact_record
+from kiln_pants.artifact_store import StoredState, artifact_path, artifact_record, stored_state
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import FAN_OUT, TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -68,6 +69,7 @@ from kiln_pants.target_types import (
     HfRevisionField,
     HfSubsetField,
     MaxDocumentCharsField,
+    MaxTokensField,
     NumShardsField,
     RecordFilterField,
     SplitField,
@@ -89,6 +91,15 @@ class CacheTokenizationFailed(Exception):
 
 @dataclass(frozen=True)
 class BuildCacheRequest:
+    """A built cache: served from the artifact store when it is there already, else tokenized."""
+
+    address: Address
+
+
+@dataclass(frozen=True)
+class TokenizeCacheRequest:
+    """Tokenize (or import) the cache, whatever the store holds."""
+
     address: Address
 
 
@@ -228,9 +239,52 @@ async def _tokenize_on_cluster(
     return result
 
 
+@dataclass(frozen=True)
+class StoreStateRequest:
+    prefix: str
+    artifact: Artifact
+
+
+@_uncacheable_rule(desc="Reading a cache's state in the artifact store")
+async def read_store_state(request: StoreStateRequest) -> StoredState:
+    """Uncacheable: the store changes behind Pants' back, so pantsd rereads it every run."""
+    return stored_state(request.prefix, request.artifact)
+
+
+@rule(desc="Looking for a built cache")
+async def built_or_tokenized_cache(
+    request: BuildCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
+) -> BuiltCache:
+    """A store cache already built with this fingerprint (artifact.json, then STATUS SUCCESS) is
+    served from two file reads, without starting its shard and merge processes (each would exit
+    at once, hundreds for DCLM). Inline caches are Pants process outputs: its cache serves them."""
+    wrapped = await Get(
+        WrappedTarget,
+        WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
+    )
+    target = wrapped.target
+    prefix = kiln.prefix_location(build_root.path)
+    if target[CacheStorageField].value == "store" and "://" not in prefix:
+        graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address])))
+        artifact = graph.get(request.address)
+        state = await Get(StoredState, StoreStateRequest(prefix, artifact))
+        if state.status == "built":
+            tokenizer = target[TokenizerField].value
+            tokenizer_files = EMPTY_DIGEST
+            if tokenizer_address(tokenizer):
+                files = await Get(
+                    TokenizerFiles, TokenizerFilesRequest(request.address, tokenizer)
+                )
+                tokenizer_files = files.digest
+            return BuiltCache(
+                artifact, EMPTY_DIGEST, tokenizer_files, artifact_path(prefix, artifact)
+            )
+    return await Get(BuiltCache, TokenizeCacheRequest(request.address))
+
+
 @rule(desc="Tokenizing a cache")
 async def build_tokenized_cache(
-    request: BuildCacheRequest,
+    request: TokenizeCacheRequest,
     kiln: KilnSubsystem,
     build_root: BuildRoot,
     hub: HubSettingsCache,
@@ -268,6 +322,7 @@ async def build_tokenized_cache(
         text_key=target[TextKeyField].value,
         max_document_chars=target[MaxDocumentCharsField].value,
         num_shards=num_shards,
+        max_tokens=target[MaxTokensField].value,
     )
     spec_digest = await Get(
         Digest,

@@ -64,6 +64,7 @@ from kiln_pants.artifact_graph import (
     ReferencedFilesRequest,
 )
 from kiln_pants.artifact_store import artifact_path, artifact_record
+from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.runtime import (
     ACCELERATOR_PLUGINS,
     RUN_STEP,
@@ -319,6 +320,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
     )
+    await Get(MixtureFits, MixtureBudgetRequest(address))  # before any cache is built
     accelerator = wrapped.target[ResourcesField].value.kind
     resolves = [python_setup.default_resolve]
     if accelerator in ACCELERATOR_PLUGINS:
