@@ -17,6 +17,9 @@ from kiln_pants.artifact_graph import Artifact
 
 RECORD_FILE = "artifact.json"
 STATUS_FILE = "STATUS"
+# Written by `pants build` (kiln_pants.build) when an input of the artifact failed: Marin's
+# status token for "not built because of a dependency"; the artifact runs again next time.
+DEP_FAILED = "DEP_FAILED"
 
 
 def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> ArtifactRecord:
@@ -37,7 +40,7 @@ def artifact_path(prefix: str, artifact: Artifact) -> str:
 
 @dataclass(frozen=True)
 class StoredState:
-    status: str  # built | would run | drift | failed | incomplete | dev (always rebuilt)
+    status: str  # built | would run | drift | failed | dep failed | incomplete | dev (rebuilt)
     detail: str = ""
 
 
@@ -66,6 +69,8 @@ def recorded_state(
 ) -> StoredState:
     """The state of `artifact` given its folder's STATUS and artifact.json (None: absent)."""
     status = (status_text or "").strip()
+    if status == DEP_FAILED:
+        return StoredState("dep failed", "an input failed in the last build; will run")
     if record_text is None:
         return StoredState("would run")
     record = json.loads(record_text)
@@ -81,3 +86,36 @@ def recorded_state(
     if status == "FAILED":
         return StoredState("failed", "will rerun")
     return StoredState("incomplete", "will resume")
+
+
+def mark_dep_failed(prefix: str, artifact: Artifact) -> bool:
+    """Writes STATUS DEP_FAILED into the artifact's folder in a local store, unless the folder
+    holds a built artifact or a run (SUCCESS, RUNNING: in progress, or interrupted and
+    resumable), which are left as they are. Whether it wrote it."""
+    folder = artifact_path(prefix, artifact)
+    status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
+    if status in ("SUCCESS", "RUNNING"):
+        return False
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{STATUS_FILE}.{os.getpid()}.tmp")
+    with open(temporary, "w") as f:
+        f.write(f"{DEP_FAILED}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, os.path.join(folder, STATUS_FILE))
+    return True
+
+
+def clear_dep_failed(prefix: str, artifact: Artifact) -> None:
+    """Removes a folder that `mark_dep_failed` created and nothing else wrote into (only its
+    STATUS DEP_FAILED), so the step builds as if it had never been tried (an export refuses an
+    existing folder)."""
+    folder = artifact_path(prefix, artifact)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
+    if names == [STATUS_FILE] and status == DEP_FAILED:
+        os.remove(os.path.join(folder, STATUS_FILE))
+        os.rmdir(folder)

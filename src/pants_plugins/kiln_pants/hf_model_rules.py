@@ -45,6 +45,7 @@ from kiln_pants.artifact_store import (
     STATUS_FILE,
     artifact_path,
     artifact_record,
+    clear_dep_failed,
     recorded_state,
 )
 from kiln_pants.hf_model_targets import (
@@ -212,6 +213,7 @@ async def package_hf_model(
         Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
     )
     out = artifact_path(prefix, artifact)
+    clear_dep_failed(prefix, artifact)  # a `pants build` whose checkpoint failed marked it
     process = await Get(
         Process,
         RuntimeProcess(

@@ -4,6 +4,7 @@ from pants.build_graph.build_file_aliases import BuildFileAliases
 
 from kiln_pants import (
     artifact_graph,
+    build,
     dependency_inference,
     hf_model_rules,
     hub_settings,
@@ -32,6 +33,7 @@ def rules():
     signals.forward_sigterm_as_interrupt()
     return [
         *artifact_graph.rules(),
+        *build.rules(),
         *dependency_inference.rules(),
         *hf_model_rules.rules(),
         *hub_settings.rules(),
