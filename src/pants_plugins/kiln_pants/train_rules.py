@@ -433,11 +433,15 @@ async def served_run(request: ServedRunRequest) -> ServedRun:
     if record is None or recorded_state(artifact, status, record).status != "built":
         return ServedRun(None)
     runtime = await Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=request.accelerator))
-    code_digest = runtime.sources.fingerprint
+    return ServedRun(served_text(artifact, folder, record, summary, runtime.sources.fingerprint))
+
+
+def served_text(
+    artifact: Artifact, folder: str, record: str, summary: Optional[str], code_digest: str
+) -> str:
+    """The runner's words for a built artifact at `folder` (its artifact.json text `record`)."""
     stored = json.loads(record)
-    return ServedRun(
-        served_message(artifact.ref, folder, artifact.fingerprint, stored, code_digest, summary)
-    )
+    return served_message(artifact.ref, folder, artifact.fingerprint, stored, code_digest, summary)
 
 
 # Prints its first argument: the served message, with no runtime started.
