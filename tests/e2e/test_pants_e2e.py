@@ -201,15 +201,18 @@ lm_checkpoint(
 )
 
 hf_model(name="broken_hf", artifact_name="hf/broken", version="2026.12.01", checkpoint=":broken")
+
+hf_model(name="bf16", artifact_name="hf/ci_tiny_bf16", version="2026.12.01",
+         checkpoint="//experiments:ci_tiny")
 """
 
 
 def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
     trained_in_store: tuple[Path, list[tuple[str, str]]],
 ) -> None:
-    """`pants build` of several roots: ci_tiny is served from the store, its export is built,
-    a checkpoint whose `init_from` folder is missing fails at train time (its log says why),
-    and that checkpoint's export is DEP_FAILED; the goal counts the failures and exits 1."""
+    """`pants build` of several roots: ci_tiny is served from the store and a bfloat16 export
+    of it is built, while a checkpoint whose `init_from` folder is missing fails at train time
+    (its log says why) and its export is DEP_FAILED; the goal counts the failures, exits 1."""
     repo, _ = trained_in_store
     (repo / "experiments/broken").mkdir()
     missing = repo / "no-such-model"
@@ -217,7 +220,7 @@ def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
     store = repo / "artifacts"
 
     result = subprocess.run(
-        pants_command("build", HF_TARGET, "experiments/broken::"),
+        pants_command("build", "experiments/broken::"),
         cwd=repo, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
@@ -229,11 +232,11 @@ def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
         "tokenized/quickstart/stdlib_validation@2026.11.29": "SUCCESS",
         "checkpoints/ci_tiny@2026.11.29": "SERVED",
         "checkpoints/broken@2026.12.01": "FAILED",
-        "hf/ci_tiny@2026.11.29": "SUCCESS",
+        "hf/ci_tiny_bf16@2026.12.01": "SUCCESS",
         "hf/broken@2026.12.01": "DEP_FAILED",
     }, result.stderr
     assert "2 step(s) failed (1 FAILED, 1 DEP_FAILED)" in result.stderr
-    assert (store / "hf/ci_tiny/2026.11.29/STATUS").read_text().strip() == "SUCCESS"
+    assert (store / "hf/ci_tiny_bf16/2026.12.01/STATUS").read_text().strip() == "SUCCESS"
     assert (store / "checkpoints/broken/2026.12.01/STATUS").read_text().strip() == "FAILED"
     assert (store / "hf/broken/2026.12.01/STATUS").read_text().strip() == "DEP_FAILED"
     log = repo / "dist/logs/checkpoints/broken/2026.12.01.log"

@@ -57,6 +57,9 @@ def test_a_built_artifact_is_served_and_needs_nothing_below_it() -> None:
     levels = steps_to_build([EXPORT], GRAPH, states(run="built"))
     assert names(levels) == [["run"], ["export"]]  # the cache is not built for a served run
     assert names(steps_to_build([EXPORT], GRAPH, states(export="built"))) == [["export"]]
+    # Served at once, even when another step needs its inputs built: its export need not wait.
+    levels = steps_to_build([EXPORT, OTHER_RUN], GRAPH, states(run="built"))
+    assert names(levels) == [["cache", "other_cache", "run"], ["other_run", "export"]]
 
 
 def test_caches_always_build_they_are_pants_cache_hits() -> None:

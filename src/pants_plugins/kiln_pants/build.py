@@ -249,8 +249,8 @@ def steps_to_build(
     level: dict[Address, int] = {}
     for artifact in graph:  # inputs first
         if artifact.address in needed:
-            inputs = [level[a] for a in artifact.inputs if a in level]
-            level[artifact.address] = 1 + max(inputs, default=-1)
+            waits_for = () if _served(artifact, states) else artifact.inputs
+            level[artifact.address] = 1 + max((level[a] for a in waits_for), default=-1)
     levels: list[list[Artifact]] = [[] for _ in range(1 + max(level.values(), default=-1))]
     for artifact in graph:
         if artifact.address in level:
