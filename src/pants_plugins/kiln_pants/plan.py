@@ -102,6 +102,22 @@ async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
     return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
 
 
+def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:
+    """The folders to read from a bucket: those of the graph's immutable artifacts."""
+    return tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
+
+
+def stored_states(
+    graph: ArtifactGraph, prefix: str, records: Optional[BucketRecords]
+) -> dict[Artifact, StoredState]:
+    """What the store holds for each artifact: a bucket's `records` (read through the runtime's
+    store client), else the local store, read directly. Called from goal rules, which run every
+    time: a rule's result would be kept by pantsd while the store changes behind it."""
+    if records is not None:
+        return {a: _bucket_state(a, records) for a in graph}
+    return {a: stored_state(prefix, a) for a in graph}
+
+
 def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
     if artifact.mutable:
         return DEV
@@ -121,13 +137,12 @@ async def plan(
     prefix = kiln.prefix_location(build_root.path)
     console.print_stdout(f"Artifact store: {prefix}")
     counts: dict[str, int] = {}
-    if "://" in prefix:  # a bucket: read through the runtime's store client
-        folders = tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
-        records = await Get(BucketRecords, BucketRecordsRequest(prefix, folders))
-        states = [(a, _bucket_state(a, records)) for a in graph]
-    else:  # a local store: read directly, every time
-        states = [(a, stored_state(prefix, a)) for a in graph]
-    for artifact, state in states:
+    records = (
+        await Get(BucketRecords, BucketRecordsRequest(prefix, bucket_folders(graph)))
+        if "://" in prefix
+        else None
+    )
+    for artifact, state in stored_states(graph, prefix, records).items():
         counts[state.status] = counts.get(state.status, 0) + 1
         console.print_stdout(
             f"  {state.status:<11} {artifact.fingerprint}  {artifact.kind:<15} "

@@ -4,6 +4,8 @@ from pants.build_graph.build_file_aliases import BuildFileAliases
 
 from kiln_pants import (
     artifact_graph,
+    artifact_store,
+    build,
     dependency_inference,
     hf_model_rules,
     hub_settings,
@@ -33,6 +35,8 @@ def rules():
     signals.forward_sigterm_as_interrupt()
     return [
         *artifact_graph.rules(),
+        *artifact_store.rules(),
+        *build.rules(),
         *dependency_inference.rules(),
         *hf_model_rules.rules(),
         *hub_settings.rules(),

@@ -80,7 +80,7 @@ from kiln.data.errors import KilnDataError
 from kiln.data.verify import verify_cache
 from kiln.train import multihost
 from kiln_contract.parsing import SpecError
-from kiln_contract.record import ArtifactRecord, fingerprint_drift
+from kiln_contract.record import ArtifactRecord, fingerprint_drift, served_message
 from kiln_contract.step import StepInput, StepSpec
 from kiln_contract.train import TrainSpec
 from kiln_contract.vocabulary import ATTENTION_IMPLS, REMAT_POLICIES, is_mutable_version
@@ -701,17 +701,8 @@ def _failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
 def _serve(step: StepSpec, stored: dict[str, Any], where: str, summary: str | None) -> None:
     """Says that the artifact at `where` is built, and prints its `summary` (written when it
     was built: losses vs a unigram baseline, where things are, samples; no jax needed)."""
-    print(f"kiln: {step.ref} is already built at {where} (fingerprint {step.fingerprint}).")
-    built_by = stored.get("provenance", {}).get("code_digest")
-    now = step.provenance.code_digest
-    if built_by and built_by != now:
-        print(
-            f"kiln: note: it was built by other code (runtime digest {built_by[:12]}, now "
-            f"{now[:12]}); the code is not part of its identity, so it is kept. Bump "
-            "`version` to retrain with the current code."
-        )
-    if summary is not None:
-        print(summary)
+    code_digest = step.provenance.code_digest
+    print(served_message(step.ref, where, step.fingerprint, stored, code_digest, summary))
 
 
 def _read_text(path: Path) -> str | None:
