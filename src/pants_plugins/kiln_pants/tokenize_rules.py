@@ -282,13 +282,25 @@ async def built_or_tokenized_cache(
     return await Get(BuiltCache, TokenizeCacheRequest(request.address))
 
 
-@rule(desc="Tokenizing a cache")
-async def build_tokenized_cache(
-    request: TokenizeCacheRequest,
-    kiln: KilnSubsystem,
-    build_root: BuildRoot,
-    hub: HubSettingsCache,
-) -> BuiltCache:
+@dataclass(frozen=True)
+class CacheSpecRequest:
+    address: Address
+
+
+@dataclass(frozen=True)
+class CacheSpecInputs:
+    """What every `python -m kiln.data.tokenize` process of a cache reads: its CacheSpec, written
+    as SPEC_FILE beside its artifact record (RECORD_INPUT), the repo's source files and a repo
+    tokenizer's files."""
+
+    artifact: Artifact
+    spec: CacheSpec
+    digest: Digest
+    tokenizer_files: Optional[TokenizerFiles]
+
+
+@rule(desc="Assembling a cache's tokenize spec")
+async def cache_spec_inputs(request: CacheSpecRequest) -> CacheSpecInputs:
     wrapped, graph = await MultiGet(
         Get(
             WrappedTarget,
@@ -312,7 +324,6 @@ async def build_tokenized_cache(
         )
         inputs.append(tokenizer_files.digest)
 
-    num_shards = target[NumShardsField].value
     spec = CacheSpec(
         name=artifact.name,
         version=artifact.version,
@@ -321,7 +332,7 @@ async def build_tokenized_cache(
         tokenizer=_tokenizer_spec(tokenizer, tokenizer_files),
         text_key=target[TextKeyField].value,
         max_document_chars=target[MaxDocumentCharsField].value,
-        num_shards=num_shards,
+        num_shards=target[NumShardsField].value,
         max_tokens=target[MaxTokensField].value,
     )
     spec_digest = await Get(
@@ -336,8 +347,27 @@ async def build_tokenized_cache(
             ]
         ),
     )
-    input_digest = await Get(Digest, MergeDigests([spec_digest, *inputs]))
-    storage = target[CacheStorageField].value
+    digest = await Get(Digest, MergeDigests([spec_digest, *inputs]))
+    return CacheSpecInputs(artifact, spec, digest, tokenizer_files)
+
+
+@rule(desc="Tokenizing a cache")
+async def build_tokenized_cache(
+    request: TokenizeCacheRequest,
+    kiln: KilnSubsystem,
+    build_root: BuildRoot,
+    hub: HubSettingsCache,
+) -> BuiltCache:
+    wrapped, inputs = await MultiGet(
+        Get(
+            WrappedTarget,
+            WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
+        ),
+        Get(CacheSpecInputs, CacheSpecRequest(request.address)),
+    )
+    artifact, spec, input_digest = inputs.artifact, inputs.spec, inputs.digest
+    tokenizer_files, num_shards = inputs.tokenizer_files, inputs.spec.num_shards
+    storage = wrapped.target[CacheStorageField].value
     prefix = (
         kiln.prefix_path(build_root.path, needed_by=f'{request.address}: storage="store"')
         if storage == "store"
