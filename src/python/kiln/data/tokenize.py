@@ -4,14 +4,15 @@
     python -m kiln.data.tokenize merge SPEC.json --shards DIR0 DIR1 ... --out CACHE_DIR
     python -m kiln.data.tokenize build SPEC.json --out CACHE_DIR
     python -m kiln.data.tokenize import SPEC.json --out CACHE_DIR
-    python -m kiln.data.tokenize plan SPEC.json
+    python -m kiln.data.tokenize plan SPEC.json [--json]
 
 `import` is for a `levanter_cache` source (kiln.data.levanter_cache): it checks the cache and
 writes the Kiln cache that reads it in place; `build` of such a spec imports too. `shard`
 tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
-`plan` prints the files (pieces, units) and bytes each shard reads, and writes nothing.
+`plan` prints the files (pieces, units) and bytes each shard reads (`--json`: as one JSON list,
+which `pants plan` reads), and writes nothing.
 
 One builder per folder: `shard` holds its shard folder's lease, `merge` the cache's lease and
 then each shard's, `build` the cache's (kiln.artifacts.lease). A second builder waits for the
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
         if args.command == "plan":
-            _plan_command(spec)
+            _plan_command(spec, args.json)
             return 0
         finished = args.out if args.command != "shard" else args.unless_built
         if finished is not None and already_built(spec, finished):  # no lease needed to see it
@@ -352,7 +353,10 @@ def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
         )
 
 
-def _plan_command(spec: CacheSpec) -> None:
+def _plan_command(spec: CacheSpec, as_json: bool) -> None:
+    if as_json:  # for `pants plan`: one object per shard, in index order
+        print(json.dumps([_shard_plan_json(spec, index) for index in range(spec.num_shards)]))
+        return
     for index in range(spec.num_shards):
         sizes = sources.shard_sizes(spec.source, spec.num_shards, index)
         if sizes is None:
@@ -362,6 +366,14 @@ def _plan_command(spec: CacheSpec) -> None:
         print(f"shard {index}/{spec.num_shards}: {len(sizes)} files, {sum(sizes.values()):,} bytes")
         for key, size in sizes.items():
             print(f"  {key} ({size:,} bytes)")
+
+
+def _shard_plan_json(spec: CacheSpec, index: int) -> dict[str, Any]:
+    """{"files": {key: bytes}} in read order, or {"streamed": how} for a streamed source."""
+    sizes = sources.shard_sizes(spec.source, spec.num_shards, index)
+    if sizes is None:
+        return {"streamed": sources.shard_plan(spec.source, spec.num_shards, index)[0]}
+    return {"files": sizes}
 
 
 def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
@@ -493,6 +505,7 @@ def _parser() -> argparse.ArgumentParser:
     imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     plan = commands.add_parser("plan", help="print the files and bytes each shard reads")
     plan.add_argument("spec", type=Path)
+    plan.add_argument("--json", action="store_true", help="one JSON list: each shard's files")
     plan.set_defaults(root=None)  # it writes nothing
     for command in (shard, merge, build, imported):
         command.add_argument(

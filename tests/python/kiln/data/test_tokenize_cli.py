@@ -70,6 +70,13 @@ def test_plan_prints_each_shards_files_and_bytes(tmp_path: Path, capsys) -> None
     ]
     assert not (tmp_path / "corpus" / "STATUS").exists()
 
+    # --json, as `pants plan` reads it: the same plan, one object per shard.
+    assert main(["plan", _write_spec(tmp_path, spec), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"files": {f"{tmp_path}/corpus/a.jsonl": sizes["a"]}},
+        {"files": {f"{tmp_path}/corpus/{name}.jsonl": sizes[name] for name in "bc"}},
+    ]
+
 
 def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):
     spec = make_spec({"kind": "hf", "id": "kiln-test/missing", "split": "train"})
