@@ -2,7 +2,8 @@
 
 Lists every artifact in the transitive closure, inputs first, with its fingerprint, its output
 path `{prefix}/{name}/{version}`, what `pants run` would do with it and, for an unbuilt cache,
-what building it takes (kiln_pants.build_estimate); then, for each checkpoint, the tokens its run
+what building it takes (kiln_pants.build_estimate) and its shard plan (kiln_pants.shard_plan);
+then, for each checkpoint, the tokens its run
 reads from each mixture component against what that cache holds (kiln_pants.mixture_budget).
 Reads the artifact store; builds nothing. A local store is read directly; a bucket through the
 runtime's own store client (`python -m kiln.artifacts.peek`), run as a process that is never
@@ -23,7 +24,8 @@ from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST, Workspace
 from pants.engine.goal import Goal, GoalSubsystem
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
-from pants.engine.rules import Get, collect_rules, goal_rule, rule
+from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule, rule
+from pants.option.option_types import BoolOption
 from pants.util.frozendict import FrozenDict
 
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
@@ -39,6 +41,7 @@ from kiln_pants.artifact_store import (
 from kiln_pants.build_estimate import estimate_build
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.shard_plan import ShardPlan, ShardPlanRequest
 from kiln_pants.subsystem import KilnSubsystem
 
 # Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
@@ -54,6 +57,12 @@ STORE_ENVIRONMENT = (
 class PlanSubsystem(GoalSubsystem):
     name = "plan"
     help = "Show the artifacts a target needs, their fingerprints, paths, and what would run."
+
+    shards = BoolOption(
+        default=False,
+        help="List every shard of each unbuilt cache with the files it reads and their bytes "
+        "(by default: a summary line and the first shards).",
+    )
 
 
 class Plan(Goal):
@@ -130,6 +139,7 @@ async def plan(
     console: Console,
     addresses: Addresses,
     kiln: KilnSubsystem,
+    plan_subsystem: PlanSubsystem,
     build_root: BuildRoot,
     workspace: Workspace,  # marks the goal as side-effecting: it reads the artifact store
 ) -> Plan:
@@ -142,7 +152,11 @@ async def plan(
         if "://" in prefix
         else None
     )
-    for artifact, state in stored_states(graph, prefix, records).items():
+    states = stored_states(graph, prefix, records)
+    unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
+    shard_plans = await MultiGet(Get(ShardPlan, ShardPlanRequest(a.address)) for a in unbuilt)
+    shard_plan = dict(zip(unbuilt, shard_plans))
+    for artifact, state in states.items():
         counts[state.status] = counts.get(state.status, 0) + 1
         console.print_stdout(
             f"  {state.status:<11} {artifact.fingerprint}  {artifact.kind:<15} "
@@ -154,6 +168,8 @@ async def plan(
         if artifact.kind == "tokenized_cache" and state.status != "built":
             estimate = estimate_build(artifact, build_root.path)
             console.print_stdout(f"  {'':<11} {'':<16}  {estimate.describe()}")
+            for line in shard_plan[artifact].describe(plan_subsystem.shards):
+                console.print_stdout(f"  {'':<11} {'':<16}  {line}")
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     console.print_stdout(f"{len(graph)} artifacts: {summary}")
     too_small = False

@@ -13,6 +13,7 @@ from kiln_pants import (
     package,
     plan,
     runtime,
+    shard_plan,
     signals,
     tokenize_rules,
     train_rules,
@@ -44,6 +45,7 @@ def rules():
         *mixture_budget.rules(),
         *plan.rules(),
         *runtime.rules(),
+        *shard_plan.rules(),
         *tokenize_rules.rules(),
         *train_rules.rules(),
     ]

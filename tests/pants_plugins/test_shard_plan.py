@@ -1,0 +1,48 @@
+"""How `plan` prints a shard plan: readable at 512 shards, complete with `--plan-shards`.
+(The plan itself, from the runtime process, is checked end to end in tests/e2e.)"""
+
+from __future__ import annotations
+
+from kiln_pants.shard_plan import ShardPlan, _parsed
+
+
+def dclm_shaped(num_shards: int = 512) -> ShardPlan:
+    """Shard i reads 2 files, or 3 for every tenth shard; each file 1.5 MB plus i bytes."""
+    return _parsed(
+        [
+            {"files": {f"part-{i:03d}-{k}.jsonl.zst": 1_500_000 + i for k in range(2 + (i % 10 == 0))}}
+            for i in range(num_shards)
+        ]
+    )
+
+
+def test_a_summary_line_and_the_first_shards_by_default() -> None:
+    assert dclm_shaped().describe(every_shard=False) == [
+        "shard plan: 512 shards, 1,076 files, 1.61 GB; per shard (min/median/max) 2/2/3 files, "
+        "3.00 MB/3.00 MB/4.50 MB",
+        "  shard 0: 3 files, 4.50 MB: part-000-0.jsonl.zst, part-000-1.jsonl.zst and 1 more",
+        "  shard 1: 2 files, 3.00 MB: part-001-0.jsonl.zst, part-001-1.jsonl.zst",
+        "  shard 2: 2 files, 3.00 MB: part-002-0.jsonl.zst, part-002-1.jsonl.zst",
+        "  ... 509 more shards: `--plan-shards` lists every shard and file",
+    ]
+
+
+def test_every_shard_and_file_with_plan_shards() -> None:
+    lines = dclm_shaped().describe(every_shard=True)
+    assert len(lines) == 1 + 512 + 1_076
+    assert lines[-3:] == [
+        "  shard 511: 2 files, 3.00 MB",
+        "    part-511-0.jsonl.zst (1,500,511 bytes)",
+        "    part-511-1.jsonl.zst (1,500,511 bytes)",
+    ]
+
+
+def test_a_streamed_source_and_an_unavailable_plan_take_one_line() -> None:
+    streamed = _parsed([{"streamed": f"split_dataset_by_node(rank={i}, world_size=2)"} for i in (0, 1)])
+    assert streamed.describe(every_shard=True) == [
+        "shard plan: 2 shards, each its rank's part of the stream (split_dataset_by_node); "
+        "a streamed source's parts are known only when it is read"
+    ]
+    offline = ShardPlan(unavailable="shard plan needs the hub: offline (HF_HUB_OFFLINE=1)")
+    assert offline.describe(every_shard=False) == [offline.unavailable]
+    assert ShardPlan().describe(every_shard=False) == []  # an imported cache has no shards
