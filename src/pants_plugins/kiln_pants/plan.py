@@ -3,8 +3,8 @@
 Lists every artifact in the transitive closure, inputs first, with its fingerprint, its output
 path `{prefix}/{name}/{version}`, what `pants run` would do with it and, for an unbuilt cache,
 what building it takes (kiln_pants.build_estimate) and its shard plan (kiln_pants.shard_plan);
-then, for each checkpoint, the tokens its run
-reads from each mixture component against what that cache holds (kiln_pants.mixture_budget).
+then, for each checkpoint, the tokens its run reads from each mixture component against what that
+cache holds (kiln_pants.mixture_budget).
 Reads the artifact store; builds nothing. A local store is read directly; a bucket through the
 runtime's own store client (`python -m kiln.artifacts.peek`), run as a process that is never
 cached beyond this run (PER_SESSION) and gets the bucket's credentials from the caller's
