@@ -104,7 +104,7 @@ for name, part, weight in [("web", "pydoc_topics", 0.7), ("code", "pydoc_topics"
         tags=["cache"],
     )
 
-for name in ["val_a", "val_b", "val_c"]:
+for name in ["val_a", "val_b"]:
     tokenized_cache(
         name=name,
         artifact_name=f"tokenized/{name}",
@@ -114,6 +114,16 @@ for name in ["val_a", "val_b", "val_c"]:
         version="2026.11.29",
         tags=["cache"],
     )
+
+tokenized_cache(
+    name="val_c",
+    artifact_name="tokenized/val_c",
+    sources=["val_c/*.jsonl"],
+    tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+    version="2026.11.29",
+    num_shards=2,
+    tags=["cache"],
+)
 
 lm_checkpoint(
     name="shaped",
@@ -143,6 +153,12 @@ def test_built_store_caches_are_served_without_a_process(tmp_path: Path) -> None
     repo = copy_workspace(tmp_path)
     (repo / "experiments/shaped").mkdir()
     (repo / "experiments/shaped/BUILD").write_text(SHAPED)
+    texts = repo / "experiments/shaped/val_c"
+    texts.mkdir()
+    for name, documents in (("a", 12), ("b", 5)):
+        lines = (json.dumps({"text": f"Held-out text {i} of {name}."}) for i in range(documents))
+        (texts / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    sizes = {name: (texts / f"{name}.jsonl").stat().st_size for name in "ab"}
     store = repo / "artifacts/tokenized"
 
     first = pants(repo, "package", *SHAPED_CACHES)
@@ -163,6 +179,11 @@ def test_built_store_caches_are_served_without_a_process(tmp_path: Path) -> None
     assert "Tokenizing" not in planned.stderr
     # Inline caches enter the store when a run places them there; until then they "would run".
     assert "7 artifacts: 3 built, 4 would run" in planned.stdout
+    # Each unbuilt cache's shard plan, from the runtime: here val_c's local files, one a shard.
+    assert planned.stdout.count("shard plan: ") == 3  # val_a, val_b and val_c; not the built ones
+    assert f"shard plan: 2 shards, 2 files, {sum(sizes.values())} B;" in planned.stdout
+    assert f"shard 0: 1 file, {sizes['a']} B: experiments/shaped/val_c/a.jsonl\n" in planned.stdout
+    assert f"shard 1: 1 file, {sizes['b']} B: experiments/shaped/val_c/b.jsonl\n" in planned.stdout
 
 
 @pytest.fixture(scope="module")
