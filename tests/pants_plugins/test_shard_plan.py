@@ -8,10 +8,11 @@ from kiln_pants.shard_plan import ShardPlan, _parsed
 
 def dclm_shaped(num_shards: int = 512) -> ShardPlan:
     """Shard i reads 2 files, or 3 for every tenth shard; each file 1.5 MB plus i bytes."""
+    files = [2 + (i % 10 == 0) for i in range(num_shards)]
     return _parsed(
         [
-            {"files": {f"part-{i:03d}-{k}.jsonl.zst": 1_500_000 + i for k in range(2 + (i % 10 == 0))}}
-            for i in range(num_shards)
+            {"files": {f"part-{i:03d}-{k}.jsonl.zst": 1_500_000 + i for k in range(n)}}
+            for i, n in enumerate(files)
         ]
     )
 
@@ -37,8 +38,16 @@ def test_every_shard_and_file_with_plan_shards() -> None:
     ]
 
 
+def test_one_shard_needs_no_spread() -> None:
+    assert _parsed([{"files": {"a.jsonl": 900, "b.jsonl": 2_100}}]).describe(every_shard=False) == [
+        "shard plan: 1 shard, 2 files, 3.00 kB",
+        "  shard 0: 2 files, 3.00 kB: a.jsonl, b.jsonl",
+    ]
+
+
 def test_a_streamed_source_and_an_unavailable_plan_take_one_line() -> None:
-    streamed = _parsed([{"streamed": f"split_dataset_by_node(rank={i}, world_size=2)"} for i in (0, 1)])
+    how = "split_dataset_by_node(rank={}, world_size=2)"
+    streamed = _parsed([{"streamed": how.format(rank)} for rank in (0, 1)])
     assert streamed.describe(every_shard=True) == [
         "shard plan: 2 shards, each its rank's part of the stream (split_dataset_by_node); "
         "a streamed source's parts are known only when it is read"

@@ -57,11 +57,16 @@ class ShardPlan:
             return []
         files = [len(shard) for shard in self.shards]
         sizes = [sum(shard.values()) for shard in self.shards]
-        lines = [
+        summary = (
             f"shard plan: {_count(len(files), 'shard')}, {_count(sum(files), 'file')}, "
-            f"{_size(sum(sizes))}; per shard (min/median/max) {_spread(files)} files, "
-            f"{'/'.join(_size(n) for n in _three(sizes))}"
-        ]
+            f"{_size(sum(sizes))}"
+        )
+        if len(self.shards) > 1:
+            summary += (
+                f"; per shard (min/median/max) {_spread(files)} files, "
+                f"{'/'.join(_size(n) for n in _three(sizes))}"
+            )
+        lines = [summary]
         shown = self.shards if every_shard else self.shards[:SHOWN_SHARDS]
         for index, shard in enumerate(shown):
             lines.append(f"  shard {index}: {_count(len(shard), 'file')}, {_size(sizes[index])}")
