@@ -38,7 +38,6 @@ from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 
 
-
 class PlanSubsystem(GoalSubsystem):
     name = "plan"
     help = "Show the artifacts a target needs, their fingerprints, paths, and what would run."

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import tensorstore as ts
-from kiln_contract.tokenize import shard_dir_name
 
 from kiln.artifacts import (
     FAILED,
@@ -68,6 +67,7 @@ from kiln.data.cache import (
 )
 from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
+from kiln_contract.tokenize import shard_dir_name
 
 # Zarr3 sharding: files ("outer chunks") of 4M elements made of 256K-element compressed chunks.
 INNER_CHUNK = 1 << 18

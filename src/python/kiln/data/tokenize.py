@@ -41,8 +41,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln_contract.tokenize import shard_dir_name
-
 from kiln import lifetime  # before the slow imports: it notes the parent process
 from kiln.artifacts import (
     RECORD_FILE,
@@ -78,6 +76,7 @@ from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache
 from kiln.data.spec import CacheSpec, LevanterCacheSource, parse_cache_spec
 from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
+from kiln_contract.tokenize import shard_dir_name
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge
