@@ -2,9 +2,10 @@
 
 Build it, build it again (every process a cache hit), then change one identity field and edit the
 trainer's code: training reruns, tokenization (whose processes never see trainer code) stays a
-cache hit. A `store` cache builds in the artifact store. Two `pants run`s, one per "host", train
+cache hit. `store` caches build in the artifact store, and once built start no process. Two `pants run`s, one per "host", train
 the checkpoint as one multi-host run into the artifact store, and its `hf_model` exports it from
-there. Runs without pantsd, so each call also pays Pants' start-up.
+there. `pants build` of several roots goes on past a failed step and marks its dependents
+DEP_FAILED. Runs without pantsd, so each call also pays Pants' start-up.
 """
 
 from __future__ import annotations
@@ -86,35 +87,82 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     assert (artifact / "checkpoints/step-22/metadata.json").exists()
 
 
-STORE_CACHE = """
-tokenized_cache(
-    name="topics",
-    source="stdlib:pydoc_topics",
-    split="validation",
-    tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+# dclm_1b's shape in small: store-mode training caches (several shards each) and inline
+# validation caches, under one checkpoint.
+SHAPED = """
+for name, part, weight in [("web", "pydoc_topics", 0.7), ("code", "pydoc_topics", 0.2),
+                           ("math", "pydoc_topics", 0.1)]:
+    tokenized_cache(
+        name=name,
+        artifact_name=f"tokenized/{name}",
+        source=f"stdlib:{part}",
+        split="validation",
+        tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+        version="2026.11.29",
+        num_shards=2,
+        storage="store",
+        tags=["cache"],
+    )
+
+for name in ["val_a", "val_b", "val_c"]:
+    tokenized_cache(
+        name=name,
+        artifact_name=f"tokenized/{name}",
+        source="stdlib:pydoc_topics",
+        split="validation",
+        tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+        version="2026.11.29",
+        tags=["cache"],
+    )
+
+lm_checkpoint(
+    name="shaped",
+    artifact_name="checkpoints/shaped",
     version="2026.11.29",
-    num_shards=2,
-    storage="store",
+    model=llama(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2,
+                num_kv_heads=1, num_layers=1),
+    optimizer=adam(learning_rate=1e-2, warmup=2),
+    datasets={":web": 0.7, ":code": 0.2, ":math": 0.1},
+    validation=[":val_a", ":val_b", ":val_c"],
+    batch_size=4,
+    seq_len=64,
+    num_train_steps=20,
+    z_loss_weight=None,
+    evals=None,
+    resources=gpu("H100", count=8),
 )
 """
+SHAPED_CACHES = [f"experiments/shaped:{name}" for name in ("web", "code", "math")] + [
+    f"experiments/shaped:{name}" for name in ("val_a", "val_b", "val_c")
+]
 
 
-def test_store_mode_builds_in_the_artifact_store_and_resumes_there(tmp_path: Path) -> None:
+def test_built_store_caches_are_served_without_a_process(tmp_path: Path) -> None:
+    """Store caches build in the artifact store; once built, the Pants rule finds them there
+    (artifact.json with their fingerprint, STATUS SUCCESS) and starts no shard or merge process."""
     repo = copy_workspace(tmp_path)
-    (repo / "experiments/store_check").mkdir()
-    (repo / "experiments/store_check/BUILD").write_text(STORE_CACHE)
-    cache = repo / "artifacts/tokenized/topics/2026.11.29"
+    (repo / "experiments/shaped").mkdir()
+    (repo / "experiments/shaped/BUILD").write_text(SHAPED)
+    store = repo / "artifacts/tokenized"
 
-    pants(repo, "package", "experiments/store_check:topics")
-    assert (cache / "STATUS").read_text().strip() == "SUCCESS"
-    record = json.loads((cache / "artifact.json").read_text())
-    manifest = json.loads((repo / "dist/tokenized/topics/2026.11.29/manifest.json").read_text())
-    assert manifest == {"store_path": str(cache), "fingerprint": record["fingerprint"]}
-    ledger = (cache / "ledger.json").stat().st_mtime_ns
+    first = pants(repo, "package", *SHAPED_CACHES)
+    assert "Tokenizing tokenized/web@2026.11.29 shard 2/2" in first.stderr
+    for name in ("web", "code", "math"):
+        cache = store / name / "2026.11.29"
+        assert (cache / "STATUS").read_text().strip() == "SUCCESS"
+        record = json.loads((cache / "artifact.json").read_text())
+        manifest = json.loads((repo / f"dist/tokenized/{name}/2026.11.29/manifest.json").read_text())
+        assert manifest == {"store_path": str(cache), "fingerprint": record["fingerprint"]}
+        assert not list((cache.parent / ".2026.11.29.shards").glob("shard-*"))
+    files = {path: path.stat().st_mtime_ns for path in store.rglob("*")}
 
-    pants(repo, "package", "experiments/store_check:topics")  # the store serves it: no rewrite
-    assert (cache / "ledger.json").stat().st_mtime_ns == ledger
-    assert not list((cache.parent / ".2026.11.29.shards").glob("shard-*"))
+    second = pants(repo, "package", *SHAPED_CACHES)
+    assert "Tokenizing" not in second.stderr and "Merging" not in second.stderr
+    assert {path: path.stat().st_mtime_ns for path in store.rglob("*")} == files
+    planned = pants(repo, "plan", "experiments/shaped:shaped")
+    assert "Tokenizing" not in planned.stderr
+    # Inline caches enter the store when a run places them there; until then they "would run".
+    assert "7 artifacts: 3 built, 4 would run" in planned.stdout
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +226,69 @@ def test_an_hf_model_exports_the_stored_checkpoint_into_the_store(
     tokenizer = load_tokenizer({"kind": "local", "path": str(export)})  # the exported one
     config = read_hf_llama(export, tokenizer=tokenizer.info).config
     assert (config.hidden_dim, config.num_layers, config.num_kv_heads) == (32, 1, 1)
+
+
+BROKEN_CHECKPOINT = """
+lm_checkpoint(
+    name="broken",
+    artifact_name="checkpoints/broken",
+    version="2026.12.01",
+    model=llama(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2, num_kv_heads=1,
+                num_layers=1),
+    optimizer=adam(learning_rate=1e-2, warmup=2),
+    datasets={"//experiments:stdlib_validation": 1.0},
+    validation=["//experiments:stdlib_validation"],
+    batch_size=4,
+    seq_len=64,
+    num_train_steps=4,
+    z_loss_weight=None,
+    evals=None,
+    resources=cpu(),
+    init_from=hf_model_source("MISSING"),
+)
+
+hf_model(name="broken_hf", artifact_name="hf/broken", version="2026.12.01", checkpoint=":broken")
+
+hf_model(name="bf16", artifact_name="hf/ci_tiny_bf16", version="2026.12.01",
+         checkpoint="//experiments:ci_tiny")
+"""
+
+
+def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
+    trained_in_store: tuple[Path, list[tuple[str, str]]],
+) -> None:
+    """`pants build` of several roots: ci_tiny is served from the store and a bfloat16 export
+    of it is built, while a checkpoint whose `init_from` folder is missing fails at train time
+    (its log says why) and its export is DEP_FAILED; the goal counts the failures, exits 1."""
+    repo, _ = trained_in_store
+    (repo / "experiments/broken").mkdir()
+    missing = repo / "no-such-model"
+    (repo / "experiments/broken/BUILD").write_text(BROKEN_CHECKPOINT.replace("MISSING", str(missing)))
+    store = repo / "artifacts"
+
+    result = subprocess.run(
+        pants_command("build", "experiments/broken::"),
+        cwd=repo, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    summary = dict(
+        (match.group(2), match.group(1))
+        for match in re.finditer(r"^(\w+) +(\S+@\S+) ", result.stderr, re.MULTILINE)
+    )
+    assert summary == {
+        "tokenized/quickstart/stdlib_validation@2026.11.29": "SUCCESS",
+        "checkpoints/ci_tiny@2026.11.29": "SERVED",
+        "checkpoints/broken@2026.12.01": "FAILED",
+        "hf/ci_tiny_bf16@2026.12.01": "SUCCESS",
+        "hf/broken@2026.12.01": "DEP_FAILED",
+    }, result.stderr
+    assert "2 step(s) failed (1 FAILED, 1 DEP_FAILED)" in result.stderr
+    assert (store / "hf/ci_tiny_bf16/2026.12.01/STATUS").read_text().strip() == "SUCCESS"
+    assert (store / "checkpoints/broken/2026.12.01/STATUS").read_text().strip() == "FAILED"
+    assert (store / "hf/broken/2026.12.01/STATUS").read_text().strip() == "DEP_FAILED"
+    log = repo / "dist/logs/checkpoints/broken/2026.12.01.log"
+    assert f"log: {log}" in result.stderr
+    assert f"init_from: {missing} is not a folder" in log.read_text()
 
 
 def unused_port() -> int:

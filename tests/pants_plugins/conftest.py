@@ -3,30 +3,32 @@ from __future__ import annotations
 import pytest
 from pants.backend.python.util_rules import pex_from_targets
 from pants.core.target_types import FilesGeneratorTarget, FileTarget
-from pants.core.util_rules import source_files
+from pants.core.util_rules import distdir, source_files
 from pants.engine.addresses import Addresses
 from pants.engine.target import DependenciesRequest
 from pants.testutil.rule_runner import QueryRule, RuleRunner
 
-from kiln_pants import plan, register
+from kiln_pants import build, plan, register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
+from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
 
 @pytest.fixture
 def rule_runner() -> RuleRunner:
-    """The backend's rules without the `plan` goal (see plan_rule_runner)."""
-    without_plan = [rule for rule in register.rules() if rule not in set(plan.rules())]
-    return _rule_runner([*without_plan, *KilnSubsystem.rules()])
+    """The backend's rules without the `plan` and `build` goals (see plan_rule_runner)."""
+    goals = {*plan.rules(), *build.rules()}
+    without_goals = [rule for rule in register.rules() if rule not in goals]
+    return _rule_runner([*without_goals, *KilnSubsystem.rules()])
 
 
 @pytest.fixture
 def plan_rule_runner() -> RuleRunner:
-    """With the `plan` goal, which reads a bucket through a runtime PEX process and so needs the
-    Python backend's PEX rules: a bigger rule graph, seconds more to set up per test."""
-    return _rule_runner([*register.rules(), *pex_from_targets.rules()])
+    """With the `plan` and `build` goals, which read a bucket through a runtime PEX process and
+    so need the Python backend's PEX rules: a bigger rule graph, seconds more to set up per test."""
+    return _rule_runner([*register.rules(), *pex_from_targets.rules(), *distdir.rules()])
 
 
 def _rule_runner(rules: list) -> RuleRunner:
@@ -38,6 +40,7 @@ def _rule_runner(rules: list) -> RuleRunner:
             QueryRule(Addresses, [DependenciesRequest]),
             QueryRule(StepJson, [StepJsonRequest]),
             QueryRule(StoredCheckpoint, [StoredCheckpointRequest]),
+            QueryRule(MixtureFits, [MixtureBudgetRequest]),
         ],
         target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
         objects=register.build_file_aliases().objects,

@@ -11,6 +11,7 @@ from pants.engine.target import Dependencies, DependenciesRequest
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.plan import Plan
 
 BUILD = """
@@ -177,13 +178,88 @@ def test_plan_reports_built_would_run_and_drift(plan_rule_runner: RuleRunner, tm
     assert "differs in: batch_size" in drift.stdout
 
 
+def test_max_tokens_is_in_the_fingerprint_when_set(rule_runner: RuleRunner) -> None:
+    plain = graph(rule_runner)
+    bounded = graph(rule_runner, **{"exp/BUILD": bounded_build(50_000)})
+    train = Address("exp", target_name="train")
+    assert "max_tokens" not in plain.get(train).identity
+    assert bounded.get(train).identity["max_tokens"] == 50_000
+    assert fingerprints(plain)["train"] != fingerprints(bounded)["train"]
+    assert fingerprints(plain)["valid"] == fingerprints(bounded)["valid"]
+
+
+def bounded_build(max_tokens: int) -> str:
+    """BUILD with `train` bounded; ckpt reads 8 x 128 x 100 = 102,400 tokens, all from train."""
+    return BUILD.replace("RESOURCES", "cpu()").replace(
+        'sources=["train.jsonl"],', f'sources=["train.jsonl"], max_tokens={max_tokens},'
+    )
+
+
+def test_plan_sets_what_the_run_reads_against_what_each_cache_holds(
+    plan_rule_runner: RuleRunner, tmp_path
+) -> None:
+    rule_runner = plan_rule_runner
+    args = [f"--kiln-prefix={tmp_path}", "exp:ckpt"]
+    g = graph(rule_runner, **{"exp/BUILD": bounded_build(110_000)})
+    fits = rule_runner.run_goal_rule(Plan, args=args)
+    assert fits.exit_code == 0
+    assert "Training data of checkpoints/ckpt@2026.06.28: 8 x 128 tokens x 100 steps" in fits.stdout
+    assert "tokenized/train@2026.06.28" in fits.stdout
+    assert "weight 1 (100.0%): reads 102.40k tokens, will hold >= 110.00k (max_tokens)" in (
+        fits.stdout
+    )
+    assert "estimate: 110.00k tokens (max_tokens), 0.00 GB as uint32, 0.0 CPU-hours" in fits.stdout
+    assert "estimate: tokens unknown (a python_stdlib source is sized when it is read)" in (
+        fits.stdout
+    )
+
+    graph(rule_runner, **{"exp/BUILD": bounded_build(100_000)})
+    small = rule_runner.run_goal_rule(Plan, args=args)
+    assert small.exit_code == 1
+    assert "!! too small for its share: raise `max_tokens` on exp:train" in small.stdout
+
+    # Built: what its cache.json counts, here less than max_tokens promised.
+    train = g.get(Address("exp", target_name="train"))
+    folder = tmp_path / "tokenized/train/2026.06.28"
+    folder.mkdir(parents=True)
+    record = {"fingerprint": train.fingerprint, "identity": train.identity}
+    (folder / "artifact.json").write_text(json.dumps(record))
+    (folder / "cache.json").write_text(json.dumps({"tokens": 90_000}))
+    (folder / "STATUS").write_text("SUCCESS\n")
+    graph(rule_runner, **{"exp/BUILD": bounded_build(110_000)})
+    built = rule_runner.run_goal_rule(Plan, args=args)
+    assert built.exit_code == 1
+    assert "reads 102.40k tokens, holds 90.00k (built)" in built.stdout
+
+    # Unbounded, the cache is the whole source: the run reads it again, and says so.
+    unbounded = graph(rule_runner).get(Address("exp", target_name="train"))
+    record = {"fingerprint": unbounded.fingerprint, "identity": unbounded.identity}
+    (folder / "artifact.json").write_text(json.dumps(record))
+    (folder / "cache.json").write_text(json.dumps({"tokens": 25_600}))
+    repeated = rule_runner.run_goal_rule(Plan, args=args)
+    assert repeated.exit_code == 0
+    assert "holds 25.60k (built); read 4.0 times" in repeated.stdout
+
+
+def test_a_run_refuses_a_bounded_cache_too_small_for_its_share(
+    rule_runner: RuleRunner, tmp_path
+) -> None:
+    rule_runner.set_options([f"--kiln-prefix={tmp_path}"])
+    graph(rule_runner, **{"exp/BUILD": bounded_build(100_000)})
+    with pytest.raises(ExecutionError) as error:
+        rule_runner.request(MixtureFits, [MixtureBudgetRequest(Address("exp", target_name="ckpt"))])
+    assert "exp:ckpt reads more tokens from these caches than their `max_tokens`" in str(error.value)
+    graph(rule_runner, **{"exp/BUILD": bounded_build(110_000)})
+    rule_runner.request(MixtureFits, [MixtureBudgetRequest(Address("exp", target_name="ckpt"))])
+
+
 def test_a_tokenizer_directory_on_disk_is_identified_by_its_path(rule_runner: RuleRunner) -> None:
     def cache_fingerprint(tokenizer: str) -> str:
         rule_runner.write_files(
             {
                 "disk/BUILD": (
-                    f'tokenized_cache(name="c", source="org/data", tokenizer="{tokenizer}", '
-                    'version="2026.06.28")'
+                    f'tokenized_cache(name="c", source="org/data", revision="abc1234", '
+                    f'tokenizer="{tokenizer}", version="2026.06.28")'
                 )
             }
         )

@@ -17,7 +17,7 @@ from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.plan import Plan
 
 CHECKPOINT = """
-tokenized_cache(name="train", source="org/data", tokenizer="package:gpt2", version="2026.06.28")
+tokenized_cache(name="train", source="org/data", revision="abc1234", tokenizer="package:gpt2", version="2026.06.28")
 lm_checkpoint(
     name="ckpt",
     version=CKPT_VERSION,

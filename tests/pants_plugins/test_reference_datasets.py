@@ -46,10 +46,10 @@ UNCHEATABLE_FILES = {
     "arxiv_computer_science": "git-blob-sha1:0655116991229e5b9921497f0f44e489b4dfb9b1",
     "ao3_english": "git-blob-sha1:b7bf3851186f090400432c043f25aad7a576ec85",
 }
-TRAINING = {
-    "dclm_baseline": "mlfoundations/dclm-baseline-1.0",
-    "starcoderdata": "bigcode/starcoderdata",
-    "proofpile_2": "EleutherAI/proof-pile-2",
+TRAINING = {  # at the revisions of Marin's experiments/pretraining_datasets.py
+    "dclm_baseline": ("mlfoundations/dclm-baseline-1.0", "a3b142c"),
+    "starcoderdata": ("bigcode/starcoderdata", "9fc30b5"),
+    "proofpile_2": ("EleutherAI/proof-pile-2", "901a927"),
 }
 
 
@@ -57,7 +57,7 @@ def expected_sources() -> dict[str, dict]:
     def hub(dataset_id: str, split: str = "train", **more: object) -> dict:
         return {"kind": "hf", "id": dataset_id, "revision": None, "subset": None, "split": split, **more}
 
-    expected = {name: hub(dataset_id) for name, dataset_id in TRAINING.items()}
+    expected = {name: hub(id_, revision=rev) for name, (id_, rev) in TRAINING.items()}
     for subset, directory in PALOMA_DIRECTORIES.items():
         expected[f"paloma_{subset}"] = hub(
             "allenai/paloma",

@@ -11,7 +11,7 @@ from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.build_symbols import CORE_TASKS
 
 CACHE = """
-tokenized_cache(name="cache", source="org/data", tokenizer="package:gpt2", version="2026.06.28")
+tokenized_cache(name="cache", source="org/data", revision="abc1234", tokenizer="package:gpt2", version="2026.06.28")
 """
 
 
@@ -308,3 +308,16 @@ def test_a_levanter_cache_source_is_checked_at_load_and_identified_by_location(
     imported = build.replace("LOCATION", "'/data/dclm/train'")
     message = load_error(rule_runner, imported[:-1] + ", num_shards=4, revision='main')", name="c")
     assert "imports a Levanter cache, which is used as it is: remove `revision`, `num_shards`" in message
+    message = load_error(rule_runner, imported[:-1] + ", max_tokens=1000)", name="c")
+    assert "used as it is: remove `max_tokens`" in message
+
+
+def test_max_tokens_must_be_positive(rule_runner: RuleRunner) -> None:
+    build = CACHE.replace('version="2026.06.28"', 'version="2026.06.28", max_tokens=0')
+    message = load_error(rule_runner, build, name="cache")
+    assert "The `max_tokens` field in target exp:cache must be > 0, got 0" in message
+
+
+def test_a_hub_source_needs_a_revision(rule_runner: RuleRunner) -> None:
+    message = load_error(rule_runner, CACHE.replace('revision="abc1234", ', ""), name="cache")
+    assert "exp:cache reads the Hugging Face dataset 'org/data' and needs a `revision`" in message

@@ -104,3 +104,27 @@ def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
         return differing
     return [] if old == new else [path or "<root>"]
 
+
+
+def served_message(
+    ref: str,
+    where: str,
+    fingerprint: str,
+    stored: Mapping[str, Any],
+    code_digest: str,
+    summary: str | None,
+) -> str:
+    """What `pants run` prints for an artifact already built at `where` (its `stored` record):
+    the runner says it when it serves one, and the backend when it serves one without starting
+    the runtime. A note when other code (runtime digest) built it; then its `summary.txt`."""
+    lines = [f"kiln: {ref} is already built at {where} (fingerprint {fingerprint})."]
+    built_by = stored.get("provenance", {}).get("code_digest")
+    if built_by and built_by != code_digest:
+        lines.append(
+            f"kiln: note: it was built by other code (runtime digest {built_by[:12]}, now "
+            f"{code_digest[:12]}); the code is not part of its identity, so it is kept. Bump "
+            "`version` to retrain with the current code."
+        )
+    if summary is not None:
+        lines.append(summary)
+    return "\n".join(lines)

@@ -2,10 +2,10 @@
 
     {"spec_version": 1, "kind": "tokenized_cache", "name": ..., "version": ..., "fingerprint": ...,
      "config": {"source": {...}, "tokenizer": {...}, "text_key": "text",
-                "max_document_chars": 1000000, "num_shards": 4}}
+                "max_document_chars": 1000000, "num_shards": 4, "max_tokens": 1000000}}
 
 The backend writes it (kiln_pants.tokenize_rules); kiln.data parses it. docs/token-cache.md
-describes each field.
+describes each field. `max_tokens` is written only when set, so specs without it are unchanged.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ HUB_SETTINGS_FILE = "settings.json"
 FILE_FORMATS = ("auto", "json", "jsonl", "parquet", "text")
 TOKENIZER_KINDS = ("hf", "local", "package")
 # `config`'s keys: CacheSpec's fields but its address and identity.
-_CONFIG_KEYS = ("source", "tokenizer", "text_key", "max_document_chars", "num_shards")
+_CONFIG_KEYS = (
+    "source", "tokenizer", "text_key", "max_document_chars", "num_shards", "max_tokens",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -288,12 +290,25 @@ class CacheSpec:
     text_key: str = "text"
     max_document_chars: int = 1_000_000
     num_shards: int = 1
+    # Tokenize only about this many tokens: each shard stops at its quota (shard_token_quota).
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_address(self)
         check_str("text_key", self.text_key)
         check_int("max_document_chars", self.max_document_chars, minimum=1)
         check_int("num_shards", self.num_shards, minimum=1)
+        check_optional(check_int, "max_tokens", self.max_tokens, minimum=1)
+        if self.max_tokens is not None and isinstance(self.source, LevanterCacheSource):
+            raise SpecError("max_tokens", "an imported levanter_cache is used whole")
+
+    def shard_token_quota(self, index: int) -> int | None:
+        """Shard `index`'s share of max_tokens: max_tokens // num_shards, the remainder going
+        one token each to the first shards; None when the cache is unbounded."""
+        if self.max_tokens is None:
+            return None
+        base, remainder = divmod(self.max_tokens, self.num_shards)
+        return base + (1 if index < remainder else 0)
 
     @classmethod
     def from_json(cls, obj: Any) -> CacheSpec:
@@ -311,18 +326,21 @@ class CacheSpec:
             raise e.within("config" if e.field in config else "") from None
 
     def to_json(self) -> dict[str, Any]:
+        config = {
+            "source": source_to_json(self.source),
+            "tokenizer": self.tokenizer.to_json(),
+            "text_key": self.text_key,
+            "max_document_chars": self.max_document_chars,
+            "num_shards": self.num_shards,
+        }
+        if self.max_tokens is not None:
+            config["max_tokens"] = self.max_tokens
         return {
             "spec_version": SPEC_VERSION,
             "kind": SPEC_KIND,
             "name": self.name,
             "version": self.version,
             "fingerprint": self.fingerprint,
-            "config": {
-                "source": source_to_json(self.source),
-                "tokenizer": self.tokenizer.to_json(),
-                "text_key": self.text_key,
-                "max_document_chars": self.max_document_chars,
-                "num_shards": self.num_shards,
-            },
+            "config": config,
         }
 

@@ -49,6 +49,7 @@ from kiln_pants.target_types import (
     InitFromField,
     LmCheckpointTarget,
     MaxDocumentCharsField,
+    MaxTokensField,
     ModelField,
     NumShardsField,
     NumTrainStepsField,
@@ -222,7 +223,7 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
     else:
         tokenizer_identity = {"kind": "hf", "id": tokenizer}
 
-    return {
+    identity = {
         "kind": TokenizedCacheTarget.alias,
         "format": IDENTITY_FORMAT,
         "source": source_identity,
@@ -231,6 +232,10 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
         "max_document_chars": target[MaxDocumentCharsField].value,
         "num_shards": target[NumShardsField].value,
     }
+    max_tokens = target[MaxTokensField].value
+    if max_tokens is not None:  # only when set: fingerprints of unbounded caches are unchanged
+        identity["max_tokens"] = max_tokens
+    return identity
 
 
 async def _resolve(target: Target, field_alias: str, values: tuple[str, ...]) -> list[Address]:

@@ -12,11 +12,19 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from pants.engine.process import Process, ProcessCacheScope, ProcessResult
+from pants.engine.rules import Get, collect_rules, rule
+from pants.util.logging import LogLevel
+
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact
 
 RECORD_FILE = "artifact.json"
 STATUS_FILE = "STATUS"
+SUMMARY_FILE = "summary.txt"  # a built checkpoint's summary, printed when it is served
+# Written by `pants build` (kiln_pants.build) when an input of the artifact failed: Marin's
+# status token for "not built because of a dependency"; the artifact runs again next time.
+DEP_FAILED = "DEP_FAILED"
 # Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
 # ~/.aws and gcloud's application-default login. Only PER_SESSION processes get them.
 STORE_ENVIRONMENT = (
@@ -45,7 +53,7 @@ def artifact_path(prefix: str, artifact: Artifact) -> str:
 
 @dataclass(frozen=True)
 class StoredState:
-    status: str  # built | would run | drift | failed | incomplete | dev (always rebuilt)
+    status: str  # built | would run | drift | failed | dep failed | incomplete | dev (rebuilt)
     detail: str = ""
 
 
@@ -58,6 +66,43 @@ def _read(path: str) -> Optional[str]:
             return f.read()
     except FileNotFoundError:
         return None
+
+
+@dataclass(frozen=True)
+class StoredFilesRequest:
+    folder: str  # an artifact's folder in a local store
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StoredFiles:
+    texts: tuple[Optional[str], ...]  # one per name: the file's text, None when absent
+
+
+# For each name after the folder: 1 and the file's text, or 0 when there is none; then a NUL.
+# Shell builtins only: Pants processes get no PATH.
+_SHOW_FILES = (
+    'show() { [ -f "$1" ] || { printf 0; return 0; }; printf 1; '
+    'while IFS= read -r line || [ -n "$line" ]; do printf "%s\\n" "$line"; done < "$1"; }; '
+    'folder="$1"; shift; for name in "$@"; do show "$folder/$name"; printf "\\000"; done'
+)
+
+
+@rule(desc="Reading an artifact's files in the store")
+async def read_stored_files(request: StoredFilesRequest) -> StoredFiles:
+    """The files as they are now: a process run every session, since a rule reading them itself
+    would be kept by pantsd while the store changes behind it."""
+    result = await Get(
+        ProcessResult,
+        Process(
+            argv=("/bin/sh", "-c", _SHOW_FILES, "kiln-show", request.folder, *request.names),
+            description=f"Reading {', '.join(request.names)} in {request.folder}",
+            level=LogLevel.DEBUG,  # a served `pants run` prints what the runner would, only
+            cache_scope=ProcessCacheScope.PER_SESSION,
+        ),
+    )
+    parts = result.stdout.decode().split("\0")[: len(request.names)]
+    return StoredFiles(tuple(part[1:] if part.startswith("1") else None for part in parts))
 
 
 def stored_state(prefix: str, artifact: Artifact) -> StoredState:
@@ -74,6 +119,8 @@ def recorded_state(
 ) -> StoredState:
     """The state of `artifact` given its folder's STATUS and artifact.json (None: absent)."""
     status = (status_text or "").strip()
+    if status == DEP_FAILED:
+        return StoredState("dep failed", "an input failed in the last build; will run")
     if record_text is None:
         return StoredState("would run")
     record = json.loads(record_text)
@@ -89,3 +136,40 @@ def recorded_state(
     if status == "FAILED":
         return StoredState("failed", "will rerun")
     return StoredState("incomplete", "will resume")
+
+
+def mark_dep_failed(prefix: str, artifact: Artifact) -> bool:
+    """Writes STATUS DEP_FAILED into the artifact's folder in a local store, unless the folder
+    holds a built artifact or a run (SUCCESS, RUNNING: in progress, or interrupted and
+    resumable), which are left as they are. Whether it wrote it."""
+    folder = artifact_path(prefix, artifact)
+    status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
+    if status in ("SUCCESS", "RUNNING"):
+        return False
+    os.makedirs(folder, exist_ok=True)
+    temporary = os.path.join(folder, f".{STATUS_FILE}.{os.getpid()}.tmp")
+    with open(temporary, "w") as f:
+        f.write(f"{DEP_FAILED}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, os.path.join(folder, STATUS_FILE))
+    return True
+
+
+def clear_dep_failed(prefix: str, artifact: Artifact) -> None:
+    """Removes a folder that `mark_dep_failed` created and nothing else wrote into (only its
+    STATUS DEP_FAILED), so the step builds as if it had never been tried (an export refuses an
+    existing folder)."""
+    folder = artifact_path(prefix, artifact)
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return
+    status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
+    if names == [STATUS_FILE] and status == DEP_FAILED:
+        os.remove(os.path.join(folder, STATUS_FILE))
+        os.rmdir(folder)
+
+
+def rules():
+    return collect_rules()

@@ -43,8 +43,11 @@ from kiln_pants.artifact_graph import (
 from kiln_pants.artifact_store import (
     RECORD_FILE,
     STATUS_FILE,
+    StoredFiles,
+    StoredFilesRequest,
     artifact_path,
     artifact_record,
+    clear_dep_failed,
     recorded_state,
 )
 from kiln_pants.hf_model_targets import (
@@ -111,30 +114,13 @@ class StoredCheckpoint:
     path: str
 
 
-# Prints a folder's STATUS, a NUL, then its artifact.json (either may be absent), with shell
-# builtins only: Pants processes get no PATH.
-_READ_RECORD = (
-    'show() { [ -f "$1" ] || return 0; '
-    'while IFS= read -r line || [ -n "$line" ]; do printf "%s\\n" "$line"; done < "$1"; }; '
-    f'show "$0/{STATUS_FILE}"; printf "\\000"; show "$0/{RECORD_FILE}"'
-)
-
-
 @rule(desc="Looking for a checkpoint in the artifact store")
 async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoint:
     """Fails in seconds, with the command that builds it, when the checkpoint is not built (or
     the store holds another configuration under its name and version)."""
     checkpoint = request.checkpoint
-    probe = await Get(
-        ProcessResult,
-        Process(
-            argv=("/bin/sh", "-c", _READ_RECORD, request.path),
-            description=f"Reading {checkpoint.ref}'s record",
-            cache_scope=ProcessCacheScope.PER_SESSION,
-        ),
-    )
-    status, _, record = probe.stdout.decode().partition("\0")
-    state = recorded_state(checkpoint, status if status else None, record if record else None)
+    stored = await Get(StoredFiles, StoredFilesRequest(request.path, (STATUS_FILE, RECORD_FILE)))
+    state = recorded_state(checkpoint, *stored.texts)
     build = f"./pants run {checkpoint.address}"
     if state.status == "drift":
         raise CheckpointNotBuilt(
@@ -212,6 +198,7 @@ async def package_hf_model(
         Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
     )
     out = artifact_path(prefix, artifact)
+    clear_dep_failed(prefix, artifact)  # a `pants build` whose checkpoint failed marked it
     process = await Get(
         Process,
         RuntimeProcess(

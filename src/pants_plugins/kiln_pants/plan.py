@@ -1,10 +1,13 @@
 """`pants plan <targets>`: Marin's dry run.
 
 Lists every artifact in the transitive closure, inputs first, with its fingerprint, its output
-path `{prefix}/{name}/{version}` and what `pants run` would do with it. Reads the artifact store;
-builds nothing. A local store is read directly; a bucket through the runtime's own store client
-(`python -m kiln.artifacts.peek`), run as a process that is never cached beyond this run
-(PER_SESSION) and gets the bucket's credentials from the caller's environment.
+path `{prefix}/{name}/{version}`, what `pants run` would do with it and, for an unbuilt cache,
+what building it takes (kiln_pants.build_estimate); then, for each checkpoint, the tokens its run
+reads from each mixture component against what that cache holds (kiln_pants.mixture_budget).
+Reads the artifact store; builds nothing. A local store is read directly; a bucket through the
+runtime's own store client (`python -m kiln.artifacts.peek`), run as a process that is never
+cached beyond this run (PER_SESSION) and gets the bucket's credentials from the caller's
+environment.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from kiln_pants.artifact_store import (
     recorded_state,
     stored_state,
 )
+from kiln_pants.build_estimate import estimate_build
+from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 
@@ -89,6 +94,22 @@ async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
     return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
 
 
+def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:
+    """The folders to read from a bucket: those of the graph's immutable artifacts."""
+    return tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
+
+
+def stored_states(
+    graph: ArtifactGraph, prefix: str, records: Optional[BucketRecords]
+) -> dict[Artifact, StoredState]:
+    """What the store holds for each artifact: a bucket's `records` (read through the runtime's
+    store client), else the local store, read directly. Called from goal rules, which run every
+    time: a rule's result would be kept by pantsd while the store changes behind it."""
+    if records is not None:
+        return {a: _bucket_state(a, records) for a in graph}
+    return {a: stored_state(prefix, a) for a in graph}
+
+
 def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
     if artifact.mutable:
         return DEV
@@ -108,13 +129,12 @@ async def plan(
     prefix = kiln.prefix_location(build_root.path)
     console.print_stdout(f"Artifact store: {prefix}")
     counts: dict[str, int] = {}
-    if "://" in prefix:  # a bucket: read through the runtime's store client
-        folders = tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
-        records = await Get(BucketRecords, BucketRecordsRequest(prefix, folders))
-        states = [(a, _bucket_state(a, records)) for a in graph]
-    else:  # a local store: read directly, every time
-        states = [(a, stored_state(prefix, a)) for a in graph]
-    for artifact, state in states:
+    records = (
+        await Get(BucketRecords, BucketRecordsRequest(prefix, bucket_folders(graph)))
+        if "://" in prefix
+        else None
+    )
+    for artifact, state in stored_states(graph, prefix, records).items():
         counts[state.status] = counts.get(state.status, 0) + 1
         console.print_stdout(
             f"  {state.status:<11} {artifact.fingerprint}  {artifact.kind:<15} "
@@ -123,9 +143,18 @@ async def plan(
         console.print_stdout(f"  {'':<11} {'':<16}  -> {artifact_path(prefix, artifact)}")
         if state.detail:
             console.print_stdout(f"  {'':<11} {'':<16}  !! {state.detail}")
+        if artifact.kind == "tokenized_cache" and state.status != "built":
+            estimate = estimate_build(artifact, build_root.path)
+            console.print_stdout(f"  {'':<11} {'':<16}  {estimate.describe()}")
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     console.print_stdout(f"{len(graph)} artifacts: {summary}")
-    return Plan(exit_code=1 if counts.get("drift") else 0)
+    too_small = False
+    for budget in local_budgets(prefix, graph):  # a bucket's caches count as not built
+        console.print_stdout(budget.header())
+        for component in budget.components:
+            console.print_stdout(f"  {component.describe()}")
+        too_small = too_small or budget.refusal() is not None
+    return Plan(exit_code=1 if counts.get("drift") or too_small else 0)
 
 
 def rules():

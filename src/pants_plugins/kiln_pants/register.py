@@ -4,9 +4,12 @@ from pants.build_graph.build_file_aliases import BuildFileAliases
 
 from kiln_pants import (
     artifact_graph,
+    artifact_store,
+    build,
     dependency_inference,
     hf_model_rules,
     hub_settings,
+    mixture_budget,
     package,
     plan,
     runtime,
@@ -32,10 +35,13 @@ def rules():
     signals.forward_sigterm_as_interrupt()
     return [
         *artifact_graph.rules(),
+        *artifact_store.rules(),
+        *build.rules(),
         *dependency_inference.rules(),
         *hf_model_rules.rules(),
         *hub_settings.rules(),
         *package.rules(),
+        *mixture_budget.rules(),
         *plan.rules(),
         *runtime.rules(),
         *tokenize_rules.rules(),

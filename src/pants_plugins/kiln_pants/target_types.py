@@ -214,7 +214,11 @@ class CacheSourcesField(MultipleSourcesField):
 
 class HfRevisionField(StringField):
     alias = "revision"
-    help = "For a Hugging Face `source`: the dataset revision (commit or tag) to read."
+    help = (
+        "For a Hugging Face `source` (required there): the dataset revision to read, a commit "
+        "of the dataset repository. Its file list at that revision is the source's plan: which "
+        "files each shard reads. Part of the identity."
+    )
 
 
 class HfSubsetField(StringField):
@@ -313,6 +317,20 @@ class NumShardsField(_PositiveIntField):
     )
 
 
+class MaxTokensField(_PositiveIntField):
+    alias = "max_tokens"
+    required = False
+    value: Optional[int]  # type: ignore[assignment]
+    help = (
+        "Tokenize only about this many tokens of the source, for a run that reads a fraction of "
+        "a huge dataset. Each of the `num_shards` shards reads its own files in their planned "
+        "order and stops at the first document that brings it to max_tokens / num_shards tokens "
+        "(the remainder one token each to the first shards), so the cache holds at least "
+        "max_tokens, and later files are never read. A source too small for it fails the build, "
+        "naming this field. Part of the identity. Not for an imported `levanter_cache`."
+    )
+
+
 class CacheStorageField(StringField):
     value: str
     alias = "storage"
@@ -366,6 +384,7 @@ class TokenizedCacheTarget(Target):
         TextKeyField,
         MaxDocumentCharsField,
         NumShardsField,
+        MaxTokensField,
         CacheStorageField,
         EvalNameField,
         TokenizedCacheDependencies,
@@ -386,6 +405,7 @@ class TokenizedCacheTarget(Target):
                 f"this repo); it has {'both' if has_source else 'neither'}."
             )
         self._check_imported_cache_fields()
+        self._check_hub_revision()
         split = self[SplitField].value
         if self[CacheSourceField].value in STDLIB_SOURCES and split not in STDLIB_SPLITS:
             raise InvalidFieldException(
@@ -408,7 +428,7 @@ class TokenizedCacheTarget(Target):
         if not isinstance(source, LevanterCacheSource):
             return
         ignored = self._set_fields(
-            HfRevisionField, HfSubsetField, HfDataFilesField, RecordFilterField
+            HfRevisionField, HfSubsetField, HfDataFilesField, RecordFilterField, MaxTokensField
         )
         if self[NumShardsField].value != 1:
             ignored.append(NumShardsField.alias)
@@ -416,6 +436,18 @@ class TokenizedCacheTarget(Target):
             raise InvalidTargetException(
                 f"The `tokenized_cache` target {self.address} imports a Levanter cache, which is "
                 f"used as it is: remove {', '.join(f'`{alias}`' for alias in ignored)}."
+            )
+
+    def _check_hub_revision(self) -> None:
+        """A hub source is planned from its file list, which only a pinned revision fixes."""
+        source = self[CacheSourceField].value
+        is_hub = isinstance(source, str) and source not in STDLIB_SOURCES and source[:1] != "/"
+        if is_hub and not self[HfRevisionField].value:
+            raise InvalidFieldException(
+                f"The `tokenized_cache` target {self.address} reads the Hugging Face dataset "
+                f"{source!r} and needs a `revision`: a commit of the dataset repository (its "
+                f"history on huggingface.co/datasets/{source}/commits), so that the files its "
+                "shards read, and so the cache, stay the same."
             )
 
     def _set_fields(self, *fields: type[Field]) -> list[str]:

@@ -1,5 +1,7 @@
 """Building a `tokenized_cache`: one Pants process per shard (in parallel), then a merge process;
-for a `levanter_cache(...)` source, one import process instead (nothing is tokenized).
+for a `levanter_cache(...)` source, one import process instead (nothing is tokenized); for a
+store-mode cache with `[kiln] cluster` set, one process that runs the shards and the merge as Ray
+tasks on the cluster (kiln.cluster.fanout, docs/clusters.md).
 
 Each process runs `python -m kiln.data.tokenize` from the tokenize runtime PEX, whose sources are
 kiln.data's closure only, so trainer edits never re-tokenize. Two storage modes (the `storage`
@@ -9,8 +11,10 @@ field):
 - store: the processes write straight into `{prefix}/{name}/{version}` (shards beside it; in a
   bucket, at their final keys inside it) and are never served from Pants' cache; the store
   itself skips a finished shard or cache, so a rerun resumes where a killed build stopped. For
-  data too large for Pants' store. With a bucket prefix the processes get the bucket clients'
-  credentials and endpoints from the caller's environment (PER_SESSION: never in a cache key).
+  data too large for Pants' store. A cache a local store holds built with this fingerprint
+  starts no process at all (`built_or_tokenized_cache`). With a bucket prefix the processes get
+  the bucket clients' credentials and endpoints from the caller's environment (PER_SESSION:
+  never in a cache key).
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from pants.engine.fs import (
     MergeDigests,
     RemovePrefix,
 )
-from pants.engine.process import Process, ProcessCacheScope, ProcessResult
-from pants.engine.rules import Get, MultiGet, collect_rules, rule
+from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope, ProcessResult
+from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
@@ -56,9 +60,15 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path, artifact_record
+from kiln_pants.artifact_store import (
+    STORE_ENVIRONMENT,
+    StoredState,
+    artifact_path,
+    artifact_record,
+    stored_state,
+)
 from kiln_pants.hub_settings import HubSettingsCache
-from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import FAN_OUT, TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
     STDLIB_SOURCES,
@@ -69,6 +79,7 @@ from kiln_pants.target_types import (
     HfRevisionField,
     HfSubsetField,
     MaxDocumentCharsField,
+    MaxTokensField,
     NumShardsField,
     RecordFilterField,
     SplitField,
@@ -81,10 +92,24 @@ from kiln_pants.target_types import (
 SPEC_FILE = "tokenize_spec.json"
 RECORD_INPUT = "artifact_record.json"
 CACHE_DIR = "cache"
+NO_CLUSTER = ("", "local")  # [kiln] cluster values that mean this machine
+
+
+class CacheTokenizationFailed(Exception):
+    pass
 
 
 @dataclass(frozen=True)
 class BuildCacheRequest:
+    """A built cache: served from the artifact store when it is there already, else tokenized."""
+
+    address: Address
+
+
+@dataclass(frozen=True)
+class TokenizeCacheRequest:
+    """Tokenize (or import) the cache, whatever the store holds."""
+
     address: Address
 
 
@@ -174,10 +199,11 @@ def _tokenizer_spec(tokenizer: str, files: TokenizerFiles | None) -> TokenizerSp
 async def _built(
     artifact: Artifact,
     layout: _Layout,
-    last: ProcessResult,
+    last: ProcessResult | FallibleProcessResult,
     tokenizer_files: Optional[TokenizerFiles],
 ) -> BuiltCache:
-    """The cache the last process (merge or import) finished: its output, or in the store."""
+    """The cache the last process (merge, import or fan-out) finished: its output, or in the
+    store."""
     tokenizer_digest = tokenizer_files.digest if tokenizer_files else EMPTY_DIGEST
     if layout.in_store:
         return BuiltCache(artifact, EMPTY_DIGEST, tokenizer_digest, store_path=layout.cache)
@@ -185,20 +211,106 @@ async def _built(
     return BuiltCache(artifact, cache, tokenizer_digest)
 
 
+async def _tokenize_on_cluster(
+    address: Address,
+    artifact: Artifact,
+    layout: _Layout,
+    input_digest: Digest,
+    cluster: str,
+    hub: HubSettingsCache,
+) -> FallibleProcessResult:
+    """One process for every shard and the merge, each a Ray task on the cluster; per session,
+    like every store-mode process (the store resumes and skips by itself)."""
+    runtime, environment = await MultiGet(
+        Get(Runtime, RuntimeRequest(*FAN_OUT)),
+        Get(EnvironmentVars, EnvironmentVarsRequest(("RAY_ADDRESS",))),  # for `auto`
+    )
+    assert layout.root is not None  # store storage
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=(
+                SPEC_FILE, "--cluster", cluster, "--prefix", layout.root,
+                "--shards", *layout.shards, "--out", layout.cache, "--record", RECORD_INPUT,
+            ),  # fmt: skip
+            description=(
+                f"Tokenizing {artifact.ref}: {len(layout.shards)} shard(s) on the Ray cluster "
+                f"{cluster}"
+            ),
+            input_digest=input_digest,
+            output_directories=(),
+            cache_scope=layout.cache_scope,
+            env=FrozenDict(environment),
+            append_only_caches=hub.append_only_caches,
+        ),
+    )
+    result = await Get(FallibleProcessResult, Process, process)
+    if result.exit_code != 0:
+        lines = result.stderr.decode(errors="replace").strip().splitlines()
+        why = lines[-1].removeprefix("kiln: ").removeprefix("error: ") if lines else ""
+        raise CacheTokenizationFailed(
+            f"{address}: {why or f'tokenizing on the cluster failed (exit {result.exit_code})'}"
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class StoreStateRequest:
+    prefix: str
+    artifact: Artifact
+
+
+@_uncacheable_rule(desc="Reading a cache's state in the artifact store")
+async def read_store_state(request: StoreStateRequest) -> StoredState:
+    """Uncacheable: the store changes behind Pants' back, so pantsd rereads it every run."""
+    return stored_state(request.prefix, request.artifact)
+
+
+@rule(desc="Looking for a built cache")
+async def built_or_tokenized_cache(
+    request: BuildCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
+) -> BuiltCache:
+    """A store cache already built with this fingerprint (artifact.json, then STATUS SUCCESS) is
+    served from two file reads, without starting its shard and merge processes (each would exit
+    at once, hundreds for DCLM). Inline caches are Pants process outputs: its cache serves them."""
+    wrapped = await Get(
+        WrappedTarget,
+        WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
+    )
+    target = wrapped.target
+    prefix = kiln.prefix_location(build_root.path)
+    if target[CacheStorageField].value == "store" and "://" not in prefix:
+        graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address])))
+        artifact = graph.get(request.address)
+        state = await Get(StoredState, StoreStateRequest(prefix, artifact))
+        if state.status == "built":
+            tokenizer = target[TokenizerField].value
+            tokenizer_files = EMPTY_DIGEST
+            if tokenizer_address(tokenizer):
+                files = await Get(
+                    TokenizerFiles, TokenizerFilesRequest(request.address, tokenizer)
+                )
+                tokenizer_files = files.digest
+            return BuiltCache(
+                artifact, EMPTY_DIGEST, tokenizer_files, artifact_path(prefix, artifact)
+            )
+    return await Get(BuiltCache, TokenizeCacheRequest(request.address))
+
+
 @rule(desc="Tokenizing a cache")
 async def build_tokenized_cache(
-    request: BuildCacheRequest,
+    request: TokenizeCacheRequest,
     kiln: KilnSubsystem,
     build_root: BuildRoot,
     hub: HubSettingsCache,
 ) -> BuiltCache:
-    wrapped, graph, runtime = await MultiGet(
+    wrapped, graph = await MultiGet(
         Get(
             WrappedTarget,
             WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
         ),
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address]))),
-        Get(Runtime, RuntimeRequest(*TOKENIZE)),
     )
     target = wrapped.target
     artifact = graph.get(request.address)
@@ -226,6 +338,7 @@ async def build_tokenized_cache(
         text_key=target[TextKeyField].value,
         max_document_chars=target[MaxDocumentCharsField].value,
         num_shards=num_shards,
+        max_tokens=target[MaxTokensField].value,
     )
     spec_digest = await Get(
         Digest,
@@ -244,9 +357,26 @@ async def build_tokenized_cache(
     prefix = kiln.prefix_location(build_root.path)
     store_path = artifact_path(prefix, artifact)
     layout = _Layout.for_storage(storage, num_shards, store_path, prefix)
+    # An imported cache is read in place: nothing to fan out.
+    if (
+        storage == "store"
+        and kiln.cluster not in NO_CLUSTER
+        and not isinstance(spec.source, LevanterCacheSource)
+    ):
+        if "://" in prefix:
+            raise CacheTokenizationFailed(
+                f"{request.address}: [kiln] cluster = {kiln.cluster!r} fans shards out into a "
+                f"local artifact store, and the prefix is the bucket {prefix}; unset "
+                "`[kiln] cluster` (`--kiln-cluster=local`) to tokenize here into the bucket."
+            )
+        fanned_out = await _tokenize_on_cluster(
+            request.address, artifact, layout, input_digest, kiln.cluster, hub
+        )
+        return await _built(artifact, layout, fanned_out, tokenizer_files)
     env = FrozenDict[str, str]()
     if layout.in_store and "://" in prefix:  # the processes reach the bucket themselves
         env = FrozenDict(await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)))
+    runtime = await Get(Runtime, RuntimeRequest(*TOKENIZE))
     if isinstance(spec.source, LevanterCacheSource):
         import_process = await Get(
             Process,

@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.backend.python.util_rules.interpreter_constraints import InterpreterConstraints
 from pants.backend.python.util_rules.pex_environment import PexEnvironment, PythonExecutable
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
-from pants.core.goals.run import RunFieldSet, RunInSandboxBehavior, RunRequest
+from pants.core.goals.run import RunFieldSet, RunInSandboxBehavior, RunRequest, RunSubsystem
 from pants.core.util_rules.source_files import SourceFiles
 from pants.engine.addresses import Address, Addresses
 from pants.engine.fs import (
@@ -47,6 +47,7 @@ from pants.engine.target import (
 from pants.engine.unions import UnionRule
 
 from kiln_contract.parsing import SpecError
+from kiln_contract.record import served_message
 from kiln_contract.step import Provenance, StepInput, StepSpec
 from kiln_contract.train import (
     CheckpointerSpec,
@@ -63,7 +64,17 @@ from kiln_pants.artifact_graph import (
     ArtifactGraphRequest,
     ReferencedFilesRequest,
 )
-from kiln_pants.artifact_store import artifact_path, artifact_record
+from kiln_pants.artifact_store import (
+    RECORD_FILE,
+    STATUS_FILE,
+    SUMMARY_FILE,
+    StoredFiles,
+    StoredFilesRequest,
+    artifact_path,
+    artifact_record,
+    recorded_state,
+)
+from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.runtime import (
     ACCELERATOR_PLUGINS,
     RUN_STEP,
@@ -319,6 +330,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
     )
+    await Get(MixtureFits, MixtureBudgetRequest(address))  # before any cache is built
     accelerator = wrapped.target[ResourcesField].value.kind
     resolves = [python_setup.default_resolve]
     if accelerator in ACCELERATOR_PLUGINS:
@@ -392,21 +404,71 @@ async def check_accelerators(request: CheckAcceleratorsRequest) -> AcceleratorsP
     return AcceleratorsPresent(found)
 
 
+@dataclass(frozen=True)
+class ServedRunRequest:
+    address: Address
+    accelerator: str  # the step's resources kind: the runtime whose code digest is "now"
+    prefix: str
+
+
+@dataclass(frozen=True)
+class ServedRun:
+    """What the runner would print serving the artifact, or None when the runner must decide
+    (not built, drift, a dev version, a bucket)."""
+
+    message: Optional[str]
+
+
+@rule(desc="Looking for an lm_checkpoint in the artifact store")
+async def served_run(request: ServedRunRequest) -> ServedRun:
+    """Decides "already built" as the runner does, from the local store's STATUS and record,
+    without building the inputs or starting the runtime: a no-op `pants run` costs Pants alone."""
+    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address])))
+    artifact = graph.get(request.address)
+    if artifact.mutable or "://" in request.prefix:
+        return ServedRun(None)
+    folder = artifact_path(request.prefix, artifact)
+    files = await Get(
+        StoredFiles, StoredFilesRequest(folder, (STATUS_FILE, RECORD_FILE, SUMMARY_FILE))
+    )
+    status, record, summary = files.texts
+    if record is None or recorded_state(artifact, status, record).status != "built":
+        return ServedRun(None)
+    runtime = await Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=request.accelerator))
+    return ServedRun(served_text(artifact, folder, record, summary, runtime.sources.fingerprint))
+
+
+def served_text(
+    artifact: Artifact, folder: str, record: str, summary: Optional[str], code_digest: str
+) -> str:
+    """The runner's words for a built artifact at `folder` (its artifact.json text `record`)."""
+    stored = json.loads(record)
+    return served_message(artifact.ref, folder, artifact.fingerprint, stored, code_digest, summary)
+
+
+# Prints its first argument: the served message, with no runtime started.
+_PRINT = 'printf "%s\\n" "$0"'
+
+
 @rule(desc="Running an lm_checkpoint")
 async def run_lm_checkpoint(
     field_set: LmCheckpointFieldSet,
     kiln: KilnSubsystem,
+    run: RunSubsystem,
     build_root: BuildRoot,
     pex_env: PexEnvironment,
 ) -> RunRequest:
     wrapped = await Get(
         WrappedTarget, WrappedTargetRequest(field_set.address, description_of_origin="<kiln run>")
     )
+    resources = wrapped.target[ResourcesField].value
     if not kiln.cluster:  # a cluster run's accelerators are on the cluster's hosts
-        await Get(
-            AcceleratorsPresent,
-            CheckAcceleratorsRequest(field_set.address, wrapped.target[ResourcesField].value),
-        )
+        await Get(AcceleratorsPresent, CheckAcceleratorsRequest(field_set.address, resources))
+    prefix = kiln.prefix_location(build_root.path)
+    if not run.args:  # `-- ...` options (another prefix, --output) are the runner's to read
+        served = await Get(ServedRun, ServedRunRequest(field_set.address, resources.kind, prefix))
+        if served.message is not None:
+            return RunRequest(digest=EMPTY_DIGEST, args=("/bin/sh", "-c", _PRINT, served.message))
     prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address))
     runtime = prepared.runtime
     # The runtime's venv PEX is already built for the sandbox environment: the one used here.
@@ -425,7 +487,7 @@ async def run_lm_checkpoint(
             "--inputs",
             chroot,
             "--prefix",
-            kiln.prefix_location(build_root.path),
+            prefix,
             # `-- --cluster X` comes after these and wins (argparse keeps the last).
             *(("--cluster", kiln.cluster) if kiln.cluster else ()),
         ),

@@ -4,9 +4,13 @@ one step, run by `pants run` (interactive) and `pants package` (a cached process
 The Pants backend has already built the input caches (cached processes) and placed them under
 `--inputs`. This runner parses the step spec once (kiln_contract.step), then:
   1. decides: already built with this fingerprint -> report and stop; built with another
-     fingerprint -> refuse, naming the fields that differ (bump the version); otherwise:
-  2. takes the artifact's lease (kiln.artifacts.lease; a second run refuses at once, naming the
-     holder) and holds it until the end;
+     fingerprint -> refuse, naming the fields that differ (bump the version, or --force);
+     otherwise:
+  2. takes the artifact's lease (kiln.artifacts.lease) and holds it until the end. While another
+     run holds it, this one waits, saying who builds it and how far it is, then serves its
+     result ("already built"); --no-wait refuses at once, naming the holder. With --force the
+     built artifact is set aside (kiln.artifacts.replacement) and deleted only once the
+     rebuild succeeds;
   3. places each input cache in the artifact store at `{prefix}/{name}/{version}` (a copy,
      verified file by file against the cache's digests, renamed into place; an existing copy
      must have the same fingerprint and its files their recorded sizes), so records point at
@@ -17,9 +21,10 @@ A code-only change does not retrain a finished artifact: the record keeps the co
 built with, and a differing one is reported ("built by other code"), never silently discarded.
 
 Exit status: 0 built or served; 1 an expected error (one paragraph: bad input, a damaged input
-cache, a lease held by another run); 2 the loss diverged; 3 stopped early by --max-steps
-(rerun to continue); 4 a storage error, as one line `kiln: error: PATH: CAUSE` (no space, no
-permission, an I/O error: fix it and rerun, the run resumes); 128 + N stopped by signal N.
+cache, a lease held by another run with --no-wait or --force, a run waited for that failed); 2
+the loss diverged; 3 stopped early by --max-steps (rerun to continue); 4 a storage error, as one
+line `kiln: error: PATH: CAUSE` (no space, no permission, an I/O error: fix it and rerun, the run
+resumes); 128 + N stopped by signal N.
 
 Containment: before anything is written, the output, the checkpoint folders and each input it
 places are resolved and checked to lie in the prefix (or the explicit --output folder), and a
@@ -58,7 +63,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln import artifacts, lifetime  # lifetime before the slow imports: it notes the parent
-from kiln.artifacts.lease import Lease, LeaseHeld, lease_key
+from kiln.artifacts import replacement
+from kiln.artifacts.lease import Lease, LeaseHeld, LeaseRecord, lease_key
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
 from kiln.artifacts.store import (
     ObjectStore,
@@ -74,7 +80,7 @@ from kiln.data.errors import KilnDataError
 from kiln.data.verify import verify_cache
 from kiln.train import multihost
 from kiln_contract.parsing import SpecError
-from kiln_contract.record import ArtifactRecord, fingerprint_drift
+from kiln_contract.record import ArtifactRecord, fingerprint_drift, served_message
 from kiln_contract.step import StepInput, StepSpec
 from kiln_contract.train import TrainSpec
 from kiln_contract.vocabulary import ATTENTION_IMPLS, REMAT_POLICIES, is_mutable_version
@@ -107,7 +113,8 @@ def _same_artifact(
     if drift is not None:
         raise StepError(
             f"{record.ref} already exists at {where} with {drift}. Bump `version` in the "
-            "BUILD file to build a new artifact (the old one is kept)."
+            "BUILD file to build a new artifact (the old one is kept), or rebuild this version "
+            "with `-- --force` (the old one is deleted once the new one is built)."
         )
     return stored
 
@@ -217,32 +224,61 @@ def run_step(
     prefix: Path | None,
     cluster: multihost.Cluster = multihost.ALONE,
     cluster_job: dict[str, Any] | None = None,
+    *,
+    force: bool = False,
+    wait: bool = True,
 ) -> int:
     """Serves, refuses or builds the step at `output`. In a multi-host run every process calls
     this; process 0 alone places the inputs, holds the lease and writes STATUS and the record
-    (with `cluster_job`, the Ray job's id and retries, when it is one)."""
-    record = step.record
-    stored = None if is_mutable_version(record.version) else check_drift(output, record)
-    if stored is not None and artifacts.is_built(output):
-        _serve(step, stored, str(output), _read_text(output / artifacts.SUMMARY_TEXT_FILE))
+    (with `cluster_job`, the Ray job's id and retries, when it is one).
+
+    `force`: rebuild even when built (local stores: the old artifact is set aside until the new
+    one succeeds). `wait`: a single-host run that finds another run building the artifact
+    waits for it and serves its result; otherwise (and always with `force` or multi-host) it
+    is refused at once."""
+    if not force and _served(step, output, prefix):
         return 0
     spec = train_spec(step, inputs_root, output, prefix)
     check_write_paths(spec, prefix or output)
+    wait = wait and not force and not cluster.is_multihost
     with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
         failure: Exception | None = None
         lease: Lease | None = None
         if process_index == 0:
             try:
-                lease = _start_run(step, spec, inputs_root, prefix, held, cluster_job)
+                lease = _lease_output(step, output, held, wait=wait)
+                if lease is not None:
+                    _start_run(step, spec, inputs_root, prefix, cluster_job, force=force)
             except Exception as e:  # noqa: BLE001 - raised below, once the others know
                 failure = e
         if cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
             failure = failure or StepError(
-                f"process 0 could not start {record.ref}; its output says why"
+                f"process 0 could not start {step.ref}; its output says why"
             )
         if failure is not None:
             raise failure
-        return _train(step, spec, lease)
+        if process_index == 0 and lease is None:
+            return 0  # the run it waited for built it (single-host only: no one else trains)
+        exit_code = _train(step, spec, lease)
+        if exit_code == 0 and lease is not None and prefix is not None:
+            _finish_replacement(step, output, prefix)
+        return exit_code
+
+
+def _served(step: StepSpec, output: Path, prefix: Path | None) -> bool:
+    """Serves the artifact when `output` holds it built (a finished replacement's leftover is
+    deleted then); refuses another artifact there (StepError); False when it is to be built."""
+    stored = None if is_mutable_version(step.version) else check_drift(output, step.record)
+    if stored is None or not artifacts.is_built(output):
+        return False
+    _serve(step, stored, str(output), _read_text(output / artifacts.SUMMARY_TEXT_FILE))
+    if prefix is not None and replacement.is_replacing(output):
+        # A forced run stopped after the new artifact's STATUS SUCCESS: finish it, unless a
+        # run holds the lease (that one finishes it).
+        lease = Lease.beside(output, what=f"finish replacing {step.ref}")
+        with contextlib.suppress(LeaseHeld), lease.acquire(wait=False):
+            _finish_replacement(step, output, prefix)
+    return True
 
 
 def check_write_paths(spec: TrainSpec, root: Path) -> None:
@@ -330,17 +366,19 @@ def _start_run(
     spec: TrainSpec,
     inputs_root: Path,
     prefix: Path | None,
-    held: contextlib.ExitStack,
     cluster_job: dict[str, Any] | None,
-) -> Lease:
-    """Takes the artifact's lease into `held` (a second run is refused at once), places the
-    inputs and writes STATUS RUNNING, the record and, for people, the train spec."""
+    *,
+    force: bool,
+) -> None:
+    """Under the artifact's lease: goes on with (or, forced, begins) the replacement of a built
+    artifact, places the inputs and writes STATUS RUNNING, the record and, for people, the
+    train spec."""
     output = spec.output_path
-    lease = _take_lease(step, Lease.beside(output, what=f"train {step.ref}"), held)
+    if prefix is not None:
+        _continue_replacement(step, output, force=force)
     with _failure_recorded(output, writer=True):
         place_inputs(step, inputs_root, prefix)
         _begin(step, spec, cluster_job)
-    return lease
 
 
 def _take_lease(step: StepSpec, lease: Lease, held: contextlib.ExitStack) -> Lease:
@@ -352,6 +390,142 @@ def _take_lease(step: StepSpec, lease: Lease, held: contextlib.ExitStack) -> Lea
             "refused; nothing was changed."
         ) from None
     return lease
+
+
+# How often a run waiting for another run's lease says again who holds it and how far it is.
+WAIT_REPORT_SECONDS = 30.0
+
+
+def _lease_output(
+    step: StepSpec, output: Path, held: contextlib.ExitStack, *, wait: bool
+) -> Lease | None:
+    """Takes the lease of `output` into `held`. Without `wait` a live holder is refused at once
+    (StepError). With it, this run waits, saying who holds the lease, and then decides again:
+    the run it waited for built the artifact -> served (None); it failed -> StepError; it ended
+    without finishing (killed, its lease taken over when stale, or stopped by --max-steps) ->
+    this run goes on with the build (the lease)."""
+    lease = Lease.beside(output, what=f"train {step.ref}")
+    if not wait:
+        return _take_lease(step, lease, held)
+    watch = _HolderWatch(step, output)
+    held.enter_context(lease.acquire(wait=True, on_wait=watch))
+    if watch.holder is None:
+        return lease
+    return _after_waiting(step, output, watch.holder, lease)
+
+
+def _after_waiting(step: StepSpec, output: Path, holder: LeaseRecord, lease: Lease) -> Lease | None:
+    status = artifacts.read_status(output)
+    if is_mutable_version(step.version):
+        print(f"kiln: {holder.describe()} ended; a dev version is rebuilt by every run", flush=True)
+        return lease
+    stored = check_drift(output, step.record)
+    if status == artifacts.SUCCESS and stored is not None:
+        lease.release()
+        _serve(step, stored, str(output), _read_text(output / artifacts.SUMMARY_TEXT_FILE))
+        return None
+    if status == artifacts.FAILED:
+        raise StepError(
+            f"{step.ref}: the run this one waited for, {holder.describe()}, failed (STATUS "
+            f"FAILED in {output}); its output says why. Rerun to resume the build from its "
+            "newest checkpoint."
+        )
+    print(
+        f"kiln: {holder.describe()} ended without finishing {step.ref} (STATUS "
+        f"{status or 'none'}): this run goes on with it, from its newest checkpoint",
+        flush=True,
+    )
+    return lease
+
+
+class _HolderWatch:
+    """`Lease.acquire`'s `on_wait`: prints who holds the lease, at once and then at most every
+    WAIT_REPORT_SECONDS, with the holder's step and ETA from its metrics.jsonl."""
+
+    def __init__(self, step: StepSpec, output: Path) -> None:
+        self.step = step
+        self.output = output
+        self.holder: LeaseRecord | None = None
+        self._said_at: float | None = None
+
+    def __call__(self, holder: LeaseRecord) -> None:
+        self.holder = holder
+        now = time.monotonic()
+        if self._said_at is not None and now - self._said_at < WAIT_REPORT_SECONDS:
+            return
+        self._said_at = now
+        print(
+            f"kiln: waiting for {self.step.ref}: {holder.describe()} holds its lease; "
+            f"{self._progress()} (--no-wait refuses instead of waiting)",
+            flush=True,
+        )
+
+    def _progress(self) -> str:
+        from kiln.report.metrics_log import STEP_TIME, latest_train_step
+        from kiln.train.metrics import METRICS_FILE
+
+        latest = latest_train_step(self.output / METRICS_FILE)
+        if latest is None:
+            return "no step logged yet"
+        step, total = latest["step"], self.step.config.num_train_steps
+        eta = float(latest[STEP_TIME]) * max(0, total - step)
+        return f"step {step} of {total}, ETA {_duration(eta)}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _continue_replacement(step: StepSpec, output: Path, *, force: bool) -> None:
+    """Forced: sets the built artifact aside (or goes on with a stopped forced rebuild). Not
+    forced, with a forced rebuild under way: says that this run goes on with it."""
+    try:
+        if force:
+            done = replacement.set_aside(output, step.name, step.version, step.fingerprint)
+            print(f"kiln: --force: {done}", flush=True)
+        elif replacement.is_replacing(output) and not artifacts.is_built(output):
+            aside = replacement.replaced_folder(output)
+            print(
+                f"kiln: going on with the forced rebuild of {step.ref}; the replaced artifact "
+                f"stays at {aside} until it succeeds",
+                flush=True,
+            )
+    except replacement.NotThisArtifact as e:
+        raise StepError(str(e)) from None
+    except OSError as e:
+        raise as_storage_error(e, output) or e from None
+
+
+def _finish_replacement(step: StepSpec, output: Path, prefix: Path) -> None:
+    """Once the rebuild has STATUS SUCCESS: deletes the artifact it replaced and names the built
+    artifacts in the store that were built from it (they now point at an older input)."""
+    try:
+        finished = replacement.finish(output)
+    except OSError as e:
+        raise as_storage_error(e, replacement.replaced_folder(output)) or e from None
+    if finished is None:
+        return
+    print(f"kiln: deleted the replaced {step.ref} ({finished.replaced})", flush=True)
+    dependents = replacement.built_dependents(prefix, step.ref)
+    if dependents:
+        print(_dependents_note(step, dependents), flush=True)
+
+
+def _dependents_note(step: StepSpec, dependents: list[replacement.Dependent]) -> str:
+    lines = [
+        f"kiln: note: {len(dependents)} built artifact(s) in the store were built from the "
+        f"replaced {step.ref} and now point at an older input:"
+    ]
+    for dependent in dependents:
+        if dependent.kind == "lm_checkpoint":
+            how = "rebuild it: `pants run` its target with `-- --force`"
+        else:
+            how = f"delete {dependent.folder} and build its target again"
+        lines.append(f"  {dependent.ref} ({dependent.kind}) at {dependent.folder}: {how}")
+    lines.append("  (or bump their `version` to keep them as they are beside the new ones)")
+    return "\n".join(lines)
 
 
 def _begin(step: StepSpec, spec: TrainSpec, cluster_job: dict[str, Any] | None = None) -> None:
@@ -535,17 +709,8 @@ def _failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
 def _serve(step: StepSpec, stored: dict[str, Any], where: str, summary: str | None) -> None:
     """Says that the artifact at `where` is built, and prints its `summary` (written when it
     was built: losses vs a unigram baseline, where things are, samples; no jax needed)."""
-    print(f"kiln: {step.ref} is already built at {where} (fingerprint {step.fingerprint}).")
-    built_by = stored.get("provenance", {}).get("code_digest")
-    now = step.provenance.code_digest
-    if built_by and built_by != now:
-        print(
-            f"kiln: note: it was built by other code (runtime digest {built_by[:12]}, now "
-            f"{now[:12]}); the code is not part of its identity, so it is kept. Bump "
-            "`version` to retrain with the current code."
-        )
-    if summary is not None:
-        print(summary)
+    code_digest = step.provenance.code_digest
+    print(served_message(step.ref, where, step.fingerprint, stored, code_digest, summary))
 
 
 def _read_text(path: Path) -> str | None:
@@ -574,6 +739,8 @@ def apply_overrides(step: StepSpec, args: argparse.Namespace) -> StepSpec:
         for option, key in RUNTIME_OVERRIDES.items()
         if getattr(args, option) is not None
     }
+    if args.control_host is not None:
+        runtime["control"] = _replace(step.runtime.control, "runtime.control", host=args.control_host)
     config = step.config
     if args.batch_size is not None:
         # Identity changes: only for scratch runs (throughput checks), never into the store.
@@ -606,6 +773,17 @@ def _parser() -> argparse.ArgumentParser:
         "--prefix", help="the artifact store: a directory, s3://BUCKET/PATH or gs://BUCKET/PATH"
     )
     parser.add_argument("--output", type=Path, help="build here instead of the artifact store")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild this version even when built (a local store: the old artifact is kept "
+        "aside until the new one succeeds)",
+    )
+    parser.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="refuse at once, instead of waiting, when another run is building the artifact",
+    )
     overrides = parser.add_argument_group(
         "run-time overrides (not part of the artifact's identity)"
     )
@@ -628,6 +806,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     overrides.add_argument(
         "--batch-size", type=int, help="scratch runs only (needs --output): throughput checks"
+    )
+    overrides.add_argument(
+        "--control-host",
+        metavar="ADDRESS",
+        help="where the control endpoint listens (default 127.0.0.1; 0.0.0.0: every interface, "
+        "same tokens, no TLS)",
     )
     multihost.add_flags(parser)
     parser.add_argument(
@@ -688,18 +872,25 @@ def main(argv: list[str] | None = None) -> int:
         bucket = None if args.output else _bucket(args.prefix)
         if bucket is not None:
             _check_bucket_flags(parser, args, cluster)
+            _refuse_force(args, f"the bucket prefix {args.prefix}")
             return run_in_bucket(step, args.inputs.absolute(), bucket)
         output = (args.output or Path(args.prefix) / step.name / step.version).absolute()
         address = dispatch.resolve_address(args.cluster)
         if address is not None:
             _check_cluster_flags(parser, args, cluster)
+            _refuse_force(args, f"a cluster run (--cluster {args.cluster})")
             inputs, store = args.inputs.absolute(), Path(args.prefix).absolute()
             return run_on_cluster(step, inputs, store, address, args.max_retries, args.detach)
         if args.detach:
             parser.error("--detach submits a cluster job: give --cluster (or [kiln] cluster)")
         prefix = None if args.output else Path(args.prefix).absolute()
         cluster_job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
-        return run_step(step, args.inputs, output, prefix, cluster, cluster_job)
+        if args.force and prefix is None:
+            parser.error("--force replaces an artifact in the store: give --prefix, not --output")
+        return run_step(
+            step, args.inputs, output, prefix, cluster, cluster_job,
+            force=args.force, wait=not args.no_wait,
+        )  # fmt: skip
     except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
@@ -727,6 +918,15 @@ def _check_bucket_flags(
         parser.error(
             f"--prefix {args.prefix}: a run in a bucket trains on this machine; drop "
             "--coordinator and --cluster"
+        )
+
+
+def _refuse_force(args: argparse.Namespace, where: str) -> None:
+    if args.force:
+        raise StepError(
+            f"--force replaces artifacts in a local store only, not with {where}; nothing was "
+            "changed. Bump `version` in the BUILD file to build a new artifact, or delete the "
+            "artifact's folder (in a bucket: its objects) and rerun without --force."
         )
 
 

@@ -1,11 +1,15 @@
-"""kiln.runner's decisions: serve, refuse drift, refuse a concurrent run, place inputs atomically."""
+"""kiln.runner's decisions: serve, refuse drift, wait for or refuse a concurrent run, place
+inputs atomically."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import re
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,21 +17,26 @@ import pytest
 from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache
 
 from kiln import artifacts
-from kiln.artifacts.lease import Lease
+from kiln.artifacts.lease import Lease, LeaseRecord
+from kiln.artifacts.replacement import replaced_folder
 from kiln.runner import (
     StepError,
+    _continue_replacement,
+    _HolderWatch,
+    _lease_output,
     _parser,
     _restart_dev_run,
     apply_overrides,
     check_drift,
     check_write_paths,
+    main,
     place_input,
     place_inputs,
     read_step,
     run_step,
     train_spec,
 )
-from kiln_contract.record import ArtifactRecord
+from kiln_contract.record import ArtifactRecord, InputRef
 from kiln_contract.step import StepSpec
 
 IDENTITY = {"kind": "lm_checkpoint", "batch_size": 8, "model": {"hidden_dim": 64}}
@@ -122,12 +131,129 @@ def test_a_reused_version_with_another_config_is_refused(tmp_path: Path) -> None
     assert artifacts.read_status(output) == artifacts.SUCCESS  # the old artifact is untouched
 
 
-def test_a_second_concurrent_run_is_refused(tmp_path: Path) -> None:
-    output = tmp_path / "out"
+def test_a_second_concurrent_run_is_refused_with_no_wait_or_force(tmp_path: Path) -> None:
+    output = tmp_path / "store/checkpoints/x/2026.11.29"
     with Lease.beside(output, what="train checkpoints/x@2026.11.29").acquire(wait=False):
-        with pytest.raises(StepError, match="A second run of checkpoints/x@2026.11.29 is refused"):
-            run_step(step(), tmp_path, output, prefix=None)
+        for how in ({"wait": False}, {"force": True}):
+            with pytest.raises(StepError, match="A second run of checkpoints/x@2026.11.29 is"):
+                run_step(step(), tmp_path, output, prefix=tmp_path / "store", **how)
     assert artifacts.read_status(output) is None
+
+
+def hold_then(output: Path, finish: Callable[[], object], seconds: float = 0.3) -> Lease:
+    """The artifact's lease, held by another builder that calls `finish` and releases it after
+    `seconds` (from a thread: this process is that builder's stand-in)."""
+    holder = Lease.beside(output, what="train checkpoints/x@2026.11.29").acquire(wait=False)
+
+    def end() -> None:
+        finish()
+        holder.release()
+
+    threading.Timer(seconds, end).start()
+    return holder
+
+
+def test_a_second_run_waits_for_the_holder_then_serves_its_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "out"
+    hold_then(output, lambda: built(output, record()))
+    assert run_step(step(), tmp_path, output, prefix=None) == 0
+    printed = capsys.readouterr().out
+    assert "kiln: waiting for checkpoints/x@2026.11.29: train checkpoints/x@2026.11.29 (host " in (
+        printed
+    )
+    assert "no step logged yet (--no-wait refuses instead of waiting)" in printed
+    assert "is already built" in printed and "the summary" in printed
+    assert not (tmp_path / ".out.lease").exists()  # the waiter released the lease
+
+
+def test_a_waiter_reports_a_holder_that_failed(tmp_path: Path) -> None:
+    output = tmp_path / "out"
+    hold_then(output, lambda: artifacts.mark_failed(built(output, record())))
+    with pytest.raises(StepError, match=r"the run this one waited for, train .* failed"):
+        run_step(step(), tmp_path, output, prefix=None)
+    assert artifacts.read_status(output) == artifacts.FAILED  # left for the rerun to resume
+
+
+def test_a_waiter_goes_on_with_a_build_its_holder_left_unfinished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "out"
+    hold_then(output, lambda: artifacts.write_status(output, artifacts.RUNNING))
+    with contextlib.ExitStack() as held:
+        lease = _lease_output(step(), output, held, wait=True)
+        assert lease is not None and (tmp_path / ".out.lease").exists()
+    printed = capsys.readouterr().out
+    assert "ended without finishing checkpoints/x@2026.11.29 (STATUS RUNNING): this run" in printed
+
+
+def test_the_waiter_says_the_holders_step_and_eta_at_most_every_30_s(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    output = tmp_path / "out"
+    output.mkdir()
+    lines = [{"step": 4, "throughput/step_time": 2.0}, {"step": 4, "eval/loss": 3.0}, {"step": 5}]
+    (output / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    watch = _HolderWatch(step(), output)
+    holder = LeaseRecord("o", "gpu-7", 4242, None, "train checkpoints/x@2026.11.29", 0.0, 9e9)
+    clock = iter([100.0, 110.0, 131.0])
+    monkeypatch.setattr("kiln.runner.time.monotonic", lambda: next(clock))
+    for _ in range(3):
+        watch(holder)
+    said = capsys.readouterr().out.splitlines()
+    total = step().config.num_train_steps
+    assert len(said) == 2 and said[0] == said[1]
+    assert "(host gpu-7, pid 4242, since " in said[0]
+    eta = 2 * (total - 4)
+    assert f"step 4 of {total}, ETA {eta // 60}m{eta % 60:02d}s" in said[0]
+
+
+def test_a_served_artifact_finishes_a_replacement_left_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = tmp_path / "store"
+    output = built(store / "checkpoints/x/2026.11.29", record())
+    built(replaced_folder(output), record(fingerprint="0" * 16))
+    export = ArtifactRecord(
+        kind="hf_model", name="hf/x", version="2026.11.29", fingerprint="e" * 16, identity={},
+        inputs=(InputRef("checkpoints/x@2026.11.29", "0" * 16),),
+    )  # fmt: skip
+    built(store / "hf/x/2026.11.29", export)
+    assert run_step(step(), tmp_path, output, prefix=store) == 0
+    printed = capsys.readouterr().out
+    assert "is already built" in printed and not replaced_folder(output).exists()
+    assert f"deleted the replaced checkpoints/x@2026.11.29 ({replaced_folder(output)})" in printed
+    assert "1 built artifact(s) in the store were built from the replaced" in printed
+    assert f"hf/x@2026.11.29 (hf_model) at {store / 'hf/x/2026.11.29'}: delete " in printed
+
+
+def test_a_run_goes_on_with_a_stopped_forced_rebuild(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = built(tmp_path / "checkpoints/x/2026.11.29", record())
+    _continue_replacement(step(), output, force=True)
+    aside = replaced_folder(output)
+    assert f"kiln: --force: moved {output} aside to {aside}" in capsys.readouterr().out
+    artifacts.write_status(output, artifacts.RUNNING)  # stopped mid-way (killed, --max-steps)
+    _continue_replacement(step(), output, force=False)
+    assert "going on with the forced rebuild of checkpoints/x@2026.11.29; the replaced " in (
+        capsys.readouterr().out
+    )
+    assert artifacts.is_built(aside)  # kept until the rebuild succeeds
+
+
+def test_force_needs_a_local_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    step_file = tmp_path / "step.json"
+    step_file.write_text(json.dumps(step_json()))
+    common = [str(step_file), "--inputs", str(tmp_path), "--force"]
+    with pytest.raises(SystemExit):
+        main([*common, "--output", str(tmp_path / "out")])
+    assert "--force replaces an artifact in the store: give --prefix" in capsys.readouterr().err
+    assert main([*common, "--prefix", "s3://bucket/artifacts"]) == 1
+    assert "--force replaces artifacts in a local store only, not with the bucket prefix" in (
+        capsys.readouterr().err
+    )
 
 
 def test_inputs_are_placed_once_and_checked(tmp_path: Path) -> None:
@@ -174,10 +300,12 @@ def test_run_time_overrides_leave_the_identity_alone() -> None:
     base = step()
     args = _parser().parse_args(
         ["step.json", "--inputs", ".", "--per-device-parallelism", "2", "--attention", "xla"]
-        + ["--mesh", "data=2, fsdp=-1", "--max-eval-batches", "5"]
+        + ["--mesh", "data=2, fsdp=-1", "--max-eval-batches", "5", "--control-host", "0.0.0.0"]
     )
     overridden = apply_overrides(base, args)
     assert overridden.runtime.attention == "xla"
+    assert overridden.runtime.control.host == "0.0.0.0"
+    assert overridden.runtime.control.port == base.runtime.control.port
     assert overridden.runtime.max_eval_batches == 5
     assert overridden.runtime.per_device_parallelism == 2
     assert overridden.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}

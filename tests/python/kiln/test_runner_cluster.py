@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,12 +20,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kiln_testing.data import STDLIB_TOKENIZER, make_spec, write_corpus
 from kiln_testing.multihost import free_port, run_each
 from kiln_testing.ray_cluster import ray_cluster
 from kiln_testing.steps import NUM_STEPS, write_step
 from kiln_testing.training import read_jsonl, write_runner_step
 
 from kiln import artifacts
+from kiln.cluster import fanout
+from kiln.cluster.dispatch import connect
+from kiln.data.spec import parse_cache_spec
+from kiln.data.tokenize import build_cache, tokenize_shard
 
 DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two hosts
 
@@ -232,3 +238,62 @@ def test_an_unreachable_cluster_is_one_line(tmp_path: Path) -> None:
         f"kiln: error: cannot reach the Ray cluster at {address} (Connection refused); check the "
         "address ([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
     )
+
+
+
+def test_a_store_cache_tokenized_on_the_cluster_is_the_local_build(
+    cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # Relative data files and tokenizer, as in a Pants sandbox: the tasks get them shipped.
+    write_corpus(tmp_path / "data")
+    shutil.copytree(STDLIB_TOKENIZER["path"], tmp_path / "tok")
+    raw = make_spec({"kind": "files", "paths": ["data/*.jsonl"]}, num_shards=2)
+    raw["config"]["tokenizer"] = {"kind": "local", "path": "tok"}
+    monkeypatch.chdir(tmp_path)
+    local = build_cache(raw, tmp_path / "local/tokenized/test/2026.11.29")
+
+    prefix = tmp_path / "store"
+    built = fan_out(raw, prefix, cluster)
+    # Shard 1 of an interrupted build is finished already: its task finds and keeps it.
+    tokenize_shard(built.spec, 1, built.shards[1])
+    bad = {**raw, "version": "2026.12.01", "config": {**raw["config"], "text_key": "x"}}
+    failing = fan_out(bad, prefix, cluster)
+    ray = connect(cluster)  # one Ray Client session: seconds each on a busy head
+    try:
+        fanout.build(ray, built, fanout.task_files(built.spec, json.dumps(raw).encode(), None))
+        with pytest.raises(fanout.TaskFailed) as failed:
+            fanout.build(ray, failing, fanout.task_files(failing.spec, json.dumps(bad).encode(), None))
+    finally:
+        ray.shutdown()
+    output = capsys.readouterr().err
+    assert "(shard 1 of 2) tokenized/test: shard 1 is already at " in output
+    assert "(shard 0 of 2) tokenized/test: shard 0/2: " in output  # tokenized on a node
+    assert files_of(built.out) == files_of(local)  # every file, byte for byte
+    assert not built.shards[0].parent.exists()
+
+    # A shard that fails names the cache and the shard; nothing reads as complete.
+    assert failed.value.exit_code == 2
+    assert re.match(rf"tokenized/test@2026.12.01: shard \d of 2 failed on the Ray cluster at "
+                    rf"{cluster} \(exit 2\): data/\w.jsonl:1: no field 'x'", str(failed.value))
+    assert not (failing.out / artifacts.STATUS_FILE).exists()
+
+    # The command serves a built cache with no cluster contact.
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(raw))
+    unreachable = f"ray://127.0.0.1:{free_port()}"
+    argv = [str(spec), "--cluster", unreachable, "--prefix", str(prefix),
+            "--shards", *map(str, built.shards), "--out", str(built.out)]  # fmt: skip
+    assert fanout.main(argv) == 0
+    assert f"tokenized/test@2026.11.29: already built at {built.out}" in capsys.readouterr().err
+
+
+def fan_out(raw: dict, prefix: Path, address: str) -> fanout.FanOut:
+    """The folders a store-mode build uses (kiln_pants.tokenize_rules)."""
+    spec = parse_cache_spec(raw)
+    cache = prefix / spec.name / spec.version
+    shards = [cache.parent / f".{spec.version}.shards/shard-{i}" for i in range(spec.num_shards)]
+    return fanout.FanOut(spec, tuple(shards), cache, prefix, address, record=False)
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}

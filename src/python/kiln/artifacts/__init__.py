@@ -10,13 +10,16 @@ Layout of one artifact (see docs/artifacts.md):
         ...               the artifact's own files (cache splits, checkpoints/, metrics.jsonl)
     {prefix}/{name}/.{version}.lease    the lease of the one process building it (beside the
                                         folder, so it exists before the folder does)
+    {prefix}/{name}/.{version}.replaced/  the artifact a forced rebuild replaces, until the
+                                          rebuild succeeds (`replacement`)
 
 Every write is temp-file + fsync + rename: a process killed at any moment leaves either the
 old file or the new one, never half of one.
 
 The package's modules: `store` (the object-store interface and `open_store`), `local` (a
 directory as a store), `lease` (leases as conditionally created objects), `content` (file sizes
-and digests, and their checks), `storage_errors` (storage failures as one line).
+and digests, and their checks), `replacement` (a forced rebuild's old artifact, kept aside),
+`storage_errors` (storage failures as one line).
 """
 
 from __future__ import annotations

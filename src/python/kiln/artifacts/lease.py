@@ -152,9 +152,12 @@ class Lease:
     def location(self) -> str:
         return self.store.location(self.key)
 
-    def acquire(self, *, wait: bool) -> Lease:
+    def acquire(
+        self, *, wait: bool, on_wait: Callable[[LeaseRecord], None] | None = None
+    ) -> Lease:
         """Takes the lease. A live holder: LeaseHeld at once (`wait=False`), or wait until it
-        releases the lease or goes stale (said once, with the holder, on the log)."""
+        releases the lease or goes stale; while waiting, `on_wait(holder)` is called at each
+        look (every few seconds), or without it the holder is said once on the log."""
         delay, announced = 0.05, False
         while True:
             record = self._record()
@@ -168,7 +171,9 @@ class Lease:
                 continue  # released or broken just now: try again at once
             if not wait:
                 raise LeaseHeld(self.location, holder)
-            if not announced:
+            if on_wait is not None:
+                on_wait(holder)
+            elif not announced:
                 log.warning(
                     "waiting for %s: %s holds %s", self.what, holder.describe(), self.location
                 )

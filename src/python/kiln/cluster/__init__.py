@@ -1,9 +1,10 @@
-"""Training on a Ray cluster (docs/clusters.md).
+"""Training, and tokenizing store-mode caches, on a Ray cluster (docs/clusters.md).
 
 `placement` turns a step's `resources` into a placement group and checks it against the cluster's
 nodes (no Ray needed); `jobs` submits a run as a job and follows, lists, shows and stops jobs
 (`python -m kiln.cluster`); the job is a `driver.JobDriver` actor, which runs the hosts through
 `dispatch`; `host` is the Ray actor each host runs; `endpoints` finds, lists and mints for the
-run's control endpoint on process 0's host. `driver` and `host` are standard library only at
-import: they are shipped by value.
+run's control endpoint on process 0's host. `fanout` tokenizes a store-mode cache's shards as Ray
+tasks (`python -m kiln.cluster.fanout`), each one a `tokenize_task`. `driver`, `host` and
+`tokenize_task` are standard library only at import: they are shipped by value.
 """

@@ -13,7 +13,10 @@ Sharding:
     Compressed JSONL and text files stay whole.
   - python_stdlib: the same greedy assignment over its units (one .py file, or the pydoc topics).
   - url_files: downloaded once (kiln.data.downloads), then sharded as local files.
-  - hf: `datasets` streaming with `split_dataset_by_node(rank=index, world_size=num_shards)`.
+  - hf: planned from the dataset's file list at its revision (`hf_file_sizes`: the files matching
+    `data_files`, else the split's files), assigned to shards as local files are; each shard
+    downloads and reads only its own files. With a `subset` or `where`, `datasets` streaming
+    with `split_dataset_by_node(rank=index, world_size=num_shards)` instead.
 
 Formats (`format: "auto"` picks by extension): `.jsonl`, `.jsonl.gz`, `.jsonl.zst` (one JSON object
 per line, blank lines skipped), `.json` (one JSON array of documents: strings, or objects holding
@@ -22,6 +25,8 @@ per line, blank lines skipped), `.json` (one JSON array of documents: strings, o
 
 from __future__ import annotations
 
+import fnmatch
+import functools
 import glob
 import gzip
 import heapq
@@ -29,6 +34,7 @@ import io
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +74,29 @@ def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
     source = _local(source)
     if isinstance(source, FilesSource):
         return _assigned_keys(_file_pieces(source, num_shards), num_shards, index)
-    if isinstance(source, HfSource):
+    if isinstance(source, HfSource) and _streamed(source):
         return [f"split_dataset_by_node(rank={index}, world_size={num_shards})"]
+    if isinstance(source, HfSource):
+        sizes = hf_file_sizes(source)
+        return [f"{path} ({sizes[path]} bytes)" for path in hf_shard_files(source, num_shards, index)]
     return _assigned_keys(_stdlib_units(_as_stdlib(source)), num_shards, index)
+
+
+def shard_sizes(source: Source, num_shards: int, index: int) -> dict[str, int] | None:
+    """Bytes of each file (piece, unit) shard `index` reads, in read order; None for a source
+    streamed through `datasets`, whose parts are not known before it is read."""
+    source = _local(source)
+    if isinstance(source, HfSource) and _streamed(source):
+        return None
+    if isinstance(source, HfSource):
+        sizes = hf_file_sizes(source)
+        return {path: sizes[path] for path in hf_shard_files(source, num_shards, index)}
+    sized = (
+        _file_pieces(source, num_shards)
+        if isinstance(source, FilesSource)
+        else _stdlib_units(_as_stdlib(source))
+    )
+    return {key: sized[key].size for key in _assigned_keys(sized, num_shards, index)}
 
 
 def provenance(source: Source) -> dict[str, Any]:
@@ -382,7 +408,126 @@ def text_of(record: Any, text_key: str, origin: str) -> str:
 # --- Hugging Face datasets -----------------------------------------------------------------------
 
 
+# Hub file names that put a file in a split (datasets' own convention), by split.
+SPLIT_WORDS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".parquet")
+
+
+def _streamed(source: HfSource) -> bool:
+    """A subset (a dataset config) or a record filter is read through `datasets` streaming."""
+    return source.subset is not None or bool(source.where)
+
+
+@functools.lru_cache(maxsize=8)
+def hf_file_sizes(source: HfSource) -> dict[str, int]:
+    """The files a hub source reads, repo path -> bytes, at its revision: those matching one of
+    `data_files`; without data_files, the files whose path names the split as a word (a folder
+    `train/`, a file `train-00000-of-00009.parquet`), or every data file for `train` when no file
+    names any split. A local folder as the id is listed the same way."""
+    folder = Path(source.id)
+    listed = _list_folder(folder) if folder.exists() else _list_hub(source)
+    data = {path: size for path, size in listed.items() if path.lower().endswith(DATA_SUFFIXES)}
+    if source.data_files:
+        chosen = {
+            path: size
+            for path, size in data.items()
+            if any(fnmatch.fnmatchcase(path, pattern) for pattern in source.data_files)
+        }
+        wanted = f"matching data_files {list(source.data_files)}"
+    else:
+        chosen = _files_of_split(data, source.split)
+        wanted = f"of the split {source.split!r}"
+    if not chosen:
+        raise SourceError(
+            f"The Hugging Face dataset {source.id!r} at revision {source.revision!r} has no data "
+            f"files {wanted}; its data files are: {sorted(data)[:20] or 'none'}."
+        )
+    return chosen
+
+
+def hf_shard_files(source: HfSource, num_shards: int, index: int) -> list[str]:
+    """Shard `index`'s files of a hub source, in read order (sorted)."""
+    return assign_to_shards(hf_file_sizes(source), num_shards)[index]
+
+
+def _split_words(path: str) -> set[str]:
+    return set(re.split(r"[/_.\-]", path.lower()))
+
+
+def _files_of_split(data: dict[str, int], split: str) -> dict[str, int]:
+    every_word = {word for words in SPLIT_WORDS.values() for word in words}
+    if not any(_split_words(path) & every_word for path in data):
+        return dict(data) if split == "train" else {}
+    words = set(SPLIT_WORDS.get(split, (split,)))
+    return {path: size for path, size in data.items() if _split_words(path) & words}
+
+
+def _list_folder(folder: Path) -> dict[str, int]:
+    return {
+        path.relative_to(folder).as_posix(): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and not any(p.startswith(".") for p in path.relative_to(folder).parts)
+    }
+
+
+def _list_hub(source: HfSource) -> dict[str, int]:
+    if _hf_offline():
+        raise SourceError(
+            f"Could not list the Hugging Face dataset {source.id!r} (revision "
+            f"{source.revision!r}): Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set), and a "
+            f"hub dataset's file list comes from the hub. {_hf_advice()}"
+        )
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+
+    _probe_hub(source)
+    try:
+        entries = HfApi().list_repo_tree(
+            source.id, revision=source.revision, repo_type="dataset", recursive=True
+        )
+        return {entry.path: entry.size for entry in entries if isinstance(entry, RepoFile)}
+    except Exception as e:  # the probe has named the likely causes; this is the rest
+        raise SourceError(
+            f"Could not list the files of the Hugging Face dataset {source.id!r} at revision "
+            f"{source.revision!r}: {type(e).__name__}: {_first_line(e)}. {_hf_advice()}"
+        ) from None
+
+
+def _hf_local_file(source: HfSource, path: str) -> Path:
+    """A hub file on this machine: in the local folder, or downloaded once into the Hugging Face
+    cache (HF_HOME / HF_HUB_CACHE) at the source's revision."""
+    if Path(source.id).exists():
+        return Path(source.id) / path
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(
+            hf_hub_download(
+                source.id, path, revision=source.revision, repo_type="dataset"
+            )
+        )
+    except Exception as e:
+        raise SourceError(
+            f"Could not download {path} of the Hugging Face dataset {source.id!r} at revision "
+            f"{source.revision!r}: {type(e).__name__}: {_first_line(e)}. {_hf_advice()}"
+        ) from None
+
+
 def _hf_shard_documents(
+    source: HfSource, text_key: str, num_shards: int, index: int
+) -> Iterator[Document]:
+    if _streamed(source):
+        yield from _hf_streamed_shard_documents(source, text_key, num_shards, index)
+        return
+    for path in hf_shard_files(source, num_shards, index):
+        yield from read_file(_hf_local_file(source, path), "auto", text_key)
+
+
+def _hf_streamed_shard_documents(
     source: HfSource, text_key: str, num_shards: int, index: int
 ) -> Iterator[Document]:
     from datasets.distributed import split_dataset_by_node
@@ -477,8 +622,7 @@ def _hf_offline() -> bool:
 def _hf_advice() -> str:
     return (
         "Without the hub, use a files source instead: download the data elsewhere as "
-        'jsonl/parquet and point {"kind": "files", "paths": [...]} at it. (With '
-        "HF_DATASETS_OFFLINE=1, a copy already in the local Hugging Face cache is used.)"
+        'jsonl/parquet and point {"kind": "files", "paths": [...]} at it.'
     )
 
 

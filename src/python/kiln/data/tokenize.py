@@ -4,12 +4,14 @@
     python -m kiln.data.tokenize merge SPEC.json --shards DIR0 DIR1 ... --out CACHE_DIR
     python -m kiln.data.tokenize build SPEC.json --out CACHE_DIR
     python -m kiln.data.tokenize import SPEC.json --out CACHE_DIR
+    python -m kiln.data.tokenize plan SPEC.json
 
 `import` is for a `levanter_cache` source (kiln.data.levanter_cache): it checks the cache and
 writes the Kiln cache that reads it in place; `build` of such a spec imports too. `shard`
 tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
+`plan` prints the files (pieces, units) and bytes each shard reads, and writes nothing.
 
 In a bucket (`--out s3://…` or `gs://…`: storage="store" with a bucket prefix), `shard`
 tokenizes into a local staging folder and uploads the shard to its final keys in the cache,
@@ -74,8 +76,8 @@ from kiln.data.cache_writer import (
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache
-from kiln.data.spec import CacheSpec, LevanterCacheSource, parse_cache_spec
-from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
+from kiln.data.spec import CacheSpec, HfSource, LevanterCacheSource, parse_cache_spec
+from kiln.data.tokenizer import EncodedDocuments, LoadedTokenizer, load_tokenizer
 from kiln_contract.tokenize import shard_dir_name
 
 ENCODE_BATCH_DOCUMENTS = 1000
@@ -90,7 +92,7 @@ def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
     cache_spec = parse_cache_spec(spec)
     out_dir = Path(out_dir)
     with Lease.beside(out_dir, what=f"build {_ref(cache_spec)}").acquire(wait=True):
-        if _already_built(cache_spec, out_dir):
+        if already_built(cache_spec, out_dir):
             return out_dir
         tokenizer = load_tokenizer(cache_spec.tokenizer)
         if isinstance(cache_spec.source, LevanterCacheSource):
@@ -115,13 +117,25 @@ def tokenize_shard(
     started = time.monotonic()
     documents = sources.shard_documents(spec.source, spec.text_key, spec.num_shards, index)
     counts = {"text_bytes": 0, "skipped_empty_documents": 0}
+    quota = spec.shard_token_quota(index)
+    tokens = 0
     with ShardWriter(Path(out_dir), tokenizer.info.token_dtype()) as writer:
         for texts in _checked_batches(documents, spec.max_document_chars, counts):
-            writer.append(tokenizer.encode_documents(texts))
+            encoded = tokenizer.encode_documents(texts)
+            if quota is not None:
+                encoded = _up_to_quota(encoded, quota - tokens)
+                texts = texts[: len(encoded.lengths)]
+            writer.append(encoded)
+            tokens += len(encoded.tokens)
             counts["text_bytes"] += sum(len(text.encode("utf-8")) for text in texts)
+            if quota is not None and tokens >= quota:
+                break  # the rest of the shard's files are never opened
+        if quota is not None and tokens < quota:
+            raise SourceError(_short_of_quota(spec, index, tokens, quota))
         plan = sources.shard_plan(spec.source, spec.num_shards, index)
+        bound = {} if quota is None else {"token_quota": quota}
         record = writer.finish(
-            {**_identity(spec, tokenizer), "index": index, "plan": plan, **counts}
+            {**_identity(spec, tokenizer), "index": index, "plan": plan, **bound, **counts}
         )
     elapsed = time.monotonic() - started
     print(
@@ -131,6 +145,26 @@ def tokenize_shard(
         file=sys.stderr,
     )
     return record
+
+
+def _up_to_quota(encoded: EncodedDocuments, remaining: int) -> EncodedDocuments:
+    """The batch's first documents, up to and including the one whose tokens reach `remaining`
+    (documents are kept whole); the whole batch if they never do."""
+    ends = encoded.lengths.cumsum()
+    keep = int(ends.searchsorted(remaining)) + 1  # first document ending at >= remaining
+    if keep >= len(ends):
+        return encoded
+    return EncodedDocuments(encoded.tokens[: ends[keep - 1]], encoded.lengths[:keep])
+
+
+def _short_of_quota(spec: CacheSpec, index: int, tokens: int, quota: int) -> str:
+    return (
+        f"{_ref(spec)}: shard {index} of {spec.num_shards} read all of its part of the source and "
+        f"got {tokens:,} tokens, short of its quota of {quota:,} (the target's `max_tokens` "
+        f"field, {spec.max_tokens:,}, split evenly over num_shards={spec.num_shards}). The "
+        "source holds fewer tokens than max_tokens asks for, or too few of them fall to this "
+        "shard: lower `max_tokens` (or num_shards), or remove it to tokenize the whole source."
+    )
 
 
 def merge_cache(
@@ -207,6 +241,14 @@ def _check_shard_identity(
 
 def _check_shard_plan(shard_dir: str | Path, record: dict[str, Any], spec: CacheSpec) -> None:
     plan = sources.shard_plan(spec.source, spec.num_shards, record["index"])
+    if record.get("plan") != plan and isinstance(spec.source, HfSource):
+        raise CacheError(
+            f"{shard_dir} read other files of the Hugging Face dataset {spec.source.id!r} than "
+            f"shard {record['index']} reads now (it read {record.get('plan')}, now {plan}): the "
+            f"dataset's file list changed under revision {spec.source.revision!r}. Pin the "
+            "target's `revision` to a commit (a branch moves), and delete the shard folder so it "
+            "is rebuilt."
+        )
     if record.get("plan") != plan:
         raise CacheError(
             f"{shard_dir} read other parts of the source than shard {record['index']} reads now "
@@ -257,6 +299,7 @@ def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]
         "text_key": spec.text_key,
         "max_document_chars": spec.max_document_chars,
         "num_shards": spec.num_shards,
+        **({} if spec.max_tokens is None else {"max_tokens": spec.max_tokens}),
         "tokenizer": {**tokenizer.info.to_json(), "spec": tokenizer.spec.to_json()},
     }
 
@@ -298,8 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         _check_contained(args)
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
+        if args.command == "plan":
+            _plan_command(spec)
+            return 0
         finished = args.out if args.command != "shard" else args.unless_built
-        if finished is not None and _already_built(spec, finished):  # no lease needed to see it
+        if finished is not None and already_built(spec, finished):  # no lease needed to see it
             print(f"{_ref(spec)}: already built at {finished}", file=sys.stderr)
             return 0
         _check_command_fits_source(spec, args.command)
@@ -340,10 +386,22 @@ def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
         )
 
 
+def _plan_command(spec: CacheSpec) -> None:
+    for index in range(spec.num_shards):
+        sizes = sources.shard_sizes(spec.source, spec.num_shards, index)
+        if sizes is None:
+            streamed = sources.shard_plan(spec.source, spec.num_shards, index)[0]
+            print(f"shard {index}/{spec.num_shards}: {streamed}")
+            continue
+        print(f"shard {index}/{spec.num_shards}: {len(sizes)} files, {sum(sizes.values()):,} bytes")
+        for key, size in sizes.items():
+            print(f"  {key} ({size:,} bytes)")
+
+
 def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     """Imports under the cache's lease, the artifact record placed before STATUS."""
     with Lease.beside(args.out, what=f"import {_ref(spec)}").acquire(wait=True):
-        if _already_built(spec, args.out):
+        if already_built(spec, args.out):
             print(f"{_ref(spec)}: already built at {args.out}", file=sys.stderr)
             return
         tokenizer = load_tokenizer(spec.tokenizer)
@@ -363,7 +421,7 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     cache = args.unless_built
     what = f"tokenize {_ref(spec)} shard {args.index}"
     with Lease.beside(args.out, what=what).acquire(wait=True):
-        if cache is not None and _already_built(spec, cache):
+        if cache is not None and already_built(spec, cache):
             print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
         else:
             _tokenize_unless_done(spec, args.index, args.out, cache)
@@ -386,7 +444,7 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     cache another builder finished while this one waited is served."""
     with contextlib.ExitStack() as leases:
         leases.enter_context(Lease.beside(args.out, what=f"merge {_ref(spec)}").acquire(wait=True))
-        if _already_built(spec, args.out):
+        if already_built(spec, args.out):
             print(f"{_ref(spec)}: already built at {args.out}", file=sys.stderr)
         else:
             for shard in args.shards:
@@ -448,7 +506,7 @@ def _bucket_shard(spec: CacheSpec, index: int, url: str, cache: str, store: Obje
         raise SpecError(f"--index {index} is out of range: config.num_shards is {spec.num_shards}.")
     key = _stored_shard_key(spec, cache, url, index)
     with Lease.beside(url, what=f"tokenize {_ref(spec)} shard {index}").acquire(wait=True):
-        if _already_built(spec, cache):
+        if already_built(spec, cache):
             print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
             return
         tokenizer = load_tokenizer(spec.tokenizer)
@@ -473,7 +531,7 @@ def _bucket_merge(
     keys = [_stored_shard_key(spec, cache, url, index) for index, url in enumerate(urls)]
     with contextlib.ExitStack() as leases:
         leases.enter_context(Lease.beside(cache, what=f"merge {_ref(spec)}").acquire(wait=True))
-        if _already_built(spec, cache):
+        if already_built(spec, cache):
             print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
             return
         for index, url in enumerate(urls):
@@ -528,7 +586,7 @@ def _bucket_import(
     """Imports under the cache's lease: the records are written in a local staging folder and
     uploaded, STATUS last (the imported arrays stay where they are)."""
     with Lease.beside(cache, what=f"import {_ref(spec)}").acquire(wait=True):
-        if _already_built(spec, cache):
+        if already_built(spec, cache):
             print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
             return
         tokenizer = load_tokenizer(spec.tokenizer)
@@ -544,7 +602,11 @@ def _bucket_import(
 def _in_bucket(args: argparse.Namespace) -> bool:
     """Whether this command writes into a bucket: its --out, and every other folder it names,
     are bucket URLs (str); else they are local paths (Path), as the arguments were parsed."""
-    named = [args.out, getattr(args, "unless_built", None), *(getattr(args, "shards", None) or [])]
+    named = [
+        getattr(args, "out", None),  # `plan` writes nothing
+        getattr(args, "unless_built", None),
+        *(getattr(args, "shards", None) or []),
+    ]
     urls = [isinstance(location, str) for location in named if location is not None]
     if any(urls) and not all(urls):
         raise SpecError(
@@ -574,7 +636,7 @@ def _check_contained(args: argparse.Namespace) -> None:
         raise SpecError(str(e)) from None
 
 
-def _already_built(spec: CacheSpec, out_dir: str | Path) -> bool:
+def already_built(spec: CacheSpec, out_dir: str | Path) -> bool:
     """A finished cache of this spec (in a folder or a bucket) is served as is (the artifact
     store resumes, not Pants); a finished cache of another fingerprint under the same name and
     version is refused."""
@@ -630,6 +692,9 @@ def _parser() -> argparse.ArgumentParser:
     imported.add_argument("spec", type=Path)
     imported.add_argument("--out", type=_location, required=True)
     imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
+    plan = commands.add_parser("plan", help="print the files and bytes each shard reads")
+    plan.add_argument("spec", type=Path)
+    plan.set_defaults(root=None)  # it writes nothing
     for command in (shard, merge, build, imported):
         command.add_argument(
             "--root", type=Path, help="every folder written must resolve inside this one"

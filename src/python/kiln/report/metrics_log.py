@@ -19,6 +19,8 @@ from kiln.train.metrics import TRACKER_FILE
 TRAIN_LOSS = "train/loss"
 LEARNING_RATE = "optim/learning_rate"
 TOKENS_PER_SECOND = "throughput/tokens_per_second"
+STEP_TIME = "throughput/step_time"
+_TAIL_BYTES = 64 << 10  # enough for the last train line among eval lines
 
 Record = dict[str, Any]
 
@@ -58,6 +60,30 @@ def read_metrics(path: Path) -> list[Record]:
             raise MetricsError(f"{path}: a line has no integer 'step': {str(record)[:120]}")
         by_step[step] = {**by_step.get(step, {}), **record}
     return [by_step[step] for step in sorted(by_step)]
+
+
+def latest_train_step(path: Path) -> Record | None:
+    """The last train line (one with a step time) of a live run's metrics.jsonl, read from the
+    file's tail so a long run costs no more than a short one; None before the first step.
+    A line cut short by the append in progress, or by a kill, is skipped."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - _TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("step"), int)
+            and isinstance(record.get(STEP_TIME), (int, float))
+        ):
+            return record
+    return None
 
 
 def read_summary(run_dir: Path) -> Record:

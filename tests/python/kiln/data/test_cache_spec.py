@@ -35,6 +35,19 @@ def test_parses_a_full_spec():
     )
 
 
+def test_max_tokens_round_trips_and_splits_over_the_shards():
+    spec = make_spec({"kind": "files", "paths": ["a.jsonl"]}, num_shards=3, max_tokens=1001)
+    parsed = parse_cache_spec(spec)
+    assert parse_cache_spec(parsed.to_json()) == parsed
+    assert [parsed.shard_token_quota(i) for i in range(3)] == [334, 334, 333]
+    unbounded = parse_cache_spec(make_spec({"kind": "files", "paths": ["a.jsonl"]}))
+    assert "max_tokens" not in unbounded.to_json()["config"]
+    assert unbounded.shard_token_quota(0) is None
+    imported = make_spec({"kind": "levanter_cache", "location": "/c"}, max_tokens=5)
+    with pytest.raises(SpecError, match="config.max_tokens: an imported levanter_cache is used whole"):
+        parse_cache_spec(imported)
+
+
 def test_defaults_and_other_source_and_tokenizer_kinds():
     spec = make_spec(
         {"kind": "hf", "id": "org/name", "revision": None, "subset": None, "split": "train"}
@@ -97,6 +110,7 @@ def _broken(edit) -> str:
         ),
         (lambda s: s["config"]["source"].update(paths=["a", 3]), "config.source.paths[1]"),
         (lambda s: s["config"]["source"].update(format="csv"), "config.source.format"),
+        (lambda s: s["config"].update(max_tokens=0), "config.max_tokens: expected an integer >= 1"),
         (lambda s: s["config"].update(tokenizer={"kind": "local"}), "config.tokenizer.path"),
         (
             lambda s: s["config"].update(tokenizer="gpt2"),

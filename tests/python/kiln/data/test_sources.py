@@ -136,6 +136,51 @@ def test_hf_data_files_read_only_the_matching_files_as_the_split(tmp_path: Path)
     assert _texts(source) == ["ptb 0", "ptb 1", "ptb 2"]
 
 
+def _hub_shaped_folder(folder: Path) -> dict[str, list[str]]:
+    """A dataset repository's layout: split folders, a README; returns each data file's texts."""
+    files = {
+        "train/part-0.jsonl": sample_texts(30, seed=1),
+        "train/part-1.jsonl": sample_texts(12, seed=2),
+        "train/part-2.jsonl": sample_texts(9, seed=3),
+        "validation/part-0.jsonl": sample_texts(5, seed=4),
+    }
+    for path, texts in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(folder / path, texts)
+    (folder / "README.md").write_text("# a dataset card\n")
+    return files
+
+
+def test_a_hub_source_is_planned_from_its_file_list_and_shards_read_only_their_files(
+    tmp_path: Path,
+):
+    files = _hub_shaped_folder(tmp_path / "repo")
+    source = HfSource(id=str(tmp_path / "repo"), split="train", revision="abc123")
+    train = [path for path in files if path.startswith("train/")]
+    sizes = {path: (tmp_path / "repo" / path).stat().st_size for path in train}
+    assert sources.hf_file_sizes(source) == sizes
+    assigned = assign_to_shards(sizes, 2)
+    for index in range(2):
+        assert _texts_of_shard(source, 2, index) == [t for p in assigned[index] for t in files[p]]
+        assert sources.shard_plan(source, 2, index) == [
+            f"{path} ({sizes[path]} bytes)" for path in assigned[index]
+        ]
+    validation = HfSource(id=str(tmp_path / "repo"), split="validation", revision="abc123")
+    assert _texts(validation) == files["validation/part-0.jsonl"]
+    missing = HfSource(id=str(tmp_path / "repo"), split="test", revision="abc123")
+    with pytest.raises(SourceError, match=r"revision 'abc123' has no data files of the split 'test'"):
+        _texts(missing)
+
+
+def test_hub_files_that_name_no_split_are_all_train(tmp_path: Path):
+    """DCLM's layout: `global-shard_01_of_10/local-shard_0_of_10/shard_00000000_processed.jsonl`."""
+    folder = tmp_path / "dclm"
+    path = folder / "global-shard_01_of_10/local-shard_0_of_10/shard_00000000_processed.jsonl"
+    path.parent.mkdir(parents=True)
+    write_jsonl(path, ["a document", "another"])
+    assert _texts(HfSource(id=str(folder), split="train", revision="r")) == ["a document", "another"]
+
+
 def _texts_of_shard(source, num_shards, index) -> list[str]:
     return [doc.text for doc in shard_documents(source, "text", num_shards, index)]
 

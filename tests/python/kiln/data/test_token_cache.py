@@ -9,7 +9,7 @@ import pytest
 from kiln_testing.data import make_spec, write_corpus, write_jsonl
 
 from kiln.artifacts import read_status
-from kiln.data import cache_writer
+from kiln.data import cache_writer, sources, tokenize
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.cache_writer import ShardWriter
 from kiln.data.errors import CacheError, SourceError
@@ -191,6 +191,64 @@ def test_bad_documents(tmp_path: Path):
     spec = make_spec({"kind": "files", "paths": [str(tmp_path / "blank.jsonl")]})
     with pytest.raises(SourceError, match="the dataset is empty"):
         build_cache(spec, tmp_path / "cache")
+    assert read_status(tmp_path / "cache") is None
+
+
+def _first_documents_reaching(
+    tokenizer: LoadedTokenizer, texts: list[str], quota: int
+) -> list[str]:
+    kept, tokens = [], 0
+    for text in texts:
+        if tokens >= quota:
+            break
+        kept.append(text)
+        tokens += len(tokenizer.encode(text)) + 1  # + EOS
+    return kept
+
+
+def test_max_tokens_keeps_each_shards_first_documents_up_to_its_quota(
+    tmp_path: Path, tokenizer: LoadedTokenizer, monkeypatch
+):
+    monkeypatch.setattr(tokenize, "ENCODE_BATCH_DOCUMENTS", 7)  # quotas end inside and across batches
+    spec, texts = _corpus_spec(tmp_path, max_tokens=601)  # quotas 201, 200, 200 for shards 0, 1, 2
+    cache = TokenCache.open(build_cache(spec, tmp_path / "cache"))
+    shards = [texts[:50], texts[50:70], texts[70:]]  # a.jsonl, b.jsonl, c.jsonl
+    kept = [_first_documents_reaching(tokenizer, t, q) for t, q in zip(shards, (201, 200, 200))]
+    assert [s["documents"] for s in cache.ledger["shards"]] == [len(k) for k in kept]
+    assert all(0 < len(k) < len(t) for k, t in zip(kept, shards))
+    documents = [text for shard in kept for text in shard]
+    for i, text in enumerate(documents):
+        assert cache.document(i).tolist() == [*tokenizer.encode(text), tokenizer.info.eos_id]
+    assert cache.num_tokens >= 601 and cache.info["max_tokens"] == 601
+    stats = json.loads((tmp_path / "cache/stats.json").read_text())
+    assert stats["text_bytes"] == sum(len(text.encode()) for text in documents)
+    assert build_cache(spec, tmp_path / "again") and _files(tmp_path / "again") == _files(
+        tmp_path / "cache"
+    )
+
+
+def test_max_tokens_beyond_the_source_fails_naming_the_field(tmp_path: Path):
+    spec, _ = _corpus_spec(tmp_path, num_shards=1, max_tokens=10**9)
+    with pytest.raises(SourceError, match=r"tokenized/test@2026.11.29: shard 0 of 1 .* `max_tokens`"):
+        build_cache(spec, tmp_path / "cache")
+    assert read_status(tmp_path / "cache") is None
+    assert not list((tmp_path / "cache").rglob("shard.json"))  # nothing that passes as a shard
+
+
+def test_a_hub_file_list_that_changed_under_its_revision_is_refused(tmp_path: Path, tokenizer):
+    folder = tmp_path / "repo"
+    for name in ("a", "b"):
+        (folder / "train").mkdir(parents=True, exist_ok=True)
+        write_jsonl(folder / "train" / f"{name}.jsonl", [f"{name} one", f"{name} two"])
+    source = {"kind": "hf", "id": str(folder), "split": "train", "revision": "main"}
+    spec = parse_cache_spec(make_spec(source, num_shards=2))
+    shards = [tmp_path / f"shard-{i}" for i in range(2)]
+    for index, shard in enumerate(shards):
+        tokenize_shard(spec, index, shard, tokenizer)
+    write_jsonl(folder / "train" / "c.jsonl", ["a file pushed to the branch"])
+    sources.hf_file_sizes.cache_clear()  # a new process lists the files again
+    with pytest.raises(CacheError, match=r"file list changed under revision 'main'.*Pin"):
+        merge_cache(spec, shards, tmp_path / "cache", tokenizer)
     assert read_status(tmp_path / "cache") is None
 
 

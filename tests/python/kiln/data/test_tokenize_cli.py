@@ -54,6 +54,23 @@ def test_bad_input_exits_2_with_a_message(tmp_path, monkeypatch, capsys, argv, m
     assert err.startswith("error: ") and message in err
 
 
+def test_plan_prints_each_shards_files_and_bytes(tmp_path: Path, capsys) -> None:
+    write_corpus(tmp_path / "corpus")
+    spec = make_spec({"kind": "files", "paths": [str(tmp_path / "corpus/*.jsonl")]}, num_shards=2)
+    assert main(["plan", _write_spec(tmp_path, spec)]) == 0
+    sizes = {name: (tmp_path / "corpus" / f"{name}.jsonl").stat().st_size for name in "abc"}
+    lines = capsys.readouterr().out.splitlines()
+    # a.jsonl (50 documents) alone in shard 0; b and c (20 each) in shard 1.
+    assert lines == [
+        f"shard 0/2: 1 files, {sizes['a']:,} bytes",
+        f"  {tmp_path}/corpus/a.jsonl ({sizes['a']:,} bytes)",
+        f"shard 1/2: 2 files, {sizes['b'] + sizes['c']:,} bytes",
+        f"  {tmp_path}/corpus/b.jsonl ({sizes['b']:,} bytes)",
+        f"  {tmp_path}/corpus/c.jsonl ({sizes['c']:,} bytes)",
+    ]
+    assert not (tmp_path / "corpus" / "STATUS").exists()
+
+
 def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):
     spec = make_spec({"kind": "hf", "id": "kiln-test/missing", "split": "train"})
     env = {

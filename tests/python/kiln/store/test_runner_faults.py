@@ -1,16 +1,19 @@
 """`python -m kiln.runner` against damaged inputs, a full disk and other runs' leases: every
 failure ends with one line, STATUS FAILED and a documented exit code, and the next run resumes.
+A second run waits for the first and serves its result; `--force` replaces a built artifact.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -121,7 +124,7 @@ def test_a_run_refuses_a_live_lease_of_another_host_until_it_expires(
     key = lease_key("checkpoints/tiny/2026.11.29")
     holder = LeaseRecord("x", "other-host", 4242, None, f"train {REF}", now - 30, now + 600)
     LocalStore(prefix).create(key, holder.to_bytes())
-    refused = run(runner(step, prefix))
+    refused = run([*runner(step, prefix), "--no-wait"])
     assert refused.returncode == 1, refused.stderr
     [line] = error_lines(refused.stderr)
     assert f"{REF} is being built by another run: the lease " in line
@@ -136,24 +139,112 @@ def test_a_run_refuses_a_live_lease_of_another_host_until_it_expires(
     assert "it expired" in taken.stderr
 
 
-def test_a_killed_run_is_taken_over_at_once_and_resumed(step: Path, tmp_path: Path) -> None:
-    prefix = tmp_path / "store"
-    killed = subprocess.Popen(runner(step, prefix), env=environment(), stderr=subprocess.DEVNULL)
-    first_checkpoint = output(prefix) / "checkpoints/step-3/metadata.json"
-    deadline = time.monotonic() + 240
-    while not first_checkpoint.exists() and time.monotonic() < deadline and killed.poll() is None:
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 240) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.05)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    assert first_checkpoint.exists(), "the run ended before it could be killed"
-    lease = json.loads((output(prefix).parent / ".2026.11.29.lease").read_text())
-    assert (lease["host"], lease["pid"]) == (socket.gethostname(), killed.pid)
 
-    resumed = run(runner(step, prefix))
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"its holder, pid {killed.pid} on this host, has ended" in resumed.stderr
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen]]:
+    """The runners a test starts; any still there at its end (it failed) are killed, stopped
+    ones included."""
+    runs: list[subprocess.Popen] = []
+    yield runs
+    for run in runs:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+def start(
+    started: list[subprocess.Popen], step: Path, prefix: Path, log: Path, *flags: str
+) -> subprocess.Popen:
+    """A runner writing its stdout to `log` (read while it runs) and its stderr beside it."""
+    with log.open("w") as out, log.with_suffix(".err").open("w") as err:
+        run = subprocess.Popen(
+            [*runner(step, prefix), *flags], env=environment(), stdout=out, stderr=err
+        )
+    started.append(run)
+    return run
+
+
+def stopped_at_first_checkpoint(run: subprocess.Popen, prefix: Path) -> None:
+    """Holds `run` still (SIGSTOP) once it has saved step 3: a second run surely finds it
+    building, with steps logged."""
+    checkpoint = output(prefix) / "checkpoints/step-3/metadata.json"
+    wait_for(lambda: checkpoint.exists() or run.poll() is not None, "step 3")
+    run.send_signal(signal.SIGSTOP)
+    assert checkpoint.exists(), "the run ended before its first checkpoint"
+
+
+def waiting(
+    started: list[subprocess.Popen], step: Path, prefix: Path, log: Path
+) -> subprocess.Popen:
+    """A second run, once it says that it waits for the first."""
+    second = start(started, step, prefix, log)
+    wait_for(lambda: "kiln: waiting for" in log.read_text(), "the second run to wait")
+    return second
+
+
+def finished(run: subprocess.Popen, log: Path) -> str:
+    """The stdout of `run` (written to `log`), once it has ended with exit status 0."""
+    assert run.wait(timeout=300) == 0, log.with_suffix(".err").read_text()[-3000:]
+    return log.read_text()
+
+
+def built_export(prefix: Path, checkpoint_record: str) -> Path:
+    """An hf_model export in the store whose record names the checkpoint as its input."""
+    export = prefix / "hf/tiny/2026.11.29"
+    export.mkdir(parents=True)
+    ref = {"ref": REF, "fingerprint": json.loads(checkpoint_record)["fingerprint"]}
+    record = {"kind": "hf_model", "name": "hf/tiny", "version": "2026.11.29", "inputs": [ref]}
+    (export / "artifact.json").write_text(json.dumps(record))
+    (export / "STATUS").write_text("SUCCESS\n")
+    return export
+
+
+def test_a_waiting_run_takes_over_from_a_killed_holder_and_serves_a_forced_rebuild(
+    step: Path, tmp_path: Path, started: list[subprocess.Popen]
+) -> None:
+    prefix = tmp_path / "store"
+    first = start(started, step, prefix, tmp_path / "first.out")
+    stopped_at_first_checkpoint(first, prefix)
+    lease = json.loads((output(prefix).parent / ".2026.11.29.lease").read_text())
+    assert (lease["host"], lease["pid"]) == (socket.gethostname(), first.pid)
+    second = waiting(started, step, prefix, log := tmp_path / "second.out")
+    first.kill()
+    first.wait()
+    # The waiter takes the killed holder's lease over at once and resumes its build.
+    said = finished(second, log)
+    holder = f"train {REF} (host {socket.gethostname()}, pid {first.pid}, since "
+    assert f"kiln: waiting for {REF}: {holder}" in said
+    assert re.search(r"holds its lease; step [1-6] of 6, ETA \d+m\d\ds", said), said
+    taken_over = log.with_suffix(".err").read_text()
+    assert f"its holder, pid {first.pid} on this host, has ended" in taken_over
+    assert f"ended without finishing {REF} (STATUS RUNNING): this run goes on with it" in said
     assert read_status(output(prefix)) == "SUCCESS"
     assert not (output(prefix).parent / ".2026.11.29.lease").exists()
+
+    # A forced rebuild, of an artifact an export was built from, with a run waiting for it.
+    old_record = (output(prefix) / "artifact.json").read_text()
+    export = built_export(prefix, old_record)
+    aside = output(prefix).parent / ".2026.11.29.replaced"
+    forced = start(started, step, prefix, log := tmp_path / "forced.out", "--force")
+    wait_for(lambda: aside.exists() or forced.poll() is not None, "the forced run to begin")
+    stopped_at_first_checkpoint(forced, prefix)  # the rebuild's own step 3
+    assert read_status(aside) == "SUCCESS" and (aside / "artifact.json").read_text() == old_record
+    assert read_status(output(prefix)) == "RUNNING"  # the old artifact is whole beside it
+    served = waiting(started, step, prefix, served_log := tmp_path / "served.out")
+    forced.send_signal(signal.SIGCONT)
+    said = finished(forced, log)
+    assert f"kiln: --force: moved {output(prefix)} aside to {aside}" in said
+    assert f"kiln: deleted the replaced {REF} ({aside})" in said
+    assert f"  hf/tiny@2026.11.29 (hf_model) at {export}: delete {export} and build" in said
+    assert f"kiln: {REF} is already built at {output(prefix)}" in finished(served, served_log)
+    assert read_status(output(prefix)) == "SUCCESS" and not aside.exists()
+    assert (output(prefix) / "artifact.json").read_text() != old_record  # the rebuild's own
 
 
 def test_a_full_disk_ends_the_run_failed_and_it_resumes(step: Path, tmp_path: Path) -> None:

@@ -1,0 +1,87 @@
+"""Where a no-op `pants run` of a built experiment spends its time.
+
+    python3 benchmarks/noop_run.py [experiments:ci_tiny] [--repeat 5]
+
+Run it from the build root, with the target already built in the artifact store (`./pants run
+experiments:ci_tiny` once). It runs each command once to warm pantsd, then `--repeat` times, and
+prints the median wall time of each (the whole command, as a user waits for it):
+
+- `pants list TARGET`: the launcher, Pants' native client and pantsd, with a goal that runs
+  nothing: Pants' floor;
+- `pants run TARGET`: served by the Pants rule from the store's STATUS, record and summary (one
+  shell process reads them), with no runtime started;
+- the same through Pants' Python client (`{bootstrap venv}/bin/pants`, what `./pants` ran
+  before it used the native client): the client's own start-up;
+- `pants run TARGET -- --attention xla`: any `--` option leaves the decision to the runner, as
+  every run did before: the runtime PEX's venv starts, `kiln.runner` imports, reads the store.
+
+and the differences between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+BOOTSTRAP = os.path.join(
+    os.environ.get("KILN_BOOTSTRAP_DIR", os.path.expanduser("~/.cache/kiln/bootstrap")),
+    "pants-2.17.1-pex-2.1.148",
+)
+
+
+def wall_seconds(argv: Sequence[str], repeat: int, env: dict[str, str] | None = None) -> float:
+    """The median wall time of `argv` over `repeat` runs, after one run that warms pantsd."""
+    subprocess.run(argv, check=True, capture_output=True, env=env)
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        subprocess.run(argv, check=True, capture_output=True, env=env)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def python_client() -> tuple[list[str], dict[str, str]]:
+    """Pants' Python client, with the environment `./pants` gives it."""
+    env = {**os.environ, "KILN_PEX_TOOL": os.path.join(BOOTSTRAP, "pex-2.1.148.pex"),
+           "NO_SCIE_WARNING": "1", "PIP_CONFIG_FILE": "/dev/null"}  # fmt: skip
+    return [os.path.join(BOOTSTRAP, "venv", "bin", "pants")], env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("target", nargs="?", default="experiments:ci_tiny")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not os.path.exists("pants.toml"):
+        parser.error("run it from the build root")
+    target = args.target
+
+    listed = wall_seconds(["./pants", "list", target], args.repeat)
+    served = wall_seconds(["./pants", "run", target], args.repeat)
+    client, env = python_client()
+    python_served = wall_seconds([*client, "run", target], args.repeat, env)
+    runner = wall_seconds(["./pants", "run", target, "--", "--attention", "xla"], args.repeat)
+    load = os.getloadavg()[0]
+    print(f"{target}, median of {args.repeat}, {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"load average {load:.1f}")  # fmt: skip
+    print()
+    print("| command / part | wall s |")
+    print("|---|---|")
+    print(f"| `pants list` (launcher, native client, pantsd; no rules run) | {listed:.2f} |")
+    print(f"| `pants run`, served by the Pants rule | {served:.2f} |")
+    print(f"| `pants run` through the Python client | {python_served:.2f} |")
+    print(f"| `pants run -- --attention xla`, served by the runner | {runner:.2f} |")
+    print(f"| = the run rule, the store read, printing (run - list) | {served - listed:.2f} |")
+    print(f"| = the Python client's start-up (Python client - run) | {python_served - served:.2f} |")
+    print(f"| = the runtime: venv, imports, store read (runner - run) | {runner - served:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

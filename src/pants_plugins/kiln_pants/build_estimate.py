@@ -1,0 +1,73 @@
+"""What building an unbuilt cache will take: tokens, bytes and CPU-hours, before it runs.
+
+Tokens: `max_tokens` when the cache is bounded; else, for uncompressed local files, their size
+over the bytes per token of a byte-level BPE on English text; else unknown (a hub or URL source
+is sized when it is read). Bytes: 4 per token (uint32 ids, as for Llama 3's vocabulary; a
+vocabulary of at most 65,536 ids stores 2), before compression. CPU-hours: tokens over the
+measured pipeline throughput of one core.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from kiln_pants.artifact_graph import Artifact
+from kiln_pants.mixture_budget import count
+
+# benchmarks/RESULTS.md, "Tokenization": read -> tokenize -> write the cache with GPT-2's
+# byte-level BPE, 2 processes on the 2-core CPU, 232k tokens/s each (2026-11-29).
+TOKENS_PER_CORE_SECOND = 230_000
+# GPT-2's BPE on the stdlib corpus's English: 1.8 MB/s at 0.54M tokens/s (ENVIRONMENT.md).
+TEXT_BYTES_PER_TOKEN = 3.3
+STORED_BYTES_PER_TOKEN = 4
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".parquet")
+
+
+@dataclass(frozen=True)
+class BuildEstimate:
+    tokens: Optional[int]
+    basis: str  # where the token count comes from
+
+    def describe(self) -> str:
+        if self.tokens is None:
+            return f"estimate: tokens unknown ({self.basis})"
+        hours = self.tokens / TOKENS_PER_CORE_SECOND / 3600
+        return (
+            f"estimate: {count(self.tokens)} tokens ({self.basis}), "
+            f"{self.tokens * STORED_BYTES_PER_TOKEN / 1e9:.2f} GB as uint32, "
+            f"{hours:.1f} CPU-hours at {TOKENS_PER_CORE_SECOND // 1000}k tokens/s per core"
+        )
+
+
+def estimate_build(artifact: Artifact, build_root: str) -> BuildEstimate:
+    identity = artifact.identity
+    if identity.get("max_tokens") is not None:
+        return BuildEstimate(identity["max_tokens"], "max_tokens")
+    source = identity["source"]
+    sizes = _local_file_sizes(source, build_root)
+    if sizes is None:
+        return BuildEstimate(None, f"a {source['kind']} source is sized when it is read")
+    if any(path.endswith(COMPRESSED_SUFFIXES) for path in sizes):
+        return BuildEstimate(None, "compressed files: their text is sized when it is read")
+    text_bytes = sum(sizes.values())
+    return BuildEstimate(
+        round(text_bytes / TEXT_BYTES_PER_TOKEN),
+        f"{text_bytes / 1e6:.1f} MB of text / {TEXT_BYTES_PER_TOKEN} bytes per token",
+    )
+
+
+def _local_file_sizes(source: dict[str, Any], build_root: str) -> Optional[dict[str, int]]:
+    """Bytes of each file of a local files source (repo files, or absolute paths and globs)."""
+    if source["kind"] != "files":
+        return None
+    if "files" in source:  # files in the repository, by repo-relative path
+        paths = [os.path.join(build_root, path) for path in source["files"]]
+    else:
+        paths = [match for pattern in source["paths"] for match in glob.glob(pattern)]
+    try:
+        return {path: os.path.getsize(path) for path in paths}
+    except OSError:
+        return None  # gone since the BUILD file was read: the build will say so

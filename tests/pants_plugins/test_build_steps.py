@@ -1,0 +1,112 @@
+"""`pants build`'s decisions without Pants: which steps run in which order, DEP_FAILED in the
+store, and what a served `pants run` prints (tests/e2e runs the goal itself)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pants.engine.addresses import Address
+
+from kiln_pants.artifact_graph import Artifact, ArtifactGraph
+from kiln_pants.artifact_store import (
+    StoredState,
+    clear_dep_failed,
+    mark_dep_failed,
+    recorded_state,
+    stored_state,
+)
+from kiln_pants.build import _batches, steps_to_build
+from kiln_pants.train_rules import served_text
+
+
+def artifact(name: str, kind: str, *inputs: Artifact, version: str = "2026.12.01") -> Artifact:
+    return Artifact(
+        address=Address("experiments", target_name=name),
+        kind=kind,
+        name=f"x/{name}",
+        version=version,
+        identity_json="{}",
+        fingerprint=f"fp-{name}",
+        inputs=tuple(i.address for i in inputs),
+    )
+
+
+CACHE = artifact("cache", "tokenized_cache")
+OTHER_CACHE = artifact("other_cache", "tokenized_cache")
+RUN = artifact("run", "lm_checkpoint", CACHE)
+OTHER_RUN = artifact("other_run", "lm_checkpoint", CACHE, OTHER_CACHE)
+EXPORT = artifact("export", "hf_model", RUN)
+GRAPH = ArtifactGraph([CACHE, OTHER_CACHE, RUN, OTHER_RUN, EXPORT])
+
+
+def states(**built: str) -> dict[Address, StoredState]:
+    return {a.address: StoredState(built.get(a.address.target_name, "would run")) for a in GRAPH}
+
+
+def names(levels: list[list[Artifact]]) -> list[list[str]]:
+    return [[a.address.target_name for a in level] for level in levels]
+
+
+def test_steps_run_in_levels_after_their_inputs() -> None:
+    levels = steps_to_build([EXPORT, OTHER_RUN], GRAPH, states())
+    assert names(levels) == [["cache", "other_cache"], ["run", "other_run"], ["export"]]
+
+
+def test_a_built_artifact_is_served_and_needs_nothing_below_it() -> None:
+    levels = steps_to_build([EXPORT], GRAPH, states(run="built"))
+    assert names(levels) == [["run"], ["export"]]  # the cache is not built for a served run
+    assert names(steps_to_build([EXPORT], GRAPH, states(export="built"))) == [["export"]]
+    # Served at once, even when another step needs its inputs built: its export need not wait.
+    levels = steps_to_build([EXPORT, OTHER_RUN], GRAPH, states(run="built"))
+    assert names(levels) == [["cache", "other_cache", "run"], ["other_run", "export"]]
+
+
+def test_caches_always_build_they_are_pants_cache_hits() -> None:
+    assert names(steps_to_build([RUN], GRAPH, states(cache="built"))) == [["cache"], ["run"]]
+
+
+def test_trainings_run_a_few_at_a_time_and_the_rest_with_the_first() -> None:
+    third = artifact("third", "lm_checkpoint", CACHE)
+    batches = _batches([RUN, OTHER_CACHE, OTHER_RUN, third, EXPORT], trainings_at_once=2)
+    assert names(batches) == [["other_cache", "export", "run", "other_run"], ["third"]]
+    assert names(_batches([CACHE], trainings_at_once=1)) == [["cache"]]
+
+
+def test_dep_failed_is_recorded_and_cleared_when_the_step_runs_again(tmp_path: Path) -> None:
+    prefix = str(tmp_path)
+    folder = tmp_path / EXPORT.name / EXPORT.version
+    assert mark_dep_failed(prefix, EXPORT)
+    assert (folder / "STATUS").read_text() == "DEP_FAILED\n"
+    assert stored_state(prefix, EXPORT).status == "dep failed"
+    clear_dep_failed(prefix, EXPORT)
+    assert not folder.exists()  # an export refuses an existing folder
+    assert stored_state(prefix, EXPORT).status == "would run"
+
+
+def test_dep_failed_leaves_a_built_artifact_or_a_run_alone(tmp_path: Path) -> None:
+    prefix = str(tmp_path)
+    folder = tmp_path / RUN.name / RUN.version
+    folder.mkdir(parents=True)
+    for status in ("SUCCESS", "RUNNING"):
+        (folder / "STATUS").write_text(f"{status}\n")
+        assert not mark_dep_failed(prefix, RUN)
+        assert (folder / "STATUS").read_text() == f"{status}\n"
+    (folder / "STATUS").write_text("FAILED\n")
+    (folder / "artifact.json").write_text(json.dumps({"fingerprint": RUN.fingerprint}))
+    assert mark_dep_failed(prefix, RUN)
+    clear_dep_failed(prefix, RUN)  # the folder holds a run's files: kept, the runner resumes
+    assert (folder / "STATUS").read_text() == "DEP_FAILED\n"
+    assert (folder / "artifact.json").exists()
+
+
+def test_a_served_run_prints_the_runners_words() -> None:
+    record = json.dumps({"fingerprint": RUN.fingerprint, "provenance": {"code_digest": "a" * 64}})
+    assert recorded_state(RUN, "SUCCESS\n", record).status == "built"
+    same = served_text(RUN, "/store/x/run/2026.12.01", record, "the summary\n", "a" * 64)
+    assert same == (
+        f"kiln: x/run@2026.12.01 is already built at /store/x/run/2026.12.01 (fingerprint "
+        f"{RUN.fingerprint}).\nthe summary\n"
+    )
+    other = served_text(RUN, "/store/x/run/2026.12.01", record, None, "b" * 64)
+    assert "built by other code (runtime digest aaaaaaaaaaaa, now bbbbbbbbbbbb)" in other
