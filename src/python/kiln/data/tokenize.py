@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        failure = as_storage_error(e, args.out)
+        failure = as_storage_error(e, getattr(args, "out", None) or args.spec)  # plan: no --out
         if failure is None:
             raise
         print(f"error: {failure}", file=sys.stderr)
