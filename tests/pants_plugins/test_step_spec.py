@@ -105,6 +105,20 @@ def test_a_step_from_a_build_file_parses_with_the_runtimes_parser(rule_runner: R
     assert TrainSpec.from_json(spec.to_json()) == spec
 
 
+def test_a_store_cache_under_a_bucket_prefix_is_named_by_its_url(rule_runner: RuleRunner) -> None:
+    rule_runner.set_options(["--kiln-prefix=s3://kiln-bucket/artifacts"])
+    rule_runner.write_files(
+        {
+            "exp/BUILD": BUILD,
+            "exp/train.jsonl": '{"text": "hello world"}\n',
+            "exp/tasks/stdlib_mc.yaml": "task: stdlib_mc\n",
+        }
+    )
+    written = rule_runner.request(StepJson, [StepJsonRequest(CHECKPOINT, PROVENANCE)])
+    _, store = StepSpec.from_json(json.loads(written.content)).inputs
+    assert store.store_path == "s3://kiln-bucket/artifacts/tokenized/valid/2026.06.28"
+
+
 STEP = {
     "step_version": 1,
     "kind": "lm_checkpoint",

@@ -21,6 +21,7 @@ from kiln_contract.parsing import (
     check_relative_path,
     check_str,
     field_path,
+    is_bucket_url,
     json_fields,
     json_list,
     read_json,
@@ -43,7 +44,7 @@ STEP_VERSION = 1
 class StepInput:
     """An input cache and where its built files are: `location`, relative to the runner's
     `--inputs` (an inline cache, carried with the step), or `store_path`, already in the
-    artifact store (a store cache)."""
+    artifact store (a store cache: an absolute path, or a URL in a bucket store)."""
 
     ref: str  # name@version
     name: str
@@ -61,7 +62,7 @@ class StepInput:
             raise SpecError("", "expected exactly one of location and store_path")
         if self.location is not None:
             check_relative_path("location", self.location)
-        if self.store_path is not None:
+        if self.store_path is not None and not is_bucket_url(self.store_path):
             check_absolute_path("store_path", Path(self.store_path))
 
     @classmethod

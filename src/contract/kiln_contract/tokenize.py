@@ -275,6 +275,11 @@ class TokenizerSpec:
         return {key: getattr(self, key) for key in self._keys()}
 
 
+def shard_dir_name(index: int) -> str:
+    """The folder of shard `index` in a cache's `shards/` (and among a build's shard folders)."""
+    return f"shard-{index:05d}"
+
+
 @dataclass(frozen=True)
 class CacheSpec:
     name: str

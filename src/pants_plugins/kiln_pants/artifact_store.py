@@ -25,6 +25,14 @@ SUMMARY_FILE = "summary.txt"  # a built checkpoint's summary, printed when it is
 # Written by `pants build` (kiln_pants.build) when an input of the artifact failed: Marin's
 # status token for "not built because of a dependency"; the artifact runs again next time.
 DEP_FAILED = "DEP_FAILED"
+# Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
+# ~/.aws and gcloud's application-default login. Only PER_SESSION processes get them.
+STORE_ENVIRONMENT = (
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+    "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED", "GOOGLE_APPLICATION_CREDENTIALS",
+    "CLOUDSDK_CONFIG", "STORAGE_EMULATOR_HOST", "HOME",
+)  # fmt: skip
 
 
 def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> ArtifactRecord:

@@ -37,6 +37,7 @@ from pants.util.frozendict import FrozenDict
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
     DEP_FAILED,
+    STORE_ENVIRONMENT,
     StoredState,
     artifact_path,
     clear_dep_failed,
@@ -44,7 +45,6 @@ from kiln_pants.artifact_store import (
 )
 from kiln_pants.hf_model_rules import HfModelPackageFieldSet
 from kiln_pants.plan import (
-    STORE_ENVIRONMENT,
     BucketRecords,
     BucketRecordsRequest,
     bucket_folders,

@@ -33,6 +33,7 @@ from kiln_pants.artifact_store import (
     DEV,
     RECORD_FILE,
     STATUS_FILE,
+    STORE_ENVIRONMENT,
     StoredState,
     artifact_path,
     recorded_state,
@@ -43,15 +44,6 @@ from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.shard_plan import ShardPlan, ShardPlanRequest
 from kiln_pants.subsystem import KilnSubsystem
-
-# Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
-# ~/.aws and gcloud's application-default login.
-STORE_ENVIRONMENT = (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-    "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED", "GOOGLE_APPLICATION_CREDENTIALS",
-    "CLOUDSDK_CONFIG", "STORAGE_EMULATOR_HOST", "HOME",
-)  # fmt: skip
 
 
 class PlanSubsystem(GoalSubsystem):

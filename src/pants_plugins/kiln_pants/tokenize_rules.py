@@ -8,10 +8,13 @@ kiln.data's closure only, so trainer edits never re-tokenize. Two storage modes 
 field):
 - inline: the shards and the merged cache are process outputs; identical inputs are cache hits,
   locally and in a remote cache, and the cache travels through Pants' store.
-- store: the processes write straight into `{prefix}/{name}/{version}` (shards beside it) and are
-  never served from Pants' cache; the store itself skips a finished shard or cache, so a rerun
-  resumes where a killed build stopped. For data too large for Pants' store. A cache the store
-  holds built with this fingerprint starts no process at all (`built_or_tokenized_cache`).
+- store: the processes write straight into `{prefix}/{name}/{version}` (shards beside it; in a
+  bucket, at their final keys inside it) and are never served from Pants' cache; the store
+  itself skips a finished shard or cache, so a rerun resumes where a killed build stopped. For
+  data too large for Pants' store. A cache a local store holds built with this fingerprint
+  starts no process at all (`built_or_tokenized_cache`). With a bucket prefix the processes get
+  the bucket clients' credentials and endpoints from the caller's environment (PER_SESSION:
+  never in a cache key).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from kiln_contract.tokenize import (
     StdlibSource,
     TokenizerSpec,
     UrlFilesSource,
+    shard_dir_name,
 )
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -56,7 +60,13 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import StoredState, artifact_path, artifact_record, stored_state
+from kiln_pants.artifact_store import (
+    STORE_ENVIRONMENT,
+    StoredState,
+    artifact_path,
+    artifact_record,
+    stored_state,
+)
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import FAN_OUT, TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -115,12 +125,14 @@ class BuiltCache:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Where the shards and the cache go: sandbox-relative outputs, or absolute store paths."""
+    """Where the shards and the cache go: sandbox-relative outputs, or store paths (absolute
+    local paths, or bucket URLs)."""
 
     shards: tuple[str, ...]
     cache: str
     cache_scope: ProcessCacheScope
-    root: Optional[str] = None  # store storage: the prefix every written folder must stay in
+    in_store: bool = False
+    root: Optional[str] = None  # a local store: the prefix every written folder must stay in
 
     @classmethod
     def for_storage(cls, storage: str, num_shards: int, store_path: str, prefix: str) -> _Layout:
@@ -129,24 +141,28 @@ class _Layout:
             return cls(shards, CACHE_DIR, ProcessCacheScope.SUCCESSFUL)
         # The store resumes and skips by itself (a finished shard or cache is a no-op), and its
         # contents can vanish behind Pants' back: never serve these processes from a cache.
+        scope = ProcessCacheScope.PER_SESSION
+        if "://" in prefix:  # a bucket has no rename: shards are uploaded at their final keys
+            shards = tuple(f"{store_path}/shards/{shard_dir_name(i)}" for i in range(num_shards))
+            return cls(shards, store_path, scope, in_store=True)
         building = os.path.join(
             os.path.dirname(store_path), f".{os.path.basename(store_path)}.shards"
         )
         shards = tuple(os.path.join(building, f"shard-{i}") for i in range(num_shards))
-        return cls(shards, store_path, ProcessCacheScope.PER_SESSION, root=prefix)
+        return cls(shards, store_path, scope, in_store=True, root=prefix)
 
     @property
     def skip(self) -> tuple[str, ...]:
         """Shards moved into a finished cache are gone: skip them when the cache is built."""
-        return ("--unless-built", self.cache) if os.path.isabs(self.cache) else ()
+        return ("--unless-built", self.cache) if self.in_store else ()
 
     @property
     def confined(self) -> tuple[str, ...]:
-        """Store writes are checked (symlinks resolved) to stay in the prefix."""
+        """Local store writes are checked (symlinks resolved) to stay in the prefix."""
         return ("--root", self.root) if self.root else ()
 
     def outputs(self, path: str) -> tuple[str, ...]:
-        return () if os.path.isabs(path) else (path,)
+        return () if self.in_store else (path,)
 
 
 def _source_spec(target: Any, files: SourceFiles | None) -> Source:
@@ -189,7 +205,7 @@ async def _built(
     """The cache the last process (merge, import or fan-out) finished: its output, or in the
     store."""
     tokenizer_digest = tokenizer_files.digest if tokenizer_files else EMPTY_DIGEST
-    if os.path.isabs(layout.cache):
+    if layout.in_store:
         return BuiltCache(artifact, EMPTY_DIGEST, tokenizer_digest, store_path=layout.cache)
     cache = await Get(Digest, RemovePrefix(last.output_digest, CACHE_DIR))
     return BuiltCache(artifact, cache, tokenizer_digest)
@@ -368,11 +384,7 @@ async def build_tokenized_cache(
     artifact, spec, input_digest = inputs.artifact, inputs.spec, inputs.digest
     tokenizer_files, num_shards = inputs.tokenizer_files, inputs.spec.num_shards
     storage = wrapped.target[CacheStorageField].value
-    prefix = (
-        kiln.prefix_path(build_root.path, needed_by=f'{request.address}: storage="store"')
-        if storage == "store"
-        else kiln.prefix_location(build_root.path)
-    )
+    prefix = kiln.prefix_location(build_root.path)
     store_path = artifact_path(prefix, artifact)
     layout = _Layout.for_storage(storage, num_shards, store_path, prefix)
     # An imported cache is read in place: nothing to fan out.
@@ -381,10 +393,19 @@ async def build_tokenized_cache(
         and kiln.cluster not in NO_CLUSTER
         and not isinstance(spec.source, LevanterCacheSource)
     ):
+        if "://" in prefix:
+            raise CacheTokenizationFailed(
+                f"{request.address}: [kiln] cluster = {kiln.cluster!r} fans shards out into a "
+                f"local artifact store, and the prefix is the bucket {prefix}; unset "
+                "`[kiln] cluster` (`--kiln-cluster=local`) to tokenize here into the bucket."
+            )
         fanned_out = await _tokenize_on_cluster(
             request.address, artifact, layout, input_digest, kiln.cluster, hub
         )
         return await _built(artifact, layout, fanned_out, tokenizer_files)
+    env = FrozenDict[str, str]()
+    if layout.in_store and "://" in prefix:  # the processes reach the bucket themselves
+        env = FrozenDict(await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)))
     runtime = await Get(Runtime, RuntimeRequest(*TOKENIZE))
     if isinstance(spec.source, LevanterCacheSource):
         import_process = await Get(
@@ -399,6 +420,7 @@ async def build_tokenized_cache(
                 input_digest=input_digest,
                 output_directories=layout.outputs(layout.cache),
                 cache_scope=layout.cache_scope,
+                env=env,
                 append_only_caches=hub.append_only_caches,
             ),
         )
@@ -418,6 +440,7 @@ async def build_tokenized_cache(
                 input_digest=input_digest,
                 output_directories=layout.outputs(shard),
                 cache_scope=layout.cache_scope,
+                env=env,
                 append_only_caches=hub.append_only_caches,
             ),
         )
@@ -446,6 +469,7 @@ async def build_tokenized_cache(
             input_digest=merge_input,
             output_directories=layout.outputs(layout.cache),
             cache_scope=layout.cache_scope,
+            env=env,
             append_only_caches=hub.append_only_caches,
         ),
     )

@@ -595,13 +595,10 @@ def upload_inputs(step: StepSpec, inputs_root: Path, store: ObjectStore) -> None
     """Copies each input cache into the bucket at `{name}/{version}` (digests checked first,
     STATUS last, under the cache's lease) unless the same cache is there already."""
     for entry in step.inputs:
-        if entry.location is None:
-            raise StepError(
-                f"input {entry.ref} has storage=\"store\" (built in place in a local store); "
-                f"with a bucket prefix ({store.location('')}) inputs are inline caches: drop "
-                "`storage` from its tokenized_cache target"
-            )
         key = f"{entry.name}/{entry.version}"
+        if entry.location is None:
+            _check_built_in_bucket(entry, store, key)
+            continue
         if _uploaded(store, key, entry.record):
             continue
         source = inputs_root / entry.location
@@ -611,6 +608,17 @@ def upload_inputs(step: StepSpec, inputs_root: Path, store: ObjectStore) -> None
             if not _uploaded(store, key, entry.record):  # or another run uploaded it meanwhile
                 _check_cache(source, entry.record, digests=True)
                 copy_folder_into(store, key, source)
+
+
+def _check_built_in_bucket(entry: StepInput, store: ObjectStore, key: str) -> None:
+    """A store cache is built in place: with a bucket prefix, finished at its key there."""
+    if entry.store_path == store.location(key) and _uploaded(store, key, entry.record):
+        return
+    raise StepError(
+        f"input {entry.ref} has storage=\"store\" (built in place at {entry.store_path}), and "
+        f"{store.location(key)} holds no finished copy of it: build it under this prefix first "
+        "(`pants package` of its tokenized_cache target with the same [kiln] prefix)"
+    )
 
 
 def _uploaded(store: ObjectStore, key: str, record: ArtifactRecord) -> bool:

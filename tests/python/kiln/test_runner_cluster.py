@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,11 @@ from kiln_testing.training import read_jsonl, write_runner_step
 
 from kiln import artifacts
 from kiln.cluster import fanout
-from kiln.cluster.dispatch import connect
+from kiln.cluster.dispatch import ClusterJob, bundle_order, connect, reserve_slice
+from kiln.cluster.placement import PlacementError, bundle, check_capacity
 from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import build_cache, tokenize_shard
+from kiln_contract.train import Resources
 
 DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two hosts
 
@@ -46,10 +48,16 @@ ENDLESS_ONE_HOST_RUN = {
 }
 
 
+# Each node stands in for an H100 GPU host and for a host of a 2-host v4-16 TPU slice (as Ray
+# registers a TPU VM: its chips, the slice's name, and the head resource, here on both nodes).
+SLICE = "kiln-test-slice"
+STAND_INS = {"accelerator_type:H100": 1.0, "TPU": 4.0, "TPU-v4-16-head": 1.0, SLICE: 1.0}
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    h100 = {"accelerator_type:H100": 1.0}
-    with ray_cluster(h100, num_gpus=1, devices=DEVICES_PER_HOST) as address:
+    with ray_cluster(STAND_INS, num_gpus=1, devices=DEVICES_PER_HOST,
+                     node_env={"TPU_NAME": SLICE}) as address:  # fmt: skip
         yield address
 
 
@@ -73,10 +81,14 @@ def test_two_hosts_train_like_one_process_through_a_lost_host(
     name = json.loads(step.read_text())["name"] + "/2026.11.29"
     one, two = tmp_path / "alone" / name, tmp_path / "store" / name
     command = runner(step, tmp_path / "store", "--cluster", cluster)
-    clustered = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Secrets only the submitter has (the nodes were started without them) reach the trainers.
+    environment = {**os.environ, **PLANTED_SECRETS}
+    clustered = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=environment)  # fmt: skip
     # Once the step-3 checkpoint is saved, SIGKILL host 1's trainer: the run goes on from it.
     saved = two / "checkpoints/step-3/metadata.json"
-    kill_when(saved, clustered, is_host_1_of(tmp_path / "store"))
+    victims = kill_when(saved, clustered, is_host_1_of(tmp_path / "store"))
+    assert all(PLANTED_SECRETS.items() <= victim.items() for victim in victims)
     stdout, stderr = clustered.communicate(timeout=600)
     assert clustered.returncode == 0, stdout[-3000:] + stderr[-3000:]
     lost = "a host of the run was lost (process 1's trainer was killed by signal 9); retry 1 of 3"
@@ -96,6 +108,21 @@ def test_two_hosts_train_like_one_process_through_a_lost_host(
 
     [served] = run_each([runner(step, tmp_path / "store", "--cluster", cluster)], devices=1)
     assert served.returncode == 0 and "is already built" in served.stdout, served.stderr[-2000:]
+    status = kiln_cluster(cluster, "status", submitted_job(stdout))
+    assert "state: SUCCEEDED" in status.stdout, status.stderr
+    assert_nowhere(PLANTED_SECRETS.values(), [stdout, stderr, status.stdout], tmp_path / "store")
+
+
+PLANTED_SECRETS = {"WANDB_API_KEY": "kilnplanted" + "0f" * 20, "HF_TOKEN": "hf_kilnPlantedToken42"}
+
+
+def assert_nowhere(secrets: Iterable[str], outputs: list[str], store: Path) -> None:
+    """No secret in the outputs nor in any file of the store (records, logs, metrics)."""
+    for secret in secrets:
+        assert not any(secret in output for output in outputs)
+        leaks = [path for path in store.rglob("*") if path.is_file()
+                 and secret.encode() in path.read_bytes()]  # fmt: skip
+        assert not leaks, leaks
 
 
 def submitted_job(stdout: str) -> str:
@@ -194,15 +221,23 @@ def is_host_1_of(prefix: Path) -> Callable[[list[str]], bool]:
 
 def kill_when(
     path: Path, submitter: subprocess.Popen, is_victim: Callable[[list[str]], bool]
-) -> None:
-    """SIGKILLs the processes `is_victim` picks by argv once `path` exists."""
+) -> list[dict[str, str]]:
+    """SIGKILLs the processes `is_victim` picks by argv once `path` exists; returns their
+    environments."""
     while not path.exists():
         assert submitter.poll() is None, f"the run ended before {path} appeared"
         time.sleep(0.02)
     victims = [pid for pid, argv in command_lines() if is_victim(argv)]
     assert victims, "no process to kill"
+    environments = [environment_of(pid) for pid in victims]
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
+    return environments
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
 
 
 def command_lines() -> Iterator[tuple[int, list[str]]]:
@@ -221,10 +256,38 @@ def test_a_request_the_cluster_can_never_hold_fails_at_once(cluster: str, tmp_pa
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("kiln: error: resources=gpu('H100', count=8) asks for 1 host(s) with "
                             "CPU 1, GPU 8, accelerator_type:H100 each"), error  # fmt: skip
-    node = r"[0-9.]+: CPU 1, GPU 1, accelerator_type:H100"
+    node = rf"[0-9.]+: CPU 1, GPU 1, TPU 4, TPU-v4-16-head 1, accelerator_type:H100, {SLICE} 1"
     assert re.search(rf"0 of its 2 node\(s\) fit \({node}; {node}\)", error), error
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "store").exists()  # nothing placed, nothing started
+
+
+def test_a_tpu_slice_is_reserved_by_its_head_then_placed_on_its_hosts(cluster: str) -> None:
+    """What a tpu() run reserves (kiln.cluster.dispatch), on stand-in TPU nodes: the trainers
+    themselves need real TPUs."""
+    ray = connect(cluster)
+    groups: list[Any] = []
+    try:
+        nodes = ray.nodes()
+        check_capacity(Resources("tpu", "v4-16"), nodes, cluster)
+        with pytest.raises(PlacementError, match=r"asks for a v4-32 slice: 4 host\(s\) with CPU 1"):
+            check_capacity(Resources("tpu", "v4-32"), nodes, cluster)
+
+        job = ClusterJob("slice-1", "x@1", cluster, Resources("tpu", "v4-16"), {}, Path("/s"))
+        name, head_node = reserve_slice(ray, job, groups)
+        assert name == SLICE
+        wanted = {**bundle(job.resources), name: 1.0}
+        assert wanted == {"CPU": 1.0, "TPU": 4.0, SLICE: 1.0}
+        group = ray.util.placement_group([wanted] * 2, strategy="STRICT_SPREAD")
+        groups.append(group)
+        ray.get(group.ready(), timeout=120)
+        order = bundle_order(group, head_node)
+        placed = ray.util.placement_group_table(group)["bundles_to_node_id"]
+        assert sorted(order) == [0, 1] and placed[order[0]] == head_node != placed[order[1]]
+    finally:
+        for group in groups:
+            ray.util.remove_placement_group(group)
+        ray.shutdown()
 
 
 def test_an_unreachable_cluster_is_one_line(tmp_path: Path) -> None:

@@ -23,10 +23,14 @@ OBJECT_STORE_BYTES = 200 * 2**20
 
 @contextmanager
 def ray_cluster(
-    node_resources: dict[str, float], num_gpus: int = 0, devices: int = 1
+    node_resources: dict[str, float],
+    num_gpus: int = 0,
+    devices: int = 1,
+    node_env: dict[str, str] | None = None,
 ) -> Iterator[str]:
-    """Starts the two nodes (each with `devices` jax CPU devices for its workers) and yields the
-    Ray Client address; at the end, stops every process the nodes started."""
+    """Starts the two nodes (each with `devices` jax CPU devices for its workers, and `node_env`
+    in their environment) and yields the Ray Client address; at the end, stops every process
+    the nodes started."""
     # Ray's socket paths must stay under 108 bytes: a short folder of the test's own.
     root = Path(tempfile.mkdtemp(prefix="kray", dir="/tmp"))
     env = {
@@ -36,6 +40,7 @@ def ray_cluster(
         "JAX_PLATFORMS": "cpu",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
         "RAY_USAGE_STATS_ENABLED": "0",
+        **(node_env or {}),
     }
     gcs_port, client_port = free_port(), free_port()
     node = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--num-gpus", str(num_gpus),

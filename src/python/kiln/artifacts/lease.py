@@ -136,15 +136,17 @@ class Lease:
     @classmethod
     def beside(
         cls,
-        folder: Path,
+        folder: str | os.PathLike[str],
         *,
         what: str,
         ttl: float = LEASE_TTL_SECONDS,
         heartbeat: float = HEARTBEAT_SECONDS,
     ) -> Lease:
-        """The lease of a folder: the object `.{name}.lease` in the folder's parent."""
-        store = open_store(folder.parent)
-        return cls(store, lease_key(folder.name), what=what, ttl=ttl, heartbeat=heartbeat)
+        """The lease of a folder (a path, or a folder URL in a bucket): the object
+        `.{name}.lease` in the folder's parent."""
+        parent, _, name = os.fspath(folder).rstrip("/").rpartition("/")
+        store = open_store(parent or ".")
+        return cls(store, lease_key(name), what=what, ttl=ttl, heartbeat=heartbeat)
 
     @property
     def location(self) -> str:

@@ -8,6 +8,12 @@ calls `run_hosts`, which reserves one bundle per host (STRICT_SPREAD: one host e
 `host.TrainerHost` actor on each; the hosts run the multi-host runner with the coordinator on
 host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0 holds the lease
 and writes the record as in any multi-host run.
+
+A TPU slice is reserved as Ray's TPU tooling does it: first its head resource (`TPU-v4-128-head`,
+on the slice's host 0), where a task reads the slice's name; then one bundle per host of THAT
+slice (`{name: 1, TPU: 4}`). Its hosts join with `--coordinator auto`: on TPU VMs jax reads the
+coordinator (host 0) and each process's id from the VM's metadata, so process ids are the TPU
+worker ids, and the host actor on the head's node is host 0.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.cluster import driver, host
-from kiln.cluster.placement import PlacementError, bundle, host_count
+from kiln.cluster.placement import PlacementError, bundle, host_count, tpu_slice
 from kiln_contract.train import Resources
 
 STEP_FILE = "step.json"
@@ -37,6 +43,19 @@ CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: a
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
+
+
+# What every host's trainer gets from the submitting machine's environment: the tracker's and the
+# Hub's keys and settings and the buckets' credentials (kiln_pants.build.TRAINING_ENVIRONMENT),
+# less the variables that name this machine's files and folders (HOME, HF_HOME, AWS_CONFIG_FILE,
+# AWS_SHARED_CREDENTIALS_FILE, GOOGLE_APPLICATION_CREDENTIALS, CLOUDSDK_CONFIG): each host
+# keeps its own.
+HOST_ENVIRONMENT = (
+    "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_MODE", "WANDB_BASE_URL", "HF_TOKEN",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+    "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_DISABLED",
+    "STORAGE_EMULATOR_HOST",
+)  # fmt: skip
 
 
 class ClusterError(RuntimeError):
@@ -60,13 +79,17 @@ class ClusterJob:
         return self.prefix / step["name"] / step["version"]
 
     def runner_argv(self, coordinator: str, process_id: int) -> list[str]:
-        """Host `process_id`'s `python -m kiln.runner` arguments."""
-        return [
+        """Host `process_id`'s `python -m kiln.runner` arguments (on a TPU slice, jax finds the
+        coordinator and process ids itself)."""
+        argv = [
             f"{host.INPUTS}/{STEP_FILE}", "--inputs", host.INPUTS, "--prefix", str(self.prefix),
             "--job", self.job_id, "--max-retries", str(self.max_retries),
-            "--coordinator", coordinator, "--num-processes", str(host_count(self.resources)),
-            "--process-id", str(process_id),
         ]  # fmt: skip
+        if self.resources.kind == "tpu":
+            return [*argv, "--coordinator", "auto"]
+        hosts = str(host_count(self.resources))
+        return [*argv, "--coordinator", coordinator, "--num-processes", hosts,
+                "--process-id", str(process_id)]  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         """Plain values (and the files' bytes): the driver unpickles it before it can import
@@ -146,6 +169,12 @@ def connect(address: str) -> Any:
     return ray
 
 
+def host_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The HOST_ENVIRONMENT variables set here: an argument of the job's start and of each
+    host's run, never a command line, runtime_env, record or log line."""
+    return {name: environ[name] for name in HOST_ENVIRONMENT if environ.get(name)}
+
+
 def ship_code(prefix: Path) -> Path:
     """Copies the `kiln` and `kiln_contract` packages this runner runs into the store, once per
     digest of their files; returns the folder to put on the hosts' PYTHONPATH."""
@@ -181,13 +210,14 @@ def ship_code(prefix: Path) -> Path:
 def run_hosts(
     job_json: dict[str, Any],
     code: str,
+    environment: dict[str, str],
     driver_actor: Any,
     say: Callable[[str], None],
     stopping: threading.Event,
     process_0: Callable[[Any], None],
 ) -> int:
     """In the job's driver (kiln.cluster.driver): runs the hosts, their output going to
-    `driver_actor.write`; a lost host (its actor or node died, or its trainer was killed by a signal)
+    `driver_actor.write` and `environment` in their trainers' environment; a lost host (its actor or node died, or its trainer was killed by a signal)
     ends the attempt, and the next one resumes from the newest checkpoint. `stopping` asks the
     trainers to save a checkpoint and stop; `process_0` is told each attempt's host 0 actor
     (None once it ends), which finds the control endpoint. Returns the runners' exit code."""
@@ -202,7 +232,7 @@ def run_hosts(
                 f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
                 f"{job.max_retries}, from the newest checkpoint"
             )
-        outcome = _attempt(ray, job, code, driver_actor, stopping, process_0)
+        outcome = _attempt(ray, job, code, environment, driver_actor, stopping, process_0)
         if isinstance(outcome, int):
             return outcome
         lost = outcome
@@ -216,24 +246,24 @@ def _attempt(
     ray: Any,
     job: ClusterJob,
     code: str,
+    environment: dict[str, str],
     driver_actor: Any,
     stopping: threading.Event,
     process_0: Callable[[Any], None],
 ) -> int | str:
     """One run of every host: the exit code, or why a host was lost."""
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    wanted = bundle(job.resources)
-    group = placement_group([wanted] * host_count(job.resources), strategy="STRICT_SPREAD")
+    groups: list[Any] = []  # every placement group reserved, released at the end
     hosts: list[Any] = []
     try:
-        ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise PlacementError(
-                f"the Ray cluster at {job.address} has nodes for this run, but they stayed busy "
-                f"for {PLACEMENT_TIMEOUT_S:.0f} s; rerun when they are free"
-            )
+        wanted, first_node = bundle(job.resources), None
+        if job.resources.kind == "tpu":
+            slice_name, first_node = reserve_slice(ray, job, groups)
+            wanted[slice_name] = 1.0
+        bundles = [wanted] * host_count(job.resources)
+        group = _reserve(ray, job, bundles, "STRICT_SPREAD", groups)
         trainer_host = ray.remote(host.TrainerHost)
         hosts = [
             trainer_host.options(
@@ -241,14 +271,17 @@ def _attempt(
                 num_gpus=wanted.get("GPU", 0),
                 resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
                 max_concurrency=4,  # `stop` and `endpoint` answer while `run` waits
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, i),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, index),
             ).remote(str(job.run_dir))
-            for i in range(len(group.bundle_specs))
+            for index in bundle_order(group, first_node)
         ]
         process_0(hosts[0])
-        coordinator = ray.get(hosts[0].coordinator_address.remote())
+        tpu = job.resources.kind == "tpu"
+        coordinator = "auto" if tpu else ray.get(hosts[0].coordinator_address.remote())
         runs = [
-            h.run.remote(dict(job.files), job.runner_argv(coordinator, i), code, driver_actor, i)
+            h.run.remote(
+                dict(job.files), job.runner_argv(coordinator, i), code, environment, driver_actor, i
+            )
             for i, h in enumerate(hosts)
         ]
         return _wait(ray, hosts, runs, stopping)
@@ -256,7 +289,57 @@ def _attempt(
         process_0(None)
         for h in hosts:
             ray.kill(h)  # a trainer dies with its actor
-        remove_placement_group(group)
+        for reserved in groups:
+            remove_placement_group(reserved)
+
+
+def reserve_slice(ray: Any, job: ClusterJob, groups: list[Any]) -> tuple[str, str]:
+    """Reserves a slice of the job's TPU type by its head resource (held until the run ends,
+    so no other run takes the same slice); returns the slice's name and its head's node id."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    head = tpu_slice(job.resources).head_resource
+    group = _reserve(ray, job, [{head: 1.0}], "PACK", groups)
+    on_head = PlacementGroupSchedulingStrategy(group, 0)
+    probe = ray.remote(host.slice_of_node).options(num_cpus=0, scheduling_strategy=on_head)
+    name, node = ray.get(probe.remote())
+    if not name:
+        raise ClusterError(
+            f"the Ray node {node} carries {head} but names no TPU slice (Ray reads it from "
+            "TPU_NAME or the TPU VM's metadata server); start the slice's Ray nodes on the TPU "
+            "VMs themselves, or set TPU_NAME to the slice's name for their `ray start`"
+        )
+    return name, node
+
+
+def bundle_order(group: Any, first_node: str | None) -> list[int]:
+    """The group's bundle indexes, the one on `first_node` (a TPU slice's head) first: its host
+    becomes host 0."""
+    from ray.util import placement_group_table
+
+    indexes = list(range(len(group.bundle_specs)))
+    if first_node is None:
+        return indexes
+    nodes = placement_group_table(group)["bundles_to_node_id"]
+    return sorted(indexes, key=lambda index: nodes[index] != first_node)
+
+
+def _reserve(
+    ray: Any, job: ClusterJob, bundles: list[dict[str, float]], strategy: str, groups: list[Any]
+) -> Any:
+    """A placement group of `bundles`, once Ray has placed it (added to `groups` at once, so it
+    is released even when it never gets placed)."""
+    from ray.util.placement_group import placement_group
+
+    group = placement_group(bundles, strategy=strategy)
+    groups.append(group)
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        raise PlacementError(
+            f"the Ray cluster at {job.address} has nodes for this run, but they stayed busy "
+            f"for {PLACEMENT_TIMEOUT_S:.0f} s; rerun when they are free"
+        )
+    return group
 
 
 def _wait(ray: Any, hosts: list[Any], runs: list[Any], stopping: threading.Event) -> int | str:

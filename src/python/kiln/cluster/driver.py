@@ -32,8 +32,8 @@ def job_names() -> list[str]:
 
 
 class JobDriver:
-    """One job: trains in a thread of its own from construction on, so the job starts even if
-    the submitter disconnects at once."""
+    """One job: trains in a thread of its own from `start` on, so the job goes on when the
+    submitter disconnects."""
 
     def __init__(self, job_id: str, job: dict[str, Any], code: str, summary: dict[str, Any]):
         self._status: dict[str, Any] = {
@@ -44,7 +44,13 @@ class JobDriver:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._host_0: Any = None  # the current attempt's host 0 actor (dispatch.run_hosts)
-        threading.Thread(target=self._run, args=(job, code), daemon=True).start()
+        self._job, self._code = job, code
+
+    def start(self, environment: dict[str, str]) -> None:
+        """Starts the hosts, with `environment` (the submitter's secrets and settings,
+        dispatch.host_environment) for their trainers: held in this actor's memory only."""
+        thread = threading.Thread(target=self._run, args=(environment,), daemon=True)
+        thread.start()
 
     def write(self, line: str) -> None:
         """Appends a line of the job's output (the hosts send theirs here)."""
@@ -90,8 +96,9 @@ class JobDriver:
         with self._lock:
             self._host_0 = host_0
 
-    def _run(self, job: dict[str, Any], code: str) -> None:
+    def _run(self, environment: dict[str, str]) -> None:
         exit_code = 1
+        code = self._code
         try:
             sys.path.insert(0, code)  # Kiln's sources, shipped into the store (dispatch.ship_code)
             import ray
@@ -100,7 +107,7 @@ class JobDriver:
 
             me = ray.get_runtime_context().current_actor
             exit_code = dispatch.run_hosts(
-                job, code, me, self.write, self._stopping, self._set_host_0
+                self._job, code, environment, me, self.write, self._stopping, self._set_host_0
             )
         except Exception as e:  # noqa: BLE001 - every failure ends the job, in its output
             self.write(f"kiln: error: {e}")

@@ -29,6 +29,15 @@ def _die_with_parent() -> None:
         pass
 
 
+def slice_of_node() -> tuple[str | None, str]:
+    """A Ray task on a TPU slice's host 0: the slice's name (the resource every host of the
+    slice carries; None off TPU VMs) and this node's id."""
+    import ray
+    from ray.util.tpu import get_current_pod_name
+
+    return get_current_pod_name(), ray.get_runtime_context().get_node_id()
+
+
 class TrainerHost:
     """One host of a run: reports where a coordinator can listen, then runs the runner; on
     process 0's host, it also finds and mints for the run's control endpoint."""
@@ -48,14 +57,24 @@ class TrainerHost:
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def run(
-        self, files: dict[str, bytes], argv: list[str], pythonpath: str, driver: Any, index: int
+        self,
+        files: dict[str, bytes],
+        argv: list[str],
+        pythonpath: str,
+        environment: dict[str, str],
+        driver: Any,
+        index: int,
     ) -> int:
         """Writes `files` (the step and its eval tasks) to a fresh folder and runs
-        `python -m kiln.runner` there, each line of its output sent to the job's `driver`;
-        returns its exit code."""
+        `python -m kiln.runner` there with `environment` (the submitter's secrets) added to its
+        own, each line of its output sent to the job's `driver`; returns its exit code."""
         self._code = pythonpath
         self._find_kiln()
+        from kiln.control.redact import is_secret_name
         from kiln.control.tokens import hide_tokens  # the job's output is no place for them
+
+        # A trainer that prints a key by mistake does not put it in the job's output either.
+        secrets = [value for name, value in environment.items() if is_secret_name(name)]
 
         with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
             for name, content in files.items():
@@ -65,6 +84,7 @@ class TrainerHost:
             paths = [pythonpath, os.environ.get("PYTHONPATH", "")]
             env = {
                 **os.environ,
+                **environment,
                 "PYTHONPATH": os.pathsep.join(p for p in paths if p),
                 "PYTHONUNBUFFERED": "1",  # each line reaches the job's output as it is printed
             }
@@ -84,7 +104,10 @@ class TrainerHost:
             )
             assert self._process.stdout is not None
             for line in self._process.stdout:
-                driver.write.remote(f"(host {index}) {hide_tokens(line.rstrip())}")
+                line = hide_tokens(line.rstrip())
+                for secret in secrets:
+                    line = line.replace(secret, "[hidden]")
+                driver.write.remote(f"(host {index}) {line}")
             return self._process.wait()
 
     def endpoint(self, ttl_minutes: float | None) -> dict[str, Any] | None:

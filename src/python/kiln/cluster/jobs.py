@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.cluster import driver
-from kiln.cluster.dispatch import ClusterError, ClusterJob, connect, ship_code
+from kiln.cluster.dispatch import ClusterError, ClusterJob, connect, host_environment, ship_code
 from kiln.cluster.placement import check_capacity, describe, host_count
 
 FOLLOW_POLL_S = 0.5  # how often a follower asks the driver for new output
@@ -67,7 +67,9 @@ def _start(ray: Any, job: ClusterJob) -> Any:
         )
         .remote(job.job_id, job.to_json(), str(code), summary)
     )
-    ray.get(handle.status.remote())  # started: the job goes on without this process
+    # The hosts' secrets go as an argument of this call only: not in the driver's creation
+    # task (which Ray keeps) nor in a runtime_env (which Ray shows); docs/clusters.md, "Secrets".
+    ray.get(handle.start.remote(host_environment()))  # the job goes on without this process
     return handle
 
 

@@ -2,11 +2,17 @@
 
 Ray waits forever for a placement group it cannot place, so Kiln checks the request against the
 cluster's nodes first and fails in seconds, naming what was asked and what the cluster has.
+
+TPU slices follow Ray's TPU VM resources (ray/_private/accelerators/tpu.py): every host of a
+slice registers `TPU: <chips on the host>` and the slice's name as a resource of 1, and host 0
+also registers `TPU-<type>-head: 1`. A run reserves a slice by its head, learns the slice's name
+there, then places one bundle per host of that slice (kiln.cluster.dispatch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kiln_contract.train import Resources
@@ -31,14 +37,55 @@ def describe(resources: Resources) -> str:
     return f"{resources.kind}({', '.join(arguments)})"
 
 
+# A slice type is GENERATION-SIZE, as Google Cloud and Ray name it (v4-128, v5litepod-16). SIZE
+# counts TensorCores: two per chip, except on v5e (`v5litepod`) and v6e, which have one.
+TPU_CORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v7x": 2, "v5litepod": 1, "v6e": 1}
+TPU_CHIPS_PER_HOST = 4  # a multi-host slice's VMs have 4 chips each
+TPU_CHIPS_ON_ONE_HOST = {"v5litepod": 8, "v6e": 8}  # v5e/v6e slices of up to 8 chips: one VM
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    type: str  # v4-128
+    hosts: int  # TPU VMs, one trainer process each
+    chips_per_host: int
+
+    @property
+    def head_resource(self) -> str:
+        """The resource Ray registers on the slice's host 0 only."""
+        return f"TPU-{self.type}-head"
+
+
+def tpu_slice(resources: Resources) -> TpuSlice:
+    """The hosts of the slice `tpu(type)` names; PlacementError for a type Kiln cannot read."""
+    generation, _, size = (resources.type or "").partition("-")
+    cores_per_chip = TPU_CORES_PER_CHIP.get(generation)
+    if cores_per_chip is None or not size.isdigit() or int(size) % cores_per_chip:
+        raise PlacementError(
+            f"resources={describe(resources)}: not a TPU slice type Kiln knows; write "
+            f"GENERATION-SIZE with GENERATION one of {', '.join(TPU_CORES_PER_CHIP)} and SIZE "
+            "its TensorCores (v4-128, v5p-256) or, for v5litepod and v6e, chips (v6e-16)"
+        )
+    chips = int(size) // cores_per_chip
+    if chips <= TPU_CHIPS_ON_ONE_HOST.get(generation, TPU_CHIPS_PER_HOST):
+        return TpuSlice(resources.type or "", 1, chips)
+    if chips % TPU_CHIPS_PER_HOST:
+        raise PlacementError(
+            f"resources={describe(resources)}: {chips} chips do not fill hosts of "
+            f"{TPU_CHIPS_PER_HOST}; no such slice exists"
+        )
+    return TpuSlice(resources.type or "", chips // TPU_CHIPS_PER_HOST, TPU_CHIPS_PER_HOST)
+
+
 def host_count(resources: Resources) -> int:
+    if resources.kind == "tpu":
+        return tpu_slice(resources).hosts
     return resources.hosts or 1
 
 
 def bundle(resources: Resources) -> dict[str, float]:
-    """The Ray resources one host's trainer process needs."""
-    if resources.kind == "cpu":
-        return {"CPU": 1.0}
+    """The Ray resources one host's trainer process needs (for a TPU slice, on any slice of its
+    type: dispatch adds the name of the slice it reserved)."""
     if resources.kind == "gpu":
         assert resources.type is not None  # gpu() requires its model
         return {
@@ -46,10 +93,9 @@ def bundle(resources: Resources) -> dict[str, float]:
             "GPU": float(resources.count or 1),
             f"{ACCELERATOR_LABEL}{resources.type}": _LABEL_SHARE,
         }
-    raise PlacementError(
-        f"resources={describe(resources)}: TPU slices do not run on Ray clusters in Kiln; start "
-        "the slice's hosts with --coordinator auto (docs/training.md, 'Multi-host runs')"
-    )
+    if resources.kind == "tpu":
+        return {"CPU": 1.0, "TPU": float(tpu_slice(resources).chips_per_host)}
+    return {"CPU": 1.0}
 
 
 def fits(node_resources: Mapping[str, float], wanted: Mapping[str, float]) -> bool:
@@ -58,19 +104,26 @@ def fits(node_resources: Mapping[str, float], wanted: Mapping[str, float]) -> bo
 
 def check_capacity(resources: Resources, nodes: Sequence[Mapping[str, Any]], address: str) -> None:
     """Raises PlacementError unless `host_count` distinct alive nodes can each hold one bundle
-    (STRICT_SPREAD). `nodes` are `ray.nodes()` entries."""
+    (STRICT_SPREAD) and, for a TPU slice, one of them is a slice head of its type. `nodes` are
+    `ray.nodes()` entries."""
     wanted = bundle(resources)
     alive = [node for node in nodes if node.get("Alive")]
     fitting = [node for node in alive if fits(node.get("Resources", {}), wanted)]
     hosts = host_count(resources)
-    if len(fitting) >= hosts:
+    asked = f"{hosts} host(s) with {_amounts(wanted)} each"
+    heads = 1
+    if resources.kind == "tpu":
+        head = tpu_slice(resources).head_resource
+        asked = f"a {resources.type} slice: {asked}, host 0 carrying {head}"
+        heads = sum(1 for node in fitting if node.get("Resources", {}).get(head, 0.0) >= 1.0)
+    if len(fitting) >= hosts and heads:
         return
     offered = "; ".join(_describe_node(node) for node in alive) or "no alive nodes"
     raise PlacementError(
-        f"resources={describe(resources)} asks for {hosts} host(s) with {_amounts(wanted)} "
-        f"each, and the Ray cluster at {address} can never give it: {len(fitting)} of its "
-        f"{len(alive)} node(s) fit ({offered}). Change `resources` or use a bigger cluster; "
-        "nothing was started."
+        f"resources={describe(resources)} asks for {asked}, and the Ray cluster at {address} "
+        f"can never give it: {len(fitting)} of its {len(alive)} node(s) fit"
+        f"{'' if heads else ', none of them a slice head'} ({offered}). Change `resources` or "
+        "use a bigger cluster; nothing was started."
     )
 
 

@@ -69,10 +69,6 @@ DATA_ARRAY = "data"
 READ_CACHE_BYTES = 256 << 20
 
 
-def shard_dir_name(index: int) -> str:
-    return f"shard-{index:05d}"
-
-
 def zarr_spec(path: Path) -> dict[str, Any]:
     """The spec of a zarr3 array in a local folder."""
     return zarr_spec_in(open_store(path), "")

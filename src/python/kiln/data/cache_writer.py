@@ -12,6 +12,11 @@ readers can check what they read (kiln.artifacts.content).
 
 Callers are a folder's only writer (they hold its lease, kiln.artifacts.lease): temp folders
 left beside a shard or cache by a killed build are deleted when it is next written.
+
+In a bucket (kiln.artifacts.store), which has no rename, nothing is moved into place: a shard
+written in a local staging folder is uploaded to its final keys in the cache, `shards/NAME/`,
+its STATUS last (`upload_shard`), and the cache's records follow beside the shards, STATUS last
+(`write_stored_cache`). The layout is the local one, so either reads the same.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import io
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -30,6 +36,7 @@ import numpy as np
 import tensorstore as ts
 
 from kiln.artifacts import (
+    FAILED,
     RUNNING,
     STATUS_FILE,
     SUCCESS,
@@ -39,7 +46,13 @@ from kiln.artifacts import (
     read_status,
     write_status,
 )
-from kiln.artifacts.content import check_digests, files_under, record_files
+from kiln.artifacts.content import (
+    check_digests,
+    check_object_sizes,
+    files_under,
+    record_files,
+)
+from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
 from kiln.data.cache import (
     BYTE_LENGTHS_FILE,
     CACHE_FILE,
@@ -50,11 +63,11 @@ from kiln.data.cache import (
     SHARD_FILE,
     SHARDS_DIR,
     STATS_FILE,
-    shard_dir_name,
     zarr_spec,
 )
 from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
+from kiln_contract.tokenize import shard_dir_name
 
 # Zarr3 sharding: files ("outer chunks") of 4M elements made of 256K-element compressed chunks.
 INNER_CHUNK = 1 << 18
@@ -153,6 +166,64 @@ def check_shard_content(shard_dir: Path, record: dict[str, Any]) -> None:
         )
 
 
+def stored_shard_record(store: ObjectStore, key: str) -> dict[str, Any] | None:
+    """The shard.json of the complete shard at `key` of `store` (STATUS SUCCESS), else None."""
+    if (read_text(store, f"{key}/{STATUS_FILE}") or "").strip() != SUCCESS:
+        return None
+    text = read_text(store, f"{key}/{SHARD_FILE}")
+    return None if text is None else json.loads(text)
+
+
+def upload_shard(store: ObjectStore, key: str, shard_dir: Path) -> None:
+    """Uploads a complete local shard folder to `key`, replacing what is there: the old STATUS
+    is removed first and the new one uploaded last, so a cut-off upload never reads as a
+    complete shard."""
+    store.remove(f"{key}/{STATUS_FILE}")
+    for stale in set(store.keys(key)) - set(files_under(shard_dir)):
+        store.remove(f"{key}/{stale}")
+    copy_folder_into(store, key, shard_dir)
+
+
+def check_stored_shard(store: ObjectStore, key: str, record: dict[str, Any]) -> None:
+    """Size check of an uploaded shard's objects against its shard.json (their digests were
+    taken from the local files it was uploaded from). A damaged shard loses its STATUS (its
+    caller holds its lease), so that the next build tokenizes it again."""
+    damage = check_object_sizes(store, key, record["files"])
+    if damage:
+        store.remove(f"{key}/{STATUS_FILE}")
+        raise CacheDamaged(
+            f"{store.location(key)}: shard {record['index']}: file {damage[0].file} "
+            f"{damage[0].reason}; the shard was marked incomplete: rerun to tokenize it again."
+        )
+
+
+def write_stored_cache(
+    store: ObjectStore,
+    records: list[dict[str, Any]],
+    cache_record: dict[str, Any],
+    token_byte_lengths: np.ndarray,
+    artifact_record: tuple[str, bytes] | None = None,
+) -> None:
+    """Writes a cache's records beside its uploaded shards (shard i's record at index i):
+    STATUS RUNNING, then the artifact record (name, bytes) if given, byte lengths, ledger,
+    stats and cache.json, STATUS SUCCESS last; FAILED if writing fails."""
+    store.write(STATUS_FILE, f"{RUNNING}\n".encode())
+    try:
+        with tempfile.TemporaryDirectory(prefix="kiln-cache-records-") as staging:
+            folder = Path(staging)
+            if artifact_record is not None:
+                (folder / artifact_record[0]).write_bytes(artifact_record[1])
+            _write_records(
+                folder, _ledger_shards(records), _stats(records), cache_record, token_byte_lengths
+            )
+            write_status(folder, SUCCESS)
+            copy_folder_into(store, "", folder)  # STATUS last
+    except BaseException:
+        with contextlib.suppress(Exception):
+            store.write(STATUS_FILE, f"{FAILED}\n".encode())
+        raise
+
+
 def assemble_cache(
     cache_dir: Path,
     shards: list[tuple[Path, dict[str, Any]]],
@@ -203,15 +274,23 @@ def _assemble(
     cache_record: dict[str, Any],
     token_byte_lengths: np.ndarray,
 ) -> None:
-    ledger_shards, first_document, first_token = [], 0, 0
-    for index, (shard_dir, record) in enumerate(shards):
-        name = shard_dir_name(index)
-        destination = cache_dir / SHARDS_DIR / name
+    for index, (shard_dir, _) in enumerate(shards):
+        destination = cache_dir / SHARDS_DIR / shard_dir_name(index)
         if shard_dir.absolute() != destination.absolute():
             _move_dir(shard_dir, destination)
+    records = [record for _, record in shards]
+    _write_records(
+        cache_dir, _ledger_shards(records), _stats(records), cache_record, token_byte_lengths
+    )
+
+
+def _ledger_shards(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ledger's entries of the shards with these records, in index order, at shards/NAME."""
+    ledger_shards, first_document, first_token = [], 0, 0
+    for index, record in enumerate(records):
         ledger_shards.append(
             {
-                "name": name,
+                "name": shard_dir_name(index),
                 "documents": record["documents"],
                 "tokens": record["tokens"],
                 "first_document": first_document,
@@ -221,8 +300,7 @@ def _assemble(
         )
         first_document += record["documents"]
         first_token += record["tokens"]
-    stats = _stats([record for _, record in shards])
-    _write_records(cache_dir, ledger_shards, stats, cache_record, token_byte_lengths)
+    return ledger_shards
 
 
 def _write_records(

@@ -14,6 +14,13 @@ folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, las
 `plan` prints the files (pieces, units) and bytes each shard reads (`--json`: as one JSON list,
 which `pants plan` reads), and writes nothing.
 
+In a bucket (`--out s3://…` or `gs://…`: storage="store" with a bucket prefix), `shard`
+tokenizes into a local staging folder and uploads the shard to its final keys in the cache,
+`--out CACHE/shards/shard-NNNNN` with `--unless-built CACHE`, STATUS last; `merge` (with those
+shard URLs) checks the uploaded shards and writes the cache's records beside them, STATUS last;
+`import` writes its records the same way. A bucket has no rename: nothing is moved
+(kiln.data.cache_writer).
+
 One builder per folder: `shard` holds its shard folder's lease, `merge` the cache's lease and
 then each shard's, `build` the cache's (kiln.artifacts.lease). A second builder waits for the
 lease, then finds the work done and uses it.
@@ -31,15 +38,23 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from kiln import lifetime  # before the slow imports: it notes the parent process
-from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_bytes, read_status
+from kiln.artifacts import (
+    RECORD_FILE,
+    STATUS_FILE,
+    SUCCESS,
+    atomic_write_bytes,
+    read_status,
+)
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
+from kiln.artifacts.store import ObjectStore, copy_folder_into, open_store, read_text
 from kiln.containment import OutsideRoot, within
 from kiln.data import sources
 from kiln.data.cache import (
@@ -47,20 +62,24 @@ from kiln.data.cache import (
     FORMAT_VERSION,
     SHARDS_DIR,
     VERIFIED_FORMAT_VERSIONS,
-    shard_dir_name,
 )
 from kiln.data.cache_writer import (
     ShardWriter,
     assemble_cache,
     check_shard_content,
+    check_stored_shard,
     read_shard_record,
     remove_dead_temporaries,
+    stored_shard_record,
+    upload_shard,
+    write_stored_cache,
 )
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache
 from kiln.data.spec import CacheSpec, HfSource, LevanterCacheSource, parse_cache_spec
 from kiln.data.tokenizer import EncodedDocuments, LoadedTokenizer, load_tokenizer
+from kiln_contract.tokenize import shard_dir_name
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge
@@ -209,7 +228,7 @@ def _identity(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]:
 
 
 def _check_shard_identity(
-    shard_dir: Path, record: dict[str, Any], expected: dict[str, Any]
+    shard_dir: str | Path, record: dict[str, Any], expected: dict[str, Any]
 ) -> None:
     differing = {k: (record.get(k), v) for k, v in expected.items() if record.get(k) != v}
     if record.get("format_version") not in VERIFIED_FORMAT_VERSIONS:  # shards are alike in both
@@ -221,7 +240,7 @@ def _check_shard_identity(
         raise CacheError(f"{shard_dir} was built from a different spec ({details}).")
 
 
-def _check_shard_plan(shard_dir: Path, record: dict[str, Any], spec: CacheSpec) -> None:
+def _check_shard_plan(shard_dir: str | Path, record: dict[str, Any], spec: CacheSpec) -> None:
     plan = sources.shard_plan(spec.source, spec.num_shards, record["index"])
     if record.get("plan") != plan and isinstance(spec.source, HfSource):
         raise CacheError(
@@ -245,13 +264,25 @@ def _reusable_shard_record(
     """The record of a complete shard folder holding shard `index` of `spec`, else None."""
     try:
         record = read_shard_record(shard_dir)
-        _check_shard_identity(shard_dir, record, _identity(spec, tokenizer))
-        if record["index"] != index:
-            return None
-        _check_shard_plan(shard_dir, record, spec)
     except KilnDataError:
         return None
-    return record
+    return record if _is_shard_of(shard_dir, record, spec, index, tokenizer) else None
+
+
+def _is_shard_of(
+    where: str | Path,
+    record: dict[str, Any],
+    spec: CacheSpec,
+    index: int,
+    tokenizer: LoadedTokenizer,
+) -> bool:
+    """Whether the complete shard at `where`, with this record, is shard `index` of `spec`."""
+    try:
+        _check_shard_identity(where, record, _identity(spec, tokenizer))
+        _check_shard_plan(where, record, spec)
+    except KilnDataError:
+        return False
+    return bool(record["index"] == index)
 
 
 def _ref(spec: CacheSpec) -> str:
@@ -307,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
     try:
+        in_bucket = _in_bucket(args)
         _check_contained(args)
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
@@ -318,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{_ref(spec)}: already built at {finished}", file=sys.stderr)
             return 0
         _check_command_fits_source(spec, args.command)
-        if args.command == "shard":
+        if in_bucket:
+            _bucket_command(spec, args)
+        elif args.command == "shard":
             _shard_command(spec, args)
         elif args.command == "merge":
             _merge_command(spec, args)
@@ -331,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        failure = as_storage_error(e, args.out)
+        failure = as_storage_error(e, getattr(args, "out", None) or args.spec)  # plan: no --out
         if failure is None:
             raise
         print(f"error: {failure}", file=sys.stderr)
@@ -443,6 +477,164 @@ def _remove_if_empty(folder: Path) -> None:
         folder.rmdir()
 
 
+# --- caches built in a bucket (storage="store" with an s3:// or gs:// prefix) ---------------------
+
+
+def _bucket_command(spec: CacheSpec, args: argparse.Namespace) -> None:
+    """`shard`, `merge` or `import` of a cache in a bucket. The bucket is checked first (a
+    missing bucket or an unreachable endpoint fails here), then the lease is taken (a denied
+    write fails here): either way one line naming the URL, before anything is tokenized."""
+    cache = args.unless_built if args.command == "shard" else args.out
+    if cache is None:
+        raise SpecError(
+            f"shard --out {args.out}: a shard in a bucket is built at its place in the cache; "
+            "give the cache as --unless-built CACHE_URL."
+        )
+    store = open_store(cache)
+    store.check()
+    if args.command == "shard":
+        _bucket_shard(spec, args.index, args.out, cache, store)
+    elif args.command == "merge":
+        _bucket_merge(spec, args.shards, cache, store, args.record)
+    else:
+        _bucket_import(spec, cache, store, args.record)
+
+
+def _stored_shard_key(spec: CacheSpec, cache: str, url: str, index: int) -> str:
+    """The key of shard `index` in the cache's store, after checking `url` is where it goes."""
+    key = f"{SHARDS_DIR}/{shard_dir_name(index)}"
+    if url != f"{cache}/{key}":
+        raise SpecError(
+            f"{url}: shard {index} of {_ref(spec)} in a bucket is built at its place in the "
+            f"cache, {cache}/{key}: buckets have no rename to move it there later."
+        )
+    return key
+
+
+def _bucket_shard(spec: CacheSpec, index: int, url: str, cache: str, store: ObjectStore) -> None:
+    """Tokenizes shard `index` into a local staging folder and uploads it, under the shard's
+    lease, unless the cache is built or the shard is in the bucket already."""
+    if not 0 <= index < spec.num_shards:
+        raise SpecError(f"--index {index} is out of range: config.num_shards is {spec.num_shards}.")
+    key = _stored_shard_key(spec, cache, url, index)
+    with Lease.beside(url, what=f"tokenize {_ref(spec)} shard {index}").acquire(wait=True):
+        if already_built(spec, cache):
+            print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
+            return
+        tokenizer = load_tokenizer(spec.tokenizer)
+        record = stored_shard_record(store, key)
+        if record is not None and _is_shard_of(url, record, spec, index, tokenizer):
+            print(f"{spec.name}: shard {index} is already at {url}", file=sys.stderr)
+            return
+        with tempfile.TemporaryDirectory(prefix="kiln-shard-") as staging:
+            shard_dir = Path(staging) / shard_dir_name(index)
+            tokenize_shard(spec, index, shard_dir, tokenizer)
+            upload_shard(store, key, shard_dir)
+        print(f"{spec.name}: shard {index} uploaded to {url}", file=sys.stderr)
+
+
+def _bucket_merge(
+    spec: CacheSpec, urls: list[str], cache: str, store: ObjectStore, record_file: Path | None
+) -> None:
+    """Under the cache's lease and each shard's: checks the uploaded shards (identity, plan,
+    object sizes) and writes the cache's records beside them, STATUS last."""
+    if len(urls) != spec.num_shards:
+        raise SpecError(f"merge: {len(urls)} shard(s) given; config.num_shards is {spec.num_shards}.")
+    keys = [_stored_shard_key(spec, cache, url, index) for index, url in enumerate(urls)]
+    with contextlib.ExitStack() as leases:
+        leases.enter_context(Lease.beside(cache, what=f"merge {_ref(spec)}").acquire(wait=True))
+        if already_built(spec, cache):
+            print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
+            return
+        for index, url in enumerate(urls):
+            what = f"merge {_ref(spec)} (shard {index})"
+            leases.enter_context(Lease.beside(url, what=what).acquire(wait=True))
+        tokenizer = load_tokenizer(spec.tokenizer)
+        records = [_stored_shard(spec, store, key, i, tokenizer) for i, key in enumerate(keys)]
+        missing = [index for index, record in enumerate(records) if record is None]
+        if missing:
+            raise CacheError(
+                f"Cannot merge {spec.name}: shard(s) {missing} of {spec.num_shards} are not "
+                f"complete in {cache}; rerun so their `shard` processes upload them."
+            )
+        complete = [record for record in records if record is not None]
+        if sum(record["documents"] for record in complete) == 0:
+            raise SourceError(
+                f"{spec.name}: the dataset is empty (every document was empty or the source has "
+                "none); check the source's paths / split and text_key."
+            )
+        for key, record in zip(keys, complete):
+            check_stored_shard(store, key, record)
+        artifact = (RECORD_FILE, record_file.read_bytes()) if record_file is not None else None
+        write_stored_cache(
+            store,
+            complete,
+            _cache_record(spec, tokenizer),
+            tokenizer.info.token_byte_lengths,
+            artifact,
+        )
+        print(f"{_ref(spec)}: cache ready at {cache}", file=sys.stderr)
+
+
+def _stored_shard(
+    spec: CacheSpec, store: ObjectStore, key: str, index: int, tokenizer: LoadedTokenizer
+) -> dict[str, Any] | None:
+    """The record of the complete shard at `key`, checked to be this spec's (None if the shard
+    is not complete); a shard of another spec is refused, as in a local merge."""
+    record = stored_shard_record(store, key)
+    if record is None:
+        return None
+    where = store.location(key)
+    _check_shard_identity(where, record, _identity(spec, tokenizer))
+    if record["index"] != index:
+        raise CacheError(f"{where} holds shard {record['index']}, not shard {index}.")
+    _check_shard_plan(where, record, spec)
+    return record
+
+
+def _bucket_import(
+    spec: CacheSpec, cache: str, store: ObjectStore, record_file: Path | None
+) -> None:
+    """Imports under the cache's lease: the records are written in a local staging folder and
+    uploaded, STATUS last (the imported arrays stay where they are)."""
+    with Lease.beside(cache, what=f"import {_ref(spec)}").acquire(wait=True):
+        if already_built(spec, cache):
+            print(f"{_ref(spec)}: already built at {cache}", file=sys.stderr)
+            return
+        tokenizer = load_tokenizer(spec.tokenizer)
+        with tempfile.TemporaryDirectory(prefix="kiln-import-") as staging:
+            folder = Path(staging) / "cache"
+            if record_file is not None:
+                atomic_write_bytes(folder / RECORD_FILE, record_file.read_bytes())
+            import_levanter_cache(spec, folder, tokenizer)
+            copy_folder_into(store, "", folder)  # STATUS last
+        print(f"{_ref(spec)}: imported at {cache}", file=sys.stderr)
+
+
+def _in_bucket(args: argparse.Namespace) -> bool:
+    """Whether this command writes into a bucket: its --out, and every other folder it names,
+    are bucket URLs (str); else they are local paths (Path), as the arguments were parsed."""
+    named = [
+        getattr(args, "out", None),  # `plan` writes nothing
+        getattr(args, "unless_built", None),
+        *(getattr(args, "shards", None) or []),
+    ]
+    urls = [isinstance(location, str) for location in named if location is not None]
+    if any(urls) and not all(urls):
+        raise SpecError(
+            f"{args.command}: --out and the shard folders must all be local paths or all be "
+            "bucket URLs; a cache in a bucket is built in that bucket."
+        )
+    if args.command == "build" and isinstance(args.out, str):
+        raise SpecError(
+            f"build --out {args.out}: a cache in a bucket is built with `shard` and `merge` "
+            "(storage=\"store\"), or built locally and uploaded."
+        )
+    if any(urls) and args.root is not None:
+        raise SpecError("--root confines local folders; a bucket cache's keys are its own.")
+    return any(urls)
+
+
 def _check_contained(args: argparse.Namespace) -> None:
     """With --root (the artifact store, for store-mode caches), every folder this command writes
     or moves must resolve inside it, before anything is written."""
@@ -456,12 +648,14 @@ def _check_contained(args: argparse.Namespace) -> None:
         raise SpecError(str(e)) from None
 
 
-def already_built(spec: CacheSpec, out_dir: Path) -> bool:
-    """A finished cache of this spec is served as is (the artifact store resumes, not Pants);
-    a finished cache of another fingerprint under the same name and version is refused."""
-    if read_status(out_dir) != SUCCESS:
+def already_built(spec: CacheSpec, out_dir: str | Path) -> bool:
+    """A finished cache of this spec (in a folder or a bucket) is served as is (the artifact
+    store resumes, not Pants); a finished cache of another fingerprint under the same name and
+    version is refused."""
+    store = open_store(out_dir)
+    if (read_text(store, STATUS_FILE) or "").strip() != SUCCESS:
         return False
-    built = json.loads((out_dir / CACHE_FILE).read_text()).get("fingerprint")
+    built = json.loads(store.read(CACHE_FILE).data).get("fingerprint")
     if built != spec.fingerprint:
         raise CacheError(
             f"{out_dir} already holds {spec.name}@{spec.version} with fingerprint {built}, not "
@@ -479,6 +673,11 @@ def _read_spec_file(path: Path) -> Any:
         raise SpecError(f"{path}: not valid JSON ({e}).") from None
 
 
+def _location(text: str) -> str | Path:
+    """A folder argument: a bucket URL stays text (a Path would fold its `//`), else a Path."""
+    return text.rstrip("/") if "://" in text else Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m kiln.data.tokenize", description=__doc__.split("\n")[0]
@@ -487,21 +686,23 @@ def _parser() -> argparse.ArgumentParser:
     shard = commands.add_parser("shard", help="tokenize one shard into a shard folder")
     shard.add_argument("spec", type=Path)
     shard.add_argument("--index", type=int, required=True)
-    shard.add_argument("--out", type=Path, required=True)
+    shard.add_argument("--out", type=_location, required=True)
     shard.add_argument(
-        "--unless-built", type=Path, help="do nothing if this cache is already built (store mode)"
+        "--unless-built",
+        type=_location,
+        help="do nothing if this cache is already built (store mode)",
     )
     merge = commands.add_parser("merge", help="assemble shard folders into a cache")
     merge.add_argument("spec", type=Path)
-    merge.add_argument("--shards", type=Path, nargs="+", required=True)
-    merge.add_argument("--out", type=Path, required=True)
+    merge.add_argument("--shards", type=_location, nargs="+", required=True)
+    merge.add_argument("--out", type=_location, required=True)
     merge.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     build = commands.add_parser("build", help="all shards in this process, then merge")
     build.add_argument("spec", type=Path)
-    build.add_argument("--out", type=Path, required=True)
+    build.add_argument("--out", type=_location, required=True)
     imported = commands.add_parser("import", help="import a levanter_cache source")
     imported.add_argument("spec", type=Path)
-    imported.add_argument("--out", type=Path, required=True)
+    imported.add_argument("--out", type=_location, required=True)
     imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     plan = commands.add_parser("plan", help="print the files and bytes each shard reads")
     plan.add_argument("spec", type=Path)

@@ -8,7 +8,15 @@ from typing import Any
 import pytest
 
 from kiln.cluster.dispatch import ClusterError, ClusterJob, resolve_address
-from kiln.cluster.placement import PlacementError, bundle, check_capacity, describe, host_count
+from kiln.cluster.placement import (
+    PlacementError,
+    TpuSlice,
+    bundle,
+    check_capacity,
+    describe,
+    host_count,
+    tpu_slice,
+)
 from kiln_contract.train import Resources
 
 
@@ -27,8 +35,47 @@ def test_bundles_ask_for_exactly_what_resources_names() -> None:
         "CPU": 1.0, "GPU": 8.0, "accelerator_type:H100": 0.001,
     }  # fmt: skip
     assert host_count(Resources("cpu")) == 1 and host_count(Resources("gpu", "A100", 4, 3)) == 3
-    with pytest.raises(PlacementError, match=r"resources=tpu\('v4-128'\): TPU slices do not run"):
-        bundle(Resources("tpu", "v4-128"))
+    assert bundle(Resources("tpu", "v4-128")) == {"CPU": 1.0, "TPU": 4.0}
+    assert bundle(Resources("tpu", "v6e-8")) == {"CPU": 1.0, "TPU": 8.0}
+
+
+@pytest.mark.parametrize(
+    ("type_", "hosts", "chips_per_host"),
+    [
+        ("v4-8", 1, 4), ("v4-16", 2, 4), ("v4-128", 16, 4), ("v5p-256", 32, 4),
+        ("v2-32", 4, 4), ("v7x-16", 2, 4),
+        ("v5litepod-1", 1, 1), ("v5litepod-8", 1, 8), ("v5litepod-16", 4, 4),
+        ("v6e-4", 1, 4), ("v6e-8", 1, 8), ("v6e-256", 64, 4),
+    ],
+)  # fmt: skip
+def test_a_tpu_slice_type_names_its_hosts(type_: str, hosts: int, chips_per_host: int) -> None:
+    resources = Resources("tpu", type_)
+    assert tpu_slice(resources) == TpuSlice(type_, hosts, chips_per_host)
+    assert host_count(resources) == hosts
+    assert tpu_slice(resources).head_resource == f"TPU-{type_}-head"
+
+
+@pytest.mark.parametrize("type_", ["v4", "v4-x", "v4-7", "v5e-16", "h100-8", "v4-12"])
+def test_an_unknown_tpu_slice_type_is_refused(type_: str) -> None:
+    with pytest.raises(PlacementError, match=rf"resources=tpu\('{type_}'\): "):
+        host_count(Resources("tpu", type_))
+
+
+def test_a_tpu_slice_needs_a_head_of_its_type_and_enough_hosts() -> None:
+    host = {"CPU": 200.0, "TPU": 4.0, "my-slice": 1.0}
+    nodes = [node("10.0.0.1", **host, **{"TPU-v4-16-head": 1.0}), node("10.0.0.2", **host)]
+    check_capacity(Resources("tpu", "v4-16"), nodes, "ray://head:10001")
+    with pytest.raises(PlacementError) as raised:
+        check_capacity(Resources("tpu", "v4-16"), nodes[1:] * 2, "ray://head:10001")
+    assert str(raised.value) == (
+        "resources=tpu('v4-16') asks for a v4-16 slice: 2 host(s) with CPU 1, TPU 4 each, host 0 "
+        "carrying TPU-v4-16-head, and the Ray cluster at ray://head:10001 can never give it: 2 of "
+        "its 2 node(s) fit, none of them a slice head (10.0.0.2: CPU 200, TPU 4, my-slice 1; "
+        "10.0.0.2: CPU 200, TPU 4, my-slice 1). Change `resources` or use a bigger cluster; "
+        "nothing was started."
+    )
+    with pytest.raises(PlacementError, match=r"asks for a v4-32 slice: 4 host\(s\) .* 2 of its 2"):
+        check_capacity(Resources("tpu", "v4-32"), nodes, "ray://head:10001")
 
 
 def test_describe_writes_resources_as_the_build_file_does() -> None:
@@ -75,3 +122,5 @@ def test_each_host_runs_the_multihost_runner() -> None:
         "--coordinator", "10.0.0.1:4000", "--num-processes", "2", "--process-id", "1",
     ]  # fmt: skip
     assert ClusterJob.from_json(job.to_json()) == job
+    on_a_slice = ClusterJob("tiny-1", "x@1", "ray://h:1", Resources("tpu", "v4-16"), {}, Path("/s"))
+    assert on_a_slice.runner_argv("ignored", 1)[-2:] == ["--coordinator", "auto"]

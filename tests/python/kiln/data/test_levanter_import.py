@@ -141,3 +141,14 @@ def test_a_cache_in_a_bucket_is_imported_in_place(
     assert shard["location"] == f"{url}/input_ids" and shard["identity"]["location"] == url
     assert cache.document(len(documents) - 1).tolist() == documents[-1].tolist()
     assert cache.windows([3], 64).tokens.tolist() == [np.concatenate(documents)[192:256].tolist()]
+    # A store-mode import under a bucket prefix: its records are uploaded, STATUS last.
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(import_spec(url)))
+    (tmp_path / "record.json").write_text('{"name": "tokenized/levanter-import"}')
+    out = fresh_url("s3")
+    record = ["--record", str(tmp_path / "record.json")]
+    assert main(["import", str(spec_file), "--out", out, *record]) == 0
+    in_bucket = TokenCache.open(out)
+    assert in_bucket.ledger == cache.ledger
+    assert in_bucket.document(len(documents) - 1).tolist() == documents[-1].tolist()
+    assert open_store(out).read("artifact.json").data == b'{"name": "tokenized/levanter-import"}'

@@ -24,7 +24,7 @@ from kiln_testing.training import write_runner_step
 from kiln.artifacts import peek
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectStore, open_store
-from kiln.runner import StepError, read_step, run_in_bucket
+from kiln.runner import StepError, read_step, run_in_bucket, upload_inputs
 
 REF = "checkpoints/tiny@2026.11.29"
 RUN = "checkpoints/tiny/2026.11.29"
@@ -138,6 +138,23 @@ def test_plan_reads_built_and_would_run_from_the_bucket(
     missing = f"{scheme}://kiln-no-such-bucket/x"
     assert peek.main([missing, RUN]) == 4
     assert f"{missing}: the bucket kiln-no-such-bucket does not exist" in capsys.readouterr().err
+
+
+def test_store_caches_are_read_where_they_were_built_in_the_bucket(
+    uninterrupted: str, scheme: str, step: Path, tmp_path: Path
+) -> None:
+    """A storage="store" input names its URL in the bucket (kiln_pants.train_rules): the run
+    reads it there, finished with the same record, and copies nothing; elsewhere it is refused."""
+    raw = json.loads(step.read_text())
+    for entry in raw["inputs"]:
+        del entry["location"]
+        entry["store_path"] = f"{uninterrupted}/{entry['name']}/{entry['version']}"
+    (tmp_path / "step.json").write_text(json.dumps(raw))
+    store_step = read_step(tmp_path / "step.json")
+    upload_inputs(store_step, tmp_path, open_store(uninterrupted))  # nothing under tmp_path
+    elsewhere = fresh_url(scheme)
+    with pytest.raises(StepError, match=rf"{elsewhere}/tokenized/a/2026.11.29 holds no finished"):
+        upload_inputs(store_step, tmp_path, open_store(elsewhere))
 
 
 def test_a_second_run_is_refused_and_a_killed_upload_resumes_equal(
