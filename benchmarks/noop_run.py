@@ -9,11 +9,11 @@ prints the median wall time of each (the whole command, as a user waits for it):
 - `pants list TARGET`: the launcher, Pants' native client and pantsd, with a goal that runs
   nothing: Pants' floor;
 - `pants run TARGET`: served by the Pants rule from the store's STATUS, record and summary (one
-  shell process reads them), with no runtime started;
-- the same through Pants' Python client (`{bootstrap venv}/bin/pants`, what `./pants` ran
-  before it used the native client): the client's own start-up;
-- `pants run TARGET -- --attention xla`: any `--` option leaves the decision to the runner, as
-  every run did before: the runtime PEX's venv starts, `kiln.runner` imports, reads the store.
+  uncacheable rule reads them), with no runtime started;
+- the same through Pants' Python client (`{bootstrap venv}/bin/pants`, what `./pants`
+  runs where the native client cannot be installed): the client's own start-up;
+- `pants run TARGET -- --attention xla`: any `--` option leaves the decision to the runner:
+  the runtime PEX's venv starts, `kiln.runner` imports, reads the store.
 
 and the differences between them.
 """

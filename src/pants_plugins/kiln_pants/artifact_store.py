@@ -12,9 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from pants.engine.process import Process, ProcessCacheScope, ProcessResult
-from pants.engine.rules import Get, collect_rules, rule
-from pants.util.logging import LogLevel
+from pants.engine.rules import _uncacheable_rule, collect_rules
 
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact
@@ -79,30 +77,11 @@ class StoredFiles:
     texts: tuple[Optional[str], ...]  # one per name: the file's text, None when absent
 
 
-# For each name after the folder: 1 and the file's text, or 0 when there is none; then a NUL.
-# Shell builtins only: Pants processes get no PATH.
-_SHOW_FILES = (
-    'show() { [ -f "$1" ] || { printf 0; return 0; }; printf 1; '
-    'while IFS= read -r line || [ -n "$line" ]; do printf "%s\\n" "$line"; done < "$1"; }; '
-    'folder="$1"; shift; for name in "$@"; do show "$folder/$name"; printf "\\000"; done'
-)
-
-
-@rule(desc="Reading an artifact's files in the store")
+@_uncacheable_rule(desc="Reading an artifact's files in the store")
 async def read_stored_files(request: StoredFilesRequest) -> StoredFiles:
-    """The files as they are now: a process run every session, since a rule reading them itself
-    would be kept by pantsd while the store changes behind it."""
-    result = await Get(
-        ProcessResult,
-        Process(
-            argv=("/bin/sh", "-c", _SHOW_FILES, "kiln-show", request.folder, *request.names),
-            description=f"Reading {', '.join(request.names)} in {request.folder}",
-            level=LogLevel.DEBUG,  # a served `pants run` prints what the runner would, only
-            cache_scope=ProcessCacheScope.PER_SESSION,
-        ),
-    )
-    parts = result.stdout.decode().split("\0")[: len(request.names)]
-    return StoredFiles(tuple(part[1:] if part.startswith("1") else None for part in parts))
+    """The files as they are now: uncacheable, so pantsd rereads them every run while the store
+    changes behind its back."""
+    return StoredFiles(tuple(_read(os.path.join(request.folder, name)) for name in request.names))
 
 
 def stored_state(prefix: str, artifact: Artifact) -> StoredState:

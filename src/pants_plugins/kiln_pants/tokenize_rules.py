@@ -38,7 +38,7 @@ from pants.engine.fs import (
     RemovePrefix,
 )
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope, ProcessResult
-from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
+from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
@@ -61,11 +61,14 @@ from kiln_pants.artifact_graph import (
     TokenizerFilesRequest,
 )
 from kiln_pants.artifact_store import (
+    RECORD_FILE,
+    STATUS_FILE,
     STORE_ENVIRONMENT,
-    StoredState,
+    StoredFiles,
+    StoredFilesRequest,
     artifact_path,
     artifact_record,
-    stored_state,
+    recorded_state,
 )
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import FAN_OUT, TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
@@ -255,18 +258,6 @@ async def _tokenize_on_cluster(
     return result
 
 
-@dataclass(frozen=True)
-class StoreStateRequest:
-    prefix: str
-    artifact: Artifact
-
-
-@_uncacheable_rule(desc="Reading a cache's state in the artifact store")
-async def read_store_state(request: StoreStateRequest) -> StoredState:
-    """Uncacheable: the store changes behind Pants' back, so pantsd rereads it every run."""
-    return stored_state(request.prefix, request.artifact)
-
-
 @rule(desc="Looking for a built cache")
 async def built_or_tokenized_cache(
     request: BuildCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
@@ -283,8 +274,11 @@ async def built_or_tokenized_cache(
     if target[CacheStorageField].value == "store" and "://" not in prefix:
         graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address])))
         artifact = graph.get(request.address)
-        state = await Get(StoredState, StoreStateRequest(prefix, artifact))
-        if state.status == "built":
+        stored = await Get(
+            StoredFiles,
+            StoredFilesRequest(artifact_path(prefix, artifact), (STATUS_FILE, RECORD_FILE)),
+        )
+        if not artifact.mutable and recorded_state(artifact, *stored.texts).status == "built":
             tokenizer = target[TokenizerField].value
             tokenizer_files = EMPTY_DIGEST
             if tokenizer_address(tokenizer):
