@@ -15,6 +15,12 @@ causal-halved (the attention FLOPs a causal kernel does). Random tokens, one fix
 median of --steps timed steps after --warmup-steps. "1st step s" is the first call (trace,
 compile, run); with --compile-cache, "warm 1st s" is the first call of a second, freshly traced
 step in the same process, its executable read from jax's persistent compilation cache.
+
+With --profile DIR, each row is followed by where its step's time goes: --profile-steps more
+steps (each waited for, as timed steps are) run under jax.profiler, the trace goes to
+DIR/LAYOUT-ATTENTION, and benchmarks/step_profile.py splits the step by category (matmuls,
+attention forward / recomputed forward / backward, lm head + loss, optimizer, elementwise,
+host / idle) in ms and %.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 from attention import load_block_sizes  # benchmarks/attention.py
 from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
+from step_profile import capture, format_table, read_op_events, step_split
 
 from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
@@ -127,6 +135,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, help="default per model")
     parser.add_argument("--remat", choices=["none", "full", "save_dots", "offload"])
     parser.add_argument("--compute-dtype", default="bfloat16")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also trace --profile-steps steps per row into DIR/LAYOUT-ATTENTION and print the "
+        "step's time by category",
+    )
+    parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument(
@@ -148,7 +163,7 @@ def measure(
 ) -> dict:
     mesh = make_mesh({"data": -1})
     adam = AdamConfig()
-    num_train_steps = args.warmup_steps + args.steps
+    num_train_steps = args.warmup_steps + args.steps + (args.profile_steps if args.profile else 0)
     state = init_train_state(
         config,
         adam,
@@ -176,10 +191,15 @@ def measure(
     for _ in range(args.steps):
         state, seconds = timed_step(train_step, state, batch)
         step_times.append(seconds)
+    profile = None
+    if args.profile:
+        trace_dir = Path(args.profile) / f"{layout}-{attention}"
+        state, profile = profile_steps(train_step, state, batch, args.profile_steps, trace_dir)
     state, metrics = train_step(state, batch)
     step_time = statistics.median(step_times)
     tokens_per_second = batch_size * seq_len / step_time
     return {
+        "profile": profile,
         "attention": attention,
         "layout": layout,
         "tokens_per_second": tokens_per_second,
@@ -207,6 +227,20 @@ def timed_step(train_step, state, batch) -> tuple[object, float]:
     state, metrics = train_step(state, batch)
     jax.block_until_ready(metrics)
     return state, time.perf_counter() - start
+
+
+def profile_steps(train_step, state, batch, steps: int, trace_dir: Path) -> tuple[object, dict]:
+    """(next state, {"trace": its .xplane.pb, "split": ms per step by category}) of `steps`
+    steps run under jax.profiler, each waited for."""
+
+    def run() -> None:
+        nonlocal state
+        for _ in range(steps):
+            state, metrics = train_step(state, batch)
+            jax.block_until_ready(metrics)
+
+    xplane, wall_ns = capture(run, trace_dir)
+    return state, {"trace": xplane, "split": step_split(read_op_events(xplane), steps, wall_ns)}
 
 
 def mfu(
@@ -242,6 +276,10 @@ def print_row(row: dict) -> None:
         f"{row['loss']:>8.4f}",
         flush=True,
     )
+    if row["profile"] is not None:
+        print(f"  where the step goes (trace: {row['profile']['trace']}):")
+        print("\n".join("  " + line for line in format_table(row["profile"]["split"]).splitlines()))
+        print(flush=True)
 
 
 def percent(fraction: float | None) -> str:

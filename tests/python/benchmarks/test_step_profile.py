@@ -1,0 +1,107 @@
+"""The step profile's categoriser: on a real trace of the tiny train step captured on CPU (the
+Pallas kernel interpreted, remat recomputing the forward), and its rules on hand-written ops."""
+
+import jax
+import numpy as np
+import pytest
+import step_profile
+from step_profile import (
+    ATTENTION_BACKWARD,
+    ATTENTION_FORWARD,
+    ATTENTION_RECOMPUTED,
+    COLLECTIVES,
+    ELEMENTWISE,
+    HOST_IDLE,
+    LM_HEAD_LOSS,
+    MATMULS,
+    OPTIMIZER,
+    HloOp,
+    OpEvent,
+)
+
+from kiln.model.config import LlamaConfig
+from kiln.train.mesh import make_mesh
+from kiln.train.optimizer import AdamConfig
+from kiln.train.step import init_train_state, make_train_step, shard_batch
+
+CONFIG = LlamaConfig(
+    max_seq_len=32, hidden_dim=64, intermediate_dim=128, num_heads=2, num_kv_heads=1,
+    num_layers=1, vocab_size=128,
+)  # fmt: skip
+
+
+def test_a_cpu_trace_of_the_tiny_step_is_split_by_named_scope(tmp_path):
+    mesh, adam = make_mesh({"data": -1}), AdamConfig()
+    state = init_train_state(
+        CONFIG, adam, 2, seed=0, mesh=mesh, attention="pallas", remat="full"
+    )
+    tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 32), dtype=np.int32)
+    segments = np.repeat(np.array([[0] * 20 + [1] * 12]), 2, axis=0).astype(np.int32)
+    batch = {"tokens": tokens, "loss_mask": np.ones((2, 32), np.float32), "segment_ids": segments}
+    train_step = make_train_step(adam, 2, z_loss_weight=1e-4, mesh=mesh)
+    batch = shard_batch(batch, mesh)
+
+    xplane, wall_ns = step_profile.capture(
+        lambda: jax.block_until_ready(train_step(state, batch)), tmp_path
+    )
+    events = step_profile.read_op_events(xplane)
+
+    kernels = {"kiln_flash_attention_fwd", "kiln_flash_attention_dkv", "kiln_flash_attention_dq"}
+    by_kernel = {
+        kernel: {e.category for e in events if kernel in e.op_name} for kernel in kernels
+    }
+    # The interpreted kernel's ops carry the attention scope: the forward kernel runs in the
+    # forward pass and again under remat, the dK/dV and dQ kernels in the backward pass.
+    assert by_kernel["kiln_flash_attention_fwd"] == {ATTENTION_FORWARD, ATTENTION_RECOMPUTED}
+    assert by_kernel["kiln_flash_attention_dkv"] == {ATTENTION_BACKWARD}
+    assert by_kernel["kiln_flash_attention_dq"] == {ATTENTION_BACKWARD}
+    split = step_profile.step_split(events, steps=1, wall_ns=wall_ns)
+    for category in (MATMULS, LM_HEAD_LOSS, OPTIMIZER, ELEMENTWISE, HOST_IDLE):
+        assert split[category] > 0, (category, split)
+    assert split[COLLECTIVES] == 0  # one CPU device
+    assert sum(split.values()) == pytest.approx(wall_ns / 1e6)
+
+
+@pytest.mark.parametrize(
+    ("op", "category"),
+    [
+        (HloOp("fusion", "jit(train_step)/jvp(kiln_attention)/pallas_call"), ATTENTION_FORWARD),
+        (
+            HloOp("custom-call", "jit(train_step)/transpose(jvp(jvp()))/checkpoint/"
+                  "rematted_computation/kiln_attention/jit(flash_attention)/pallas_call"),
+            ATTENTION_RECOMPUTED,
+        ),
+        (
+            HloOp("custom-call", "jit(train_step)/transpose(jvp(jvp()))/checkpoint/"
+                  "kiln_attention/jit(flash_attention)/pallas_call", "__gpu$xla.gpu.triton"),
+            ATTENTION_BACKWARD,
+        ),
+        # The lm head's matmul is the loss's; the optimizer's reductions are the optimizer's.
+        (HloOp("dot", "jit(train_step)/jvp(kiln_lm_head_loss)/dot_general"), LM_HEAD_LOSS),
+        (HloOp("fusion", "jit(train_step)/kiln_optimizer/reduce_sum"), OPTIMIZER),
+        (HloOp("custom-call", "jit(train_step)/jvp()/dot_general", "__cublas$lt$matmul"), MATMULS),
+        (HloOp("fusion", "jit(train_step)/jvp()/dot_general", contains_matmul=True), MATMULS),
+        (HloOp("all-gather-start", "jit(train_step)/jvp()/all_gather"), COLLECTIVES),
+        (HloOp("fusion", "jit(train_step)/jvp()/mul"), ELEMENTWISE),
+        (HloOp("", ""), ELEMENTWISE),  # an op the trace's HLO does not name
+    ],
+)
+def test_rules(op, category):
+    assert step_profile.categorise(op) == category
+
+
+def test_overlapping_ops_share_their_time_and_loops_count_only_alone():
+    events = [
+        OpEvent(0, 100, MATMULS),
+        OpEvent(50, 150, ELEMENTWISE),  # overlaps the matmul by 50 ns: 25 each
+        OpEvent(200, 400, ATTENTION_FORWARD, container=True),  # a while loop around a kernel
+        OpEvent(250, 350, MATMULS),  # inside the loop: its 100 ns are the kernel's
+    ]
+    assert step_profile.split_by_category(events) == {
+        MATMULS: 75 + 100,
+        ELEMENTWISE: 75,
+        ATTENTION_FORWARD: 100,
+    }
+    split = step_profile.step_split(events, steps=2, wall_ns=1000)
+    assert split[HOST_IDLE] == pytest.approx((1000 - 350) / 2 / 1e6)
+    assert sum(split.values()) == pytest.approx(1000 / 2 / 1e6)
