@@ -14,12 +14,18 @@ forward it recomputes there `rematted_computation`.
 
 Ops that overlap in time (CPU threads, GPU streams) share that time equally, so the categories
 add up to the time the device was busy; "host / idle" is the rest of the step's wall time.
+
+On GPU, XLA records kernels into command buffers (CUDA graphs) by default, and a trace then names
+their kernels only by the command buffer: name_every_kernel() turns command buffers off for the
+process (it must run before jax starts its backend). Time in ops the trace's HLO does not name
+counts as "elementwise and other", and the table says how much there was.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
 import warnings
 from collections import defaultdict
@@ -80,6 +86,10 @@ class OpEvent:
     container: bool = False
     hlo_op: str = ""
     op_name: str = ""
+    named: bool = True  # False: the trace's HLO protos have no instruction of this name
+
+
+UNNAMED_OP = HloOp(opcode="", op_name="")
 
 
 def categorise(op: HloOp) -> str:
@@ -143,6 +153,24 @@ def step_split(
     return split
 
 
+def unnamed_note(events: Iterable[OpEvent], steps: int) -> str | None:
+    """A line on the time in ops the trace's HLO does not name, if there was any."""
+    unnamed = [event for event in events if not event.named]
+    if not unnamed:
+        return None
+    ms = sum(event.end_ns - event.start_ns for event in unnamed) / steps / 1e6
+    examples = ", ".join(sorted({event.hlo_op for event in unnamed})[:3])
+    return f"{ms:.2f} ms/step in ops the trace's HLO does not name ({examples}), in {ELEMENTWISE}"
+
+
+def name_every_kernel() -> None:
+    """Turns XLA's GPU command buffers off (XLA_FLAGS), so that the trace names every kernel's HLO
+    op; without effect once jax has started its backend, and on CPU."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_gpu_enable_command_buffer" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_gpu_enable_command_buffer=".strip()
+
+
 def format_table(split: dict[str, float]) -> str:
     step_ms = sum(split.values())
     lines = [f"{'category':<30} {'ms/step':>10} {'% of step':>10}"]
@@ -189,23 +217,44 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
         raw = [event for plane in profile.planes for event in _plane_op_events(plane)]
     on_device = [event for event in raw if event[0].startswith("/device:")]
     raw = on_device or raw
+    if not raw:
+        raise ValueError(f"{xplane_path}: no XLA op events (none with an hlo_op stat)")
     programs = {stats.get("program_id") for *_, stats in raw}
     modules = hlo_modules(memoryview(Path(xplane_path).read_bytes()), wanted=programs)
     events = []
     for _, start_ns, duration_ns, stats in raw:
         ops = modules.get(stats.get("program_id")) or modules.get(stats.get("hlo_module"), {})
-        op = ops.get(stats["hlo_op"], HloOp(opcode="", op_name=""))
+        op = ops.get(stats["hlo_op"])
         events.append(
             OpEvent(
                 start_ns=start_ns,
                 end_ns=start_ns + duration_ns,
-                category=categorise(op),
-                container=op.opcode in CONTAINER_OPCODES,
+                category=categorise(op or UNNAMED_OP),
+                container=op is not None and op.opcode in CONTAINER_OPCODES,
                 hlo_op=stats["hlo_op"],
-                op_name=op.op_name,
+                op_name="" if op is None else op.op_name,
+                named=op is not None,
             )
         )
-    return events
+    return events if on_device else events + cpu_async_tails(events)
+
+
+def cpu_async_tails(events: list[OpEvent]) -> list[OpEvent]:
+    """XLA:CPU runs dots and YNNPACK fusions on worker threads that the trace does not show: the
+    op's event ends when its work is handed over, and the executor waits. The time in which no op
+    runs right after such an op is that op's: an event of its own, from gap start to gap end."""
+    tails = []
+    busy_until, last = None, None
+    for event in sorted(events, key=lambda e: e.start_ns):
+        if last is not None and event.start_ns > busy_until and _runs_on_workers(last):
+            tails.append(dataclasses.replace(last, start_ns=busy_until, end_ns=event.start_ns))
+        if busy_until is None or event.end_ns >= busy_until:
+            busy_until, last = event.end_ns, event
+    return tails
+
+
+def _runs_on_workers(event: OpEvent) -> bool:
+    return event.hlo_op.startswith(("dot", "ynn_fusion")) and not event.container
 
 
 def _plane_op_events(plane) -> Iterator[tuple[str, float, float, dict]]:
@@ -387,7 +436,11 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args.trace_dir)
     xplane = path if path.is_file() else latest_xplane(path)
     wall_ns = None if args.wall_ms is None else args.wall_ms * 1e6
-    print(format_table(step_split(read_op_events(xplane), args.steps, wall_ns)))
+    events = read_op_events(xplane)
+    print(format_table(step_split(events, args.steps, wall_ns)))
+    note = unnamed_note(events, args.steps)
+    if note:
+        print(note)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ With --profile DIR, each row is followed by where its step's time goes: --profil
 steps (each waited for, as timed steps are) run under jax.profiler, the trace goes to
 DIR/LAYOUT-ATTENTION, and benchmarks/step_profile.py splits the step by category (matmuls,
 attention forward / recomputed forward / backward, lm head + loss, optimizer, elementwise,
-host / idle) in ms and %.
+host / idle) in ms and %. On a GPU, --profile turns XLA's command buffers (CUDA graphs) off for
+the whole run, so that the trace names every kernel's HLO op.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ import jax
 import numpy as np
 from attention import load_block_sizes  # benchmarks/attention.py
 from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
-from step_profile import capture, format_table, read_op_events, step_split
+from step_profile import (  # benchmarks/step_profile.py
+    capture,
+    format_table,
+    name_every_kernel,
+    read_op_events,
+    step_split,
+    unnamed_note,
+)
 
 from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
@@ -81,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     batch_size, seq_len, remat = DEFAULTS[args.model]
     batch_size, seq_len = args.batch_size or batch_size, args.seq_len or seq_len
     remat = args.remat or remat
+    if args.profile:
+        name_every_kernel()  # before jax.devices() starts the backend
     device = jax.devices()[0]
     if args.block_sizes:
         TUNED_BLOCK_SIZES[device.device_kind] = load_block_sizes(args.block_sizes)
@@ -240,7 +250,9 @@ def profile_steps(train_step, state, batch, steps: int, trace_dir: Path) -> tupl
             jax.block_until_ready(metrics)
 
     xplane, wall_ns = capture(run, trace_dir)
-    return state, {"trace": xplane, "split": step_split(read_op_events(xplane), steps, wall_ns)}
+    events = read_op_events(xplane)
+    split = step_split(events, steps, wall_ns)
+    return state, {"trace": xplane, "split": split, "note": unnamed_note(events, steps)}
 
 
 def mfu(
@@ -278,7 +290,10 @@ def print_row(row: dict) -> None:
     )
     if row["profile"] is not None:
         print(f"  where the step goes (trace: {row['profile']['trace']}):")
-        print("\n".join("  " + line for line in format_table(row["profile"]["split"]).splitlines()))
+        table = format_table(row["profile"]["split"])
+        print("\n".join("  " + line for line in table.splitlines()))
+        if row["profile"]["note"]:
+            print(f"  {row['profile']['note']}")
         print(flush=True)
 
 

@@ -105,3 +105,11 @@ def test_overlapping_ops_share_their_time_and_loops_count_only_alone():
     split = step_profile.step_split(events, steps=2, wall_ns=1000)
     assert split[HOST_IDLE] == pytest.approx((1000 - 350) / 2 / 1e6)
     assert sum(split.values()) == pytest.approx(1000 / 2 / 1e6)
+
+
+def test_on_cpu_the_wait_after_a_dot_is_the_dots():
+    dot = OpEvent(0, 10, MATMULS, hlo_op="dot.3")
+    add = OpEvent(30, 40, ELEMENTWISE, hlo_op="add_fusion.1")  # waited 20 ns for the dot
+    after_add = OpEvent(45, 50, OPTIMIZER, hlo_op="ynn_fusion.2")  # 5 ns of host time before
+    tails = step_profile.cpu_async_tails([add, dot, after_add])
+    assert tails == [OpEvent(10, 30, MATMULS, hlo_op="dot.3")]

@@ -2,12 +2,15 @@
 persistent compilation cache and a profile per row; the docs layout packs the corpus's documents
 as training does."""
 
+import os
+
 import numpy as np
 import segment_layouts
 import train_step
 
 
-def test_every_layout_gets_a_row_a_profile_and_the_cache_fills(tmp_path, capsys):
+def test_every_layout_gets_a_row_a_profile_and_the_cache_fills(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # --profile adds to them
     cache, profile = tmp_path / "jax-cache", tmp_path / "profile"
     train_step.main(
         ["--model", "tiny", "--attention", "xla", "--batch-size", "2", "--seq-len", "64",
