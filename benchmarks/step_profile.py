@@ -223,7 +223,8 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
     modules = hlo_modules(memoryview(Path(xplane_path).read_bytes()), wanted=programs)
     events = []
     for _, start_ns, duration_ns, stats in raw:
-        ops = modules.get(stats.get("program_id")) or modules.get(stats.get("hlo_module"), {})
+        program, module = stats.get("program_id", -1), stats.get("hlo_module", "")
+        ops = modules.get(program) or modules.get(module, {})
         op = ops.get(stats["hlo_op"])
         events.append(
             OpEvent(
@@ -236,25 +237,39 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
                 named=op is not None,
             )
         )
-    return events if on_device else events + cpu_async_tails(events)
+    if on_device:
+        return events
+    return events + cpu_async_tails(events, list(_cpu_executable_runs(profile)))
 
 
-def cpu_async_tails(events: list[OpEvent]) -> list[OpEvent]:
-    """XLA:CPU runs dots and YNNPACK fusions on worker threads that the trace does not show: the
-    op's event ends when its work is handed over, and the executor waits. The time in which no op
-    runs right after such an op is that op's: an event of its own, from gap start to gap end."""
-    tails = []
-    busy_until, last = None, None
+def cpu_async_tails(events: list[OpEvent], runs: list[tuple[float, float]]) -> list[OpEvent]:
+    """XLA:CPU hands dots, YNNPACK fusions and parallel loops to worker threads that the trace
+    does not show: an op's event ends when its work is handed over, and the executor waits for it.
+    Within an executable's run (`runs`: [start, end) of each), the time in which no op runs is the
+    op's that ended last before it: an event of its own per run it overlaps."""
+    tails: list[OpEvent] = []
+    busy_until, last = 0.0, None
     for event in sorted(events, key=lambda e: e.start_ns):
-        if last is not None and event.start_ns > busy_until and _runs_on_workers(last):
-            tails.append(dataclasses.replace(last, start_ns=busy_until, end_ns=event.start_ns))
-        if busy_until is None or event.end_ns >= busy_until:
+        if last is not None and event.start_ns > busy_until:
+            for run_start, run_end in runs:
+                start, end = max(busy_until, run_start), min(event.start_ns, run_end)
+                if end > start:
+                    tails.append(dataclasses.replace(last, start_ns=start, end_ns=end))
+        if last is None or event.end_ns >= busy_until:
             busy_until, last = event.end_ns, event
     return tails
 
 
-def _runs_on_workers(event: OpEvent) -> bool:
-    return event.hlo_op.startswith(("dot", "ynn_fusion")) and not event.container
+# XLA:CPU's event for the span in which the caller waits for an executable's thunks.
+CPU_RUN_EVENT = "ThunkExecutor::Execute (wait for completion)"
+
+
+def _cpu_executable_runs(profile) -> Iterator[tuple[float, float]]:
+    for plane in profile.planes:
+        for line in plane.lines:
+            for event in line.events:
+                if event.name == CPU_RUN_EVENT:
+                    yield float(event.start_ns), float(event.start_ns + event.duration_ns)
 
 
 def _plane_op_events(plane) -> Iterator[tuple[str, float, float, dict]]:

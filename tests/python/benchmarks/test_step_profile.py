@@ -107,9 +107,14 @@ def test_overlapping_ops_share_their_time_and_loops_count_only_alone():
     assert sum(split.values()) == pytest.approx(1000 / 2 / 1e6)
 
 
-def test_on_cpu_the_wait_after_a_dot_is_the_dots():
+def test_on_cpu_the_wait_within_a_run_is_the_op_before_it():
     dot = OpEvent(0, 10, MATMULS, hlo_op="dot.3")
     add = OpEvent(30, 40, ELEMENTWISE, hlo_op="add_fusion.1")  # waited 20 ns for the dot
-    after_add = OpEvent(45, 50, OPTIMIZER, hlo_op="ynn_fusion.2")  # 5 ns of host time before
-    tails = step_profile.cpu_async_tails([add, dot, after_add])
-    assert tails == [OpEvent(10, 30, MATMULS, hlo_op="dot.3")]
+    next_step = OpEvent(60, 70, OPTIMIZER, hlo_op="reduce.2")  # 10 ns of host time between runs
+    runs = [(0, 50), (55, 70)]
+    tails = step_profile.cpu_async_tails([add, next_step, dot], runs)
+    assert tails == [
+        OpEvent(10, 30, MATMULS, hlo_op="dot.3"),
+        OpEvent(40, 50, ELEMENTWISE, hlo_op="add_fusion.1"),
+        OpEvent(55, 60, ELEMENTWISE, hlo_op="add_fusion.1"),
+    ]
