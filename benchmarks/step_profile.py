@@ -214,15 +214,18 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
     profile = jax.profiler.ProfileData.from_file(str(xplane_path))
     with warnings.catch_warnings():  # jaxlib 0.11's stats iterator warns on Python 3.12
         warnings.filterwarnings("ignore", "builtin type event_stats", DeprecationWarning)
-        raw = [event for plane in profile.planes for event in _plane_op_events(plane)]
-    on_device = [event for event in raw if event[0].startswith("/device:")]
-    raw = on_device or raw
+        device_planes = [p for p in profile.planes if p.name.startswith("/device:")]
+        raw = [event for plane in device_planes for event in _plane_op_events(plane)]
+        on_device = bool(raw)
+        if not on_device:
+            host_planes = [p for p in profile.planes if p.name.startswith("/host:")]
+            raw = [event for plane in host_planes for event in _plane_op_events(plane)]
     if not raw:
         raise ValueError(f"{xplane_path}: no XLA op events (none with an hlo_op stat)")
     programs = {stats.get("program_id") for *_, stats in raw}
     modules = hlo_modules(memoryview(Path(xplane_path).read_bytes()), wanted=programs)
     events = []
-    for _, start_ns, duration_ns, stats in raw:
+    for start_ns, duration_ns, stats in raw:
         program, module = stats.get("program_id", -1), stats.get("hlo_module", "")
         ops = modules.get(program) or modules.get(module, {})
         op = ops.get(stats["hlo_op"])
@@ -272,12 +275,14 @@ def _cpu_executable_runs(profile) -> Iterator[tuple[float, float]]:
                     yield float(event.start_ns), float(event.start_ns + event.duration_ns)
 
 
-def _plane_op_events(plane) -> Iterator[tuple[str, float, float, dict]]:
+def _plane_op_events(plane) -> Iterator[tuple[float, float, dict]]:
     for line in plane.lines:
+        if line.name == "python3":  # the Python thread's own events, never an op
+            continue
         for event in line.events:
             stats = {name: value for name, value in event.stats}
             if "hlo_op" in stats:
-                yield plane.name, float(event.start_ns), float(event.duration_ns), stats
+                yield float(event.start_ns), float(event.duration_ns), stats
 
 
 # The HLO protos in the trace's metadata plane, read with a minimal protobuf wire decoder
