@@ -223,7 +223,8 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
     if not raw:
         raise ValueError(f"{xplane_path}: no XLA op events (none with an hlo_op stat)")
     programs = {stats.get("program_id") for *_, stats in raw}
-    modules = hlo_modules(memoryview(Path(xplane_path).read_bytes()), wanted=programs)
+    wanted = None if None in programs else programs  # without ids, modules are found by name
+    modules = hlo_modules(memoryview(Path(xplane_path).read_bytes()), wanted=wanted)
     events = []
     for start_ns, duration_ns, stats in raw:
         program, module = stats.get("program_id", -1), stats.get("hlo_module", "")
@@ -289,14 +290,14 @@ def _plane_op_events(plane) -> Iterator[tuple[float, float, dict]]:
 # (field numbers from tsl's xplane.proto and xla's hlo.proto; no generated modules ship with
 # jaxlib).
 XSPACE_PLANES = 1
-XPLANE_NAME, XPLANE_EVENT_METADATA, XPLANE_STAT_METADATA = 2, 4, 5
+XPLANE_EVENT_METADATA, XPLANE_STAT_METADATA = 4, 5
 MAP_VALUE = 2
 XEVENT_METADATA_NAME, XEVENT_METADATA_STATS = 2, 5
 XSTAT_METADATA_ID, XSTAT_METADATA_NAME = 1, 2
 XSTAT_METADATA, XSTAT_INT64, XSTAT_UINT64, XSTAT_BYTES = 1, 4, 3, 6
 HLO_PROTO_MODULE = 1
 MODULE_COMPUTATIONS = 3
-COMPUTATION_NAME, COMPUTATION_INSTRUCTIONS, COMPUTATION_ID, COMPUTATION_ROOT_ID = 1, 2, 5, 6
+COMPUTATION_INSTRUCTIONS, COMPUTATION_ID, COMPUTATION_ROOT_ID = 2, 5, 6
 INSTRUCTION_NAME, INSTRUCTION_OPCODE, INSTRUCTION_METADATA = 1, 2, 7
 INSTRUCTION_CUSTOM_CALL_TARGET, INSTRUCTION_ID, INSTRUCTION_CALLED_COMPUTATIONS = 28, 35, 38
 OP_METADATA_OP_NAME = 2
@@ -347,7 +348,7 @@ def _hlo_proto_stats(event_metadata, stat_names):
 
 
 def _module_ops(module) -> dict[str, HloOp]:
-    computations = {}  # id -> (root op_name, has a dot, [(name, opcode, op_name, target, calls)])
+    computations = {}  # id -> (its root instruction's id, [_instruction(...) of each])
     for key, value in _fields(module):
         if key != MODULE_COMPUTATIONS:
             continue
