@@ -17,8 +17,9 @@ add up to the time the device was busy; "host / idle" is the rest of the step's 
 
 On GPU, XLA records kernels into command buffers (CUDA graphs) by default, and a trace then names
 their kernels only by the command buffer: name_every_kernel() turns command buffers off for the
-process (it must run before jax starts its backend). Time in ops the trace's HLO does not name
-counts as "elementwise and other", and the table says how much there was.
+process (it must run before jax starts its backend). An op missing from the trace's HLO protos
+is categorised by the op name its GPU annotation carries, if any (else as "elementwise and
+other"), and the table says how much time such ops took.
 """
 
 from __future__ import annotations
@@ -86,10 +87,7 @@ class OpEvent:
     container: bool = False
     hlo_op: str = ""
     op_name: str = ""
-    named: bool = True  # False: the trace's HLO protos have no instruction of this name
-
-
-UNNAMED_OP = HloOp(opcode="", op_name="")
+    named: bool = True  # False: not in the trace's HLO protos
 
 
 def categorise(op: HloOp) -> str:
@@ -160,7 +158,10 @@ def unnamed_note(events: Iterable[OpEvent], steps: int) -> str | None:
         return None
     ms = sum(event.end_ns - event.start_ns for event in unnamed) / steps / 1e6
     examples = ", ".join(sorted({event.hlo_op for event in unnamed})[:3])
-    return f"{ms:.2f} ms/step in ops the trace's HLO does not name ({examples}), in {ELEMENTWISE}"
+    return (
+        f"{ms:.2f} ms/step in ops missing from the trace's HLO ({examples}): categorised by the "
+        "names the trace gives them, never as matmuls"
+    )
 
 
 def name_every_kernel() -> None:
@@ -230,15 +231,18 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
         program, module = stats.get("program_id", -1), stats.get("hlo_module", "")
         ops = modules.get(program) or modules.get(module, {})
         op = ops.get(stats["hlo_op"])
+        named = op is not None
+        if op is None:
+            op = HloOp(opcode="", op_name=_annotated_op_name(stats))
         events.append(
             OpEvent(
                 start_ns=start_ns,
                 end_ns=start_ns + duration_ns,
-                category=categorise(op or UNNAMED_OP),
-                container=op is not None and op.opcode in CONTAINER_OPCODES,
+                category=categorise(op),
+                container=op.opcode in CONTAINER_OPCODES,
                 hlo_op=stats["hlo_op"],
-                op_name="" if op is None else op.op_name,
-                named=op is not None,
+                op_name=op.op_name,
+                named=named,
             )
         )
     if on_device:
@@ -274,6 +278,12 @@ def _cpu_executable_runs(profile) -> Iterator[tuple[float, float]]:
             for event in line.events:
                 if event.name == CPU_RUN_EVENT:
                     yield float(event.start_ns), float(event.start_ns + event.duration_ns)
+
+
+def _annotated_op_name(stats: dict) -> str:
+    """The op_name XLA:GPU's kernel annotation carries: the module's common prefix, and the rest
+    of what the op's (and its fusion's) op_names share."""
+    return "/".join(str(stats[key]) for key in ("prefix", "name") if stats.get(key))
 
 
 def _plane_op_events(plane) -> Iterator[tuple[float, float, dict]]:

@@ -118,3 +118,109 @@ def test_on_cpu_the_wait_within_a_run_is_the_op_before_it():
         OpEvent(40, 50, ELEMENTWISE, hlo_op="add_fusion.1"),
         OpEvent(55, 60, ELEMENTWISE, hlo_op="add_fusion.1"),
     ]
+
+
+def test_a_gpu_trace_is_read_from_its_device_plane(tmp_path):
+    """An XSpace as XLA:GPU writes one: kernels on a device stream line with the stats its kernel
+    annotation gives (hlo_op, program_id, and the op's name), host events beside them, and the
+    module's HLO proto in the metadata plane."""
+    attention = "jit(train_step)/transpose(jvp(jvp()))/checkpoint/kiln_attention/pallas_call"
+    hlo = _message(
+        (1, _message(  # HloProto.hlo_module
+            (1, "jit_train_step"),
+            (3, _message(  # a fused computation: a dot at its root
+                (1, "fused_dot"), (5, 2), (6, 20),
+                (2, _message((1, "dot.1"), (2, "dot"), (35, 20))),
+            )),
+            (3, _message(  # the entry computation
+                (1, "main"), (5, 1), (6, 11),
+                (2, _message((1, "gemm_fusion.1"), (2, "fusion"), (35, 10), (38, _packed(2)))),
+                (2, _message((1, "custom-call.3"), (2, "custom-call"), (35, 11),
+                             (7, _message((2, attention))), (28, "__gpu$xla.gpu.triton"))),
+            )),
+        )),
+    )  # fmt: skip
+    stats = ["hlo_op", "program_id", "hlo_module", "name", "Hlo Proto"]
+    kernels = [  # (start ns, duration ns, hlo_op, annotation's name)
+        (0, 300, "gemm_fusion.1", "dot_general"),
+        (300, 100, "custom-call.3", "transpose(jvp(jvp()))/checkpoint/kiln_attention"),
+        (500, 100, "loop_fusion.9", "jvp(kiln_optimizer)/mul"),  # not in the HLO proto
+    ]
+    device = _plane(1, "/device:GPU:0", stats, [
+        _line("Stream #13", [_event(1, start, duration, {0: op, 1: 7, 2: "jit_train_step",
+                                                         3: name})
+                             for start, duration, op, name in kernels]),
+    ])  # fmt: skip
+    host = _plane(2, "/host:CPU", stats, [  # the launches: not the device's time
+        _line("tf_XLAGpuClient", [_event(1, 0, 50, {0: "gemm_fusion.1", 1: 7})]),
+    ])
+    metadata = _plane(3, "/host:metadata", stats, [], hlo_protos={"jit_train_step(7)": (7, hlo)})
+    path = tmp_path / "gpu.xplane.pb"
+    path.write_bytes(_message((1, device), (1, host), (1, metadata)))
+
+    events = step_profile.read_op_events(path)
+    assert [(e.category, e.named) for e in events] == [
+        (MATMULS, True), (ATTENTION_BACKWARD, True), (OPTIMIZER, False),
+    ]  # fmt: skip
+    split = step_profile.step_split(events, steps=1, wall_ns=1000)
+    assert split[HOST_IDLE] == pytest.approx(500 / 1e6)
+    assert "0.00 ms/step in ops missing from the trace's HLO (loop_fusion.9)" in (
+        step_profile.unnamed_note(events, steps=1)
+    )
+
+
+# A protobuf encoder for the hand-built XSpace (tsl's xplane.proto, xla's hlo.proto).
+
+
+def _varint(value):
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _message(*fields):
+    out = b""
+    for number, value in fields:
+        if isinstance(value, int):
+            out += _varint(number << 3) + _varint(value)
+        else:
+            data = value.encode() if isinstance(value, str) else value
+            out += _varint(number << 3 | 2) + _varint(len(data)) + data
+    return out
+
+
+def _packed(*values):
+    return b"".join(_varint(value) for value in values)
+
+
+def _stat(metadata_id, value):
+    if isinstance(value, int):
+        return _message((1, metadata_id + 1), (4, value))  # int64_value
+    if isinstance(value, bytes):
+        return _message((1, metadata_id + 1), (6, value))  # bytes_value
+    return _message((1, metadata_id + 1), (5, value))  # str_value
+
+
+def _event(metadata_id, start_ns, duration_ns, stats):
+    return _message(
+        (1, metadata_id), (2, start_ns * 1000), (3, duration_ns * 1000),
+        *[(4, _stat(key, value)) for key, value in stats.items()],
+    )  # fmt: skip
+
+
+def _line(name, events):
+    return _message((1, 1), (2, name), (3, 0), *[(4, event) for event in events])
+
+
+def _plane(plane_id, name, stat_names, lines, hlo_protos=None):
+    fields = [(1, plane_id), (2, name), *[(3, line) for line in lines]]
+    fields.append((4, _message((1, 1), (2, _message((1, 1), (2, "kernel"))))))
+    for index, (module, (program_id, proto)) in enumerate((hlo_protos or {}).items(), start=2):
+        stats = [(5, _stat(1, program_id)), (5, _stat(4, proto))]
+        fields.append((4, _message((1, index), (2, _message((1, index), (2, module), *stats)))))
+    for index, stat_name in enumerate(stat_names, start=1):
+        fields.append((5, _message((1, index), (2, _message((1, index), (2, stat_name))))))
+    return _message(*fields)
