@@ -19,8 +19,9 @@ step in the same process, its executable read from jax's persistent compilation 
 With --profile DIR, each row is followed by where its step's time goes: --profile-steps more
 steps (each waited for, as timed steps are) run under jax.profiler, the trace goes to
 DIR/LAYOUT-ATTENTION, and benchmarks/step_profile.py splits the step by category (matmuls,
-attention forward / recomputed forward / backward, lm head + loss, optimizer, elementwise,
-host / idle) in ms and %. On a GPU, --profile turns XLA's command buffers (CUDA graphs) off for
+attention forward / recomputed forward / backward, lm head + loss, optimizer, collectives,
+elementwise and other, host / idle) in ms and %; a profile that fails says why under its row and
+the row stays. On a GPU, --profile turns XLA's command buffers (CUDA graphs) off for
 the whole run, so that the trace names every kernel's HLO op.
 """
 
@@ -204,12 +205,14 @@ def measure(
     profile = None
     if args.profile:
         trace_dir = Path(args.profile) / f"{layout}-{attention}"
-        state, profile = profile_steps(train_step, state, batch, args.profile_steps, trace_dir)
+        try:
+            state, profile = profile_steps(train_step, state, batch, args.profile_steps, trace_dir)
+        except Exception as error:  # the row's numbers stand without it
+            profile = {"error": f"{type(error).__name__}: {error}"}
     state, metrics = train_step(state, batch)
     step_time = statistics.median(step_times)
     tokens_per_second = batch_size * seq_len / step_time
     return {
-        "profile": profile,
         "attention": attention,
         "layout": layout,
         "tokens_per_second": tokens_per_second,
@@ -219,6 +222,7 @@ def measure(
         "first_step_s": first_step_seconds,
         "warm_first_step_s": warm_first_step_seconds,
         "loss": float(metrics["loss"]),
+        "profile": profile,
     }
 
 
@@ -289,12 +293,18 @@ def print_row(row: dict) -> None:
         flush=True,
     )
     if row["profile"] is not None:
-        print(f"  where the step goes (trace: {row['profile']['trace']}):")
-        table = format_table(row["profile"]["split"])
-        print("\n".join("  " + line for line in table.splitlines()))
-        if row["profile"]["note"]:
-            print(f"  {row['profile']['note']}")
-        print(flush=True)
+        print_profile(row["profile"])
+
+
+def print_profile(profile: dict) -> None:
+    if "error" in profile:
+        print(f"  profile failed: {profile['error'][:300]}", flush=True)
+        return
+    print(f"  where the step goes (trace: {profile['trace']}):")
+    print("\n".join("  " + line for line in format_table(profile["split"]).splitlines()))
+    if profile["note"]:
+        print(f"  {profile['note']}")
+    print(flush=True)
 
 
 def percent(fraction: float | None) -> str:
