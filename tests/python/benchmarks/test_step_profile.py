@@ -1,10 +1,13 @@
 """The step profile's categoriser: on a real trace of the tiny train step captured on CPU (the
 Pallas kernel interpreted, remat recomputing the forward), and its rules on hand-written ops."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 import step_profile
+import train_step
 from step_profile import (
     ATTENTION_BACKWARD,
     ATTENTION_FORWARD,
@@ -19,15 +22,12 @@ from step_profile import (
     OpEvent,
 )
 
-from kiln.model.config import LlamaConfig
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
 from kiln.train.step import init_train_state, make_train_step, shard_batch
 
-CONFIG = LlamaConfig(
-    max_seq_len=32, hidden_dim=64, intermediate_dim=128, num_heads=2, num_kv_heads=1,
-    num_layers=1, vocab_size=128,
-)  # fmt: skip
+# The benchmark's tiny model with one layer: the interpreted kernel's compile dominates the test.
+CONFIG = dataclasses.replace(train_step.MODELS["tiny"], num_layers=1)
 
 
 def test_a_cpu_trace_of_the_tiny_step_is_split_by_named_scope(tmp_path):
@@ -38,11 +38,11 @@ def test_a_cpu_trace_of_the_tiny_step_is_split_by_named_scope(tmp_path):
     tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 32), dtype=np.int32)
     segments = np.repeat(np.array([[0] * 20 + [1] * 12]), 2, axis=0).astype(np.int32)
     batch = {"tokens": tokens, "loss_mask": np.ones((2, 32), np.float32), "segment_ids": segments}
-    train_step = make_train_step(adam, 2, z_loss_weight=1e-4, mesh=mesh)
+    step = make_train_step(adam, 2, z_loss_weight=1e-4, mesh=mesh)
     batch = shard_batch(batch, mesh)
 
     xplane, wall_ns = step_profile.capture(
-        lambda: jax.block_until_ready(train_step(state, batch)), tmp_path
+        lambda: jax.block_until_ready(step(state, batch)), tmp_path
     )
     events = step_profile.read_op_events(xplane)
 
