@@ -12,8 +12,9 @@ kiln.train.step.LOSS_SCOPE and OPTIMIZER_SCOPE). Ops inside the attention scope 
 pass they belong to: jax names the backward pass `transpose(...)` and, under remat, the
 forward it recomputes there `rematted_computation`.
 
-Ops that overlap in time (CPU threads, GPU streams) share that time equally, so the categories
-add up to the time the device was busy; "host / idle" is the rest of the step's wall time.
+Ops that overlap in time on one device (CPU threads, GPU streams) share that time equally, so
+the categories add up to the time the device was busy; "host / idle" is the rest of the step's
+wall time. With several devices, each is split on its own and the splits are averaged.
 
 On GPU, XLA records kernels into command buffers (CUDA graphs) by default, and a trace then names
 their kernels only by the command buffer: name_every_kernel() turns command buffers off for the
@@ -88,6 +89,7 @@ class OpEvent:
     hlo_op: str = ""
     op_name: str = ""
     named: bool = True  # False: not in the trace's HLO protos
+    device: str = ""  # the trace plane it ran on: /device:GPU:N, or /host:CPU
 
 
 def categorise(op: HloOp) -> str:
@@ -143,12 +145,24 @@ def step_split(
     """ms per step for every category, "host / idle" included: the steps' wall time (default:
     from the first op's start to the last op's end) less the time some op ran."""
     events = list(events)
-    busy = split_by_category(events)
+    busy = _mean_over_devices(events)
     if wall_ns is None:
         wall_ns = max(e.end_ns for e in events) - min(e.start_ns for e in events) if events else 0
     split = {category: busy.get(category, 0.0) / steps / 1e6 for category in CATEGORIES}
     split[HOST_IDLE] = max(0.0, wall_ns - sum(busy.values())) / steps / 1e6
     return split
+
+
+def _mean_over_devices(events: list[OpEvent]) -> dict[str, float]:
+    """split_by_category of each device's own events (a GPU's, or the host's on CPU), averaged."""
+    by_device: dict[str, list[OpEvent]] = defaultdict(list)
+    for event in events:
+        by_device[event.device].append(event)
+    totals: dict[str, float] = defaultdict(float)
+    for device_events in by_device.values():
+        for category, ns in split_by_category(device_events).items():
+            totals[category] += ns / len(by_device)
+    return dict(totals)
 
 
 def unnamed_note(events: Iterable[OpEvent], steps: int) -> str | None:
@@ -227,7 +241,7 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
     wanted = None if None in programs else programs  # without ids, modules are found by name
     modules = hlo_modules(memoryview(Path(xplane_path).read_bytes()), wanted=wanted)
     events = []
-    for start_ns, duration_ns, stats in raw:
+    for device, start_ns, duration_ns, stats in raw:
         program, module = stats.get("program_id", -1), stats.get("hlo_module", "")
         ops = modules.get(program) or modules.get(module, {})
         op = ops.get(stats["hlo_op"])
@@ -243,6 +257,7 @@ def read_op_events(xplane_path: str | Path) -> list[OpEvent]:
                 hlo_op=stats["hlo_op"],
                 op_name=op.op_name,
                 named=named,
+                device=device,
             )
         )
     if on_device:
@@ -286,14 +301,14 @@ def _annotated_op_name(stats: dict) -> str:
     return "/".join(str(stats[key]) for key in ("prefix", "name") if stats.get(key))
 
 
-def _plane_op_events(plane) -> Iterator[tuple[float, float, dict]]:
+def _plane_op_events(plane) -> Iterator[tuple[str, float, float, dict]]:
     for line in plane.lines:
         if line.name == "python3":  # the Python thread's own events, never an op
             continue
         for event in line.events:
             stats = {name: value for name, value in event.stats}
             if "hlo_op" in stats:
-                yield float(event.start_ns), float(event.duration_ns), stats
+                yield plane.name, float(event.start_ns), float(event.duration_ns), stats
 
 
 # The HLO protos in the trace's metadata plane, read with a minimal protobuf wire decoder

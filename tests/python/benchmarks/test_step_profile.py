@@ -151,19 +151,25 @@ def test_a_gpu_trace_is_read_from_its_device_plane(tmp_path):
                                                          3: name})
                              for start, duration, op, name in kernels]),
     ])  # fmt: skip
+    second_device = _plane(4, "/device:GPU:1", stats, [
+        _line("Stream #13", [_event(1, 0, 200, {0: "gemm_fusion.1", 1: 7})]),
+    ])  # fmt: skip
     host = _plane(2, "/host:CPU", stats, [  # the launches: not the device's time
         _line("tf_XLAGpuClient", [_event(1, 0, 50, {0: "gemm_fusion.1", 1: 7})]),
     ])
     metadata = _plane(3, "/host:metadata", stats, [], hlo_protos={"jit_train_step(7)": (7, hlo)})
     path = tmp_path / "gpu.xplane.pb"
-    path.write_bytes(_message((1, device), (1, host), (1, metadata)))
+    path.write_bytes(_message((1, device), (1, host), (1, metadata), (1, second_device)))
 
     events = step_profile.read_op_events(path)
-    assert [(e.category, e.named) for e in events] == [
-        (MATMULS, True), (ATTENTION_BACKWARD, True), (OPTIMIZER, False),
+    assert [(e.device, e.category, e.named) for e in events] == [
+        ("/device:GPU:0", MATMULS, True), ("/device:GPU:0", ATTENTION_BACKWARD, True),
+        ("/device:GPU:0", OPTIMIZER, False), ("/device:GPU:1", MATMULS, True),
     ]  # fmt: skip
-    split = step_profile.step_split(events, steps=1, wall_ns=1000)
-    assert split[HOST_IDLE] == pytest.approx(500 / 1e6)
+    split = step_profile.step_split(events, steps=1, wall_ns=1000)  # the two GPUs' mean
+    assert split[MATMULS] == pytest.approx((300 + 200) / 2 / 1e6)
+    assert split[ATTENTION_BACKWARD] == pytest.approx(100 / 2 / 1e6)
+    assert split[HOST_IDLE] == pytest.approx((1000 - 350) / 1e6)
     assert "0.00 ms/step in ops missing from the trace's HLO (loop_fusion.9)" in (
         step_profile.unnamed_note(events, steps=1)
     )
