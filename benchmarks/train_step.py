@@ -15,6 +15,14 @@ causal-halved (the attention FLOPs a causal kernel does). Random tokens, one fix
 median of --steps timed steps after --warmup-steps. "1st step s" is the first call (trace,
 compile, run); with --compile-cache, "warm 1st s" is the first call of a second, freshly traced
 step in the same process, its executable read from jax's persistent compilation cache.
+
+With --profile DIR, each row is followed by where its step's time goes: --profile-steps more
+steps (each waited for, as timed steps are) run under jax.profiler, the trace goes to
+DIR/LAYOUT-ATTENTION, and benchmarks/step_profile.py splits the step by category (matmuls,
+attention forward / recomputed forward / backward, lm head + loss, optimizer, collectives,
+elementwise and other, host / idle) in ms and %; a profile that fails says why under its row and
+the row stays. On a GPU, --profile turns XLA's command buffers (CUDA graphs) off for
+the whole run, so that the trace names every kernel's HLO op.
 """
 
 from __future__ import annotations
@@ -23,11 +31,20 @@ import argparse
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 from attention import load_block_sizes  # benchmarks/attention.py
 from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
+from step_profile import (  # benchmarks/step_profile.py
+    capture,
+    format_table,
+    name_every_kernel,
+    read_op_events,
+    step_split,
+    unnamed_note,
+)
 
 from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
@@ -73,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     batch_size, seq_len, remat = DEFAULTS[args.model]
     batch_size, seq_len = args.batch_size or batch_size, args.seq_len or seq_len
     remat = args.remat or remat
+    if args.profile:
+        name_every_kernel()  # before jax.devices() starts the backend
     device = jax.devices()[0]
     if args.block_sizes:
         TUNED_BLOCK_SIZES[device.device_kind] = load_block_sizes(args.block_sizes)
@@ -127,6 +146,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, help="default per model")
     parser.add_argument("--remat", choices=["none", "full", "save_dots", "offload"])
     parser.add_argument("--compute-dtype", default="bfloat16")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="also trace --profile-steps steps per row into DIR/LAYOUT-ATTENTION and print the "
+        "step's time by category",
+    )
+    parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument(
@@ -148,7 +174,7 @@ def measure(
 ) -> dict:
     mesh = make_mesh({"data": -1})
     adam = AdamConfig()
-    num_train_steps = args.warmup_steps + args.steps
+    num_train_steps = args.warmup_steps + args.steps + (args.profile_steps if args.profile else 0)
     state = init_train_state(
         config,
         adam,
@@ -176,6 +202,13 @@ def measure(
     for _ in range(args.steps):
         state, seconds = timed_step(train_step, state, batch)
         step_times.append(seconds)
+    profile = None
+    if args.profile:
+        trace_dir = Path(args.profile) / f"{layout}-{attention}"
+        try:
+            state, profile = profile_steps(train_step, state, batch, args.profile_steps, trace_dir)
+        except Exception as error:  # the row's numbers stand without it
+            profile = {"error": f"{type(error).__name__}: {error}"}
     state, metrics = train_step(state, batch)
     step_time = statistics.median(step_times)
     tokens_per_second = batch_size * seq_len / step_time
@@ -189,6 +222,7 @@ def measure(
         "first_step_s": first_step_seconds,
         "warm_first_step_s": warm_first_step_seconds,
         "loss": float(metrics["loss"]),
+        "profile": profile,
     }
 
 
@@ -207,6 +241,22 @@ def timed_step(train_step, state, batch) -> tuple[object, float]:
     state, metrics = train_step(state, batch)
     jax.block_until_ready(metrics)
     return state, time.perf_counter() - start
+
+
+def profile_steps(train_step, state, batch, steps: int, trace_dir: Path) -> tuple[object, dict]:
+    """(next state, {"trace": its .xplane.pb, "split": ms per step by category}) of `steps`
+    steps run under jax.profiler, each waited for."""
+
+    def run() -> None:
+        nonlocal state
+        for _ in range(steps):
+            state, metrics = train_step(state, batch)
+            jax.block_until_ready(metrics)
+
+    xplane, wall_ns = capture(run, trace_dir)
+    events = read_op_events(xplane)
+    split = step_split(events, steps, wall_ns)
+    return state, {"trace": xplane, "split": split, "note": unnamed_note(events, steps)}
 
 
 def mfu(
@@ -242,6 +292,19 @@ def print_row(row: dict) -> None:
         f"{row['loss']:>8.4f}",
         flush=True,
     )
+    if row["profile"] is not None:
+        print_profile(row["profile"])
+
+
+def print_profile(profile: dict) -> None:
+    if "error" in profile:
+        print(f"  profile failed: {profile['error'][:300]}", flush=True)
+        return
+    print(f"  where the step goes (trace: {profile['trace']}):")
+    print("\n".join("  " + line for line in format_table(profile["split"]).splitlines()))
+    if profile["note"]:
+        print(f"  {profile['note']}")
+    print(flush=True)
 
 
 def percent(fraction: float | None) -> str:

@@ -1,16 +1,21 @@
 """The train-step benchmark runs on CPU at a tiny size under every segment layout, with the
-persistent compilation cache; the docs layout packs the corpus's documents as training does."""
+persistent compilation cache and a profile per row; the docs layout packs the corpus's documents
+as training does."""
+
+import os
 
 import numpy as np
 import segment_layouts
 import train_step
 
 
-def test_every_layout_gets_a_row_and_the_cache_fills(tmp_path, capsys):
-    cache = tmp_path / "jax-cache"
+def test_every_layout_gets_a_row_a_profile_and_the_cache_fills(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # --profile adds to them
+    cache, profile = tmp_path / "jax-cache", tmp_path / "profile"
     train_step.main(
         ["--model", "tiny", "--attention", "xla", "--batch-size", "2", "--seq-len", "64",
-         "--steps", "1", "--warmup-steps", "1", "--compile-cache", str(cache)]
+         "--steps", "1", "--warmup-steps", "1", "--compile-cache", str(cache),
+         "--profile", str(profile), "--profile-steps", "1"]
     )  # fmt: skip
     out = capsys.readouterr().out
     assert "failed" not in out, out
@@ -21,6 +26,12 @@ def test_every_layout_gets_a_row_and_the_cache_fills(tmp_path, capsys):
         assert row[4:6] == ["n/a", "n/a"]  # MFU in both conventions: no peak known for a CPU
         assert float(row[6]) > 0 and float(row[7]) > 0  # first step cold and warm, in seconds
     assert any(cache.iterdir()), "the compilation cache stayed empty"
+    # Each row's step split by category, from its own trace.
+    assert out.count("where the step goes") == 3, out
+    for layout in ("none", "ones", "docs"):
+        assert list((profile / f"{layout}-xla").glob("plugins/profile/*/*.xplane.pb"))
+    step_lines = [line.split() for line in out.splitlines() if line.split()[:1] == ["step"]]
+    assert len(step_lines) == 3 and all(float(line[1]) > 0 for line in step_lines), out
 
 
 def test_docs_windows_are_the_corpus_documents_in_order():
