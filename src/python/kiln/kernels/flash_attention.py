@@ -29,6 +29,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
+
+# Interpret mode (CPU) loads Pallas' interpreter on its first call, and that adds a jax
+# trace-context value: loaded during a step's first trace, it makes the next call trace and
+# compile the whole step again. Importing it (through pallas.tpu) here prevents that.
+from jax.experimental.pallas import tpu as _pallas_interpreter  # noqa: F401
 from jax.experimental.pallas import triton as plgpu
 
 from kiln.kernels.block_sizes import MIN_BLOCK, BlockSizes, LaunchParams, default_block_sizes

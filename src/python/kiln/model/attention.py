@@ -10,6 +10,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+# Imported with the model, not inside the first trace: loading the kernel adds a jax config
+# value, and a step first traced before that import would be traced and compiled again.
+from kiln.kernels.flash_attention import flash_attention
 from kiln.model.partitioning import BATCH_AXES, batch_mesh
 from kiln_contract.vocabulary import ATTENTION_IMPLS
 
@@ -51,9 +54,6 @@ def attention(
 def _pallas_attention(
     q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None, *, causal: bool
 ) -> jax.Array:
-    # Imported here so the model works where the kernel package is absent or unused.
-    from kiln.kernels.flash_attention import flash_attention
-
     def kernel(q, k, v, segment_ids=None):
         return flash_attention(q, k, v, segment_ids, causal=causal)
 
