@@ -15,6 +15,10 @@ parameters without the optimizer state.
 A step-N folder without metadata.json is a save that was killed: ignored, and deleted on start.
 Older checkpoints are deleted only after a newer one is complete.
 
+Saves are asynchronous: `begin_save` returns once orbax has copied the state off the devices,
+orbax writes the files on a background thread, and `commit` (when they are written) completes
+the checkpoint: metadata.json, then pruning. `save` does both, waiting.
+
 Resuming (`restore_latest`) takes the newest complete checkpoint that is intact: its state files
 present with the sizes metadata.json records, and restorable by orbax. A damaged one is skipped,
 named with the reason on the log, and the previous one is tried; it is left on disk for a
