@@ -259,7 +259,9 @@ def run_step(
             raise failure
         if process_index == 0 and lease is None:
             return 0  # the run it waited for built it (single-host only: no one else trains)
-        exit_code = _train(step, spec, lease)
+        # A run into an explicit --output folder (hermetic `pants package`) has no cache of its own.
+        compile_cache = _compile_cache(prefix) if prefix is not None else None
+        exit_code = _train(step, spec, lease, compile_cache=compile_cache)
         if exit_code == 0 and lease is not None and prefix is not None:
             _finish_replacement(step, output, prefix)
         return exit_code
@@ -575,7 +577,8 @@ def run_in_bucket(step: StepSpec, inputs_root: Path, store: ObjectStore) -> int:
                 _begin(step, spec)
                 mirror.push(status=True)
             with mirror.uploading():
-                exit_code = _train(step, spec, lease, shown_at=store.location(key))
+                exit_code = _train(step, spec, lease, shown_at=store.location(key),
+                                   compile_cache=_compile_cache(local_prefix=None))  # fmt: skip
         except BaseException:
             if lease.lost is None:  # else the run that took the lease owns the folder now
                 with contextlib.suppress(OSError, StorageError):  # the store may have failed
@@ -638,15 +641,31 @@ def _read_object_json(store: ObjectStore, key: str) -> Any:
     return None if text is None else json.loads(text)
 
 
+def _compile_cache(local_prefix: Path | None) -> Path:
+    """Where a run keeps jax's compiled programs (kiln.train.compilation_cache): in its local
+    store, shared by the store's runs; for a bucket's runs (None), on this machine."""
+    from kiln.train.compilation_cache import cache_folder
+
+    return cache_folder(local_prefix)
+
+
 def _train(
-    step: StepSpec, spec: TrainSpec, lease: Lease | None, *, shown_at: str | None = None
+    step: StepSpec,
+    spec: TrainSpec,
+    lease: Lease | None,
+    *,
+    shown_at: str | None = None,
+    compile_cache: Path | None = None,
 ) -> int:
     """Trains and reports on every process; the lease holder (process 0) writes STATUS.
-    `shown_at`: where the artifact is, for people (default: the output folder)."""
+    `shown_at`: where the artifact is, for people (default: the output folder).
+    `compile_cache`: jax's persistent compilation cache folder ($JAX_COMPILATION_CACHE_DIR wins)."""
     from kiln.report.plots import plot_run
     from kiln.report.run_summary import write_run_summary
+    from kiln.train import compilation_cache
     from kiln.train.__main__ import run_training
 
+    compilation_cache.use(compile_cache)
     output = spec.output_path
     with _failure_recorded(output, writer=lease is not None):
         exit_code = run_training(

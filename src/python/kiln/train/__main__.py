@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)  # SIGTERM: a checkpoint, then exit
     cluster = multihost.cluster_from_flags(parser, args)
+    from kiln.train import compilation_cache
+
+    compilation_cache.use(None)  # $JAX_COMPILATION_CACHE_DIR's folder, for every program
     try:
         with multihost.joined(cluster):
             return run_training(load_spec(args.spec), quiet=args.quiet)

@@ -15,6 +15,10 @@ parameters without the optimizer state.
 A step-N folder without metadata.json is a save that was killed: ignored, and deleted on start.
 Older checkpoints are deleted only after a newer one is complete.
 
+Saves are asynchronous: `begin_save` returns once orbax has copied the state off the devices,
+orbax writes the files on a background thread, and `commit` (when they are written) completes
+the checkpoint: metadata.json, then pruning. `save` does both, waiting.
+
 Resuming (`restore_latest`) takes the newest complete checkpoint that is intact: its state files
 present with the sizes metadata.json records, and restorable by orbax. A damaged one is skipped,
 named with the reason on the log, and the previous one is tried; it is left on disk for a
@@ -24,14 +28,14 @@ rather than start over silently.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -111,6 +115,7 @@ class Checkpointer:
         self._last_save_time = clock()
         self._orbax = ocp.StandardCheckpointer()
         self._is_writer = jax.process_index() == 0
+        self._in_progress: _SaveInProgress | None = None
 
     @classmethod
     def from_spec(
@@ -195,28 +200,61 @@ class Checkpointer:
         return None
 
     def save(self, step: int, state: Any, *, temporary: bool) -> CheckpointInfo:
-        """Saves `state` as step-N (blocking until complete), then prunes what it supersedes.
+        """Saves `state` as step-N and waits until it is complete (`begin_save` + `commit`)."""
+        info = self.begin_save(step, state, temporary=temporary) or self.commit()
+        assert info is not None  # begin_save left a save in progress, and commit completed it
+        return info
 
-        Multi-host: every process calls it with the same arguments (orbax saves collectively);
-        process 0 writes the metadata and prunes, and all leave together, so the next decision
-        each makes from the file system sees the same folders."""
+    def begin_save(self, step: int, state: Any, *, temporary: bool) -> CheckpointInfo | None:
+        """Starts saving `state` as step-N and returns once orbax holds a copy of it off the
+        devices (training may go on, donating the state's buffers); orbax writes the files in
+        the background, and `commit` completes the checkpoint. Returns the checkpoint instead,
+        with nothing left to commit, when step N is already saved as durably as asked (a
+        temporary of the same step in the same folder is promoted in place).
+
+        A save still in progress is committed first. Multi-host: every process calls it with the
+        same arguments (orbax saves collectively)."""
+        self.commit()
         existing = self._existing(step)
         if existing is not None and (temporary or not existing.is_temporary):
             return existing  # already saved at this step, as durably as asked
         root = self.temporary_root if temporary else self.permanent_root
         path = root / f"step-{step}"
+        self._last_save_time = self._clock()
         if existing is not None and existing.path == path:
             info = self._write_metadata(path, step, temporary=False)  # promote in place
-        else:
-            if path.exists() and self._is_writer:
-                shutil.rmtree(path)  # a killed save of this very step
-            with _failures_raised_not_logged():
-                self._orbax.save(path / STATE_DIR, state)
-                self._orbax.wait_until_finished()
-            info = self._write_metadata(path, step, temporary=temporary)
-        self._last_save_time = self._clock()
+            return self._committed(info)
+        if path.exists() and self._is_writer:
+            shutil.rmtree(path)  # a killed save of this very step
+        quiet = _OrbaxFailuresQuieted()
+        try:
+            self._orbax.save(path / STATE_DIR, state)
+        except BaseException:
+            quiet.end(succeeded=False)
+            raise
+        self._in_progress = _SaveInProgress(path, step, temporary, quiet, self._orbax)
+        return None
+
+    def writing(self) -> bool:
+        """Whether a save begun on this process is still writing its files."""
+        return self._in_progress is not None and not self._in_progress.done.is_set()
+
+    def commit(self) -> CheckpointInfo | None:
+        """Waits for the save in progress, if any, and completes it: metadata.json (process 0),
+        then the older checkpoints it supersedes are pruned. Returns the checkpoint, or None
+        when no save was in progress. A failed save raises its error (its folder stays
+        incomplete, and is deleted on the next start). Multi-host: every process calls it at
+        the same point, and all leave together."""
+        saving, self._in_progress = self._in_progress, None
+        if saving is None:
+            return None
+        saving.finish()
+        return self._committed(self._write_metadata(saving.path, saving.step,
+                                                    temporary=saving.temporary))  # fmt: skip
+
+    def _committed(self, info: CheckpointInfo) -> CheckpointInfo:
         self._prune(info)
-        barrier(f"kiln: saved {path}")
+        barrier(f"kiln: saved {info.path}")
         return info
 
     def _existing(self, step: int) -> CheckpointInfo | None:
@@ -249,26 +287,75 @@ class Checkpointer:
             shutil.rmtree(c.path, ignore_errors=True)
 
     def close(self) -> None:
+        """Completes a save still in progress (a run that fails after starting it still keeps
+        that checkpoint; a save that fails is logged, its folder left incomplete), then closes
+        orbax. Not a collective: nothing is pruned and no process is waited for."""
+        saving, self._in_progress = self._in_progress, None
+        if saving is not None:
+            try:
+                saving.finish()
+                self._write_metadata(saving.path, saving.step, temporary=saving.temporary)
+            except Exception as e:  # noqa: BLE001 - the run is ending on another error already
+                log.warning("the checkpoint save of %s failed: %s", saving.path, e)
         self._orbax.close()
 
 
-@contextlib.contextmanager
-def _failures_raised_not_logged() -> Iterator[None]:
-    """Orbax logs a failed background save with its traceback (on the `absl` logger) and raises
-    the same error from wait_until_finished: the raised one is reported (a storage error as one
-    line, kiln.artifacts.storage_errors), so the logged copies are held back. After a failure,
-    TensorStore still completes the writes in flight and reports each to orbax's event loop,
-    closed by then: Python would print each as an unraisable "Event loop is closed", which says
-    nothing the raised error does not, so those are dropped from then on."""
-    orbax_log = logging.getLogger("absl")
-    level, hook = orbax_log.level, sys.unraisablehook
-    orbax_log.setLevel(logging.CRITICAL)
-    sys.unraisablehook = _without_closed_loop_reports(hook)
-    try:
-        yield
-        sys.unraisablehook = hook  # a save that succeeded leaves no write in flight
-    finally:
-        orbax_log.setLevel(level)
+class _SaveInProgress:
+    """An orbax save writing its files; a thread waits for it so that the training loop can ask,
+    without blocking, whether it is done."""
+
+    def __init__(
+        self,
+        path: Path,
+        step: int,
+        temporary: bool,
+        quiet: _OrbaxFailuresQuieted,
+        writer: ocp.StandardCheckpointer,
+    ) -> None:
+        self.path = path
+        self.step = step
+        self.temporary = temporary
+        self._quiet = quiet
+        self._error: BaseException | None = None
+        self.done = threading.Event()
+        self._writer = writer
+        threading.Thread(target=self._wait, name="kiln-checkpoint", daemon=True).start()
+
+    def _wait(self) -> None:
+        try:
+            self._writer.wait_until_finished()
+        except BaseException as e:  # noqa: BLE001 - raised by finish(), on the training thread
+            self._error = e
+        finally:
+            self.done.set()
+
+    def finish(self) -> None:
+        """Waits for the files to be written; raises the save's error, if any."""
+        self.done.wait()
+        self._quiet.end(succeeded=self._error is None)
+        if self._error is not None:
+            raise self._error
+
+
+class _OrbaxFailuresQuieted:
+    """From a save's start to its end: orbax logs a failed background save with its traceback
+    (on the `absl` logger) and raises the same error from wait_until_finished: the raised one is
+    reported (a storage error as one line, kiln.artifacts.storage_errors), so the logged copies
+    are held back. After a failure, TensorStore still completes the writes in flight and reports
+    each to orbax's event loop, closed by then: Python would print each as an unraisable "Event
+    loop is closed", which says nothing the raised error does not, so those are dropped from
+    then on."""
+
+    def __init__(self) -> None:
+        self._log = logging.getLogger("absl")
+        self._level, self._hook = self._log.level, sys.unraisablehook
+        self._log.setLevel(logging.CRITICAL)
+        sys.unraisablehook = _without_closed_loop_reports(self._hook)
+
+    def end(self, *, succeeded: bool) -> None:
+        self._log.setLevel(self._level)
+        if succeeded:  # a save that succeeded leaves no write in flight
+            sys.unraisablehook = self._hook
 
 
 def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -32,6 +32,7 @@ from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
 from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet, validation_metrics
 from kiln.model.config import LlamaConfig
+from kiln.train import compilation_cache
 from kiln.train.checkpoints import CheckpointDamaged, Checkpointer, CheckpointInfo
 from kiln.train.metrics import (
     SUMMARY_FILE,
@@ -49,6 +50,11 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 PREFETCH_BATCHES = 2
+# The loop reads the device's results (loss, grad norm) at these steps only, so the host queues
+# the next steps while the device computes: every SYNC_EVERY_STEPS steps, and wherever the state
+# is read or a decision is taken (the first and last step of an invocation, validation, evals,
+# checkpoint saves; on a single process also a signal, a control request or the save clock).
+SYNC_EVERY_STEPS = 10
 
 MetricsObserver = Callable[[Path], None]
 # The weights `config.init_from` names, as Llama(config)'s parameter tree: given by the runner
@@ -251,6 +257,10 @@ class Trainer:
         self.control: Any = None
         self.step_times: list[float] = []
         self.data_waits: list[float] = []  # seconds each step waited for its batch
+        self.unread: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
+        self.unread_since = 0.0  # when the first unread step asked for its batch
+        self.first_step: dict[str, Any] = {}  # seconds, program source, compilation cache
+        self.save_blocked_seconds = 0.0  # how long the latest save held training up
         self.metrics_observer = metrics_observer
         self.initial_params = initial_params
         if self.cfg.init_from is not None and initial_params is None:
@@ -403,7 +413,10 @@ class Trainer:
                 began = time.monotonic()  # step time includes waiting for data, not evaluation
                 batch = next(batches)
                 self.data_waits.append(time.monotonic() - began)
-                self._train_one(step, batch, began)
+                if step == start_step + 1:
+                    self._timed_first_step(step, batch, began)
+                else:
+                    self._train_one(step, batch, began)
                 self._after_step(step, signals.received, stopping_early=step == end_step < total)
             return self._finish(started, end_step)
 
@@ -450,9 +463,49 @@ class Trainer:
         return jax.device_get(self.eval_step(self.state, shard_batch(batch, self.mesh)))
 
     def _train_one(self, step: int, batch: dict[str, Any], began: float) -> None:
+        """Queues the step on the device; its metrics are read at the next sync point."""
         self.state, out = self.train_step(self.state, batch)
-        values = {k: float(v) for k, v in jax.device_get(out).items()}
-        seconds = time.monotonic() - began
+        if not self.unread:
+            self.unread_since = began
+        self.unread.append((step, out))
+
+    def _timed_first_step(self, step: int, batch: dict[str, Any], began: float) -> None:
+        """The invocation's first step, timed to its metrics on the host: it includes compiling
+        the step, or reading it from the persistent cache (kiln.train.compilation_cache)."""
+        with compilation_cache.watching() as compilations:
+            self._train_one(step, batch, began)
+            self._read_metrics()
+        folder = compilation_cache.active_folder()
+        seconds = self.step_times[-1]
+        self.first_step = {"seconds": seconds, "program": compilations.source, "cache": folder}
+        from_cache = compilations.source == "cache"
+        first = {"throughput/first_step_seconds": seconds}
+        self.metrics.log(step, {**first, "throughput/first_step_from_cache": from_cache})
+        how = {
+            "cache": f"its program read from the compilation cache {folder}",
+            "compiled": f"compiled, and kept in the compilation cache {folder}",
+            "partly cached": f"compiled in part; the rest read from the compilation cache {folder}",
+            "no cache": "compiled (no compilation cache)",
+        }[compilations.source]
+        self.progress.message(f"first step in {seconds:.1f}s: {how}")
+
+    def _read_metrics(self) -> None:
+        """Brings the unread steps' metrics to the host (the loop's one wait for the device),
+        logs them, and stops on a non-finite loss. Each unread step is given the mean time of
+        the steps read together."""
+        if not self.unread:
+            return
+        values = jax.device_get([out for _, out in self.unread])
+        seconds = (time.monotonic() - self.unread_since) / len(self.unread)
+        waits = self.data_waits[-len(self.unread) :]
+        steps = [step for step, _ in self.unread]
+        self.unread = []
+        for step, out, data_wait in zip(steps, values, waits):
+            self._log_step(step, {k: float(v) for k, v in out.items()}, seconds, data_wait)
+
+    def _log_step(
+        self, step: int, values: dict[str, float], seconds: float, data_wait: float
+    ) -> None:
         self.step_times.append(seconds)
         metrics = {
             "train/loss": values["loss"],
@@ -461,11 +514,12 @@ class Trainer:
             "optim/learning_rate": values["learning_rate"],
             "optim/grad_norm": values["grad_norm"],
             **self.throughput.metrics(seconds),
-            "throughput/data_wait_seconds": self.data_waits[-1],
+            "throughput/data_wait_seconds": data_wait,
             "timestamp": time.time(),
         }
         self.metrics.log(step, metrics)
         if not _finite(values):
+            self._commit_save()  # a save begun at an earlier step holds a good state
             last = self.last_checkpoint.path if self.last_checkpoint else "none yet"
             raise TrainingDiverged(
                 f"non-finite training loss at step {step} (loss {values['loss']}, grad_norm "
@@ -475,33 +529,45 @@ class Trainer:
         self.progress.update(step, values["loss"], metrics["throughput/tokens_per_second"])
 
     def _after_step(self, step: int, signum: int | None, *, stopping_early: bool) -> None:
+        """At sync points (SYNC_EVERY_STEPS): reads the steps' metrics, validates, runs evals,
+        completes or starts checkpoint saves, updates the control endpoint, stops on a signal."""
         total = self.cfg.num_train_steps
         final = step == total
-        if final or step % self.runtime.validation_every == 0:
-            self._validate(step)
+        validate = final or step % self.runtime.validation_every == 0
         evals = self.cfg.evals
-        if evals is not None and (final or step % evals.every == 0):
-            self._run_evals(step)
-        requested = self.control is not None and self.control.take_checkpoint_request()
+        run_evals = evals is not None and (final or step % evals.every == 0)
+        alone = jax.process_count() == 1
+        scheduled = (
+            step % SYNC_EVERY_STEPS == 0 or final or stopping_early or validate or run_evals
+            or self.checkpointer.due(step, final=final) == "permanent"
+        )  # fmt: skip
+        # A control request (process 0's endpoint), a signal and the save clock are one
+        # process's: acted on at once by a lone process; on several, at the next scheduled point
+        # (each process agrees on them there, or one would enter a save, a collective, alone).
+        requested = (scheduled or alone) and self.control is not None and \
+            self.control.take_checkpoint_request()  # fmt: skip
         kind = self.checkpointer.due(
             step, final=final, requested=requested or signum is not None or stopping_early
         )
-        # A control request (process 0's endpoint), a signal and the save clock are one
-        # process's: agree on them, or one process would enter a save (a collective) alone.
-        wants_temporary, any_signal = agree_max([kind == "temporary", signum or 0])
+        if not (scheduled or (alone and kind is not None)):
+            return
+        self._read_metrics()
+        if validate:
+            self._validate(step)
+        if run_evals:
+            self._run_evals(step)
+        wants_temporary, any_signal, any_writing = agree_max(
+            [kind == "temporary", signum or 0, self.checkpointer.writing()]
+        )
         signum = any_signal or None
         if kind != "permanent":  # permanent saves follow the step number: all agree already
             kind = "temporary" if wants_temporary else None
+        if not any_writing:
+            self._commit_save()  # a save begun earlier has written its files on every process
         if kind is not None:
-            save_began = time.monotonic()
-            saved = self.checkpointer.save(step, self.state, temporary=kind == "temporary")
-            # How long the save held training up: what an asynchronous save would shorten.
-            self.metrics.log(
-                step, {"throughput/checkpoint_blocked_seconds": time.monotonic() - save_began}
-            )
-            self.last_checkpoint = saved
-            kind = "temporary" if saved.is_temporary else "permanent"  # it may have been promoted
-            self.progress.message(f"saved {kind} checkpoint {saved.path}")
+            # The last save of an invocation (the end, a signal, --max-steps) is waited for.
+            ending = final or stopping_early or signum is not None
+            self._save(step, temporary=kind == "temporary", wait=ending)
         if self.control is not None:
             self.control.update(
                 step=step, total_steps=total, loss=self.metrics.latest.get("train/loss"),
@@ -516,6 +582,32 @@ class Trainer:
                 f"{self.last_checkpoint.path}. Rerun to resume.",
                 signum,
             )
+
+    def _save(self, step: int, *, temporary: bool, wait: bool) -> None:
+        """Saves the state after `step`. Training is held up only while orbax copies the state
+        off the devices (logged as throughput/checkpoint_blocked_seconds), unless `wait`; the
+        checkpoint counts once committed (`_commit_save`)."""
+        self._commit_save()  # the previous save first: one in progress at a time
+        began = time.monotonic()
+        done = self.checkpointer.begin_save(step, self.state, temporary=temporary)
+        if wait:
+            done = self.checkpointer.commit() or done
+        self.save_blocked_seconds = time.monotonic() - began
+        self.metrics.log(step, {"throughput/checkpoint_blocked_seconds": self.save_blocked_seconds})
+        if done is not None:
+            self._saved(done)
+
+    def _commit_save(self) -> None:
+        """Completes the save in progress (waiting for its files, if it must)."""
+        committed = self.checkpointer.commit()
+        if committed is not None:
+            self._saved(committed)
+
+    def _saved(self, checkpoint: CheckpointInfo) -> None:
+        self.last_checkpoint = checkpoint
+        kind = "temporary" if checkpoint.is_temporary else "permanent"  # it may have been promoted
+        held_up = f"training held up {self.save_blocked_seconds:.2f}s"
+        self.progress.message(f"saved {kind} checkpoint {checkpoint.path} ({held_up})")
 
     def _validate(self, step: int) -> None:
         if not self.data.validation:
@@ -545,6 +637,8 @@ class Trainer:
 
     def _finish(self, started: float, end_step: int) -> dict[str, Any]:
         complete = end_step == self.cfg.num_train_steps
+        self._read_metrics()
+        self._commit_save()
         if complete:  # a no-op when the last step already saved it (the usual case)
             self.last_checkpoint = self.checkpointer.save(end_step, self.state, temporary=False)
         self._observe_metrics(end_step)
@@ -574,6 +668,9 @@ class Trainer:
             "tokens_per_second": tokens_per_second,
             "data_wait_seconds_p50": _percentile(self.data_waits, 50),
             "data_wait_seconds_p99": _percentile(self.data_waits, 99),
+            "first_step_seconds": self.first_step.get("seconds"),
+            "first_step_program": self.first_step.get("program"),  # cache | compiled | ...
+            "compilation_cache": self.first_step.get("cache"),
             "wall_time_seconds": time.monotonic() - started,
             "output_path": str(self.output),
             "checkpoint": str(self.last_checkpoint.path) if self.last_checkpoint else None,

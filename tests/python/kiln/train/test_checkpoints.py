@@ -63,6 +63,33 @@ def test_save_then_restore_is_exact(tmp_path: Path) -> None:
     checkpointer.close()
 
 
+def test_an_asynchronous_save_counts_only_once_committed(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    checkpointer.save(10, state_at(10), temporary=False)
+    temporary = checkpointer.save(12, state_at(12), temporary=True)
+    state = state_at(20)
+    assert checkpointer.begin_save(20, state, temporary=False) is None  # writing in the background
+    # Training goes on: the next step donates (frees) the state's buffers; orbax has a copy.
+    for leaf in jax.tree.leaves(state):
+        leaf.delete()
+    assert checkpointer.latest().step == 12 and temporary.path.exists()  # nothing pruned yet
+    info = checkpointer.commit()
+    assert info is not None and checkpointer.latest() == info and not checkpointer.writing()
+    assert steps(checkpointer) == [(10, False), (20, False)]  # the permanent pruned step 12
+    restored = checkpointer.restore(info, state_at(0))
+    np.testing.assert_array_equal(restored["params"]["w"], state_at(20)["params"]["w"])
+    assert checkpointer.commit() is None  # nothing left in progress
+    assert checkpointer.begin_save(20, state, temporary=True) == info  # saved already
+    checkpointer.close()
+
+
+def test_close_completes_a_save_in_progress(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    checkpointer.begin_save(4, state_at(4), temporary=True)
+    checkpointer.close()  # a run ending on an error keeps the checkpoint it had begun
+    assert steps(make_checkpointer(tmp_path, FakeClock())) == [(4, True)]
+
+
 def test_due_by_step_by_time_and_on_request(tmp_path: Path) -> None:
     clock = FakeClock()
     checkpointer = make_checkpointer(tmp_path, clock)

@@ -1,4 +1,5 @@
-"""Exact resumption: a run SIGKILLed mid-training and rerun ends where an uninterrupted run does.
+"""Exact resumption: a run SIGKILLed mid-training, while a checkpoint is being written in the
+background, and rerun ends where an uninterrupted run does.
 
 The uninterrupted reference runs in this process; the killed run and its resumption run as
 `python -m kiln.train SPEC.json` subprocesses. On CPU the comparison is bit-for-bit: batches are
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -25,7 +27,7 @@ from kiln.train.spec import parse_spec
 from kiln.train.trainer import train
 
 NUM_STEPS = 20
-KILL_AFTER_STEP = 8  # a permanent checkpoint exists from step 5 on
+KILLED_SAVE = 10  # killed while saving step 10: a permanent checkpoint exists from step 5 on
 
 
 def train_command(spec_path: Path) -> list[str]:
@@ -38,16 +40,16 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu"}
 
 
-def run_and_kill(spec_path: Path, after_step: int) -> int:
-    """Runs the trainer until it reports `after_step` on stdout, then SIGKILLs it."""
+def kill_mid_save(spec_path: Path, checkpoint: Path) -> int:
+    """Runs the trainer until the save of `checkpoint` has begun (its folder exists, its
+    metadata.json does not yet), then SIGKILLs it."""
     process = subprocess.Popen(
-        train_command(spec_path), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        env=subprocess_env(), text=True,
+        train_command(spec_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=subprocess_env(),
     )  # fmt: skip
-    for line in process.stdout:
-        if line.startswith(f"step {after_step}/"):
-            process.send_signal(signal.SIGKILL)
-            break
+    while process.poll() is None and not checkpoint.exists():
+        time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
     process.wait(timeout=120)
     return process.returncode
 
@@ -77,16 +79,19 @@ def test_killed_run_resumes_bit_for_bit(tmp_path: Path) -> None:
 
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(make_spec(resumed_output, caches, validation, **overrides)))
-    assert run_and_kill(spec_path, KILL_AFTER_STEP) == -signal.SIGKILL
-    assert not (resumed_output / "tracker_metrics.jsonl").exists()  # really killed mid-run
-    assert max(step for step, _ in losses(resumed_output)) >= KILL_AFTER_STEP
+    killed_save = resumed_output / f"checkpoints/step-{KILLED_SAVE}"
+    assert kill_mid_save(spec_path, killed_save) == -signal.SIGKILL
+    assert not (killed_save / "metadata.json").exists()  # killed while the save was writing
+    assert max(step for step, _ in losses(resumed_output)) >= KILLED_SAVE
 
     finished = subprocess.run(
         train_command(spec_path), capture_output=True, text=True, env=subprocess_env()
     )
     assert finished.returncode == 0, finished.stderr
     summary = json.loads(finished.stdout[finished.stdout.index("\n{") :])
-    assert summary["complete"] and summary["steps_this_run"] < NUM_STEPS  # it resumed
+    assert summary["complete"] and summary["steps_this_run"] == NUM_STEPS - 5  # from step 5
+    # The reference run compiled the same step into the tests' compilation cache.
+    assert summary["first_step_program"] == "cache", summary
 
     assert losses(resumed_output) == losses(reference_output)
     for resumed, reference in zip(final_params(resumed_output), final_params(reference_output)):

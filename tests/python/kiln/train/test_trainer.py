@@ -344,7 +344,9 @@ def test_a_control_endpoint_request_saves_a_temporary_checkpoint(caches, tmp_pat
     saves = [line for line in capsys.readouterr().out.splitlines() if line.startswith("saved ")]
     assert (
         len(saves) == 2
-        and saves[-1] == f"saved permanent checkpoint {output}/checkpoints/step-{NUM_STEPS}"
+        and saves[-1].startswith(
+            f"saved permanent checkpoint {output}/checkpoints/step-{NUM_STEPS} (training held up "
+        )
     )
     assert saves[0].startswith(f"saved temporary checkpoint {output}/checkpoints/step-")
 
@@ -381,3 +383,35 @@ def test_sigint_saves_a_temporary_checkpoint_and_stops(caches, tmp_path) -> None
     assert meta["is_temporary"] and 1 <= meta["step"] < NUM_STEPS
     assert max(train_losses(output)) == meta["step"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_a_second_start_reads_its_step_from_the_compilation_cache(
+    caches, tmp_path, monkeypatch
+) -> None:
+    import jax
+
+    from kiln.train import compilation_cache
+
+    tests_cache = compilation_cache.active_folder()
+    monkeypatch.delenv(compilation_cache.DIRECTORY_VARIABLE)
+    folder = tmp_path / "store" / compilation_cache.STORE_FOLDER
+    output = tmp_path / "out"
+    spec = spec_for(output, caches, validation=(), **{"runtime.max_steps_this_run": 1})
+    try:
+        assert compilation_cache.use(folder) == str(folder)
+        jax.clear_caches()  # this process compiled the step already: start as a new one would
+        cold = train(spec)
+        jax.clear_caches()
+        warm = train(spec)  # resumes from step 1's checkpoint, as a restarted run does
+    finally:
+        compilation_cache.use(Path(tests_cache) if tests_cache else None)
+    assert (cold["first_step_program"], warm["first_step_program"]) == ("compiled", "cache")
+    assert cold["compilation_cache"] == warm["compilation_cache"] == str(folder)
+    assert any(folder.iterdir())
+    lines = read_jsonl(output / "metrics.jsonl")
+    firsts = [r for r in lines if "throughput/first_step_seconds" in r]
+    assert [(r["step"], r["throughput/first_step_from_cache"]) for r in firsts] == [
+        (1, 0.0),
+        (2, 1.0),
+    ]
+    assert warm["first_step_seconds"] == firsts[1]["throughput/first_step_seconds"] > 0
