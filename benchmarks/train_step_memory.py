@@ -29,7 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kiln.kernels.h200_compile import CUDA_COMPILER_PEX, cuda_compiler, h200_device
+from kiln.kernels.h200_compile import (
+    CUDA_COMPILER_PEX,
+    cuda_compiler,
+    h200_device,
+    has_cuda_plugin,
+)
 
 GIB = 2**30
 H200_BYTES = 150_754_820_096  # the device's memory, as H200_TARGET_CONFIG and the driver say
@@ -43,12 +48,13 @@ def main(argv: list[str] | None = None) -> None:
         compile_rows(args, device=None, label="")
         return
     pex = Path(args.cuda_compiler).resolve()
-    try:
-        context = cuda_compiler(pex)
-        with context:  # before jax loads
-            compile_rows(args, device=h200_device(), label=" (deviceless compile)")
-    except FileNotFoundError as error:
-        raise SystemExit(f"--cuda-compiler {args.cuda_compiler}: {error}") from None
+    if not has_cuda_plugin(pex):
+        raise SystemExit(
+            f"--cuda-compiler {args.cuda_compiler}: no jax CUDA plugin there; run "
+            "`./pants package lab:cuda-compiler` (or run this where jax has a GPU)"
+        )
+    with cuda_compiler(pex):  # before jax loads
+        compile_rows(args, device=h200_device(), label=" (deviceless compile)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,7 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the PEX directory `./pants package lab:cuda-compiler` writes (without a GPU)",
     )
     args = parser.parse_args(argv)
-    args.batches = [int(batch) for batch in args.batches.split(",")]
+    try:
+        args.batches = [int(batch) for batch in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches {args.batches}: expected comma-separated integers, e.g. 4,6,8")
     args.policies = args.policies.split(",")
     unknown = sorted(set(args.policies) - set(POLICIES))
     if unknown:
