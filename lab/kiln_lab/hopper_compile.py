@@ -4,8 +4,8 @@ prints what ptxas reports for each tuner candidate: registers spilled, shared me
     ./pants package lab:cuda-compiler    # jax's CUDA plugin, ptxas, nvdisasm (~255 MB)
     ./pants run lab/kiln_lab/hopper_compile.py [-- --kernels hopper_dkv --head-dim 128]
 
-XLA compiles deviceless for a GPU its target config describes (H200_TARGET_CONFIG): jax's CUDA
-plugin then runs the toolchain a GPU run does (Pallas -> Mosaic GPU -> PTX -> ptxas -> cubin, and
+XLA compiles deviceless for a GPU its target config describes (kiln.kernels.h200_compile): jax's
+CUDA plugin then runs the toolchain a GPU run does (Pallas -> Mosaic GPU -> PTX -> ptxas -> cubin, and
 Triton for the other kernels) with no driver, and Mosaic GPU's dump keeps ptxas' report and the
 SASS of each kernel. Nothing runs: this checks that a layout compiles and what it costs in
 registers, not that it is right (the CPU tests) or fast (attention_tune.py on a device).
@@ -27,41 +27,16 @@ import dataclasses
 import functools
 import os
 import re
-import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-# jax and kiln are imported inside the functions: jax must load after main() has put the plugin
-# on sys.path.
+# The deviceless compiler is the product's (kiln.kernels.h200_compile, which does not load jax);
+# jax and the rest of kiln are imported inside the functions: jax must load after main() has put
+# the plugin on sys.path.
+from kiln.kernels.h200_compile import compile_on, cuda_compiler, h200_device, has_cuda_plugin
 
-# XLA's H100 SXM spec (xla/tools/hlo_opt/gpu_specs/h100_sxm.txtpb) with the H200's memory and
-# name: the compiler reads the compute capability, shared memory and register limits.
-H200_TARGET_CONFIG = """
-gpu_device_info {
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: 233472
-  threads_per_core_limit: 2048
-  core_count: 132
-  fpus_per_core: 128
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: 4800000000000
-  l2_cache_size: 52428800
-  clock_rate_ghz: 1.98
-  device_memory_size: 150754820096
-  shared_memory_per_block_optin: 232448
-  cuda_compute_capability { major: 9 }
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}
-platform_name: "CUDA"
-device_description_str: "NVIDIA H200"
-"""
 # Tuner kernel -> the Mosaic GPU kernel's name (what ncu and the dump call it).
 HOPPER_KERNELS = {
     "hopper": "kiln_flash_attention_fwd_hopper",
@@ -151,30 +126,6 @@ def tile_loop_costs(sass: str) -> tuple[LoopCost, ...]:
     )
 
 
-def h200_device():
-    """An H200 that exists only for the compiler."""
-    from jax.experimental import topologies
-
-    topology = topologies.get_topology_desc(
-        topology_name="h200", platform="cuda", topology="1x1x1", target_config=H200_TARGET_CONFIG
-    )
-    return topology.devices[0]
-
-
-def compile_on(device, fn, *args):
-    """Lowers fn(*args) for the H200 (args: ShapeDtypeStruct trees) and compiles it on
-    `device`; returns the compiled executable."""
-    import jax
-    from jax.sharding import SingleDeviceSharding
-
-    from kiln.kernels.h200_export import export_for_h200
-
-    exported = export_for_h200(fn, *args)
-    on_device = SingleDeviceSharding(device)
-    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device), args)
-    return jax.jit(exported.call).lower(*args).compile()
-
-
 def compile_for(device, fields, *, seq_len: int, head_dim: int, segments: bool, grad: bool):
     """Lowers causal attention (or its gradient) with a layout's fields for the H200 and
     compiles it on `device`."""
@@ -199,41 +150,6 @@ def compile_for(device, fields, *, seq_len: int, head_dim: int, segments: bool, 
         return attention(q, k, v, segment_ids).astype(jnp.float32).sum()
 
     compile_on(device, jax.grad(loss, argnums=(0, 1, 2)) if grad else attention, q, q, q, ids)
-
-
-def link_site_packages(wheels: list[Path], site_packages: Path) -> None:
-    """One site-packages of the PEX's wheels, hard links (copies across file systems): the CUDA
-    plugin looks for ptxas and libdevice beside its own file's real path (site-packages/nvidia/
-    cu13, as in a venv), but the PEX's NVIDIA wheels each hold a part of that folder."""
-    for wheel in wheels:
-        for source in sorted(wheel.rglob("*")):
-            target = site_packages / source.relative_to(wheel)
-            if source.is_dir():
-                target.mkdir(exist_ok=True)
-            elif not target.exists():
-                try:
-                    os.link(source, target)
-                except OSError:
-                    shutil.copy2(source, target)
-
-
-@contextlib.contextmanager
-def cuda_compiler(pex: Path):
-    """jax's CUDA plugin and ptxas from the PEX, for this process: call before jax loads (jax's
-    own library then loads the plugin's Mosaic GPU runtime, which compiled host code links
-    against)."""
-    wheels = sorted(pex.glob(".deps/*.whl"))
-    # Next to the PEX: the same file system, so the links cost no copies.
-    with tempfile.TemporaryDirectory(prefix="kiln-cuda-compiler-", dir=pex.parent) as folder:
-        site_packages = Path(folder)
-        link_site_packages(wheels, site_packages)
-        sys.path.append(str(site_packages))
-        # Mosaic GPU looks for ptxas on PATH before /usr/local/cuda: use the pinned one.
-        ptxas_folder = site_packages / "nvidia" / "cu13" / "bin"
-        os.environ["PATH"] = os.pathsep.join([str(ptxas_folder), os.environ.get("PATH", "")])
-        # The plugin's CUDA version check would look for a driver this machine does not have.
-        os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
-        yield
 
 
 @contextlib.contextmanager
@@ -300,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     pex = Path(options.cuda_compiler).resolve()
-    if not list(pex.glob(".deps/jax_cuda13_pjrt-*.whl/jax_plugins")):
+    if not has_cuda_plugin(pex):
         parser.error(
             f"--cuda-compiler {options.cuda_compiler}: no jax CUDA plugin there; run "
             "`./pants package lab:cuda-compiler`"
