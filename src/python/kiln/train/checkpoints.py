@@ -344,18 +344,27 @@ class _OrbaxFailuresQuieted:
     are held back. After a failure, TensorStore still completes the writes in flight and reports
     each to orbax's event loop, closed by then: Python would print each as an unraisable "Event
     loop is closed", which says nothing the raised error does not, so those are dropped from
-    then on."""
+    then on; so are asyncio's "Task exception was never retrieved" reports of the sibling writes
+    that failed with the same error after the first one ended the save."""
 
     def __init__(self) -> None:
         self._log = logging.getLogger("absl")
         self._level, self._hook = self._log.level, sys.unraisablehook
         self._log.setLevel(logging.CRITICAL)
         sys.unraisablehook = _without_closed_loop_reports(self._hook)
+        self._unretrieved = _UnretrievedTaskErrors()
+        logging.getLogger("asyncio").addFilter(self._unretrieved)
 
     def end(self, *, succeeded: bool) -> None:
         self._log.setLevel(self._level)
         if succeeded:  # a save that succeeded leaves no write in flight
             sys.unraisablehook = self._hook
+            logging.getLogger("asyncio").removeFilter(self._unretrieved)
+
+
+class _UnretrievedTaskErrors(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Task exception was never retrieved")
 
 
 def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
