@@ -30,7 +30,7 @@ def test_a_bounded_cache_is_estimated_from_max_tokens() -> None:
     hours = 29_500_000_000 / TOKENS_PER_CORE_SECOND / 3600
     assert estimate.describe() == (
         f"estimate: 29.50B tokens (max_tokens), 118.00 GB as uint32, {hours:.1f} CPU-hours at "
-        "230k tokens/s per core"
+        "500k tokens/s per core"
     )
     assert estimate_build(cache(source=hub), "/repo").tokens is None
 

@@ -17,9 +17,9 @@ from typing import Any, Optional
 from kiln_pants.artifact_graph import Artifact
 from kiln_pants.mixture_budget import count
 
-# benchmarks/RESULTS.md, "Tokenization": read -> tokenize -> write the cache with GPT-2's
-# byte-level BPE, 2 processes on the 2-core CPU, 232k tokens/s each (2026-11-29).
-TOKENS_PER_CORE_SECOND = 230_000
+# benchmarks/RESULTS.md, "Tokenization at scale": the shard processes' tokens per CPU-second with
+# GPT-2's byte-level BPE on 1 GB of jsonl.zst, 527k-786k in 1, 2 and 4 shards (2026-12-01).
+TOKENS_PER_CORE_SECOND = 500_000
 # GPT-2's BPE on the stdlib corpus's English: 1.8 MB/s at 0.54M tokens/s (ENVIRONMENT.md).
 TEXT_BYTES_PER_TOKEN = 3.3
 STORED_BYTES_PER_TOKEN = 4
