@@ -334,6 +334,10 @@ def _checked_batches(
 def main(argv: list[str] | None = None) -> int:
     # transformers warns on import that PyTorch is absent: true, and irrelevant for tokenizing.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # A cache's shards run as parallel processes, up to one per core (Pants' process limit, 1-CPU
+    # Ray tasks): each encodes on one thread, as `plan`'s CPU-hours and the benchmark count them,
+    # instead of every process's Rust encoder spreading over all the cores.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     apply_hub_settings()  # before huggingface_hub is imported: it reads HF_HOME etc. once
     args = _parser().parse_args(argv)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
