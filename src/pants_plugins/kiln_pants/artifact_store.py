@@ -14,15 +14,10 @@ from typing import Optional
 
 from pants.engine.rules import _uncacheable_rule, collect_rules
 
+from kiln_contract.layout import DEP_FAILED, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact
 
-RECORD_FILE = "artifact.json"
-STATUS_FILE = "STATUS"
-SUMMARY_FILE = "summary.txt"  # a built checkpoint's summary, printed when it is served
-# Written by `pants build` (kiln_pants.build) when an input of the artifact failed: Marin's
-# status token for "not built because of a dependency"; the artifact runs again next time.
-DEP_FAILED = "DEP_FAILED"
 # Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
 # ~/.aws and gcloud's application-default login. Only PER_SESSION processes get them.
 STORE_ENVIRONMENT = (

@@ -34,9 +34,9 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.option.option_types import IntOption
 from pants.util.frozendict import FrozenDict
 
+from kiln_contract.layout import DEP_FAILED
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
-    DEP_FAILED,
     STORE_ENVIRONMENT,
     StoredState,
     artifact_path,

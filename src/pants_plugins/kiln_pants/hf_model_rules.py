@@ -32,6 +32,7 @@ from pants.engine.target import (
 )
 from pants.engine.unions import UnionRule
 
+from kiln_contract.layout import RECORD_FILE, STATUS_FILE
 from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -41,8 +42,6 @@ from kiln_pants.artifact_graph import (
     TokenizerFilesRequest,
 )
 from kiln_pants.artifact_store import (
-    RECORD_FILE,
-    STATUS_FILE,
     StoredFiles,
     StoredFilesRequest,
     artifact_path,

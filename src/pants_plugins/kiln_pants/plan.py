@@ -28,11 +28,10 @@ from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule, rule
 from pants.option.option_types import BoolOption
 from pants.util.frozendict import FrozenDict
 
+from kiln_contract.layout import RECORD_FILE, STATUS_FILE
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
     DEV,
-    RECORD_FILE,
-    STATUS_FILE,
     STORE_ENVIRONMENT,
     StoredState,
     artifact_path,

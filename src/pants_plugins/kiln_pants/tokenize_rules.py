@@ -42,6 +42,7 @@ from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
+from kiln_contract.layout import RECORD_FILE, STATUS_FILE
 from kiln_contract.tokenize import (
     CacheSpec,
     FilesSource,
@@ -61,8 +62,6 @@ from kiln_pants.artifact_graph import (
     TokenizerFilesRequest,
 )
 from kiln_pants.artifact_store import (
-    RECORD_FILE,
-    STATUS_FILE,
     STORE_ENVIRONMENT,
     StoredFiles,
     StoredFilesRequest,

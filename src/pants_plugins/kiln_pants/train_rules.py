@@ -46,6 +46,7 @@ from pants.engine.target import (
 )
 from pants.engine.unions import UnionRule
 
+from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUMMARY_TEXT_FILE
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import served_message
 from kiln_contract.step import Provenance, StepInput, StepSpec
@@ -65,9 +66,6 @@ from kiln_pants.artifact_graph import (
     ReferencedFilesRequest,
 )
 from kiln_pants.artifact_store import (
-    RECORD_FILE,
-    STATUS_FILE,
-    SUMMARY_FILE,
     StoredFiles,
     StoredFilesRequest,
     artifact_path,
@@ -429,7 +427,7 @@ async def served_run(request: ServedRunRequest) -> ServedRun:
         return ServedRun(None)
     folder = artifact_path(request.prefix, artifact)
     files = await Get(
-        StoredFiles, StoredFilesRequest(folder, (STATUS_FILE, RECORD_FILE, SUMMARY_FILE))
+        StoredFiles, StoredFilesRequest(folder, (STATUS_FILE, RECORD_FILE, SUMMARY_TEXT_FILE))
     )
     status, record, summary = files.texts
     if record is None or recorded_state(artifact, status, record).status != "built":

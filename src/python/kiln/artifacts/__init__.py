@@ -32,14 +32,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-RECORD_FILE = "artifact.json"
-SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed when it is served
-STATUS_FILE = "STATUS"
-TRAIN_SPEC_FILE = "train_spec.json"  # a checkpoint's trainer spec (docs/step-spec.md)
-
-SUCCESS = "SUCCESS"
-FAILED = "FAILED"
-RUNNING = "RUNNING"
+from kiln_contract.layout import (  # noqa: F401 - the folder's names, re-exported for the runtime
+    FAILED,
+    RECORD_FILE,
+    RUNNING,
+    STATUS_FILE,
+    SUCCESS,
+    SUMMARY_TEXT_FILE,
+    TRAIN_SPEC_FILE,
+)
 
 
 def _current_umask() -> int:

@@ -1,0 +1,23 @@
+"""An artifact folder's own files and status tokens (docs/artifacts.md): the names both halves
+read and write, defined once.
+
+    {prefix}/{name}/{version}/
+        artifact.json     the record (kiln_contract.record), with provenance
+        summary.txt       what `pants run` prints for a built artifact
+        train_spec.json   a checkpoint's trainer spec (docs/step-spec.md)
+        failure.txt       why the last build failed (one line), beside STATUS FAILED
+        STATUS            written last: SUCCESS, FAILED, RUNNING or DEP_FAILED
+"""
+
+RECORD_FILE = "artifact.json"
+SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed when it is served
+TRAIN_SPEC_FILE = "train_spec.json"
+FAILURE_FILE = "failure.txt"
+STATUS_FILE = "STATUS"
+
+SUCCESS = "SUCCESS"
+FAILED = "FAILED"
+RUNNING = "RUNNING"
+# Written by `pants build` when an input of the artifact failed: Marin's status token for "not
+# built because of a dependency"; the artifact runs again next time.
+DEP_FAILED = "DEP_FAILED"
