@@ -71,3 +71,22 @@ def test_the_compile_only_resolve_matches_the_gpu_runtime() -> None:
             f"{cuda[name]['version']}: fix 3rdparty/python/cuda-compile-requirements.txt and run "
             "./pants generate-lockfiles --resolve=cuda-compile"
         )
+
+
+def test_the_ray_node_requirements_are_the_runtime_locks() -> None:
+    """A cluster node installs Ray from ray-node-requirements.txt: every pin and hash there is
+    the runtime lock's, and Ray's own version is the one the runtime (and so the jobs) run."""
+    runtime = locked("runtime")
+    text = (LOCKS / "ray-node-requirements.txt").read_text()
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    tokens = " ".join(lines).replace("\\", " ").split()
+    names = [token for token in tokens if "==" in token]
+    hashes = [token.removeprefix("--hash=sha256:") for token in tokens if token.startswith("--hash=")]
+    assert "ray==2.60.0" in names and runtime["ray"]["version"] == "2.60.0"
+    locked_hashes = set()
+    for name in names:
+        project, version = name.split("==")
+        requirement = runtime[canonicalize_name(project)]
+        assert requirement["version"] == version, f"{name}: runtime.lock has {requirement['version']}"
+        locked_hashes |= {artifact["hash"] for artifact in requirement["artifacts"]}
+    assert hashes and set(hashes) <= locked_hashes

@@ -309,9 +309,14 @@ class CheckpointerSpec:
     keep_last_temporary: int
     every: int | None  # a permanent checkpoint every N steps; None: only the final one
     temporary_base_path: Path | None  # None: temporaries go beside the permanent ones
+    # Set by the runner when each host of a run trains in a folder of its own (a staging folder
+    # mirrored into a bucket): every host then writes its own shards and the metadata, and the
+    # union of the hosts' folders is the checkpoint (kiln.train.checkpoints).
+    per_host_folders: bool = False
 
     def __post_init__(self) -> None:
         check_number("save_interval_minutes", self.save_interval_minutes, minimum=0)
+        check_bool("per_host_folders", self.per_host_folders)
         check_int("keep_last_temporary", self.keep_last_temporary, minimum=1)
         check_optional(check_int, "every", self.every, minimum=1)
         check_optional(check_absolute_path, "temporary_base_path", self.temporary_base_path)

@@ -32,7 +32,9 @@ from pants.util.logging import LogLevel
 
 # The runtime's entry points, as modules and the files that own them.
 TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
-RUN_STEP = ("kiln.runner", Address("src/python/kiln", relative_file_path="runner.py"))
+RUN_STEP = (
+    "kiln.runner", Address("src/python/kiln/runner", relative_file_path="__main__.py")
+)
 EXPORT = ("kiln.interop", Address("src/python/kiln/interop", relative_file_path="__main__.py"))
 PEEK = ("kiln.artifacts.peek", Address("src/python/kiln/artifacts", relative_file_path="peek.py"))
 FAN_OUT = ("kiln.cluster.fanout", Address("src/python/kiln/cluster", relative_file_path="fanout.py"))

@@ -181,7 +181,8 @@ class LmCheckpointFieldSet(RunFieldSet, PackageFieldSet):
 class PreparedStep:
     artifact: Artifact
     runtime: Runtime
-    digest: Digest  # step.json + the input caches under inputs/
+    digest: Digest  # step.json, the input caches under inputs/ and the lockfiles
+    plugin_lock: Optional[str]  # the accelerator plugins' lockfile, for a cluster's nodes
 
 
 def _dataset(artifact: Artifact, weight: float = 0.0) -> DatasetRef:
@@ -319,6 +320,9 @@ async def step_json(
 @dataclass(frozen=True)
 class PrepareStepRequest:
     address: Address
+    # Trains on a cluster's nodes, which install the accelerator plugins their resources need:
+    # the runtime built here is the CPU one.
+    on_cluster: bool = False
 
 
 @rule(desc="Preparing an lm_checkpoint step")
@@ -333,9 +337,10 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
     resolves = [python_setup.default_resolve]
     if accelerator in ACCELERATOR_PLUGINS:
         resolves.append(ACCELERATOR_PLUGINS[accelerator].resolve)
+    here = "cpu" if request.on_cluster else accelerator
     lockfile, runtime = await MultiGet(
         Get(Digest, PathGlobs([python_setup.resolves[name] for name in resolves])),
-        Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=accelerator)),
+        Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=here)),
     )
     artifact = graph.get(address)
     provenance = Provenance(
@@ -346,10 +351,12 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs)))),
     )
     step_digest = await Get(Digest, CreateDigest([FileContent(STEP_FILE, step.content)]))
+    plugin_lock = python_setup.resolves[resolves[-1]] if len(resolves) > 1 else None
     return PreparedStep(
         artifact,
         runtime,
-        await Get(Digest, MergeDigests([step_digest, caches.digest, step.eval_task_files])),
+        await Get(Digest, MergeDigests([step_digest, caches.digest, step.eval_task_files, lockfile])),
+        plugin_lock,
     )
 
 
@@ -444,6 +451,18 @@ def served_text(
     return served_message(artifact.ref, folder, artifact.fingerprint, stored, code_digest, summary)
 
 
+def cluster_of_run(option: str, args: tuple[str, ...]) -> str:
+    """The cluster a `pants run` trains on: `-- --cluster X` (the runner reads the last one),
+    else `[kiln] cluster`; "" for this machine."""
+    chosen = option
+    for i, arg in enumerate(args):
+        if arg == "--cluster" and i + 1 < len(args):
+            chosen = args[i + 1]
+        elif arg.startswith("--cluster="):
+            chosen = arg.partition("=")[2]
+    return "" if chosen in ("", "local") else chosen
+
+
 # Prints its first argument: the served message, with no runtime started.
 _PRINT = 'printf "%s\\n" "$0"'
 
@@ -460,14 +479,15 @@ async def run_lm_checkpoint(
         WrappedTarget, WrappedTargetRequest(field_set.address, description_of_origin="<kiln run>")
     )
     resources = wrapped.target[ResourcesField].value
-    if not kiln.cluster:  # a cluster run's accelerators are on the cluster's hosts
+    cluster = cluster_of_run(kiln.cluster, run.args)
+    if not cluster:  # a cluster run's accelerators are on the cluster's hosts
         await Get(AcceleratorsPresent, CheckAcceleratorsRequest(field_set.address, resources))
     prefix = kiln.prefix_location(build_root.path)
     if not run.args:  # `-- ...` options (another prefix, --output) are the runner's to read
         served = await Get(ServedRun, ServedRunRequest(field_set.address, resources.kind, prefix))
         if served.message is not None:
             return RunRequest(digest=EMPTY_DIGEST, args=("/bin/sh", "-c", _PRINT, served.message))
-    prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address))
+    prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address, bool(cluster)))
     runtime = prepared.runtime
     # The runtime's venv PEX is already built for the sandbox environment: the one used here.
     venv_pex = runtime.pex
@@ -492,6 +512,10 @@ async def run_lm_checkpoint(
         extra_env={
             **environment.environment_dict(python=python),
             "PEX_EXTRA_SYS_PATH": runtime.sys_path(chroot),
+            # What a cluster's nodes are sent (kiln.cluster.runtime_shipping).
+            "KILN_RUNTIME_PEX": os.path.join(chroot, venv_pex.pex_filename),
+            **({"KILN_PLUGIN_LOCK": os.path.join(chroot, prepared.plugin_lock)}
+               if prepared.plugin_lock else {}),  # fmt: skip
         },
         append_only_caches={
             **environment.append_only_caches,

@@ -14,30 +14,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kiln_testing.buckets import fresh_url, gcs_server, s3_server
 from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache
 
 from kiln import artifacts
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease, LeaseRecord
-from kiln.artifacts.replacement import replaced_folder
-from kiln.runner import (
-    StepError,
-    _continue_replacement,
-    _HolderWatch,
-    _lease_output,
-    _parser,
-    _restart_dev_run,
-    apply_overrides,
-    check_drift,
-    check_write_paths,
-    main,
-    place_input,
-    place_inputs,
-    read_step,
-    run_step,
-    train_spec,
-)
+from kiln.artifacts.local import LocalStore
+from kiln.artifacts.store import ObjectStore, open_store
+from kiln.runner.__main__ import main
+from kiln.runner.build import Target, _restart_dev_run, check_write_paths, run_step, train_spec
+from kiln.runner.command_line import apply_overrides, argument_parser, read_step
+from kiln.runner.decision import same_artifact
+from kiln.runner.errors import StepError
+from kiln.runner.inputs import place_cache, place_inputs
+from kiln.runner.leasing import HolderWatch, hold
+from kiln.runner.replacing import begin
+from kiln.runner.workspace import Workspace
 from kiln_contract.record import ArtifactRecord, InputRef
 from kiln_contract.step import StepSpec
+
+__all__ = ["gcs_server", "s3_server"]  # fixtures
 
 IDENTITY = {"kind": "lm_checkpoint", "batch_size": 8, "model": {"hidden_dim": 64}}
 
@@ -104,9 +101,25 @@ def built(directory: Path, rec: ArtifactRecord, code_digest: str = "a" * 64) -> 
     return directory
 
 
+def folder_of(output: Path, prefix: Path | None = None) -> ArtifactFolder:
+    """The artifact folder `output`, in the store at `prefix` (default: its parent)."""
+    root = prefix or output.parent
+    return ArtifactFolder(LocalStore(root), output.relative_to(root).as_posix())
+
+
+def at(output: Path, prefix: Path | None = None) -> Target:
+    """The runner's target: `output` in the artifact store at `prefix`, or (None) a scratch
+    folder (`--output`)."""
+    return Target(folder_of(output, prefix), artifact_store=prefix is not None)
+
+
+def replaced_folder(output: Path) -> Path:
+    return output.parent / f".{output.name}.replaced"
+
+
 def test_a_built_artifact_is_served(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     output = built(tmp_path / "out", record())
-    assert run_step(step(), tmp_path, output, prefix=None) == 0
+    assert run_step(step(), tmp_path, at(output)) == 0
     printed = capsys.readouterr().out
     assert "is already built" in printed and "the summary" in printed
     assert "built by other code" not in printed
@@ -116,7 +129,7 @@ def test_a_code_only_change_is_reported_not_retrained(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = built(tmp_path / "out", record(), code_digest="b" * 64)
-    assert run_step(step(code_digest="c" * 64), tmp_path, output, prefix=None) == 0
+    assert run_step(step(code_digest="c" * 64), tmp_path, at(output)) == 0
     assert "built by other code (runtime digest bbbbbbbbbbbb, now cccccccccccc)" in (
         capsys.readouterr().out
     )
@@ -125,7 +138,7 @@ def test_a_code_only_change_is_reported_not_retrained(
 def test_a_reused_version_with_another_config_is_refused(tmp_path: Path) -> None:
     output = built(tmp_path / "out", record(fingerprint="0" * 16, batch_size=16))
     with pytest.raises(StepError) as error:
-        run_step(step(), tmp_path, output, prefix=None)
+        run_step(step(), tmp_path, at(output))
     message = str(error.value)
     assert "differs in: batch_size" in message and "Bump `version`" in message
     assert artifacts.read_status(output) == artifacts.SUCCESS  # the old artifact is untouched
@@ -136,7 +149,7 @@ def test_a_second_concurrent_run_is_refused_with_no_wait_or_force(tmp_path: Path
     with Lease.beside(output, what="train checkpoints/x@2026.11.29").acquire(wait=False):
         for how in ({"wait": False}, {"force": True}):
             with pytest.raises(StepError, match="A second run of checkpoints/x@2026.11.29 is"):
-                run_step(step(), tmp_path, output, prefix=tmp_path / "store", **how)
+                run_step(step(), tmp_path, at(output, tmp_path / "store"), **how)
     assert artifacts.read_status(output) is None
 
 
@@ -158,7 +171,7 @@ def test_a_second_run_waits_for_the_holder_then_serves_its_result(
 ) -> None:
     output = tmp_path / "out"
     hold_then(output, lambda: built(output, record()))
-    assert run_step(step(), tmp_path, output, prefix=None) == 0
+    assert run_step(step(), tmp_path, at(output)) == 0
     printed = capsys.readouterr().out
     assert "kiln: waiting for checkpoints/x@2026.11.29: train checkpoints/x@2026.11.29 (host " in (
         printed
@@ -168,11 +181,42 @@ def test_a_second_run_waits_for_the_holder_then_serves_its_result(
     assert not (tmp_path / ".out.lease").exists()  # the waiter released the lease
 
 
+@pytest.fixture(params=["local", "s3", "gs"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
+    """A directory, or a path of its own in an S3 or a GCS bucket on a server on loopback."""
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    request.getfixturevalue({"s3": "s3_server", "gs": "gcs_server"}[request.param])
+    return open_store(fresh_url(request.param))
+
+
+def test_a_second_run_waits_for_the_holder_in_any_store_then_serves_its_result(
+    any_store: ObjectStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = ArtifactFolder(any_store, "checkpoints/x/2026.11.29")
+    holder = folder.lease("train checkpoints/x@2026.11.29").acquire(wait=False)
+
+    def finish() -> None:
+        rec = {**record().to_json(), "provenance": {"code_digest": "a" * 64}}
+        folder.write_json(artifacts.RECORD_FILE, rec)
+        any_store.write(folder.child(artifacts.SUMMARY_TEXT_FILE), b"the summary\n")
+        folder.write_status(artifacts.SUCCESS)
+        holder.release()
+
+    threading.Timer(3.0, finish).start()  # while the run waits
+    assert run_step(step(), tmp_path, Target(folder)) == 0
+    printed = capsys.readouterr().out
+    assert "kiln: waiting for checkpoints/x@2026.11.29: train checkpoints/x@2026.11.29" in printed
+    assert f"is already built at {folder.location()}" in printed and "the summary" in printed
+    assert any_store.keys("checkpoints/x") == ["2026.11.29/STATUS", "2026.11.29/artifact.json",
+                                               "2026.11.29/summary.txt"]  # fmt: skip
+
+
 def test_a_waiter_reports_a_holder_that_failed(tmp_path: Path) -> None:
     output = tmp_path / "out"
     hold_then(output, lambda: artifacts.mark_failed(built(output, record())))
     with pytest.raises(StepError, match=r"the run this one waited for, train .* failed"):
-        run_step(step(), tmp_path, output, prefix=None)
+        run_step(step(), tmp_path, at(output))
     assert artifacts.read_status(output) == artifacts.FAILED  # left for the rerun to resume
 
 
@@ -182,7 +226,7 @@ def test_a_waiter_goes_on_with_a_build_its_holder_left_unfinished(
     output = tmp_path / "out"
     hold_then(output, lambda: artifacts.write_status(output, artifacts.RUNNING))
     with contextlib.ExitStack() as held:
-        lease = _lease_output(step(), output, held, wait=True)
+        lease = hold(step(), folder_of(output), held, wait=True)
         assert lease is not None and (tmp_path / ".out.lease").exists()
     printed = capsys.readouterr().out
     assert "ended without finishing checkpoints/x@2026.11.29 (STATUS RUNNING): this run" in printed
@@ -195,10 +239,10 @@ def test_the_waiter_says_the_holders_step_and_eta_at_most_every_30_s(
     output.mkdir()
     lines = [{"step": 4, "throughput/step_time": 2.0}, {"step": 4, "eval/loss": 3.0}, {"step": 5}]
     (output / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    watch = _HolderWatch(step(), output)
+    watch = HolderWatch(step(), folder_of(output))
     holder = LeaseRecord("o", "gpu-7", 4242, None, "train checkpoints/x@2026.11.29", 0.0, 9e9)
     clock = iter([100.0, 110.0, 131.0])
-    monkeypatch.setattr("kiln.runner.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("kiln.runner.leasing.time.monotonic", lambda: next(clock))
     for _ in range(3):
         watch(holder)
     said = capsys.readouterr().out.splitlines()
@@ -220,7 +264,7 @@ def test_a_served_artifact_finishes_a_replacement_left_behind(
         inputs=(InputRef("checkpoints/x@2026.11.29", "0" * 16),),
     )  # fmt: skip
     built(store / "hf/x/2026.11.29", export)
-    assert run_step(step(), tmp_path, output, prefix=store) == 0
+    assert run_step(step(), tmp_path, at(output, store)) == 0
     printed = capsys.readouterr().out
     assert "is already built" in printed and not replaced_folder(output).exists()
     assert f"deleted the replaced checkpoints/x@2026.11.29 ({replaced_folder(output)})" in printed
@@ -232,28 +276,26 @@ def test_a_run_goes_on_with_a_stopped_forced_rebuild(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = built(tmp_path / "checkpoints/x/2026.11.29", record())
-    _continue_replacement(step(), output, force=True)
+    begin(step(), folder_of(output), force=True)
     aside = replaced_folder(output)
     assert f"kiln: --force: moved {output} aside to {aside}" in capsys.readouterr().out
     artifacts.write_status(output, artifacts.RUNNING)  # stopped mid-way (killed, --max-steps)
-    _continue_replacement(step(), output, force=False)
+    begin(step(), folder_of(output), force=False)
     assert "going on with the forced rebuild of checkpoints/x@2026.11.29; the replaced " in (
         capsys.readouterr().out
     )
     assert artifacts.is_built(aside)  # kept until the rebuild succeeds
 
 
-def test_force_needs_a_local_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_force_needs_the_artifact_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     step_file = tmp_path / "step.json"
     step_file.write_text(json.dumps(step_json()))
     common = [str(step_file), "--inputs", str(tmp_path), "--force"]
     with pytest.raises(SystemExit):
         main([*common, "--output", str(tmp_path / "out")])
     assert "--force replaces an artifact in the store: give --prefix" in capsys.readouterr().err
-    assert main([*common, "--prefix", "s3://bucket/artifacts"]) == 1
-    assert "--force replaces artifacts in a local store only, not with the bucket prefix" in (
-        capsys.readouterr().err
-    )
 
 
 def test_inputs_are_placed_once_and_checked(tmp_path: Path) -> None:
@@ -262,43 +304,45 @@ def test_inputs_are_placed_once_and_checked(tmp_path: Path) -> None:
     destination = tmp_path / "store/tokenized/x/2026.11.29"
     ledger = (source / "ledger.json").read_bytes()
 
-    assert place_input(source, destination, cache) == destination
+    store = LocalStore(tmp_path / "store")
+    assert place_cache(store, "tokenized/x/2026.11.29", source, cache) == str(destination)
     assert (destination / "ledger.json").read_bytes() == ledger
     assert not [p for p in destination.parent.iterdir() if p.name.startswith(".")]  # no temp left
     (source / "ledger.json").write_text("{}")
-    place_input(source, destination, cache)  # already there with this fingerprint: kept
+    place_cache(store, "tokenized/x/2026.11.29", source, cache)  # already there: kept
     assert (destination / "ledger.json").read_bytes() == ledger
 
     with pytest.raises(StepError, match="differs in"):
-        place_input(source, destination, record(fingerprint="d" * 16, batch_size=1))
+        place_cache(store, "tokenized/x/2026.11.29", source, record(fingerprint="d" * 16, batch_size=1))
 
 
 def test_an_incomplete_input_is_refused(tmp_path: Path) -> None:
     source = tmp_path / "built"
     source.mkdir()
     with pytest.raises(StepError, match="not complete"):
-        place_input(source, tmp_path / "store/x", record())
+        place_cache(LocalStore(tmp_path / "store"), "x", source, record())
 
 
 def test_check_drift_without_a_record(tmp_path: Path) -> None:
-    assert check_drift(tmp_path, record()) is None
+    assert same_artifact(folder_of(tmp_path / "x"), record()) is None
 
 
 def test_the_train_spec_gets_absolute_input_and_task_paths(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    spec = train_spec(step(), tmp_path, tmp_path / "out", store)
+    workspace = Workspace(tmp_path / "out", None)
+    spec = train_spec(step(), tmp_path, workspace, at(store / "checkpoints/x/v", store))
     assert spec.config.datasets[0].path == store / "tokenized/a/2026.11.29"
     assert spec.config.validation[0].path == store / "tokenized/val/2026.11.29"
     assert spec.config.evals is not None
     assert spec.config.evals.task_paths == (str(tmp_path / "exp/tasks"),)
     assert spec.output_path == tmp_path / "out"
-    hermetic = train_spec(step(), tmp_path, tmp_path / "out", prefix=None)
+    hermetic = train_spec(step(), tmp_path, workspace, at(tmp_path / "out"))
     assert hermetic.config.datasets[0].path == tmp_path / "inputs/tokenized/a/2026.11.29"
 
 
 def test_run_time_overrides_leave_the_identity_alone() -> None:
     base = step()
-    args = _parser().parse_args(
+    args = argument_parser().parse_args(
         ["step.json", "--inputs", ".", "--per-device-parallelism", "2", "--attention", "xla"]
         + ["--mesh", "data=2, fsdp=-1", "--max-eval-batches", "5", "--control-host", "0.0.0.0"]
     )
@@ -311,11 +355,11 @@ def test_run_time_overrides_leave_the_identity_alone() -> None:
     assert overridden.runtime.mesh == {"data": 2, "fsdp": -1, "tensor": 1}
     assert overridden.config == base.config
     with pytest.raises(SystemExit):
-        _parser().parse_args(["s", "--inputs", ".", "--mesh", "fsdp"])
+        argument_parser().parse_args(["s", "--inputs", ".", "--mesh", "fsdp"])
     with pytest.raises(StepError, match="--batch-size changes the artifact's identity"):
-        apply_overrides(base, _parser().parse_args(["s", "--inputs", ".", "--batch-size", "4"]))
+        apply_overrides(base, argument_parser().parse_args(["s", "--inputs", ".", "--batch-size", "4"]))
     scratch = ["s", "--inputs", ".", "--output", "out", "--batch-size", "4"]
-    assert apply_overrides(base, _parser().parse_args(scratch)).config.batch_size == 4
+    assert apply_overrides(base, argument_parser().parse_args(scratch)).config.batch_size == 4
 
 
 @pytest.mark.parametrize(
@@ -328,7 +372,7 @@ def test_run_time_overrides_leave_the_identity_alone() -> None:
 )
 def test_a_bad_override_names_the_field(flags: list[str], message: str) -> None:
     with pytest.raises(StepError, match=re.escape(message)):
-        apply_overrides(step(), _parser().parse_args(["s", "--inputs", ".", *flags]))
+        apply_overrides(step(), argument_parser().parse_args(["s", "--inputs", ".", *flags]))
 
 
 def test_the_step_is_parsed_once_with_clear_errors(tmp_path: Path) -> None:
@@ -367,7 +411,7 @@ def test_a_symlink_out_of_the_store_stops_the_run_before_any_write(tmp_path: Pat
     (store / "checkpoints").symlink_to(outside)  # {prefix}/checkpoints -> elsewhere
     output = store / "checkpoints/x/2026.11.29"
     with pytest.raises(StepError, match=f"resolves to {outside}/x/2026.11.29, outside {store}"):
-        run_step(step(), tmp_path, output, store)
+        run_step(step(), tmp_path, at(output, store))
     assert untouched(outside)
 
 
@@ -376,7 +420,7 @@ def test_an_input_placed_through_a_symlink_out_of_the_store_is_refused(tmp_path:
     store.mkdir()
     (store / "tokenized").symlink_to(outside)
     with pytest.raises(StepError, match="input cache tokenized/a@2026.11.29 at .* outside"):
-        place_inputs(step(), tmp_path, store)
+        place_inputs(step(), tmp_path, LocalStore(store))
     assert untouched(outside)
 
 
@@ -384,7 +428,7 @@ def test_checkpoint_folders_must_stay_in_the_output(tmp_path: Path) -> None:
     outside, output = outside_folder(tmp_path), tmp_path / "out"
     output.mkdir()
     (output / "checkpoints").symlink_to(outside / "checkpoints")
-    spec = train_spec(step(), tmp_path, output, prefix=None)
+    spec = train_spec(step(), tmp_path, Workspace(output, None), at(output))
     with pytest.raises(StepError, match="the checkpoint folder .* outside"):
         check_write_paths(spec, output)
     (output / "checkpoints").unlink()
@@ -407,20 +451,20 @@ def test_a_dev_rerun_deletes_only_its_own_checkpoints(tmp_path: Path) -> None:
         **record().to_json(), "version": "dev"}})  # fmt: skip
     output = built(tmp_path / "store/checkpoints/x/dev", dev.record)
     (output / "checkpoints/step-4").mkdir(parents=True)
-    _restart_dev_run(dev, output)
+    _restart_dev_run(dev, at(output, tmp_path / "store"))
     assert not (output / "checkpoints").exists()
     assert artifacts.is_built(output)  # the rest is the runner's to overwrite, in order
 
     outside = outside_folder(tmp_path)
     (output / "checkpoints").symlink_to(outside / "checkpoints")
     with pytest.raises(StepError, match="the checkpoint folder .* outside"):
-        _restart_dev_run(dev, output)
+        _restart_dev_run(dev, at(output, tmp_path / "store"))
     assert untouched(outside)
 
     stranger = built(tmp_path / "store/checkpoints/y/dev", record())  # names checkpoints/x@2026...
     (stranger / "checkpoints").mkdir()
     with pytest.raises(StepError, match="not this artifact's folder, so nothing in it is deleted"):
-        _restart_dev_run(dev, stranger)
+        _restart_dev_run(dev, at(stranger, tmp_path / "store"))
     assert (stranger / "checkpoints").is_dir()
 
 

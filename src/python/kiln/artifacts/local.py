@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -110,6 +111,30 @@ class LocalStore(ObjectStore):
     def remove(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(key))
+
+    def copy(self, source: str, destination: str) -> None:
+        try:
+            with open(self.path(source), "rb") as f:
+                atomic_write_with(self.path(destination), lambda out: shutil.copyfileobj(f, out))
+        except FileNotFoundError:
+            raise ObjectMissing(self.location(source)) from None
+
+    def move_folder(self, source: str, destination: str, *, first: tuple[str, ...] = ()) -> None:
+        """One rename when `destination` does not exist yet (atomic); else object by object."""
+        try:
+            self.path(destination).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(self.path(source), self.path(destination))
+        except FileNotFoundError:
+            pass  # nothing (left) to move
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            super().move_folder(source, destination, first=first)
+
+    def remove_folder(self, key: str, *, first: tuple[str, ...] = ()) -> None:
+        for name in first:
+            self.remove(f"{key}/{name}")
+        shutil.rmtree(self.path(key), ignore_errors=True)
 
     @property
     def local_root(self) -> str | None:

@@ -1,98 +1,137 @@
-"""Replacing a built artifact in a local store (`--force`): the old folder is kept aside until
-the new one has STATUS SUCCESS, and is then deleted.
+"""Replacing a built artifact (`--force`), in any store: the old folder is kept aside until the
+new one has STATUS SUCCESS, and is then deleted.
 
-    {prefix}/{name}/{version}/            the rebuild (RUNNING until it succeeds)
-    {prefix}/{name}/.{version}.replaced/  the artifact it replaces, whole, as it was
+    {name}/{version}/                    the rebuild (RUNNING until it succeeds)
+    {name}/.{version}.replaced/          the artifact it replaces, as it was
+    {name}/.{version}.replaced/.moved    written once every object of it is aside
 
-Every step is one rename or one deletion, each done under the artifact's lease, so a process
-killed at any moment leaves one of these states, and the next run (forced or not) goes on:
+Setting aside is one rename in a directory and a copy of every object then the deletion of the
+originals in a bucket (ObjectStore.move_folder), so a process killed at any moment leaves one of
+these states, and the next run (forced or not; each under the artifact's lease) goes on:
 
-- no `.replaced`: an ordinary run; a forced one renames the folder aside first.
-- `.replaced`, the folder missing or not SUCCESS: the rebuild goes on (it resumes from its
-  newest checkpoint) and `.replaced` is kept.
-- `.replaced` (perhaps partly deleted), the folder SUCCESS: the rebuild is done, so
-  `.replaced` is deleted.
+- nothing aside: an ordinary run; a forced one sets the folder aside first.
+- aside without `.moved`: the move was cut off; it is carried on (the originals are still there,
+  or already aside), then the rebuild starts.
+- aside with `.moved`, the folder not SUCCESS: what the folder holds is either the rest of the
+  old artifact (the deletion after the copy was cut off: its record, if any, is the replaced
+  one's), which is deleted, or the rebuild, which goes on from its newest checkpoint.
+- aside (perhaps partly deleted), the folder SUCCESS: the rebuild is done; the aside is deleted.
 
-The old artifact is recovered by hand, with no run going: delete the folder and rename
-`.{version}.replaced` back to `{version}`.
+The old artifact is recovered by hand, with no run going: delete the folder and move
+`.{version}.replaced` back to `{version}` (less its `.moved`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from kiln.artifacts import RECORD_FILE, SUCCESS, is_built, read_status
+from kiln.artifacts.store import ObjectStore, read_text
+from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUCCESS
 
 REPLACED_SUFFIX = ".replaced"
+MOVED_MARKER = ".moved"
 
 
-def replaced_folder(folder: Path) -> Path:
-    """'store/checkpoints/x/v1' -> 'store/checkpoints/x/.v1.replaced'."""
-    return folder.parent / f".{folder.name}{REPLACED_SUFFIX}"
+def replaced_key(key: str) -> str:
+    """'checkpoints/x/v1' -> 'checkpoints/x/.v1.replaced'."""
+    parent, _, name = key.rstrip("/").rpartition("/")
+    aside = f".{name}{REPLACED_SUFFIX}"
+    return f"{parent}/{aside}" if parent else aside
 
 
-def is_replacing(folder: Path) -> bool:
-    """Whether a replacement of `folder` has begun and not finished."""
-    return replaced_folder(folder).exists()
+def is_replacing(store: ObjectStore, key: str) -> bool:
+    """Whether a replacement of the folder `key` has begun and not finished."""
+    return bool(store.keys(replaced_key(key)))
 
 
 class NotThisArtifact(RuntimeError):
     """The folder's record names another artifact: nothing in it is moved or deleted."""
 
 
-def set_aside(folder: Path, name: str, version: str, fingerprint: str) -> str:
-    """Begins (or goes on with) the replacement of `folder`, the artifact `name@version`, by a
-    rebuild with `fingerprint`; returns what it did, for people. The caller holds the lease.
+def set_aside(store: ObjectStore, key: str, name: str, version: str, fingerprint: str) -> str:
+    """Begins (or goes on with) the replacement of the folder `key`, the artifact
+    `name@version`, by a rebuild with `fingerprint`; returns what it did, for people. The caller
+    holds the lease.
 
-    A finished replacement's leftover is deleted first. Then, when none is under way, the
-    folder is renamed aside whole. When one is (a forced run was stopped), its rebuild is kept
-    to be resumed, unless it was started with another fingerprint: then it is deleted (it never
-    succeeded) and the rebuild starts over; the artifact set aside stays as it is."""
-    finish(folder)
-    aside = replaced_folder(folder)
-    stored = _record(folder)
+    A finished replacement's leftover is deleted first. When none is under way, the folder is
+    set aside whole. When one is (a forced run was stopped), its rebuild is kept to be resumed,
+    unless it was started with another fingerprint: then it is deleted (it never succeeded) and
+    the rebuild starts over; the artifact set aside stays as it is."""
+    finish(store, key)
+    stored = _record(store, key)
     if stored is not None and (stored.get("name"), stored.get("version")) != (name, version):
         raise NotThisArtifact(
-            f"{folder} holds a record that does not name {name}@{version}; it is not this "
-            "artifact's folder, so it is neither moved nor deleted. Move it away and rerun."
+            f"{store.location(key)} holds a record that does not name {name}@{version}; it is "
+            "not this artifact's folder, so it is neither moved nor deleted. Move it away and "
+            "rerun."
         )
-    if not aside.exists():
-        if not folder.exists():
-            return f"nothing is built at {folder} yet: building it"
-        os.rename(folder, aside)
-        return f"moved {folder} aside to {aside}; it is deleted once the rebuild succeeds"
-    if stored is not None and stored.get("fingerprint") != fingerprint:
-        shutil.rmtree(folder)
+    aside = replaced_key(key)
+    if not is_replacing(store, key):
+        if not store.keys(key):
+            return f"nothing is built at {store.location(key)} yet: building it"
+        _move_aside(store, key)
         return (
-            f"deleted an unfinished rebuild with another configuration from {folder}; the "
-            f"replaced artifact stays at {aside} until the rebuild succeeds"
+            f"moved {store.location(key)} aside to {store.location(aside)}; it is deleted once "
+            "the rebuild succeeds"
         )
-    return f"resuming the rebuild; the replaced artifact stays at {aside} until it succeeds"
+    said = resume(store, key)
+    stored = _record(store, key)
+    if stored is not None and stored.get("fingerprint") != fingerprint:
+        store.remove_folder(key, first=(STATUS_FILE,))
+        return (
+            f"deleted an unfinished rebuild with another configuration from {store.location(key)}; "
+            f"the replaced artifact stays at {store.location(aside)} until the rebuild succeeds"
+        )
+    return said or (
+        f"resuming the rebuild; the replaced artifact stays at {store.location(aside)} until it "
+        "succeeds"
+    )
+
+
+def resume(store: ObjectStore, key: str) -> str | None:
+    """With a replacement under way and not finished: completes a move that was cut off and
+    deletes what is left of the old artifact in the folder, so that only the rebuild's own
+    objects remain; says what it did (None when there was nothing to do)."""
+    aside = replaced_key(key)
+    if read_text(store, f"{aside}/{MOVED_MARKER}") is None:
+        _move_aside(store, key)
+        return f"finished setting the replaced artifact aside at {store.location(aside)}"
+    stored, replaced = _record(store, key), _record(store, aside)
+    if store.keys(key) and (stored is None or stored == replaced):
+        store.remove_folder(key, first=(STATUS_FILE,))
+        return f"deleted what was left of the replaced artifact in {store.location(key)}"
+    return None
+
+
+def _move_aside(store: ObjectStore, key: str) -> None:
+    """Moves the folder's objects aside (STATUS first out of the folder, so that the folder
+    never reads as built while it holds a part), then marks the move complete."""
+    aside = replaced_key(key)
+    store.move_folder(key, aside, first=(STATUS_FILE,))
+    store.write(f"{aside}/{MOVED_MARKER}", b"")
 
 
 @dataclass(frozen=True)
 class Finished:
-    """A replacement just completed: the artifact it replaced, and where that was."""
+    """A replacement just completed: where the artifact it replaced was, and its fingerprint."""
 
-    replaced: Path
+    replaced: str  # its location, for people
     fingerprint: str | None  # the replaced artifact's, when its record was still there
 
 
-def finish(folder: Path) -> Finished | None:
-    """When `folder` has STATUS SUCCESS and an artifact set aside: deletes that one (the caller
-    holds the lease). None when there is nothing to finish."""
-    aside = replaced_folder(folder)
-    if not (aside.exists() and is_built(folder)):
+def finish(store: ObjectStore, key: str) -> Finished | None:
+    """When the folder `key` has STATUS SUCCESS and an artifact set aside: deletes that one (the
+    caller holds the lease). None when there is nothing to finish."""
+    aside = replaced_key(key)
+    built = (read_text(store, f"{key}/{STATUS_FILE}") or "").strip() == SUCCESS
+    if not (built and is_replacing(store, key)):
         return None
-    old = _record(aside) or {}
-    shutil.rmtree(aside)
+    old = _record(store, aside) or {}
+    store.remove_folder(aside, first=(RECORD_FILE,))
     fingerprint = old.get("fingerprint")
-    return Finished(aside, fingerprint if isinstance(fingerprint, str) else None)
+    return Finished(store.location(aside), fingerprint if isinstance(fingerprint, str) else None)
 
 
 @dataclass(frozen=True)
@@ -101,39 +140,36 @@ class Dependent:
 
     ref: str
     kind: str
-    folder: Path
+    folder: str  # its location, for people
     input_fingerprint: str  # the input's fingerprint it was built from
 
 
-def built_dependents(prefix: Path, ref: str) -> list[Dependent]:
-    """The built artifacts in the store at `prefix` whose records name `ref` as an input.
-
-    Artifact folders are the folders holding a record; the walk does not descend into them
-    (their checkpoints and shards hold many files) nor into hidden folders (leases, staging
-    folders, replaced artifacts)."""
+def built_dependents(store: ObjectStore, ref: str) -> list[Dependent]:
+    """The built artifacts in `store` whose records name `ref` as an input: every record
+    `{name}/{version}/artifact.json` in the store, not those inside hidden folders (leases,
+    staging, replaced artifacts)."""
     found = []
-    for here, folders, files in os.walk(prefix):
-        folders[:] = sorted(name for name in folders if not name.startswith("."))
-        if RECORD_FILE not in files:
+    for name in store.keys(""):
+        parts = name.split("/")
+        if parts[-1] != RECORD_FILE or any(p.startswith(".") for p in parts) or len(parts) < 3:
             continue
-        folders.clear()
-        folder = Path(here)
-        stored = _record(folder)
-        if stored is None or read_status(folder) != SUCCESS:
+        folder = "/".join(parts[:-1])
+        stored = _record(store, folder)
+        if stored is None or (read_text(store, f"{folder}/{STATUS_FILE}") or "").strip() != SUCCESS:
             continue
         for entry in stored.get("inputs") or ():
             if isinstance(entry, dict) and entry.get("ref") == ref:
                 own = f"{stored.get('name')}@{stored.get('version')}"
-                found.append(
-                    Dependent(own, str(stored.get("kind")), folder, str(entry.get("fingerprint")))
-                )
+                found.append(Dependent(own, str(stored.get("kind")), store.location(folder),
+                                       str(entry.get("fingerprint"))))  # fmt: skip
     return found
 
 
-def _record(folder: Path) -> dict[str, Any] | None:
-    """The record in `folder`; None when there is none or it cannot be read as JSON."""
+def _record(store: ObjectStore, key: str) -> dict[str, Any] | None:
+    """The record in the folder `key`; None when there is none or it cannot be read as JSON."""
+    text = read_text(store, f"{key}/{RECORD_FILE}")
     try:
-        stored = json.loads((folder / RECORD_FILE).read_text())
-    except (FileNotFoundError, NotADirectoryError, ValueError):
+        stored = None if text is None else json.loads(text)
+    except ValueError:
         return None
     return stored if isinstance(stored, dict) else None

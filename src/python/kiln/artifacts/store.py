@@ -99,6 +99,38 @@ class ObjectStore(abc.ABC):
         """Deletes the object whatever its generation; no error if there is none. For the
         objects of a folder only one writer touches (under its lease), never for leases."""
 
+    def copy(self, source: str, destination: str) -> None:
+        """Writes the object `source` again at `destination` (ObjectMissing if there is none),
+        streamed through a local temp file; stores that copy on the server override it."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="kiln-copy-") as folder:
+            path = Path(folder) / "object"
+            self.download(source, path)
+            self.upload(destination, path)
+
+    def move_folder(self, source: str, destination: str, *, first: tuple[str, ...] = ()) -> None:
+        """Moves every object under `source/` to `destination/`: the names in `first` (a
+        STATUS: the source never reads as built while part of it is gone), then copies of the
+        others, then the deletion of the originals. Called again after an interruption, it
+        finishes the move. A directory renames its folder instead, at once."""
+        names = self.keys(source)
+        moved_first = [name for name in first if name in names]
+        for name in moved_first:
+            self.copy(f"{source}/{name}", f"{destination}/{name}")
+            self.remove(f"{source}/{name}")
+        for name in names:
+            if name not in moved_first:
+                self.copy(f"{source}/{name}", f"{destination}/{name}")
+        self.remove_folder(source)
+
+    def remove_folder(self, key: str, *, first: tuple[str, ...] = ()) -> None:
+        """Deletes every object under `key/`, the names in `first` before the others (a
+        STATUS first: a folder being deleted never reads as built)."""
+        names = self.keys(key)
+        for name in sorted(names, key=lambda name: name not in first):
+            self.remove(f"{key}/{name}")
+
     @property
     def local_root(self) -> str | None:
         """The directory of a store on the local file system; None for a bucket."""

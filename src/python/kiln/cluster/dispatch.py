@@ -1,13 +1,16 @@
 """Running one step's trainer on a Ray cluster: one `python -m kiln.runner` process per host.
 
-The submitting runner has already served, refused or placed the inputs in the artifact store,
-which every host mounts at the same path. It connects to the cluster, checks that the cluster can
-ever hold the request (Ray itself would wait forever) and copies Kiln's sources into the store
-once per code digest; the job's driver (kiln.cluster.driver, started by kiln.cluster.jobs) then
-calls `run_hosts`, which reserves one bundle per host (STRICT_SPREAD: one host each) and starts a
-`host.TrainerHost` actor on each; the hosts run the multi-host runner with the coordinator on
-host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0 holds the lease
-and writes the record as in any multi-host run.
+The submitting runner has already served, refused or placed the inputs in the artifact store
+(a bucket every host reaches, or a directory every host mounts). It connects to the cluster,
+checks that the cluster can ever hold the request (Ray itself would wait forever) and ships
+Kiln's runtime to the cluster through Ray (kiln.cluster.node_runtime: its sources, and the
+runtime PEX Pants built); the job's driver (kiln.cluster.driver, started by kiln.cluster.jobs)
+then calls `run_hosts`, which reserves one bundle per host (STRICT_SPREAD: one host each) and
+starts a `host.TrainerHost` actor on each; the hosts run the multi-host runner with the
+coordinator on host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0
+holds the lease and writes the record as in any multi-host run. A host that is lost (its node,
+its actor or its trainer) ends the attempt; the next one, after a pause that doubles each time,
+checks the cluster's capacity again and resumes from the newest checkpoint.
 
 A TPU slice is reserved as Ray's TPU tooling does it: first its head resource (`TPU-v4-128-head`,
 on the slice's host 0), where a task reads the slice's name; then one bundle per host of THAT
@@ -18,31 +21,29 @@ worker ids, and the host actor on the head's node is host 0.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.cluster import driver, host
-from kiln.cluster.placement import PlacementError, bundle, host_count, tpu_slice
+from kiln.cluster import driver, host, node_runtime
+from kiln.cluster.placement import PlacementError, bundle, check_capacity, host_count, tpu_slice
 from kiln_contract.train import Resources
 
 STEP_FILE = "step.json"
-CODE_DIR = ".kiln/code"  # in the artifact store: Kiln's sources, one folder per digest
+STAGING_DIR = "staging"  # in a host's inputs folder: where a run in a bucket stages its files
 CONNECT_TIMEOUT_S = 5.0
 CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
+RETRY_PAUSE_S = 10.0  # before the first retry after a lost host; doubled for each one after
+RETRY_PAUSE_MAX_S = 120.0
 
 
 # What every host's trainer gets from the submitting machine's environment: the tracker's and the
@@ -69,22 +70,34 @@ class ClusterJob:
     address: str  # ray://HOST:PORT (Ray Client) or HOST:PORT (the cluster's GCS)
     resources: Resources
     files: Mapping[str, bytes]  # the step (STEP_FILE) and its eval task files, by relative path
-    prefix: Path  # the artifact store, at this path on every host
+    prefix: str  # the artifact store: a bucket URL, or a directory every host mounts
     max_retries: int = 3  # attempts after a lost host, each from the newest checkpoint
+    force: bool = False  # process 0 rebuilds a built artifact (kiln.runner --force)
+    runtime: dict[str, Any] = field(default_factory=dict)  # node_runtime.NodeRuntime, as JSON
 
     @property
-    def run_dir(self) -> Path:
-        """The artifact's folder in the store, where the runner builds it: PREFIX/NAME/VERSION."""
+    def in_bucket(self) -> bool:
+        return "://" in self.prefix
+
+    def run_dir(self, inputs: str) -> str:
+        """Where a host's runner builds the artifact (process 0's holds its control endpoint):
+        its folder in a mounted store, or the host's staging folder of a run in a bucket."""
+        if self.in_bucket:
+            return f"{inputs}/{STAGING_DIR}/run"
         step = json.loads(self.files[STEP_FILE])
-        return self.prefix / step["name"] / step["version"]
+        return f"{self.prefix.rstrip('/')}/{step['name']}/{step['version']}"
 
     def runner_argv(self, coordinator: str, process_id: int) -> list[str]:
         """Host `process_id`'s `python -m kiln.runner` arguments (on a TPU slice, jax finds the
         coordinator and process ids itself)."""
         argv = [
-            f"{host.INPUTS}/{STEP_FILE}", "--inputs", host.INPUTS, "--prefix", str(self.prefix),
+            f"{host.INPUTS}/{STEP_FILE}", "--inputs", host.INPUTS, "--prefix", self.prefix,
             "--job", self.job_id, "--max-retries", str(self.max_retries),
         ]  # fmt: skip
+        if self.force:
+            argv.append("--force")
+        if self.in_bucket:
+            argv += ["--staging", f"{host.INPUTS}/{STAGING_DIR}"]
         if self.resources.kind == "tpu":
             return [*argv, "--coordinator", "auto"]
         hosts = str(host_count(self.resources))
@@ -96,15 +109,14 @@ class ClusterJob:
         Kiln."""
         return {
             "job_id": self.job_id, "artifact": self.artifact, "address": self.address,
-            "resources": self.resources.to_json(),
-            "files": dict(self.files), "prefix": str(self.prefix), "max_retries": self.max_retries,
+            "resources": self.resources.to_json(), "files": dict(self.files),
+            "prefix": self.prefix, "max_retries": self.max_retries, "force": self.force,
+            "runtime": self.runtime,
         }  # fmt: skip
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> ClusterJob:
-        resources = Resources.from_json(obj["resources"])
-        fields = {**obj, "resources": resources, "prefix": Path(obj["prefix"])}
-        return cls(**fields)
+        return cls(**{**obj, "resources": Resources.from_json(obj["resources"])})
 
 
 def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
@@ -134,16 +146,15 @@ def _host_port(address: str) -> tuple[str, int]:
     return name, int(port)
 
 
+# One call each protocol answers: a port of the other kind answers UNIMPLEMENTED.
+_RAY_CLIENT_CALL = "/ray.rpc.RayletDriver/ClusterInfo"
+_GCS_CALL = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+
 def connect(address: str) -> Any:
     """`ray`, connected to the cluster at `address` in Kiln's namespace; ClusterError when it
-    cannot be reached (or runs another Ray version)."""
-    try:
-        socket.create_connection(_host_port(address), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise ClusterError(
-            f"cannot reach the Ray cluster at {address} ({e.strerror or e}); check the address "
-            "([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
-        ) from None
+    cannot be reached, is the other kind of port, or runs another Ray version."""
+    _probe(address)
     import ray
 
     for attempt in range(CONNECT_ATTEMPTS):
@@ -166,7 +177,52 @@ def connect(address: str) -> Any:
             reason = " ".join(lines[:3]) or type(e).__name__
             message = f"cannot connect to the Ray cluster at {address}: {reason}"
             raise ClusterError(message) from None
+    for module in (driver, node_runtime):  # what runs on the nodes needs no Kiln there
+        ray.cloudpickle.register_pickle_by_value(module)
     return ray
+
+
+def _probe(address: str) -> None:
+    """Within CONNECT_TIMEOUT_S: something listens at `address` and speaks the protocol its form
+    names (Ray Client for ray://HOST:PORT, the cluster's GCS for HOST:PORT); else ClusterError
+    saying which, before Ray itself would wait for a minute or more."""
+    import grpc
+
+    where = _host_port(address)
+    try:
+        socket.create_connection(where, timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ClusterError(
+            f"cannot reach the Ray cluster at {address} ({e.strerror or e}); check the address "
+            "([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
+        ) from None
+    client = address.startswith("ray://")
+    with grpc.insecure_channel(f"{where[0]}:{where[1]}") as channel:
+        call = channel.unary_unary(_RAY_CLIENT_CALL if client else _GCS_CALL)
+        try:
+            call(b"", timeout=CONNECT_TIMEOUT_S)
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise ClusterError(_other_port(address, client)) from None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ClusterError(
+                    f"{address} does not answer as a Ray cluster within "
+                    f"{CONNECT_TIMEOUT_S:.0f} s ({code.name}); check the address and its port"
+                ) from None
+
+
+def _other_port(address: str, client: bool) -> str:
+    host_port = address.removeprefix("ray://")
+    if client:
+        return (
+            f"{address} is the cluster's GCS port, not its Ray Client port: give "
+            f"ray://HOST:10001 (the head's --ray-client-server-port), or {host_port} on a node "
+            "of the cluster"
+        )
+    return (
+        f"{address} is a Ray Client port, not the cluster's GCS port: give ray://{host_port}"
+    )
 
 
 def host_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -175,41 +231,8 @@ def host_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return {name: environ[name] for name in HOST_ENVIRONMENT if environ.get(name)}
 
 
-def ship_code(prefix: Path) -> Path:
-    """Copies the `kiln` and `kiln_contract` packages this runner runs into the store, once per
-    digest of their files; returns the folder to put on the hosts' PYTHONPATH."""
-    import kiln
-    import kiln_contract
-
-    roots = [Path(kiln.__file__).parent, Path(kiln_contract.__file__).parent]
-    files = sorted(
-        (path.relative_to(root.parent), path)
-        for root in roots
-        for path in root.rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts
-    )
-    digest = hashlib.sha256()
-    for name, path in files:
-        digest.update(f"{name}\0{path.stat().st_size}\0".encode())
-        digest.update(path.read_bytes())
-    destination = prefix / CODE_DIR / digest.hexdigest()[:16]
-    if destination.is_dir():
-        return destination
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=".staging."))
-    for name, path in files:
-        (staging / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, staging / name)
-    try:
-        os.replace(staging, destination)
-    except OSError:  # another run shipped the same code first
-        shutil.rmtree(staging)
-    return destination
-
-
 def run_hosts(
     job_json: dict[str, Any],
-    code: str,
     environment: dict[str, str],
     driver_actor: Any,
     say: Callable[[str], None],
@@ -217,22 +240,30 @@ def run_hosts(
     process_0: Callable[[Any], None],
 ) -> int:
     """In the job's driver (kiln.cluster.driver): runs the hosts, their output going to
-    `driver_actor.write` and `environment` in their trainers' environment; a lost host (its actor or node died, or its trainer was killed by a signal)
-    ends the attempt, and the next one resumes from the newest checkpoint. `stopping` asks the
-    trainers to save a checkpoint and stop; `process_0` is told each attempt's host 0 actor
-    (None once it ends), which finds the control endpoint. Returns the runners' exit code."""
+    `driver_actor.write` and `environment` in their trainers' environment. A lost host (its
+    actor or node died, or its trainer was killed by a signal) ends the attempt; after a pause
+    the next one checks the cluster's capacity again (a node may have to come back first) and
+    resumes from the newest checkpoint, up to `max_retries` times. `stopping` asks the trainers
+    to save a checkpoint and stop; `process_0` is told each attempt's host 0 actor (None once it
+    ends), which finds the control endpoint. Returns the runners' exit code."""
     import ray
 
     job = ClusterJob.from_json(job_json)
-    ray.cloudpickle.register_pickle_by_value(host)  # hosts need no Kiln to start the actor
+    for module in (host, node_runtime):  # the hosts need no Kiln to start the actor
+        ray.cloudpickle.register_pickle_by_value(module)
     lost = ""
     for attempt in range(job.max_retries + 1):
         if attempt:
-            say(
-                f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
-                f"{job.max_retries}, from the newest checkpoint"
-            )
-        outcome = _attempt(ray, job, code, environment, driver_actor, stopping, process_0)
+            pause = min(RETRY_PAUSE_S * 2 ** (attempt - 1), RETRY_PAUSE_MAX_S)
+            say(f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
+                f"{job.max_retries} in {pause:.0f} s, from the newest checkpoint")  # fmt: skip
+            if stopping.wait(pause):
+                return 0
+        try:
+            check_capacity(job.resources, ray.nodes(), job.address)
+            outcome = _attempt(ray, job, environment, driver_actor, stopping, process_0)
+        except PlacementError as e:  # a lost node has not come back yet, or the nodes are busy
+            outcome = str(e)
         if isinstance(outcome, int):
             return outcome
         lost = outcome
@@ -245,7 +276,6 @@ def run_hosts(
 def _attempt(
     ray: Any,
     job: ClusterJob,
-    code: str,
     environment: dict[str, str],
     driver_actor: Any,
     stopping: threading.Event,
@@ -272,19 +302,19 @@ def _attempt(
                 resources={k: v for k, v in wanted.items() if k not in ("CPU", "GPU")},
                 max_concurrency=4,  # `stop` and `endpoint` answer while `run` waits
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, index),
-            ).remote(str(job.run_dir))
+            ).remote(job.run_dir(host.INPUTS))
             for index in bundle_order(group, first_node)
         ]
+        nodes = ray.get([h.node.remote() for h in hosts])
         process_0(hosts[0])
         tpu = job.resources.kind == "tpu"
         coordinator = "auto" if tpu else ray.get(hosts[0].coordinator_address.remote())
         runs = [
-            h.run.remote(
-                dict(job.files), job.runner_argv(coordinator, i), code, environment, driver_actor, i
-            )
+            h.run.remote(dict(job.files), job.runner_argv(coordinator, i), job.runtime,
+                         environment, driver_actor, i)  # fmt: skip
             for i, h in enumerate(hosts)
         ]
-        return _wait(ray, hosts, runs, stopping)
+        return _wait(ray, hosts, runs, nodes, stopping)
     finally:
         process_0(None)
         for h in hosts:
@@ -342,10 +372,12 @@ def _reserve(
     return group
 
 
-def _wait(ray: Any, hosts: list[Any], runs: list[Any], stopping: threading.Event) -> int | str:
+def _wait(
+    ray: Any, hosts: list[Any], runs: list[Any], nodes: list[str], stopping: threading.Event
+) -> int | str:
     """The first non-zero exit code of the hosts' runners (0 when all succeed), or why a host
-    was lost, as soon as one is. Once `stopping` is set, every trainer saves a checkpoint and
-    stops."""
+    was lost (naming its node), as soon as one is. Once `stopping` is set, every trainer saves a
+    checkpoint and stops."""
     codes = []
     pending = list(runs)
     while pending:
@@ -356,11 +388,29 @@ def _wait(ray: Any, hosts: list[Any], runs: list[Any], stopping: threading.Event
         done, pending = ray.wait(pending, num_returns=1, timeout=STOP_POLL_S)
         if not done:
             continue
+        index = runs.index(done[0])
         try:
             code = ray.get(done[0])
         except ray.exceptions.RayError as e:
-            return (str(e).strip().splitlines() or [type(e).__name__])[0]
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return f"process {index}'s host on node {nodes[index]} is gone: {reason}"
         if code < 0:
-            return f"process {runs.index(done[0])}'s trainer was killed by signal {-code}"
+            return f"process {index}'s trainer on node {nodes[index]} was killed by signal {-code}"
         codes.append(code)
     return next((code for code in codes if code != 0), 0)
+
+
+def locked_requirements(lock_text: str) -> str:
+    """Every requirement of a Pants (pex) lockfile as pip's hash-checked lines
+    (`name==version --hash=sha256:...`), for a node to install with `--require-hashes`."""
+    lock = json.loads("\n".join(line for line in lock_text.splitlines()
+                                 if not line.startswith("//")))  # fmt: skip
+    lines = []
+    for resolve in lock["locked_resolves"]:
+        for requirement in resolve["locked_requirements"]:
+            hashes = " ".join(
+                f"--hash={artifact['algorithm']}:{artifact['hash']}"
+                for artifact in requirement["artifacts"]
+            )
+            lines.append(f"{requirement['project_name']}=={requirement['version']} {hashes}")
+    return "\n".join(sorted(lines)) + "\n"

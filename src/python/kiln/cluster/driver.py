@@ -1,6 +1,7 @@
 """The Ray actor a cluster job is: a detached driver that outlives the terminal that submitted it.
 
-It runs the hosts (kiln.cluster.dispatch.run_hosts) with Kiln's sources from the store, keeps
+It runs the hosts (kiln.cluster.dispatch.run_hosts) with Kiln's sources from its node's copy of
+the job's code bundle (kiln.cluster.node_runtime), keeps
 their output and the job's state, and answers `status`, `read`, `stop` and `endpoint` (through the
 host of process 0) from any client of the cluster (kiln.cluster.jobs). Standard library only at
 import (and Ray, present on every worker): the submitter ships this module by value, like
@@ -35,7 +36,7 @@ class JobDriver:
     """One job: trains in a thread of its own from `start` on, so the job goes on when the
     submitter disconnects."""
 
-    def __init__(self, job_id: str, job: dict[str, Any], code: str, summary: dict[str, Any]):
+    def __init__(self, job_id: str, job: dict[str, Any], summary: dict[str, Any]):
         self._status: dict[str, Any] = {
             **summary, "job": job_id, "state": RUNNING, "exit_code": None,
             "started_at": time.time(), "ended_at": None,
@@ -44,7 +45,7 @@ class JobDriver:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._host_0: Any = None  # the current attempt's host 0 actor (dispatch.run_hosts)
-        self._job, self._code = job, code
+        self._job = job
 
     def start(self, environment: dict[str, str]) -> None:
         """Starts the hosts, with `environment` (the submitter's secrets and settings,
@@ -52,10 +53,14 @@ class JobDriver:
         thread = threading.Thread(target=self._run, args=(environment,), daemon=True)
         thread.start()
 
-    def write(self, line: str) -> None:
-        """Appends a line of the job's output (the hosts send theirs here)."""
+    def write(self, lines: list[str]) -> None:
+        """Appends lines of the job's output (each host sends its own, in order)."""
         with self._lock:
-            self._lines.append(line)
+            self._lines.extend(lines)
+
+    def say(self, line: str) -> None:
+        """Appends a line of the driver's own to the job's output."""
+        self.write([line])
 
     def read(self, offset: int) -> tuple[list[str], dict[str, Any]]:
         """The output lines from `offset` on (at most READ_LINES) and the status."""
@@ -98,19 +103,21 @@ class JobDriver:
 
     def _run(self, environment: dict[str, str]) -> None:
         exit_code = 1
-        code = self._code
         try:
-            sys.path.insert(0, code)  # Kiln's sources, shipped into the store (dispatch.ship_code)
             import ray
 
+            from kiln.cluster import node_runtime  # shipped by value with this module
+
+            runtime = node_runtime.NodeRuntime.from_json(self._job["runtime"])
+            sys.path.insert(0, str(node_runtime.fetch(ray, runtime.code)))
             from kiln.cluster import dispatch
 
             me = ray.get_runtime_context().current_actor
             exit_code = dispatch.run_hosts(
-                self._job, code, environment, me, self.write, self._stopping, self._set_host_0
+                self._job, environment, me, self.say, self._stopping, self._set_host_0
             )
         except Exception as e:  # noqa: BLE001 - every failure ends the job, in its output
-            self.write(f"kiln: error: {e}")
+            self.say(f"kiln: error: {e}")
         self._finish(exit_code)
 
     def _finish(self, exit_code: int) -> None:

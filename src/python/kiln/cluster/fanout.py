@@ -1,17 +1,17 @@
 """A store-mode token cache tokenized on a Ray cluster: one Ray task per shard, then the merge.
 
     python -m kiln.cluster.fanout SPEC.json --cluster ADDRESS --prefix STORE
-        --shards DIR... --out CACHE_DIR [--record artifact.json]
+        --shards FOLDER... --out CACHE [--record artifact.json]
 
 The Pants backend runs this one process instead of one shard process per shard when `[kiln]
 cluster` names a cluster (docs/clusters.md, "Token caches on the cluster"). It serves a built
-cache without contacting the cluster; otherwise it connects, copies Kiln's sources into the store
-(dispatch.ship_code), puts the files the spec reads from the working folder (the spec, the
+cache without contacting the cluster; otherwise it connects, ships Kiln's runtime to the nodes
+(kiln.cluster.runtime_shipping), puts the files the spec reads from the working folder (the spec, the
 artifact record, repository data files, a repository tokenizer) into Ray's object store once, and
 runs `python -m kiln.data.tokenize shard` for every shard as a 1-CPU Ray task, in parallel,
-then `merge` as one more task. Every folder is written by those commands, exactly as a local
-store-mode build writes it: a finished shard is skipped, STATUS comes last, and the cache is
-byte-identical to one built here.
+then `merge` as one more task. Every folder (or, with a bucket prefix, every object) is written
+by those commands, exactly as a store-mode build here writes it: a finished shard is skipped,
+STATUS comes last, and the cache is byte-identical to one built here.
 
 Exit status: 0 built (or already built); 1 one line about the cluster (unreachable, another Ray
 version, no CPU, a task lost with its node); a failed task's own status (2 bad input, 4 storage:
@@ -32,14 +32,16 @@ from typing import Any
 
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.cluster import tokenize_task
-from kiln.cluster.dispatch import ClusterError, connect, resolve_address, ship_code
+from kiln.cluster.dispatch import ClusterError, connect, resolve_address
 from kiln.cluster.placement import fits
+from kiln.cluster.runtime_shipping import ship_runtime
 from kiln.data.errors import KilnDataError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.sources import expand_paths
 from kiln.data.spec import CacheSpec, FilesSource, LevanterCacheSource, parse_cache_spec
 from kiln.data.tokenize import already_built
 from kiln_contract.tokenize import HUB_VARIABLES
+from kiln_contract.train import Resources
 
 TASK_SPEC = "tokenize_spec.json"  # the names the spec and the record have in a task's folder
 TASK_RECORD = "artifact_record.json"
@@ -61,9 +63,9 @@ class FanOut:
     """One cache's tasks: the tokenize command lines each runs, and where they write."""
 
     spec: CacheSpec
-    shards: tuple[Path, ...]
-    out: Path
-    prefix: Path
+    shards: tuple[str, ...]  # local folders, or bucket URLs
+    out: str
+    prefix: str
     address: str
     record: bool
 
@@ -71,14 +73,19 @@ class FanOut:
     def ref(self) -> str:
         return f"{self.spec.name}@{self.spec.version}"
 
+    @property
+    def _root(self) -> list[str]:
+        """Local folders are confined to the store; a bucket's keys are its own."""
+        return [] if "://" in self.prefix else ["--root", self.prefix]
+
     def shard_argv(self, index: int) -> list[str]:
-        return ["shard", TASK_SPEC, "--index", str(index), "--out", str(self.shards[index]),
-                "--unless-built", str(self.out), "--root", str(self.prefix)]  # fmt: skip
+        return ["shard", TASK_SPEC, "--index", str(index), "--out", self.shards[index],
+                "--unless-built", self.out, *self._root]  # fmt: skip
 
     def merge_argv(self) -> list[str]:
         record = ["--record", TASK_RECORD] if self.record else []
-        return ["merge", TASK_SPEC, "--shards", *map(str, self.shards), "--out", str(self.out),
-                *record, "--root", str(self.prefix)]  # fmt: skip
+        return ["merge", TASK_SPEC, "--shards", *self.shards, "--out", self.out, *record,
+                *self._root]  # fmt: skip
 
 
 def task_files(spec: CacheSpec, spec_bytes: bytes, record: Path | None) -> dict[str, bytes]:
@@ -125,13 +132,13 @@ def build(ray: Any, fan_out: FanOut, files: dict[str, bytes]) -> None:
     then the merge's. On a failure, cancels the rest (the shards finished so far stay for the
     next build) and raises."""
     check_cpus(ray.nodes(), fan_out.address)
-    code = str(ship_code(fan_out.prefix))
+    runtime = ship_runtime(ray, Resources(kind="cpu")).to_json()
     ray.cloudpickle.register_pickle_by_value(tokenize_task)  # nodes need no Kiln to run it
     task = ray.remote(tokenize_task.run_tokenize).options(num_cpus=TASK_CPUS)
     inputs = ray.put(files)  # sent once; each node fetches it once
     hub = hub_environment()
     pending = {
-        task.remote(inputs, fan_out.shard_argv(i), code, hub): i
+        task.remote(inputs, fan_out.shard_argv(i), runtime, hub): i
         for i in range(fan_out.spec.num_shards)
     }
     try:
@@ -142,7 +149,7 @@ def build(ray: Any, fan_out: FanOut, files: dict[str, bytes]) -> None:
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)  # its tokenize process stops with its worker
-    _finished(ray, task.remote(inputs, fan_out.merge_argv(), code, hub), fan_out, "merge")
+    _finished(ray, task.remote(inputs, fan_out.merge_argv(), runtime, hub), fan_out, "merge")
 
 
 def _finished(ray: Any, ref: Any, fan_out: FanOut, what: str) -> None:
@@ -230,9 +237,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("spec", type=Path)
     parser.add_argument("--cluster", required=True, help="ray://HOST:PORT, HOST:PORT or auto")
-    parser.add_argument("--prefix", type=Path, required=True, help="the artifact store")
-    parser.add_argument("--shards", type=Path, nargs="+", required=True, help="one folder each")
-    parser.add_argument("--out", type=Path, required=True, help="the cache's folder")
+    parser.add_argument("--prefix", required=True, help="the artifact store: a folder or a URL")
+    parser.add_argument("--shards", nargs="+", required=True, help="one folder (or URL) each")
+    parser.add_argument("--out", required=True, help="the cache's folder (or URL)")
     parser.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     return parser
 

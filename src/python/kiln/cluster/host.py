@@ -2,7 +2,7 @@
 
 Standard library only at import (and Ray, present on every worker): the driver ships this module
 by value, so a host needs no Kiln installed to run it; the runner it starts, and the actor's own
-later imports, find Kiln's sources in the shared store (`PYTHONPATH`, see dispatch.ship_code).
+later imports, get Kiln's runtime from kiln.cluster.node_runtime.
 """
 
 from __future__ import annotations
@@ -14,11 +14,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
+from kiln.cluster import node_runtime
+
 INPUTS = "{inputs}"  # replaced in the runner's argv by this host's inputs folder
 _PR_SET_PDEATHSIG = 1
+FLUSH_LINES = 200  # a host sends its trainer's output to the driver in batches of at most this
+FLUSH_SECONDS = 0.25  # ... or of what came within this long
 
 
 def _die_with_parent() -> None:
@@ -39,13 +44,21 @@ def slice_of_node() -> tuple[str | None, str]:
 
 
 class TrainerHost:
-    """One host of a run: reports where a coordinator can listen, then runs the runner; on
-    process 0's host, it also finds and mints for the run's control endpoint."""
+    """One host of a run: reports where a coordinator can listen, then runs the runner in a
+    folder of its own; on process 0's host, it also finds and mints for the run's control
+    endpoint."""
 
     def __init__(self, run_dir: str) -> None:
-        self._run_dir = run_dir  # the run's folder in the store: process 0 records its endpoint
+        self._run_dir = run_dir  # where the runner builds (INPUTS: in this host's folder)
         self._process: subprocess.Popen[str] | None = None
-        self._code = ""  # Kiln's sources in the store, once `run` has them
+        self._code = ""  # Kiln's sources on this node, once `run` has them
+
+    def node(self) -> str:
+        """This host's node, for people: its address and the start of its Ray node id."""
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+        return f"{ray.util.get_node_ip_address()} ({node_id[:8]})"
 
     def coordinator_address(self) -> str:
         """This node's address and a port free on it now, for jax.distributed's coordinator."""
@@ -60,16 +73,21 @@ class TrainerHost:
         self,
         files: dict[str, bytes],
         argv: list[str],
-        pythonpath: str,
+        runtime: dict[str, Any],
         environment: dict[str, str],
         driver: Any,
         index: int,
     ) -> int:
-        """Writes `files` (the step and its eval tasks) to a fresh folder and runs
-        `python -m kiln.runner` there with `environment` (the submitter's secrets) added to its
-        own, each line of its output sent to the job's `driver`; returns its exit code."""
-        self._code = pythonpath
-        self._find_kiln()
+        """Writes `files` (the step and its eval tasks) into a fresh folder and runs
+        `python -m kiln.runner` there, with Kiln's runtime (node_runtime) and `environment` (the
+        submitter's secrets) added to its own; each line of its output goes to the job's
+        `driver`, in order. Returns its exit code."""
+        import ray
+
+        node = node_runtime.NodeRuntime.from_json(runtime)
+        command, runtime_env = node_runtime.python_command(ray, node, "kiln.runner")
+        self._code = str(node_runtime.fetch(ray, node.code))
+        sys.path.insert(0, self._code)
         from kiln.control.redact import is_secret_name
         from kiln.control.tokens import hide_tokens  # the job's output is no place for them
 
@@ -81,20 +99,19 @@ class TrainerHost:
                 path = Path(inputs, name)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(content)
-            paths = [pythonpath, os.environ.get("PYTHONPATH", "")]
+            self._run_dir = self._run_dir.replace(INPUTS, inputs)
             env = {
                 **os.environ,
                 **environment,
-                "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+                **runtime_env,
                 "PYTHONUNBUFFERED": "1",  # each line reaches the job's output as it is printed
             }
             # Ray caps a 1-CPU actor at one thread (OMP_NUM_THREADS=1); the trainer is its
             # host's one process and may use every core (benchmarks/RESULTS.md).
             env.pop("OMP_NUM_THREADS", None)
-            command = [sys.executable, "-m", "kiln.runner"]
-            command += [arg.replace(INPUTS, inputs) for arg in argv]
             self._process = subprocess.Popen(
-                command,
+                command + [arg.replace(INPUTS, inputs) for arg in argv],
+                cwd=inputs,  # lm-eval task files name their data relative to the step's folder
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -103,11 +120,12 @@ class TrainerHost:
                 preexec_fn=_die_with_parent,
             )
             assert self._process.stdout is not None
-            for line in self._process.stdout:
-                line = hide_tokens(line.rstrip())
-                for secret in secrets:
-                    line = line.replace(secret, "[hidden]")
-                driver.write.remote(f"(host {index}) {line}")
+            with _OrderedOutput(ray, driver, index) as output:
+                for line in self._process.stdout:
+                    line = hide_tokens(line.rstrip())
+                    for secret in secrets:
+                        line = line.replace(secret, "[hidden]")
+                    output.add(f"(host {index}) {line}")
             return self._process.wait()
 
     def endpoint(self, ttl_minutes: float | None) -> dict[str, Any] | None:
@@ -116,21 +134,54 @@ class TrainerHost:
         import ray
 
         process = self._process
-        if process is None or process.poll() is not None:
+        if process is None or process.poll() is not None or not self._code:
             return None
-        self._find_kiln()
+        if self._code not in sys.path:
+            sys.path.insert(0, self._code)
         from kiln.cluster.endpoints import endpoint
 
         node = ray.util.get_node_ip_address()
         return endpoint(Path(self._run_dir), process.pid, node, ttl_minutes)
 
-    def _find_kiln(self) -> None:
-        """Puts Kiln's sources in the store on this worker's path (it is shipped without
-        them)."""
-        if self._code not in sys.path:
-            sys.path.insert(0, self._code)
-
     def stop(self) -> None:
         """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally."""
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
+
+
+class _OrderedOutput:
+    """Sends lines to the driver in batches, each batch once the previous one arrived: a host's
+    lines reach the job's output in the order they were printed."""
+
+    def __init__(self, ray: Any, driver: Any, index: int) -> None:
+        self._ray, self._driver, self._index = ray, driver, index
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sender = threading.Thread(target=self._send_until_stopped, daemon=True)
+
+    def __enter__(self) -> _OrderedOutput:
+        self._sender.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sender.join()
+        self._flush()
+
+    def add(self, line: str) -> None:
+        with self._lock:
+            self._lines.append(line)
+            full = len(self._lines) >= FLUSH_LINES
+        if full:
+            self._flush()
+
+    def _send_until_stopped(self) -> None:
+        while not self._stop.wait(FLUSH_SECONDS):
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:  # one batch in flight at a time, in order
+            lines, self._lines = self._lines, []
+            if lines:
+                self._ray.get(self._driver.write.remote(lines))

@@ -8,14 +8,16 @@ output until it ends, or detaches (`--detach`, Ctrl-C) and leaves it running.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kiln.cluster import driver
-from kiln.cluster.dispatch import ClusterError, ClusterJob, connect, host_environment, ship_code
+from kiln.cluster.dispatch import ClusterError, ClusterJob, connect, host_environment
 from kiln.cluster.placement import check_capacity, describe, host_count
+from kiln.cluster.runtime_shipping import ship_runtime
 
 FOLLOW_POLL_S = 0.5  # how often a follower asks the driver for new output
 STOP_WAIT_S = 180.0  # how long `stop` waits for the trainers' checkpoint
@@ -27,7 +29,7 @@ def new_job_id(name: str) -> str:
 
 
 def how_to_follow(job_id: str, address: str) -> str:
-    command = f"python -m kiln.cluster --cluster {address}"
+    command = f"./pants run :kiln-cluster -- --cluster {address}"
     return f"follow it: {command} logs -f {job_id}; stop it: {command} stop {job_id}"
 
 
@@ -39,6 +41,7 @@ def run(job: ClusterJob, prepare: Callable[[], None], *, detach: bool) -> int:
     try:
         check_capacity(job.resources, ray.nodes(), job.address)
         prepare()
+        job = dataclasses.replace(job, runtime=ship_runtime(ray, job.resources).to_json())
         handle = _start(ray, job)
         print(f"kiln: submitted job {job.job_id}", flush=True)
         if detach:
@@ -50,12 +53,10 @@ def run(job: ClusterJob, prepare: Callable[[], None], *, detach: bool) -> int:
 
 
 def _start(ray: Any, job: ClusterJob) -> Any:
-    code = ship_code(job.prefix)
-    ray.cloudpickle.register_pickle_by_value(driver)  # the cluster needs no Kiln to start it
     summary = {
         "artifact": job.artifact, "address": job.address,
         "resources": describe(job.resources), "hosts": host_count(job.resources),
-        "max_retries": job.max_retries, "prefix": str(job.prefix),
+        "max_retries": job.max_retries, "prefix": job.prefix,
     }  # fmt: skip
     handle = (
         ray.remote(driver.JobDriver)
@@ -65,7 +66,7 @@ def _start(ray: Any, job: ClusterJob) -> Any:
             num_cpus=0,  # the hosts' bundles hold the cluster's CPUs
             max_concurrency=8,  # status, read and stop answer while the job runs
         )
-        .remote(job.job_id, job.to_json(), str(code), summary)
+        .remote(job.job_id, job.to_json(), summary)
     )
     # The hosts' secrets go as an argument of this call only: not in the driver's creation
     # task (which Ray keeps) nor in a runtime_env (which Ray shows); docs/clusters.md, "Secrets".
@@ -99,7 +100,7 @@ def job(ray: Any, job_id: str, address: str) -> Any:
     except ValueError:
         raise ClusterError(
             f"no job {job_id!r} on the Ray cluster at {address} (finished jobs are kept "
-            f"{driver.KEEP_FINISHED_S // 3600} h); `python -m kiln.cluster list` shows its jobs"
+            f"{driver.KEEP_FINISHED_S // 3600} h); `./pants run :kiln-cluster -- list` shows its jobs"
         ) from None
 
 

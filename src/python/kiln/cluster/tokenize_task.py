@@ -2,23 +2,25 @@
 one `python -m kiln.data.tokenize` process (kiln.cluster.fanout).
 
 Standard library only (and Ray, present on every worker): the submitter ships this module by
-value, so a node needs no Kiln installed to run it; the process it starts finds Kiln's sources
-in the shared store (`PYTHONPATH`, see dispatch.ship_code).
+value, so a node needs no Kiln installed to run it; the process it starts runs Kiln's runtime as
+kiln.cluster.node_runtime provides it on the node.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from kiln.cluster import node_runtime
 
 OUTPUT_TAIL_LINES = 20  # of the process's output, returned to the submitter
 
 
 def run_tokenize(
-    files: dict[str, bytes], argv: list[str], pythonpath: str, hub_env: dict[str, str]
+    files: dict[str, bytes], argv: list[str], runtime: dict[str, Any], hub_env: dict[str, str]
 ) -> tuple[int, list[str]]:
     """Writes `files` (the spec, the artifact record, the repository files the spec reads) at
     their relative paths into a fresh folder and runs `python -m kiln.data.tokenize ARGV` there;
@@ -29,15 +31,18 @@ def run_tokenize(
             path = Path(folder, name)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(content)
-        paths = [pythonpath, os.environ.get("PYTHONPATH", "")]
+        import ray
+
+        node = node_runtime.NodeRuntime.from_json(runtime)
+        command, runtime_env = node_runtime.python_command(ray, node, "kiln.data.tokenize")
         env = {
             **os.environ,
             **hub_env,  # credentials for a hub source or tokenizer: never on the command line
-            "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+            **runtime_env,
             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         }
         result = subprocess.run(
-            [sys.executable, "-m", "kiln.data.tokenize", *argv],
+            [*command, *argv],
             cwd=folder,
             env=env,
             stdout=subprocess.PIPE,

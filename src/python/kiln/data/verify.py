@@ -53,14 +53,15 @@ class Verification:
         return f"{where}: verified {self.files} files ({self.bytes / 1e6:.1f} MB)"
 
 
-def verify_cache(path: Path, *, digests: bool = True) -> Verification:
-    """With `digests`, compares every file's sha256 with the ledger (before any array is
-    decoded, so that altered bytes are named as such), then opens the cache as a reader does.
-    CacheDamaged names the first damaged file; CacheNotReady an unfinished cache; StorageError
-    a file the OS cannot read."""
+def verify_cache(location: str | Path, *, digests: bool = True) -> Verification:
+    """With `digests` (a local folder), compares every file's sha256 with the ledger (before any
+    array is decoded, so that altered bytes are named as such), then opens the cache as a reader
+    does (a folder or a bucket URL). CacheDamaged names the first damaged file; CacheNotReady an
+    unfinished cache; StorageError a file the OS cannot read."""
+    path = location if "://" in str(location) else Path(location)
     try:
         info, ledger = read_cache_records(path)
-        files, size = _compare_digests(path, info, ledger) if digests else (0, 0)
+        files, size = _compare_digests(Path(path), info, ledger) if digests else (0, 0)
         cache = TokenCache(path, info, ledger)
     except (ValueError, KeyError) as e:  # cache.json or ledger.json are not what was written
         raise KilnDataError(f"{path}: the cache's records cannot be read ({e})") from None

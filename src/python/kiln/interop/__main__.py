@@ -75,8 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a checkpoint -> a transformers Llama folder")
-    export.add_argument("run_dir", type=Path, help="the lm_checkpoint's folder in the store")
-    export.add_argument("out", type=Path, help="the folder to write (must not exist)")
+    export.add_argument(
+        "run_dir", type=_location, help="the lm_checkpoint's folder in the store (or its URL)"
+    )
+    export.add_argument(
+        "out", type=_location, help="the folder to write, which must not exist (with --record: "
+        "its place in the store, a folder or a URL)"
+    )
     export.add_argument(
         "--step", type=parse_step, default="last", help="the checkpoint's step, or `last` (default)"
     )
@@ -182,6 +187,11 @@ def _add_eval_parser(commands: Any) -> None:
                           help="write all metrics as JSON")
 
 
+def _location(text: str) -> str | Path:
+    """A folder, or an s3:// or gs:// URL (exports into and from the artifact store)."""
+    return text.rstrip("/") if "://" in text else Path(text)
+
+
 def _export(args: argparse.Namespace) -> int:
     options = {
         "step": args.step,
@@ -194,9 +204,17 @@ def _export(args: argparse.Namespace) -> int:
 
         print(export_artifact(args.run_dir, args.out, args.record, **options))
         return 0
+    from kiln.interop.errors import InteropError
     from kiln.interop.export import export_run
+    from kiln.interop.store_export import local_run
 
-    out = export_run(args.run_dir, args.out, **options)
+    if not isinstance(args.out, Path):
+        raise InteropError(
+            f"export: {args.out} is in a bucket: an export into the artifact store is an "
+            "hf_model artifact (`./pants package` its target, or give --record)"
+        )
+    with local_run(args.run_dir, args.step) as run:
+        out = export_run(run, args.out, **options)
     files = sorted(p.name for p in out.iterdir())
     print(f"exported {args.run_dir} ({args.dtype}) to {out}: {', '.join(files)}")
     return 0

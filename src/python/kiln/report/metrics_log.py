@@ -20,7 +20,6 @@ TRAIN_LOSS = "train/loss"
 LEARNING_RATE = "optim/learning_rate"
 TOKENS_PER_SECOND = "throughput/tokens_per_second"
 STEP_TIME = "throughput/step_time"
-_TAIL_BYTES = 64 << 10  # enough for the last train line among eval lines
 
 Record = dict[str, Any]
 
@@ -62,17 +61,11 @@ def read_metrics(path: Path) -> list[Record]:
     return [by_step[step] for step in sorted(by_step)]
 
 
-def latest_train_step(path: Path) -> Record | None:
-    """The last train line (one with a step time) of a live run's metrics.jsonl, read from the
-    file's tail so a long run costs no more than a short one; None before the first step.
-    A line cut short by the append in progress, or by a kill, is skipped."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - _TAIL_BYTES))
-            tail = f.read().decode(errors="replace")
-    except FileNotFoundError:
-        return None
-    for line in reversed(tail.splitlines()):
+def latest_train_step(text: str) -> Record | None:
+    """The last train line (one with a step time) in the text of a live run's metrics.jsonl;
+    None before the first step. A line cut short by the append in progress, or by a kill, is
+    skipped."""
+    for line in reversed(text.splitlines()):
         try:
             record = json.loads(line)
         except ValueError:

@@ -104,6 +104,7 @@ class Checkpointer:
         save_interval_seconds: float,
         keep_last_temporary: int,
         every: int | None,
+        per_host_folders: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.permanent_root = permanent_root
@@ -113,8 +114,10 @@ class Checkpointer:
         self.every = every
         self._clock = clock
         self._last_save_time = clock()
-        self._orbax = ocp.StandardCheckpointer()
-        self._is_writer = jax.process_index() == 0
+        self._orbax = _orbax_checkpointer(per_host_folders)
+        # In a folder every host shares, process 0 writes the metadata and prunes; in folders of
+        # their own, every host does so in its own.
+        self._is_writer = per_host_folders or jax.process_index() == 0
         self._in_progress: _SaveInProgress | None = None
 
     @classmethod
@@ -128,6 +131,7 @@ class Checkpointer:
             save_interval_seconds=spec.save_interval_minutes * 60.0,
             keep_last_temporary=spec.keep_last_temporary,
             every=spec.every,
+            per_host_folders=spec.per_host_folders,
         )
 
     def _roots(self) -> list[Path]:
@@ -300,6 +304,19 @@ class Checkpointer:
         self._orbax.close()
 
 
+def _orbax_checkpointer(per_host_folders: bool) -> ocp.AsyncCheckpointer:
+    """Orbax's checkpointer. With a folder per host, every host is orbax's primary (it writes the
+    checkpoint's metadata into its own folder) and arrays are plain zarr, each host writing the
+    chunks of its own shards: OCDBT merges the processes' files on the primary host, which only a
+    folder every host sees allows. The union of the hosts' folders is then the checkpoint, and
+    any host restores it from a folder that holds the union."""
+    if not per_host_folders:
+        return ocp.StandardCheckpointer()
+    options = ocp.options.MultiprocessingOptions(primary_host=None)
+    handler = ocp.StandardCheckpointHandler(use_ocdbt=False, multiprocessing_options=options)
+    return ocp.AsyncCheckpointer(handler, multiprocessing_options=options)
+
+
 class _SaveInProgress:
     """An orbax save writing its files; a thread waits for it so that the training loop can ask,
     without blocking, whether it is done."""
@@ -310,7 +327,7 @@ class _SaveInProgress:
         step: int,
         temporary: bool,
         quiet: _OrbaxFailuresQuieted,
-        writer: ocp.StandardCheckpointer,
+        writer: ocp.AsyncCheckpointer,
     ) -> None:
         self.path = path
         self.step = step

@@ -26,7 +26,8 @@ from kiln.artifacts.content import record_sizes
 from kiln.artifacts.lease import LeaseRecord, lease_key
 from kiln.artifacts.local import LocalStore
 from kiln.data.cache import zarr_spec
-from kiln.runner import place_inputs, read_step
+from kiln.runner.command_line import read_step
+from kiln.runner.inputs import place_inputs
 
 REF = "checkpoints/tiny@2026.11.29"
 STEPS = {"config.num_train_steps": 6, "runtime.checkpointer.every": 3}
@@ -60,7 +61,7 @@ def output(prefix: Path) -> Path:
 
 def placed(step: Path, prefix: Path) -> Path:
     """The training cache, placed in the store as a run places it; returns its shard folder."""
-    place_inputs(read_step(step), step.parent, prefix)
+    place_inputs(read_step(step), step.parent, LocalStore(prefix))
     return prefix / "tokenized/a/2026.11.29/shards/shard-00000"
 
 

@@ -22,9 +22,14 @@ from kiln_testing.buckets import ENDPOINT_VARIABLES, BucketGate, fresh_url
 from kiln_testing.training import write_runner_step
 
 from kiln.artifacts import peek
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectStore, open_store
-from kiln.runner import StepError, read_step, run_in_bucket, upload_inputs
+from kiln.runner.build import Target, run_step
+from kiln.runner.command_line import read_step
+from kiln.runner.errors import StepError
+from kiln.runner.inputs import place_inputs
+from kiln_contract.step import StepSpec
 
 REF = "checkpoints/tiny@2026.11.29"
 RUN = "checkpoints/tiny/2026.11.29"
@@ -53,6 +58,11 @@ def environment(**extra: str) -> dict[str, str]:
 def run(command: list[str], **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, env=environment(**extra), capture_output=True, text=True,
                           timeout=300)  # fmt: skip
+
+
+def run_in_bucket(step: StepSpec, inputs: Path, store: ObjectStore, *, wait: bool = True) -> int:
+    """The runner's one path, with its artifact store in the bucket."""
+    return run_step(step, inputs, Target(ArtifactFolder(store, RUN)), wait=wait)
 
 
 def text(store: ObjectStore, key: str) -> str:
@@ -151,10 +161,10 @@ def test_store_caches_are_read_where_they_were_built_in_the_bucket(
         entry["store_path"] = f"{uninterrupted}/{entry['name']}/{entry['version']}"
     (tmp_path / "step.json").write_text(json.dumps(raw))
     store_step = read_step(tmp_path / "step.json")
-    upload_inputs(store_step, tmp_path, open_store(uninterrupted))  # nothing under tmp_path
+    place_inputs(store_step, tmp_path, open_store(uninterrupted))  # nothing under tmp_path
     elsewhere = fresh_url(scheme)
     with pytest.raises(StepError, match=rf"{elsewhere}/tokenized/a/2026.11.29 holds no finished"):
-        upload_inputs(store_step, tmp_path, open_store(elsewhere))
+        place_inputs(store_step, tmp_path, open_store(elsewhere))
 
 
 def test_a_second_run_is_refused_and_a_killed_upload_resumes_equal(
@@ -168,9 +178,10 @@ def test_a_second_run_is_refused_and_a_killed_upload_resumes_equal(
                                   env=environment(**{ENDPOINT_VARIABLES[scheme]: gate.endpoint},
                                                   TMPDIR=str(tmp_path)))  # fmt: skip
         assert gate.held.wait(240), "the run never uploaded step 6"
-        # Two runs at once: the one training holds the lease; the second names it and stops.
+        # Two runs at once: the one training holds the lease; the second (--no-wait) names it
+        # and stops.
         with pytest.raises(StepError) as refused:
-            run_in_bucket(read_step(step), step.parent, open_store(prefix))
+            run_in_bucket(read_step(step), step.parent, open_store(prefix), wait=False)
         holder = f"held by train {REF} (host {socket.gethostname()}, pid {killed.pid}, since "
         assert holder in str(refused.value) and "nothing was changed" in str(refused.value)
         killed.send_signal(signal.SIGKILL)
@@ -211,3 +222,19 @@ def test_denied_writes_fail_in_seconds_naming_the_url(
     assert "check that these credentials" in message
     monkeypatch.setenv(ENDPOINT_VARIABLES[scheme], server)
     assert open_store(prefix).keys("") == []  # nothing was written
+
+
+def test_force_rebuilds_in_the_bucket_then_deletes_the_replaced_artifact(
+    uninterrupted: str, step: Path, capsys
+) -> None:
+    """Last in this file: it rebuilds the artifact the tests above read (to the same values)."""
+    store = open_store(uninterrupted)
+    before = losses(store)
+    target = Target(ArtifactFolder(store, RUN))
+    assert run_step(read_step(step), step.parent, target, force=True) == 0
+    said = capsys.readouterr().out
+    aside = f"{uninterrupted}/checkpoints/tiny/.2026.11.29.replaced"
+    assert f"kiln: --force: moved {uninterrupted}/{RUN} aside to {aside}" in said
+    assert f"kiln: deleted the replaced {REF} ({aside})" in said
+    assert store.keys("checkpoints/tiny/.2026.11.29.replaced") == []
+    assert text(store, f"{RUN}/STATUS") == "SUCCESS\n" and losses(store) == before

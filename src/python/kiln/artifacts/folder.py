@@ -1,0 +1,78 @@
+"""An artifact's folder in the artifact store, read and written over the object-store
+interface (kiln.artifacts.store): a directory and a bucket take the same code.
+
+    {name}/{version}/              the folder: record, STATUS (last), summary, the artifact's files
+    {name}/.{version}.lease        its lease (kiln.artifacts.lease)
+    {name}/.{version}.replaced/    the artifact a forced rebuild replaces (kiln.artifacts.replacement)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.artifacts.lease import Lease, lease_key
+from kiln.artifacts.store import ObjectStore, open_store, read_text
+from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUCCESS, SUMMARY_TEXT_FILE
+from kiln_contract.record import ArtifactRecord, fingerprint_drift
+
+
+@dataclass(frozen=True)
+class ArtifactFolder:
+    store: ObjectStore
+    key: str  # "{name}/{version}" under the store's root
+
+    @classmethod
+    def at(cls, location: str) -> ArtifactFolder:
+        """The folder at a path or a URL, as a store of its own."""
+        return cls(open_store(location), "")
+
+    def child(self, name: str) -> str:
+        """The key of the object `name` in the folder (key "": a store rooted at the folder)."""
+        return f"{self.key}/{name}" if self.key else name
+
+    def location(self, name: str = "") -> str:
+        """Where it is, for people and for readers (a path or a URL)."""
+        return self.store.location(self.child(name) if name else self.key)
+
+    def text(self, name: str) -> str | None:
+        return read_text(self.store, self.child(name))
+
+    def status(self) -> str | None:
+        text = self.text(STATUS_FILE)
+        return None if text is None else text.strip()
+
+    def is_built(self) -> bool:
+        return self.status() == SUCCESS
+
+    def record(self) -> dict[str, Any] | None:
+        """The stored record; None when there is none (or it is not a JSON object)."""
+        text = self.text(RECORD_FILE)
+        try:
+            stored = None if text is None else json.loads(text)
+        except ValueError:
+            return None
+        return stored if isinstance(stored, dict) else None
+
+    def summary(self) -> str | None:
+        return self.text(SUMMARY_TEXT_FILE)
+
+    def drift(self, record: ArtifactRecord) -> str | None:
+        """How the artifact stored here differs from `record` ("fingerprint X; differs in:
+        ..."), or None when the folder holds this one or none."""
+        stored = self.record()
+        return None if stored is None else fingerprint_drift(stored, record)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        self.store.write(self.child(name), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+    def write_status(self, status: str) -> None:
+        self.store.write(self.child(STATUS_FILE), f"{status}\n".encode())
+
+    def lease(self, what: str) -> Lease:
+        return Lease(self.store, lease_key(self.key), what=what)
+
+    def is_empty(self) -> bool:
+        return not self.store.keys(self.key)
+

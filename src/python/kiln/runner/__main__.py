@@ -1,0 +1,110 @@
+"""`python -m kiln.runner`: the command line, to the room that does the work, and every expected
+failure as one paragraph with its exit status (kiln.runner)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from kiln import lifetime  # before the slow imports: it notes the parent
+from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.local import LocalStore
+from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
+from kiln.artifacts.store import ObjectStore, UnsupportedStore, open_store
+from kiln.cluster import dispatch
+from kiln.cluster.placement import PlacementError
+from kiln.runner.build import Target, run_step
+from kiln.runner.cluster import submit
+from kiln.runner.command_line import apply_overrides, argument_parser, read_step
+from kiln.runner.errors import StepError
+from kiln.train import multihost
+from kiln_contract.step import StepSpec
+
+# How long a runner whose Pants process died has to save a checkpoint before it is killed.
+ORPHAN_GRACE_SECONDS = 30.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    # transformers (tokenizers for evals and samples) warns that PyTorch is absent: irrelevant.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    # SIGTERM (timeout, SLURM, Kubernetes) stops a run as Ctrl-C does: the training loop saves a
+    # checkpoint first; elsewhere the run unwinds, releasing its lease.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
+    try:
+        step = read_step(args.step)
+    except StepError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 1
+    if args.output is None and args.prefix is None:
+        parser.error("give --prefix (artifact store) or --output")
+    cluster = multihost.cluster_from_flags(parser, args)
+    try:
+        return _run(parser, args, apply_overrides(step, args), cluster)
+    except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return 1
+    except StorageError as e:
+        print(f"kiln: error: {e}", file=sys.stderr)
+        return EXIT_STORAGE
+    except KeyboardInterrupt:
+        print(f"kiln: {step.ref} interrupted; rerun to go on", file=sys.stderr)
+        return 130
+
+
+def _run(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    step: StepSpec,
+    cluster: multihost.Cluster,
+) -> int:
+    address = None if args.output else dispatch.resolve_address(args.cluster)
+    if address is not None:
+        _check_cluster_flags(parser, args, cluster)
+        store = artifact_store(args.prefix)
+        return submit(step, args.inputs.absolute(), store, address, args.max_retries,
+                      detach=args.detach, force=args.force)  # fmt: skip
+    if args.detach:
+        parser.error("--detach submits a cluster job: give --cluster (or [kiln] cluster)")
+    if args.force and args.output is not None:
+        parser.error("--force replaces an artifact in the store: give --prefix, not --output")
+    job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
+    return run_step(step, args.inputs, _target(args, step), cluster, job,
+                    force=args.force, wait=not args.no_wait)  # fmt: skip
+
+
+def _target(args: argparse.Namespace, step: StepSpec) -> Target:
+    if args.output is not None:  # a scratch folder: a hermetic run's sandbox
+        output = args.output.absolute()
+        return Target(ArtifactFolder(LocalStore(output.parent), output.name), artifact_store=False)
+    folder = ArtifactFolder(artifact_store(args.prefix), f"{step.name}/{step.version}")
+    return Target(folder, staging=args.staging)
+
+
+def artifact_store(prefix: str) -> ObjectStore:
+    """The artifact store at `--prefix`: a bucket, or a directory (made absolute)."""
+    try:
+        store = open_store(prefix)
+    except (UnsupportedStore, ValueError) as e:
+        raise StepError(f"--prefix {e}") from None
+    return store if store.local_root is None else LocalStore(Path(prefix).absolute())
+
+
+def _check_cluster_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, cluster: multihost.Cluster
+) -> None:
+    if cluster.is_multihost:
+        parser.error(
+            "--cluster starts every host itself: drop --coordinator (or give --cluster local)"
+        )
+    if args.output is not None:
+        parser.error("--cluster builds into the artifact store: give --prefix, not --output")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

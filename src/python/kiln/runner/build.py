@@ -1,0 +1,275 @@
+"""One lm_checkpoint step in one store: served, refused or built, the same way in a directory
+and in a bucket, on one host or on every host of a multi-host run."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import getpass
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.lease import Lease
+from kiln.artifacts.store import ObjectStore
+from kiln.containment import OutsideRoot, within
+from kiln.runner import leasing, replacing
+from kiln.runner.decision import serve_if_built
+from kiln.runner.errors import StepError
+from kiln.runner.inputs import input_locations, place_inputs
+from kiln.runner.training import failure_recorded, train
+from kiln.runner.workspace import Workspace, opened
+from kiln.train import multihost
+from kiln_contract.layout import RECORD_FILE, RUNNING, TRAIN_SPEC_FILE
+from kiln_contract.step import StepSpec
+from kiln_contract.train import TrainSpec
+from kiln_contract.vocabulary import is_mutable_version
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a step is built: its folder in a store, and whether that store is the artifact
+    store (its inputs are placed there, `--force` replaces, a compilation cache is kept) or a
+    scratch folder of a hermetic run (`--output`: the inputs are read where they are)."""
+
+    folder: ArtifactFolder
+    artifact_store: bool = True
+    staging: Path | None = None  # where a run in a bucket stages (default: a temporary folder)
+
+    @property
+    def store(self) -> ObjectStore:
+        return self.folder.store
+
+
+def run_step(
+    step: StepSpec,
+    inputs_root: Path,
+    target: Target,
+    cluster: multihost.Cluster = multihost.ALONE,
+    cluster_job: dict[str, Any] | None = None,
+    *,
+    force: bool = False,
+    wait: bool = True,
+) -> int:
+    """Serves, refuses or builds the step. In a multi-host run every process calls this;
+    process 0 alone places the inputs, holds the lease and writes STATUS and the record (with
+    `cluster_job`, the Ray job's id and retries, when it is one).
+
+    `force`: rebuild even when built (the old artifact is set aside until the new one
+    succeeds). `wait`: a single-host run that finds another run building the artifact waits for
+    it and serves its result; otherwise (and always with `force` or multi-host) it is refused
+    at once."""
+    target.store.check()  # a missing bucket or an unreachable endpoint fails here, in seconds
+    if not force and serve_if_built(step, target.folder):
+        return 0
+    wait = wait and not force and not cluster.is_multihost
+    with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
+        workspace = held.enter_context(
+            opened(target.folder, process_index=process_index,
+                   process_count=_processes(cluster), staging=target.staging)
+        )  # fmt: skip
+        spec = train_spec(step, inputs_root, workspace, target)
+        check_write_paths(spec, _write_root(target, workspace))
+        lease = _start_on_process_0(step, spec, inputs_root, target, workspace, cluster_job, held,
+                                    process_index, cluster.is_multihost, force=force, wait=wait)  # fmt: skip
+        if process_index == 0 and lease is None:
+            return 0  # the run it waited for built it (single-host only: no one else trains)
+        if process_index != 0:
+            workspace.pull(checkpoints=True)  # process 0 has cleaned up the bucket's leftovers
+        return _train_and_publish(step, spec, lease, target, workspace)
+
+
+def _write_root(target: Target, workspace: Workspace) -> Path:
+    """What every write of the run stays in: the local artifact store, else the workspace (a
+    staging folder, or the scratch folder of a hermetic run)."""
+    root = target.store.local_root
+    return Path(root) if target.artifact_store and root is not None else workspace.local
+
+
+def _processes(cluster: multihost.Cluster) -> int:
+    if not cluster.is_multihost:
+        return 1
+    import jax
+
+    return jax.process_count()
+
+
+def _start_on_process_0(
+    step: StepSpec,
+    spec: TrainSpec,
+    inputs_root: Path,
+    target: Target,
+    workspace: Workspace,
+    cluster_job: dict[str, Any] | None,
+    held: contextlib.ExitStack,
+    process_index: int,
+    multihost_run: bool,
+    *,
+    force: bool,
+    wait: bool,
+) -> Lease | None:
+    """Process 0 takes the lease and starts the run; every process learns whether it could
+    (a collective in a multi-host run), and all raise its failure."""
+    failure: Exception | None = None
+    lease = None
+    if process_index == 0:
+        try:
+            lease = leasing.hold(step, target.folder, held, wait=wait)
+            if lease is not None:
+                _start(step, spec, inputs_root, target, workspace, cluster_job, force=force)
+        except Exception as e:  # noqa: BLE001 - raised below, once the others know
+            failure = e
+    if multihost_run and multihost.agree_max([failure is not None])[0]:
+        failure = failure or StepError(f"process 0 could not start {step.ref}; its output says why")
+    if failure is not None:
+        raise failure
+    return lease
+
+
+def _start(
+    step: StepSpec,
+    spec: TrainSpec,
+    inputs_root: Path,
+    target: Target,
+    workspace: Workspace,
+    cluster_job: dict[str, Any] | None,
+    *,
+    force: bool,
+) -> None:
+    """Under the artifact's lease: goes on with (or, forced, begins) the replacement of a built
+    artifact, places the inputs, brings the run's newest checkpoint here and writes STATUS
+    RUNNING, the record and, for people, the train spec."""
+    folder = target.folder
+    if target.artifact_store:
+        replacing.begin(step, folder, force=force)
+    with failure_recorded(workspace.local, writer=True):
+        if target.artifact_store:
+            place_inputs(step, inputs_root, target.store)
+        if is_mutable_version(step.version) and folder.is_built():
+            _restart_dev_run(step, target)
+        workspace.pull(checkpoints=True)
+        _begin(step, spec, workspace, cluster_job)
+        workspace.publish(status=True, final=False)
+
+
+def _train_and_publish(
+    step: StepSpec, spec: TrainSpec, lease: Lease | None, target: Target, workspace: Workspace
+) -> int:
+    """Trains with the workspace mirrored into the store; STATUS last. A forced rebuild that
+    succeeded deletes the artifact it replaced."""
+    compile_cache = _compile_cache(target)
+    try:
+        with workspace.uploading():
+            exit_code = train(step, spec, lease, workspace, shown_at=target.folder.location(),
+                              compile_cache=compile_cache)  # fmt: skip
+    except BaseException:
+        if lease is not None and lease.lost is None:  # else the run that took it owns the folder
+            with contextlib.suppress(Exception):  # the store itself may be what failed
+                workspace.publish(status=True, final=False)
+        raise
+    if lease is not None:
+        workspace.publish(status=True, final=False)  # STATUS last
+        if exit_code == 0 and target.artifact_store:
+            replacing.finish(step, target.folder)
+    return exit_code
+
+
+def _compile_cache(target: Target) -> Path | None:
+    """Where a run keeps jax's compiled programs (kiln.train.compilation_cache): in a local
+    artifact store, shared by its runs; for a bucket's runs, on this machine; none for a
+    scratch run (`--output`: a hermetic `pants package`)."""
+    from kiln.train.compilation_cache import cache_folder
+
+    if not target.artifact_store:
+        return None
+    root = target.store.local_root
+    return cache_folder(Path(root) if root is not None else None)
+
+
+def train_spec(step: StepSpec, inputs_root: Path, workspace: Workspace, target: Target) -> TrainSpec:
+    """The trainer's spec: the step's config with every input where the trainer reads it, the
+    output in the workspace."""
+    store = target.store if target.artifact_store else None
+    paths = {ref: _path(where) for ref, where in input_locations(step, inputs_root, store).items()}
+    spec = step.train_spec(workspace.local, paths, inputs_root)
+    if not workspace.per_host_folders:
+        return spec
+    checkpointer = dataclasses.replace(spec.runtime.checkpointer, per_host_folders=True)
+    runtime = dataclasses.replace(spec.runtime, checkpointer=checkpointer)
+    return dataclasses.replace(spec, runtime=runtime)
+
+
+def _path(location: str) -> Path | str:
+    """A location as the trainer takes it: a local path, or a bucket URL."""
+    return location if "://" in location else Path(location)
+
+
+def check_write_paths(spec: TrainSpec, root: Path) -> None:
+    """Before anything is written: the output lies in `root` (the prefix, the staging folder or
+    the explicit --output folder) and the checkpoint folders in the output (temporaries, when
+    they have a base of their own, in that base), symlinks and `..` resolved."""
+    from kiln.train.checkpoints import checkpoint_roots
+
+    output = spec.output_path
+    _contained(output, root, f"the output of {spec.name}@{spec.version},")
+    checkpointer = spec.runtime.checkpointer
+    permanent, temporary = checkpoint_roots(output, checkpointer, spec.name, spec.version)
+    _contained(permanent, output, "the checkpoint folder")
+    _contained(temporary, checkpointer.temporary_base_path or output, "the temporary checkpoints")
+
+
+def _contained(path: Path, root: Path, what: str) -> Path:
+    try:
+        return within(path, root, what)
+    except OutsideRoot as e:
+        raise StepError(str(e)) from None
+
+
+def _restart_dev_run(step: StepSpec, target: Target) -> None:
+    """A built dev artifact trains again from scratch: its own checkpoints are deleted, and
+    nothing else (the folder's record must name this artifact, the folder must be the
+    artifact's own)."""
+    folder = target.folder
+    stored = folder.record() or {}
+    if (stored.get("name"), stored.get("version")) != (step.name, step.version):
+        raise StepError(
+            f"{folder.location()} is marked built but its {RECORD_FILE} does not name "
+            f"{step.ref}; it is not this artifact's folder, so nothing in it is deleted. Move "
+            "it away and rerun."
+        )
+    checkpoints = folder.child("checkpoints")
+    if target.store.local_root is not None:
+        output = Path(folder.location())
+        _contained(output / "checkpoints", output, "the checkpoint folder")
+    target.store.remove_folder(checkpoints)
+
+
+def _begin(
+    step: StepSpec, spec: TrainSpec, workspace: Workspace, cluster_job: dict[str, Any] | None
+) -> None:
+    """Writes STATUS RUNNING, the record (with `cluster_job`, the Ray job's id and retries, when
+    it is one) and, for people, the train spec into the workspace."""
+    from kiln import artifacts
+
+    output = workspace.local
+    output.mkdir(parents=True, exist_ok=True)
+    artifacts.write_status(output, RUNNING)
+    record = {**step.record.to_json(), "provenance": _provenance(step, cluster_job)}
+    artifacts.atomic_write_json(output / RECORD_FILE, record)
+    artifacts.atomic_write_json(output / TRAIN_SPEC_FILE, spec.to_json())
+
+
+def _provenance(step: StepSpec, cluster_job: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(step.provenance),
+        **({"cluster_job": cluster_job} if cluster_job else {}),
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "argv": sys.argv,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

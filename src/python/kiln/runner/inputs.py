@@ -1,0 +1,107 @@
+"""The step's input caches in the artifact store: placed once, under their lease, checked.
+
+A cache the Pants backend built in its sandbox (`inline`) is copied into the store at
+`{name}/{version}` unless the same cache is there already: its files' digests are checked
+first, its objects are written with STATUS last (kiln.artifacts.store.copy_folder_into), so a
+copy cut off at any point is never read as complete. A cache built in place in the store
+(`storage="store"`) must be finished there, in this store. Either way the trainer reads the cache in the store
+(a folder or a bucket: every host of a run reads the same bytes).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.store import ObjectStore, copy_folder_into
+from kiln.containment import OutsideRoot, within
+from kiln.data.errors import KilnDataError
+from kiln.data.verify import verify_cache
+from kiln.runner.decision import same_artifact
+from kiln.runner.errors import StepError
+from kiln_contract.record import ArtifactRecord
+from kiln_contract.step import StepInput, StepSpec
+
+
+def input_locations(step: StepSpec, inputs_root: Path, store: ObjectStore | None) -> dict[str, str]:
+    """Where the trainer reads each input cache, by ref: in the store (a path or a URL), or in
+    place in the sandbox for a run that has no store (`--output`)."""
+    return {entry.ref: _location(entry, inputs_root, store) for entry in step.inputs}
+
+
+def _location(entry: StepInput, inputs_root: Path, store: ObjectStore | None) -> str:
+    if store is not None:
+        return store.location(_key(entry))
+    if entry.store_path is not None:  # built in place in the artifact store (storage="store")
+        return entry.store_path
+    assert entry.location is not None  # a StepInput has one of the two
+    return str((inputs_root / entry.location).resolve())
+
+
+def place_inputs(step: StepSpec, inputs_root: Path, store: ObjectStore) -> None:
+    """Copies each built input cache into the store unless it is there already, and checks
+    those already in the store."""
+    for entry in step.inputs:
+        if entry.store_path is not None:  # built in place: in this store, at its key
+            _check_placed(ArtifactFolder(store, _key(entry)), entry.record)
+        else:
+            assert entry.location is not None
+            place_cache(store, _key(entry), inputs_root / entry.location, entry.record)
+
+
+def place_cache(store: ObjectStore, key: str, source: Path, record: ArtifactRecord) -> str:
+    """Copies the built cache in the local folder `source` to `key` in `store` (checked against
+    its digests first, STATUS last, under the cache's lease) unless the same cache is there;
+    returns its location. A partial copy left by a killed placement is deleted first."""
+    folder = ArtifactFolder(store, key)
+    _contained(store, key, f"input cache {record.ref} at")
+    if _check_placed(folder, record, missing_ok=True):
+        return folder.location()
+    if not ArtifactFolder.at(str(source)).is_built():
+        raise StepError(f"input cache {source} is not complete (no STATUS SUCCESS)")
+    with folder.lease(f"place {record.ref}").acquire(wait=True):
+        if not _check_placed(folder, record, missing_ok=True):  # or another run placed it
+            _check_cache(str(source), record, digests=True)
+            store.remove_folder(key)
+            copy_folder_into(store, key, source)
+    return folder.location()
+
+
+def _check_placed(folder: ArtifactFolder, record: ArtifactRecord, *, missing_ok: bool = False) -> bool:
+    """Whether the folder holds this cache, finished (its files present with their sizes);
+    StepError when it holds another, or (unless `missing_ok`) no finished one."""
+    if same_artifact(folder, record) is not None and folder.is_built():
+        _check_cache(folder.location(), record, digests=False)
+        return True
+    if missing_ok:
+        return False
+    raise StepError(
+        f"input {record.ref} has storage=\"store\" and {folder.location()} holds no finished "
+        "copy of it: build it under this prefix first (`pants package` of its tokenized_cache "
+        "target with the same [kiln] prefix)"
+    )
+
+
+def _check_cache(location: str, record: ArtifactRecord, *, digests: bool) -> None:
+    """kiln.data.verify's check of an input cache: StepError if it is damaged."""
+    try:
+        verification = verify_cache(location, digests=digests)
+    except KilnDataError as e:
+        raise StepError(f"input {record.ref}: {e}") from None
+    if not verification.cache.verified:
+        print(f"kiln: note: input {verification.describe()}", file=sys.stderr)
+
+
+def _contained(store: ObjectStore, key: str, what: str) -> None:
+    """In a directory: the key's folder, symlinks and `..` resolved, lies in the store."""
+    if store.local_root is None:
+        return
+    try:
+        within(Path(store.location(key)), Path(store.local_root), what)
+    except OutsideRoot as e:
+        raise StepError(str(e)) from None
+
+
+def _key(entry: StepInput) -> str:
+    return f"{entry.name}/{entry.version}"

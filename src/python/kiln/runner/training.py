@@ -1,0 +1,87 @@
+"""Training the step on this process, then its summary and STATUS, last."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kiln import artifacts
+from kiln.artifacts.lease import Lease
+from kiln.artifacts.storage_errors import as_storage_error
+from kiln.runner.errors import LeaseLost
+from kiln.runner.leasing import check_still_held
+from kiln.runner.workspace import Workspace
+from kiln.train import multihost
+from kiln_contract.step import StepSpec
+from kiln_contract.train import TrainSpec
+
+
+def train(
+    step: StepSpec,
+    spec: TrainSpec,
+    lease: Lease | None,
+    workspace: Workspace,
+    *,
+    shown_at: str,
+    compile_cache: Path | None,
+) -> int:
+    """Trains and reports on every process; the lease holder (process 0) writes STATUS.
+    `shown_at`: where the artifact is, for people. `compile_cache`: jax's persistent
+    compilation cache folder ($JAX_COMPILATION_CACHE_DIR wins)."""
+    from kiln.report.plots import plot_run
+    from kiln.report.run_summary import write_run_summary
+    from kiln.train import compilation_cache
+    from kiln.train.__main__ import run_training
+
+    compilation_cache.use(compile_cache)
+    output = spec.output_path
+    with failure_recorded(output, writer=lease is not None):
+        exit_code = run_training(
+            spec, quiet=True, metrics_observer=plot_run, initial_params=_published_weights
+        )
+        if exit_code == 0:
+            # The final checkpoint in the store, whole on every host: the summary samples from
+            # its parameters, a collective.
+            workspace.publish(status=False, final=True)
+            multihost.barrier("kiln: the final checkpoint is in the store")
+            workspace.complete_newest_checkpoint()
+            summary = write_run_summary(spec, shown_at=shown_at)
+            if lease is not None:
+                check_still_held(lease, step)
+                artifacts.write_status(output, artifacts.SUCCESS)
+                print(f"kiln: built {step.ref} at {shown_at}\n{summary}")
+        elif exit_code in (1, 2) and lease is not None:
+            artifacts.mark_failed(output)
+        return exit_code
+
+
+def _published_weights(source: Any, model_config: Any, tokenizer: Any) -> Any:
+    """`init_from`'s weights for the trainer (kiln.interop.hub), a failure as one line."""
+    from kiln.interop.errors import InteropError
+    from kiln.interop.hub import initial_params
+    from kiln.train.trainer import TrainingError
+
+    try:
+        return initial_params(source, model_config, tokenizer)
+    except InteropError as e:
+        raise TrainingError(str(e)) from None
+
+
+@contextlib.contextmanager
+def failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
+    """Ends a failing build with STATUS FAILED (written by the lease holder) and turns a
+    storage failure (no space, no permission, an I/O error) into a StorageError naming the
+    path and the cause. A run that lost its lease leaves STATUS to the run that took it."""
+    try:
+        yield
+    except LeaseLost:
+        raise
+    except Exception as e:
+        if writer:
+            artifacts.mark_failed(output)
+        failure = as_storage_error(e, output)
+        if failure is not None:
+            raise failure from None
+        raise

@@ -1,0 +1,239 @@
+"""End to end, the reference's cluster run (docs/clusters.md): `./pants run` of a quickstart-shaped
+`cpu(hosts=2)` target, with its local eval task and its artifact store in an S3 bucket, submitted
+from this machine to two Ray nodes that share nothing but the bucket.
+
+The nodes are started as "Start a cluster" says, from a folder without the repo: a venv with only
+ray-node-requirements.txt installed, each node with a HOME and a temp folder of its own; Kiln ships
+its runtime to them. Once a checkpoint is in the bucket, the second node's raylet is SIGKILLed and
+a node started in its place: the job retries, naming the lost node, and ends with the losses of
+an uninterrupted run. Then the rerun is served from the bucket, `plan` says built, the hf_model
+export lands in the bucket, and no planted secret is in any object, log or record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kiln_testing.buckets import BUCKET, s3_server
+from kiln_testing.multihost import free_port
+from kiln_testing.ray_cluster import stop_processes_under
+
+from kiln.artifacts.store import ObjectStore, open_store
+from tests.e2e.workspace import copy_workspace
+
+__all__ = ["s3_server"]  # a fixture
+
+NODE_REQUIREMENTS = Path("3rdparty/python/ray-node-requirements.txt")
+NODE_PYTHON = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+TARGET = "experiments/cluster:tiny2"
+RUN = "checkpoints/tiny2/2026.12.01"
+# The quickstart's shape, at ci_tiny's size, on two hosts: a permanent checkpoint every 10 steps.
+BUILD = """
+lm_checkpoint(
+    name="tiny2",
+    artifact_name="checkpoints/tiny2",
+    version="2026.12.01",
+    model=llama(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2,
+                num_kv_heads=1, num_layers=1),
+    optimizer=adam(learning_rate=1e-2, warmup=2),
+    datasets={"//experiments:stdlib_validation": 1.0},
+    validation=["//experiments:stdlib_validation"],
+    batch_size=4,
+    seq_len=64,
+    num_train_steps=40,
+    z_loss_weight=None,
+    evals=eval_suite(
+        [eval_task("kiln_stdlib_mc")], every=40, task_files="//experiments/eval_tasks:stdlib"
+    ),
+    resources=cpu(hosts=2),
+    compute_dtype="float32",
+    checkpoint_every=10,
+)
+
+hf_model(
+    name="tiny2_hf",
+    artifact_name="hf/tiny2",
+    version="2026.12.01",
+    checkpoint=":tiny2",
+    dtype="float32",
+)
+"""
+PLANTED = {"WANDB_API_KEY": "kilnplanted" + "7e" * 20, "HF_TOKEN": "hf_kilnPlantedNodeToken9"}
+
+
+@pytest.fixture(scope="module")
+def node_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A node's Python, as "Start a cluster" makes it: CPython and the pinned Ray, nothing else."""
+    venv = tmp_path_factory.mktemp("node") / "kiln-node"
+    subprocess.run([str(NODE_PYTHON), "-m", "venv", str(venv)], check=True, timeout=300)
+    pip = [str(venv / "bin/pip"), "install", "--quiet", "--no-deps", "--require-hashes", "-r",
+           str(NODE_REQUIREMENTS.absolute())]  # fmt: skip
+    environment = {**os.environ, "PIP_CONFIG_FILE": "/dev/null"}
+    subprocess.run(pip, check=True, timeout=900, env=environment, cwd=venv.parent)
+    return venv
+
+
+class Cluster:
+    """Ray nodes on loopback, each started by `ray start` with a HOME and TMPDIR of its own."""
+
+    def __init__(self, venv: Path, root: Path) -> None:
+        self.venv, self.root = venv, root
+        self.gcs_port, self.client_port = free_port(), free_port()
+        self.ray_root = Path(tempfile.mkdtemp(prefix="kray", dir="/tmp"))  # short socket paths
+
+    @property
+    def address(self) -> str:
+        return f"ray://127.0.0.1:{self.client_port}"
+
+    def start(self, name: str, *, head: bool = False) -> None:
+        home, tmp = self.root / name / "home", self.root / name / "tmp"
+        home.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(parents=True, exist_ok=True)
+        role = (["--head", "--port", str(self.gcs_port), "--ray-client-server-port",
+                 str(self.client_port), "--include-dashboard", "false"] if head
+                else ["--address", f"127.0.0.1:{self.gcs_port}"])  # fmt: skip
+        # Each node carries a resource naming it, so that its raylet can be found and killed.
+        resources = json.dumps({f"node-{name}": 1})
+        command = [str(self.venv / "bin/ray"), "start", *role, "--node-ip-address", "127.0.0.1",
+                   "--num-cpus", "1", "--temp-dir", str(self.ray_root), "--resources", resources,
+                   "--object-store-memory", str(300 << 20), "--disable-usage-stats"]  # fmt: skip
+        environment = {
+            "PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(tmp),
+            "RAY_TMPDIR": str(self.ray_root), "RAY_USAGE_STATS_ENABLED": "0",
+            "JAX_PLATFORMS": "cpu",
+        }  # fmt: skip
+        result = subprocess.run(command, env=environment, cwd=home, capture_output=True,
+                                text=True, timeout=180)  # fmt: skip
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+
+    def kill_raylet(self, name: str) -> None:
+        [pid] = [pid for pid, line in _processes() if "raylet" in line and f"node-{name}" in line]
+        os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        stop_processes_under(self.ray_root)
+        shutil.rmtree(self.ray_root, ignore_errors=True)
+
+
+def _processes() -> Iterator[tuple[int, str]]:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            yield int(entry.name), line
+
+
+@pytest.fixture(scope="module")
+def cluster(node_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    nodes = Cluster(node_venv, tmp_path_factory.mktemp("nodes"))
+    try:
+        nodes.start("a", head=True)
+        nodes.start("b")
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+def pants(repo: Path, *args: str, env: dict[str, str], check: bool = True,
+          ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    result = subprocess.run(["./pants", *args], cwd=repo, env=env, capture_output=True,
+                            text=True, timeout=1500)  # fmt: skip
+    if check:
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
+
+
+def train_losses(text: str) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
+
+
+def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
+    s3_server: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    repo = copy_workspace(tmp_path / "repo")
+    (repo / "experiments/cluster").mkdir()
+    (repo / "experiments/cluster/BUILD").write_text(BUILD)
+    prefix = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    store = open_store(prefix)
+    env = {**os.environ, **PLANTED, "WANDB_MODE": "offline"}
+    options = [f"--kiln-prefix={prefix}", f"--kiln-cluster={cluster.address}"]
+    try:
+        run = subprocess.Popen(["./pants", *options, "run", TARGET], cwd=repo, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        _kill_node_b_after_a_checkpoint(store, cluster, run)
+        output, _ = run.communicate(timeout=1500)
+        assert run.returncode == 0, output[-6000:]
+        assert re.search(r"a host of the run was lost \(process 1's .* on node 127\.0\.0\.1 "
+                         r"\([0-9a-f]{8}\).*\); retry 1 of 3 in 10 s", output), output[-6000:]
+        assert f"(host 0) kiln: built checkpoints/tiny2@2026.12.01 at {prefix}/{RUN}" in output
+        assert (store.read(f"{RUN}/STATUS").data.decode().strip()) == "SUCCESS"
+
+        losses = train_losses(store.read(f"{RUN}/metrics.jsonl").data.decode())
+        assert [step for step, _ in losses] == list(range(1, 41))  # one line per step
+        reference = tmp_path / "reference"
+        pants(repo, *options, "run", TARGET, "--", "--cluster", "local", "--output",
+              str(reference), env=env)  # fmt: skip
+        expected = train_losses((reference / "metrics.jsonl").read_text())
+        np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected], rtol=1e-5)
+
+        served = pants(repo, *options, "run", TARGET, env=env)
+        assert f"is already built at {prefix}/{RUN}" in served.stdout
+        planned = pants(repo, *options, "plan", TARGET, env=env)
+        assert re.search(r"checkpoints/tiny2@2026.12.01 .*built", planned.stdout), planned.stdout
+        pants(repo, *options, "package", "experiments/cluster:tiny2_hf", env=env)
+        assert store.read("hf/tiny2/2026.12.01/STATUS").data.decode().strip() == "SUCCESS"
+        assert "hf/tiny2/2026.12.01/model.safetensors" in [
+            f"hf/tiny2/2026.12.01/{name}" for name in store.keys("hf/tiny2/2026.12.01")
+        ]
+        _assert_nowhere(PLANTED.values(), store, [output, served.stdout],
+                        [cluster.root, cluster.ray_root])  # fmt: skip
+    finally:
+        subprocess.run(["pkill", "-f", f"pantsd \\[{repo}\\]"], check=False)
+
+
+def _kill_node_b_after_a_checkpoint(
+    store: ObjectStore, cluster: Cluster, run: subprocess.Popen[str]
+) -> None:
+    """Once step 10's checkpoint is complete in the bucket, node b's raylet is SIGKILLed (its
+    host and trainer die with it) and a node takes its place, as a cluster's autoscaler would."""
+    deadline = time.monotonic() + 1200
+    while "step-10/metadata.json" not in store.keys(f"{RUN}/checkpoints"):
+        assert run.poll() is None, "the run ended before its step-10 checkpoint"
+        assert time.monotonic() < deadline, "no step-10 checkpoint in the bucket"
+        time.sleep(0.5)
+    cluster.kill_raylet("b")
+    time.sleep(2)
+    cluster.start("c")
+
+
+def _assert_nowhere(
+    secrets: Iterable[str], store: ObjectStore, outputs: list[str], folders: list[Path]
+) -> None:
+    """No planted secret in the bucket's objects, the run's output, or the nodes' files (Ray's
+    logs, Kiln's caches and staging folders)."""
+    values = list(secrets)
+    for name in store.keys(""):
+        data = store.read(name).data
+        assert not [v for v in values if v.encode() in data], name
+    for text in outputs:
+        assert not [v for v in values if v in text]
+    for path in (p for folder in folders for p in folder.rglob("*")):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size < 50 << 20:
+            data = path.read_bytes()
+            assert not [v for v in values if v.encode() in data], path
