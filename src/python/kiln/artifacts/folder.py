@@ -70,8 +70,9 @@ class ArtifactFolder:
     def write_status(self, status: str) -> None:
         self.store.write(self.child(STATUS_FILE), f"{status}\n".encode())
 
-    def lease(self, what: str) -> Lease:
-        return Lease(self.store, lease_key(self.key), what=what)
+    def lease(self, what: str, *, job: str | None = None) -> Lease:
+        """The folder's lease, taken for `what` (by a host of cluster job `job`)."""
+        return Lease(self.store, lease_key(self.key), what=what, job=job)
 
     def is_empty(self) -> bool:
         return not self.store.keys(self.key)

@@ -4,7 +4,8 @@ The lease of a folder `.../X` is the object `.../.X.lease` beside it (so it can 
 folder does, and never travels with the folder's contents). It is a small JSON object:
 
     {"owner": "<random id>", "host": "...", "pid": 123, "pid_started": <clock ticks or null>,
-     "what": "train checkpoints/x@v", "created": <unix s>, "expires": <unix s>}
+     "what": "train checkpoints/x@v", "created": <unix s>, "expires": <unix s>,
+     "job": <the cluster job's id, or null>}
 
 - Taking it is a conditional create (ObjectStore.create): of two processes, exactly one wins.
 - The holder renews it from a heartbeat thread every HEARTBEAT_SECONDS, moving `expires` to
@@ -13,7 +14,8 @@ folder does, and never travels with the folder's contents). It is a small JSON o
 - Another process takes it over (conditional delete of the generation it read, then create)
   only when it has expired, or at once when its holder ran on this host and that process is
   gone (no such pid, a zombie, or a pid reused by a process started later): a crashed run is
-  resumed without waiting. A holder on another host that died is taken over after expiry.
+  resumed without waiting. A holder on another host that died is taken over after expiry, or
+  at once by the next attempt of the same cluster job (whose driver ended the one before).
 - A holder whose renewal finds another generation (it stalled past its expiry and was taken
   over) has lost the lease: `lost` says so, and its caller does not record a result.
 
@@ -66,6 +68,7 @@ class LeaseRecord:
     what: str
     created: float
     expires: float
+    job: str | None = None  # the cluster job whose process holds it (kiln.cluster), if any
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
@@ -83,6 +86,7 @@ class LeaseRecord:
                 what=str(fields["what"]),
                 created=float(fields["created"]),
                 expires=float(fields["expires"]),
+                job=None if fields.get("job") is None else str(fields["job"]),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"not a lease record ({e})") from None
@@ -91,10 +95,14 @@ class LeaseRecord:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.created))
         return f"{self.what} (host {self.host}, pid {self.pid}, since {since})"
 
-    def stale_reason(self, now: float) -> str | None:
-        """Why this lease may be taken over now, or None while its holder may still be alive."""
+    def stale_reason(self, now: float, job: str | None = None) -> str | None:
+        """Why this lease may be taken over now by a process of cluster job `job` (if any), or
+        None while its holder may still be alive. The driver of a cluster job kills every host
+        of an attempt before it starts the next, so a lease of the same job is stale at once."""
         if now >= self.expires:
             return f"it expired {now - self.expires:.0f} s ago"
+        if job is not None and self.job == job:
+            return f"an earlier attempt of job {job} held it, and the job's driver ended it"
         if self.host == socket.gethostname() and _process_is_gone(self.pid, self.pid_started):
             return f"its holder, pid {self.pid} on this host, has ended"
         return None
@@ -120,10 +128,12 @@ class Lease:
         ttl: float = LEASE_TTL_SECONDS,
         heartbeat: float = HEARTBEAT_SECONDS,
         clock: Callable[[], float] = time.time,
+        job: str | None = None,
     ) -> None:
         self.store = store
         self.key = key
         self.what = what
+        self.job = job
         self.ttl = ttl
         self.heartbeat = heartbeat
         self._clock = clock
@@ -224,6 +234,7 @@ class Lease:
             what=self.what,
             created=now,
             expires=now + self.ttl,
+            job=self.job,
         )
 
     def _take_over_if_stale(self) -> LeaseRecord | None:
@@ -234,7 +245,7 @@ class Lease:
             return None
         try:
             holder = LeaseRecord.from_bytes(current.data)
-            reason = holder.stale_reason(self._clock())
+            reason = holder.stale_reason(self._clock(), self.job)
         except ValueError as e:
             reason = f"it is unreadable: {e}"
         if reason is None:

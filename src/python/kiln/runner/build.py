@@ -118,7 +118,8 @@ def _start_on_process_0(
     lease = None
     if process_index == 0:
         try:
-            lease = leasing.hold(step, target.folder, held, wait=wait)
+            job = cluster_job["id"] if cluster_job else None
+            lease = leasing.hold(step, target.folder, held, wait=wait, job=job)
             if lease is not None:
                 _start(step, spec, inputs_root, target, workspace, cluster_job, force=force)
         except Exception as e:  # noqa: BLE001 - raised below, once the others know

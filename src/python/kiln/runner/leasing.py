@@ -19,14 +19,20 @@ WAIT_REPORT_SECONDS = 30.0
 
 
 def hold(
-    step: StepSpec, folder: ArtifactFolder, held: contextlib.ExitStack, *, wait: bool
+    step: StepSpec,
+    folder: ArtifactFolder,
+    held: contextlib.ExitStack,
+    *,
+    wait: bool,
+    job: str | None = None,
 ) -> Lease | None:
     """Takes the artifact's lease into `held`. Without `wait` a live holder is refused at once
     (StepError). With it, this run waits, saying who holds the lease, and then decides again:
     the run it waited for built the artifact -> served (None); it failed -> StepError; it ended
     without finishing (killed, its lease taken over when stale, or stopped by --max-steps) ->
-    this run goes on with the build (the lease)."""
-    lease = folder.lease(f"train {step.ref}")
+    this run goes on with the build (the lease). `job`: the cluster job this run is a host of
+    (an earlier attempt's lease is its to take over)."""
+    lease = folder.lease(f"train {step.ref}", job=job)
     if not wait:
         try:
             return held.enter_context(lease.acquire(wait=False))
