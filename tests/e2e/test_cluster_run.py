@@ -166,6 +166,7 @@ def train_losses(text: str) -> list[tuple[int, float]]:
 def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     s3_server: str, cluster: Cluster, tmp_path: Path
 ) -> None:
+    (tmp_path / "repo").mkdir()
     repo = copy_workspace(tmp_path / "repo")
     (repo / "experiments/cluster").mkdir()
     (repo / "experiments/cluster/BUILD").write_text(BUILD)

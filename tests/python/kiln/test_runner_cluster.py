@@ -304,6 +304,21 @@ def test_an_unreachable_cluster_is_one_line(tmp_path: Path) -> None:
 
 
 
+def test_the_other_kind_of_port_is_one_line(cluster: str, tmp_path: Path) -> None:
+    """A Ray Client port given as a GCS address (HOST:PORT) would make Ray wait for a minute and
+    more; the runner's probe says what it is instead."""
+    step = write_step(tmp_path)
+    host_port = cluster.removeprefix("ray://")
+    result = subprocess.run(runner(step, tmp_path / "store", "--cluster", host_port),
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip() == (
+        f"kiln: error: {host_port} is a Ray Client port, not the cluster's GCS port: give "
+        f"ray://{host_port}"
+    )
+    assert not (tmp_path / "store").exists()
+
+
 def test_a_store_cache_tokenized_on_the_cluster_is_the_local_build(
     cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

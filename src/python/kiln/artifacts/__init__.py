@@ -25,9 +25,14 @@ and digests, and their checks), `replacement` (a forced rebuild's old artifact, 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
+import platform
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,6 +46,18 @@ from kiln_contract.layout import (  # noqa: F401 - the folder's names, re-export
     SUMMARY_TEXT_FILE,
     TRAIN_SPEC_FILE,
 )
+
+
+def built_here() -> dict[str, Any]:
+    """Who builds where, for an artifact record's provenance: the user, host, Python, command
+    line and start time of this process."""
+    return {
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "argv": sys.argv,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def _current_umask() -> int:

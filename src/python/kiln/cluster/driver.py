@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Any
 
+from kiln.cluster import node_runtime  # shipped by value with this module
+
 NAMESPACE = "kiln"  # the Ray namespace of every job's driver, named by the job's id
 RUNNING, SUCCEEDED, FAILED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"
 FINISHED = (SUCCEEDED, FAILED, STOPPED)
@@ -105,8 +107,6 @@ class JobDriver:
         exit_code = 1
         try:
             import ray
-
-            from kiln.cluster import node_runtime  # shipped by value with this module
 
             runtime = node_runtime.NodeRuntime.from_json(self._job["runtime"])
             sys.path.insert(0, str(node_runtime.fetch(ray, runtime.code)))

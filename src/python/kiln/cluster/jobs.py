@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kiln.cluster import driver
+from kiln.cluster import driver, node_runtime
 from kiln.cluster.dispatch import ClusterError, ClusterJob, connect, host_environment
 from kiln.cluster.placement import check_capacity, describe, host_count
 from kiln.cluster.runtime_shipping import ship_runtime
@@ -64,6 +64,7 @@ def _start(ray: Any, job: ClusterJob) -> Any:
             name=job.job_id,
             lifetime="detached",
             num_cpus=0,  # the hosts' bundles hold the cluster's CPUs
+            resources=node_runtime.ON_HEAD,  # it lives as long as the cluster, not a worker
             max_concurrency=8,  # status, read and stop answer while the job runs
         )
         .remote(job.job_id, job.to_json(), summary)

@@ -39,6 +39,9 @@ from typing import Any, BinaryIO
 
 NAMESPACE = "kiln"
 CHUNK_BYTES = 32 << 20  # one call carries this much of a bundle
+# A sliver of the resource Ray gives the head node alone: what must outlive a lost worker node
+# (a job's driver, a depot) lives there.
+ON_HEAD = {"node:__internal_head__": 0.001}
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ def ship(ray: Any, kind: str, digest: str, files: list[tuple[str, Path]]) -> Bun
     depot = (
         ray.remote(Depot)
         .options(name=bundle.depot, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                 get_if_exists=True)  # fmt: skip
+                 resources=ON_HEAD, get_if_exists=True)  # fmt: skip
         .remote(bundle.depot)
     )
     if ray.get(depot.chunks.remote()) >= 0:

@@ -14,15 +14,10 @@ the staging folder before the rename.
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
-import platform
 import shutil
-import socket
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,7 +55,7 @@ def export_artifact(
         if target.is_built() and not is_mutable_version(record.version):
             return _served(target, record, stored, provenance)
     _check_checkpoint(source, record)
-    full_record = {**record.to_json(), "provenance": {**provenance, **_where_built()}}
+    full_record = {**record.to_json(), "provenance": {**provenance, **artifacts.built_here()}}
     with local_run(source.location(), export_options.get("step", "last")) as run, \
             _writing(target) as local:  # fmt: skip
         try:
@@ -169,13 +164,3 @@ def _clear_previous(out: Path) -> None:
         aside = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.rename(out, aside)
         shutil.rmtree(aside)
-
-
-def _where_built() -> dict[str, Any]:
-    return {
-        "user": getpass.getuser(),
-        "host": socket.gethostname(),
-        "python": platform.python_version(),
-        "argv": sys.argv,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import getpass
-import platform
-import socket
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from kiln import artifacts
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.store import ObjectStore
@@ -254,23 +250,11 @@ def _begin(
 ) -> None:
     """Writes STATUS RUNNING, the record (with `cluster_job`, the Ray job's id and retries, when
     it is one) and, for people, the train spec into the workspace."""
-    from kiln import artifacts
-
     output = workspace.local
     output.mkdir(parents=True, exist_ok=True)
     artifacts.write_status(output, RUNNING)
-    record = {**step.record.to_json(), "provenance": _provenance(step, cluster_job)}
+    job = {"cluster_job": cluster_job} if cluster_job else {}
+    provenance = {**dataclasses.asdict(step.provenance), **job, **artifacts.built_here()}
+    record = {**step.record.to_json(), "provenance": provenance}
     artifacts.atomic_write_json(output / RECORD_FILE, record)
     artifacts.atomic_write_json(output / TRAIN_SPEC_FILE, spec.to_json())
-
-
-def _provenance(step: StepSpec, cluster_job: dict[str, Any] | None) -> dict[str, Any]:
-    return {
-        **dataclasses.asdict(step.provenance),
-        **({"cluster_job": cluster_job} if cluster_job else {}),
-        "user": getpass.getuser(),
-        "host": socket.gethostname(),
-        "python": platform.python_version(),
-        "argv": sys.argv,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
