@@ -215,7 +215,9 @@ def _kill_node_b_after_a_checkpoint(
     host and trainer die with it) and a node takes its place, as a cluster's autoscaler would."""
     deadline = time.monotonic() + 1200
     while "step-10/metadata.json" not in store.keys(f"{RUN}/checkpoints"):
-        assert run.poll() is None, "the run ended before its step-10 checkpoint"
+        if run.poll() is not None:
+            output = run.stdout.read() if run.stdout else ""
+            pytest.fail(f"the run ended before its step-10 checkpoint:\n{output[-6000:]}")
         assert time.monotonic() < deadline, "no step-10 checkpoint in the bucket"
         time.sleep(0.5)
     cluster.kill_raylet("b")

@@ -169,7 +169,8 @@ def probe(rule_runner: RuleRunner, checkpoint, folder: Path) -> StoredCheckpoint
     """What `package` checks before it builds anything: the checkpoint's folder in the store,
     read afresh in every Pants session (each command is one)."""
     rule_runner.set_options([])  # a new session
-    request = StoredCheckpointRequest(Address("exp", target_name="hf"), checkpoint, str(folder))
+    prefix = str(folder).removesuffix(f"/{checkpoint.name}/{checkpoint.version}")
+    request = StoredCheckpointRequest(Address("exp", target_name="hf"), checkpoint, prefix)
     return rule_runner.request(StoredCheckpoint, [request])
 
 

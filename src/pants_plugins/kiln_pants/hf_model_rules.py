@@ -30,7 +30,9 @@ from pants.engine.target import (
     WrappedTarget,
     WrappedTargetRequest,
 )
+from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.unions import UnionRule
+from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import RECORD_FILE, STATUS_FILE
 from kiln_contract.step import Provenance
@@ -42,6 +44,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFilesRequest,
 )
 from kiln_pants.artifact_store import (
+    STORE_ENVIRONMENT,
     StoredFiles,
     StoredFilesRequest,
     artifact_path,
@@ -56,6 +59,7 @@ from kiln_pants.hf_model_targets import (
     HfModelDependencies,
 )
 from kiln_pants.package import MANIFEST_FILE
+from kiln_pants.plan import BucketRecords, BucketRecordsRequest
 from kiln_pants.runtime import EXPORT, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
@@ -105,7 +109,12 @@ class CheckpointNotBuilt(Exception):
 class StoredCheckpointRequest:
     export: Address
     checkpoint: Artifact
-    path: str  # the checkpoint's folder in the artifact store
+    prefix: str  # the artifact store: a directory or a bucket URL
+
+    @property
+    def path(self) -> str:
+        """The checkpoint's folder in the store."""
+        return artifact_path(self.prefix, self.checkpoint)
 
 
 @dataclass(frozen=True)
@@ -118,8 +127,14 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
     """Fails in seconds, with the command that builds it, when the checkpoint is not built (or
     the store holds another configuration under its name and version)."""
     checkpoint = request.checkpoint
-    stored = await Get(StoredFiles, StoredFilesRequest(request.path, (STATUS_FILE, RECORD_FILE)))
-    state = recorded_state(checkpoint, *stored.texts)
+    if "://" in request.prefix:  # read through the runtime's store client
+        folder = f"{checkpoint.name}/{checkpoint.version}"
+        records = await Get(BucketRecords, BucketRecordsRequest(request.prefix, (folder,)))
+        texts = (records.texts[folder][STATUS_FILE], records.texts[folder][RECORD_FILE])
+    else:
+        stored = await Get(StoredFiles, StoredFilesRequest(request.path, (STATUS_FILE, RECORD_FILE)))
+        texts = stored.texts
+    state = recorded_state(checkpoint, *texts)
     build = f"./pants run {checkpoint.address}"
     if state.status == "drift":
         raise CheckpointNotBuilt(
@@ -176,14 +191,12 @@ async def package_hf_model(
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
     artifact = graph.get(field_set.address)
     checkpoint = graph.get(artifact.inputs[0])
-    prefix = kiln.prefix_path(build_root.path, needed_by=f"exporting {field_set.address}")
-    stored = await Get(
-        StoredCheckpoint,
-        StoredCheckpointRequest(field_set.address, checkpoint, artifact_path(prefix, checkpoint)),
-    )
-    runtime, lockfile = await MultiGet(
+    prefix = kiln.prefix_location(build_root.path)
+    stored = await Get(StoredCheckpoint, StoredCheckpointRequest(field_set.address, checkpoint, prefix))
+    runtime, lockfile, environment = await MultiGet(
         Get(Runtime, RuntimeRequest(*EXPORT)),
         Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
+        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
     )
     tokenizer = await _run_tokenizer(checkpoint)
     provenance = Provenance(
@@ -197,7 +210,9 @@ async def package_hf_model(
         Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
     )
     out = artifact_path(prefix, artifact)
-    clear_dep_failed(prefix, artifact)  # a `pants build` whose checkpoint failed marked it
+    in_bucket = "://" in prefix
+    if not in_bucket:
+        clear_dep_failed(prefix, artifact)  # a `pants build` whose checkpoint failed marked it
     process = await Get(
         Process,
         RuntimeProcess(
@@ -220,6 +235,8 @@ async def package_hf_model(
             # The store is the cache: the export skips itself when built, and can be deleted
             # behind Pants' back, so a cached "done" could point at nothing.
             cache_scope=ProcessCacheScope.PER_SESSION,
+            # A bucket's clients find their credentials and endpoint in the caller's environment.
+            env=FrozenDict(environment if in_bucket else {}),
         ),
     )
     exported = await Get(ProcessResult, Process, process)

@@ -77,17 +77,6 @@ class KilnSubsystem(Subsystem):
             return os.path.normpath(os.path.join(buildroot, self.prefix))
         return bucket_url(self.prefix)
 
-    def prefix_path(self, buildroot: str, *, needed_by: str) -> str:
-        """The store's local path; an error naming `needed_by` when the prefix is a bucket."""
-        location = self.prefix_location(buildroot)
-        if "://" in location:
-            raise ValueError(
-                f"[kiln] prefix = {self.prefix!r}: {needed_by} needs a local artifact store "
-                "(a directory, or a bucket mounted as one); give its path as the prefix, or "
-                "`--kiln-prefix=PATH` for this command."
-            )
-        return location
-
 
 _BUCKET_SCHEMES = {"s3": "S3", "gs": "Google Cloud Storage"}
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")

@@ -140,11 +140,10 @@ def test_a_detached_job_is_followed_controlled_and_stopped_from_elsewhere(
     cluster: str, tmp_path: Path
 ) -> None:
     step = write_runner_step(tmp_path, **ENDLESS_ONE_HOST_RUN)  # only `stop` ends it
-    [submitted] = run_each([runner(step, tmp_path / "store", "--cluster", cluster, "--detach")],
-                           devices=1)  # fmt: skip
-    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
-    job = submitted_job(submitted.stdout)
-    assert f"logs -f {job}" in submitted.stdout  # how to follow it
+    job, detached = submit_then_interrupt(runner(step, tmp_path / "store", "--cluster", cluster))
+    assert detached.returncode == 130, detached.stdout[-3000:] + detached.stderr[-3000:]
+    assert f"kiln: detached; job {job} goes on." in detached.stdout
+    assert f"logs -f {job}" in detached.stdout  # how to follow it
     run_dir = tmp_path / "store" / "checkpoints/tiny/2026.11.29"
     try:
         status = kiln_cluster(cluster, "status", job)
@@ -174,6 +173,26 @@ def test_a_detached_job_is_followed_controlled_and_stopped_from_elsewhere(
     assert missing.stderr.strip().startswith(
         f"kiln: error: no job 'no-such-job' on the Ray cluster at {cluster} "
     ), missing.stderr
+
+
+def submit_then_interrupt(command: list[str]) -> tuple[str, subprocess.CompletedProcess]:
+    """Submits a job, follows it, and sends the follower SIGINT (Ctrl-C) once the job is
+    submitted: the job's id, and the follower's end."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           "JAX_PLATFORMS": "cpu"}  # fmt: skip
+    follower = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    assert follower.stdout is not None
+    seen = []
+    for line in follower.stdout:
+        seen.append(line)
+        if line.startswith("kiln: submitted job "):
+            break
+    follower.send_signal(signal.SIGINT)
+    stdout, stderr = follower.communicate(timeout=120)
+    job = submitted_job("".join(seen))
+    return job, subprocess.CompletedProcess(command, follower.returncode, "".join(seen) + stdout,
+                                            stderr)  # fmt: skip
 
 
 def request_a_checkpoint_through_the_job(cluster: str, job: str, run_dir: Path) -> str:

@@ -186,7 +186,7 @@ def _probe(address: str) -> None:
     """Within CONNECT_TIMEOUT_S: something listens at `address` and speaks the protocol its form
     names (Ray Client for ray://HOST:PORT, the cluster's GCS for HOST:PORT); else ClusterError
     saying which, before Ray itself would wait for a minute or more."""
-    import grpc
+    import grpc  # pants: no-infer-dep (Ray's own dependency)
 
     where = _host_port(address)
     try:

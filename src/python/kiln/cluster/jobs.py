@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -76,11 +78,15 @@ def _start(ray: Any, job: ClusterJob) -> Any:
 
 
 def follow(ray: Any, handle: Any, job_id: str, address: str) -> int:
-    """Prints the job's output as it comes until the job ends; returns its exit code. Ctrl-C
-    detaches (the job goes on) and says how to reattach."""
-    offset = 0
+    """Prints the job's output as it comes until the job ends; returns its exit code. Ctrl-C (or
+    SIGTERM) detaches, exit 130: the job goes on, and how to reattach is printed. The signal only
+    sets a flag, so that no Ray Client call is cut off midway."""
+    detached = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: detached.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
     try:
-        while True:
+        offset = 0
+        while not detached.is_set():
             lines, status = _call(ray, handle.read.remote(offset), job_id)
             for line in lines:
                 print(line, flush=True)
@@ -88,10 +94,12 @@ def follow(ray: Any, handle: Any, job_id: str, address: str) -> int:
             if status["state"] in driver.FINISHED and len(lines) < driver.READ_LINES:
                 return int(status["exit_code"])
             if not lines:
-                time.sleep(FOLLOW_POLL_S)
-    except KeyboardInterrupt:
-        print(f"\nkiln: detached; job {job_id} goes on. {how_to_follow(job_id, address)}")
-        return 130
+                detached.wait(FOLLOW_POLL_S)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    print(f"\nkiln: detached; job {job_id} goes on. {how_to_follow(job_id, address)}", flush=True)
+    return 130
 
 
 def job(ray: Any, job_id: str, address: str) -> Any:

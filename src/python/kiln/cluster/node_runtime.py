@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,7 +119,9 @@ def ship(ray: Any, kind: str, digest: str, files: list[tuple[str, Path]]) -> Bun
     )
     if ray.get(depot.chunks.remote()) >= 0:
         return bundle
-    with _tar_stream(files) as stream:
+    with _tar_stream(files) as stream, warnings.catch_warnings():
+        # Ray Client warns once more than 10 MB of calls went out: the bundle is meant to.
+        warnings.filterwarnings("ignore", message="More than 10MB of messages")
         count = 0
         while data := stream.read(CHUNK_BYTES):
             ray.get(depot.put.remote(count, data))

@@ -12,7 +12,7 @@ from kiln.artifacts.store import ObjectStore
 from kiln.cluster import dispatch, jobs
 from kiln.cluster.placement import describe
 from kiln.runner.decision import serve_if_built
-from kiln.runner.inputs import place_inputs
+from kiln.runner.inputs import input_locations, place_inputs
 from kiln_contract.step import StepSpec
 
 
@@ -42,6 +42,7 @@ def submit(
     files = {
         dispatch.STEP_FILE: json.dumps(step.to_json()).encode(),
         **_task_files(step, inputs_root),
+        **_tokenizer_files(step, inputs_root),
     }
     job = dispatch.ClusterJob(
         job_id=jobs.new_job_id(step.name),
@@ -64,5 +65,25 @@ def _task_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:
         str(path.relative_to(inputs_root)): path.read_bytes()
         for folder in task_paths
         for path in sorted((inputs_root / folder).rglob("*"))
+        if path.is_file()
+    }
+
+
+def _tokenizer_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:
+    """The repository's tokenizer folders that the step's caches name by a relative path (the
+    trainer loads them for evals and samples, from the folder it runs in): they travel to the
+    hosts at those paths."""
+    from kiln.data.cache import read_cache_records
+
+    folders = set()
+    for location in input_locations(step, inputs_root, None).values():  # the built caches
+        info, _ = read_cache_records(location)
+        spec = info["tokenizer"].get("spec") or {}
+        if spec.get("kind") == "local" and not Path(spec["path"]).is_absolute():
+            folders.add(Path(spec["path"]))
+    return {
+        str(folder / path.relative_to(Path.cwd() / folder)): path.read_bytes()
+        for folder in sorted(folders)
+        for path in sorted((Path.cwd() / folder).rglob("*"))
         if path.is_file()
     }

@@ -46,7 +46,7 @@ def train(
             # its parameters, a collective.
             workspace.publish(status=False, final=True)
             multihost.barrier("kiln: the final checkpoint is in the store")
-            workspace.complete_newest_checkpoint()
+            workspace.complete()
             summary = write_run_summary(spec, shown_at=shown_at)
             if lease is not None:
                 check_still_held(lease, step)

@@ -39,11 +39,12 @@ class Workspace:
         if self.mirror is not None:
             self.mirror.push(status=status, final=final)
 
-    def complete_newest_checkpoint(self) -> None:
-        """On a host that wrote only its own shards: the other hosts' files of the newest
-        checkpoint, for the readers of the model after training."""
-        if self.per_host_folders and self.mirror is not None and self.mirror.process_index:
-            self.mirror.complete_newest()
+    def complete(self) -> None:
+        """On the hosts of a run that write folders of their own: what the others wrote (their
+        shards of the newest checkpoint, process 0's run files), for the readers of the model
+        and the run after training."""
+        if self.per_host_folders and self.mirror is not None:
+            self.mirror.fetch(step="last")
 
 
 @contextlib.contextmanager

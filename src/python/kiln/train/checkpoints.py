@@ -258,7 +258,7 @@ class Checkpointer:
 
     def _committed(self, info: CheckpointInfo) -> CheckpointInfo:
         self._prune(info)
-        barrier(f"kiln: saved {info.path}")
+        barrier(f"kiln: saved step {info.step}")  # the path differs across per-host folders
         return info
 
     def _existing(self, step: int) -> CheckpointInfo | None:

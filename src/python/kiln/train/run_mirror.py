@@ -16,8 +16,9 @@ bucket trains into a local staging folder on every host, and the bucket stays th
   `checkpoints/step-N/hosts/process-I.json` (its files and sizes). Process 0 uploads the marker,
   whose `files` are every host's, once every host's list is there.
 - `push(status=True, final=True)` is the final, blocking upload: checkpoints (process 0 waits
-  for the other hosts' lists), files, and `STATUS` last. `complete_newest` then gives each host the files of
-  the newest checkpoint that other hosts wrote, for the readers of the model after training.
+  for the other hosts' lists), files, and `STATUS` last. `fetch` then gives each host what
+  other hosts wrote of the run (their shards of the newest checkpoint, process 0's files), for
+  the readers of the model after training.
 
 The control endpoint's folder (its key is a secret) never leaves the machine.
 
@@ -119,8 +120,10 @@ class RunMirror:
         return newest
 
     def fetch(self, *, step: int | str = "last") -> None:
-        """A copy here of the run for a reader (an export): its files and one complete
-        checkpoint ("last": the newest). Nothing in the bucket changes."""
+        """A copy here of the run's files and one complete checkpoint ("last": the newest), for
+        a reader: an export, or a host after training (the report reads the whole model and
+        the run's summary, which other hosts wrote). Files this folder holds already are kept.
+        Nothing in the bucket changes."""
         names = self.store.keys(self.key)
         folders = _checkpoint_folders(names)
         complete = sorted((f for f, files in folders.items() if METADATA_FILE in files), key=_step)
@@ -128,22 +131,7 @@ class RunMirror:
         wanted = [n for n in names if n.partition("/")[0] not in _NOT_FILES]
         wanted += [f"{CHECKPOINTS}/{folder}/{name}" for folder in chosen
                    for name in folders[folder] if not name.startswith(f"{HOSTS_DIR}/")]  # fmt: skip
-        _parallel(self._download, wanted)
-
-    def complete_newest(self) -> None:
-        """Downloads the files of the newest complete checkpoint in the bucket that this host's
-        staging folder lacks (the shards other hosts wrote): the model's readers after training
-        (the run summary, its samples) read the whole of it on every host."""
-        names = self.store.keys(f"{self.key}/{CHECKPOINTS}")
-        folders = _checkpoint_folders([f"{CHECKPOINTS}/{n}" for n in names])
-        complete = sorted((f for f, files in folders.items() if METADATA_FILE in files), key=_step)
-        if not complete:
-            return
-        newest = complete[-1]
-        root = self.local / CHECKPOINTS / newest
-        missing = [f"{CHECKPOINTS}/{newest}/{name}" for name in folders[newest]
-                   if not name.startswith(f"{HOSTS_DIR}/") and not (root / name).is_file()]
-        _parallel(self._download, missing)  # fmt: skip
+        _parallel(self._download, [n for n in wanted if not (self.local / n).is_file()])
 
     @contextlib.contextmanager
     def uploading(self) -> Iterator[None]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln.artifacts import dep_failed
 from kiln.artifacts.bucket import Transient, with_retries
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.storage_errors import StorageError
@@ -167,3 +168,20 @@ def test_transient_failures_are_retried_with_backoff() -> None:
     with pytest.raises(ConnectionError, match="refused"):
         with_retries(down, attempts=2)
     assert len(calls) == 2
+
+
+def test_dep_failed_marks_leave_built_artifacts_and_runs_alone(store: ObjectStore) -> None:
+    """`pants build`'s DEP_FAILED marks (kiln.artifacts.dep_failed), in every store."""
+    store.write("built/v1/STATUS", b"SUCCESS\n")
+    store.write("running/v1/STATUS", b"RUNNING\n")
+    store.write("failed/v1/STATUS", b"FAILED\n")
+    marked = {key: dep_failed.mark(store, key) for key in
+              ("built/v1", "running/v1", "failed/v1", "new/v1")}  # fmt: skip
+    assert marked == {"built/v1": False, "running/v1": False, "failed/v1": True, "new/v1": True}
+    assert store.read("new/v1/STATUS").data == b"DEP_FAILED\n"
+    assert store.read("built/v1/STATUS").data == b"SUCCESS\n"
+    dep_failed.clear(store, "new/v1")
+    assert store.keys("new/v1") == []
+    store.write("failed/v1/artifact.json", b"{}")
+    dep_failed.clear(store, "failed/v1")  # a folder with more than the mark is left as it is
+    assert store.read("failed/v1/STATUS").data == b"DEP_FAILED\n"
