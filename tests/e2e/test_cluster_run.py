@@ -177,7 +177,9 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     try:
         run = subprocess.Popen(["./pants", *options, "run", TARGET], cwd=repo, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        _kill_node_b_after_a_checkpoint(store, cluster, run)
+        trainers = _kill_node_b_after_a_checkpoint(store, cluster, run)
+        # The secrets only the submitting machine has reached both hosts' trainers.
+        assert len(trainers) == 2 and all(PLANTED.items() <= env.items() for env in trainers)
         output, _ = run.communicate(timeout=1500)
         assert run.returncode == 0, output[-6000:]
         assert re.search(r"a host of the run was lost \(process 1's .* on node 127\.0\.0\.1 "
@@ -210,9 +212,10 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
 
 def _kill_node_b_after_a_checkpoint(
     store: ObjectStore, cluster: Cluster, run: subprocess.Popen[str]
-) -> None:
+) -> list[dict[str, str]]:
     """Once step 10's checkpoint is complete in the bucket, node b's raylet is SIGKILLed (its
-    host and trainer die with it) and a node takes its place, as a cluster's autoscaler would."""
+    host and trainer die with it) and a node takes its place, as a cluster's autoscaler would.
+    Returns the environments the two trainers had."""
     deadline = time.monotonic() + 1200
     while "step-10/metadata.json" not in store.keys(f"{RUN}/checkpoints"):
         if run.poll() is not None:
@@ -220,9 +223,17 @@ def _kill_node_b_after_a_checkpoint(
             pytest.fail(f"the run ended before its step-10 checkpoint:\n{output[-6000:]}")
         assert time.monotonic() < deadline, "no step-10 checkpoint in the bucket"
         time.sleep(0.5)
+    trainers = [_environment(pid) for pid, line in _processes()
+                if "kiln.runner.pex" in line and str(cluster.root) in line]  # fmt: skip
     cluster.kill_raylet("b")
     time.sleep(2)
     cluster.start("c")
+    return trainers
+
+
+def _environment(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
 
 
 def _assert_nowhere(
