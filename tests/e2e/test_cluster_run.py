@@ -224,7 +224,7 @@ def _kill_node_b_after_a_checkpoint(
         assert time.monotonic() < deadline, "no step-10 checkpoint in the bucket"
         time.sleep(0.5)
     trainers = [_environment(pid) for pid, line in _processes()
-                if "kiln.runner.pex" in line and str(cluster.root) in line]  # fmt: skip
+                if " --job " in line and str(cluster.root) in line]  # fmt: skip
     cluster.kill_raylet("b")
     time.sleep(2)
     cluster.start("c")
