@@ -133,7 +133,7 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
         texts = (records.texts[folder][STATUS_FILE], records.texts[folder][RECORD_FILE])
     else:
         stored = await Get(StoredFiles, StoredFilesRequest(request.path, (STATUS_FILE, RECORD_FILE)))
-        texts = stored.texts
+        texts = (stored.texts[0], stored.texts[1])
     state = recorded_state(checkpoint, *texts)
     build = f"./pants run {checkpoint.address}"
     if state.status == "drift":
