@@ -183,7 +183,8 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
         output, _ = run.communicate(timeout=1500)
         assert run.returncode == 0, output[-6000:]
         [lost] = [line for line in output.splitlines() if "a host of the run was lost" in line]
-        assert re.search(r"\(process 1's (host|trainer) on node \S+ \([0-9a-f]{8}\) ", lost), lost
+        # The node's host part that noticed first: its actor (gone with its raylet) or its trainer.
+        assert re.search(r"\(process [01]'s (host|trainer) on node \S+ \([0-9a-f]{8}\) ", lost), lost
         assert "); retry 1 of 3 in 10 s, from the newest checkpoint" in lost, lost
         assert f"(host 0) kiln: built checkpoints/tiny2@2026.12.01 at {prefix}/{RUN}" in output
         assert (store.read(f"{RUN}/STATUS").data.decode().strip()) == "SUCCESS"

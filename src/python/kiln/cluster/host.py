@@ -95,10 +95,7 @@ class TrainerHost:
         secrets = [value for name, value in environment.items() if is_secret_name(name)]
 
         with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
-            for name, content in files.items():
-                path = Path(inputs, name)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(content)
+            _write(files, Path(inputs))
             self._run_dir = self._run_dir.replace(INPUTS, inputs)
             env = {
                 **os.environ,
@@ -147,6 +144,13 @@ class TrainerHost:
         """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally."""
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
+
+
+def _write(files: dict[str, bytes], folder: Path) -> None:
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
 
 
 class _OrderedOutput:

@@ -79,9 +79,13 @@ def argument_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse at once, instead of waiting, when another run is building the artifact",
     )
-    overrides = parser.add_argument_group(
-        "run-time overrides (not part of the artifact's identity)"
-    )
+    _add_overrides(parser.add_argument_group("run-time overrides (not part of the identity)"))
+    multihost.add_flags(parser)
+    _add_cluster_flags(parser.add_argument_group("clusters (docs/clusters.md)"))
+    return parser
+
+
+def _add_overrides(overrides: argparse._ArgumentGroup) -> None:
     overrides.add_argument("--max-steps", type=int, help="stop after N steps this run (resumable)")
     overrides.add_argument("--attention", choices=ATTENTION_IMPLS)
     overrides.add_argument("--gradient-checkpointing", choices=REMAT_POLICIES)
@@ -108,32 +112,31 @@ def argument_parser() -> argparse.ArgumentParser:
         help="where the control endpoint listens (default 127.0.0.1; 0.0.0.0: every interface, "
         "same tokens, no TLS)",
     )
-    multihost.add_flags(parser)
-    parser.add_argument(
+
+
+def _add_cluster_flags(cluster: argparse._ArgumentGroup) -> None:
+    cluster.add_argument(
         "--cluster",
         metavar="ray://HOST:PORT|HOST:PORT|auto|local",
-        help="train on this Ray cluster (auto: RAY_ADDRESS; local: here); docs/clusters.md",
+        help="train on this Ray cluster (auto: RAY_ADDRESS; local: here)",
     )
-    parser.add_argument(
+    cluster.add_argument(
         "--max-retries",
         type=int,
         default=3,
-        help="cluster runs: attempts after a lost host, each from the newest checkpoint",
+        help="attempts after a lost host, each from the newest checkpoint",
     )
-    parser.add_argument(
-        "--detach",
-        action="store_true",
-        help="cluster runs: print the job's id and return; the job trains on",
+    cluster.add_argument(
+        "--detach", action="store_true", help="print the job's id and return; the job trains on"
     )
-    parser.add_argument(
+    cluster.add_argument(
         "--job", help="set by kiln.cluster on its hosts: the cluster job's id, for the record"
     )
-    parser.add_argument(
+    cluster.add_argument(
         "--staging",
         type=Path,
         help="set by kiln.cluster on its hosts: where a run in a bucket stages its files",
     )
-    return parser
 
 
 def _mesh_sizes(text: str) -> dict[str, int]:
