@@ -111,7 +111,7 @@ async def plan_shards(request: ShardPlanRequest, hub: HubSettingsCache) -> Shard
         isinstance(source, FilesSource) and any(map(os.path.isabs, source.paths))
     )
     env = FrozenDict[str, str]()
-    if imports and "://" in source.location:  # the process reads the bucket itself
+    if isinstance(source, LevanterCacheSource) and "://" in source.location:  # read by the process
         env = FrozenDict(await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)))
     process = await Get(
         Process,

@@ -91,8 +91,9 @@ def _check_ids(cache: TokenCache, shard: dict[str, Any]) -> None:
     data = ts.open(
         zarr_spec_in(open_store(shard["location"]), DATA_ARRAY), open=True, read=True
     ).result()
-    file_elements = data.chunk_layout.write_chunk.shape[0]
     tokens = int(shard["tokens"])
+    shape = data.chunk_layout.write_chunk.shape  # the elements of one stored file
+    file_elements = int(shape[0] or tokens) if shape else max(tokens, 1)
     starts = list(range(0, tokens, BLOCK_TOKENS))
     pending: list[tuple[int, ts.Future]] = []
     for start in starts:

@@ -79,9 +79,8 @@ from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache, plan_import
 from kiln.data.spec import CacheSpec, HfSource, LevanterCacheSource, parse_cache_spec
-from kiln_contract.tokenize import DEFAULT_FRAMING
 from kiln.data.tokenizer import EncodedDocuments, LoadedTokenizer, load_tokenizer
-from kiln_contract.tokenize import shard_dir_name
+from kiln_contract.tokenize import DEFAULT_FRAMING, shard_dir_name
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge

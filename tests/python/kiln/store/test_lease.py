@@ -158,7 +158,9 @@ def test_of_two_takers_of_a_stale_lease_exactly_one_wins(store: ObjectStore) -> 
         outcomes: list[str] = []
         winners: list[Lease] = []
 
-        def take(name: str) -> None:
+        def take(
+            name: str, start: threading.Barrier, outcomes: list[str], winners: list[Lease]
+        ) -> None:
             start.wait()
             try:
                 winners.append(lease(store, name).acquire(wait=False))
@@ -166,7 +168,10 @@ def test_of_two_takers_of_a_stale_lease_exactly_one_wins(store: ObjectStore) -> 
             except LeaseHeld:
                 outcomes.append("refused")
 
-        takers = [threading.Thread(target=take, args=(f"taker {i}",)) for i in range(2)]
+        takers = [
+            threading.Thread(target=take, args=(f"taker {i}", start, outcomes, winners))
+            for i in range(2)
+        ]
         for taker in takers:
             taker.start()
         for taker in takers:
