@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from kiln_testing.hub_server import HubDataset, HubServer
 
 from tests.e2e.workspace import copy_workspace
 
-PINNED = "0a" * 20
+# A commit of this run's own: Pants' cache on this machine may hold an earlier run's process.
+PINNED = secrets.token_hex(20)
 TOKENS = ("hf_e2e_first_token_0123", "hf_e2e_second_token_4567")
 TOKENIZING = "Tokenizing tokenized/hub_prose@2026.12.01"
 BUILD = f"""

@@ -348,8 +348,8 @@ class FramingField(StringField):
         "tokens' text matched, BOS first whenever the tokenizer names one, empty documents kept, "
         "so the cache equals Levanter's of the same source id for id; `marin`: as Marin's "
         "`tokenize` step, which also cuts documents longer than 10,000 characters at whitespace "
-        "before encoding them (docs/token-cache.md, \"Document framing\"). Part of the identity "
-        "when set. Not for an imported `levanter_cache`."
+        "before encoding them (docs/token-cache.md, \"Tokenizers and document framing\"). Part "
+        "of the identity when set. Not for an imported `levanter_cache`."
     )
 
 

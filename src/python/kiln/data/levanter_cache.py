@@ -112,20 +112,7 @@ def import_levanter_cache(spec: CacheSpec, out_dir: Path, tokenizer: LoadedToken
     arrays = [_open_part(store, part, where) for part in ledger.parts]
     tokens = [_checked_counts(part, offsets, where) for part, (offsets, _) in zip(ledger.parts, arrays)]
     scanned = check_tokenizer(where, ledger, arrays, tokenizer)
-    shards, first_document, first_token = [], 0, 0
-    for part, part_tokens in zip(ledger.parts, tokens):
-        name = IMPORTED_SHARD if ledger.layout == CONSOLIDATED else part.name
-        shards.append({
-            "name": name,
-            "location": store.location(part.key),
-            "documents": part.documents,
-            "tokens": part_tokens,
-            "first_document": first_document,
-            "first_token": first_token,
-            "files": {},  # the source's files are pinned by `identity`, not listed one by one
-        })  # fmt: skip
-        first_document += part.documents
-        first_token += part_tokens
+    shards = _ledger_shards(store, ledger, tokens)
     keys = ledger.identity_keys()
     shards[0]["identity"] = {
         "location": source.location, "keys": keys, "sha256": records_digest(store, keys),
@@ -150,6 +137,26 @@ def import_levanter_cache(spec: CacheSpec, out_dir: Path, tokenizer: LoadedToken
     }
     write_imported_cache(out_dir, shards, record, tokenizer.info.token_byte_lengths)
     return out_dir
+
+
+def _ledger_shards(
+    store: ObjectStore, ledger: LevanterLedger, tokens: list[int]
+) -> list[dict[str, Any]]:
+    """The Kiln ledger's shards: one per part, in ledger order, each naming its arrays."""
+    shards, first_document, first_token = [], 0, 0
+    for part, part_tokens in zip(ledger.parts, tokens):
+        shards.append({
+            "name": IMPORTED_SHARD if ledger.layout == CONSOLIDATED else part.name,
+            "location": store.location(part.key),
+            "documents": part.documents,
+            "tokens": part_tokens,
+            "first_document": first_document,
+            "first_token": first_token,
+            "files": {},  # the source's files are pinned by `identity`, not listed one by one
+        })  # fmt: skip
+        first_document += part.documents
+        first_token += part_tokens
+    return shards
 
 
 def plan_import(spec: CacheSpec) -> dict[str, Any]:

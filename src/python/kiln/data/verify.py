@@ -62,18 +62,20 @@ class Verification:
         return line if self.imported is None else f"{line}; {self.imported.describe()}"
 
 
-def verify_cache(path: Path, *, digests: bool = True) -> Verification:
+def verify_cache(path: Path, *, digests: bool = True, token_data: bool = False) -> Verification:
     """With `digests`, compares every file's sha256 with the ledger (before any array is
-    decoded, so that altered bytes are named as such), then opens the cache as a reader does.
-    CacheDamaged names the first damaged file; CacheNotReady an unfinished cache; StorageError
-    a file the OS cannot read."""
+    decoded, so that altered bytes are named as such), then opens the cache as a reader does;
+    with `token_data`, reads an imported cache's token data whole (kiln.data.import_check: the
+    command does, the runner's placement check does not, an import's terabytes being read where
+    they are). CacheDamaged names the first damaged file; CacheNotReady an unfinished cache;
+    StorageError a file the OS cannot read."""
     try:
         info, ledger = read_cache_records(path)
         files, size = _compare_digests(path, info, ledger) if digests else (0, 0)
         cache = TokenCache(path, info, ledger)
     except (ValueError, KeyError) as e:  # cache.json or ledger.json are not what was written
         raise KilnDataError(f"{path}: the cache's records cannot be read ({e})") from None
-    imported = check_import(cache) if digests and is_import(cache) else None
+    imported = check_import(cache) if token_data and is_import(cache) else None
     return Verification(cache, files, size, imported)
 
 
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify_one(path: Path) -> tuple[int, str]:
     try:
-        verification = verify_cache(path)
+        verification = verify_cache(path, token_data=True)
     except KilnDataError as e:
         return EXIT_DAMAGED, f"error: {e}"
     except (StorageError, OSError) as e:
