@@ -188,6 +188,35 @@ def test_max_tokens_is_in_the_fingerprint_when_set(rule_runner: RuleRunner) -> N
     assert fingerprints(plain)["valid"] == fingerprints(bounded)["valid"]
 
 
+def test_framing_is_in_the_fingerprint_when_set(rule_runner: RuleRunner) -> None:
+    """Unset (or "kiln", the default) it changes no fingerprint: test_fingerprints_are_pinned."""
+    train = Address("exp", target_name="train")
+    framed = {}
+    for framing in ("kiln", "levanter", "marin"):
+        build = BUILD.replace("RESOURCES", "cpu()").replace(
+            'sources=["train.jsonl"],', f'sources=["train.jsonl"], framing="{framing}",'
+        )
+        framed[framing] = graph(rule_runner, **{"exp/BUILD": build})
+    assert fingerprints(framed["kiln"]) == fingerprints(graph(rule_runner))
+    assert "framing" not in framed["kiln"].get(train).identity
+    assert framed["marin"].get(train).identity["framing"] == "marin"
+    assert len({fingerprints(g)["train"] for g in framed.values()}) == 3
+    assert len({fingerprints(g)["valid"] for g in framed.values()}) == 1
+
+
+def test_hub_credentials_change_no_fingerprint(rule_runner: RuleRunner) -> None:
+    hub_build = BUILD.replace("RESOURCES", "cpu()").replace(
+        'source="stdlib:docstrings",',
+        'source="kiln-test/prose", revision="0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a",',
+    )
+    seen = []
+    for token in ("hf_first_token", "hf_second_token", None):
+        env = {"HF_TOKEN": token, "HF_ENDPOINT": "http://127.0.0.1:9"} if token else {}
+        rule_runner.set_options([], env=env)
+        seen.append(fingerprints(graph(rule_runner, **{"exp/BUILD": hub_build})))
+    assert seen[0] == seen[1] == seen[2]
+
+
 def bounded_build(max_tokens: int) -> str:
     """BUILD with `train` bounded; ckpt reads 8 x 128 x 100 = 102,400 tokens, all from train."""
     return BUILD.replace("RESOURCES", "cpu()").replace(

@@ -34,3 +34,15 @@ def test_the_settings_file_holds_the_variables_and_the_mount_does_not(tmp_path: 
     rule_runner.set_options([f"--named-caches-dir={caches}"], env={"HF_HOME": "/data/hf"})
     rule_runner.request(HubSettingsCache, [])
     assert json.loads(settings.read_text()) == {"HF_HOME": "/data/hf"}
+
+
+def test_another_token_mounts_the_same_cache(tmp_path: Path) -> None:
+    """The mount is what a tokenize process's cache key sees of the hub settings: the same
+    for every token, or none."""
+    rule_runner = RuleRunner(rules=[*hub_settings.rules(), QueryRule(HubSettingsCache, [])])
+    mounts = []
+    for token in ("hf_first_token", "hf_second_token", None):
+        env = {"HF_TOKEN": token} if token else {}
+        rule_runner.set_options([f"--named-caches-dir={tmp_path}"], env=env)
+        mounts.append(rule_runner.request(HubSettingsCache, []))
+    assert mounts[0] == mounts[1] == mounts[2]

@@ -54,4 +54,16 @@ def test_a_streamed_source_and_an_unavailable_plan_take_one_line() -> None:
     ]
     offline = ShardPlan(unavailable="shard plan needs the hub: offline (HF_HUB_OFFLINE=1)")
     assert offline.describe(every_shard=False) == [offline.unavailable]
-    assert ShardPlan().describe(every_shard=False) == []  # an imported cache has no shards
+    assert ShardPlan().describe(every_shard=False) == []
+
+
+def test_an_import_is_planned_from_its_ledger_and_a_bad_one_refused() -> None:
+    imported = {"location": "s3://b/tokenized/dclm/train", "layout": "sharded", "parts": 512,
+                "documents": 3_000_000, "tokens": 2_950_000_000, "tokenizer": None,
+                "vocab_size": None}  # fmt: skip
+    assert _parsed([{"imported": imported}]).describe(every_shard=False) == [
+        "imports the Levanter cache at s3://b/tokenized/dclm/train: sharded layout, 512 parts, "
+        "3,000,000 documents, 2,950,000,000 tokens (its shard_ledger.json)"
+    ]
+    refused = ShardPlan(refused="tokenized/x: ... shard_ledger.json field `layout` is 'zoned'")
+    assert refused.describe(every_shard=True) == [f"!! import refused: {refused.refused}"]

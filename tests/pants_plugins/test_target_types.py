@@ -310,6 +310,14 @@ def test_a_levanter_cache_source_is_checked_at_load_and_identified_by_location(
     assert "imports a Levanter cache, which is used as it is: remove `revision`, `num_shards`" in message
     message = load_error(rule_runner, imported[:-1] + ", max_tokens=1000)", name="c")
     assert "used as it is: remove `max_tokens`" in message
+    message = load_error(rule_runner, imported[:-1] + ", framing='levanter')", name="c")
+    assert "used as it is: remove `framing`" in message
+
+
+def test_framing_is_one_of_the_known_framings(rule_runner: RuleRunner) -> None:
+    build = CACHE.replace('version="2026.06.28"', 'version="2026.06.28", framing="gpt"')
+    message = load_error(rule_runner, build, name="cache")
+    assert "framing" in message and "'levanter'" in message and "'marin'" in message
 
 
 def test_max_tokens_must_be_positive(rule_runner: RuleRunner) -> None:

@@ -5,7 +5,8 @@
                 "max_document_chars": 1000000, "num_shards": 4, "max_tokens": 1000000}}
 
 The backend writes it (kiln_pants.tokenize_rules); kiln.data parses it. docs/token-cache.md
-describes each field. `max_tokens` is written only when set, so specs without it are unchanged.
+describes each field. `max_tokens` and `framing` are written only when set, so specs without them
+are unchanged.
 """
 
 from __future__ import annotations
@@ -49,10 +50,15 @@ HUB_SETTINGS_CACHE = "kiln_hub_settings"
 HUB_SETTINGS_DIR = ".kiln_hub_settings"
 HUB_SETTINGS_FILE = "settings.json"
 FILE_FORMATS = ("auto", "json", "jsonl", "parquet", "text")
+# How a document becomes token ids (docs/token-cache.md, "Document framing"): Kiln's own rule, or
+# exactly as Levanter's BatchTokenizer frames it, without ("levanter": build_or_load_cache) or
+# with ("marin": Marin's tokenize step) its long-string workaround.
+FRAMINGS = ("kiln", "levanter", "marin")
+DEFAULT_FRAMING = "kiln"
 TOKENIZER_KINDS = ("hf", "local", "package")
 # `config`'s keys: CacheSpec's fields but its address and identity.
 _CONFIG_KEYS = (
-    "source", "tokenizer", "text_key", "max_document_chars", "num_shards", "max_tokens",
+    "source", "tokenizer", "text_key", "max_document_chars", "num_shards", "max_tokens", "framing",
 )  # fmt: skip
 
 
@@ -292,6 +298,7 @@ class CacheSpec:
     num_shards: int = 1
     # Tokenize only about this many tokens: each shard stops at its quota (shard_token_quota).
     max_tokens: int | None = None
+    framing: str = DEFAULT_FRAMING
 
     def __post_init__(self) -> None:
         check_address(self)
@@ -301,6 +308,9 @@ class CacheSpec:
         check_optional(check_int, "max_tokens", self.max_tokens, minimum=1)
         if self.max_tokens is not None and isinstance(self.source, LevanterCacheSource):
             raise SpecError("max_tokens", "an imported levanter_cache is used whole")
+        check_choice("framing", self.framing, FRAMINGS)
+        if self.framing != DEFAULT_FRAMING and isinstance(self.source, LevanterCacheSource):
+            raise SpecError("framing", "an imported levanter_cache is used as it was framed")
 
     def shard_token_quota(self, index: int) -> int | None:
         """Shard `index`'s share of max_tokens: max_tokens // num_shards, the remainder going
@@ -335,6 +345,8 @@ class CacheSpec:
         }
         if self.max_tokens is not None:
             config["max_tokens"] = self.max_tokens
+        if self.framing != DEFAULT_FRAMING:
+            config["framing"] = self.framing
         return {
             "spec_version": SPEC_VERSION,
             "kind": SPEC_KIND,

@@ -25,7 +25,7 @@ from pants.engine.target import (
     TransitiveTargetsRequest,
 )
 
-from kiln_contract.tokenize import LevanterCacheSource, UrlFilesSource
+from kiln_contract.tokenize import DEFAULT_FRAMING, LevanterCacheSource, UrlFilesSource
 from kiln_contract.vocabulary import is_mutable_version
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.hf_model_targets import (
@@ -43,6 +43,7 @@ from kiln_pants.target_types import (
     ComputeDtypeField,
     DatasetsField,
     EvalsField,
+    FramingField,
     HfDataFilesField,
     HfRevisionField,
     HfSubsetField,
@@ -235,6 +236,9 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
     max_tokens = target[MaxTokensField].value
     if max_tokens is not None:  # only when set: fingerprints of unbounded caches are unchanged
         identity["max_tokens"] = max_tokens
+    framing = target[FramingField].value
+    if framing != DEFAULT_FRAMING:  # likewise: caches in Kiln's framing keep their fingerprints
+        identity["framing"] = framing
     return identity
 
 

@@ -169,7 +169,8 @@ async def plan(
         for component in budget.components:
             console.print_stdout(f"  {component.describe()}")
         too_small = too_small or budget.refusal() is not None
-    return Plan(exit_code=1 if counts.get("drift") or too_small else 0)
+    refused = any(p.refused is not None for p in shard_plans)  # an import that cannot be made
+    return Plan(exit_code=1 if counts.get("drift") or too_small or refused else 0)
 
 
 def rules():

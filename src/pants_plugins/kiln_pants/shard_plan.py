@@ -6,7 +6,10 @@ follows. A hub source is planned from its file list at the pinned revision: that
 the hub with the user's hub settings (hub_settings) and is never cached beyond this run
 (PER_SESSION), nor is one reading local files outside the repository; repository files and stdlib
 units are inputs Pants digests, so their plan is a cached process. A plan that cannot be made
-(the hub unreachable, say) is one line in place of the plan; it never fails `plan`.
+(the hub unreachable, say) is one line in place of the plan; it never fails `plan`. An imported
+`levanter_cache` has no shards: its plan is its ledger (layout, parts, documents, tokens), read
+by the same command (PER_SESSION: the cache lives outside Pants, in a folder or a bucket); a
+ledger Kiln cannot import refuses the plan, in its one line.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pants.engine.addresses import Address
+from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
 from pants.engine.rules import Get, collect_rules, rule
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.tokenize import FilesSource, HfSource, LevanterCacheSource, UrlFilesSource
+from kiln_pants.artifact_store import STORE_ENVIRONMENT
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.tokenize_rules import SPEC_FILE, CacheSpecInputs, CacheSpecRequest
@@ -43,11 +48,16 @@ class ShardPlan:
     shards: tuple[FrozenDict[str, int], ...] = ()
     streamed: Optional[str] = None  # how a source streamed through `datasets` is split instead
     unavailable: Optional[str] = None  # why there is no plan
+    imported: Optional[str] = None  # an import's ledger, in a line
+    refused: Optional[str] = None  # why an import cannot be made: `plan` fails
 
     def describe(self, every_shard: bool) -> list[str]:
         """The summary line and the first shards; with `every_shard`, each shard and file."""
-        if self.unavailable is not None:
-            return [self.unavailable]
+        for line in (self.unavailable, self.imported):
+            if line is not None:
+                return [line]
+        if self.refused is not None:
+            return [f"!! import refused: {self.refused}"]
         if self.streamed is not None:
             return [
                 f"shard plan: {self.streamed}; a streamed source's parts are known only when "
@@ -88,8 +98,6 @@ class ShardPlan:
 async def plan_shards(request: ShardPlanRequest, hub: HubSettingsCache) -> ShardPlan:
     inputs = await Get(CacheSpecInputs, CacheSpecRequest(request.address))
     source = inputs.spec.source
-    if isinstance(source, LevanterCacheSource):
-        return ShardPlan()  # imported whole: no shards
     if isinstance(source, UrlFilesSource):  # planning would download them
         return ShardPlan(unavailable="shard plan: url_files are planned once downloaded")
     try:
@@ -98,7 +106,13 @@ async def plan_shards(request: ShardPlanRequest, hub: HubSettingsCache) -> Shard
         error = str(e).strip().splitlines() or [type(e).__name__]
         return ShardPlan(unavailable=f"shard plan: no tokenize runtime: {error[-1]}")
     reads_hub = isinstance(source, HfSource)
-    reads_outside = isinstance(source, FilesSource) and any(map(os.path.isabs, source.paths))
+    imports = isinstance(source, LevanterCacheSource)
+    reads_outside = imports or (
+        isinstance(source, FilesSource) and any(map(os.path.isabs, source.paths))
+    )
+    env = FrozenDict[str, str]()
+    if isinstance(source, LevanterCacheSource) and "://" in source.location:  # read by the process
+        env = FrozenDict(await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)))
     process = await Get(
         Process,
         RuntimeProcess(
@@ -114,6 +128,7 @@ async def plan_shards(request: ShardPlanRequest, hub: HubSettingsCache) -> Shard
                 else ProcessCacheScope.SUCCESSFUL
             ),
             timeout_seconds=HUB_TIMEOUT_SECONDS if reads_hub else None,
+            env=env,
             append_only_caches=hub.append_only_caches if reads_hub else FrozenDict(),
         ),
     )
@@ -121,17 +136,31 @@ async def plan_shards(request: ShardPlanRequest, hub: HubSettingsCache) -> Shard
     if result.exit_code != 0:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
         why = lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
+        if imports and result.exit_code == 2:  # bad input: the import cannot be made
+            return ShardPlan(refused=why)
         needs = "shard plan needs the hub" if reads_hub else "no shard plan"
         return ShardPlan(unavailable=f"{needs}: {why}")
     return _parsed(json.loads(result.stdout))
 
 
 def _parsed(shards: list[dict]) -> ShardPlan:
-    """`tokenize plan --json`: per shard {"files": {key: bytes}} or {"streamed": how}."""
+    """`tokenize plan --json`: per shard {"files": {key: bytes}} or {"streamed": how}; for an
+    import, one {"imported": its ledger's counts}."""
+    if shards and "imported" in shards[0]:
+        return ShardPlan(imported=_imported_line(shards[0]["imported"]))
     if any("streamed" in shard for shard in shards):
         how = "each its rank's part of the stream (split_dataset_by_node)"
         return ShardPlan(streamed=f"{_count(len(shards), 'shard')}, {how}")
     return ShardPlan(tuple(FrozenDict(shard["files"]) for shard in shards))
+
+
+def _imported_line(imported: dict) -> str:
+    tokens = "tokens not recorded" if imported["tokens"] is None else _count(imported["tokens"], "token")
+    return (
+        f"imports the Levanter cache at {imported['location']}: {imported['layout']} layout, "
+        f"{_count(imported['parts'], 'part')}, {_count(imported['documents'], 'document')}, "
+        f"{tokens} (its shard_ledger.json)"
+    )
 
 
 def _count(n: int, noun: str) -> str:

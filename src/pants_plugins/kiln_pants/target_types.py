@@ -39,7 +39,12 @@ from kiln_contract.parsing import (
     check_number,
     check_str,
 )
-from kiln_contract.tokenize import LevanterCacheSource, UrlFilesSource
+from kiln_contract.tokenize import (
+    DEFAULT_FRAMING,
+    FRAMINGS,
+    LevanterCacheSource,
+    UrlFilesSource,
+)
 from kiln_contract.train import HfModelSource, Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
@@ -331,6 +336,23 @@ class MaxTokensField(_PositiveIntField):
     )
 
 
+class FramingField(StringField):
+    value: str
+    alias = "framing"
+    default = DEFAULT_FRAMING
+    valid_choices = FRAMINGS
+    help = (
+        "How each document becomes token ids. `kiln`: the document's text encoded as plain "
+        "text, then EOS (BOS first only for tokenizers like Llama 3's that add one). `levanter`: "
+        "exactly as Levanter's cache writer frames it, `text + \" \" + eos_token` with special "
+        "tokens' text matched, BOS first whenever the tokenizer names one, empty documents kept, "
+        "so the cache equals Levanter's of the same source id for id; `marin`: as Marin's "
+        "`tokenize` step, which also cuts documents longer than 10,000 characters at whitespace "
+        "before encoding them (docs/token-cache.md, \"Tokenizers and document framing\"). Part "
+        "of the identity when set. Not for an imported `levanter_cache`."
+    )
+
+
 class CacheStorageField(StringField):
     value: str
     alias = "storage"
@@ -385,6 +407,7 @@ class TokenizedCacheTarget(Target):
         MaxDocumentCharsField,
         NumShardsField,
         MaxTokensField,
+        FramingField,
         CacheStorageField,
         EvalNameField,
         TokenizedCacheDependencies,
@@ -432,6 +455,8 @@ class TokenizedCacheTarget(Target):
         )
         if self[NumShardsField].value != 1:
             ignored.append(NumShardsField.alias)
+        if self[FramingField].value != DEFAULT_FRAMING:
+            ignored.append(FramingField.alias)
         if ignored:
             raise InvalidTargetException(
                 f"The `tokenized_cache` target {self.address} imports a Levanter cache, which is "

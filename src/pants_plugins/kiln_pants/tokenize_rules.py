@@ -77,6 +77,7 @@ from kiln_pants.target_types import (
     CacheSourceField,
     CacheSourcesField,
     CacheStorageField,
+    FramingField,
     HfDataFilesField,
     HfRevisionField,
     HfSubsetField,
@@ -343,6 +344,7 @@ async def cache_spec_inputs(request: CacheSpecRequest) -> CacheSpecInputs:
         max_document_chars=target[MaxDocumentCharsField].value,
         num_shards=target[NumShardsField].value,
         max_tokens=target[MaxTokensField].value,
+        framing=target[FramingField].value,
     )
     spec_digest = await Get(
         Digest,

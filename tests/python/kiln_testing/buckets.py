@@ -144,7 +144,8 @@ class BucketGate:
     process and its bucket: it forwards every request, except that it answers 403
     `AccessDenied` to writes while `deny_writes` is set, and holds (without answering) the first
     write whose URL or body (a GCS upload names its object there) contains `hold` until it is
-    closed, setting `held` when it does. Point a process at it with
+    closed, setting `held` when it does. `authorizations` keeps each request's Authorization
+    header (None when it has none). Point a process at it with
     `{ENDPOINT_VARIABLES[scheme]: gate.endpoint}`."""
 
     def __init__(self, upstream: str, *, hold: str | None = None, deny_writes: bool = False):
@@ -155,6 +156,7 @@ class BucketGate:
         self.hold = hold
         self.deny_writes = deny_writes
         self.held = threading.Event()
+        self.authorizations: list[str | None] = []
         self._closing = threading.Event()
         gate = self
 
@@ -176,6 +178,7 @@ class BucketGate:
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def _forward(self, handler: Any) -> None:
+        self.authorizations.append(handler.headers.get("Authorization"))
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else b""
         writes = handler.command in ("PUT", "POST", "DELETE")

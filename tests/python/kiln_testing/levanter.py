@@ -1,87 +1,62 @@
-"""A Levanter/Marin token cache written the way Levanter writes one, for the import tests.
+"""Levanter caches written by Levanter's own code, for the import and framing tests.
 
-Levanter itself is not a dependency (it pins its own jax); this follows its source:
-levanter/store/jagged_array.py (`_get_spec`, `_ts_open_sync`, `extend`) for the arrays,
-levanter/store/cache.py (`CacheLedger`, `LEDGER_FILE_NAME`) for the ledger and
-levanter/data/text.py (`BatchTokenizer.metadata`) for the tokenizer metadata.
+The writer is tests/python/kiln/data/levanter_writer.py, a PEX from the `levanter-tests` resolve
+(marin-levanter from PyPI) that Pants builds beside the tests naming it in
+`runtime_package_dependencies` (tests/python/kiln/data/BUILD). One process writes every cache a
+test module asks for and reads each back with Levanter's reader.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorstore as ts
+import pytest
 
-# jagged_array.py: DEFAULT_CHUNK_SIZE and DEFAULT_WRITE_CHUNK_SIZE; arrays are 2**54 long.
-INNER_CHUNK = 256 * 1024
-WRITE_CHUNK = INNER_CHUNK * 512
-ARRAY_LENGTH = 2**54
+# Where Pants puts tests/python/kiln/data:levanter-writer for the tests that depend on it.
+WRITER_PEX = Path("tests.python.kiln.data/levanter-writer.pex")
 
 
-def _levanter_array(path: Path, dtype: str) -> ts.TensorStore:
-    spec = {
-        "driver": "zarr3",
-        "kvstore": {"driver": "file", "path": str(path)},
-        "metadata": {
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [WRITE_CHUNK]}},
-            "codecs": [
-                {
-                    "name": "sharding_indexed",
-                    "configuration": {
-                        "chunk_shape": [INNER_CHUNK],
-                        "codecs": [{"name": "blosc", "configuration": {"clevel": 5}}],
-                    },
-                }
-            ],
-        },
-    }
-    return ts.open(
-        spec, dtype=dtype, shape=[ARRAY_LENGTH], create=True, delete_existing=True
-    ).result()
+@dataclass(frozen=True)
+class LevanterCache:
+    """A cache Levanter wrote: its split folder, ledger, and the rows Levanter's reader reads."""
+
+    path: Path
+    ledger: dict[str, Any]
+    dtype: str
+    rows: list[np.ndarray]
 
 
-def write_levanter_cache(
-    split_dir: Path,
-    documents: Sequence[np.ndarray],
-    *,
-    tokenizer: str,
-    vocab_size: int | None,
-    dtype: str = "int32",
-    finished: bool = True,
-) -> Path:
-    """`documents` (token ids, EOS included) as Levanter's cache of one split at split_dir:
-    `input_ids/{offsets,data}` and `shard_ledger.json`. `vocab_size` None: no metadata."""
-    lengths = np.array([len(d) for d in documents], np.int64)
-    data = _levanter_array(split_dir / "input_ids" / "data", dtype)
-    offsets = _levanter_array(split_dir / "input_ids" / "offsets", "int64")
-    if len(documents):
-        data[: int(lengths.sum())].write(np.concatenate(documents).astype(dtype)).result()
-        offsets[1 : len(documents) + 1].write(np.cumsum(lengths)).result()
-    offsets[0].write(len(documents)).result()  # the row count last, as Levanter's extend()
-    metadata: dict[str, Any] = {}
-    if vocab_size is not None:
-        metadata = {
-            "preprocessor_metadata": {
-                "tokenizer": tokenizer,
-                "vocab_size": vocab_size,
-                "return_attention_mask": False,
-                "padding": False,
-                "max_length": 1_000_000,
-                "append_bos": False,
-                "append_eos": True,
-            }
-        }
-    ledger = {
-        "total_num_rows": len(documents),
-        "shard_rows": {"train-00000.jsonl.gz": len(documents)},
-        "is_finished": finished,
-        "finished_shards": ["train-00000.jsonl.gz"] if finished else [],
-        "field_counts": {},
-        "metadata": metadata,
-    }
-    (split_dir / "shard_ledger.json").write_text(json.dumps(ledger))
-    return split_dir
+def write_levanter_caches(jobs: list[dict[str, Any]], folder: Path) -> dict[str, LevanterCache]:
+    """Runs the writer's jobs (levanter_writer.py's docstring) in one process; by `out`."""
+    if not WRITER_PEX.exists():
+        pytest.fail(f"{WRITER_PEX} is missing: run this test with `./pants test` (BUILD)")
+    jobs_file = folder / "levanter-jobs.json"
+    jobs_file.write_text(json.dumps(jobs))
+    # The PEX's own environment, not this test's (Pants sets PEX_* for the test's PEX); a shared
+    # PEX_ROOT keeps what the writer unpacks across runs. Marin's helpers write their scratch
+    # files under MARIN_PREFIX (default /tmp/marin): the test's folder instead.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEX")}
+    env["PEX_ROOT"] = str(Path(tempfile.gettempdir()) / "kiln-tests-pex-root")
+    env["MARIN_PREFIX"] = str(folder / "marin")
+    result = subprocess.run(
+        [sys.executable, str(WRITER_PEX), str(jobs_file)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, f"Levanter's writer failed:\n{result.stderr[-4000:]}"
+    written = {}
+    for line in result.stdout.splitlines():
+        if line.startswith("{"):
+            report = json.loads(line)
+            read = np.load(f"{report['out']}.ids.npz")
+            rows = np.split(read["ids"], np.cumsum(read["lengths"])[:-1])
+            out = Path(report["out"])
+            written[str(out)] = LevanterCache(out, report["ledger"], report["dtype"], rows)
+    return written

@@ -5,10 +5,11 @@
 - read: `alt=media`, the generation from the `X-Goog-Generation` header of the same reply.
 - upload / download of local files: files above CHUNK_BYTES go as a resumable upload in
   chunks (the object appears when the last one arrives); downloads stream into a temp file.
-- Endpoint: https://storage.googleapis.com, or STORAGE_EMULATOR_HOST (an emulator: no
-  credentials are sent). Credentials: google-auth's default chain
-  (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default credentials, the metadata
-  server on Google Cloud).
+- Endpoint: https://storage.googleapis.com; or TENSORSTORE_GCS_HTTP_URL, the variable that
+  points TensorStore's `gcs` driver elsewhere too (a private endpoint: credentials are sent);
+  or STORAGE_EMULATOR_HOST (an emulator: no credentials are sent). Credentials: google-auth's
+  default chain (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default credentials,
+  the metadata server on Google Cloud), sent as `Authorization: Bearer TOKEN`.
 - Throttling (429), server errors (5xx) and dropped connections are retried with backoff
   (kiln.artifacts.bucket.with_retries); connecting times out after a few seconds.
 """
@@ -48,6 +49,7 @@ from kiln.artifacts.store import (
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
+ENDPOINT_VARIABLE = "TENSORSTORE_GCS_HTTP_URL"
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 _TIMEOUTS = (CONNECT_TIMEOUT_SECONDS, READ_TIMEOUT_SECONDS)
 # upload and download of local files stream in chunks of this size (a multiple of 256 KiB, as
@@ -56,18 +58,19 @@ CHUNK_BYTES = 32 << 20
 
 
 def gcs_endpoint() -> str:
-    """The JSON API's base URL: the emulator's when STORAGE_EMULATOR_HOST is set."""
-    emulator = os.environ.get(EMULATOR_VARIABLE)
-    if not emulator:
+    """The JSON API's base URL: the emulator's when STORAGE_EMULATOR_HOST is set, else
+    TENSORSTORE_GCS_HTTP_URL's, else Google's."""
+    endpoint = os.environ.get(EMULATOR_VARIABLE) or os.environ.get(ENDPOINT_VARIABLE)
+    if not endpoint:
         return GCS_ENDPOINT
-    return emulator.rstrip("/") if "://" in emulator else f"http://{emulator.rstrip('/')}"
+    return endpoint.rstrip("/") if "://" in endpoint else f"http://{endpoint.rstrip('/')}"
 
 
 class GCSStore(ObjectStore):
     def __init__(self, url: str) -> None:
         self.url = BucketURL.parse(url)
         self.endpoint = gcs_endpoint()
-        self._emulated = self.endpoint != GCS_ENDPOINT
+        self._emulated = bool(os.environ.get(EMULATOR_VARIABLE))  # emulators take no credentials
         self._session = requests.Session()
         self._credentials: Any = None
         self._credentials_lock = threading.Lock()
@@ -237,7 +240,11 @@ class GCSStore(ObjectStore):
         raise self._http_error(key, reply) from None
 
     def _unreachable(self, cause: Exception) -> StorageError:
-        setting = EMULATOR_VARIABLE if self._emulated else "the proxy settings (HTTPS_PROXY)"
+        setting = (
+            EMULATOR_VARIABLE if self._emulated
+            else ENDPOINT_VARIABLE if self.endpoint != GCS_ENDPOINT
+            else "the proxy settings (HTTPS_PROXY)"
+        )  # fmt: skip
         return unreachable(self.url, self.endpoint, cause, setting)
 
     def _http_error(self, key: str, reply: requests.Response) -> Exception:

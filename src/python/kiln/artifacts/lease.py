@@ -9,13 +9,19 @@ folder does, and never travels with the folder's contents). It is a small JSON o
 
 - Taking it is a conditional create (ObjectStore.create): of two processes, exactly one wins.
 - The holder renews it from a heartbeat thread every HEARTBEAT_SECONDS, moving `expires` to
-  now + LEASE_TTL_SECONDS, with a conditional replace on the generation it wrote last; it
-  deletes it (conditional delete) when the build ends, successfully or not.
-- Another process takes it over (conditional delete of the generation it read, then create)
-  only when it has expired, or at once when its holder ran on this host and that process is
-  gone (no such pid, a zombie, or a pid reused by a process started later): a crashed run is
+  now + LEASE_TTL_SECONDS, with a conditional replace on the generation it wrote last. When the
+  build ends, successfully or not, it releases it: a conditional replace with a `released`
+  record (which fails if the lease was taken over), then a delete of that record.
+- Another process takes it over (a conditional replace of the generation it read) when it was
+  released, when it has expired, or at once when its holder ran on this host and that process
+  is gone (no such pid, a zombie, or a pid reused by a process started later): a crashed run is
   resumed without waiting. A holder on another host that died is taken over after expiry, or
   at once by the next attempt of the same cluster job (whose driver ended the one before).
+- So no step depends on the store honouring a generation on delete (GCS emulators ignore it):
+  every decision is a conditional create or replace. The delete only tidies a released
+  record away; should a server ignore its generation while another process takes that
+  released record over in the milliseconds between, that process's next renewal finds its
+  lease gone, and it records nothing.
 - A holder whose renewal finds another generation (it stalled past its expiry and was taken
   over) has lost the lease: `lost` says so, and its caller does not record a result.
 
@@ -69,6 +75,7 @@ class LeaseRecord:
     created: float
     expires: float
     job: str | None = None  # the cluster job whose process holds it (kiln.cluster), if any
+    released: bool = False  # its holder let it go: free to take
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
@@ -87,6 +94,7 @@ class LeaseRecord:
                 created=float(fields["created"]),
                 expires=float(fields["expires"]),
                 job=None if fields.get("job") is None else str(fields["job"]),
+                released=bool(fields.get("released", False)),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"not a lease record ({e})") from None
@@ -99,6 +107,8 @@ class LeaseRecord:
         """Why this lease may be taken over now by a process of cluster job `job` (if any), or
         None while its holder may still be alive. The driver of a cluster job kills every host
         of an attempt before it starts the next, so a lease of the same job is stale at once."""
+        if self.released:
+            return "its holder released it"
         if now >= self.expires:
             return f"it expired {now - self.expires:.0f} s ago"
         if job is not None and self.job == job:
@@ -176,9 +186,11 @@ class Lease:
                 break
             except ObjectExists:
                 pass
-            holder = self._take_over_if_stale()
+            holder, self._generation = self._take_over_if_stale(record)
+            if self._generation is not None:
+                break
             if holder is None:
-                continue  # released or broken just now: try again at once
+                continue  # deleted or taken by another just now: try again at once
             if not wait:
                 raise LeaseHeld(self.location, holder)
             if on_wait is not None:
@@ -198,17 +210,20 @@ class Lease:
         return self
 
     def release(self) -> None:
-        """Stops renewing and deletes the lease, unless another process has taken it over."""
+        """Stops renewing, marks the lease released and deletes it, unless another process has
+        taken it over (the conditional replace then fails, and nothing is deleted)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
             self._renewer = None
         if self._generation is None:
             return
+        released = replace(self._record(), released=True).to_bytes()
         try:
-            self.store.delete(self.key, generation=self._generation)
+            generation = self.store.replace(self.key, released, generation=self._generation)
+            self.store.delete(self.key, generation=generation)
         except (PreconditionFailed, ObjectMissing):
-            pass  # taken over after we stalled: it is no longer ours to delete
+            pass  # taken over after we stalled (or from the released record): not ours
         except (OSError, StorageError) as e:  # it goes stale with this process; say why
             log.warning("could not release the lease %s: %s", self.location, e)
         self._generation = None
@@ -237,25 +252,33 @@ class Lease:
             job=self.job,
         )
 
-    def _take_over_if_stale(self) -> LeaseRecord | None:
-        """The live holder; None when the lease is gone or was stale and is now deleted."""
+    def _take_over_if_stale(
+        self, record: LeaseRecord
+    ) -> tuple[LeaseRecord | None, str | None]:
+        """(the live holder, None); or (None, the generation of `record`) when the lease was
+        released or stale and this process replaced it; or (None, None) when it is gone or
+        another process replaced it first."""
         try:
             current = self.store.read(self.key)
         except ObjectMissing:
-            return None
+            return None, None
+        released = False
         try:
             holder = LeaseRecord.from_bytes(current.data)
-            reason = holder.stale_reason(self._clock(), self.job)
+            reason, released = holder.stale_reason(self._clock(), self.job), holder.released
         except ValueError as e:
             reason = f"it is unreadable: {e}"
         if reason is None:
-            return holder
+            return holder, None
         try:
-            self.store.delete(self.key, generation=current.generation)
-            log.warning("taking over the lease %s for %s: %s", self.location, self.what, reason)
+            generation = self.store.replace(
+                self.key, record.to_bytes(), generation=current.generation
+            )
         except (PreconditionFailed, ObjectMissing):
-            pass  # another process broke or renewed it first
-        return None
+            return None, None  # another process took it, renewed it or released it first
+        if not released:  # a released lease is free: taking it is no news
+            log.warning("taking over the lease %s for %s: %s", self.location, self.what, reason)
+        return None, generation
 
     def _renew_until_stopped(self, record: LeaseRecord) -> None:
         expires = record.expires

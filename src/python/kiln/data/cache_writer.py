@@ -243,16 +243,20 @@ def assemble_cache(
 
 def write_imported_cache(
     cache_dir: Path,
-    shard: dict[str, Any],
+    shards: list[dict[str, Any]],
     cache_record: dict[str, Any],
     token_byte_lengths: np.ndarray,
 ) -> None:
-    """A cache of one imported shard (its arrays stay where they are: `shard["location"]`),
+    """A cache of imported shards (their arrays stay where they are: each shard's `location`),
     written like an assembled one: STATUS RUNNING, the records, STATUS SUCCESS last."""
     with _writing(cache_dir):
-        totals = {"documents": shard["documents"], "tokens": shard["tokens"]}
-        stats = {**totals, "mean_document_tokens": shard["tokens"] / max(shard["documents"], 1)}
-        _write_records(cache_dir, [shard], stats, cache_record, token_byte_lengths)
+        documents = sum(shard["documents"] for shard in shards)
+        tokens = sum(shard["tokens"] for shard in shards)
+        stats = {
+            "documents": documents, "tokens": tokens,
+            "mean_document_tokens": tokens / max(documents, 1),
+        }  # fmt: skip
+        _write_records(cache_dir, shards, stats, cache_record, token_byte_lengths)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,8 @@
 """Where documents come from: local files, Hugging Face datasets, the Python stdlib corpus.
 
+Each source kind is one reader (READERS: kind -> class) that answers what Kiln asks of a
+source: a shard's documents, its plan (what it reads, recorded in shard.json), the bytes of
+each file it reads (for `plan`), and the source's provenance (cache.json).
 `shard_documents(source, text_key, num_shards, index)` yields the documents of one shard, in a
 deterministic order; concatenating shards 0..n-1 gives the cache's document order.
 
@@ -13,7 +16,7 @@ Sharding:
     Compressed JSONL and text files stay whole.
   - python_stdlib: the same greedy assignment over its units (one .py file, or the pydoc topics).
   - url_files: downloaded once (kiln.data.downloads), then sharded as local files.
-  - hf: planned from the dataset's file list at its revision (`hf_file_sizes`: the files matching
+  - hf: planned from the dataset's file list at its revision (kiln.data.hub_datasets: the files matching
     `data_files`, else the split's files), assigned to shards as local files are; each shard
     downloads and reads only its own files. With a `subset` or `where`, `datasets` streaming
     with `split_dataset_by_node(rank=index, world_size=num_shards)` instead.
@@ -25,7 +28,6 @@ per line, blank lines skipped), `.json` (one JSON array of documents: strings, o
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import glob
 import gzip
@@ -34,15 +36,21 @@ import io
 import itertools
 import json
 import os
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
-from kiln.data import downloads, stdlib_corpus
+from kiln.data import downloads, hub_datasets, stdlib_corpus
 from kiln.data.errors import SourceError
-from kiln.data.spec import FilesSource, HfSource, Source, StdlibSource, UrlFilesSource
+from kiln.data.spec import (
+    FilesSource,
+    HfSource,
+    LevanterCacheSource,
+    Source,
+    StdlibSource,
+    UrlFilesSource,
+)
 
 PARQUET_BATCH_ROWS = 4096
 MIN_PIECE_BYTES = 64 * 2**20
@@ -54,93 +62,61 @@ class Document:
     origin: str  # where it came from, for error messages: "path:line", "org/name[row 17]"
 
 
+class SourceReader(Protocol):
+    """What Kiln asks of a source kind; one class per kind answers all of it (READERS)."""
+
+    @property
+    def split(self) -> str | None:
+        """The split the source names, recorded in cache.json."""
+        ...
+
+    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        """Shard `index`'s documents, in order."""
+        ...
+
+    def plan(self, num_shards: int, index: int) -> list[str]:
+        """What shard `index` reads, in order: file piece keys, stdlib unit keys, hub files and
+        their sizes, or the node split of a stream."""
+        ...
+
+    def sizes(self, num_shards: int, index: int) -> dict[str, int] | None:
+        """Bytes of each file (piece, unit) shard `index` reads, in read order; None for a
+        source streamed through `datasets`, whose parts are not known before it is read."""
+        ...
+
+    def provenance(self) -> dict[str, Any]:
+        """What identifies the source's content, recorded in cache.json."""
+        ...
+
+
 def shard_documents(
     source: Source, text_key: str, num_shards: int, index: int
 ) -> Iterator[Document]:
     if not 0 <= index < num_shards:
         raise SourceError(f"shard index {index} is out of range for num_shards={num_shards}.")
-    source = _local(source)
-    if isinstance(source, FilesSource):
-        return _file_shard_documents(source, text_key, num_shards, index)
-    if isinstance(source, HfSource):
-        return _hf_shard_documents(source, text_key, num_shards, index)
-    return _stdlib_shard_documents(_as_stdlib(source), num_shards, index)
+    return reader(source).documents(text_key, num_shards, index)
 
 
 def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
-    """What shard `index` reads, in order: file piece keys, stdlib unit keys, or the hf node
-    split. Recorded in shard.json, so a shard cut under other sharding rules (an older Kiln) is
+    """Recorded in shard.json, so a shard cut under other sharding rules (an older Kiln) is
     rebuilt rather than merged with shards that may hold the same documents."""
-    source = _local(source)
-    if isinstance(source, FilesSource):
-        return _assigned_keys(_file_pieces(source, num_shards), num_shards, index)
-    if isinstance(source, HfSource) and _streamed(source):
-        return [f"split_dataset_by_node(rank={index}, world_size={num_shards})"]
-    if isinstance(source, HfSource):
-        sizes = hf_file_sizes(source)
-        return [f"{path} ({sizes[path]} bytes)" for path in hf_shard_files(source, num_shards, index)]
-    return _assigned_keys(_stdlib_units(_as_stdlib(source)), num_shards, index)
+    return reader(source).plan(num_shards, index)
 
 
 def shard_sizes(source: Source, num_shards: int, index: int) -> dict[str, int] | None:
-    """Bytes of each file (piece, unit) shard `index` reads, in read order; None for a source
-    streamed through `datasets`, whose parts are not known before it is read."""
-    source = _local(source)
-    if isinstance(source, HfSource) and _streamed(source):
-        return None
-    if isinstance(source, HfSource):
-        sizes = hf_file_sizes(source)
-        return {path: sizes[path] for path in hf_shard_files(source, num_shards, index)}
-    sized = (
-        _file_pieces(source, num_shards)
-        if isinstance(source, FilesSource)
-        else _stdlib_units(_as_stdlib(source))
-    )
-    return {key: sized[key].size for key in _assigned_keys(sized, num_shards, index)}
+    return reader(source).sizes(num_shards, index)
 
 
 def provenance(source: Source) -> dict[str, Any]:
-    """What identifies the source's content, recorded in cache.json."""
-    if isinstance(source, UrlFilesSource):
-        return source.to_json()
-    if isinstance(source, FilesSource):
-        files = expand_paths(source.paths)
-        return {
-            "kind": "files",
-            "paths": list(source.paths),
-            "files": [{"path": str(p), "bytes": p.stat().st_size} for p in files],
-        }
-    if isinstance(source, HfSource):
-        return {
-            "kind": "hf",
-            "id": source.id,
-            "revision": source.revision,
-            "subset": source.subset,
-            "data_files": list(source.data_files),
-            "where": dict(source.where),
-        }
-    source = _as_stdlib(source)
-    return {"kind": "python_stdlib", "part": source.part, **stdlib_corpus.provenance()}
-
-
-def _local(source: Source) -> Source:
-    """A url_files source as the local files it downloads to (once); any other as it is."""
-    if isinstance(source, UrlFilesSource):
-        paths = tuple(str(path) for path in downloads.downloaded_files(source))
-        return FilesSource(paths, source.format)
-    return source
+    return reader(source).provenance()
 
 
 def split_name(source: Source) -> str | None:
-    return source.split if isinstance(source, (HfSource, StdlibSource)) else None
+    return reader(source).split
 
 
-def _as_stdlib(source: Source) -> StdlibSource:
-    """The one source kind left once files and hf are handled; an imported cache (kind
-    levanter_cache, kiln.data.levanter_cache) has no documents to read."""
-    if isinstance(source, StdlibSource):
-        return source
-    raise SourceError(f"a {source.kind} source is imported as it is: it has no documents to read.")
+def reader(source: Source) -> SourceReader:
+    return READERS[source.kind](source)
 
 
 def assign_to_shards(sizes: dict[str, int], num_shards: int) -> list[list[str]]:
@@ -152,6 +128,194 @@ def assign_to_shards(sizes: dict[str, int], num_shards: int) -> list[list[str]]:
         assigned[shard].append(key)
         heapq.heappush(loads, (load + sizes[key], shard))
     return [sorted(keys) for keys in assigned]
+
+
+def _assigned(sizes: dict[str, int], num_shards: int, index: int) -> dict[str, int]:
+    """Shard `index`'s part of `sizes` (key -> bytes), in read order."""
+    return {key: sizes[key] for key in assign_to_shards(sizes, num_shards)[index]}
+
+
+class FilesReader:
+    """Local files, cut into pieces (_pieces) and assigned to shards by size."""
+
+    split = None
+
+    def __init__(self, source: FilesSource) -> None:
+        self.source = source
+
+    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        pieces = self._pieces(num_shards)
+        for key in self._sizes_of(pieces, num_shards, index):
+            yield from pieces[key].documents(self.source.format, text_key)
+
+    def plan(self, num_shards: int, index: int) -> list[str]:
+        return list(self.sizes(num_shards, index))
+
+    def sizes(self, num_shards: int, index: int) -> dict[str, int]:
+        return self._sizes_of(self._pieces(num_shards), num_shards, index)
+
+    def provenance(self) -> dict[str, Any]:
+        files = expand_paths(self.source.paths)
+        return {
+            "kind": "files",
+            "paths": list(self.source.paths),
+            "files": [{"path": str(p), "bytes": p.stat().st_size} for p in files],
+        }
+
+    def _pieces(self, num_shards: int) -> dict[str, _Piece]:
+        return {
+            piece.key: piece
+            for path in expand_paths(self.source.paths)
+            for piece in _pieces(path, self.source.format, num_shards)
+        }
+
+    @staticmethod
+    def _sizes_of(pieces: dict[str, _Piece], num_shards: int, index: int) -> dict[str, int]:
+        return _assigned({key: piece.size for key, piece in pieces.items()}, num_shards, index)
+
+
+class UrlFilesReader:
+    """Files at pinned URLs: downloaded once (kiln.data.downloads), then read as local files;
+    the URLs and digests are their provenance."""
+
+    split = None
+
+    def __init__(self, source: UrlFilesSource) -> None:
+        self.source = source
+
+    @functools.cached_property
+    def _files(self) -> FilesReader:
+        paths = tuple(str(path) for path in downloads.downloaded_files(self.source))
+        return FilesReader(FilesSource(paths, self.source.format))
+
+    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        return self._files.documents(text_key, num_shards, index)
+
+    def plan(self, num_shards: int, index: int) -> list[str]:
+        return self._files.plan(num_shards, index)
+
+    def sizes(self, num_shards: int, index: int) -> dict[str, int]:
+        return self._files.sizes(num_shards, index)
+
+    def provenance(self) -> dict[str, Any]:
+        return self.source.to_json()
+
+
+class HfReader:
+    """A hub dataset (kiln.data.hub_datasets), planned from its file list at its revision, each
+    shard downloading and reading only its own files; or, with a subset or a record filter,
+    streamed through `datasets`, each shard its node's part of the stream."""
+
+    def __init__(self, source: HfSource) -> None:
+        self.source = source
+        self.streamed = hub_datasets.streamed(source)
+
+    @property
+    def split(self) -> str:
+        return self.source.split
+
+    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        if self.streamed:
+            return self._streamed_documents(text_key, num_shards, index)
+        return self._file_documents(text_key, num_shards, index)
+
+    def plan(self, num_shards: int, index: int) -> list[str]:
+        if self.streamed:
+            return [f"split_dataset_by_node(rank={index}, world_size={num_shards})"]
+        return [f"{path} ({size} bytes)" for path, size in self._files(num_shards, index).items()]
+
+    def sizes(self, num_shards: int, index: int) -> dict[str, int] | None:
+        return None if self.streamed else self._files(num_shards, index)
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "kind": "hf",
+            "id": self.source.id,
+            "revision": self.source.revision,
+            "subset": self.source.subset,
+            "data_files": list(self.source.data_files),
+            "where": dict(self.source.where),
+        }
+
+    def _files(self, num_shards: int, index: int) -> dict[str, int]:
+        return _assigned(hub_datasets.hf_file_sizes(self.source), num_shards, index)
+
+    def _file_documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        for path in self._files(num_shards, index):
+            yield from read_file(hub_datasets.local_file(self.source, path), "auto", text_key)
+
+    def _streamed_documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        from datasets.distributed import split_dataset_by_node
+
+        dataset = hub_datasets.load_hf_dataset(self.source)
+        for row, record in enumerate(split_dataset_by_node(dataset, index, num_shards)):
+            if any(record.get(key) != value for key, value in self.source.where):
+                continue
+            origin = f"{self.source.id}[shard {index}/{num_shards}, row {row}]"
+            yield Document(text_of(record, text_key, origin), origin)
+
+
+class StdlibReader:
+    """The running CPython's stdlib corpus (kiln.data.stdlib_corpus), its units sharded by size."""
+
+    def __init__(self, source: StdlibSource) -> None:
+        self.source = source
+
+    @property
+    def split(self) -> str:
+        return self.source.split
+
+    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        for key in self.plan(num_shards, index):
+            for doc in stdlib_corpus.documents(key, self.source.split):
+                yield Document(doc.text, doc.id)
+
+    def plan(self, num_shards: int, index: int) -> list[str]:
+        return list(self.sizes(num_shards, index))
+
+    def sizes(self, num_shards: int, index: int) -> dict[str, int]:
+        units = {unit.key: unit.size for unit in stdlib_corpus.units(self.source.part)}
+        return _assigned(units, num_shards, index)
+
+    def provenance(self) -> dict[str, Any]:
+        return {"kind": "python_stdlib", "part": self.source.part, **stdlib_corpus.provenance()}
+
+
+class ImportedReader:
+    """An imported cache (levanter_cache: kiln.data.levanter_cache) is used as it is: it has no
+    documents to read and no shards to plan."""
+
+    split = None
+
+    def __init__(self, source: LevanterCacheSource) -> None:
+        self.source = source
+
+    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+        raise self._refusal()
+
+    def plan(self, num_shards: int, index: int) -> list[str]:
+        raise self._refusal()
+
+    def sizes(self, num_shards: int, index: int) -> dict[str, int]:
+        raise self._refusal()
+
+    def provenance(self) -> dict[str, Any]:
+        raise self._refusal()
+
+    def _refusal(self) -> SourceError:
+        return SourceError(
+            f"a {self.source.kind} source is imported as it is: it has no documents to read."
+        )
+
+
+# One reader per source kind: a new kind is one class and one line here.
+READERS: dict[str, Callable[[Any], SourceReader]] = {
+    FilesSource.kind: FilesReader,
+    UrlFilesSource.kind: UrlFilesReader,
+    HfSource.kind: HfReader,
+    StdlibSource.kind: StdlibReader,
+    LevanterCacheSource.kind: ImportedReader,
+}
 
 
 # --- local files ---------------------------------------------------------------------------------
@@ -174,27 +338,6 @@ def expand_paths(patterns: Iterable[str]) -> list[Path]:
                 raise SourceError(f"{path}: the file is empty; remove it from the source's paths.")
             found.add(path)
     return sorted(found)
-
-
-def _assigned_keys(sized: dict[str, Any], num_shards: int, index: int) -> list[str]:
-    """Shard `index`'s keys of `sized` (key -> something with a .size), in read order."""
-    return assign_to_shards({key: item.size for key, item in sized.items()}, num_shards)[index]
-
-
-def _file_pieces(source: FilesSource, num_shards: int) -> dict[str, _Piece]:
-    return {
-        piece.key: piece
-        for path in expand_paths(source.paths)
-        for piece in _pieces(path, source.format, num_shards)
-    }
-
-
-def _file_shard_documents(
-    source: FilesSource, text_key: str, num_shards: int, index: int
-) -> Iterator[Document]:
-    pieces = _file_pieces(source, num_shards)
-    for key in _assigned_keys(pieces, num_shards, index):
-        yield from pieces[key].documents(source.format, text_key)
 
 
 @dataclass(frozen=True)
@@ -403,244 +546,3 @@ def text_of(record: Any, text_key: str, origin: str) -> str:
             f"{origin}: field {text_key!r} must be a string, got {type(text).__name__}."
         )
     return text
-
-
-# --- Hugging Face datasets -----------------------------------------------------------------------
-
-
-# Hub file names that put a file in a split (datasets' own convention), by split.
-SPLIT_WORDS = {
-    "train": ("train", "training"),
-    "validation": ("validation", "valid", "val", "dev"),
-    "test": ("test", "testing", "eval", "evaluation"),
-}
-DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json", ".json.gz", ".json.zst", ".parquet")
-
-
-def _streamed(source: HfSource) -> bool:
-    """A subset (a dataset config) or a record filter is read through `datasets` streaming."""
-    return source.subset is not None or bool(source.where)
-
-
-@functools.lru_cache(maxsize=8)
-def hf_file_sizes(source: HfSource) -> dict[str, int]:
-    """The files a hub source reads, repo path -> bytes, at its revision: those matching one of
-    `data_files`; without data_files, the files whose path names the split as a word (a folder
-    `train/`, a file `train-00000-of-00009.parquet`), or every data file for `train` when no file
-    names any split. A local folder as the id is listed the same way."""
-    folder = Path(source.id)
-    listed = _list_folder(folder) if folder.exists() else _list_hub(source)
-    data = {path: size for path, size in listed.items() if path.lower().endswith(DATA_SUFFIXES)}
-    if source.data_files:
-        chosen = {
-            path: size
-            for path, size in data.items()
-            if any(fnmatch.fnmatchcase(path, pattern) for pattern in source.data_files)
-        }
-        wanted = f"matching data_files {list(source.data_files)}"
-    else:
-        chosen = _files_of_split(data, source.split)
-        wanted = f"of the split {source.split!r}"
-    if not chosen:
-        raise SourceError(
-            f"The Hugging Face dataset {source.id!r} at revision {source.revision!r} has no data "
-            f"files {wanted}; its data files are: {sorted(data)[:20] or 'none'}."
-        )
-    return chosen
-
-
-def hf_shard_files(source: HfSource, num_shards: int, index: int) -> list[str]:
-    """Shard `index`'s files of a hub source, in read order (sorted)."""
-    return assign_to_shards(hf_file_sizes(source), num_shards)[index]
-
-
-def _split_words(path: str) -> set[str]:
-    return set(re.split(r"[/_.\-]", path.lower()))
-
-
-def _files_of_split(data: dict[str, int], split: str) -> dict[str, int]:
-    every_word = {word for words in SPLIT_WORDS.values() for word in words}
-    if not any(_split_words(path) & every_word for path in data):
-        return dict(data) if split == "train" else {}
-    words = set(SPLIT_WORDS.get(split, (split,)))
-    return {path: size for path, size in data.items() if _split_words(path) & words}
-
-
-def _list_folder(folder: Path) -> dict[str, int]:
-    return {
-        path.relative_to(folder).as_posix(): path.stat().st_size
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and not any(p.startswith(".") for p in path.relative_to(folder).parts)
-    }
-
-
-def _list_hub(source: HfSource) -> dict[str, int]:
-    if _hf_offline():
-        raise SourceError(
-            f"Could not list the Hugging Face dataset {source.id!r} (revision "
-            f"{source.revision!r}): Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set), and a "
-            f"hub dataset's file list comes from the hub. {_hf_advice()}"
-        )
-    from huggingface_hub import HfApi
-    from huggingface_hub.hf_api import RepoFile
-
-    _probe_hub(source)
-    try:
-        entries = HfApi().list_repo_tree(
-            source.id, revision=source.revision, repo_type="dataset", recursive=True
-        )
-        return {entry.path: entry.size for entry in entries if isinstance(entry, RepoFile)}
-    except Exception as e:  # the probe has named the likely causes; this is the rest
-        raise SourceError(
-            f"Could not list the files of the Hugging Face dataset {source.id!r} at revision "
-            f"{source.revision!r}: {type(e).__name__}: {_first_line(e)}. {_hf_advice()}"
-        ) from None
-
-
-def _hf_local_file(source: HfSource, path: str) -> Path:
-    """A hub file on this machine: in the local folder, or downloaded once into the Hugging Face
-    cache (HF_HOME / HF_HUB_CACHE) at the source's revision."""
-    if Path(source.id).exists():
-        return Path(source.id) / path
-    from huggingface_hub import hf_hub_download
-
-    try:
-        return Path(
-            hf_hub_download(
-                source.id, path, revision=source.revision, repo_type="dataset"
-            )
-        )
-    except Exception as e:
-        raise SourceError(
-            f"Could not download {path} of the Hugging Face dataset {source.id!r} at revision "
-            f"{source.revision!r}: {type(e).__name__}: {_first_line(e)}. {_hf_advice()}"
-        ) from None
-
-
-def _hf_shard_documents(
-    source: HfSource, text_key: str, num_shards: int, index: int
-) -> Iterator[Document]:
-    if _streamed(source):
-        yield from _hf_streamed_shard_documents(source, text_key, num_shards, index)
-        return
-    for path in hf_shard_files(source, num_shards, index):
-        yield from read_file(_hf_local_file(source, path), "auto", text_key)
-
-
-def _hf_streamed_shard_documents(
-    source: HfSource, text_key: str, num_shards: int, index: int
-) -> Iterator[Document]:
-    from datasets.distributed import split_dataset_by_node
-
-    dataset = split_dataset_by_node(load_hf_dataset(source), rank=index, world_size=num_shards)
-    for row, record in enumerate(dataset):
-        if any(record.get(key) != value for key, value in source.where):
-            continue
-        origin = f"{source.id}[shard {index}/{num_shards}, row {row}]"
-        yield Document(text_of(record, text_key, origin), origin)
-
-
-def load_hf_dataset(source: HfSource) -> Any:
-    """The streaming IterableDataset of `source`; a local dataset folder works as an id too.
-
-    Unreachable hub: with HF_DATASETS_OFFLINE / HF_HUB_OFFLINE set, `datasets` fails in well under a
-    second; without them it retries for ~25 s, so we probe the hub once first and fail at once.
-    """
-    import datasets
-
-    is_local = Path(source.id).exists()
-    if not is_local and not _hf_offline():
-        _probe_hub(source)
-    try:
-        return datasets.load_dataset(
-            source.id,
-            name=source.subset,
-            data_files={source.split: list(source.data_files)} if source.data_files else None,
-            split=source.split,
-            revision=source.revision,
-            streaming=True,
-        )
-    except Exception as e:  # datasets raises ConnectionError, FileNotFoundError, ValueError, ...
-        offline = (
-            " Offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set): only the local Hugging Face "
-            "cache (HF_HOME) is read, and it does not hold this dataset."
-            if _hf_offline() and not is_local
-            else ""
-        )
-        raise SourceError(
-            f"Could not load the Hugging Face dataset {source.id!r} (split {source.split!r}): "
-            f"{type(e).__name__}: {_first_line(e)}.{offline} {_hf_advice()}"
-        ) from None
-
-
-def _probe_hub(source: HfSource) -> None:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    try:
-        HfApi().dataset_info(source.id, revision=source.revision, timeout=10)
-    except GatedRepoError:  # before RepositoryNotFoundError: it is one
-        raise SourceError(
-            f"The Hugging Face dataset {source.id!r} is gated: accept its terms on "
-            f"huggingface.co with your account, then set HF_TOKEN to a token of that account "
-            f"{_token_state()}."
-        ) from None
-    except RevisionNotFoundError:
-        raise SourceError(
-            f"The Hugging Face dataset {source.id!r} has no revision {source.revision!r}: "
-            "check the target's `revision` field."
-        ) from None
-    except RepositoryNotFoundError:
-        raise SourceError(
-            f"The Hugging Face dataset {source.id!r} does not exist, or is private: check the id, "
-            f"or set HF_TOKEN to a token that can read it {_token_state()}. {_hf_advice()}"
-        ) from None
-    except Exception as e:  # connection errors come from httpx / requests, whichever hub uses
-        raise SourceError(
-            f"The Hugging Face hub is unreachable while looking up dataset {source.id!r} "
-            f"({type(e).__name__}: {_first_line(e)}). {_hf_advice()}"
-        ) from None
-
-
-def _token_state() -> str:
-    return "(HF_TOKEN is set, but that token has no access)" if os.environ.get("HF_TOKEN") else (
-        "(HF_TOKEN is not set)"
-    )
-
-
-def _hf_offline() -> bool:
-    return any(
-        os.environ.get(var, "").upper() in ("1", "ON", "YES", "TRUE")
-        for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-    )
-
-
-def _hf_advice() -> str:
-    return (
-        "Without the hub, use a files source instead: download the data elsewhere as "
-        'jsonl/parquet and point {"kind": "files", "paths": [...]} at it.'
-    )
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "no message"
-
-
-# --- the Python standard library -----------------------------------------------------------------
-
-
-def _stdlib_units(source: StdlibSource) -> dict[str, Any]:
-    return {unit.key: unit for unit in stdlib_corpus.units(source.part)}
-
-
-def _stdlib_shard_documents(
-    source: StdlibSource, num_shards: int, index: int
-) -> Iterator[Document]:
-    for key in _assigned_keys(_stdlib_units(source), num_shards, index):
-        for doc in stdlib_corpus.documents(key, source.split):
-            yield Document(doc.text, doc.id)

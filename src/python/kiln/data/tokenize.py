@@ -12,7 +12,8 @@ tokenizes shard I of config.num_shards into one shard folder; `merge` moves comp
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
 `plan` prints the files (pieces, units) and bytes each shard reads (`--json`: as one JSON list,
-which `pants plan` reads), and writes nothing.
+which `pants plan` reads), or for an import the Levanter cache's layout, parts, documents and
+tokens from its ledger, and writes nothing.
 
 In a bucket (`--out s3://…` or `gs://…`: storage="store" with a bucket prefix), `shard`
 tokenizes into a local staging folder and uploads the shard to its final keys in the cache,
@@ -76,10 +77,10 @@ from kiln.data.cache_writer import (
 )
 from kiln.data.errors import CacheError, KilnDataError, SourceError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
-from kiln.data.levanter_cache import import_levanter_cache
+from kiln.data.levanter_cache import import_levanter_cache, plan_import
 from kiln.data.spec import CacheSpec, HfSource, LevanterCacheSource, parse_cache_spec
 from kiln.data.tokenizer import EncodedDocuments, LoadedTokenizer, load_tokenizer
-from kiln_contract.tokenize import shard_dir_name
+from kiln_contract.tokenize import DEFAULT_FRAMING, shard_dir_name
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge
@@ -121,8 +122,9 @@ def tokenize_shard(
     quota = spec.shard_token_quota(index)
     tokens = 0
     with ShardWriter(Path(out_dir), tokenizer.info.token_dtype()) as writer:
-        for texts in _checked_batches(documents, spec.max_document_chars, counts):
-            encoded = tokenizer.encode_documents(texts)
+        keep_empty = spec.framing != DEFAULT_FRAMING  # Levanter frames them: " " + EOS
+        for texts in _checked_batches(documents, spec.max_document_chars, counts, keep_empty):
+            encoded = tokenizer.encode_documents(texts, spec.framing)
             if quota is not None:
                 encoded = _up_to_quota(encoded, quota - tokens)
                 texts = texts[: len(encoded.lengths)]
@@ -224,6 +226,7 @@ def _identity(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]:
         "fingerprint": spec.fingerprint,
         "num_shards": spec.num_shards,
         "tokenizer_digest": tokenizer.info.digest,
+        **({} if spec.framing == DEFAULT_FRAMING else {"framing": spec.framing}),
     }
 
 
@@ -301,14 +304,19 @@ def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]
         "max_document_chars": spec.max_document_chars,
         "num_shards": spec.num_shards,
         **({} if spec.max_tokens is None else {"max_tokens": spec.max_tokens}),
+        **({} if spec.framing == DEFAULT_FRAMING else {"framing": spec.framing}),
         "tokenizer": {**tokenizer.info.to_json(), "spec": tokenizer.spec.to_json()},
     }
 
 
 def _checked_batches(
-    documents: Iterator[sources.Document], max_chars: int, counts: dict[str, int]
+    documents: Iterator[sources.Document],
+    max_chars: int,
+    counts: dict[str, int],
+    keep_empty: bool = False,
 ) -> Iterator[list[str]]:
-    """Batches of document texts; empty documents are skipped (counted), over-long ones refused."""
+    """Batches of document texts; over-long ones refused, empty ones (empty or whitespace)
+    skipped and counted unless `keep_empty`."""
     batch: list[str] = []
     for document in documents:
         if len(document.text) > max_chars:
@@ -317,7 +325,7 @@ def _checked_batches(
                 f"than max_document_chars={max_chars:,}; raise config.max_document_chars or split "
                 "the document."
             )
-        if not document.text.strip():
+        if not keep_empty and not document.text.strip():
             counts["skipped_empty_documents"] += 1
             continue
         batch.append(document.text)
@@ -392,6 +400,9 @@ def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
 
 
 def _plan_command(spec: CacheSpec, as_json: bool) -> None:
+    if isinstance(spec.source, LevanterCacheSource):
+        _plan_import_command(spec, as_json)
+        return
     if as_json:  # for `pants plan`: one object per shard, in index order
         print(json.dumps([_shard_plan_json(spec, index) for index in range(spec.num_shards)]))
         return
@@ -404,6 +415,20 @@ def _plan_command(spec: CacheSpec, as_json: bool) -> None:
         print(f"shard {index}/{spec.num_shards}: {len(sizes)} files, {sum(sizes.values()):,} bytes")
         for key, size in sizes.items():
             print(f"  {key} ({size:,} bytes)")
+
+
+def _plan_import_command(spec: CacheSpec, as_json: bool) -> None:
+    """An import's plan is its ledger: layout, parts, documents and tokens (`--json`: a list of
+    one object {"imported": ...})."""
+    imported = plan_import(spec)
+    if as_json:
+        print(json.dumps([{"imported": imported}]))
+        return
+    tokens = "an unrecorded number of" if imported["tokens"] is None else f"{imported['tokens']:,}"
+    print(
+        f"imports the Levanter cache at {imported['location']}: {imported['layout']} layout, "
+        f"{imported['parts']} part(s), {imported['documents']:,} documents, {tokens} tokens"
+    )
 
 
 def _shard_plan_json(spec: CacheSpec, index: int) -> dict[str, Any]:

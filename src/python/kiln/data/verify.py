@@ -3,9 +3,15 @@
 Each cache must be finished (STATUS SUCCESS); every file's sha256 is compared with the one
 recorded when it was written, then the cache is opened as a reader opens it (every file present
 with its recorded size, offsets consistent with the ledger). kiln.runner runs the same check
-when it places a cache into the artifact store. One line per cache:
+when it places a cache into the artifact store. An imported cache's arrays have no digests (they
+are Levanter's, terabytes): its token data is read whole instead, every id checked against the
+vocabulary, and each part's rows and tokens against Levanter's ledger (kiln.data.import_check).
+One line per cache:
 
     tokenized/x@v1 at /store/tokenized/x/v1: verified 13 files (41.9 MB)
+    tokenized/y@v1 at /store/tokenized/y/v1: verified 1 files (0.0 MB); the Levanter cache at
+        /data/train (sharded, 2 parts): 42 documents, 52,471 token ids read, each in [0, 8192),
+        offsets increasing, rows and tokens as its shard_ledger.json
 
 Exit status, the gravest over all caches: 1 a cache is damaged or not a finished cache (the
 line names the shard and file); 4 a storage error (EXIT_STORAGE); 3 a cache of format_version
@@ -31,6 +37,7 @@ from kiln.data.cache import (
     read_cache_records,
 )
 from kiln.data.errors import KilnDataError
+from kiln.data.import_check import ImportCheck, check_import, is_import
 
 EXIT_DAMAGED = 1
 EXIT_UNVERIFIED = 3
@@ -41,6 +48,7 @@ class Verification:
     cache: TokenCache
     files: int  # files whose digests were compared (0 for an unverified format)
     bytes: int
+    imported: ImportCheck | None = None  # the token data of an imported cache, read whole
 
     def describe(self) -> str:
         info = self.cache.info
@@ -50,14 +58,19 @@ class Verification:
                 f"{where}: unverified: format_version {info.get('format_version')} records no "
                 "digests (offsets checked); rebuild it to have it verified"
             )
-        return f"{where}: verified {self.files} files ({self.bytes / 1e6:.1f} MB)"
+        line = f"{where}: verified {self.files} files ({self.bytes / 1e6:.1f} MB)"
+        return line if self.imported is None else f"{line}; {self.imported.describe()}"
 
 
-def verify_cache(location: str | Path, *, digests: bool = True) -> Verification:
+def verify_cache(
+    location: str | Path, *, digests: bool = True, token_data: bool = False
+) -> Verification:
     """With `digests` (a local folder), compares every file's sha256 with the ledger (before any
     array is decoded, so that altered bytes are named as such), then opens the cache as a reader
-    does (a folder or a bucket URL). CacheDamaged names the first damaged file; CacheNotReady an
-    unfinished cache; StorageError a file the OS cannot read."""
+    does (a folder or a bucket URL); with `token_data`, reads an imported cache's token data
+    whole (kiln.data.import_check: the command does, the runner's placement check does not, an
+    import's terabytes being read where they are). CacheDamaged names the first damaged file;
+    CacheNotReady an unfinished cache; StorageError a file the OS cannot read."""
     path = location if "://" in str(location) else Path(location)
     try:
         info, ledger = read_cache_records(path)
@@ -65,7 +78,8 @@ def verify_cache(location: str | Path, *, digests: bool = True) -> Verification:
         cache = TokenCache(path, info, ledger)
     except (ValueError, KeyError) as e:  # cache.json or ledger.json are not what was written
         raise KilnDataError(f"{path}: the cache's records cannot be read ({e})") from None
-    return Verification(cache, files, size)
+    imported = check_import(cache) if token_data and is_import(cache) else None
+    return Verification(cache, files, size, imported)
 
 
 def _compare_digests(path: Path, info: dict[str, Any], ledger: dict[str, Any]) -> tuple[int, int]:
@@ -103,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify_one(path: Path) -> tuple[int, str]:
     try:
-        verification = verify_cache(path)
+        verification = verify_cache(path, token_data=True)
     except KilnDataError as e:
         return EXIT_DAMAGED, f"error: {e}"
     except (StorageError, OSError) as e:

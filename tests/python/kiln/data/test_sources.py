@@ -11,7 +11,7 @@ import pytest
 import zstandard
 from kiln_testing.data import sample_texts, write_corpus, write_jsonl
 
-from kiln.data import sources
+from kiln.data import hub_datasets, sources
 from kiln.data.errors import SourceError
 from kiln.data.sources import assign_to_shards, expand_paths, shard_documents
 from kiln.data.spec import FilesSource, HfSource
@@ -158,7 +158,7 @@ def test_a_hub_source_is_planned_from_its_file_list_and_shards_read_only_their_f
     source = HfSource(id=str(tmp_path / "repo"), split="train", revision="abc123")
     train = [path for path in files if path.startswith("train/")]
     sizes = {path: (tmp_path / "repo" / path).stat().st_size for path in train}
-    assert sources.hf_file_sizes(source) == sizes
+    assert hub_datasets.hf_file_sizes(source) == sizes
     assigned = assign_to_shards(sizes, 2)
     for index in range(2):
         assert _texts_of_shard(source, 2, index) == [t for p in assigned[index] for t in files[p]]

@@ -9,7 +9,7 @@ import pytest
 from kiln_testing.data import make_spec, write_corpus, write_jsonl
 
 from kiln.artifacts import read_status
-from kiln.data import cache_writer, sources, tokenize
+from kiln.data import cache_writer, hub_datasets, tokenize
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.cache_writer import ShardWriter
 from kiln.data.errors import CacheError, SourceError
@@ -246,7 +246,7 @@ def test_a_hub_file_list_that_changed_under_its_revision_is_refused(tmp_path: Pa
     for index, shard in enumerate(shards):
         tokenize_shard(spec, index, shard, tokenizer)
     write_jsonl(folder / "train" / "c.jsonl", ["a file pushed to the branch"])
-    sources.hf_file_sizes.cache_clear()  # a new process lists the files again
+    hub_datasets.hf_file_sizes.cache_clear()  # a new process lists the files again
     with pytest.raises(CacheError, match=r"file list changed under revision 'main'.*Pin"):
         merge_cache(spec, shards, tmp_path / "cache", tokenizer)
     assert read_status(tmp_path / "cache") is None

@@ -134,6 +134,53 @@ def test_a_holder_whose_lease_was_taken_over_knows_it(store: ObjectStore) -> Non
     assert held(store)["owner"] == "elsewhere"  # not deleted
 
 
+def test_a_stalled_holders_release_leaves_the_lease_that_took_it_over(store: ObjectStore) -> None:
+    """The holder stopped renewing (no heartbeat before its expiry), another run took the lease
+    over, and then the first one finishes: its release must not end the new holder's lease, on
+    a server that ignores a delete's generation too (fake-gcs-server): release is a conditional
+    replace, which every store honours."""
+    stalled = lease(store, "train x@v", ttl=0.2, heartbeat=60).acquire(wait=False)
+    time.sleep(0.3)
+    with lease(store, "resume").acquire(wait=False) as new_holder:
+        stalled.release()
+        assert held(store)["what"] == "resume" and not held(store)["released"]
+        assert new_holder.lost is None
+    with pytest.raises(ObjectMissing):  # released by its holder: gone
+        store.read(KEY)
+
+
+def test_of_two_takers_of_a_stale_lease_exactly_one_wins(store: ObjectStore) -> None:
+    """Taking over is one conditional replace of the generation read, not a delete and a create:
+    two takers who read the same stale lease cannot both win."""
+    for _ in range(3):
+        foreign_lease(store, host="other-host", pid=1, expires_in=-1)
+        start = threading.Barrier(2)
+        outcomes: list[str] = []
+        winners: list[Lease] = []
+
+        def take(
+            name: str, start: threading.Barrier, outcomes: list[str], winners: list[Lease]
+        ) -> None:
+            start.wait()
+            try:
+                winners.append(lease(store, name).acquire(wait=False))
+                outcomes.append("won")
+            except LeaseHeld:
+                outcomes.append("refused")
+
+        takers = [
+            threading.Thread(target=take, args=(f"taker {i}", start, outcomes, winners))
+            for i in range(2)
+        ]
+        for taker in takers:
+            taker.start()
+        for taker in takers:
+            taker.join(30)
+        assert sorted(outcomes) == ["refused", "won"]
+        assert held(store)["what"] == winners[0].what
+        winners[0].release()
+
+
 def test_a_killed_holder_on_this_host_is_taken_over_at_once(
     store: ObjectStore, store_location: str
 ) -> None:

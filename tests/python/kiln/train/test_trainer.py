@@ -11,8 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kiln_testing.data import STDLIB_TOKENIZER
-from kiln_testing.levanter import write_levanter_cache
 from kiln_testing.training import (
     EVAL_TASK,
     build_tiny_cache,
@@ -21,9 +19,7 @@ from kiln_testing.training import (
     write_eval_task,
 )
 
-from kiln.data.cache import TokenCache
 from kiln.data.errors import CacheError
-from kiln.data.tokenize import build_cache
 from kiln.train.metrics import WANDB_VARIABLES
 from kiln.train.spec import parse_spec
 from kiln.train.trainer import (
@@ -228,31 +224,6 @@ def test_stopping_early_then_resuming_matches_the_uninterrupted_run(
         "step-20",
         "step-24",
     ]
-
-
-def test_an_imported_levanter_cache_trains_as_the_cache_it_holds(
-    finished_run, caches, tmp_path
-) -> None:
-    """tokenized/a's documents, written as Levanter writes a cache and imported in place: the
-    run reads the same batches, so its losses are the finished run's, bit for bit."""
-    held = TokenCache.open(caches["tokenized/a"])
-    levanter = write_levanter_cache(
-        tmp_path / "levanter" / "train",
-        [held.document(i) for i in range(held.num_documents)],
-        tokenizer="kiln-stdlib-8k", vocab_size=held.tokenizer.vocab_size,
-    )  # fmt: skip
-    spec = {"spec_version": 1, "kind": "tokenized_cache", "name": "tokenized/a",
-            "version": "2026.12.01", "fingerprint": "fp-levanter",
-            "config": {"source": {"kind": "levanter_cache", "location": str(levanter)},
-                       "tokenizer": STDLIB_TOKENIZER}}  # fmt: skip
-    imported = build_cache(spec, tmp_path / "imported")
-    output = tmp_path / "out"
-    summary = train(
-        spec_for(output, {**caches, "tokenized/a": imported}, **{"runtime.max_steps_this_run": 4})
-    )
-    assert summary["step"] == 4
-    reference = train_losses(finished_run[0])
-    assert train_losses(output) == {step: reference[step] for step in (1, 2, 3, 4)}
 
 
 def test_gradient_accumulation_follows_the_one_pass_run(finished_run, caches, tmp_path) -> None:

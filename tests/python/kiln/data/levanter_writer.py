@@ -1,0 +1,92 @@
+"""The reference side of the Levanter import tests: caches written, and read back, by Levanter's
+own code (marin-levanter from PyPI, the `levanter-tests` resolve), never by an imitation.
+
+Runs as its own process, built as a PEX that the tests run: `python levanter-writer.pex
+JOBS.json`. JOBS.json is a list; each job is one of
+
+  {"kind": "consolidated", "docs": [JSONL, ...], "tokenizer": DIR, "out": SPLIT_DIR,
+   "enforce_eos": true}
+      Levanter's `build_lm_dataset_cache` over `UrlDatasetSourceConfig(train_urls=docs)`: the
+      consolidated layout (shard_ledger.json beside input_ids/), as `build_or_load_cache` writes
+      it, tokenizer metadata in the ledger.
+  {"kind": "sharded", "docs": [JSONL, ...], "tokenizer": DIR, "out": SPLIT_DIR}
+      The sharded layout as Marin's `tokenize` step writes it (marin/processing/tokenize:
+      store_builder.build_from_datasets): each JSONL file one part, its documents framed by
+      Levanter's BatchTokenizer with the long-string workaround Marin turns on
+      (_core.text_preprocessor), written by Levanter's `write_levanter_cache` to
+      `part-NNNNN-of-MMMMM/`, then `consolidate_shard_cache_ledgers` writes the split's ledger
+      (`layout: sharded`, no tokenizer metadata). marin-core itself installs only with
+      `--no-deps`, which a lockfile cannot express; these are the Levanter functions it calls.
+
+Every job then reads its cache back with Levanter's reader (`TreeCache.load`) into
+`{out}.ids.npz` (`ids`: every row's ids concatenated, `lengths`: each row's length) and prints
+one JSON line: the ledger and the arrays' dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np  # pants: no-infer-dep (numpy comes with marin-levanter)
+from levanter.data.text._batch_tokenizer import BatchTokenizer
+from levanter.data.text.cache import build_lm_dataset_cache
+from levanter.data.text.datasets import UrlDatasetSourceConfig
+from levanter.data.text.formats import TextLmDatasetFormat
+from levanter.store.cache import TreeCache, consolidate_shard_cache_ledgers, write_levanter_cache
+from levanter.tokenizers import load_tokenizer
+
+EXEMPLAR = {"input_ids": np.zeros(1, np.int64)}
+
+
+def consolidated(job: dict[str, Any]) -> None:
+    tokenizer = load_tokenizer(job["tokenizer"])
+    source = UrlDatasetSourceConfig(train_urls=job["docs"], validation_urls=[])
+    build_lm_dataset_cache(
+        job["out"],
+        source.get_shard_source("train"),
+        TextLmDatasetFormat(),
+        tokenizer,
+        enforce_eos=job.get("enforce_eos", True),
+    )
+
+
+def sharded(job: dict[str, Any]) -> None:
+    tokenizer = load_tokenizer(job["tokenizer"])
+    processor = BatchTokenizer(tokenizer, enforce_bos=True, enforce_eos=True)
+    processor._long_string_workaround = True  # as Marin's text_preprocessor sets it
+    parts = []
+    for index, docs in enumerate(job["docs"]):
+        texts = [json.loads(line) for line in Path(docs).read_text().splitlines() if line.strip()]
+        part = f"{job['out']}/part-{index:05d}-of-{len(job['docs']):05d}"
+        write_levanter_cache(iter(processor(texts)), part, metadata={})
+        parts.append(part)
+    consolidate_shard_cache_ledgers(parts, job["out"], exemplar=EXEMPLAR)
+
+
+def read_back(job: dict[str, Any]) -> dict[str, Any]:
+    cache = TreeCache.load(job["out"], EXEMPLAR)
+    rows = cache.get_batch_sync(list(range(len(cache))))
+    ids = [np.asarray(row["input_ids"]) for row in rows]
+    np.savez(
+        f"{job['out']}.ids.npz",
+        ids=np.concatenate(ids),
+        lengths=np.array([len(row) for row in ids], np.int64),
+    )
+    ledger = json.loads(Path(job["out"], "shard_ledger.json").read_text())
+    return {"out": job["out"], "ledger": ledger, "dtype": str(ids[0].dtype)}
+
+
+def main(jobs_file: str) -> None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    writers = {"consolidated": consolidated, "sharded": sharded}
+    for job in json.loads(Path(jobs_file).read_text()):
+        writers[job["kind"]](job)
+        print(json.dumps(read_back(job)), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
