@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # 3: a ledger shard may be an imported cache's arrays, elsewhere
 VERIFIED_FORMAT_VERSIONS = (2, FORMAT_VERSION)  # 2: each file's size and sha256, no imports
+SHARD_FORMAT_VERSIONS = VERIFIED_FORMAT_VERSIONS  # shards a merge takes: alike in both
 UNVERIFIED_FORMAT_VERSION = 1  # still read, without size or digest checks
 READABLE_FORMAT_VERSIONS = (UNVERIFIED_FORMAT_VERSION, *VERIFIED_FORMAT_VERSIONS)
 CACHE_FILE = "cache.json"
