@@ -4,15 +4,17 @@
     python -m kiln.data.tokenize merge SPEC.json --shards DIR0 DIR1 ... --out CACHE_DIR
     python -m kiln.data.tokenize build SPEC.json --out CACHE_DIR
     python -m kiln.data.tokenize import SPEC.json --out CACHE_DIR
-    python -m kiln.data.tokenize plan SPEC.json [--json]
+    python -m kiln.data.tokenize plan SPEC.json... [--json]
 
 `import` is for a `levanter_cache` source (kiln.data.levanter_cache): it checks the cache and
 writes the Kiln cache that reads it in place; `build` of such a spec imports too. `shard`
 tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
-`plan` prints the files (pieces, units) and bytes each shard reads (`--json`: as one JSON list,
-which `pants plan` reads), and writes nothing.
+`plan` prints the files (pieces, units) and bytes each shard of each spec reads, and writes
+nothing; `--json` prints one line per spec, as `pants plan` reads them: a JSON list with an
+object per shard, or `{"error": WHY}` for a spec that cannot be planned (its hub unreachable,
+say), which does not stop the others.
 
 Every folder may be a bucket URL as well (`s3://…` or `gs://…`: storage="store" with a bucket
 prefix): the commands take the same steps through the object store. A bucket has no rename, so
@@ -87,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_locations(args)
         _check_contained(args)
+        if args.command == "plan":
+            _plan_command(args.spec, args.json)
+            return 0
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
-        if args.command == "plan":
-            _plan_command(spec, args.json)
-            return 0
         finished = args.out if args.command != "shard" else args.unless_built
         if finished is not None and served(spec, finished):  # no lease needed to see it
             return 0
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        failure = as_storage_error(e, getattr(args, "out", None) or args.spec)  # plan: no --out
+        failure = as_storage_error(e, getattr(args, "out", None) or args.spec)
         if failure is None:
             raise
         print(f"error: {failure}", file=sys.stderr)
@@ -131,10 +133,29 @@ def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
         )
 
 
-def _plan_command(spec: CacheSpec, as_json: bool) -> None:
-    if as_json:  # for `pants plan`: one object per shard, in index order
-        print(json.dumps([_shard_plan_json(spec, index) for index in range(spec.num_shards)]))
-        return
+def _plan_command(spec_files: list[Path], as_json: bool) -> None:
+    for spec_file in spec_files:
+        if as_json:
+            print(json.dumps(_plan_json(spec_file)), flush=True)
+        else:
+            _print_plan(parse_cache_spec(_read_spec_file(spec_file)))
+
+
+def _plan_json(spec_file: Path) -> Any:
+    """For `pants plan`: one object per shard, in index order; or why there is no plan."""
+    try:
+        spec = parse_cache_spec(_read_spec_file(spec_file))
+        return [_shard_plan_json(spec, index) for index in range(spec.num_shards)]
+    except KilnDataError as e:
+        return {"error": str(e)}
+    except Exception as e:
+        failure = as_storage_error(e, spec_file)
+        if failure is None:
+            raise
+        return {"error": str(failure)}
+
+
+def _print_plan(spec: CacheSpec) -> None:
     for index in range(spec.num_shards):
         sizes = sources.shard_sizes(spec.source, spec.num_shards, index)
         if sizes is None:
@@ -302,8 +323,8 @@ def _parser() -> argparse.ArgumentParser:
     imported.add_argument("--out", type=_location, required=True)
     imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     plan = commands.add_parser("plan", help="print the files and bytes each shard reads")
-    plan.add_argument("spec", type=Path)
-    plan.add_argument("--json", action="store_true", help="one JSON list: each shard's files")
+    plan.add_argument("spec", type=Path, nargs="+")
+    plan.add_argument("--json", action="store_true", help="a JSON line per spec: its shards")
     plan.set_defaults(root=None)  # it writes nothing
     for command in (shard, merge, build, imported):
         command.add_argument(
