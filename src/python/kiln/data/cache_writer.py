@@ -24,7 +24,6 @@ is built at its place in the cache, `shards/NAME/`, while a local one may be mov
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from kiln.artifacts import (
     RUNNING,
     STATUS_FILE,
     SUCCESS,
+    atomic_write_bytes,
     atomic_write_json,
     json_bytes,
     mark_failed,
@@ -56,6 +56,7 @@ from kiln.artifacts.content import (
     record_files,
 )
 from kiln.artifacts.store import ObjectStore, copy_folder_into, open_store, read_text
+from kiln.data import document_ends
 from kiln.data.cache import (
     BYTE_LENGTHS_FILE,
     CACHE_FILE,
@@ -68,12 +69,14 @@ from kiln.data.cache import (
     STATS_FILE,
     zarr_spec,
 )
+from kiln.data.document_ends import OFFSETS_INDEX_FILE, npy_bytes
 from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
 from kiln_contract.tokenize import shard_dir_name
 
-# Zarr3 sharding: files ("outer chunks") of 4M elements made of 256K-element compressed chunks.
-INNER_CHUNK = 1 << 18
+# Zarr3 sharding: files ("outer chunks") of 4M elements made of compressed chunks of 4K tokens,
+# so that a window read decodes little more than the window (format 4; format 3: 256K).
+INNER_CHUNK = 1 << 12
 OUTER_CHUNK = 1 << 22
 
 
@@ -89,7 +92,7 @@ class ShardWriter:
         self.tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
         remove_temp_siblings(out_dir)
         self.tmp_dir.mkdir(parents=True)
-        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype)
+        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype, INNER_CHUNK)
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0
         self._written_tokens = 0
@@ -118,11 +121,15 @@ class ShardWriter:
         self._flush(final=True)
         lengths = np.concatenate([np.zeros(0, np.int64), *self._lengths])
         offsets = np.concatenate([[len(lengths)], np.cumsum(lengths)]).astype(np.uint64)
-        offsets_array = _create_array(self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64))
+        stride = document_ends.OFFSETS_STRIDE  # one chunk of offsets per entry of the index
+        offsets_array = _create_array(self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64), stride)
         _write_at(offsets_array, 0, offsets)
+        index = document_ends.offsets_index(offsets, stride)
+        atomic_write_bytes(self.tmp_dir / OFFSETS_INDEX_FILE, npy_bytes(index))
         record = {
             **record,
             "format_version": FORMAT_VERSION,
+            "offsets_stride": stride,
             "dtype": self.dtype.name,
             "documents": len(lengths),
             "tokens": self._written_tokens,
@@ -305,6 +312,7 @@ def _ledger_shards(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "first_document": first_document,
                 "first_token": first_token,
                 "files": record["files"],
+                **{key: record[key] for key in ("offsets_stride",) if key in record},
             }
         )
         first_document += record["documents"]
@@ -323,7 +331,7 @@ def _write_records(
         "documents": sum(shard["documents"] for shard in ledger_shards),
         "tokens": sum(shard["tokens"] for shard in ledger_shards),
     }
-    byte_lengths = _npy_bytes(token_byte_lengths)
+    byte_lengths = npy_bytes(token_byte_lengths)
     cache.write(BYTE_LENGTHS_FILE, byte_lengths)
     ledger = {
         "format_version": cache_record["format_version"],
@@ -350,17 +358,18 @@ def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _create_array(path: Path, dtype: np.dtype) -> ts.TensorStore:
+def _create_array(path: Path, dtype: np.dtype, inner_chunk: int) -> ts.TensorStore:
+    outer_chunk = max(inner_chunk, OUTER_CHUNK // inner_chunk * inner_chunk)  # whole chunks a file
     blosc = {"cname": "zstd", "clevel": 3, "shuffle": "shuffle", "typesize": dtype.itemsize}
     metadata = {
         "shape": [0],
         "data_type": dtype.name,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [OUTER_CHUNK]}},
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [outer_chunk]}},
         "codecs": [
             {
                 "name": "sharding_indexed",
                 "configuration": {
-                    "chunk_shape": [INNER_CHUNK],
+                    "chunk_shape": [inner_chunk],
                     "codecs": [
                         {"name": "bytes", "configuration": {"endian": "little"}},
                         {"name": "blosc", "configuration": blosc},
@@ -382,12 +391,6 @@ def _write_at(array: ts.TensorStore, start: int, values: np.ndarray) -> None:
     end = start + len(values)
     resized = array.resize(exclusive_max=[end], expand_only=True).result()
     resized[start:end].write(values).result()
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
 
 
 def remove_dead_temporaries(folder: Path) -> None:

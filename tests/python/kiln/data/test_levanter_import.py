@@ -77,7 +77,7 @@ def test_an_imported_cache_reads_as_the_tokenized_one(
     assert "verified" in verify_cache(tmp_path / "imported").describe()
     info = imported.info
     assert info["source"]["kind"] == "levanter_cache" and info["source"]["dtype"] == "int32"
-    assert info["format_version"] == 3
+    assert info["format_version"] == 4
 
 
 def test_a_cache_changed_after_its_import_is_refused(tmp_path: Path, levanter_dir: Path,
