@@ -12,7 +12,7 @@
                                 in chunks of `offsets_stride` (1024) entries
           offsets_index.npy     uint64: the start of the first document of every offsets chunk
           data/                 uint16 (vocab <= 65536) or uint32 token ids, all documents concatenated,
-                                in files of 4M tokens made of compressed chunks of 4K
+                                in files of 1M tokens made of compressed chunks of 4K
           shard.json, STATUS    the shard's own record and success marker
 
 An imported Levanter cache (kiln.data.levanter_cache) has no shard folder: its one ledger shard
@@ -126,6 +126,7 @@ class _SliceRead:
     column: int
     shard: int
     local: int
+    length: int
     future: ts.Future
 
 
@@ -307,18 +308,16 @@ class TokenCache:
         """The windows' tokens, and the (global) document each token is part of."""
         out = np.empty((len(starts), seq_len), np.int32)
         documents = np.empty((len(starts), seq_len), np.int64)
-        # Issue every slice read first, then wait: TensorStore runs them concurrently.
+        # Issue every read first, then wait: TensorStore runs them concurrently.
         pending = [
-            (row, read)
+            (row, read, self._ends[read.shard].locate(read.local, read.local + read.length - 1))
             for row, start in enumerate(starts)
             for read in self._slice_reads(int(start), int(start) + seq_len)
         ]
-        for row, read in pending:
-            piece = self._checked_tokens(read)
-            columns = slice(read.column, read.column + len(piece))
-            out[row, columns] = piece
-            positions = read.local + np.arange(len(piece))
-            found = self._ends[read.shard].documents_at(positions)
+        for row, read, locate in pending:
+            columns = slice(read.column, read.column + read.length)
+            out[row, columns] = self._checked_tokens(read)
+            found = locate(read.local + np.arange(read.length))
             documents[row, columns] = self._first_documents[read.shard] + found
         return out, documents
 
@@ -360,7 +359,7 @@ class TokenCache:
             if stop > position:
                 local = position - self._first_tokens[shard]
                 future = self._data[shard][local : local + stop - position].read()
-                reads.append(_SliceRead(position - start, shard, local, future))
+                reads.append(_SliceRead(position - start, shard, local, stop - position, future))
             position = stop
             shard += 1
         return reads

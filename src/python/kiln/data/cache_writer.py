@@ -74,10 +74,12 @@ from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
 from kiln_contract.tokenize import shard_dir_name
 
-# Zarr3 sharding: files ("outer chunks") of 4M elements made of compressed chunks of 4K tokens,
-# so that a window read decodes little more than the window (format 4; format 3: 256K).
+# Zarr3 sharding: files ("outer chunks") of 1M tokens made of compressed chunks of 4K, so that a
+# window read decodes little more than the window, and each file's index of chunks is 4 kB
+# (format 3: 4M-token files of 256K chunks).
 INNER_CHUNK = 1 << 12
-OUTER_CHUNK = 1 << 22
+OUTER_CHUNK = 1 << 20
+OFFSETS_CHUNKS_PER_FILE = 256  # of offsets_stride entries each: a 4 kB index too
 
 
 class ShardWriter:
@@ -92,7 +94,7 @@ class ShardWriter:
         self.tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
         remove_temp_siblings(out_dir)
         self.tmp_dir.mkdir(parents=True)
-        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype, INNER_CHUNK)
+        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype, INNER_CHUNK, OUTER_CHUNK)
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0
         self._written_tokens = 0
@@ -122,7 +124,9 @@ class ShardWriter:
         lengths = np.concatenate([np.zeros(0, np.int64), *self._lengths])
         offsets = np.concatenate([[len(lengths)], np.cumsum(lengths)]).astype(np.uint64)
         stride = document_ends.OFFSETS_STRIDE  # one chunk of offsets per entry of the index
-        offsets_array = _create_array(self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64), stride)
+        offsets_array = _create_array(
+            self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64), stride, stride * OFFSETS_CHUNKS_PER_FILE
+        )
         _write_at(offsets_array, 0, offsets)
         index = document_ends.offsets_index(offsets, stride)
         atomic_write_bytes(self.tmp_dir / OFFSETS_INDEX_FILE, npy_bytes(index))
@@ -358,8 +362,8 @@ def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _create_array(path: Path, dtype: np.dtype, inner_chunk: int) -> ts.TensorStore:
-    outer_chunk = max(inner_chunk, OUTER_CHUNK // inner_chunk * inner_chunk)  # whole chunks a file
+def _create_array(path: Path, dtype: np.dtype, inner_chunk: int, outer: int) -> ts.TensorStore:
+    outer_chunk = max(inner_chunk, outer // inner_chunk * inner_chunk)  # whole chunks a file
     blosc = {"cname": "zstd", "clevel": 3, "shuffle": "shuffle", "typesize": dtype.itemsize}
     metadata = {
         "shape": [0],

@@ -41,11 +41,15 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+Locate = Callable[[np.ndarray], np.ndarray]  # ascending local token positions -> their documents
+
+
 class DocumentEnds(Protocol):
     """One shard's document boundaries, in shard-local token positions."""
 
-    def documents_at(self, positions: np.ndarray) -> np.ndarray:
-        """The document holding each of `positions` (ascending local token positions)."""
+    def locate(self, low: int, high: int) -> Locate:
+        """Issues what finding the documents of positions in [low, high] reads; the call
+        returned waits for it and maps such positions to their documents."""
         ...
 
     def bounds(self, document: int) -> tuple[int, int]:
@@ -59,8 +63,8 @@ class LoadedEnds:
     def __init__(self, ends: np.ndarray) -> None:
         self.ends = ends  # int64 [documents]
 
-    def documents_at(self, positions: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.ends, positions, side="right")
+    def locate(self, low: int, high: int) -> Locate:
+        return lambda positions: np.searchsorted(self.ends, positions, side="right")
 
     def bounds(self, document: int) -> tuple[int, int]:
         start = int(self.ends[document - 1]) if document else 0
@@ -78,31 +82,35 @@ class IndexedEnds:
         index: np.ndarray,
         stride: int,
         documents: int,
+        wait: Wait,
         damaged: Damaged,
     ) -> None:
         self._offsets = offsets
         self._index = index.astype(np.int64)
         self._stride = stride
         self._documents = documents
+        self._wait = wait
         self._damaged = damaged
 
-    def documents_at(self, positions: np.ndarray) -> np.ndarray:
-        if not len(positions):
-            return np.zeros(0, np.int64)
-        low, high = int(positions[0]), int(positions[-1])
+    def locate(self, low: int, high: int) -> Locate:
+        """The starts from the chunk whose first start is at or below `low` to the last chunk
+        whose first start is at or below `high`: whole chunks, one read."""
         first_chunk = max(int(np.searchsorted(self._index, low, side="right")) - 1, 0)
         end_chunk = int(np.searchsorted(self._index, high, side="right"))
         j0 = first_chunk * self._stride
-        starts = self._starts(j0, min(end_chunk * self._stride, self._documents + 1))
-        return j0 + np.searchsorted(starts, positions, side="right") - 1
+        read = self._offsets[j0 : min(end_chunk * self._stride, self._documents + 1)].read()
+        return lambda positions: (
+            j0 + np.searchsorted(self._starts(j0, read), positions, side="right") - 1
+        )
 
     def bounds(self, document: int) -> tuple[int, int]:
-        start, end = self._starts(document, document + 2)
+        start, end = self._starts(document, self._offsets[document : document + 2].read())
         return int(start), int(end)
 
-    def _starts(self, j0: int, j1: int) -> np.ndarray:
-        """F[j0:j1], checked against the index entries it holds."""
-        starts = self._offsets[j0:j1].read().result().astype(np.int64)
+    def _starts(self, j0: int, read: ts.Future) -> np.ndarray:
+        """F[j0:...] as `read` gives it, checked against the index entries it holds."""
+        starts = self._wait(read).astype(np.int64)
+        j1 = j0 + len(starts)
         if j0 == 0:
             starts[:1] = 0
         chunks = np.arange(-(-j0 // self._stride), -(-j1 // self._stride))
@@ -140,7 +148,7 @@ def read_ends(
             raise damaged(f"hold a count of {found[0]} and a last end of {found[1]}")
         if np.any(np.diff(starts) <= 0):
             raise damaged(f"have an index ({OFFSETS_INDEX_FILE}) that is not increasing")
-        return IndexedEnds(offsets, starts, stride, documents, damaged)
+        return IndexedEnds(offsets, starts, stride, documents, wait, damaged)
 
     return checked
 
