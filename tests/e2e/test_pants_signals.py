@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.workspace import copy_workspace
+from tests.e2e.workspace import copy_workspace, pantsd_pids, stop_pantsd
 
 ENDLESS = """
 lm_checkpoint(
@@ -54,8 +54,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (repo / "experiments/signals_check").mkdir()
     (repo / "experiments/signals_check/BUILD").write_text(ENDLESS)
     yield repo
-    for pid in _pantsd_pids(repo):  # the pantsd case's daemon
-        os.kill(pid, signal.SIGKILL)
+    stop_pantsd(repo)  # the pantsd case's daemon
 
 
 def test_sigterm_without_pantsd_stops_the_run_with_a_checkpoint(repo: Path) -> None:
@@ -85,7 +84,7 @@ def test_sigkill_of_the_pantsd_client_stops_the_run(repo: Path) -> None:
     saved = newest_checkpoint(repo)
     with pants_run(repo, "--pantsd") as run:
         step = wait_for_training(repo, run, beyond=saved)
-        (daemon,) = _pantsd_pids(repo)
+        (daemon,) = pantsd_pids(repo)
         started = {p for p in run_processes(daemon) if _is_runner(p)}
         assert started, "no runtime process found under pantsd"
         run.kill()
@@ -206,17 +205,3 @@ def assert_stopped_with_checkpoint_at_or_after(repo: Path, step: int) -> None:
     assert newest_checkpoint(repo) >= step
     status = repo / ARTIFACT / "STATUS"
     assert not status.exists() or status.read_text().strip() != "SUCCESS"
-
-
-def _pantsd_pids(repo: Path) -> list[int]:
-    title = f"pantsd [{repo}]".encode()
-    return [
-        pid for pid, _, cmdline in filter(None, map(_process, _all_pids()))
-        if cmdline.startswith(title)
-    ]  # fmt: skip
-
-
-def _all_pids() -> Iterator[int]:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            yield int(entry.name)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 from pathlib import Path
 
 WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
@@ -18,3 +20,22 @@ def copy_workspace(destination: Path) -> Path:
         else:
             shutil.copy2(source, destination / name)
     return destination
+
+
+def pantsd_pids(repo: Path) -> list[int]:
+    """The pids of the Pants daemon serving `repo` (its process title names the build root)."""
+    title = f"pantsd [{repo}]".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            alive = entry.name.isdigit() and (entry / "stat").read_text().split()[2] not in "ZX"
+            if alive and (entry / "cmdline").read_bytes().startswith(title):
+                pids.append(int(entry.name))
+        except OSError:
+            continue  # ended meanwhile
+    return pids
+
+
+def stop_pantsd(repo: Path) -> None:
+    for pid in pantsd_pids(repo):
+        os.kill(pid, signal.SIGKILL)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pants.engine.process import ProcessCacheScope
 
+from kiln_pants.cache_layout import CacheLayout
 from kiln_pants.subsystem import bucket_url
-from kiln_pants.tokenize_rules import _Layout
 
 
 @pytest.mark.parametrize(
@@ -43,10 +43,10 @@ def test_store_caches_under_a_bucket_prefix_are_built_at_their_final_keys() -> N
     """A bucket has no rename: shards go to `shards/shard-NNNNN` inside the cache, where the
     runtime's `tokenize shard` requires them (kiln.data.tokenize, "in a bucket")."""
     cache = "s3://kiln-artifacts/team/tokenized/x/2026.11.29"
-    layout = _Layout.for_storage("store", 2, cache, "s3://kiln-artifacts/team")
+    layout = CacheLayout.for_storage("store", 2, cache, "s3://kiln-artifacts/team")
     assert layout.shards == (f"{cache}/shards/shard-00000", f"{cache}/shards/shard-00001")
     assert (layout.cache, layout.skip, layout.confined) == (cache, ("--unless-built", cache), ())
     assert layout.outputs(cache) == () and layout.cache_scope == ProcessCacheScope.PER_SESSION
-    local = _Layout.for_storage("store", 1, "/store/tokenized/x/v1", "/store")
+    local = CacheLayout.for_storage("store", 1, "/store/tokenized/x/v1", "/store")
     assert local.shards == ("/store/tokenized/x/.v1.shards/shard-0",)
     assert local.confined == ("--root", "/store")

@@ -1,9 +1,9 @@
 """How `plan` prints a shard plan: readable at 512 shards, complete with `--plan-shards`.
-(The plan itself, from the runtime process, is checked end to end in tests/e2e.)"""
+(Plans made by the runtime process are checked end to end in tests/e2e.)"""
 
 from __future__ import annotations
 
-from kiln_pants.shard_plan import ShardPlan, _parsed
+from kiln_pants.shard_plan import ShardPlan, _files_plan, _parsed, _sizes_on_disk
 
 
 def dclm_shaped(num_shards: int = 512) -> ShardPlan:
@@ -67,3 +67,26 @@ def test_an_import_is_planned_from_its_ledger_and_a_bad_one_refused() -> None:
     ]
     refused = ShardPlan(refused="tokenized/x: ... shard_ledger.json field `layout` is 'zoned'")
     assert refused.describe(every_shard=True) == [f"!! import refused: {refused.refused}"]
+
+
+def test_local_files_are_planned_from_their_sizes_without_the_runtime(tmp_path) -> None:
+    """The backend plans files by the runtime's own rules (kiln_contract.sharding): here two
+    files on disk outside the repository, found by their glob as the runtime expands it."""
+    for name, size in (("a.jsonl", 900), ("b.jsonl", 2_100)):
+        (tmp_path / name).write_bytes(b"x" * size)
+    sizes = _sizes_on_disk(f"{tmp_path}/*.jsonl")
+    assert sizes == {f"{tmp_path}/a.jsonl": 900, f"{tmp_path}/b.jsonl": 2_100}
+    plan = _files_plan(sizes, 2)
+    assert plan is not None and plan.describe(every_shard=True) == [
+        "shard plan: 2 shards, 2 files, 3.00 kB; per shard (min/median/max) 1/1/1 files, "
+        "900 B/900 B/2.10 kB",
+        "  shard 0: 1 file, 2.10 kB",
+        f"    {tmp_path}/b.jsonl (2,100 bytes)",
+        "  shard 1: 1 file, 900 B",
+        f"    {tmp_path}/a.jsonl (900 bytes)",
+    ]
+    # What the runtime must say in its own words: no match, an empty file, a format it reads.
+    assert _sizes_on_disk(f"{tmp_path}/*.parquet") is None
+    (tmp_path / "c.jsonl").write_bytes(b"")
+    assert _sizes_on_disk(f"{tmp_path}/*.jsonl") is None
+    assert _files_plan({"big.parquet": 300 * 2**20}, 4) is None

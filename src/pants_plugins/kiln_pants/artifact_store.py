@@ -1,8 +1,11 @@
 """What the artifact store holds for an artifact: read from `{prefix}/{name}/{version}/`.
 
 The runtime (`kiln.artifacts`) writes `artifact.json` (the record) and then `STATUS`; only a
-record whose STATUS is SUCCESS counts as built. This module only reads, from the Pants side, to
-answer "is it built, and with the same identity?" (see docs/artifacts.md).
+record whose STATUS is SUCCESS counts as built. This module reads, from the Pants side, to
+answer "is it built, and with the same identity?" (see docs/artifacts.md): a local store
+directly; a bucket through the runtime's own store client (`python -m kiln.artifacts.peek`), as
+one process for every folder a goal asks about, never cached beyond its session (PER_SESSION),
+with the bucket's credentials from the caller's environment.
 """
 
 from __future__ import annotations
@@ -12,11 +15,16 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from pants.engine.rules import _uncacheable_rule, collect_rules
+from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
+from pants.engine.fs import EMPTY_DIGEST
+from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
+from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
+from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import DEP_FAILED, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
-from kiln_pants.artifact_graph import Artifact
+from kiln_pants.artifact_graph import Artifact, ArtifactGraph
+from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
 
 # Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
 # ~/.aws and gcloud's application-default login. Only PER_SESSION processes get them.
@@ -143,6 +151,71 @@ def clear_dep_failed(prefix: str, artifact: Artifact) -> None:
     if names == [STATUS_FILE] and status == DEP_FAILED:
         os.remove(os.path.join(folder, STATUS_FILE))
         os.rmdir(folder)
+
+
+class BucketUnreadable(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class BucketRecordsRequest:
+    prefix: str  # s3://... or gs://...
+    folders: tuple[str, ...]  # name/version
+
+
+@dataclass(frozen=True)
+class BucketRecords:
+    texts: FrozenDict[str, FrozenDict[str, Optional[str]]]  # folder -> file -> text or None
+
+
+@rule(desc="Reading artifact records from a bucket")
+async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
+    runtime, environment = await MultiGet(
+        Get(Runtime, RuntimeRequest(*PEEK)),
+        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
+    )
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=(request.prefix, *request.folders),
+            description=f"Reading {len(request.folders)} artifact records from {request.prefix}",
+            input_digest=EMPTY_DIGEST,
+            output_directories=(),
+            cache_scope=ProcessCacheScope.PER_SESSION,  # the bucket changes behind Pants' back
+            env=FrozenDict(environment),
+        ),
+    )
+    result = await Get(FallibleProcessResult, Process, process)
+    if result.exit_code != 0:
+        lines = result.stderr.decode(errors="replace").strip().splitlines()
+        why = lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
+        raise BucketUnreadable(f"cannot read the artifact store: {why}")  # why names the URL
+    texts = json.loads(result.stdout)
+    return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
+
+
+def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:
+    """The folders to read from a bucket: those of the graph's immutable artifacts."""
+    return tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
+
+
+def stored_states(
+    graph: ArtifactGraph, prefix: str, records: Optional[BucketRecords]
+) -> dict[Artifact, StoredState]:
+    """What the store holds for each artifact: a bucket's `records` (read through the runtime's
+    store client), else the local store, read directly. Called from goal rules, which run every
+    time: a rule's result would be kept by pantsd while the store changes behind it."""
+    if records is not None:
+        return {a: _bucket_state(a, records) for a in graph}
+    return {a: stored_state(prefix, a) for a in graph}
+
+
+def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
+    if artifact.mutable:
+        return DEV
+    texts = records.texts[f"{artifact.name}/{artifact.version}"]
+    return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE])
 
 
 def rules():

@@ -38,18 +38,16 @@ from kiln_contract.layout import DEP_FAILED
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
     STORE_ENVIRONMENT,
-    StoredState,
-    artifact_path,
-    clear_dep_failed,
-    mark_dep_failed,
-)
-from kiln_pants.hf_model_rules import HfModelPackageFieldSet
-from kiln_pants.plan import (
     BucketRecords,
     BucketRecordsRequest,
+    StoredState,
+    artifact_path,
     bucket_folders,
+    clear_dep_failed,
+    mark_dep_failed,
     stored_states,
 )
+from kiln_pants.hf_model_rules import HfModelPackageFieldSet
 from kiln_pants.runtime import RuntimeProcess
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, ResourcesField, TokenizedCacheTarget

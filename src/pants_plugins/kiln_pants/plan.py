@@ -5,43 +5,30 @@ path `{prefix}/{name}/{version}`, what `pants run` would do with it and, for an 
 what building it takes (kiln_pants.build_estimate) and its shard plan (kiln_pants.shard_plan);
 then, for each checkpoint, the tokens its run reads from each mixture component against what that
 cache holds (kiln_pants.mixture_budget).
-Reads the artifact store; builds nothing. A local store is read directly; a bucket through the
-runtime's own store client (`python -m kiln.artifacts.peek`), run as a process that is never
-cached beyond this run (PER_SESSION) and gets the bucket's credentials from the caller's
-environment.
+Reads the artifact store (kiln_pants.artifact_store: a bucket by one process); builds nothing.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Optional
-
 from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Addresses
 from pants.engine.console import Console
-from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.fs import EMPTY_DIGEST, Workspace
+from pants.engine.fs import Workspace
 from pants.engine.goal import Goal, GoalSubsystem
-from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
-from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule, rule
+from pants.engine.rules import Get, collect_rules, goal_rule
 from pants.option.option_types import BoolOption
-from pants.util.frozendict import FrozenDict
 
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE
-from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
-    DEV,
-    STORE_ENVIRONMENT,
-    StoredState,
+    BucketRecords,
+    BucketRecordsRequest,
     artifact_path,
-    recorded_state,
-    stored_state,
+    bucket_folders,
+    stored_states,
 )
 from kiln_pants.build_estimate import estimate_build
 from kiln_pants.mixture_budget import local_budgets
-from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
-from kiln_pants.shard_plan import ShardPlan, ShardPlanRequest
+from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
 
 
@@ -59,70 +46,6 @@ class PlanSubsystem(GoalSubsystem):
 class Plan(Goal):
     subsystem_cls = PlanSubsystem
     environment_behavior = Goal.EnvironmentBehavior.LOCAL_ONLY
-
-
-class BucketUnreadable(Exception):
-    pass
-
-
-@dataclass(frozen=True)
-class BucketRecordsRequest:
-    prefix: str  # s3://... or gs://...
-    folders: tuple[str, ...]  # name/version
-
-
-@dataclass(frozen=True)
-class BucketRecords:
-    texts: FrozenDict[str, FrozenDict[str, Optional[str]]]  # folder -> file -> text or None
-
-
-@rule(desc="Reading artifact records from a bucket")
-async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
-    runtime, environment = await Get(Runtime, RuntimeRequest(*PEEK)), await Get(
-        EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)
-    )
-    process = await Get(
-        Process,
-        RuntimeProcess(
-            runtime,
-            argv=(request.prefix, *request.folders),
-            description=f"Reading {len(request.folders)} artifact records from {request.prefix}",
-            input_digest=EMPTY_DIGEST,
-            output_directories=(),
-            cache_scope=ProcessCacheScope.PER_SESSION,  # the bucket changes behind Pants' back
-            env=FrozenDict(environment),
-        ),
-    )
-    result = await Get(FallibleProcessResult, Process, process)
-    if result.exit_code != 0:
-        lines = result.stderr.decode(errors="replace").strip().splitlines()
-        why = lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
-        raise BucketUnreadable(f"cannot read the artifact store: {why}")  # why names the URL
-    texts = json.loads(result.stdout)
-    return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
-
-
-def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:
-    """The folders to read from a bucket: those of the graph's immutable artifacts."""
-    return tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
-
-
-def stored_states(
-    graph: ArtifactGraph, prefix: str, records: Optional[BucketRecords]
-) -> dict[Artifact, StoredState]:
-    """What the store holds for each artifact: a bucket's `records` (read through the runtime's
-    store client), else the local store, read directly. Called from goal rules, which run every
-    time: a rule's result would be kept by pantsd while the store changes behind it."""
-    if records is not None:
-        return {a: _bucket_state(a, records) for a in graph}
-    return {a: stored_state(prefix, a) for a in graph}
-
-
-def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
-    if artifact.mutable:
-        return DEV
-    texts = records.texts[f"{artifact.name}/{artifact.version}"]
-    return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE])
 
 
 @goal_rule
@@ -145,8 +68,8 @@ async def plan(
     )
     states = stored_states(graph, prefix, records)
     unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
-    shard_plans = await MultiGet(Get(ShardPlan, ShardPlanRequest(a.address)) for a in unbuilt)
-    shard_plan = dict(zip(unbuilt, shard_plans))
+    planned = await Get(ShardPlans, ShardPlansRequest(tuple(a.address for a in unbuilt)))
+    shard_plan = dict(zip(unbuilt, planned.plans))
     for artifact, state in states.items():
         counts[state.status] = counts.get(state.status, 0) + 1
         console.print_stdout(
@@ -169,7 +92,7 @@ async def plan(
         for component in budget.components:
             console.print_stdout(f"  {component.describe()}")
         too_small = too_small or budget.refusal() is not None
-    refused = any(p.refused is not None for p in shard_plans)  # an import that cannot be made
+    refused = any(p.refused is not None for p in planned.plans)  # an import that cannot be made
     return Plan(exit_code=1 if counts.get("drift") or too_small or refused else 0)
 
 

@@ -94,8 +94,13 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def json_bytes(obj: Any) -> bytes:
+    """A record file's bytes: sorted keys, indented, one trailing newline."""
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    atomic_write_bytes(path, json_bytes(obj))
 
 
 def read_status(artifact_dir: str | os.PathLike[str]) -> str | None:

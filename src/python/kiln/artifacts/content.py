@@ -51,6 +51,11 @@ def record_files(folder: Path, names: Iterable[str]) -> FileRecords:
     }
 
 
+def record_bytes(data: bytes) -> dict[str, Any]:
+    """The record of a file whose bytes are in memory."""
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def record_sizes(folder: Path, names: Iterable[str]) -> FileRecords:
     """Sizes of the files `names` (relative to `folder`), in name order."""
     return {name: {"bytes": (folder / name).stat().st_size} for name in sorted(names)}

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 from kiln.artifacts import RECORD_FILE, STATUS_FILE
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.artifacts.store import ObjectStore, open_store, read_text
 
+READERS = 16  # requests in flight: a goal of a thousand artifacts reads two thousand objects
+
 
 def peek(store: ObjectStore, folders: list[str]) -> dict[str, dict[str, str | None]]:
-    return {folder: {name: read_text(store, f"{folder}/{name}") for name in (STATUS_FILE, RECORD_FILE)}
+    keys = [f"{folder}/{name}" for folder in folders for name in (STATUS_FILE, RECORD_FILE)]
+    with ThreadPoolExecutor(READERS) as pool:
+        texts = dict(zip(keys, pool.map(lambda key: read_text(store, key), keys)))
+    return {folder: {name: texts[f"{folder}/{name}"] for name in (STATUS_FILE, RECORD_FILE)}
             for folder in folders}  # fmt: skip
 
 

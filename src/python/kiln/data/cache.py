@@ -1,4 +1,4 @@
-"""The token cache: its on-disk layout (format_version 3, docs/token-cache.md) and its reader.
+"""The token cache: its on-disk layout (format_version 4, docs/token-cache.md) and its reader.
 
     CACHE_DIR/
       STATUS                    RUNNING while merge writes, SUCCESS (written last) or FAILED
@@ -8,8 +8,11 @@
       stats.json                tokens, documents, text bytes, mean/max document length
       token_byte_lengths.npy    int32 [vocab_size]: UTF-8 bytes per token id, for bits-per-byte
       shards/shard-00000/       one jagged array in TensorStore zarr3 (as Marin/Levanter):
-          offsets/              uint64 [documents + 1]: offsets[0] = documents, offsets[1 + i] = end of doc i
-          data/                 uint16 (vocab <= 65536) or uint32 token ids, all documents concatenated
+          offsets/              uint64 [documents + 1]: offsets[0] = documents, offsets[1 + i] = end of doc i,
+                                in chunks of `offsets_stride` (1024) entries
+          offsets_index.npy     uint64: the start of the first document of every offsets chunk
+          data/                 uint16 (vocab <= 65536) or uint32 token ids, all documents concatenated,
+                                in files of 1M tokens made of compressed chunks of 4K
           shard.json, STATUS    the shard's own record and success marker
 
 An imported Levanter cache (kiln.data.levanter_cache) has no shard folder: its one ledger shard
@@ -18,20 +21,26 @@ names the `location` of Levanter's own `offsets`/`data` arrays (the same jagged 
 recomputes that identity on open, so a cache changed under its location is never read.
 
 The packed stream is all documents in cache order (each ends with EOS); window i of length L is
-stream[i*L : (i+1)*L]. Reads touch only the shard slices a window needs.
+stream[i*L : (i+1)*L]. Reads touch only the shard slices a window needs: the 4K-token chunks
+holding its tokens and the offsets chunks holding its documents' starts, found through the
+index (kiln.data.document_ends), so opening a cache reads no array and costs the same whatever
+its document count.
 
 What the reader checks, cheaply, so that damaged content never trains a model: on open, that
 every file the ledger lists is present with its recorded size, and that each shard's offsets
-are consistent with the ledger (one count per document, strictly increasing ends, the last one
-the shard's token count); on every read, that token ids are below the tokenizer's vocabulary
-size. Full digests are checked by kiln.data.verify. A cache of format_version 1 records no
-sizes or digests: it is read with the offsets and id checks only, and said to be unverified.
-Format 2 is format 3 without imported shards: read as it is.
+are consistent with the ledger (the document count, the last end the shard's token count, an
+index of the right length); on every read, that token ids are below the tokenizer's vocabulary
+size, and that each chunk of offsets read increases strictly and agrees with the index. Full digests are checked by
+kiln.data.verify. A cache of format_version 1 records no sizes or digests: it is read with the
+offsets and id checks only, and said to be unverified. Formats 2 and 3 (and imported shards)
+have no offsets index: their offsets are read whole when the cache is opened and checked then.
+Format 2 is format 3 without imported shards.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import io
 import json
@@ -48,13 +57,16 @@ from kiln.artifacts import STATUS_FILE, SUCCESS
 from kiln.artifacts.content import Damage, check_object_sizes
 from kiln.artifacts.storage_errors import as_storage_error
 from kiln.artifacts.store import ObjectStore, open_store, read_text
+from kiln.data.document_ends import OFFSETS_INDEX_FILE, read_ends
 from kiln.data.errors import CacheDamaged, CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3  # 3: a ledger shard may be an imported cache's arrays, elsewhere
-VERIFIED_FORMAT_VERSIONS = (2, FORMAT_VERSION)  # 2: each file's size and sha256, no imports
+FORMAT_VERSION = 4  # 4: offsets in small chunks with an index, tokens in chunks of 4K
+# 2: each file's size and sha256; 3: a ledger shard may be an imported cache's arrays, elsewhere.
+VERIFIED_FORMAT_VERSIONS = (2, 3, FORMAT_VERSION)
+SHARD_FORMAT_VERSIONS = (FORMAT_VERSION,)  # shards a merge takes: older ones are tokenized again
 UNVERIFIED_FORMAT_VERSION = 1  # still read, without size or digest checks
 READABLE_FORMAT_VERSIONS = (UNVERIFIED_FORMAT_VERSION, *VERIFIED_FORMAT_VERSIONS)
 CACHE_FILE = "cache.json"
@@ -114,6 +126,7 @@ class _SliceRead:
     column: int
     shard: int
     local: int
+    length: int
     future: ts.Future
 
 
@@ -182,22 +195,21 @@ class TokenCache:
         context = ts.Context({"cache_pool": {"total_bytes_limit": READ_CACHE_BYTES}})
         self._first_documents = [int(s["first_document"]) for s in shards]
         self._first_tokens = [int(s["first_token"]) for s in shards]
-        # Opens and offset reads are issued for all shards at once; TensorStore overlaps them.
+        # Opens and reads are issued for all shards at once; TensorStore overlaps them.
         data = [self._open(s, DATA_ARRAY, context) for s in shards]
         offsets = [self._open(s, OFFSETS_ARRAY, context) for s in shards]
         self._data = [self._wait(future, i, DATA_ARRAY) for i, future in enumerate(data)]
-        offset_reads = [
-            self._document_offsets(self._wait(future, i, OFFSETS_ARRAY), s["documents"])
-            for i, (future, s) in enumerate(zip(offsets, shards))
+        ends = [
+            read_ends(
+                self._wait(future, i, OFFSETS_ARRAY),
+                shard,
+                self._offsets_index(shard),
+                functools.partial(self._wait, shard=i, array=OFFSETS_ARRAY),
+                functools.partial(self._damaged_offsets, i),
+            )
+            for i, (future, shard) in enumerate(zip(offsets, shards))
         ]
-        # Global end (exclusive) of every document in the stream, for segment ids and document(i).
-        self._document_ends = np.concatenate(
-            [np.zeros(0, np.int64)]
-            + [
-                first + self._checked_offsets(i, self._wait(read, i, OFFSETS_ARRAY))
-                for i, (first, read) in enumerate(zip(self._first_tokens, offset_reads))
-            ]
-        )
+        self._ends = [checked() for checked in ends]
 
     @classmethod
     def open(cls, location: str | Path) -> TokenCache:
@@ -212,8 +224,10 @@ class TokenCache:
     def document(self, i: int) -> np.ndarray:
         if not 0 <= i < self.num_documents:
             raise IndexError(f"document {i} out of range: the cache has {self.num_documents}.")
-        start = int(self._document_ends[i - 1]) if i else 0
-        return self._read_range(start, int(self._document_ends[i]))
+        shard = bisect.bisect_right(self._first_documents, i) - 1
+        start, end = self._ends[shard].bounds(i - self._first_documents[shard])
+        first = self._first_tokens[shard]
+        return self._read_range(first + start, first + end)
 
     def num_windows(self, seq_len: int) -> int:
         return self.num_tokens // seq_len
@@ -225,9 +239,7 @@ class TokenCache:
             raise IndexError(
                 f"window indices must be in [0, {available}) for seq_len {seq_len}; got {list(indices)}."
             )
-        tokens = self._read_windows(starts, seq_len)
-        positions = starts[:, None] + np.arange(seq_len)
-        documents = np.searchsorted(self._document_ends, positions, side="right")
+        tokens, documents = self._read_windows(starts, seq_len)
         segment_ids = (documents - documents[:, :1]).astype(np.int32)
         loss_mask = np.zeros((len(starts), seq_len), np.float32)
         loss_mask[:, :-1] = segment_ids[:, 1:] == segment_ids[:, :-1]
@@ -260,31 +272,20 @@ class TokenCache:
                     f"{identity['sha256'][:12]}). Bump the target's version to import it again."
                 )
 
-    @staticmethod
-    def _document_offsets(offsets: ts.TensorStore, documents: int) -> ts.Future:
-        """Reads a shard's offsets: the count and document ends, not the array's unused tail
-        (Levanter's arrays are 2**54 elements long)."""
-        return offsets[: min(int(documents) + 1, offsets.shape[0])].read()
+    def _offsets_index(self, shard: dict[str, Any]) -> bytes | None:
+        """A format-4 shard's offsets index (kiln.data.document_ends); None for older shards."""
+        if "offsets_stride" not in shard:
+            return None
+        return self.store.read(f"{SHARDS_DIR}/{shard['name']}/{OFFSETS_INDEX_FILE}").data
 
-    def _checked_offsets(self, shard: int, offsets: np.ndarray) -> np.ndarray:
-        """Shard `shard`'s document ends (local), after checking them against the ledger."""
+    def _damaged_offsets(self, shard: int, problem: str) -> CacheDamaged:
         record = self.ledger["shards"][shard]
-        documents, tokens = int(record["documents"]), int(record["tokens"])
-        ends = offsets[1:].astype(np.int64)
-        problem = None
-        if len(offsets) != documents + 1 or int(offsets[0]) != documents:
-            count = int(offsets[0]) if len(offsets) else None
-            problem = f"hold {len(offsets) - 1} document ends and a count of {count}"
-        elif documents and (np.any(np.diff(ends, prepend=0) <= 0) or ends[-1] != tokens):
-            problem = "are not strictly increasing up to the shard's token count"
-        if problem is None:
-            return ends
-        raise self.damaged(
+        return self.damaged(
             self._shard_names[shard],
             Damage(
                 OFFSETS_ARRAY,
-                f"(document boundaries) {problem}, but the ledger records {documents} documents "
-                f"of {tokens} tokens",
+                f"(document boundaries) {problem}, but the ledger records {record['documents']} "
+                f"documents of {record['tokens']} tokens",
             ),
         )
 
@@ -303,18 +304,22 @@ class TokenCache:
                 self._shard_names[shard], Damage(array, f"cannot be read ({detail})")
             ) from None
 
-    def _read_windows(self, starts: np.ndarray, seq_len: int) -> np.ndarray:
+    def _read_windows(self, starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """The windows' tokens, and the (global) document each token is part of."""
         out = np.empty((len(starts), seq_len), np.int32)
-        # Issue every slice read first, then wait: TensorStore runs them concurrently.
+        documents = np.empty((len(starts), seq_len), np.int64)
+        # Issue every read first, then wait: TensorStore runs them concurrently.
         pending = [
-            (row, read)
+            (row, read, self._ends[read.shard].locate(read.local, read.local + read.length - 1))
             for row, start in enumerate(starts)
             for read in self._slice_reads(int(start), int(start) + seq_len)
         ]
-        for row, read in pending:
-            piece = self._checked_tokens(read)
-            out[row, read.column : read.column + len(piece)] = piece
-        return out
+        for row, read, locate in pending:
+            columns = slice(read.column, read.column + read.length)
+            out[row, columns] = self._checked_tokens(read)
+            found = locate(read.local + np.arange(read.length))
+            documents[row, columns] = self._first_documents[read.shard] + found
+        return out, documents
 
     def _read_range(self, start: int, end: int) -> np.ndarray:
         out = np.empty(end - start, np.int32)
@@ -354,7 +359,7 @@ class TokenCache:
             if stop > position:
                 local = position - self._first_tokens[shard]
                 future = self._data[shard][local : local + stop - position].read()
-                reads.append(_SliceRead(position - start, shard, local, future))
+                reads.append(_SliceRead(position - start, shard, local, stop - position, future))
             position = stop
             shard += 1
         return reads

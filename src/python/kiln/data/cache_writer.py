@@ -13,16 +13,17 @@ readers can check what they read (kiln.artifacts.content).
 Callers are a folder's only writer (they hold its lease, kiln.artifacts.lease): temp folders
 left beside a shard or cache by a killed build are deleted when it is next written.
 
-In a bucket (kiln.artifacts.store), which has no rename, nothing is moved into place: a shard
-written in a local staging folder is uploaded to its final keys in the cache, `shards/NAME/`,
-its STATUS last (`upload_shard`), and the cache's records follow beside the shards, STATUS last
-(`write_stored_cache`). The layout is the local one, so either reads the same.
+Every shard and cache is read and written through the object store (kiln.artifacts.store), so
+a local folder and a bucket take the same code. Where they differ is said once: a shard is
+written in a local folder, its own place in a local store and a staging folder uploaded to its
+final keys in a bucket (`local_folder_of`), and a bucket has no rename, so a shard in a bucket
+is built at its place in the cache, `shards/NAME/`, while a local one may be moved there
+(`write_cache`). The layout is the same, so either reads the same.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -37,22 +38,25 @@ import tensorstore as ts
 
 from kiln.artifacts import (
     FAILED,
+    RECORD_FILE,
     RUNNING,
     STATUS_FILE,
     SUCCESS,
     atomic_write_bytes,
     atomic_write_json,
+    json_bytes,
     mark_failed,
-    read_status,
     write_status,
 )
 from kiln.artifacts.content import (
     check_digests,
     check_object_sizes,
     files_under,
+    record_bytes,
     record_files,
 )
-from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
+from kiln.artifacts.store import ObjectStore, copy_folder_into, open_store, read_text
+from kiln.data import document_ends
 from kiln.data.cache import (
     BYTE_LENGTHS_FILE,
     CACHE_FILE,
@@ -65,13 +69,17 @@ from kiln.data.cache import (
     STATS_FILE,
     zarr_spec,
 )
+from kiln.data.document_ends import OFFSETS_INDEX_FILE, npy_bytes
 from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
 from kiln_contract.tokenize import shard_dir_name
 
-# Zarr3 sharding: files ("outer chunks") of 4M elements made of 256K-element compressed chunks.
-INNER_CHUNK = 1 << 18
-OUTER_CHUNK = 1 << 22
+# Zarr3 sharding: files ("outer chunks") of 1M tokens made of compressed chunks of 4K, so that a
+# window read decodes little more than the window, and each file's index of chunks is 4 kB
+# (format 3: 4M-token files of 256K chunks).
+INNER_CHUNK = 1 << 12
+OUTER_CHUNK = 1 << 20
+OFFSETS_CHUNKS_PER_FILE = 256  # of offsets_stride entries each: a 4 kB index too
 
 
 class ShardWriter:
@@ -86,7 +94,7 @@ class ShardWriter:
         self.tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
         remove_temp_siblings(out_dir)
         self.tmp_dir.mkdir(parents=True)
-        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype)
+        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype, INNER_CHUNK, OUTER_CHUNK)
         self._pending: list[np.ndarray] = []
         self._pending_tokens = 0
         self._written_tokens = 0
@@ -115,11 +123,17 @@ class ShardWriter:
         self._flush(final=True)
         lengths = np.concatenate([np.zeros(0, np.int64), *self._lengths])
         offsets = np.concatenate([[len(lengths)], np.cumsum(lengths)]).astype(np.uint64)
-        offsets_array = _create_array(self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64))
+        stride = document_ends.OFFSETS_STRIDE  # one chunk of offsets per entry of the index
+        offsets_array = _create_array(
+            self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64), stride, stride * OFFSETS_CHUNKS_PER_FILE
+        )
         _write_at(offsets_array, 0, offsets)
+        index = document_ends.offsets_index(offsets, stride)
+        atomic_write_bytes(self.tmp_dir / OFFSETS_INDEX_FILE, npy_bytes(index))
         record = {
             **record,
             "format_version": FORMAT_VERSION,
+            "offsets_stride": stride,
             "dtype": self.dtype.name,
             "documents": len(lengths),
             "tokens": self._written_tokens,
@@ -142,103 +156,116 @@ class ShardWriter:
         self._pending_tokens = len(block) - size
 
 
-def read_shard_record(shard_dir: Path) -> dict[str, Any]:
-    """The shard.json of a complete shard folder; CacheError if the shard is missing or unfinished."""
-    if not shard_dir.is_dir():
-        raise CacheError(f"{shard_dir}: no such shard folder.")
-    if read_status(shard_dir) != SUCCESS or not (shard_dir / SHARD_FILE).is_file():
-        raise CacheError(
-            f"{shard_dir}: the shard is incomplete (no {STATUS_FILE} SUCCESS): its tokenize step "
-            "was interrupted or failed. Re-run `python -m kiln.data.tokenize shard` for it."
-        )
-    return json.loads((shard_dir / SHARD_FILE).read_text())
-
-
-def check_shard_content(shard_dir: Path, record: dict[str, Any]) -> None:
-    """Full digest check of a complete shard folder against its shard.json. A damaged shard is
-    deleted (its caller holds its lease), so that the next build tokenizes it again."""
-    damage = check_digests(shard_dir, record["files"])
-    if damage:
-        shutil.rmtree(shard_dir, ignore_errors=True)
-        raise CacheDamaged(
-            f"{shard_dir}: shard {record['index']}: file {damage[0].file} {damage[0].reason}; "
-            "the shard was deleted: rerun to tokenize it again."
-        )
-
-
-def stored_shard_record(store: ObjectStore, key: str) -> dict[str, Any] | None:
-    """The shard.json of the complete shard at `key` of `store` (STATUS SUCCESS), else None."""
-    if (read_text(store, f"{key}/{STATUS_FILE}") or "").strip() != SUCCESS:
+def shard_record(store: ObjectStore) -> dict[str, Any] | None:
+    """The shard.json of the complete shard at the root of `store` (STATUS SUCCESS), else None."""
+    if (read_text(store, STATUS_FILE) or "").strip() != SUCCESS:
         return None
-    text = read_text(store, f"{key}/{SHARD_FILE}")
+    text = read_text(store, SHARD_FILE)
     return None if text is None else json.loads(text)
 
 
-def upload_shard(store: ObjectStore, key: str, shard_dir: Path) -> None:
-    """Uploads a complete local shard folder to `key`, replacing what is there: the old STATUS
-    is removed first and the new one uploaded last, so a cut-off upload never reads as a
-    complete shard."""
-    store.remove(f"{key}/{STATUS_FILE}")
-    for stale in set(store.keys(key)) - set(files_under(shard_dir)):
-        store.remove(f"{key}/{stale}")
-    copy_folder_into(store, key, shard_dir)
+def read_shard_record(location: str | Path) -> dict[str, Any]:
+    """The shard.json of a complete shard (a folder or a bucket URL); CacheError if the shard is
+    missing or unfinished."""
+    store = open_store(location)
+    record = shard_record(store)
+    if record is None:
+        raise missing_shard(store)
+    return record
 
 
-def check_stored_shard(store: ObjectStore, key: str, record: dict[str, Any]) -> None:
-    """Size check of an uploaded shard's objects against its shard.json (their digests were
-    taken from the local files it was uploaded from). A damaged shard loses its STATUS (its
-    caller holds its lease), so that the next build tokenizes it again."""
-    damage = check_object_sizes(store, key, record["files"])
+def folder_exists(store: ObjectStore) -> bool:
+    """Whether the root of `store` is there: a local folder (even empty), or any object under a
+    bucket's prefix (a bucket has no empty folders)."""
+    root = store.local_root
+    return Path(root).is_dir() if root is not None else bool(store.keys(""))
+
+
+def missing_shard(store: ObjectStore) -> CacheError:
+    """Why the root of `store` holds no complete shard."""
+    where = store.location("")
+    if not folder_exists(store):
+        return CacheError(f"{where}: no such shard folder.")
+    return CacheError(
+        f"{where}: the shard is incomplete (no {STATUS_FILE} SUCCESS): its tokenize step "
+        "was interrupted or failed. Re-run `python -m kiln.data.tokenize shard` for it."
+    )
+
+
+def check_shard(store: ObjectStore, record: dict[str, Any]) -> None:
+    """Checks a complete shard's files against its shard.json: every digest in a local folder,
+    each object's size in a bucket (its digests were taken from the local files it was
+    uploaded from). A damaged shard loses its STATUS (its caller holds its lease), so that the
+    next build tokenizes it again."""
+    root = store.local_root
+    files = record["files"]
+    damage = check_digests(Path(root), files) if root else check_object_sizes(store, "", files)
     if damage:
-        store.remove(f"{key}/{STATUS_FILE}")
+        store.remove(STATUS_FILE)
         raise CacheDamaged(
-            f"{store.location(key)}: shard {record['index']}: file {damage[0].file} "
+            f"{store.location('')}: shard {record['index']}: file {damage[0].file} "
             f"{damage[0].reason}; the shard was marked incomplete: rerun to tokenize it again."
         )
 
 
-def write_stored_cache(
-    store: ObjectStore,
-    records: list[dict[str, Any]],
+@contextlib.contextmanager
+def local_folder_of(store: ObjectStore) -> Iterator[Path]:
+    """A local folder to write what the root of `store` is to hold: the store's own folder when
+    it is local (writers there rename into place), else a temporary one, uploaded when the block
+    ends without error so that it replaces what is there, STATUS last (a bucket has no rename,
+    and a cut-off upload never reads as complete)."""
+    if store.local_root is not None:
+        yield Path(store.local_root)
+        return
+    with tempfile.TemporaryDirectory(prefix="kiln-upload-") as staging:
+        folder = Path(staging) / "folder"
+        yield folder
+        store.remove(STATUS_FILE)
+        for stale in set(store.keys("")) - set(files_under(folder)):
+            store.remove(stale)
+        copy_folder_into(store, "", folder)
+
+
+def write_cache(
+    cache: ObjectStore,
+    shards: list[tuple[ObjectStore, dict[str, Any]]],
     cache_record: dict[str, Any],
     token_byte_lengths: np.ndarray,
-    artifact_record: tuple[str, bytes] | None = None,
+    artifact_record: bytes | None = None,
 ) -> None:
-    """Writes a cache's records beside its uploaded shards (shard i's record at index i):
-    STATUS RUNNING, then the artifact record (name, bytes) if given, byte lengths, ledger,
-    stats and cache.json, STATUS SUCCESS last; FAILED if writing fails."""
-    store.write(STATUS_FILE, f"{RUNNING}\n".encode())
-    try:
-        with tempfile.TemporaryDirectory(prefix="kiln-cache-records-") as staging:
-            folder = Path(staging)
-            if artifact_record is not None:
-                (folder / artifact_record[0]).write_bytes(artifact_record[1])
-            _write_records(
-                folder, _ledger_shards(records), _stats(records), cache_record, token_byte_lengths
-            )
-            write_status(folder, SUCCESS)
-            copy_folder_into(store, "", folder)  # STATUS last
-    except BaseException:
-        with contextlib.suppress(Exception):
-            store.write(STATUS_FILE, f"{FAILED}\n".encode())
-        raise
+    """Places complete shards (shard i at index i) in the cache at `shards/NAME` and writes its
+    records: STATUS RUNNING, the artifact record if given, byte lengths, ledger, stats and
+    cache.json, STATUS SUCCESS last; FAILED if writing fails.
 
-
-def assemble_cache(
-    cache_dir: Path,
-    shards: list[tuple[Path, dict[str, Any]]],
-    cache_record: dict[str, Any],
-    token_byte_lengths: np.ndarray,
-) -> None:
-    """Moves complete shard folders (in index order) into cache_dir and writes the cache files.
-
-    Shard folders are moved (renamed), falling back to a copy across file systems or for a
-    symlinked folder; a shard already at its place (moved there by an interrupted assembly)
-    stays. The ledger, stats and cache.json follow, and STATUS SUCCESS last; STATUS is RUNNING
-    meanwhile, and FAILED if assembly fails.
+    A shard already at its place (built there in a bucket, or moved there by an interrupted
+    merge) stays; a local shard folder elsewhere is moved (renamed), falling back to a copy
+    across file systems or for a symlinked folder.
     """
-    with _writing(cache_dir):
-        _assemble(cache_dir, shards, cache_record, token_byte_lengths)
+    with _writing(cache):
+        if artifact_record is not None:
+            cache.write(RECORD_FILE, artifact_record)
+        for index, (shard, _) in enumerate(shards):
+            _place_shard(shard, cache, f"{SHARDS_DIR}/{shard_dir_name(index)}")
+        records = [record for _, record in shards]
+        _write_records(
+            cache, _ledger_shards(records), _stats(records), cache_record, token_byte_lengths
+        )
+
+
+def shard_in_place(shard: ObjectStore, cache: ObjectStore, key: str) -> bool:
+    """Whether the shard at the root of `shard` is the cache's folder `key` already."""
+    here, there = shard.location(""), cache.location(key)
+    if shard.local_root is None or cache.local_root is None:
+        return here == there
+    return Path(here).absolute() == Path(there).absolute()
+
+
+def _place_shard(shard: ObjectStore, cache: ObjectStore, key: str) -> None:
+    if shard_in_place(shard, cache, key):
+        return
+    if shard.local_root is None or cache.local_root is None:  # refused before: see tokenize
+        raise CacheError(f"{shard.location('')} cannot be moved to {cache.location(key)}.")
+    _move_dir(Path(shard.local_root), Path(cache.local_root) / key)
 
 
 def write_imported_cache(
@@ -249,43 +276,36 @@ def write_imported_cache(
 ) -> None:
     """A cache of imported shards (their arrays stay where they are: each shard's `location`),
     written like an assembled one: STATUS RUNNING, the records, STATUS SUCCESS last."""
-    with _writing(cache_dir):
+    cache = open_store(cache_dir)
+    with _writing(cache):
         documents = sum(shard["documents"] for shard in shards)
         tokens = sum(shard["tokens"] for shard in shards)
         stats = {
             "documents": documents, "tokens": tokens,
             "mean_document_tokens": tokens / max(documents, 1),
         }  # fmt: skip
-        _write_records(cache_dir, shards, stats, cache_record, token_byte_lengths)
+        _write_records(cache, shards, stats, cache_record, token_byte_lengths)
 
 
 @contextlib.contextmanager
-def _writing(cache_dir: Path) -> Iterator[None]:
+def _writing(cache: ObjectStore) -> Iterator[None]:
     """STATUS RUNNING while the body writes the cache, SUCCESS after it, FAILED if it fails."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    write_status(cache_dir, RUNNING)
+    cache.write(STATUS_FILE, f"{RUNNING}\n".encode())
     try:
         yield
     except BaseException:
-        mark_failed(cache_dir)
+        _mark_failed(cache)
         raise
-    write_status(cache_dir, SUCCESS)
+    cache.write(STATUS_FILE, f"{SUCCESS}\n".encode())
 
 
-def _assemble(
-    cache_dir: Path,
-    shards: list[tuple[Path, dict[str, Any]]],
-    cache_record: dict[str, Any],
-    token_byte_lengths: np.ndarray,
-) -> None:
-    for index, (shard_dir, _) in enumerate(shards):
-        destination = cache_dir / SHARDS_DIR / shard_dir_name(index)
-        if shard_dir.absolute() != destination.absolute():
-            _move_dir(shard_dir, destination)
-    records = [record for _, record in shards]
-    _write_records(
-        cache_dir, _ledger_shards(records), _stats(records), cache_record, token_byte_lengths
-    )
+def _mark_failed(cache: ObjectStore) -> None:
+    """STATUS FAILED, as far as the store allows: a full local disk is written in place."""
+    if cache.local_root is not None:
+        mark_failed(cache.local_root)
+        return
+    with contextlib.suppress(Exception):
+        cache.write(STATUS_FILE, f"{FAILED}\n".encode())
 
 
 def _ledger_shards(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -300,6 +320,7 @@ def _ledger_shards(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "first_document": first_document,
                 "first_token": first_token,
                 "files": record["files"],
+                **{key: record[key] for key in ("offsets_stride",) if key in record},
             }
         )
         first_document += record["documents"]
@@ -308,7 +329,7 @@ def _ledger_shards(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _write_records(
-    cache_dir: Path,
+    cache: ObjectStore,
     ledger_shards: list[dict[str, Any]],
     stats: dict[str, Any],
     cache_record: dict[str, Any],
@@ -318,19 +339,18 @@ def _write_records(
         "documents": sum(shard["documents"] for shard in ledger_shards),
         "tokens": sum(shard["tokens"] for shard in ledger_shards),
     }
-    atomic_write_bytes(cache_dir / BYTE_LENGTHS_FILE, _npy_bytes(token_byte_lengths))
-    atomic_write_json(
-        cache_dir / LEDGER_FILE,
-        {
-            "format_version": cache_record["format_version"],
-            "shards": ledger_shards,
-            **totals,
-            "files": record_files(cache_dir, [BYTE_LENGTHS_FILE]),
-            "finished": True,
-        },
-    )
-    atomic_write_json(cache_dir / STATS_FILE, stats)
-    atomic_write_json(cache_dir / CACHE_FILE, {**cache_record, **totals})
+    byte_lengths = npy_bytes(token_byte_lengths)
+    cache.write(BYTE_LENGTHS_FILE, byte_lengths)
+    ledger = {
+        "format_version": cache_record["format_version"],
+        "shards": ledger_shards,
+        **totals,
+        "files": {BYTE_LENGTHS_FILE: record_bytes(byte_lengths)},
+        "finished": True,
+    }
+    cache.write(LEDGER_FILE, json_bytes(ledger))
+    cache.write(STATS_FILE, json_bytes(stats))
+    cache.write(CACHE_FILE, json_bytes({**cache_record, **totals}))
 
 
 def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -346,17 +366,18 @@ def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _create_array(path: Path, dtype: np.dtype) -> ts.TensorStore:
+def _create_array(path: Path, dtype: np.dtype, inner_chunk: int, outer: int) -> ts.TensorStore:
+    outer_chunk = max(inner_chunk, outer // inner_chunk * inner_chunk)  # whole chunks a file
     blosc = {"cname": "zstd", "clevel": 3, "shuffle": "shuffle", "typesize": dtype.itemsize}
     metadata = {
         "shape": [0],
         "data_type": dtype.name,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [OUTER_CHUNK]}},
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [outer_chunk]}},
         "codecs": [
             {
                 "name": "sharding_indexed",
                 "configuration": {
-                    "chunk_shape": [INNER_CHUNK],
+                    "chunk_shape": [inner_chunk],
                     "codecs": [
                         {"name": "bytes", "configuration": {"endian": "little"}},
                         {"name": "blosc", "configuration": blosc},
@@ -378,12 +399,6 @@ def _write_at(array: ts.TensorStore, start: int, values: np.ndarray) -> None:
     end = start + len(values)
     resized = array.resize(exclusive_max=[end], expand_only=True).result()
     resized[start:end].write(values).result()
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.save(buffer, array, allow_pickle=False)
-    return buffer.getvalue()
 
 
 def remove_dead_temporaries(folder: Path) -> None:

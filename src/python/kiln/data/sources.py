@@ -7,13 +7,11 @@ each file it reads (for `plan`), and the source's provenance (cache.json).
 deterministic order; concatenating shards 0..n-1 gives the cache's document order.
 
 Sharding:
-  - files: files are assigned to shards by size, greedily (largest first, ties by key, each to the
-    least-loaded shard); within a shard, they are read in sorted key order. A file of at least
-    2 * MIN_PIECE_BYTES is first cut into up to num_shards pieces, so one big file still spreads
-    over the shards: an uncompressed JSONL file into byte ranges, each owning the lines that start
-    inside it (key `path@start-end`); a parquet file into runs of whole row groups, each owning the
-    row groups that start inside its share of the file's bytes (key `path#row-groups-start-end`).
-    Compressed JSONL and text files stay whole.
+  - files: as kiln_contract.sharding cuts and assigns them (which the Pants backend plans from the
+    files' sizes alone): by size, greedily; a file of at least 2 * MIN_PIECE_BYTES cut into up to
+    num_shards pieces, an uncompressed JSONL file by byte ranges, a parquet file into runs of whole
+    row groups, each owning the row groups that start inside its share of the file's bytes (key
+    `path#row-groups-start-end`).
   - python_stdlib: the same greedy assignment over its units (one .py file, or the pydoc topics).
   - url_files: downloaded once (kiln.data.downloads), then sharded as local files.
   - hf: planned from the dataset's file list at its revision (kiln.data.hub_datasets: the files matching
@@ -31,7 +29,6 @@ from __future__ import annotations
 import functools
 import glob
 import gzip
-import heapq
 import io
 import itertools
 import json
@@ -51,9 +48,10 @@ from kiln.data.spec import (
     StdlibSource,
     UrlFilesSource,
 )
+from kiln_contract import sharding
+from kiln_contract.sharding import assign_to_shards
 
 PARQUET_BATCH_ROWS = 4096
-MIN_PIECE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -117,17 +115,6 @@ def split_name(source: Source) -> str | None:
 
 def reader(source: Source) -> SourceReader:
     return READERS[source.kind](source)
-
-
-def assign_to_shards(sizes: dict[str, int], num_shards: int) -> list[list[str]]:
-    """Greedy size balancing: largest first (ties by key) to the least-loaded shard (ties by index)."""
-    loads = [(0, shard) for shard in range(num_shards)]
-    assigned: list[list[str]] = [[] for _ in range(num_shards)]
-    for key in sorted(sizes, key=lambda k: (-sizes[k], k)):
-        load, shard = heapq.heappop(loads)
-        assigned[shard].append(key)
-        heapq.heappush(loads, (load + sizes[key], shard))
-    return [sorted(keys) for keys in assigned]
 
 
 def _assigned(sizes: dict[str, int], num_shards: int, index: int) -> dict[str, int]:
@@ -353,11 +340,9 @@ class _Piece:
 
     @property
     def key(self) -> str:  # zero-padded: a file's pieces sort in file order
-        if self.end is None:
-            return str(self.path)
         if self.row_groups:
             return f"{self.path}#row-groups-{self.start:09d}-{self.end:09d}"
-        return f"{self.path}@{self.start:020d}-{self.end:020d}"
+        return sharding.FilePiece(str(self.path), self.size, self.start, self.end).key
 
     def documents(self, file_format: str, text_key: str) -> Iterator[Document]:
         if self.end is None:
@@ -370,15 +355,11 @@ class _Piece:
 def _pieces(path: Path, file_format: str, num_shards: int) -> list[_Piece]:
     size = path.stat().st_size
     resolved = _format_of(path) if file_format == "auto" else file_format
-    count = min(num_shards, size // MIN_PIECE_BYTES)
-    if resolved == "parquet" and count >= 2:
+    cut = sharding.file_pieces(str(path), size, resolved, num_shards)
+    if cut is None:  # parquet, cut by its row groups
+        count = min(num_shards, size // sharding.MIN_PIECE_BYTES)
         return _row_group_pieces(path, size, count)
-    if resolved != "jsonl" or path.name.endswith((".gz", ".zst")) or count < 2:
-        return [_Piece(path, size)]
-    bounds = [size * i // count for i in range(count + 1)]
-    # One nominal size for every piece: ties go by key, so the pieces of a file cut into
-    # num_shards land in shards 0, 1, ... in file order.
-    return [_Piece(path, size // count, start, end) for start, end in zip(bounds, bounds[1:])]
+    return [_Piece(path, piece.size, piece.start, piece.end) for piece in cut]
 
 
 def _row_group_pieces(path: Path, size: int, count: int) -> list[_Piece]:
@@ -431,15 +412,9 @@ def read_file(path: Path, file_format: str, text_key: str) -> Iterator[Document]
 
 
 def _format_of(path: Path) -> str:
-    name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".json.zst")):
-        return "jsonl"
-    if name.endswith(".json"):
-        return "json"
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith(".txt"):
-        return "text"
+    resolved = sharding.format_of(path.name)
+    if resolved is not None:
+        return resolved
     raise SourceError(
         f"{path}: cannot tell the format from the extension; use .json, .jsonl, .jsonl.gz, "
         '.jsonl.zst, .parquet or .txt, or set the source\'s "format" to "json", "jsonl", '

@@ -100,11 +100,11 @@ def test_a_store_cache_is_built_in_a_bucket_shard_by_shard(
     store.remove("shards/shard-00001/STATUS")
     store.write("shards/shard-00001/data/c/9", b"left by a killed upload")
     assert merge(spec_file, url) == 2
-    assert "shard(s) [1] of 2 are not complete" in capsys.readouterr().err
+    assert f"{url}/shards/shard-00001: the shard is incomplete" in capsys.readouterr().err
     assert [shard(spec_file, url, index) for index in range(2)] == [0, 0]  # resumes
     resumed = capsys.readouterr().err
     assert f"shard 0 is already at {url}/shards/shard-00000" in resumed
-    assert f"shard 1 uploaded to {url}/shards/shard-00001" in resumed
+    assert f"shard 1 written to {url}/shards/shard-00001" in resumed
     assert "shards/shard-00001/data/c/9" not in store.keys("")
     assert merge(spec_file, url) == 0
     assert [shard(spec_file, url, 0), merge(spec_file, url)] == [0, 0]  # a rerun: no work

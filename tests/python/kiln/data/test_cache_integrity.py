@@ -57,14 +57,16 @@ def rewrite(cache_dir: Path, array: str, index: int, value: int) -> None:
 
 def test_an_intact_cache_records_and_verifies_every_file(cache_dir: Path) -> None:
     ledger = json.loads((cache_dir / "ledger.json").read_text())
-    assert json.loads((cache_dir / "cache.json").read_text())["format_version"] == 3
-    assert ledger["format_version"] == 3
+    assert json.loads((cache_dir / "cache.json").read_text())["format_version"] == 4
+    assert ledger["format_version"] == 4
     assert sorted(ledger["files"]) == ["token_byte_lengths.npy"]
     files = ledger["shards"][1]["files"]
-    assert sorted(files) == ["data/c/0", "data/zarr.json", "offsets/c/0", "offsets/zarr.json"]
+    assert sorted(files) == [
+        "data/c/0", "data/zarr.json", "offsets/c/0", "offsets/zarr.json", "offsets_index.npy"
+    ]  # fmt: skip
     assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in files.values())
     verification = verify_cache(cache_dir)
-    assert verification.cache.verified and verification.files == 9
+    assert verification.cache.verified and verification.files == 11
     assert verification.describe().startswith(f"tokenized/test@2026.11.29 at {cache_dir}: verified")
 
 
@@ -109,21 +111,23 @@ def test_ids_beyond_the_vocabulary_are_refused_when_read(cache_dir: Path) -> Non
         verify_cache(cache_dir)
 
 
-def test_damaged_offsets_are_refused_on_open(cache_dir: Path) -> None:
+def test_damaged_offsets_are_refused_when_read(cache_dir: Path) -> None:
+    """Opening reads no offsets but the count and the last end (format 4: whatever the document
+    count, kiln.data.document_ends); a read of the chunk holding a window's documents checks it."""
     ends = ts.open(zarr_spec(shard_dir(cache_dir) / "offsets"), open=True).result().read().result()
     rewrite(cache_dir, "offsets", 5, int(ends[3]))  # document 4 ends before document 3 does
+    cache = TokenCache.open(cache_dir)
+    first = cache.ledger["shards"][1]["first_token"]
     with pytest.raises(CacheDamaged) as error:
-        TokenCache.open(cache_dir)
+        cache.windows([first // 4 + 1], 4)
     message = str(error.value)
-    assert (
-        f"shard {SHARD}, file offsets (document boundaries) are not strictly increasing" in message
-    )
+    assert f"shard {SHARD}, file offsets (document boundaries) entries 0..40 are not strictly" in message
     assert "the ledger records 40 documents" in message
 
 
 def test_an_offsets_count_that_disagrees_with_the_ledger_is_refused(cache_dir: Path) -> None:
     rewrite(cache_dir, "offsets", 0, 39)
-    with pytest.raises(CacheDamaged, match=r"hold 40 document ends and a count of 39, but the led"):
+    with pytest.raises(CacheDamaged, match=r"hold a count of 39 and a last end of \d+, but the led"):
         TokenCache.open(cache_dir)
 
 
@@ -141,7 +145,7 @@ def test_an_old_format_cache_is_read_unverified(cache_dir: Path, caplog) -> None
 
 def test_the_verify_command(cache_dir: Path, tmp_path: Path, capsys) -> None:
     assert verify_main([str(cache_dir)]) == 0
-    assert "verified 9 files" in capsys.readouterr().out
+    assert "verified 11 files" in capsys.readouterr().out
     (shard_dir(cache_dir) / "data/c/0").unlink()
     assert verify_main([str(cache_dir), str(tmp_path / "nowhere")]) == 1
     err = capsys.readouterr().err.splitlines()

@@ -113,6 +113,7 @@ def test_both_layouts_import_and_read_as_levanters_reader(written, tmp_path: Pat
         assert len(imported.ledger["shards"]) == parts
         source = imported.info["source"]
         assert (source["layout"], source["parts"], source["dtype"]) == (layout, parts, "int64")
+        assert imported.info["format_version"] == 4  # Levanter's arrays, read as they are
         assert not (tmp_path / layout / "shards").exists()  # nothing copied, nothing tokenized
     # Marin's ledger names no tokenizer: its vocabulary rests on the ids, every one scanned.
     marin = TokenCache.open(tmp_path / "sharded")
@@ -148,7 +149,12 @@ def test_a_layout_kiln_does_not_know_fails_at_plan_naming_the_field(
     (zoned / "shard_ledger.json").write_text(json.dumps({**ledger, "layout": "zoned"}))
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(import_spec(zoned)))
-    assert main(["plan", str(spec_file), "--json"]) == 2
+    assert main(["plan", str(spec_file), "--json"]) == 0  # the other specs are still planned
+    planned = json.loads(capsys.readouterr().out)  # `pants plan` fails on a refusal
+    assert "shard_ledger.json field `layout` is 'zoned'; Kiln imports the layouts" in (
+        planned["refused"]
+    )
+    assert main(["plan", str(spec_file)]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "shard_ledger.json field `layout` is 'zoned'; Kiln imports the layouts" in line
     with pytest.raises(SourceError, match="field `layout` is 'zoned'"):

@@ -13,8 +13,10 @@ from kiln_testing.data import sample_texts, write_corpus, write_jsonl
 
 from kiln.data import hub_datasets, sources
 from kiln.data.errors import SourceError
-from kiln.data.sources import assign_to_shards, expand_paths, shard_documents
+from kiln.data.sources import expand_paths, shard_documents
 from kiln.data.spec import FilesSource, HfSource
+from kiln_contract import sharding
+from kiln_contract.sharding import assign_to_shards
 
 
 def _texts(source, num_shards=1, text_key="text") -> list[str]:
@@ -206,7 +208,7 @@ def test_a_big_jsonl_file_is_cut_on_line_boundaries(tmp_path: Path, monkeypatch,
     (tmp_path / "big.jsonl").write_text(lines)
     if line_bytes is not None:
         assert len(lines) == 100 * line_bytes
-    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 1000)
+    monkeypatch.setattr(sharding, "MIN_PIECE_BYTES", 1000)
     source = FilesSource(paths=(str(tmp_path / "big.jsonl"),))
     for num_shards in (2, 3, 4, 7):
         shards = [
@@ -227,7 +229,7 @@ def test_a_bad_line_in_a_piece_names_its_byte_offset(tmp_path: Path, monkeypatch
     lines[20] = "{not json}\n"
     (tmp_path / "big.jsonl").write_text("".join(lines))
     offset = sum(len(line) for line in lines[:20])
-    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 500)
+    monkeypatch.setattr(sharding, "MIN_PIECE_BYTES", 500)
     source = FilesSource(paths=(str(tmp_path / "big.jsonl"),))
     with pytest.raises(SourceError, match=rf"big.jsonl:byte {offset}: the line is not valid JSON"):
         for index in range(2):
@@ -238,7 +240,7 @@ def test_a_big_parquet_file_is_cut_into_runs_of_row_groups(tmp_path: Path, monke
     rng = np.random.default_rng(0)
     texts = ["x" * int(n) + str(i) for i, n in enumerate(rng.integers(1, 300, size=300))]
     pq.write_table(pa.table({"text": texts}), tmp_path / "big.parquet", row_group_size=20)
-    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 100)
+    monkeypatch.setattr(sharding, "MIN_PIECE_BYTES", 100)
     source = FilesSource(paths=(str(tmp_path / "big.parquet"),))
     for num_shards in (2, 3, 4, 7):
         shards = [_texts_of_shard(source, num_shards, i) for i in range(num_shards)]
@@ -255,8 +257,34 @@ def test_a_bad_row_in_a_row_group_piece_names_its_row_in_the_file(tmp_path: Path
     texts: list[object] = [f"document {i}" for i in range(100)]
     texts[73] = None
     pq.write_table(pa.table({"text": texts}), tmp_path / "big.parquet", row_group_size=10)
-    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", 10)
+    monkeypatch.setattr(sharding, "MIN_PIECE_BYTES", 10)
     source = FilesSource(paths=(str(tmp_path / "big.parquet"),))
     with pytest.raises(SourceError, match=r"big\.parquet\[row 73\]"):
         for index in range(4):
             list(shard_documents(source, "text", 4, index))
+
+
+def test_the_backends_plan_from_file_sizes_is_the_plan_the_shards_read(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`pants plan` plans a files source from the files' sizes alone (kiln_contract.sharding):
+    the same pieces, shards and bytes the runtime reads, big files cut included; a parquet file
+    big enough to be cut by its row groups is left to the runtime."""
+    write_corpus(tmp_path / "corpus")
+    big = "".join(json.dumps({"text": "x" * n}) + "\n" for n in range(1, 200))
+    (tmp_path / "corpus/big.jsonl").write_text(big)
+    (tmp_path / "corpus/big.jsonl.gz").write_bytes(gzip.compress(big.encode()))
+    monkeypatch.setattr(sharding, "MIN_PIECE_BYTES", 2000)
+    paths = sorted(str(path) for path in (tmp_path / "corpus").iterdir())
+    sizes = {path: Path(path).stat().st_size for path in paths}
+    source = FilesSource(paths=tuple(paths))
+    for num_shards in (1, 2, 3, 5):
+        planned = sharding.files_plan(sizes, num_shards)
+        read = [sources.shard_sizes(source, num_shards, i) for i in range(num_shards)]
+        assert planned == read, num_shards
+        assert [list(shard) for shard in planned] == [
+            sources.shard_plan(source, num_shards, i) for i in range(num_shards)
+        ]
+    assert any("@" in key for key in planned[0])  # big.jsonl was cut into byte ranges
+    pq.write_table(pa.table({"text": ["y" * 90] * 200}), tmp_path / "big.parquet", row_group_size=20)
+    assert sharding.files_plan({str(tmp_path / "big.parquet"): 20000}, 3) is None

@@ -9,10 +9,10 @@ import pytest
 from kiln_testing.data import make_spec, write_corpus, write_jsonl
 
 from kiln.artifacts import read_status
-from kiln.data import cache_writer, hub_datasets, tokenize
+from kiln.data import cache_writer, document_ends, hub_datasets, tokenize
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.cache_writer import ShardWriter
-from kiln.data.errors import CacheError, SourceError
+from kiln.data.errors import CacheDamaged, CacheError, SourceError
 from kiln.data.mixture import MixtureDataset, fixed_batches
 from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import build_cache, merge_cache, tokenize_shard
@@ -81,8 +81,8 @@ def test_cache_records(tmp_path: Path, tokenizer: LoadedTokenizer):
         "1a2b3c4d",
         lengths.sum(),
     )
-    offsets = TokenCache.open(cache_dir)._document_ends
-    assert offsets[-1] == lengths.sum()
+    cache = TokenCache.open(cache_dir)
+    assert [len(cache.document(i)) for i in range(cache.num_documents)] == lengths.tolist()
 
 
 def test_windows_on_a_hand_checkable_example(tmp_path: Path, tokenizer: LoadedTokenizer):
@@ -276,6 +276,32 @@ def test_shards_spanning_many_zarr_files(tmp_path: Path, tokenizer: LoadedTokeni
         np.concatenate([cache.document(i) for i in range(cache.num_documents)]).tolist()
         == stream.tolist()
     )
+
+
+def test_windows_find_their_documents_through_the_offsets_index(
+    tmp_path: Path, tokenizer: LoadedTokenizer, monkeypatch
+):
+    """Format 4 reads document boundaries by the chunk of offsets, found through the index: with
+    7 documents a chunk, windows straddling chunks, documents and shards get the segment ids the
+    documents' lengths give; an index changed on disk is refused where it is read."""
+    monkeypatch.setattr(document_ends, "OFFSETS_STRIDE", 7)
+    spec, texts = _corpus_spec(tmp_path, num_shards=2)
+    cache = TokenCache.open(build_cache(spec, tmp_path / "cache"))
+    assert cache.ledger["shards"][0]["offsets_stride"] == 7
+    lengths = tokenizer.encode_documents(texts).lengths
+    document_of = np.repeat(np.arange(len(lengths)), lengths)
+    seq_len = 37
+    indices = list(range(cache.num_windows(seq_len)))
+    expected = document_of[: len(indices) * seq_len].reshape(-1, seq_len)
+    assert (cache.windows(indices, seq_len).segment_ids == expected - expected[:, :1]).all()
+    assert [len(cache.document(i)) for i in range(cache.num_documents)] == lengths.tolist()
+    index_file = tmp_path / "cache/shards/shard-00000/offsets_index.npy"
+    index = np.load(index_file)
+    index[2] += 1  # the same size: only a read of that chunk can tell
+    np.save(index_file, index)
+    reopened = TokenCache.open(tmp_path / "cache")
+    with pytest.raises(CacheDamaged, match=r"shard shard-00000, file offsets \(document bounda"):
+        reopened.windows(indices, seq_len)
 
 
 def test_merge_copies_a_symlinked_shard(tmp_path: Path, tokenizer: LoadedTokenizer):

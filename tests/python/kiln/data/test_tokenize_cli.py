@@ -10,9 +10,9 @@ import pytest
 from kiln_testing.data import make_spec, write_corpus
 
 from kiln.artifacts import read_status
-from kiln.data import sources
 from kiln.data.cache import TokenCache
 from kiln.data.tokenize import main
+from kiln_contract import sharding
 
 
 def _write_spec(tmp_path: Path, spec: dict) -> str:
@@ -76,6 +76,22 @@ def test_plan_prints_each_shards_files_and_bytes(tmp_path: Path, capsys) -> None
         {"files": {f"{tmp_path}/corpus/a.jsonl": sizes["a"]}},
         {"files": {f"{tmp_path}/corpus/{name}.jsonl": sizes[name] for name in "bc"}},
     ]
+
+
+def test_plan_json_plans_many_specs_a_line_each_an_unplannable_one_too(
+    tmp_path: Path, capsys
+) -> None:
+    """`pants plan` plans every cache that needs the runtime in one process."""
+    write_corpus(tmp_path / "corpus")
+    specs = []
+    for name, pattern in (("good", "corpus/*.jsonl"), ("bad", "nowhere/*.jsonl")):
+        (tmp_path / name).mkdir()
+        spec = make_spec({"kind": "files", "paths": [str(tmp_path / pattern)]}, num_shards=2)
+        specs.append(_write_spec(tmp_path / name, spec))
+    assert main(["plan", specs[0], specs[1], specs[0], "--json"]) == 0
+    good, bad, again = map(json.loads, capsys.readouterr().out.splitlines())
+    assert len(good) == 2 and set(good[0]) == {"files"} and again == good
+    assert bad == {"error": f"{tmp_path}/nowhere/*.jsonl: the glob matches no file (CWD is {os.getcwd()})."}
 
 
 def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):
@@ -143,7 +159,7 @@ def test_a_shard_cut_under_other_sharding_rules_is_rebuilt_not_merged(
     old_shard = tmp_path / "old-shard-0"
     assert main(["shard", spec_file, "--index", "0", "--out", str(old_shard)]) == 0  # whole file
 
-    monkeypatch.setattr(sources, "MIN_PIECE_BYTES", big.stat().st_size // 4)  # now: 2 pieces
+    monkeypatch.setattr(sharding, "MIN_PIECE_BYTES", big.stat().st_size // 4)  # now: 2 pieces
     new_shard = tmp_path / "new-shard-1"
     assert main(["shard", spec_file, "--index", "1", "--out", str(new_shard)]) == 0
     shards = ["--shards", str(old_shard), str(new_shard)]

@@ -1,0 +1,219 @@
+"""Pants goals on graphs of a hundred to thousands of artifacts: list, plan, and a no-op build.
+
+    ./pants run benchmarks/graph_scale.py -- --repo "$PWD" [--caches 100 1000 5000] [--work DIR]
+
+For each size N a copy of this workspace gets, in a temporary folder (nothing is committed),
+`scale/caches/BUILD`: N store-mode `tokenized_cache` targets, each of one small local jsonl file
+in the repository, and `scale/BUILD`: one `lm_checkpoint` mixing all of them. Then, timed as a
+user waits for each command (wall seconds, the client's start included):
+- `list scale::` and `plan scale:big` in a fresh Pants (`--no-pantsd`: nothing memoized, and no
+  wait for a daemon to start, which a loaded machine can stretch past the client's 60 s);
+- `list scale::` with pantsd up, then `plan scale:big` with the plan not yet computed ("cold"),
+  then again ("warm");
+- the caches "built" (their records and STATUS SUCCESS written into the store, as a build
+  leaves them): `build scale/caches:` twice, the second the no-op of a built graph;
+- the same caches built in an S3 bucket (a moto server on loopback, `--kiln-prefix=s3://...`):
+  `plan scale:big`, once warm.
+Each row also gives seconds per 1,000 targets and the ratio to `list` of the same graph in the
+same daemon state (fresh or warm: Pants' floor for a goal on that graph). Goals (issue 43): plan <= 5 ms per cache (5 s at
+1,000) cold with pantsd up and for built caches in a bucket, <= 30 s fresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from report_table import markdown_table
+
+WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
+VERSION = "2026.12.02"
+BUCKET = "kiln-graph-scale"
+CACHE = """tokenized_cache(
+    name="c{i}",
+    artifact_name="scale/c{i}",
+    sources=["texts/c{i}.jsonl"],
+    tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+    version="{version}",
+    storage="store",
+)
+"""
+CHECKPOINT = """lm_checkpoint(
+    name="big",
+    artifact_name="checkpoints/scale",
+    version="{version}",
+    model=llama(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2,
+                num_kv_heads=1, num_layers=1),
+    optimizer=adam(learning_rate=1e-2, warmup=2),
+    datasets={datasets},
+    validation=["//scale/caches:c0"],
+    batch_size=4,
+    seq_len=64,
+    num_train_steps=20,
+    z_loss_weight=None,
+    evals=None,
+    resources=cpu(),
+)
+"""
+HEADER = ["caches", "command", "s", "s per 1,000 targets", "vs list (same daemon state)"]
+PLANNED = re.compile(r"^\s+\S.*?\s([0-9a-f]{16})\s+tokenized_cache\s+(\S+)@(\S+)\s", re.MULTILINE)
+
+
+def workspace(repo: Path, root: Path, caches: int) -> Path:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    for name in WORKSPACE:
+        source = repo / name
+        if source.is_dir():
+            shutil.copytree(source, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, root / name)
+    texts = root / "scale/caches/texts"
+    texts.mkdir(parents=True)
+    for i in range(caches):
+        lines = (json.dumps({"text": f"Document {j} of cache {i}."}) for j in range(5))
+        (texts / f"c{i}.jsonl").write_text("\n".join(lines) + "\n")
+    build = "\n".join(CACHE.format(i=i, version=VERSION) for i in range(caches))
+    (root / "scale/caches/BUILD").write_text(build)
+    datasets = "{" + ", ".join(f'"//scale/caches:c{i}": 1.0' for i in range(caches)) + "}"
+    (root / "scale/BUILD").write_text(CHECKPOINT.format(version=VERSION, datasets=datasets))
+    return root
+
+
+def pants(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Wall seconds of one `./pants` command, and its stdout; it must succeed."""
+    started = time.perf_counter()
+    result = subprocess.run(["./pants", *args], cwd=root, capture_output=True, text=True,
+                            env=env or clean_environment())  # fmt: skip
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise RuntimeError(f"./pants {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    return seconds, result.stdout
+
+
+def clean_environment() -> dict[str, str]:
+    """This process's environment without what `./pants run` set for it (the runtime PEX's)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PEX_", "PANTS_"))}
+
+
+def start_pantsd(root: Path, attempts: int = 5) -> None:
+    """`list scale::` until pantsd answers: on a loaded machine the daemon can take longer to
+    start than the client waits (60 s), and it goes on starting after the client gives up."""
+    for attempt in range(attempts):
+        try:
+            pants(root, "list", "scale::")
+            return
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+
+
+def stop_pantsd(root: Path) -> None:
+    title = f"pantsd [{root}]".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(title):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except OSError:
+            continue
+    time.sleep(1)
+
+
+def mark_built(root: Path, plan_output: str, prefix_store: object | None = None) -> int:
+    """Writes each planned cache's record and STATUS SUCCESS, as a build leaves them: into the
+    local store, or through `prefix_store` (an ObjectStore) when given."""
+    marked = 0
+    for fingerprint, name, version in PLANNED.findall(plan_output):
+        record = json.dumps({"kind": "tokenized_cache", "name": name, "version": version,
+                             "fingerprint": fingerprint}).encode()  # fmt: skip
+        if prefix_store is None:
+            folder = root / "artifacts" / name / version
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "artifact.json").write_bytes(record)
+            (folder / "STATUS").write_text("SUCCESS\n")
+        else:
+            prefix_store.write(f"{name}/{version}/artifact.json", record)  # type: ignore[attr-defined]
+            prefix_store.write(f"{name}/{version}/STATUS", b"SUCCESS\n")  # type: ignore[attr-defined]
+        marked += 1
+    return marked
+
+
+def measure(root: Path, caches: int) -> dict[str, float]:
+    times: dict[str, float] = {}
+    stop_pantsd(root)
+    times["list, fresh (no daemon)"], _ = pants(root, "--no-pantsd", "list", "scale::")
+    times["plan, fresh (no daemon)"], _ = pants(root, "--no-pantsd", "plan", "scale:big")
+    start_pantsd(root)  # the BUILD files parsed, nothing planned
+    times["list, warm"], _ = pants(root, "list", "scale::")
+    times["plan, pantsd up, cold"], planned = pants(root, "plan", "scale:big")
+    times["plan, warm"], _ = pants(root, "plan", "scale:big")
+    assert mark_built(root, planned) == caches, planned[-2000:]
+    times["build of built caches, first"], _ = pants(root, "build", "scale/caches:")
+    times["build of built caches, no-op"], _ = pants(root, "build", "scale/caches:")
+    times["plan, built in a bucket"] = bucket_plan(root, planned, caches)
+    stop_pantsd(root)
+    return times
+
+
+def bucket_plan(root: Path, planned: str, caches: int) -> float:
+    """`plan` of the graph with every cache built in an S3 bucket (moto on loopback), warm."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from kiln.artifacts.store import open_store
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        env = {**clean_environment(), "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}  # fmt: skip
+        os.environ.update({k: env[k] for k in env if k.startswith("AWS_")})
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+        prefix = f"s3://{BUCKET}/artifacts"
+        assert mark_built(root, planned, open_store(prefix)) == caches
+        option = f"--kiln-prefix={prefix}"
+        pants(root, option, "plan", "scale:big", env=env)
+        seconds, output = pants(root, option, "plan", "scale:big", env=env)
+        assert f"{caches} built" in output, output[-2000:]
+        return seconds
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repo", type=Path, required=True, help="this workspace (`pants run` "
+                        "runs the benchmark in a sandbox)")  # fmt: skip
+    parser.add_argument("--caches", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kiln-graphs"))
+    args = parser.parse_args(argv)
+    rows = []
+    for caches in args.caches:
+        root = workspace(args.repo, args.work / f"graph-{caches}", caches)
+        times = measure(root, caches)
+        targets = caches + 1
+        for command, seconds in times.items():
+            floor = times["list, fresh (no daemon)" if "fresh" in command else "list, warm"]
+            per_thousand = seconds / targets * 1000
+            rows.append([f"{caches:,}", command, f"{seconds:.2f}", f"{per_thousand:.2f}",
+                         f"{seconds / floor:.2f}x"])  # fmt: skip
+        print(markdown_table(HEADER, rows[-len(times):]), file=sys.stderr, flush=True)
+        shutil.rmtree(root)
+    print(f"{platform.node()}, {os.cpu_count()} CPUs")
+    print(markdown_table(HEADER, rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
