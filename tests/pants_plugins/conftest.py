@@ -26,9 +26,17 @@ def rule_runner() -> RuleRunner:
 
 @pytest.fixture
 def plan_rule_runner() -> RuleRunner:
-    """With the `plan` and `build` goals, which read a bucket through a runtime PEX process and
-    so need the Python backend's PEX rules: a bigger rule graph, seconds more to set up per test."""
-    return _rule_runner([*register.rules(), *pex_from_targets.rules(), *distdir.rules()])
+    """With the `plan` and `build` goals and the checkpoint a `package` exports
+    (StoredCheckpoint), which read a bucket through a runtime PEX process and so need the
+    Python backend's PEX rules: a bigger rule graph, seconds more to set up per test."""
+    return _rule_runner(
+        [
+            *register.rules(),
+            *pex_from_targets.rules(),
+            *distdir.rules(),
+            QueryRule(StoredCheckpoint, [StoredCheckpointRequest]),
+        ]
+    )
 
 
 def _rule_runner(rules: list) -> RuleRunner:
@@ -39,7 +47,6 @@ def _rule_runner(rules: list) -> RuleRunner:
             QueryRule(ArtifactGraph, [ArtifactGraphRequest]),
             QueryRule(Addresses, [DependenciesRequest]),
             QueryRule(StepJson, [StepJsonRequest]),
-            QueryRule(StoredCheckpoint, [StoredCheckpointRequest]),
             QueryRule(MixtureFits, [MixtureBudgetRequest]),
         ],
         target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],

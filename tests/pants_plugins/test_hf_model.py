@@ -181,8 +181,9 @@ def probe_error(rule_runner: RuleRunner, checkpoint, folder: Path) -> str:
 
 
 def test_packaging_before_the_checkpoint_is_built_names_the_command(
-    rule_runner: RuleRunner, tmp_path: Path
+    plan_rule_runner: RuleRunner, tmp_path: Path
 ) -> None:
+    rule_runner = plan_rule_runner  # the checkpoint may be in a bucket: read through a PEX
     graph = hf_graph(rule_runner, build())
     checkpoint = graph.get(Address("exp", target_name="ckpt"))
     folder = tmp_path / "checkpoints/ckpt/2026.06.28"

@@ -9,7 +9,7 @@ import pytest
 from kiln_testing.data import make_spec, write_corpus, write_jsonl
 
 from kiln.artifacts import read_status
-from kiln.data import cache_writer, document_ends, hub_datasets, tokenize
+from kiln.data import cache_build, cache_writer, document_ends, hub_datasets
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.cache_writer import ShardWriter
 from kiln.data.errors import CacheDamaged, CacheError, SourceError
@@ -209,7 +209,8 @@ def _first_documents_reaching(
 def test_max_tokens_keeps_each_shards_first_documents_up_to_its_quota(
     tmp_path: Path, tokenizer: LoadedTokenizer, monkeypatch
 ):
-    monkeypatch.setattr(tokenize, "ENCODE_BATCH_DOCUMENTS", 7)  # quotas end inside and across batches
+    # quotas end inside and across batches
+    monkeypatch.setattr(cache_build, "ENCODE_BATCH_DOCUMENTS", 7)
     spec, texts = _corpus_spec(tmp_path, max_tokens=601)  # quotas 201, 200, 200 for shards 0, 1, 2
     cache = TokenCache.open(build_cache(spec, tmp_path / "cache"))
     shards = [texts[:50], texts[50:70], texts[70:]]  # a.jsonl, b.jsonl, c.jsonl
