@@ -181,6 +181,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
         # The secrets only the submitting machine has reached both hosts' trainers.
         assert len(trainers) == 2 and all(PLANTED.items() <= env.items() for env in trainers)
         output, _ = run.communicate(timeout=1500)
+        (tmp_path / "run.log").write_text(output)  # for a person, when this test fails
         assert run.returncode == 0, output[-6000:]
         [lost] = [line for line in output.splitlines() if "a host of the run was lost" in line]
         # The node's host part that noticed first: its actor (gone with its raylet) or its trainer.
