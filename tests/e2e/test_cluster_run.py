@@ -192,9 +192,12 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
 
         losses = train_losses(store.read(f"{RUN}/metrics.jsonl").data.decode())
         assert [step for step, _ in losses] == list(range(1, 41))  # one line per step
+        # The same run uninterrupted, here in one process over two devices: the hosts' data
+        # parallelism, reduced in the same order.
         reference = tmp_path / "reference"
+        two_devices = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
         pants(repo, *options, "run", TARGET, "--", "--cluster", "local", "--output",
-              str(reference), env=env)  # fmt: skip
+              str(reference), env=two_devices)  # fmt: skip
         expected = train_losses((reference / "metrics.jsonl").read_text())
         np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected], rtol=1e-5)
 
