@@ -201,6 +201,14 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
         expected = train_losses((reference / "metrics.jsonl").read_text())
         np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected], rtol=1e-5)
 
+        # The job, from the documented entry (nodes without Kiln answer `list` too).
+        job = re.search(r"^kiln: submitted job (\S+)$", output, re.M)
+        assert job, output[-3000:]
+        listed = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
+                       env=env)  # fmt: skip
+        assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/tiny2@2026.12.01 ",
+                         listed.stdout, re.M), listed.stdout + listed.stderr[-2000:]  # fmt: skip
+
         served = pants(repo, *options, "run", TARGET, env=env)
         assert f"is already built at {prefix}/{RUN}" in served.stdout
         planned = pants(repo, *options, "plan", TARGET, env=env)
