@@ -181,6 +181,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
         # The secrets only the submitting machine has reached both hosts' trainers.
         assert len(trainers) == 2 and all(PLANTED.items() <= env.items() for env in trainers)
         output, _ = run.communicate(timeout=1500)
+        (tmp_path / "run.log").write_text(output)  # for a person, when this test fails
         assert run.returncode == 0, output[-6000:]
         [lost] = [line for line in output.splitlines() if "a host of the run was lost" in line]
         # The node's host part that noticed first: its actor (gone with its raylet) or its trainer.
@@ -191,11 +192,22 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
 
         losses = train_losses(store.read(f"{RUN}/metrics.jsonl").data.decode())
         assert [step for step, _ in losses] == list(range(1, 41))  # one line per step
+        # The same run uninterrupted, here in one process over two devices: the hosts' data
+        # parallelism, reduced in the same order.
         reference = tmp_path / "reference"
+        two_devices = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
         pants(repo, *options, "run", TARGET, "--", "--cluster", "local", "--output",
-              str(reference), env=env)  # fmt: skip
+              str(reference), env=two_devices)  # fmt: skip
         expected = train_losses((reference / "metrics.jsonl").read_text())
         np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected], rtol=1e-5)
+
+        # The job, from the documented entry (nodes without Kiln answer `list` too).
+        job = re.search(r"^kiln: submitted job (\S+)$", output, re.M)
+        assert job, output[-3000:]
+        listed = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
+                       env=env)  # fmt: skip
+        assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/tiny2@2026.12.01 ",
+                         listed.stdout, re.M), listed.stdout + listed.stderr[-2000:]  # fmt: skip
 
         served = pants(repo, *options, "run", TARGET, env=env)
         assert f"is already built at {prefix}/{RUN}" in served.stdout
