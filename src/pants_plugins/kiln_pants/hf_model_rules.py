@@ -59,7 +59,7 @@ from kiln_pants.hf_model_targets import (
     HfModelDependencies,
 )
 from kiln_pants.package import MANIFEST_FILE
-from kiln_pants.plan import BucketRecords, BucketRecordsRequest
+from kiln_pants.artifact_store import BucketRecords, BucketRecordsRequest
 from kiln_pants.runtime import EXPORT, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
