@@ -100,6 +100,17 @@ def test_dep_failed_leaves_a_built_artifact_or_a_run_alone(tmp_path: Path) -> No
     assert (folder / "artifact.json").exists()
 
 
+def test_plan_shows_why_the_last_run_failed_or_stopped() -> None:
+    record = json.dumps({"fingerprint": RUN.fingerprint})
+    reason = "input tokenized/a@v1: shard shard-00000, file data/c/0 is missing\n"
+    assert recorded_state(RUN, "FAILED\n", record, reason).describe() == (
+        "failed (input tokenized/a@v1: shard shard-00000, file data/c/0 is missing; will rerun)"
+    )
+    assert recorded_state(RUN, "FAILED\n", record).detail == "no reason recorded; will rerun"
+    stopped = recorded_state(RUN, "RUNNING\n", record, "interrupted by SIGTERM after step 4")
+    assert stopped.detail == "the last run stopped: interrupted by SIGTERM after step 4; will resume"
+
+
 def test_a_served_run_prints_the_runners_words() -> None:
     record = json.dumps({"fingerprint": RUN.fingerprint, "provenance": {"code_digest": "a" * 64}})
     assert recorded_state(RUN, "SUCCESS\n", record).status == "built"

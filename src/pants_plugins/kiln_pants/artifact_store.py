@@ -14,7 +14,7 @@ from typing import Optional
 
 from pants.engine.rules import _uncacheable_rule, collect_rules
 
-from kiln_contract.layout import DEP_FAILED, RECORD_FILE, STATUS_FILE
+from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact
 
@@ -48,6 +48,9 @@ def artifact_path(prefix: str, artifact: Artifact) -> str:
 class StoredState:
     status: str  # built | would run | drift | failed | dep failed | incomplete | dev (rebuilt)
     detail: str = ""
+
+    def describe(self) -> str:
+        return f"{self.status} ({self.detail})" if self.detail else self.status
 
 
 DEV = StoredState("dev", "mutable version: always rebuilt")
@@ -83,16 +86,20 @@ def stored_state(prefix: str, artifact: Artifact) -> StoredState:
     path = artifact_path(prefix, artifact)
     if artifact.mutable:
         return DEV
-    return recorded_state(
-        artifact, _read(os.path.join(path, STATUS_FILE)), _read(os.path.join(path, RECORD_FILE))
-    )
+    texts = [_read(os.path.join(path, name)) for name in (STATUS_FILE, RECORD_FILE, FAILURE_FILE)]
+    return recorded_state(artifact, *texts)
 
 
 def recorded_state(
-    artifact: Artifact, status_text: Optional[str], record_text: Optional[str]
+    artifact: Artifact,
+    status_text: Optional[str],
+    record_text: Optional[str],
+    failure_text: Optional[str] = None,
 ) -> StoredState:
-    """The state of `artifact` given its folder's STATUS and artifact.json (None: absent)."""
+    """The state of `artifact` given its folder's STATUS, artifact.json and failure.txt (the
+    last run's reason for failing or stopping; None: absent)."""
     status = (status_text or "").strip()
+    reason = (failure_text or "").strip()
     if status == DEP_FAILED:
         return StoredState("dep failed", "an input failed in the last build; will run")
     if record_text is None:
@@ -108,7 +115,9 @@ def recorded_state(
     if status == "SUCCESS":
         return StoredState("built")
     if status == "FAILED":
-        return StoredState("failed", "will rerun")
+        return StoredState("failed", f"{reason or 'no reason recorded'}; will rerun")
+    if reason:
+        return StoredState("incomplete", f"the last run stopped: {reason}; will resume")
     return StoredState("incomplete", "will resume")
 
 

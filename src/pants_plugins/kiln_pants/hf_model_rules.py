@@ -32,7 +32,7 @@ from pants.engine.target import (
 )
 from pants.engine.unions import UnionRule
 
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE
+from kiln_contract.layout import FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -118,7 +118,8 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
     """Fails in seconds, with the command that builds it, when the checkpoint is not built (or
     the store holds another configuration under its name and version)."""
     checkpoint = request.checkpoint
-    stored = await Get(StoredFiles, StoredFilesRequest(request.path, (STATUS_FILE, RECORD_FILE)))
+    names = (STATUS_FILE, RECORD_FILE, FAILURE_FILE)
+    stored = await Get(StoredFiles, StoredFilesRequest(request.path, names))
     state = recorded_state(checkpoint, *stored.texts)
     build = f"./pants run {checkpoint.address}"
     if state.status == "drift":
@@ -130,7 +131,7 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
     if state.status != "built":
         raise CheckpointNotBuilt(
             f"{request.export} exports {checkpoint.address} ({checkpoint.ref}), which is not "
-            f"built in the artifact store ({request.path}: {state.status}): build it with "
+            f"built in the artifact store ({request.path}: {state.describe()}): build it with "
             f"`{build}`, then package again."
         )
     return StoredCheckpoint(request.path)

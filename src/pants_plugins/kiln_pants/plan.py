@@ -28,7 +28,7 @@ from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule, rule
 from pants.option.option_types import BoolOption
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE
+from kiln_contract.layout import FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
     DEV,
@@ -122,7 +122,9 @@ def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
     if artifact.mutable:
         return DEV
     texts = records.texts[f"{artifact.name}/{artifact.version}"]
-    return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE])
+    return recorded_state(
+        artifact, texts[STATUS_FILE], texts[RECORD_FILE], texts.get(FAILURE_FILE)
+    )
 
 
 @goal_rule

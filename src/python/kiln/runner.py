@@ -77,7 +77,7 @@ from kiln.cluster import dispatch, jobs
 from kiln.cluster.placement import PlacementError, describe
 from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
-from kiln.data.verify import verify_cache
+from kiln.data.verify import mark_verified, verify_once
 from kiln.train import multihost
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import ArtifactRecord, fingerprint_drift, served_message
@@ -137,7 +137,7 @@ def place_input(source: Path, destination: Path, record: ArtifactRecord) -> Path
         staging = destination.parent / f".{destination.name}.placing-{os.getpid()}"
         try:
             shutil.copytree(source, staging)
-            _check_cache(staging, record, digests=True)
+            _check_cache(staging, record)
             _rename_into_place(staging, destination, record)
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename
@@ -160,14 +160,15 @@ def _placed(destination: Path, record: ArtifactRecord) -> bool:
     """Whether `destination` holds this cache (checked: files present, sizes as recorded)."""
     if not (artifacts.is_built(destination) and check_drift(destination, record)):
         return False
-    _check_cache(destination, record, digests=False)
+    _check_cache(destination, record)
     return True
 
 
-def _check_cache(folder: Path, record: ArtifactRecord, *, digests: bool) -> None:
-    """kiln.data.verify's check of an input cache: StepError if it is damaged."""
+def _check_cache(folder: Path | str, record: ArtifactRecord, *, mark: bool = True) -> None:
+    """kiln.data.verify's full check of an input cache, unless it passed it when placed and is
+    unchanged since: StepError if it is damaged. `mark`: record that it passed, in its folder."""
     try:
-        verification = verify_cache(folder, digests=digests)
+        verification = verify_once(folder, record=mark)
     except KilnDataError as e:
         raise StepError(f"input {record.ref}: {e}") from None
     if not verification.cache.verified:
@@ -209,6 +210,8 @@ def place_inputs(step: StepSpec, inputs_root: Path, prefix: Path | None) -> None
         elif prefix is not None:
             assert entry.location is not None
             place_input(inputs_root / entry.location, destination, entry.record)
+        else:  # read where Pants built it (hermetic runs): checked, not marked
+            _check_cache(destination, entry.record, mark=False)
 
 
 def train_spec(step: StepSpec, inputs_root: Path, output: Path, prefix: Path | None) -> TrainSpec:
@@ -427,10 +430,10 @@ def _after_waiting(step: StepSpec, output: Path, holder: LeaseRecord, lease: Lea
         _serve(step, stored, str(output), _read_text(output / artifacts.SUMMARY_TEXT_FILE))
         return None
     if status == artifacts.FAILED:
+        why = artifacts.read_stop_reason(open_store(output), "") or "its output says why"
         raise StepError(
             f"{step.ref}: the run this one waited for, {holder.describe()}, failed (STATUS "
-            f"FAILED in {output}); its output says why. Rerun to resume the build from its "
-            "newest checkpoint."
+            f"FAILED in {output}: {why}). Rerun to resume the build from its newest checkpoint."
         )
     print(
         f"kiln: {holder.describe()} ended without finishing {step.ref} (STATUS "
@@ -539,6 +542,7 @@ def _begin(step: StepSpec, spec: TrainSpec, cluster_job: dict[str, Any] | None =
     if is_mutable_version(step.version) and artifacts.is_built(output):
         _restart_dev_run(step, output)
     artifacts.write_status(output, artifacts.RUNNING)
+    artifacts.clear_stop_reason(open_store(output), "")
     artifacts.atomic_write_json(
         output / artifacts.RECORD_FILE,
         {**step.record.to_json(), "provenance": _provenance(step, cluster_job)},
@@ -601,16 +605,19 @@ def upload_inputs(step: StepSpec, inputs_root: Path, store: ObjectStore) -> None
         key = f"{entry.name}/{entry.version}"
         if entry.location is None:
             _check_built_in_bucket(entry, store, key)
+            _check_cache(store.location(key), entry.record)
             continue
         if _uploaded(store, key, entry.record):
+            _check_cache(store.location(key), entry.record)
             continue
         source = inputs_root / entry.location
         if not artifacts.is_built(source):
             raise StepError(f"input cache {source} is not complete (no STATUS SUCCESS)")
         with Lease(store, lease_key(key), what=f"place {entry.ref}").acquire(wait=True):
             if not _uploaded(store, key, entry.record):  # or another run uploaded it meanwhile
-                _check_cache(source, entry.record, digests=True)
+                _check_cache(source, entry.record, mark=False)
                 copy_folder_into(store, key, source)
+                mark_verified(store.location(key))  # the bytes just checked
 
 
 def _check_built_in_bucket(entry: StepInput, store: ObjectStore, key: str) -> None:
@@ -668,9 +675,9 @@ def _train(
     compilation_cache.use(compile_cache)
     output = spec.output_path
     with _failure_recorded(output, writer=lease is not None):
-        exit_code = run_training(
-            spec, quiet=True, metrics_observer=plot_run, initial_params=_published_weights
-        )
+        stops: list[str] = []
+        exit_code = run_training(spec, quiet=True, metrics_observer=plot_run,
+                                 initial_params=_published_weights, on_stop=stops.append)  # fmt: skip
         if exit_code == 0:
             # On every process: sampling is a collective.
             summary = write_run_summary(spec, shown_at=shown_at)
@@ -678,8 +685,12 @@ def _train(
                 _check_still_held(lease, step)
                 artifacts.write_status(output, artifacts.SUCCESS)
                 print(f"kiln: built {step.ref} at {shown_at or output}\n{summary}")
-        elif exit_code in (1, 2) and lease is not None:
-            artifacts.mark_failed(output)
+        elif lease is not None:  # failed (1, 2): FAILED; stopped: RUNNING, resumable
+            reason = stops[-1] if stops else f"the trainer exited with status {exit_code}"
+            if exit_code in (1, 2):
+                artifacts.mark_failed(output, reason)
+            else:
+                _record_stop(output, reason)
         return exit_code
 
 
@@ -717,12 +728,21 @@ def _failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
     except LeaseLost:
         raise
     except Exception as e:
-        if writer:
-            artifacts.mark_failed(output)
         failure = as_storage_error(e, output)
+        if writer:
+            artifacts.mark_failed(output, artifacts.failure_reason(failure or e))
         if failure is not None:
             raise failure from None
         raise
+    except KeyboardInterrupt as e:
+        if writer:
+            _record_stop(output, artifacts.failure_reason(e))
+        raise
+
+
+def _record_stop(output: Path, reason: str) -> None:
+    with contextlib.suppress(OSError):
+        artifacts.record_stop(open_store(output), "", reason)
 
 
 def _serve(step: StepSpec, stored: dict[str, Any], where: str, summary: str | None) -> None:
@@ -910,7 +930,8 @@ def main(argv: list[str] | None = None) -> int:
             step, args.inputs, output, prefix, cluster, cluster_job,
             force=args.force, wait=not args.no_wait,
         )  # fmt: skip
-    except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
+    except (StepError, KilnDataError, multihost.JoinError, dispatch.ClusterError,
+            PlacementError) as e:  # fmt: skip
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
     except StorageError as e:

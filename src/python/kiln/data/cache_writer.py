@@ -42,8 +42,11 @@ from kiln.artifacts import (
     SUCCESS,
     atomic_write_bytes,
     atomic_write_json,
+    clear_stop_reason,
+    failure_reason,
     mark_failed,
     read_status,
+    record_stop,
     write_status,
 )
 from kiln.artifacts.content import (
@@ -52,7 +55,7 @@ from kiln.artifacts.content import (
     files_under,
     record_files,
 )
-from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
+from kiln.artifacts.store import ObjectStore, copy_folder_into, open_store, read_text
 from kiln.data.cache import (
     BYTE_LENGTHS_FILE,
     CACHE_FILE,
@@ -208,6 +211,7 @@ def write_stored_cache(
     STATUS RUNNING, then the artifact record (name, bytes) if given, byte lengths, ledger,
     stats and cache.json, STATUS SUCCESS last; FAILED if writing fails."""
     store.write(STATUS_FILE, f"{RUNNING}\n".encode())
+    clear_stop_reason(store, "")
     try:
         with tempfile.TemporaryDirectory(prefix="kiln-cache-records-") as staging:
             folder = Path(staging)
@@ -218,8 +222,9 @@ def write_stored_cache(
             )
             write_status(folder, SUCCESS)
             copy_folder_into(store, "", folder)  # STATUS last
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(Exception):
+            record_stop(store, "", failure_reason(e))
             store.write(STATUS_FILE, f"{FAILED}\n".encode())
         raise
 
@@ -260,10 +265,11 @@ def _writing(cache_dir: Path) -> Iterator[None]:
     """STATUS RUNNING while the body writes the cache, SUCCESS after it, FAILED if it fails."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     write_status(cache_dir, RUNNING)
+    clear_stop_reason(open_store(cache_dir), "")
     try:
         yield
-    except BaseException:
-        mark_failed(cache_dir)
+    except BaseException as e:
+        mark_failed(cache_dir, failure_reason(e))
         raise
     write_status(cache_dir, SUCCESS)
 
