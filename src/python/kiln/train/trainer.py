@@ -247,7 +247,7 @@ class Trainer:
         self._observed_step: int | None = None
         self.train_step, self.eval_step = self._step_functions()
         self.evals = self._eval_suite()
-        self.state, self.start_step = self.initial_state()
+        self.state, self.start_step = self._restore_or_initialise()
         self.logprobs = self._logprob_fn()
         self.hooks = self._hooks()
         # The run's outputs, opened by `run` (their files, display and server live as long as it):
@@ -301,6 +301,10 @@ class Trainer:
         }
 
     def initial_state(self) -> tuple[Any, int]:
+        """(state, step) the trainer starts from, made with it (`_restore_or_initialise`)."""
+        return self.state, self.start_step
+
+    def _restore_or_initialise(self) -> tuple[Any, int]:
         """(state, step): restored from the newest intact complete checkpoint (damaged ones are
         skipped, kiln.train.checkpoints), else freshly initialised."""
         from kiln.train.step import abstract_train_state, init_train_state
