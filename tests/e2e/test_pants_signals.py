@@ -68,7 +68,7 @@ def test_sigterm_without_pantsd_stops_the_run_with_a_checkpoint(repo: Path) -> N
     assert "kiln: stopped by SIGTERM" in output
     assert_all_ended(started)
     assert_stopped_with_checkpoint_at_or_after(repo, step)
-    assert_stop_recorded(repo, "interrupted by SIGINT after step ")
+    assert_stop_recorded(repo, "interrupted by SIGINT after step ", output)
 
 
 def test_sigkill_without_pantsd_leaves_no_process_and_resumes(repo: Path) -> None:
@@ -81,7 +81,7 @@ def test_sigkill_without_pantsd_leaves_no_process_and_resumes(repo: Path) -> Non
     assert_all_ended(started)
     assert re.search(rf"resumed from \S*/checkpoints/step-{saved}\b", output), output
     assert_stopped_with_checkpoint_at_or_after(repo, step)
-    assert_stop_recorded(repo, "interrupted by SIGTERM after step ")  # kiln.lifetime's signal
+    assert_stop_recorded(repo, "interrupted by SIGTERM after step ", output)  # kiln.lifetime's
 
 
 def test_sigkill_of_the_pantsd_client_stops_the_run(repo: Path) -> None:
@@ -95,7 +95,7 @@ def test_sigkill_of_the_pantsd_client_stops_the_run(repo: Path) -> None:
         finish(run)
     assert_all_ended(started)
     assert_stopped_with_checkpoint_at_or_after(repo, step)
-    assert_stop_recorded(repo, "interrupted by SIG")  # its output went to the dead client
+    assert_stop_recorded(repo, "interrupted by SIG", "")  # its output went to the dead client
 
 
 # --- running and watching `pants run` ---------------------------------------------------------
@@ -212,10 +212,12 @@ def assert_stopped_with_checkpoint_at_or_after(repo: Path, step: int) -> None:
     assert not status.exists() or status.read_text().strip() != "SUCCESS"
 
 
-def assert_stop_recorded(repo: Path, reason: str) -> None:
+def assert_stop_recorded(repo: Path, reason: str, output: str) -> None:
     """The run's reason for stopping is beside its STATUS, where `plan` reads it, whether or not
     a terminal saw it."""
-    assert reason in (repo / ARTIFACT / "failure.txt").read_text()
+    recorded = repo / ARTIFACT / "failure.txt"
+    assert recorded.is_file(), output
+    assert reason in recorded.read_text(), output
 
 
 def _pantsd_pids(repo: Path) -> list[int]:

@@ -27,7 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from kiln.artifacts import atomic_write_json, atomic_write_text
+from kiln.artifacts import atomic_write_json, atomic_write_text, record_stop
+from kiln.artifacts.store import open_store
 from kiln.data.cache import open_caches, shared_tokenizer
 from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
 from kiln.data.tokenizer import TokenizerInfo
@@ -597,13 +598,17 @@ class Trainer:
             )  # fmt: skip
 
     def _signal_hook(self, point: SyncPoint) -> None:
-        if point.signum is not None:
-            assert self.last_checkpoint is not None  # saved by the checkpoint hook
-            raise TrainingInterrupted(
-                f"interrupted by {signal.Signals(point.signum).name} after step {point.step}; "
-                f"saved {self.last_checkpoint.path}. Rerun to resume.",
-                point.signum,
-            )
+        if point.signum is None:
+            return
+        assert self.last_checkpoint is not None  # saved by the checkpoint hook
+        message = (
+            f"interrupted by {signal.Signals(point.signum).name} after step {point.step}; "
+            f"saved {self.last_checkpoint.path}. Rerun to resume."
+        )
+        if self.is_main:  # beside STATUS before the way out (W&B, orbax), which may be cut short
+            with contextlib.suppress(OSError):
+                record_stop(open_store(self.output), "", message)
+        raise TrainingInterrupted(message, point.signum)
 
     def _save(self, step: int, *, temporary: bool, wait: bool) -> None:
         """Saves the state after `step`. Training is held up only while orbax copies the state
