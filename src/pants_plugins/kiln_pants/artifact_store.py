@@ -101,7 +101,7 @@ def recorded_state(
     status = (status_text or "").strip()
     reason = (failure_text or "").strip()
     if status == DEP_FAILED:
-        return StoredState("dep failed", "an input failed in the last build; will run")
+        return StoredState("dep failed", f"{reason or 'an input failed in the last build'}; will run")
     if record_text is None:
         return StoredState("would run")
     record = json.loads(record_text)
@@ -121,36 +121,42 @@ def recorded_state(
     return StoredState("incomplete", "will resume")
 
 
-def mark_dep_failed(prefix: str, artifact: Artifact) -> bool:
-    """Writes STATUS DEP_FAILED into the artifact's folder in a local store, unless the folder
-    holds a built artifact or a run (SUCCESS, RUNNING: in progress, or interrupted and
-    resumable), which are left as they are. Whether it wrote it."""
+def mark_dep_failed(prefix: str, artifact: Artifact, reason: str) -> bool:
+    """Writes `reason` (FAILURE_FILE) and STATUS DEP_FAILED into the artifact's folder in a local
+    store, unless the folder holds a built artifact or a run (SUCCESS, RUNNING: in progress, or
+    interrupted and resumable), which are left as they are. Whether it wrote them."""
     folder = artifact_path(prefix, artifact)
     status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
     if status in ("SUCCESS", "RUNNING"):
         return False
     os.makedirs(folder, exist_ok=True)
-    temporary = os.path.join(folder, f".{STATUS_FILE}.{os.getpid()}.tmp")
+    _write_atomically(os.path.join(folder, FAILURE_FILE), reason)
+    _write_atomically(os.path.join(folder, STATUS_FILE), DEP_FAILED)
+    return True
+
+
+def _write_atomically(path: str, line: str) -> None:
+    temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as f:
-        f.write(f"{DEP_FAILED}\n")
+        f.write(f"{line}\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(temporary, os.path.join(folder, STATUS_FILE))
-    return True
+    os.replace(temporary, path)
 
 
 def clear_dep_failed(prefix: str, artifact: Artifact) -> None:
     """Removes a folder that `mark_dep_failed` created and nothing else wrote into (only its
-    STATUS DEP_FAILED), so the step builds as if it had never been tried (an export refuses an
-    existing folder)."""
+    STATUS DEP_FAILED and reason), so the step builds as if it had never been tried (an export
+    refuses an existing folder)."""
     folder = artifact_path(prefix, artifact)
     try:
-        names = os.listdir(folder)
+        names = set(os.listdir(folder))
     except FileNotFoundError:
         return
     status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
-    if names == [STATUS_FILE] and status == DEP_FAILED:
-        os.remove(os.path.join(folder, STATUS_FILE))
+    if names <= {STATUS_FILE, FAILURE_FILE} and status == DEP_FAILED:
+        for name in names:
+            os.remove(os.path.join(folder, name))
         os.rmdir(folder)
 
 
