@@ -63,9 +63,11 @@ def test_sigterm_without_pantsd_stops_the_run_with_a_checkpoint(repo: Path) -> N
         started = run_processes(run.pid)
         run.send_signal(signal.SIGTERM)
         output = finish(run)
-    assert run.returncode != 0, output
+    assert run.returncode == 143, output  # 128 + SIGTERM, as a shell reports it
+    assert "kiln: stopped by SIGTERM" in output
     assert_all_ended(started)
     assert_stopped_with_checkpoint_at_or_after(repo, step)
+    assert_stop_recorded(repo, "interrupted by SIGINT after step ", output)
 
 
 def test_sigkill_without_pantsd_leaves_no_process_and_resumes(repo: Path) -> None:
@@ -78,6 +80,7 @@ def test_sigkill_without_pantsd_leaves_no_process_and_resumes(repo: Path) -> Non
     assert_all_ended(started)
     assert re.search(rf"resumed from \S*/checkpoints/step-{saved}\b", output), output
     assert_stopped_with_checkpoint_at_or_after(repo, step)
+    assert_stop_recorded(repo, "interrupted by SIGTERM after step ", output)  # kiln.lifetime's
 
 
 def test_sigkill_of_the_pantsd_client_stops_the_run(repo: Path) -> None:
@@ -91,6 +94,7 @@ def test_sigkill_of_the_pantsd_client_stops_the_run(repo: Path) -> None:
         finish(run)
     assert_all_ended(started)
     assert_stopped_with_checkpoint_at_or_after(repo, step)
+    assert_stop_recorded(repo, "interrupted by SIG", "")  # its output went to the dead client
 
 
 # --- running and watching `pants run` ---------------------------------------------------------
@@ -205,3 +209,11 @@ def assert_stopped_with_checkpoint_at_or_after(repo: Path, step: int) -> None:
     assert newest_checkpoint(repo) >= step
     status = repo / ARTIFACT / "STATUS"
     assert not status.exists() or status.read_text().strip() != "SUCCESS"
+
+
+def assert_stop_recorded(repo: Path, reason: str, output: str) -> None:
+    """The run's reason for stopping is beside its STATUS, where `plan` reads it, whether or not
+    a terminal saw it."""
+    recorded = repo / ARTIFACT / "failure.txt"
+    assert recorded.is_file(), output
+    assert reason in recorded.read_text(), output

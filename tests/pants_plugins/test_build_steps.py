@@ -76,9 +76,11 @@ def test_trainings_run_a_few_at_a_time_and_the_rest_with_the_first() -> None:
 def test_dep_failed_is_recorded_and_cleared_when_the_step_runs_again(tmp_path: Path) -> None:
     prefix = str(tmp_path)
     folder = tmp_path / EXPORT.name / EXPORT.version
-    assert mark_dep_failed(prefix, EXPORT)
+    assert mark_dep_failed(prefix, EXPORT, "input x/run@2026.12.01 failed")
     assert (folder / "STATUS").read_text() == "DEP_FAILED\n"
-    assert stored_state(prefix, EXPORT).status == "dep failed"
+    assert stored_state(prefix, EXPORT).describe() == (
+        "dep failed (input x/run@2026.12.01 failed; will run)"
+    )
     clear_dep_failed(prefix, EXPORT)
     assert not folder.exists()  # an export refuses an existing folder
     assert stored_state(prefix, EXPORT).status == "would run"
@@ -90,14 +92,25 @@ def test_dep_failed_leaves_a_built_artifact_or_a_run_alone(tmp_path: Path) -> No
     folder.mkdir(parents=True)
     for status in ("SUCCESS", "RUNNING"):
         (folder / "STATUS").write_text(f"{status}\n")
-        assert not mark_dep_failed(prefix, RUN)
+        assert not mark_dep_failed(prefix, RUN, "input failed")
         assert (folder / "STATUS").read_text() == f"{status}\n"
     (folder / "STATUS").write_text("FAILED\n")
     (folder / "artifact.json").write_text(json.dumps({"fingerprint": RUN.fingerprint}))
-    assert mark_dep_failed(prefix, RUN)
+    assert mark_dep_failed(prefix, RUN, "input failed")
     clear_dep_failed(prefix, RUN)  # the folder holds a run's files: kept, the runner resumes
     assert (folder / "STATUS").read_text() == "DEP_FAILED\n"
     assert (folder / "artifact.json").exists()
+
+
+def test_plan_shows_why_the_last_run_failed_or_stopped() -> None:
+    record = json.dumps({"fingerprint": RUN.fingerprint})
+    reason = "input tokenized/a@v1: shard shard-00000, file data/c/0 is missing\n"
+    assert recorded_state(RUN, "FAILED\n", record, reason).describe() == (
+        "failed (input tokenized/a@v1: shard shard-00000, file data/c/0 is missing; will rerun)"
+    )
+    assert recorded_state(RUN, "FAILED\n", record).detail == "no reason recorded; will rerun"
+    stopped = recorded_state(RUN, "RUNNING\n", record, "interrupted by SIGTERM after step 4")
+    assert stopped.detail == "the last run stopped: interrupted by SIGTERM after step 4; will resume"
 
 
 def test_a_served_run_prints_the_runners_words() -> None:

@@ -63,7 +63,7 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
         ),
         (
             {"seq_len": "512"},
-            "`seq_len` field in target exp:ckpt is 512, larger than the model's max_seq_len 256",
+            "`seq_len` field in target exp:ckpt: 512 exceeds model.max_seq_len 256",
         ),
         ({"datasets": '{":cache": 0}'}, "weights must be finite numbers > 0"),
         ({"datasets": '{":cache": "high"}'}, "weights must be finite numbers > 0"),
@@ -178,7 +178,7 @@ def test_non_finite_and_out_of_range_helper_values_fail_at_load(
     field = {"llama": "model", "adam": "optimizer", "eval_suite": "evals", "gpu": "resources"}[field]
     message = load_error(rule_runner, checkpoint(**{field: helper}))
     assert expected in message
-    assert "exp/BUILD" in message
+    assert f"The `{field}` field in target exp:ckpt (exp/BUILD:" in message  # target, field, line
 
 
 @pytest.mark.parametrize(
@@ -254,6 +254,29 @@ def test_adam_rejects_bad_schedule(rule_runner: RuleRunner) -> None:
 def test_cache_needs_exactly_one_source(rule_runner: RuleRunner) -> None:
     build = 'tokenized_cache(name="c", tokenizer="package:gpt2", version="dev")'
     assert "needs exactly one of `source`" in load_error(rule_runner, build, name="c")
+
+
+@pytest.mark.parametrize("field", ["text_key", "split", "revision", "subset"])
+def test_an_empty_name_is_refused_when_the_target_loads(rule_runner: RuleRunner, field: str) -> None:
+    fields = {"source": '"org/data"', "revision": '"abc1234"', "tokenizer": '"package:gpt2"',
+              "version": '"dev"', field: '""'}  # fmt: skip
+    build = f'tokenized_cache(name="c", {", ".join(f"{k}={v}" for k, v in fields.items())})'
+    message = load_error(rule_runner, build, name="c")
+    assert f"The `{field}` field in target exp:c expects a non-empty string, got ''." in message
+
+
+def test_a_helper_error_names_the_target_that_uses_it(rule_runner: RuleRunner) -> None:
+    """A helper's value shared by two targets: each names itself, the field and the line."""
+    model = (
+        "llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4, "
+        "num_kv_heads=3, num_layers=2)"
+    )
+    build = f"MODEL = {model}\n" + checkpoint(model="MODEL")
+    message = load_error(rule_runner, build)
+    assert (
+        "The `model` field in target exp:ckpt (exp/BUILD:1): llama(): `num_heads`: 4 is not a "
+        "multiple of num_kv_heads (3)" in message
+    )
 
 
 def test_cache_rejects_unknown_stdlib_source(rule_runner: RuleRunner) -> None:

@@ -170,6 +170,20 @@ class HfModelSource:
         return {key: value for key, value in scalar_json(self).items() if value is not None}
 
 
+def check_run_shape(
+    model: LlamaArchitecture, optimizer: AdamConfig, seq_len: int, num_train_steps: int
+) -> None:
+    """The checks across a run's fields, shared by the BUILD-file target and the step spec:
+    the training windows fit the model, and the optimizer's warmup and decay fit the run.
+    SpecError names the field (`seq_len`, `optimizer.warmup`, `optimizer.decay`)."""
+    if seq_len > model.max_seq_len:
+        raise SpecError("seq_len", f"{seq_len} exceeds model.max_seq_len {model.max_seq_len}")
+    try:
+        optimizer.schedule_steps(num_train_steps)
+    except SpecError as e:
+        raise e.within("optimizer") from None
+
+
 @dataclass(frozen=True)
 class TrainConfig(Generic[Dataset]):
     """`config`: the identity of the run (all of it is in the fingerprint)."""
@@ -194,10 +208,7 @@ class TrainConfig(Generic[Dataset]):
         _check_instance("optimizer", self.optimizer, AdamConfig)
         for key in ("batch_size", "seq_len", "num_train_steps"):
             check_int(key, getattr(self, key), minimum=1)
-        if self.seq_len > self.model.max_seq_len:
-            raise SpecError(
-                "seq_len", f"{self.seq_len} exceeds model.max_seq_len {self.model.max_seq_len}"
-            )
+        check_run_shape(self.model, self.optimizer, self.seq_len, self.num_train_steps)
         if not self.datasets:
             raise SpecError("datasets", "at least one training dataset is required")
         if not any(d.weight > 0 for d in self.datasets):
@@ -208,10 +219,6 @@ class TrainConfig(Generic[Dataset]):
         if self.evals is not None:
             _check_instance("evals", self.evals, EvalSuiteConfig)
         check_seed("seed", self.seed)
-        try:
-            self.optimizer.schedule_steps(self.num_train_steps)
-        except SpecError as e:
-            raise e.within("optimizer") from None
         check_choice("compute_dtype", self.compute_dtype, DTYPES)
         check_choice("param_dtype", self.param_dtype, DTYPES)
         if self.init_from is not None:

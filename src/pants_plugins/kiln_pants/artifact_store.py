@@ -21,7 +21,7 @@ from pants.engine.process import FallibleProcessResult, Process, ProcessCacheSco
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.layout import DEP_FAILED, RECORD_FILE, STATUS_FILE
+from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
 from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
@@ -57,6 +57,9 @@ class StoredState:
     status: str  # built | would run | drift | failed | dep failed | incomplete | dev (rebuilt)
     detail: str = ""
 
+    def describe(self) -> str:
+        return f"{self.status} ({self.detail})" if self.detail else self.status
+
 
 DEV = StoredState("dev", "mutable version: always rebuilt")
 
@@ -91,18 +94,22 @@ def stored_state(prefix: str, artifact: Artifact) -> StoredState:
     path = artifact_path(prefix, artifact)
     if artifact.mutable:
         return DEV
-    return recorded_state(
-        artifact, _read(os.path.join(path, STATUS_FILE)), _read(os.path.join(path, RECORD_FILE))
-    )
+    texts = [_read(os.path.join(path, name)) for name in (STATUS_FILE, RECORD_FILE, FAILURE_FILE)]
+    return recorded_state(artifact, *texts)
 
 
 def recorded_state(
-    artifact: Artifact, status_text: Optional[str], record_text: Optional[str]
+    artifact: Artifact,
+    status_text: Optional[str],
+    record_text: Optional[str],
+    failure_text: Optional[str] = None,
 ) -> StoredState:
-    """The state of `artifact` given its folder's STATUS and artifact.json (None: absent)."""
+    """The state of `artifact` given its folder's STATUS, artifact.json and failure.txt (the
+    last run's reason for failing or stopping; None: absent)."""
     status = (status_text or "").strip()
+    reason = (failure_text or "").strip()
     if status == DEP_FAILED:
-        return StoredState("dep failed", "an input failed in the last build; will run")
+        return StoredState("dep failed", f"{reason or 'an input failed in the last build'}; will run")
     if record_text is None:
         return StoredState("would run")
     record = json.loads(record_text)
@@ -116,40 +123,48 @@ def recorded_state(
     if status == "SUCCESS":
         return StoredState("built")
     if status == "FAILED":
-        return StoredState("failed", "will rerun")
+        return StoredState("failed", f"{reason or 'no reason recorded'}; will rerun")
+    if reason:
+        return StoredState("incomplete", f"the last run stopped: {reason}; will resume")
     return StoredState("incomplete", "will resume")
 
 
-def mark_dep_failed(prefix: str, artifact: Artifact) -> bool:
-    """Writes STATUS DEP_FAILED into the artifact's folder in a local store, unless the folder
-    holds a built artifact or a run (SUCCESS, RUNNING: in progress, or interrupted and
-    resumable), which are left as they are. Whether it wrote it."""
+def mark_dep_failed(prefix: str, artifact: Artifact, reason: str) -> bool:
+    """Writes `reason` (FAILURE_FILE) and STATUS DEP_FAILED into the artifact's folder in a local
+    store, unless the folder holds a built artifact or a run (SUCCESS, RUNNING: in progress, or
+    interrupted and resumable), which are left as they are. Whether it wrote them."""
     folder = artifact_path(prefix, artifact)
     status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
     if status in ("SUCCESS", "RUNNING"):
         return False
     os.makedirs(folder, exist_ok=True)
-    temporary = os.path.join(folder, f".{STATUS_FILE}.{os.getpid()}.tmp")
+    _write_atomically(os.path.join(folder, FAILURE_FILE), reason)
+    _write_atomically(os.path.join(folder, STATUS_FILE), DEP_FAILED)
+    return True
+
+
+def _write_atomically(path: str, line: str) -> None:
+    temporary = f"{path}.{os.getpid()}.tmp"
     with open(temporary, "w") as f:
-        f.write(f"{DEP_FAILED}\n")
+        f.write(f"{line}\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(temporary, os.path.join(folder, STATUS_FILE))
-    return True
+    os.replace(temporary, path)
 
 
 def clear_dep_failed(prefix: str, artifact: Artifact) -> None:
     """Removes a folder that `mark_dep_failed` created and nothing else wrote into (only its
-    STATUS DEP_FAILED), so the step builds as if it had never been tried (an export refuses an
-    existing folder)."""
+    STATUS DEP_FAILED and reason), so the step builds as if it had never been tried (an export
+    refuses an existing folder)."""
     folder = artifact_path(prefix, artifact)
     try:
-        names = os.listdir(folder)
+        names = set(os.listdir(folder))
     except FileNotFoundError:
         return
     status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
-    if names == [STATUS_FILE] and status == DEP_FAILED:
-        os.remove(os.path.join(folder, STATUS_FILE))
+    if names <= {STATUS_FILE, FAILURE_FILE} and status == DEP_FAILED:
+        for name in names:
+            os.remove(os.path.join(folder, name))
         os.rmdir(folder)
 
 
@@ -215,7 +230,9 @@ def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
     if artifact.mutable:
         return DEV
     texts = records.texts[f"{artifact.name}/{artifact.version}"]
-    return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE])
+    return recorded_state(
+        artifact, texts[STATUS_FILE], texts[RECORD_FILE], texts.get(FAILURE_FILE)
+    )
 
 
 def rules():

@@ -342,7 +342,8 @@ def _decide(
     failed = [address for address in artifact.inputs if outcomes[address].failed]
     if failed:
         names = ", ".join(graph.get(address).ref for address in failed)
-        recorded = "://" not in prefix and mark_dep_failed(prefix, artifact)
+        why = f"input {names} failed in the last `pants build`"
+        recorded = "://" not in prefix and mark_dep_failed(prefix, artifact, why)
         where = f"; STATUS {DEP_FAILED} in {artifact_path(prefix, artifact)}" if recorded else ""
         return StepOutcome(DEP_FAILED, f"input {names} failed{where}")
     return None

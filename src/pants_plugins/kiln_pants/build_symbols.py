@@ -4,16 +4,20 @@
 
 The objects are the contract's (kiln_contract), the ones the runtime reads back from the step
 spec: `llama(...)` is a LlamaArchitecture, `adam(...)` an AdamConfig, `gpu(...)` Resources.
-They validate when the BUILD file is parsed, so a typo fails `pants list` with the BUILD file,
-the line, the helper and the field. Each is a frozen (hashable) dataclass, as Pants field values
-must be, and turns into plain JSON with `to_json()`: that JSON is what enters fingerprints and
-step specs.
+They validate when the BUILD file is parsed. A call that fails returns an `InvalidHelperCall`
+(the helper, its argument and the problem, and the BUILD file's line) instead of raising: the
+target is not known while its arguments are evaluated, so the field that holds the value raises
+when the target loads (kiln_pants.target_types), and `pants list` fails naming the target, the
+field, the BUILD file's line, the helper and its argument. A value no target uses fails nothing.
+Each object is a frozen (hashable) dataclass, as Pants field values must be, and turns into
+plain JSON with `to_json()`: that JSON is what enters fingerprints and step specs.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, TypeVar
+from typing import Any, Callable, Dict, Optional, TypeVar, Union
 
 from kiln_contract.adam import AdamConfig
 from kiln_contract.evals import CORE_TASKS, DEFAULT_SEQUENCE_START, EvalSuiteConfig, EvalTask
@@ -29,21 +33,63 @@ class BuildSymbolError(ValueError):
     pass
 
 
-def _helper(name: str, make: Callable[..., T]) -> Callable[..., T]:
-    """`make` as the BUILD-file symbol `name(...)`: a bad argument fails naming the helper."""
+@dataclass(frozen=True)
+class InvalidHelperCall:
+    """A helper call that failed, held until a target's field reads it (see the module doc)."""
 
-    def helper(*args: Any, **kwargs: Any) -> T:
+    problem: str  # "llama(): `num_heads`: 4 is not a multiple of num_kv_heads (3)."
+    where: str  # "experiments/BUILD:14": the BUILD file's line that made the call
+
+    def describe(self, field: str, address: Any) -> str:
+        return f"The `{field}` field in target {address} ({self.where}): {self.problem}"
+
+
+def _helper(name: str, make: Callable[..., T]) -> Callable[..., Union[T, InvalidHelperCall]]:
+    """`make` as the BUILD-file symbol `name(...)`: a bad argument gives an InvalidHelperCall
+    naming the helper (as does an argument that is one already: a bad `eval_task(...)` inside
+    `eval_suite(...)`)."""
+
+    def helper(*args: Any, **kwargs: Any) -> Union[T, InvalidHelperCall]:
+        invalid = first_invalid([*args, *kwargs.values()])
+        if invalid is not None:
+            return invalid
         try:
             return make(*args, **kwargs)
         except SpecError as e:
             field = f"`{e.field}`: " if e.field else ""
-            raise BuildSymbolError(f"{name}(): {field}{e.problem}.") from None
+            return InvalidHelperCall(f"{name}(): {field}{e.problem}.", _build_file_line())
+        except BuildSymbolError as e:
+            return InvalidHelperCall(str(e), _build_file_line())
         except TypeError as e:  # a missing or unknown argument: "__init__() got an ..."
-            raise BuildSymbolError(f"{name}(): {str(e).split('() ', 1)[-1]}.") from None
+            problem = f"{name}(): {str(e).split('() ', 1)[-1]}."
+            return InvalidHelperCall(problem, _build_file_line())
 
     helper.__name__ = name
     helper.__doc__ = make.__doc__
     return helper
+
+
+def first_invalid(values: Any) -> Optional[InvalidHelperCall]:
+    """The first InvalidHelperCall in `values` (lists, tuples and dicts searched)."""
+    if isinstance(values, InvalidHelperCall):
+        return values
+    if isinstance(values, dict):
+        values = list(values.values())
+    if isinstance(values, (list, tuple)):
+        for value in values:
+            found = first_invalid(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _build_file_line() -> str:
+    """`FILE:LINE` of the BUILD file's top-level statement that is running (Pants compiles
+    each BUILD file under its path)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_name != "<module>":
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pants.engine.target import (
 from pants.engine.unions import UnionRule
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE
+from kiln_contract.layout import FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -45,6 +45,8 @@ from kiln_pants.artifact_graph import (
 )
 from kiln_pants.artifact_store import (
     STORE_ENVIRONMENT,
+    BucketRecords,
+    BucketRecordsRequest,
     StoredFiles,
     StoredFilesRequest,
     artifact_path,
@@ -59,7 +61,6 @@ from kiln_pants.hf_model_targets import (
     HfModelDependencies,
 )
 from kiln_pants.package import MANIFEST_FILE
-from kiln_pants.artifact_store import BucketRecords, BucketRecordsRequest
 from kiln_pants.runtime import EXPORT, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
@@ -127,13 +128,14 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
     """Fails in seconds, with the command that builds it, when the checkpoint is not built (or
     the store holds another configuration under its name and version)."""
     checkpoint = request.checkpoint
+    names = (STATUS_FILE, RECORD_FILE, FAILURE_FILE)
     if "://" in request.prefix:  # read through the runtime's store client
         folder = f"{checkpoint.name}/{checkpoint.version}"
         records = await Get(BucketRecords, BucketRecordsRequest(request.prefix, (folder,)))
-        texts = (records.texts[folder][STATUS_FILE], records.texts[folder][RECORD_FILE])
+        texts = tuple(records.texts[folder].get(name) for name in names)
     else:
-        stored = await Get(StoredFiles, StoredFilesRequest(request.path, (STATUS_FILE, RECORD_FILE)))
-        texts = (stored.texts[0], stored.texts[1])
+        stored = await Get(StoredFiles, StoredFilesRequest(request.path, names))
+        texts = tuple(stored.texts)
     state = recorded_state(checkpoint, *texts)
     build = f"./pants run {checkpoint.address}"
     if state.status == "drift":
@@ -145,7 +147,7 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
     if state.status != "built":
         raise CheckpointNotBuilt(
             f"{request.export} exports {checkpoint.address} ({checkpoint.ref}), which is not "
-            f"built in the artifact store ({request.path}: {state.status}): build it with "
+            f"built in the artifact store ({request.path}: {state.describe()}): build it with "
             f"`{build}`, then package again."
         )
     return StoredCheckpoint(request.path)

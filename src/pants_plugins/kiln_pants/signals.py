@@ -12,16 +12,25 @@ SIGTERM did nothing while `pants run` trained: the run went on.
 Ctrl-C (the trainer saves a checkpoint and exits), and Pants' own SIGTERM handler still ends the
 process when the main thread returns. pantsd's client is unaffected (it loads no plugins), and in
 pantsd itself a SIGTERM only interrupts the sessions it was going to end anyway.
+
+Pants itself reports the cancelled goal as a failure (exit 1, an `[ERROR]` line with no text).
+A process that SIGTERM stopped exits 143 (128 + 15) instead, as a shell reports a command the
+signal ended, after one line saying so: `_exit_as_terminated`, registered with `atexit` when the
+forwarding is installed (the plugin is loaded early, so it runs after Pants' own exit handlers).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
+import sys
 import threading
 
 _forwarding: list[socket.socket] = []  # the wakeup socket pair, once installed
+_terminated = threading.Event()  # a SIGTERM was received
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 def forward_sigterm_as_interrupt() -> bool:
@@ -43,6 +52,7 @@ def forward_sigterm_as_interrupt() -> bool:
         writer.close()
         return False
     _forwarding.extend((reader, writer))
+    atexit.register(_exit_as_terminated)
     threading.Thread(
         target=_interrupt_on_sigterm, args=(reader,), name="kiln-sigterm", daemon=True
     ).start()
@@ -56,4 +66,19 @@ def _interrupt_on_sigterm(reader: socket.socket) -> None:
         if not received:
             return
         if signal.SIGTERM in received:
+            _terminated.set()
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def _exit_as_terminated() -> None:
+    """At exit, after a SIGTERM: says so, and ends the process with status 143 whatever status
+    Pants chose for the cancelled goal."""
+    if not _terminated.is_set():
+        return
+    print(
+        "kiln: stopped by SIGTERM (a training run saves a checkpoint first: rerun to resume)",
+        file=sys.stderr,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_TERMINATED)

@@ -45,7 +45,7 @@ from kiln_contract.tokenize import (
     LevanterCacheSource,
     UrlFilesSource,
 )
-from kiln_contract.train import HfModelSource, Resources
+from kiln_contract.train import HfModelSource, Resources, check_run_shape
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
     HF_REPO_ID,
@@ -61,7 +61,7 @@ from kiln_contract.vocabulary import (
     check_version,
     mesh_sizes,
 )
-from kiln_pants.build_symbols import EvalSuite
+from kiln_pants.build_symbols import EvalSuite, InvalidHelperCall
 
 # ---------------------------------------------------------------------------------------------
 # Shared by both artifact types
@@ -136,6 +136,23 @@ class _PositiveIntField(IntField):
         return value
 
 
+class _NameField(StringField):
+    """A string that names something (a record key, a split, a revision): never empty."""
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
+        value = super().compute_value(raw_value, address)
+        if value is not None:
+            _check_field(cls.alias, address, check_str, value)
+        return value
+
+
+def _refuse_invalid_call(alias: str, address: Address, value: Any) -> None:
+    """A helper call that failed in the BUILD file fails the target that holds its value."""
+    if isinstance(value, InvalidHelperCall):
+        raise InvalidFieldException(value.describe(alias, address))
+
+
 class _SymbolField(Field):
     value: Any
     """A field holding one of the typed BUILD-file helper objects (llama(...), adam(...), ...)."""
@@ -146,6 +163,7 @@ class _SymbolField(Field):
     @classmethod
     def compute_value(cls, raw_value: Optional[Any], address: Address) -> Any:
         value = super().compute_value(raw_value, address)
+        _refuse_invalid_call(cls.alias, address, value)
         if value is not None and not isinstance(value, cls.symbol_type):
             raise InvalidFieldTypeException(
                 address, cls.alias, value, expected_type=f"a `{cls.helper_name}` object"
@@ -184,6 +202,7 @@ class CacheSourceField(Field):
         cls, raw_value: Optional[Any], address: Address
     ) -> Union[str, LevanterCacheSource, UrlFilesSource, None]:
         value = super().compute_value(raw_value, address)
+        _refuse_invalid_call(cls.alias, address, value)
         if value is None or isinstance(value, HELPER_SOURCES):
             return value
         if not isinstance(value, str):
@@ -217,7 +236,7 @@ class CacheSourcesField(MultipleSourcesField):
     )
 
 
-class HfRevisionField(StringField):
+class HfRevisionField(_NameField):
     alias = "revision"
     help = (
         "For a Hugging Face `source` (required there): the dataset revision to read, a commit "
@@ -226,7 +245,7 @@ class HfRevisionField(StringField):
     )
 
 
-class HfSubsetField(StringField):
+class HfSubsetField(_NameField):
     alias = "subset"
     help = "For a Hugging Face `source`: the dataset configuration (subset) name."
 
@@ -248,7 +267,7 @@ class RecordFilterField(DictStringToStringField):
     )
 
 
-class SplitField(StringField):
+class SplitField(_NameField):
     value: str
     alias = "split"
     default = "train"
@@ -298,7 +317,7 @@ def tokenizer_directory(tokenizer: str) -> str | None:
     return tokenizer if tokenizer.startswith("/") else None
 
 
-class TextKeyField(StringField):
+class TextKeyField(_NameField):
     value: str
     alias = "text_key"
     default = "text"
@@ -828,19 +847,16 @@ class LmCheckpointTarget(Target):
     )
 
     def validate(self) -> None:
-        model = self[ModelField].value
-        seq_len = self[SeqLenField].value
-        if seq_len > model.max_seq_len:
-            raise InvalidFieldException(
-                f"The `seq_len` field in target {self.address} is {seq_len}, larger than the "
-                f"model's max_seq_len {model.max_seq_len}."
-            )
-        num_train_steps = self[NumTrainStepsField].value
         try:
-            self[OptimizerField].value.schedule_steps(num_train_steps)
+            check_run_shape(
+                self[ModelField].value, self[OptimizerField].value, self[SeqLenField].value,
+                self[NumTrainStepsField].value,
+            )  # fmt: skip
         except SpecError as e:
+            field, _, inner = e.field.partition(".")
+            within = f": `{inner}`" if inner else ""
             raise InvalidFieldException(
-                f"The `optimizer` field in target {self.address}: `{e.field}`: {e.problem}."
+                f"The `{field}` field in target {self.address}{within}: {e.problem}."
             ) from None
         check_default_artifact_name(self)
 

@@ -214,8 +214,8 @@ def test_a_second_run_waits_for_the_holder_in_any_store_then_serves_its_result(
 
 def test_a_waiter_reports_a_holder_that_failed(tmp_path: Path) -> None:
     output = tmp_path / "out"
-    hold_then(output, lambda: artifacts.mark_failed(built(output, record())))
-    with pytest.raises(StepError, match=r"the run this one waited for, train .* failed"):
+    hold_then(output, lambda: artifacts.mark_failed(built(output, record()), "it broke"))
+    with pytest.raises(StepError, match=r"the run this one waited for, train .* failed .*: it broke\)"):
         run_step(step(), tmp_path, at(output))
     assert artifacts.read_status(output) == artifacts.FAILED  # left for the rerun to resume
 

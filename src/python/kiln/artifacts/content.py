@@ -105,3 +105,27 @@ def check_digests(folder: Path, records: Mapping[str, Mapping[str, Any]]) -> lis
         if digest != records[name]["sha256"]
     ]
     return damage
+
+
+def check_object_digests(
+    store: ObjectStore, folder: str, records: Mapping[str, Mapping[str, Any]]
+) -> list[Damage]:
+    """check_digests for the objects under the key `folder` of `store`: a local folder's files
+    are streamed, a bucket's objects read whole (a cache's files are chunks of megabytes)."""
+    if store.local_root is not None:
+        return check_digests(Path(store.local_root) / folder, records)
+    damage = check_object_sizes(store, folder, records)
+    damaged = {d.file for d in damage}
+    names = [name for name in records if name not in damaged]
+
+    def digest(name: str) -> str:
+        return hashlib.sha256(store.read(f"{folder}/{name}" if folder else name).data).hexdigest()
+
+    with ThreadPoolExecutor(_workers()) as pool:
+        digests = list(pool.map(digest, names))
+    damage += [
+        Damage(name, "does not match its sha256 digest (its bytes changed)")
+        for name, digest in zip(names, digests)
+        if digest != records[name]["sha256"]
+    ]
+    return damage

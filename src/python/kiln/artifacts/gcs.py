@@ -88,6 +88,9 @@ class GCSStore(ObjectStore):
     def size(self, key: str) -> int:
         return int(self._request(key, "GET", self._object_path(key)).json()["size"])
 
+    def generation(self, key: str) -> str:
+        return str(self._request(key, "GET", self._object_path(key)).json()["generation"])
+
     def kvstore(self, key: str) -> dict[str, Any]:
         # TensorStore reaches an emulator through TENSORSTORE_GCS_HTTP_URL, not this spec.
         return {"driver": "gcs", "bucket": self.url.bucket, "path": self.url.name(key) + "/"}

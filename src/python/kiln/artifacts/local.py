@@ -60,6 +60,12 @@ class LocalStore(ObjectStore):
         except FileNotFoundError:
             raise ObjectMissing(self.location(key)) from None
 
+    def generation(self, key: str) -> str:
+        try:
+            return _generation(os.stat(self.path(key)))
+        except FileNotFoundError:
+            raise ObjectMissing(self.location(key)) from None
+
     def kvstore(self, key: str) -> dict[str, Any]:
         return {"driver": "file", "path": str(self.path(key))}
 

@@ -1,9 +1,9 @@
 """`python -m kiln.artifacts.peek STORE NAME/VERSION...`: what `pants plan` reads from a store.
 
-Prints one JSON object: for each artifact folder, the text of its STATUS and artifact.json
-(null when absent). The Pants backend runs it as a process when the prefix is a bucket, so the
-backend needs no bucket client of its own; credentials come from the environment, as for
-every runtime process. Exit 4 (a StorageError, one line naming the URL) when the store
+Prints one JSON object: for each artifact folder, the text of its STATUS, artifact.json and
+failure.txt (null when absent). The Pants backend runs it as a process when the prefix is a
+bucket, so the backend needs no bucket client of its own; credentials come from the
+environment, as for every runtime process. Exit 4 (a StorageError, one line naming the URL) when the store
 cannot be read.
 """
 
@@ -13,18 +13,19 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from kiln.artifacts import RECORD_FILE, STATUS_FILE
+from kiln.artifacts import FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.artifacts.store import ObjectStore, open_store, read_text
 
-READERS = 16  # requests in flight: a goal of a thousand artifacts reads two thousand objects
+READERS = 16  # requests in flight: a goal of a thousand artifacts reads three thousand objects
+PEEKED_FILES = (STATUS_FILE, RECORD_FILE, FAILURE_FILE)
 
 
 def peek(store: ObjectStore, folders: list[str]) -> dict[str, dict[str, str | None]]:
-    keys = [f"{folder}/{name}" for folder in folders for name in (STATUS_FILE, RECORD_FILE)]
+    keys = [f"{folder}/{name}" for folder in folders for name in PEEKED_FILES]
     with ThreadPoolExecutor(READERS) as pool:
         texts = dict(zip(keys, pool.map(lambda key: read_text(store, key), keys)))
-    return {folder: {name: texts[f"{folder}/{name}"] for name in (STATUS_FILE, RECORD_FILE)}
+    return {folder: {name: texts[f"{folder}/{name}"] for name in PEEKED_FILES}
             for folder in folders}  # fmt: skip
 
 

@@ -112,6 +112,9 @@ class S3Store(ObjectStore):
     def size(self, key: str) -> int:
         return int(self._call(key, "head_object", Key=self.url.name(key))["ContentLength"])
 
+    def generation(self, key: str) -> str:
+        return str(self._call(key, "head_object", Key=self.url.name(key))["ETag"])
+
     def kvstore(self, key: str) -> dict[str, Any]:
         spec = {
             "driver": "s3",

@@ -59,6 +59,10 @@ class ObjectStore(abc.ABC):
         """The object's size in bytes; ObjectMissing if there is none."""
 
     @abc.abstractmethod
+    def generation(self, key: str) -> str:
+        """The object's generation without reading it; ObjectMissing if there is none."""
+
+    @abc.abstractmethod
     def kvstore(self, key: str) -> dict[str, Any]:
         """TensorStore's kvstore spec of the objects under `key/` (its `file`, `s3` or `gcs`
         driver), for arrays stored there. It names no credentials: TensorStore finds them in

@@ -1,69 +1,58 @@
 """Redaction of secrets from what the control page shows: the resolved config and the environment.
 
-A value is hidden when its NAME looks secret (WANDB_API_KEY, HF_TOKEN, db_password, PGPASS, ...)
-or when the VALUE looks like a credential wherever it is stored (a JWT, `sk-...`, `hf_...`,
-`AKIA...`, a URL with a user or password or a credential in its query, a private key block, or a
-long random-looking string such as a generated key). The rules work on the shape of names and
-values, not on a list of known variables, so credentials under names never seen are hidden too. Strings holding JSON are parsed and redacted field by field;
-other strings that assign to a secret-looking name (`--password=...`, `{'token': ...}`) are hidden
-whole. Mistakes cost differently: hiding a harmless value loses a line of display, showing a secret
-leaks it, so the rules err towards hiding.
+A value is hidden when its NAME looks secret or when the VALUE looks like a credential, wherever
+it is stored. The rules work on the shape of names and values, not on a list of known variables,
+so credentials under names never seen are hidden too (docs/training-control.md, "Redaction"):
+
+- a name is secret when one of its words (split on separators and camelCase, any case) contains
+  a secret part (PASS, PWD, SECRET, TOKEN, KEY, SIGNING, CREDENTIAL, AUTH, ...) in any position:
+  `LDAP_BINDPW`, `GIT_SIGNINGKEY`, `vaultCreds`;
+- a value is secret when it holds a known credential shape (a JWT, `sk-...`, a private key
+  block), a URL with a user or password, any run of 16 or more characters that looks random
+  (mixed character classes, high entropy, no readable words), a long key-alphabet run with many
+  digits (hex digests, base64 blobs), or an assignment to a secret-looking name
+  (`--password=...`, `{'token': ...}`). A URL's path segments and query values are runs like any
+  other, so a webhook URL whose path is the secret is hidden whole.
+
+Strings holding JSON are parsed and redacted field by field. Mistakes cost differently: hiding a
+harmless value loses a line of display, showing a secret leaks it, so the rules err towards
+hiding.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 REDACTED = "[redacted]"
 
-# Whole words (after splitting on separators and camelCase) that mark a name as secret.
+# Parts that mark a name as secret wherever they appear inside one of its words.
+_SECRET_PARTS = ("pass", "pwd", "secret", "token", "key", "signing", "credential", "auth")
+# Whole words that mark a name as secret (too short, or too common inside other words, to be
+# matched as parts).
 _SECRET_WORDS = frozenset(
-    {
-        "token",
-        "key",
-        "secret",
-        "password",
-        "passwd",
-        "passphrase",
-        "credential",
-        "credentials",
-        "apikey",
-        "auth",
-        "authorization",
-        "cookie",
-        "private",
-        "signature",
-        "dsn",
-        "pass",
-        "pwd",
-        "pw",
-        "pat",
-        "bearer",
-        "jwt",
-        "session",
-        "salt",
-        "otp",
-        "cred",
-        "creds",
-        "webhook",
-        "connstr",
-    }
-)
-# Shell variables whose names contain a secret word but hold a folder.
-_HARMLESS_ENVIRONMENT = frozenset({"PWD", "OLDPWD"})
-# Word endings that mark run-together names as secret (AUTHTOKEN, SECRETKEY, MYPASSWORD).
-_SECRET_WORD_ENDINGS = (
-    "token", "secret", "password", "passwd", "pass", "pwd", "apikey", "secretkey", "accesskey",
+    {"pw", "pat", "cred", "creds", "bearer", "jwt", "session", "cookie", "salt", "otp",
+     "private", "signature", "dsn", "webhook", "connstr"}
 )  # fmt: skip
-
-# Kiln's own config names that contain a secret word but hold no secret. Listed one by one
-# (rather than loosening the word rules) so that every exception is visible and deliberate.
+_SECRET_WORD_ENDINGS = ("pw", "cred", "creds")  # LDAP_BINDPW, vaultcreds
+# Words holding a secret part that name no secret: the tokenizer and its counts, authors.
+_HARMLESS_WORDS = frozenset(
+    {"tokens", "tokenizer", "tokenizers", "tokenized", "tokenize", "tokenization",
+     "author", "authors", "authored"}
+)  # fmt: skip
+# Shell variables whose names contain a secret part but hold a folder.
+_HARMLESS_ENVIRONMENT = frozenset({"PWD", "OLDPWD"})
+# Kiln's own config names that contain a secret part but hold no secret, and the names of its
+# digests (fingerprints look random by design). Listed one by one, rather than loosening the
+# rules, so that every exception is visible and deliberate.
 _HARMLESS_NAMES = frozenset(
-    {"text_key", "token_ttl_minutes", "eos_token_id", "bos_token_id", "pad_token_id"}
-)
+    {"text_key", "token_ttl_minutes", "eos_token_id", "bos_token_id", "pad_token_id",
+     "fingerprint", "run_id"}
+)  # fmt: skip
 
 _SECRET_VALUE_PATTERNS = tuple(
     re.compile(pattern)
@@ -74,13 +63,26 @@ _SECRET_VALUE_PATTERNS = tuple(
         r"\b(?:AKIA|ASIA)[A-Z0-9]{12,}",  # AWS access key ids
         r"\b(?:gh[pousr]_[A-Za-z0-9]{16,}|github_pat_[A-Za-z0-9_]{16,})",  # GitHub tokens
         r"\bxox[abprs]-[A-Za-z0-9-]{8,}",  # Slack tokens
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----",  # PEM, OpenSSH, PGP key blocks
         r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@]+@",  # scheme://user[:password]@host
     )
 )
-# A generated secret under any name: one run of 32+ key-alphabet characters mixing letters and
-# digits (API keys, hex keys, base64 blobs). Readable text, paths and numbers do not look so.
-_RANDOM_LOOKING = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
+# A long generated value: 32+ key-alphabet characters holding 4 digits or more (hex digests,
+# base64 blobs), unless it is a path of short parts.
+_LONG_RUN = re.compile(r"[A-Za-z0-9+/_=-]{32,}")
+# Runs judged by their look: a URL's path segments and query values are runs of their own.
+_RUN = re.compile(r"[A-Za-z0-9+_-]{16,}")
+# Readable words inside a run: a capital and lower case letters, or an upper-case word, each
+# with a vowel and a consonant (`Hugging`, `linux`, `GPT`); random letters rarely make them.
+_WORD = re.compile(r"[A-Z]?[a-z]{2,}|[A-Z]{3,}")
+_VOWELS = frozenset("aeiouy")
+MIN_RANDOM_LENGTH = 16
+# Per character; random 16-character strings average about 3.7 bits (base62), 3.4 (hex).
+MIN_ENTROPY_BITS = 2.75
+# Random strings change character class (letter case, letter/digit) between about half of
+# their neighbours; names and words rarely do (`GPT2TokenizerFast`: 3 of 16).
+MIN_RANDOM_CLASS_CHANGES = 0.25
+MIN_READABLE_WORDS = 0.5  # the share of a readable run's characters inside words
 # `name=value` or `"name": value` inside a longer string (command lines, dict reprs).
 _ASSIGNMENT = re.compile(r"""["']?([A-Za-z][A-Za-z0-9_.-]*)["']?\s*[:=]""")
 
@@ -90,32 +92,88 @@ def _name_words(name: str) -> list[str]:
     return [word for word in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if word]
 
 
+def _secret_word(word: str) -> bool:
+    if word in _HARMLESS_WORDS:
+        return False
+    return (
+        word in _SECRET_WORDS
+        or word.endswith(_SECRET_WORD_ENDINGS)
+        or any(part in word for part in _SECRET_PARTS)
+    )
+
+
 def is_secret_name(name: str) -> bool:
     """True when a config key or environment variable name looks like it holds a secret."""
     if name.lower() in _HARMLESS_NAMES:
         return False
-    words = _name_words(name)
-    return any(
-        word in _SECRET_WORDS or word.endswith(_SECRET_WORD_ENDINGS) or "password" in word
-        for word in words
-    )
+    # Also the name's run-together spelling: `signingKey` and `SIGNING_KEY` have the words
+    # `signing`, `key`; `MYAPIKEY` has one word, caught by its parts.
+    return any(_secret_word(word) for word in _name_words(name))
 
 
 def is_secret_value(text: str) -> bool:
     """True when a string looks like a credential or assigns to a secret-looking name."""
     if any(pattern.search(text) for pattern in _SECRET_VALUE_PATTERNS):
         return True
-    if any(_looks_random(match.group()) for match in _RANDOM_LOOKING.finditer(text)):
+    if any(_long_and_generated(match.group()) for match in _LONG_RUN.finditer(text)):
+        return True
+    if any(looks_random(match.group()) for match in _RUN.finditer(text)):
         return True
     return any(is_secret_name(match.group(1)) for match in _ASSIGNMENT.finditer(text))
 
 
-def _looks_random(run: str) -> bool:
-    """Letters and digits mixed through the run (4 digits at least): a key, not words joined by
-    `_` (`xla_force_host_platform_device_count=4`) or a path."""
+def _long_and_generated(run: str) -> bool:
+    """Letters and digits mixed through a long run (4 digits at least): a key, not words joined
+    by `_` (`xla_force_host_platform_device_count=4`) or a path of short parts."""
     if "/" in run.strip("/") and not re.search(r"[A-Za-z0-9+=]{32,}", run):
-        return False  # a path such as a/b/c: each part short
+        return False
     return sum(c.isdigit() for c in run) >= 4 and any(c.isalpha() for c in run)
+
+
+def looks_random(run: str) -> bool:
+    """A run of 16+ characters that reads as generated: at least two of lower case, upper case
+    and digits, high entropy per character, and either frequent changes of character class
+    (`a8Kf93LmQz0pR7tX`) or too few readable words (`HuggingFaceTokenizer` and
+    `x86_64-linux-gnu` have both few changes and words)."""
+    if len(run) < MIN_RANDOM_LENGTH:
+        return False
+    classes = sum(
+        any(test(c) for c in run) for test in (str.islower, str.isupper, str.isdigit)
+    )
+    if classes < 2 or _entropy_bits(run) < MIN_ENTROPY_BITS:
+        return False
+    return _class_changes(run) >= MIN_RANDOM_CLASS_CHANGES or _in_words(run) < MIN_READABLE_WORDS
+
+
+def _character_class(c: str) -> str | None:
+    return "l" if c.islower() else "u" if c.isupper() else "d" if c.isdigit() else None
+
+
+def _class_changes(run: str) -> float:
+    """The share of neighbouring letters and digits whose class changes, a word's capital
+    followed by its lower case letters not counted."""
+    pairs = [
+        (a, b)
+        for a, b in zip(map(_character_class, run), map(_character_class, run[1:]))
+        if a is not None and b is not None
+    ]
+    changes = sum(a != b and (a, b) != ("u", "l") for a, b in pairs)
+    return changes / max(len(pairs), 1)
+
+
+def _in_words(run: str) -> float:
+    """The share of the run's letters and digits that belong to readable words."""
+    words = [
+        word
+        for word in _WORD.findall(run)
+        if any(c.lower() in _VOWELS for c in word) and any(c.lower() not in _VOWELS for c in word)
+    ]
+    return sum(map(len, words)) / max(sum(c.isalnum() for c in run), 1)
+
+
+def _entropy_bits(text: str) -> float:
+    counts = Counter(text)
+    return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
 
 
 def _redact_string(text: str) -> str:

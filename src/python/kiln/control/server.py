@@ -16,19 +16,27 @@ and any missing, malformed, wrong or expired token, gets a bare 403):
 
 Requests are recorded as one pending flag, so any number of them before the trainer next calls
 take_checkpoint_request() produce one save.
+
+Before any of that, the request's `Host` must name this server (`allowed_hosts`): a page whose
+own name was rebound to this machine's address (DNS rebinding) sends its own name, and gets 421.
+A body over MAX_FORM_BYTES gets 413 and is read away (up to MAX_DISCARD_BYTES) so that the client
+sees the answer; a client that goes away mid-request is no error of the run's.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
+import logging
 import math
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,6 +57,15 @@ CONTROL_HEADER = "X-Levanter-Training-Control"
 CONTROL_HEADER_VALUE = "request-checkpoint"
 ACCEPTED_TEXT = "Checkpoint requested. The save will start after the current training step.\n"
 MAX_FORM_BYTES = 4096
+# An oversized body is read and dropped up to this size, so that the client gets its 413 rather
+# than a reset connection; past it the connection is closed unread.
+MAX_DISCARD_BYTES = 16 << 20
+# More names the endpoint answers to (comma-separated), e.g. a proxy's or a tunnel's.
+ALLOWED_HOSTS_VARIABLE = "KILN_CONTROL_ALLOWED_HOSTS"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+log = logging.getLogger(__name__)
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -78,6 +95,7 @@ class ControlServer:
         port: int = 0,
         token_ttl_minutes: float = 720,
         stall_seconds: float = 600.0,
+        allowed_hosts: Iterable[str] | None = None,
     ) -> None:
         token_expiring_in(b"", token_ttl_minutes)  # refuses a TTL out of range before serving
         if not 0 < stall_seconds < math.inf:
@@ -89,6 +107,7 @@ class ControlServer:
         self.port = port
         self.token_ttl_minutes = token_ttl_minutes
         self.stall_seconds = stall_seconds
+        self.allowed_hosts = served_names(host, allowed_hosts)
         self.csrf_token = secrets.token_urlsafe(32)
         self._key = new_key()
         self._lock = threading.Lock()
@@ -172,6 +191,15 @@ class ControlServer:
     def token_is_valid(self, token: str) -> bool:
         return verify_token(self._key, token)
 
+    def host_is_allowed(self, header: str | None) -> bool:
+        """Whether a request's Host header names this server (its port is not compared: an
+        SSH tunnel forwards another one). A wildcard server answers any IP address, which no
+        rebound name can pose as."""
+        name = _host_name(header or "")
+        if name in self.allowed_hosts:
+            return True
+        return self.host in WILDCARD_HOSTS and _is_ip_address(name)
+
     def request_checkpoint(self) -> None:
         with self._lock:
             self._checkpoint_requested = True
@@ -196,7 +224,36 @@ class ControlServer:
 
 def _reachable_host(host: str) -> str:
     """The host to put in URLs: a wildcard bind address is not something a browser can open."""
-    return socket.getfqdn() if host in ("", "0.0.0.0", "::") else host
+    return socket.getfqdn() if host in WILDCARD_HOSTS else host
+
+
+def served_names(host: str, configured: Iterable[str] | None = None) -> frozenset[str]:
+    """The names a request's Host may give: the bound address and the one in URLs, loopback
+    names, this machine's names when every interface is served, and the configured ones
+    (`configured`, else $KILN_CONTROL_ALLOWED_HOSTS)."""
+    if configured is None:
+        configured = os.environ.get(ALLOWED_HOSTS_VARIABLE, "").split(",")
+    names = {host, _reachable_host(host), *LOOPBACK_NAMES, *configured}
+    if host in WILDCARD_HOSTS:
+        names |= {socket.gethostname(), socket.getfqdn()}
+    return frozenset(_host_name(name) for name in names if name.strip())
+
+
+def _host_name(value: str) -> str:
+    """`Name:port`, `[v6]:port` or a bare name, as a lower-case name without its port."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    name, _, port = value.rpartition(":")
+    return name if name and port.isdigit() and ":" not in name else value
+
+
+def _is_ip_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 class _ControlHTTPServer(ThreadingHTTPServer):
@@ -206,6 +263,14 @@ class _ControlHTTPServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.control = control
         super().__init__(address, _ControlHandler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request is its own business; anything else is one line on
+        the run's log, never a traceback in it."""
+        error = sys.exception()
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return
+        log.warning("training control: a request failed: %s", error or "unknown error")
 
 
 class _ControlHandler(BaseHTTPRequestHandler):
@@ -234,7 +299,11 @@ class _ControlHandler(BaseHTTPRequestHandler):
     # --- routing ------------------------------------------------------------------------------
 
     def _route(self) -> str | None:
-        """The path after `/c/<token>/` when the token is valid; None (and a 403 sent) if not."""
+        """The path after `/c/<token>/` when the Host is this server's and the token is valid;
+        None (and a 421 or 403 sent) if not."""
+        if not self.server.control.host_is_allowed(self.headers.get("Host")):
+            self._send_text(HTTPStatus.MISDIRECTED_REQUEST, "misdirected request\n")
+            return None
         parts = urlsplit(self.path).path.split("/", 3)  # "", "c", token, rest
         well_placed = len(parts) >= 3 and not parts[0] and parts[1] == "c"
         if not (well_placed and self.server.control.token_is_valid(parts[2])):
@@ -290,9 +359,23 @@ class _ControlHandler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
             return None
-        if length < 0 or length > MAX_FORM_BYTES:
+        if length < 0:
+            return None
+        if length > MAX_FORM_BYTES:
+            self._discard(length)
             return None
         return self.rfile.read(length)
+
+    def _discard(self, length: int) -> None:
+        """Reads away an oversized body (up to MAX_DISCARD_BYTES), then ends the connection
+        after the answer: what is left unread is the client's to lose."""
+        self.close_connection = True
+        left = min(length, MAX_DISCARD_BYTES)
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 16))
+            if not chunk:
+                return
+            left -= len(chunk)
 
     def _form_fields(self, body: bytes) -> dict[str, list[str]]:
         """The fields of a urlencoded form body; {} for any other body."""
@@ -325,6 +408,8 @@ class _ControlHandler(BaseHTTPRequestHandler):
         extra: Mapping[str, str] | None = None,
     ) -> None:
         self.send_response(status)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for name, value in (extra or {}).items():

@@ -53,7 +53,7 @@ from typing import Any, Protocol
 import numpy as np
 import tensorstore as ts
 
-from kiln.artifacts import STATUS_FILE, SUCCESS
+from kiln.artifacts import FAILED, STATUS_FILE, SUCCESS, read_stop_reason
 from kiln.artifacts.content import Damage, check_object_sizes
 from kiln.artifacts.storage_errors import as_storage_error
 from kiln.artifacts.store import ObjectStore, open_store, read_text
@@ -79,6 +79,7 @@ OFFSETS_ARRAY = "offsets"
 DATA_ARRAY = "data"
 # Decoded chunks kept in memory: neighbouring windows usually share a 256K-token chunk.
 READ_CACHE_BYTES = 256 << 20
+TOKENS_PER_CHECK = 1 << 22  # tokens read at a time when every id of a cache is checked
 
 
 def zarr_spec(path: Path) -> dict[str, Any]:
@@ -138,6 +139,8 @@ def read_cache_records(location: str | Path) -> tuple[dict[str, Any], dict[str, 
     status = None if status is None else status.strip()
     if status != SUCCESS:
         found = "no STATUS file" if status is None else f"STATUS {status}"
+        reason = read_stop_reason(store, "") if status == FAILED else None
+        found += f": {reason}" if reason else ""
         raise CacheNotReady(
             f"{location} is not a finished token cache ({found}); build it with "
             "`python -m kiln.data.tokenize build` (or its Pants target) first."
@@ -244,6 +247,17 @@ class TokenCache:
         loss_mask = np.zeros((len(starts), seq_len), np.float32)
         loss_mask[:, :-1] = segment_ids[:, 1:] == segment_ids[:, :-1]
         return PackedBatch(tokens=tokens, segment_ids=segment_ids, loss_mask=loss_mask)
+
+    def check_every_token_id(self, tokens_per_read: int = TOKENS_PER_CHECK) -> None:
+        """Reads the whole stream, every id checked against the vocabulary: CacheDamaged names
+        the shard, file and position of the first one outside it. The next piece is read while
+        one is checked (kiln.data.verify's full check)."""
+        pending = self._slice_reads(0, min(tokens_per_read, self.num_tokens))
+        for start in range(tokens_per_read, self.num_tokens + tokens_per_read, tokens_per_read):
+            after = self._slice_reads(start, min(start + tokens_per_read, self.num_tokens))
+            for read in pending:
+                self._checked_tokens(read)
+            pending = after
 
     def damaged(self, shard: str | None, damage: Damage) -> CacheDamaged:
         """The error for a damaged file of `shard` (None: a file of the cache itself)."""

@@ -44,8 +44,11 @@ from kiln.artifacts import (
     SUCCESS,
     atomic_write_bytes,
     atomic_write_json,
+    clear_stop_reason,
+    failure_reason,
     json_bytes,
     mark_failed,
+    record_stop,
     write_status,
 )
 from kiln.artifacts.content import (
@@ -235,7 +238,7 @@ def write_cache(
 ) -> None:
     """Places complete shards (shard i at index i) in the cache at `shards/NAME` and writes its
     records: STATUS RUNNING, the artifact record if given, byte lengths, ledger, stats and
-    cache.json, STATUS SUCCESS last; FAILED if writing fails.
+    cache.json, STATUS SUCCESS last; FAILED and the reason (FAILURE_FILE) if writing fails.
 
     A shard already at its place (built there in a bucket, or moved there by an interrupted
     merge) stays; a local shard folder elsewhere is moved (renamed), falling back to a copy
@@ -291,20 +294,23 @@ def write_imported_cache(
 def _writing(cache: ObjectStore) -> Iterator[None]:
     """STATUS RUNNING while the body writes the cache, SUCCESS after it, FAILED if it fails."""
     cache.write(STATUS_FILE, f"{RUNNING}\n".encode())
+    clear_stop_reason(cache, "")
     try:
         yield
-    except BaseException:
-        _mark_failed(cache)
+    except BaseException as e:
+        _mark_failed(cache, failure_reason(e))
         raise
     cache.write(STATUS_FILE, f"{SUCCESS}\n".encode())
 
 
-def _mark_failed(cache: ObjectStore) -> None:
-    """STATUS FAILED, as far as the store allows: a full local disk is written in place."""
+def _mark_failed(cache: ObjectStore, reason: str) -> None:
+    """The reason, then STATUS FAILED, as far as the store allows: a full local disk is written
+    in place."""
     if cache.local_root is not None:
-        mark_failed(cache.local_root)
+        mark_failed(cache.local_root, reason)
         return
     with contextlib.suppress(Exception):
+        record_stop(cache, "", reason)
         cache.write(STATUS_FILE, f"{FAILED}\n".encode())
 
 

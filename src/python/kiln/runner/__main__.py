@@ -16,6 +16,7 @@ from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.artifacts.store import ObjectStore, UnsupportedStore, open_store
 from kiln.cluster import dispatch
 from kiln.cluster.placement import PlacementError
+from kiln.data.errors import KilnDataError
 from kiln.runner.build import Target, run_step
 from kiln.runner.cluster import submit
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     cluster = multihost.cluster_from_flags(parser, args)
     try:
         return _run(parser, args, apply_overrides(step, args), cluster)
-    except (StepError, multihost.JoinError, dispatch.ClusterError, PlacementError) as e:
+    except (StepError, KilnDataError, multihost.JoinError, dispatch.ClusterError,
+            PlacementError) as e:  # fmt: skip
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
     except StorageError as e:

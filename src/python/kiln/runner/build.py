@@ -11,12 +11,12 @@ from typing import Any
 from kiln import artifacts
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
-from kiln.artifacts.store import ObjectStore
+from kiln.artifacts.store import ObjectStore, open_store
 from kiln.containment import OutsideRoot, within
 from kiln.runner import leasing, replacing
 from kiln.runner.decision import serve_if_built
 from kiln.runner.errors import StepError
-from kiln.runner.inputs import input_locations, place_inputs
+from kiln.runner.inputs import check_in_place, input_locations, place_inputs
 from kiln.runner.training import failure_recorded, train
 from kiln.runner.workspace import Workspace, opened
 from kiln.train import multihost
@@ -146,9 +146,12 @@ def _start(
     with failure_recorded(workspace.local, writer=True):
         if target.artifact_store:
             place_inputs(step, inputs_root, target.store)
+        else:
+            check_in_place(step, inputs_root)
         if is_mutable_version(step.version) and folder.is_built():
             _restart_dev_run(step, target)
         workspace.pull(checkpoints=True)
+        artifacts.clear_stop_reason(target.store, folder.key)
         _begin(step, spec, workspace, cluster_job)
         workspace.publish(status=True, final=False)
 
@@ -253,6 +256,7 @@ def _begin(
     output = workspace.local
     output.mkdir(parents=True, exist_ok=True)
     artifacts.write_status(output, RUNNING)
+    artifacts.clear_stop_reason(open_store(output), "")  # a reason of an earlier run
     job = {"cluster_job": cluster_job} if cluster_job else {}
     provenance = {**dataclasses.asdict(step.provenance), **job, **artifacts.built_here()}
     record = {**step.record.to_json(), "provenance": provenance}

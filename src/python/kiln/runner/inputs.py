@@ -2,7 +2,7 @@
 
 A cache the Pants backend built in its sandbox (`inline`) is copied into the store at
 `{name}/{version}` unless the same cache is there already: its files' digests are checked
-first, its objects are written with STATUS last (kiln.artifacts.store.copy_folder_into), so a
+first (the full check, kiln.data.verify), its objects are written with STATUS last (kiln.artifacts.store.copy_folder_into), so a
 copy cut off at any point is never read as complete. A cache built in place in the store
 (`storage="store"`) must be finished there, in this store. Either way the trainer reads the cache in the store
 (a folder or a bucket: every host of a run reads the same bytes).
@@ -17,7 +17,7 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.store import ObjectStore, copy_folder_into
 from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
-from kiln.data.verify import verify_cache
+from kiln.data.verify import mark_verified, verify_once
 from kiln.runner.decision import same_artifact
 from kiln.runner.errors import StepError
 from kiln_contract.record import ArtifactRecord
@@ -62,9 +62,10 @@ def place_cache(store: ObjectStore, key: str, source: Path, record: ArtifactReco
         raise StepError(f"input cache {source} is not complete (no STATUS SUCCESS)")
     with folder.lease(f"place {record.ref}").acquire(wait=True):
         if not _check_placed(folder, record, missing_ok=True):  # or another run placed it
-            _check_cache(str(source), record, digests=True)
+            _check_cache(str(source), record, mark=False)
             store.remove_folder(key)
             copy_folder_into(store, key, source)
+            mark_verified(folder.location())  # the bytes just checked
     return folder.location()
 
 
@@ -72,7 +73,7 @@ def _check_placed(folder: ArtifactFolder, record: ArtifactRecord, *, missing_ok:
     """Whether the folder holds this cache, finished (its files present with their sizes);
     StepError when it holds another, or (unless `missing_ok`) no finished one."""
     if same_artifact(folder, record) is not None and folder.is_built():
-        _check_cache(folder.location(), record, digests=False)
+        _check_cache(folder.location(), record)
         return True
     if missing_ok:
         return False
@@ -83,10 +84,19 @@ def _check_placed(folder: ArtifactFolder, record: ArtifactRecord, *, missing_ok:
     )
 
 
-def _check_cache(location: str, record: ArtifactRecord, *, digests: bool) -> None:
-    """kiln.data.verify's check of an input cache: StepError if it is damaged."""
+def check_in_place(step: StepSpec, inputs_root: Path) -> None:
+    """Checks the input caches of a run without a store (`--output`) where Pants built them: in
+    full, every run (a sandbox's folders are not the run's to mark)."""
+    for entry in step.inputs:
+        _check_cache(_location(entry, inputs_root, None), entry.record, mark=False)
+
+
+def _check_cache(location: str, record: ArtifactRecord, *, mark: bool = True) -> None:
+    """kiln.data.verify's full check of an input cache, unless it passed it before and is
+    unchanged since (`mark`: record that it passed, in its folder): StepError if it is
+    damaged."""
     try:
-        verification = verify_cache(location, digests=digests)
+        verification = verify_once(location, record=mark)
     except KilnDataError as e:
         raise StepError(f"input {record.ref}: {e}") from None
     if not verification.cache.verified:

@@ -10,6 +10,7 @@ from typing import Any
 from kiln import artifacts
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.storage_errors import as_storage_error
+from kiln.artifacts.store import open_store
 from kiln.runner.errors import LeaseLost
 from kiln.runner.leasing import check_still_held
 from kiln.runner.workspace import Workspace
@@ -38,9 +39,9 @@ def train(
     compilation_cache.use(compile_cache)
     output = spec.output_path
     with failure_recorded(output, writer=lease is not None):
-        exit_code = run_training(
-            spec, quiet=True, metrics_observer=plot_run, initial_params=_published_weights
-        )
+        stops: list[str] = []
+        exit_code = run_training(spec, quiet=True, metrics_observer=plot_run,
+                                 initial_params=_published_weights, on_stop=stops.append)  # fmt: skip
         if exit_code == 0:
             # The final checkpoint in the store, whole on every host: the summary samples from
             # its parameters, a collective.
@@ -52,8 +53,12 @@ def train(
                 check_still_held(lease, step)
                 artifacts.write_status(output, artifacts.SUCCESS)
                 print(f"kiln: built {step.ref} at {shown_at}\n{summary}")
-        elif exit_code in (1, 2) and lease is not None:
-            artifacts.mark_failed(output)
+        elif lease is not None:  # failed (1, 2): FAILED; stopped: RUNNING, resumable
+            reason = stops[-1] if stops else f"the trainer exited with status {exit_code}"
+            if exit_code in (1, 2):
+                artifacts.mark_failed(output, reason)
+            else:
+                _record_stop(output, reason)
         return exit_code
 
 
@@ -71,17 +76,27 @@ def _published_weights(source: Any, model_config: Any, tokenizer: Any) -> Any:
 
 @contextlib.contextmanager
 def failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
-    """Ends a failing build with STATUS FAILED (written by the lease holder) and turns a
-    storage failure (no space, no permission, an I/O error) into a StorageError naming the
-    path and the cause. A run that lost its lease leaves STATUS to the run that took it."""
+    """Ends a failing build with its reason (FAILURE_FILE) and STATUS FAILED (written by the
+    lease holder) and turns a storage failure (no space, no permission, an I/O error) into a
+    StorageError naming the path and the cause; an interrupted one records why and stays
+    RUNNING (resumable). A run that lost its lease leaves STATUS to the run that took it."""
     try:
         yield
     except LeaseLost:
         raise
     except Exception as e:
-        if writer:
-            artifacts.mark_failed(output)
         failure = as_storage_error(e, output)
+        if writer:
+            artifacts.mark_failed(output, artifacts.failure_reason(failure or e))
         if failure is not None:
             raise failure from None
         raise
+    except KeyboardInterrupt as e:
+        if writer:
+            _record_stop(output, artifacts.failure_reason(e))
+        raise
+
+
+def _record_stop(output: Path, reason: str) -> None:
+    with contextlib.suppress(OSError):
+        artifacts.record_stop(open_store(output), "", reason)

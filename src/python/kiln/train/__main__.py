@@ -58,10 +58,27 @@ def run_training(
     quiet: bool,
     metrics_observer: Callable[[Path], None] | None = None,
     initial_params: Callable[..., Any] | None = None,
+    on_stop: Callable[[str], None] | None = None,
 ) -> int:
     """Trains the run `spec` describes (on every process of a multi-host run); returns the exit
-    code, with expected failures printed as one paragraph. `metrics_observer` and
+    code, with expected failures printed as one paragraph, which `on_stop` is also given when
+    the run did not complete (the runner records it beside STATUS). `metrics_observer` and
     `initial_params`: see kiln.train.trainer.MetricsObserver and InitialParams."""
+    exit_code, message = _train(spec, quiet, metrics_observer, initial_params)
+    if message is not None:
+        print(f"kiln.train: {message}", file=sys.stderr)
+        if on_stop is not None:
+            on_stop(message.removeprefix("error: "))
+    return exit_code
+
+
+def _train(
+    spec: TrainSpec,
+    quiet: bool,
+    metrics_observer: Callable[[Path], None] | None,
+    initial_params: Callable[..., Any] | None,
+) -> tuple[int, str | None]:
+    """(exit code, the message of a run that did not complete)."""
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("kiln").setLevel(logging.INFO)
@@ -73,25 +90,20 @@ def run_training(
     try:
         summary = train(spec, metrics_observer, initial_params)
     except (KilnDataError, MixtureError) as e:
-        print(f"kiln.train: error: {e}", file=sys.stderr)
-        return 1
+        return 1, f"error: {e}"
     except TrainingError as e:
         kind = "" if isinstance(e, TrainingInterrupted) else "error: "
-        print(f"kiln.train: {kind}{e}", file=sys.stderr)
-        return e.exit_code
+        return e.exit_code, f"{kind}{e}"
     except KeyboardInterrupt:
-        print("kiln.train: interrupted before a checkpoint could be saved", file=sys.stderr)
-        return 130
+        return 130, "interrupted before a checkpoint could be saved"
     if not quiet:
         print(json.dumps(summary, indent=2, sort_keys=True))
     if not summary["complete"]:
-        print(
-            f"kiln.train: stopped early at step {summary['step']} of {summary['num_train_steps']} "
-            "(runtime.max_steps_this_run); rerun without it to finish",
-            file=sys.stderr,
+        return EXIT_STOPPED_EARLY, (
+            f"stopped early at step {summary['step']} of {summary['num_train_steps']} "
+            "(runtime.max_steps_this_run); rerun without it to finish"
         )
-        return EXIT_STOPPED_EARLY
-    return 0
+    return 0, None
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ root when runtime.checkpointer.temporary_base_path is set):
 
     step-N/state/          the TrainState pytree, written by orbax (its own temp dir + rename)
     step-N/metadata.json   {"step": N, "timestamp": unix seconds, "is_temporary": bool,
-                           "files": {path under state/: {"bytes": N}}}, written LAST: its
-                           presence means the checkpoint is complete
+                           "files": {path under state/: {"bytes": N, "sha256": HEX}}},
+                           written LAST: its presence means the checkpoint is complete
 
 The data position is the step itself (the mixture is a pure function of the step) and the model
 has no RNG state to carry, so the state pytree plus N is everything a resume needs. Readers of
@@ -17,13 +17,19 @@ Older checkpoints are deleted only after a newer one is complete.
 
 Saves are asynchronous: `begin_save` returns once orbax has copied the state off the devices,
 orbax writes the files on a background thread, and `commit` (when they are written) completes
-the checkpoint: metadata.json, then pruning. `save` does both, waiting.
+the checkpoint: metadata.json, then pruning. `save` does both, waiting. The digest of every
+state file is computed on the same background thread once orbax has written it (orbax writes
+through TensorStore, which offers no hook into its writes, so the files are read back while
+they are still in the page cache): training is not held up by it, and benchmarks/
+checkpoint_digest.py measures its cost.
 
 Resuming (`restore_latest`) takes the newest complete checkpoint that is intact: its state files
-present with the sizes metadata.json records, and restorable by orbax. A damaged one is skipped,
-named with the reason on the log, and the previous one is tried; it is left on disk for a
-person to inspect. When every complete checkpoint is damaged, the run stops (CheckpointDamaged)
-rather than start over silently.
+present with the sizes and sha256 digests metadata.json records, and restorable by orbax. A
+damaged one is skipped, named with the file and the reason on the log, and the previous one is
+tried; it is left on disk for a person to inspect. When every complete checkpoint is damaged,
+the run stops (CheckpointDamaged) rather than start over silently. `restore_params` (samples,
+export) refuses a damaged checkpoint the same way. Checkpoints saved before digests were
+recorded (sizes alone) are checked by their sizes.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +53,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from kiln.artifacts import atomic_write_json
-from kiln.artifacts.content import check_sizes, files_under, record_sizes
+from kiln.artifacts.content import (
+    FileRecords,
+    check_digests,
+    check_sizes,
+    files_under,
+    record_files,
+)
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.train.mesh import state_shardings
@@ -72,7 +84,7 @@ class CheckpointInfo:
     step: int
     timestamp: float
     is_temporary: bool
-    files: dict[str, Any] | None = None  # sizes of the state's files; None: not recorded
+    files: FileRecords | None = None  # sizes and digests of the state's files; None: not recorded
 
 
 def checkpoint_roots(output_path: Path, spec: CheckpointerSpec, name: str, version: str):
@@ -179,7 +191,7 @@ class Checkpointer:
         CheckpointDamaged when every one is damaged."""
         skipped = []
         for info in reversed(self.complete()):
-            problem = _missing_or_truncated(info)
+            problem = damage(info)
             if problem is None:
                 try:
                     return self.restore(info, like), info
@@ -225,8 +237,8 @@ class Checkpointer:
         root = self.temporary_root if temporary else self.permanent_root
         path = root / f"step-{step}"
         self._last_save_time = self._clock()
-        if existing is not None and existing.path == path:
-            info = self._write_metadata(path, step, temporary=False)  # promote in place
+        if existing is not None and existing.path == path:  # promote in place
+            info = self._write_metadata(path, step, temporary=False, files=existing.files)
             return self._committed(info)
         if path.exists() and self._is_writer:
             shutil.rmtree(path)  # a killed save of this very step
@@ -236,7 +248,9 @@ class Checkpointer:
         except BaseException:
             quiet.end(succeeded=False)
             raise
-        self._in_progress = _SaveInProgress(path, step, temporary, quiet, self._orbax)
+        self._in_progress = _SaveInProgress(
+            path, step, temporary, quiet, self._orbax, record_digests=self._is_writer
+        )
         return None
 
     def writing(self) -> bool:
@@ -253,8 +267,9 @@ class Checkpointer:
         if saving is None:
             return None
         saving.finish()
-        return self._committed(self._write_metadata(saving.path, saving.step,
-                                                    temporary=saving.temporary))  # fmt: skip
+        return self._committed(self._write_metadata(
+            saving.path, saving.step, temporary=saving.temporary, files=saving.files
+        ))  # fmt: skip
 
     def _committed(self, info: CheckpointInfo) -> CheckpointInfo:
         self._prune(info)
@@ -265,11 +280,12 @@ class Checkpointer:
         matches = [c for c in self.complete() if c.step == step]
         return matches[-1] if matches else None
 
-    def _write_metadata(self, path: Path, step: int, *, temporary: bool) -> CheckpointInfo:
-        info = CheckpointInfo(path, step, time.time(), temporary)
+    def _write_metadata(
+        self, path: Path, step: int, *, temporary: bool, files: FileRecords | None
+    ) -> CheckpointInfo:
+        """metadata.json (process 0), with the state files' records made when they were saved."""
+        info = CheckpointInfo(path, step, time.time(), temporary, files)
         if self._is_writer:
-            state = path / STATE_DIR
-            info = replace(info, files=record_sizes(state, files_under(state)))
             atomic_write_json(
                 path / METADATA_FILE,
                 {"step": step, "timestamp": info.timestamp, "is_temporary": temporary,
@@ -298,7 +314,9 @@ class Checkpointer:
         if saving is not None:
             try:
                 saving.finish()
-                self._write_metadata(saving.path, saving.step, temporary=saving.temporary)
+                self._write_metadata(
+                    saving.path, saving.step, temporary=saving.temporary, files=saving.files
+                )
             except Exception as e:  # noqa: BLE001 - the run is ending on another error already
                 log.warning("the checkpoint save of %s failed: %s", saving.path, e)
         self._orbax.close()
@@ -318,8 +336,9 @@ def _orbax_checkpointer(per_host_folders: bool) -> ocp.AsyncCheckpointer:
 
 
 class _SaveInProgress:
-    """An orbax save writing its files; a thread waits for it so that the training loop can ask,
-    without blocking, whether it is done."""
+    """An orbax save writing its files; a thread waits for it, then (on the process that
+    records them) digests the files it wrote, so that the training loop can ask, without
+    blocking, whether it is done."""
 
     def __init__(
         self,
@@ -328,10 +347,14 @@ class _SaveInProgress:
         temporary: bool,
         quiet: _OrbaxFailuresQuieted,
         writer: ocp.AsyncCheckpointer,
+        *,
+        record_digests: bool,
     ) -> None:
         self.path = path
         self.step = step
         self.temporary = temporary
+        self.files: FileRecords | None = None  # once done: sizes and digests (process 0)
+        self._record_digests = record_digests
         self._quiet = quiet
         self._error: BaseException | None = None
         self.done = threading.Event()
@@ -341,6 +364,9 @@ class _SaveInProgress:
     def _wait(self) -> None:
         try:
             self._writer.wait_until_finished()
+            if self._record_digests:  # orbax has finalized the folder: every host's files are in
+                state = self.path / STATE_DIR
+                self.files = record_files(state, files_under(state))
         except BaseException as e:  # noqa: BLE001 - raised by finish(), on the training thread
             self._error = e
         finally:
@@ -361,8 +387,8 @@ class _OrbaxFailuresQuieted:
     are held back. After a failure, TensorStore still completes the writes in flight and reports
     each to orbax's event loop, closed by then: Python would print each as an unraisable "Event
     loop is closed", which says nothing the raised error does not, so those are dropped from
-    then on; so are asyncio's "Task exception was never retrieved" reports of the sibling writes
-    that failed with the same error after the first one ended the save."""
+    then on; so are asyncio's "Task (or _GatheringFuture) exception was never retrieved" reports
+    of the sibling writes that failed with the same error after the first one ended the save."""
 
     def __init__(self) -> None:
         self._log = logging.getLogger("absl")
@@ -381,7 +407,7 @@ class _OrbaxFailuresQuieted:
 
 class _UnretrievedTaskErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Task exception was never retrieved")
+        return not record.getMessage().endswith("exception was never retrieved")
 
 
 def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -393,15 +419,28 @@ def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], 
     return report
 
 
-def _missing_or_truncated(info: CheckpointInfo) -> str | None:
-    """Why the checkpoint's state files are not as saved (missing, other sizes), or None."""
+def damage(info: CheckpointInfo) -> str | None:
+    """Why the checkpoint's state files are not as saved (missing, other sizes, other bytes than
+    their digests), or None. Reads every file when digests are recorded."""
     if info.files is None:
-        return None  # saved without sizes: orbax's own checks are all there are
-    damage = check_sizes(info.path / STATE_DIR, info.files)
-    if not damage:
+        return None  # saved without records: orbax's own checks are all there are
+    state = info.path / STATE_DIR
+    digested = all("sha256" in record for record in info.files.values())
+    found = check_digests(state, info.files) if digested else check_sizes(state, info.files)
+    if not found:
         return None
-    more = f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""
-    return f"{STATE_DIR}/{damage[0].file} {damage[0].reason}{more}"
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return f"{STATE_DIR}/{found[0].file} {found[0].reason}{more}"
+
+
+def check_intact(info: CheckpointInfo) -> None:
+    """CheckpointDamaged naming the checkpoint and its first damaged file, if any."""
+    problem = damage(info)
+    if problem is not None:
+        raise CheckpointDamaged(
+            f"checkpoint {info.path} is damaged: {problem}; restore it from a good copy or use "
+            "another checkpoint of the run"
+        )
 
 
 def restore_params(
@@ -417,7 +456,9 @@ def restore_params(
     shards them, for nnx.merge or kiln.model.sample. Only the parameters are read, not the
     optimizer state (twice their size). `attention` is the graphdef's kernel: XLA by default,
     since a short sampling buffer need not suit a kernel's block sizes. Multi-host: every
-    process calls it (the restore is a collective)."""
+    process calls it (the restore is a collective). CheckpointDamaged when a state file is not
+    what was saved."""
+    check_intact(checkpoint)
     abstract_model = nnx.eval_shape(
         lambda: Llama(
             model_config,

@@ -1,7 +1,9 @@
 """The training loop: `train(spec)` turns a TrainSpec into a checkpoint directory.
 
-Per step: batch (a pure function of the step) -> train_step -> metrics -> [validation] -> [evals]
--> [checkpoint] -> control endpoint. Resumes from the newest complete checkpoint. Stops with a
+The loop is a generator of steps (`Trainer.training_steps`: batch, a pure function of the step
+-> train_step, queued on the device) and hooks run at its sync points (kiln.train.hooks):
+[validation] -> [evals] -> [checkpoint] -> control endpoint -> stop on a signal. Resumes from
+the newest complete checkpoint. Stops with a
 TrainingError (a clear message, no traceback from `python -m kiln.train`) on a non-finite loss,
 on SIGINT/SIGTERM (after saving a temporary checkpoint) and on bad run-time settings; caches that
 cannot be read raise kiln.data's errors. See docs/training.md.
@@ -14,7 +16,6 @@ import json
 import logging
 import math
 import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Mapping
@@ -26,7 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from kiln.artifacts import atomic_write_json, atomic_write_text
+from kiln.artifacts import atomic_write_json, atomic_write_text, record_stop
+from kiln.artifacts.store import open_store
 from kiln.data.cache import open_caches, shared_tokenizer
 from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
 from kiln.data.tokenizer import TokenizerInfo
@@ -34,6 +36,7 @@ from kiln.eval.validation import ValidationSet, validation_metrics
 from kiln.model.config import LlamaConfig
 from kiln.train import compilation_cache
 from kiln.train.checkpoints import CheckpointDamaged, Checkpointer, CheckpointInfo
+from kiln.train.hooks import StepInfo, StopSignals, SyncPoint, TrainerHooks
 from kiln.train.metrics import (
     SUMMARY_FILE,
     TRACKER_FILE,
@@ -162,34 +165,9 @@ def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Generato
             yield pending.popleft().result()
 
 
-class StopSignals:
-    """Turns the first SIGINT/SIGTERM into a flag checked after each step; a second one of the
-    same kind gets the default behaviour (kill now)."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signum
-        signal.signal(
-            signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
-        )
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-
-class EvalHook:
-    """The lm-eval suite (kiln.eval.harness), checked when the run starts so that a task that
-    cannot load fails at step 0, not after hours of training."""
+class EvalSuite:
+    """The lm-eval suite (kiln.eval.harness), checked when the trainer is made so that a task
+    that cannot load fails at step 0, not after hours of training."""
 
     def __init__(self, suite: Any, tokenizer_spec: Any, max_length: int):
         try:
@@ -254,7 +232,6 @@ class Trainer:
         )
         self.throughput = self._throughput()
         self.last_checkpoint: CheckpointInfo | None = None
-        self.control: Any = None
         self.step_times: list[float] = []
         self.data_waits: list[float] = []  # seconds each step waited for its batch
         self.unread: list[tuple[int, Any]] = []  # (step, device metrics) not yet on the host
@@ -269,6 +246,15 @@ class Trainer:
                 "STEP.json), which reads them from the Hugging Face hub"
             )
         self._observed_step: int | None = None
+        self.train_step, self.eval_step = self._step_functions()
+        self.evals = self._eval_suite()
+        self.state, self.start_step = self._restore_or_initialise()
+        self.logprobs = self._logprob_fn()
+        self.hooks = self._hooks()
+        # The run's outputs, opened by `run` (their files, display and server live as long as it):
+        self.metrics: MetricsLogger
+        self.progress: Progress
+        self.control: Any = None  # kiln.control.server.ControlServer on process 0, if enabled
 
     # --- setup ------------------------------------------------------------------------------
 
@@ -316,6 +302,10 @@ class Trainer:
         }
 
     def initial_state(self) -> tuple[Any, int]:
+        """(state, step) the trainer starts from, made with it (`_restore_or_initialise`)."""
+        return self.state, self.start_step
+
+    def _restore_or_initialise(self) -> tuple[Any, int]:
         """(state, step): restored from the newest intact complete checkpoint (damaged ones are
         skipped, kiln.train.checkpoints), else freshly initialised."""
         from kiln.train.step import abstract_train_state, init_train_state
@@ -350,15 +340,42 @@ class Trainer:
         params = self.initial_params(source, self.model_config, self.data.tokenizer)
         return with_params(state, params)
 
-    def _setup_evals(self) -> None:
+    def _step_functions(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The jitted train step and validation step (compiled at their first call)."""
+        from kiln.train.step import make_eval_step, make_train_step
+
+        train_step = make_train_step(
+            self.cfg.optimizer,
+            self.cfg.num_train_steps,
+            z_loss_weight=self.cfg.z_loss_weight,
+            mesh=self.mesh,
+            microbatches=self.microbatches,
+        )
+        return train_step, make_eval_step(mesh=self.mesh)
+
+    def _logprob_fn(self) -> Callable[..., Any] | None:
+        """The evals' log-probability function of the model's graph (None without evals)."""
         from kiln.train.step import make_logprob_fn
 
+        if self.evals is None:
+            return None
+        return make_logprob_fn(self.state.graphdef, with_is_argmax=True)
+
+    def _eval_suite(self) -> EvalSuite | None:
         if self.cfg.evals is None:
-            return
-        self.evals = EvalHook(
-            self.cfg.evals, self.data.tokenizer_spec, self.model_config.max_seq_len
-        )
-        self.logprobs = make_logprob_fn(self.state.graphdef, with_is_argmax=True)
+            return None
+        return EvalSuite(self.cfg.evals, self.data.tokenizer_spec, self.model_config.max_seq_len)
+
+    def _hooks(self) -> TrainerHooks:
+        """What runs at the loop's sync points, in this order (docs/training.md, "One step")."""
+        hooks = TrainerHooks()
+        hooks.add_hook(lambda point: self._validate(point.step), every=self.runtime.validation_every)
+        if self.evals is not None and self.cfg.evals is not None:
+            hooks.add_hook(lambda point: self._run_evals(point.step), every=self.cfg.evals.every)
+        hooks.add_hook(self._checkpoint_hook)
+        hooks.add_hook(self._control_hook)
+        hooks.add_hook(self._signal_hook)
+        return hooks
 
     def _metrics_logger(self, resume_step: int) -> MetricsLogger:
         return MetricsLogger(
@@ -395,62 +412,57 @@ class Trainer:
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
-        total = self.cfg.num_train_steps
         self.output.mkdir(parents=True, exist_ok=True)
         if self.is_main:
             atomic_write_json(self.output / CONFIG_FILE, self.resolved_config())
         with contextlib.ExitStack() as cleanup:
-            start_step = self._start(cleanup)
-            end_step = total
+            self._open_outputs(cleanup)
+            end_step = self.cfg.num_train_steps
             if self.runtime.max_steps_this_run is not None:
-                end_step = min(total, start_step + self.runtime.max_steps_this_run)
-            if start_step == 0 and self.runtime.validate_at_start:
+                end_step = min(end_step, self.start_step + self.runtime.max_steps_this_run)
+            if self.start_step == 0 and self.runtime.validate_at_start:
                 self._validate(0)
             signals = cleanup.enter_context(StopSignals())
-            batches = prefetched(self._batch, range(start_step, end_step), PREFETCH_BATCHES)
-            cleanup.callback(batches.close)
-            for step in range(start_step + 1, end_step + 1):
+            steps = cleanup.enter_context(contextlib.closing(self.training_steps(end_step, signals)))
+            for info in steps:
+                self._after_step(info)
+            return self._finish(started, end_step)
+
+    def training_steps(
+        self, end_step: int, signals: StopSignals
+    ) -> Generator[StepInfo, None, None]:
+        """Trains the steps after `start_step` up to `end_step`, yielding each once it is
+        queued on the device (its metrics are read at the next sync point)."""
+        total = self.cfg.num_train_steps
+        batches = prefetched(self._batch, range(self.start_step, end_step), PREFETCH_BATCHES)
+        with contextlib.closing(batches):
+            for step in range(self.start_step + 1, end_step + 1):
                 began = time.monotonic()  # step time includes waiting for data, not evaluation
                 batch = next(batches)
                 self.data_waits.append(time.monotonic() - began)
-                if step == start_step + 1:
+                if step == self.start_step + 1:
                     self._timed_first_step(step, batch, began)
                 else:
                     self._train_one(step, batch, began)
-                self._after_step(step, signals.received, stopping_early=step == end_step < total)
-            return self._finish(started, end_step)
+                yield StepInfo(step, signals.received, stopping_early=step == end_step < total)
 
-    def _start(self, cleanup: contextlib.ExitStack) -> int:
-        """Restores or initialises the state and opens what the loop writes to (closed by
-        `cleanup`). Returns the step to continue from."""
-        from kiln.train.step import make_eval_step, make_train_step
-
+    def _open_outputs(self, cleanup: contextlib.ExitStack) -> None:
+        """Opens what the loop writes to (closed by `cleanup`): the metrics log, the progress
+        display and the control endpoint."""
         cleanup.callback(self.checkpointer.close)
-        self.state, start_step = self.initial_state()
-        self.train_step = make_train_step(
-            self.cfg.optimizer,
-            self.cfg.num_train_steps,
-            z_loss_weight=self.cfg.z_loss_weight,
-            mesh=self.mesh,
-            microbatches=self.microbatches,
-        )
-        self.eval_step = make_eval_step(mesh=self.mesh)
-        self._setup_evals()
-        self.metrics = self._metrics_logger(start_step)
+        self.metrics = self._metrics_logger(self.start_step)
         cleanup.callback(self.metrics.close)
         self.progress = make_progress(
-            self.runtime.progress, total_steps=self.cfg.num_train_steps, start_step=start_step
+            self.runtime.progress, total_steps=self.cfg.num_train_steps, start_step=self.start_step
         )
         cleanup.callback(self.progress.close)
-        if start_step and self.last_checkpoint is not None:
+        if self.start_step and self.last_checkpoint is not None:
             self.progress.message(f"resumed from {self.last_checkpoint.path}")
         elif self.cfg.init_from is not None:
-            source = self.cfg.init_from
-            self.progress.message(f"started from {source.label}")
+            self.progress.message(f"started from {self.cfg.init_from.label}")
         self.control = self._control_server(self.progress)
         if self.control is not None:
             cleanup.callback(self.control.stop)
-        return start_step
 
     def _batch(self, step: int) -> dict[str, Any]:
         from kiln.train.step import shard_batch
@@ -528,60 +540,75 @@ class Trainer:
             )
         self.progress.update(step, values["loss"], metrics["throughput/tokens_per_second"])
 
-    def _after_step(self, step: int, signum: int | None, *, stopping_early: bool) -> None:
-        """At sync points (SYNC_EVERY_STEPS): reads the steps' metrics, validates, runs evals,
-        completes or starts checkpoint saves, updates the control endpoint, stops on a signal."""
-        total = self.cfg.num_train_steps
-        final = step == total
-        validate = final or step % self.runtime.validation_every == 0
-        evals = self.cfg.evals
-        run_evals = evals is not None and (final or step % evals.every == 0)
-        alone = jax.process_count() == 1
+    def _after_step(self, info: StepInfo) -> None:
+        """At sync points (SYNC_EVERY_STEPS, and the hooks' own steps): reads the steps' metrics
+        and runs the hooks."""
+        point = self._sync_point(info)
+        if point is not None:
+            self._read_metrics()
+            self.hooks.run_hooks(point)
+
+    def _sync_point(self, info: StepInfo) -> SyncPoint | None:
+        """The step as a sync point, or None when the loop goes on without waiting for the
+        device."""
+        step, final = info.step, info.step == self.cfg.num_train_steps
+        ending = final or info.stopping_early
         scheduled = (
-            step % SYNC_EVERY_STEPS == 0 or final or stopping_early or validate or run_evals
+            step % SYNC_EVERY_STEPS == 0 or ending or self.hooks.schedule(step, final=final)
             or self.checkpointer.due(step, final=final) == "permanent"
         )  # fmt: skip
         # A control request (process 0's endpoint), a signal and the save clock are one
         # process's: acted on at once by a lone process; on several, at the next scheduled point
         # (each process agrees on them there, or one would enter a save, a collective, alone).
+        alone = jax.process_count() == 1
         requested = (scheduled or alone) and self.control is not None and \
             self.control.take_checkpoint_request()  # fmt: skip
-        kind = self.checkpointer.due(
-            step, final=final, requested=requested or signum is not None or stopping_early
+        save = self.checkpointer.due(
+            step, final=final, requested=requested or info.signum is not None or ending
         )
-        if not (scheduled or (alone and kind is not None)):
-            return
-        self._read_metrics()
-        if validate:
-            self._validate(step)
-        if run_evals:
-            self._run_evals(step)
+        if not (scheduled or (alone and save is not None)):
+            return None
+        return SyncPoint(step, final, ending, save, info.signum)
+
+    def _checkpoint_hook(self, point: SyncPoint) -> None:
+        """Agrees with the other processes on a temporary save, a signal and the save in
+        progress; completes that save once every process has written it; saves if due (the
+        last save of an invocation, at its end or a signal, is waited for)."""
         wants_temporary, any_signal, any_writing = agree_max(
-            [kind == "temporary", signum or 0, self.checkpointer.writing()]
+            [point.save == "temporary", point.signum or 0, self.checkpointer.writing()]
         )
-        signum = any_signal or None
+        point.signum = any_signal or None
+        kind = point.save
         if kind != "permanent":  # permanent saves follow the step number: all agree already
             kind = "temporary" if wants_temporary else None
         if not any_writing:
             self._commit_save()  # a save begun earlier has written its files on every process
         if kind is not None:
-            # The last save of an invocation (the end, a signal, --max-steps) is waited for.
-            ending = final or stopping_early or signum is not None
-            self._save(step, temporary=kind == "temporary", wait=ending)
+            ending = point.ending or point.signum is not None
+            self._save(point.step, temporary=kind == "temporary", wait=ending)
+
+    def _control_hook(self, point: SyncPoint) -> None:
         if self.control is not None:
             self.control.update(
-                step=step, total_steps=total, loss=self.metrics.latest.get("train/loss"),
+                step=point.step, total_steps=self.cfg.num_train_steps,
+                loss=self.metrics.latest.get("train/loss"),
                 tokens_per_second=self.metrics.latest.get("throughput/tokens_per_second"),
-                eta_seconds=self._eta_seconds(step),
+                eta_seconds=self._eta_seconds(point.step),
                 last_checkpoint=str(self.last_checkpoint.path) if self.last_checkpoint else None,
             )  # fmt: skip
-        if signum is not None:
-            assert self.last_checkpoint is not None  # saved just above
-            raise TrainingInterrupted(
-                f"interrupted by {signal.Signals(signum).name} after step {step}; saved "
-                f"{self.last_checkpoint.path}. Rerun to resume.",
-                signum,
-            )
+
+    def _signal_hook(self, point: SyncPoint) -> None:
+        if point.signum is None:
+            return
+        assert self.last_checkpoint is not None  # saved by the checkpoint hook
+        message = (
+            f"interrupted by {signal.Signals(point.signum).name} after step {point.step}; "
+            f"saved {self.last_checkpoint.path}. Rerun to resume."
+        )
+        if self.is_main:  # beside STATUS before the way out (W&B, orbax), which may be cut short
+            with contextlib.suppress(OSError):
+                record_stop(open_store(self.output), "", message)
+        raise TrainingInterrupted(message, point.signum)
 
     def _save(self, step: int, *, temporary: bool, wait: bool) -> None:
         """Saves the state after `step`. Training is held up only while orbax copies the state
@@ -622,7 +649,9 @@ class Trainer:
         return sum(recent) / len(recent) * (self.cfg.num_train_steps - step)
 
     def _run_evals(self, step: int) -> None:
-        self.metrics.log(step, self.evals(lambda tokens: self.logprobs(self.state, tokens), step))
+        assert self.evals is not None and self.logprobs is not None  # added only with evals
+        logprobs = self.logprobs
+        self.metrics.log(step, self.evals(lambda tokens: logprobs(self.state, tokens), step))
 
     def _observe_metrics(self, step: int) -> None:
         if self.metrics_observer is None or not self.is_main or self._observed_step == step:

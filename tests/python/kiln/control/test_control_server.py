@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -235,6 +236,46 @@ def test_oversized_body_is_refused(server: ControlServer) -> None:
     body = _csrf_form(server.csrf_token) + b"&pad=" + b"x" * 10_000
     assert _request(_base(server) + "checkpoint", "POST", FORM, body)[0] == 413
     assert server.take_checkpoint_request() is False
+
+
+def test_a_huge_body_or_a_client_that_hangs_up_leaves_no_traceback(
+    server: ControlServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    huge = b"x" * 5_000_000
+    assert _request(_base(server) + "checkpoint", "POST", FORM, huge)[0] == 413
+    parts = urlsplit(_base(server))
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as hanging_up:
+        hanging_up.sendall(
+            f"POST {parts.path}checkpoint HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            "Content-Length: 100000000\r\n\r\n".encode() + b"x" * 100_000
+        )
+    assert _request(_base(server) + "healthz")[0] in (200, 503)  # still serving
+    assert server.take_checkpoint_request() is False
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example"])
+def test_a_host_that_is_not_this_server_is_misdirected(server: ControlServer, host: str) -> None:
+    """A DNS-rebinding page reaches the port under its own name: even with a stolen URL it gets
+    421, and its POST requests no checkpoint."""
+    for method, route in (("GET", ""), ("POST", "checkpoint")):
+        status, _, body = _request(_base(server) + route, method, {**HEADER, "Host": host})
+        assert (status, body) == (421, b"misdirected request\n")
+    assert server.take_checkpoint_request() is False
+
+
+def test_loopback_names_and_configured_names_are_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KILN_CONTROL_ALLOWED_HOSTS", "tunnel.example, Proxy.Example")
+    control = ControlServer(tmp_path, {"run_id": "r"}, {})
+    url = control.start()
+    try:
+        for host in ("localhost:8080", "127.0.0.1", "[::1]:1", "tunnel.example", "proxy.example:443"):
+            assert _request(url, headers={"Host": host})[0] == 200, host
+        assert _request(url, headers={"Host": "other.example"})[0] == 421
+    finally:
+        control.stop()
 
 
 # --- redaction ------------------------------------------------------------------------------

@@ -23,6 +23,15 @@ from kiln_testing.training import build_tiny_cache, make_spec  # noqa: E402
 
 HEADER = {"X-Levanter-Training-Control": "request-checkpoint"}
 WAIT_SECONDS = 120  # a generous bound for a loaded 2-core machine; not a timing assertion
+# Credentials in the trainer's environment, under names in no list of the redactor's: none may
+# reach the page, the trainer's output or any file of the run.
+PLANTED_SECRETS = {
+    "LDAP_BINDPW": "ldapBindValue31415",
+    "GIT_SIGNINGKEY": "signingKeyValue27182",
+    "BUILD_LABEL": "q8ZxLm2NvKp4RtYw7sHj1Fd",
+    "NOTIFY": "https://hooks.chat.example/services/T0A1B2C3D/B0A1B2C3D/Wq7Lm2NvKp4RtYw8sHj1Fd",
+    "DOWNLOAD": "https://cdn.example/f.tar?expires=1700000000&sig=Zx81kLmQ0pWnR7tYbV3cA9",
+}
 
 
 def _train_spec(root: Path, output: Path) -> dict[str, Any]:
@@ -91,7 +100,11 @@ def test_checkpoint_requested_over_http_is_saved_once(tmp_path: Path) -> None:
     output = tmp_path / "run"
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(_train_spec(tmp_path, output)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = {
+        **os.environ,
+        **PLANTED_SECRETS,
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
     trainer = subprocess.Popen(
         [sys.executable, "-m", "kiln.train", str(spec_path)],
         stdout=subprocess.PIPE,
@@ -115,3 +128,13 @@ def test_checkpoint_requested_over_http_is_saved_once(tmp_path: Path) -> None:
         remaining_output = trainer.communicate(timeout=WAIT_SECONDS)[0]
     assert trainer.returncode != 0 and "interrupted" in remaining_output
     assert not (output / "control" / "key").exists()  # the trainer stopped the server
+    _assert_no_planted_secret(page, remaining_output, output)
+
+
+def _assert_no_planted_secret(page: bytes, printed: str, output: Path) -> None:
+    files = {p: p.read_bytes() for p in output.rglob("*") if p.is_file()}
+    assert files  # config.json, metrics.jsonl, checkpoints...
+    for name, secret in PLANTED_SECRETS.items():
+        for where, text in [("page", page), ("output", printed.encode()), *files.items()]:
+            assert secret.encode() not in text, f"{name}'s value is in {where}"
+        assert name.encode() in page  # the variable is listed, its value hidden

@@ -72,6 +72,12 @@ UNSEEN_SECRET_NAMES = {
     "SENTRY_DSN": "https://public@sentry.example/1",
     "MyServiceAuthToken": "abc",
     "db_Passphrase": "words",
+    # Secret parts inside run-together words, in any position and case.
+    "LDAP_BINDPW": "bind-me-in",
+    "GIT_SIGNINGKEY": "0xDEADBEEF",
+    "ldapBindCredential": "cn-admin",
+    "XAUTHSTRING": "magic",
+    "my_gpgkeyring_pass_file_contents": "hidden",
 }
 # Credentials in the values of harmless-looking names.
 UNSEEN_SECRET_VALUES = {
@@ -81,6 +87,13 @@ UNSEEN_SECRET_VALUES = {
     "LEGACY_CONN": "host=db port=5432 user=app password=letmein",
     "BLOB": "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1u",
     "ROTATED": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    # Shapes alone: a generated value, a webhook whose path is the secret, a signed query, a
+    # PGP key block, a random value inside a command line.
+    "BUILD_LABEL": "q8ZxLm2NvKp4RtYw7sHj1Fd",
+    "NOTIFY": "https://hooks.chat.example/services/T0A1B2C3D/B0A1B2C3D/q8ZxLm2NvKp4RtYw7sHj1Fd3",
+    "DOWNLOAD": "https://cdn.example/file.tar?expires=1700000000&sig=Zx81kLmQ0pWnR7tYbV3cA9",
+    "GPG_MATERIAL": "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF...",
+    "LAUNCH_ARGS": "--mode fast --label 7hG2kQ9zLmP4xR8wT1vN",
 }
 # What stays readable: paths, words, numbers, and the shell's own folder variables.
 HARMLESS = {
@@ -92,6 +105,14 @@ HARMLESS = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
     "KILN_OUTPUT": "/store/checkpoints/tiny_llama_experiment_number_one/2026.11.29",
     "COLUMNS": "120",
+    # Identifiers made of words and numbers, however long, stay readable.
+    "TOKENIZERS_PARALLELISM": "false",
+    "TOKENIZER_CLASS": "GPT2TokenizerFast",
+    "MODEL_CLASS": "HuggingFaceLlamaForCausalLM",
+    "MACHTYPE": "x86_64-pc-linux-gnu",
+    "CUDA_BUILD": "cuda13-linux-x86_64",
+    "HF_MODEL": "meta-llama/Llama-3.1-8B-Instruct",
+    "BEST": "checkpoints/dclm_1b_1x/step-40000",
 }
 
 
@@ -100,6 +121,20 @@ def test_environment_redaction_hides_credentials_it_has_no_list_entry_for() -> N
     hidden = {name for name, value in shown.items() if value == REDACTED}
     assert hidden == set(UNSEEN_SECRET_NAMES) | set(UNSEEN_SECRET_VALUES)
     assert {name: shown[name] for name in HARMLESS} == HARMLESS
+
+
+def test_random_looking_values_of_sixteen_characters_are_hidden_under_any_name() -> None:
+    """The value rule alone (the name is harmless), over values of each generator's alphabet:
+    a fixed sample, so that the test cannot flake. Each must be hidden."""
+    generated = [
+        "a8Kf93LmQz0pR7tX",  # base62
+        "Rz4_kP9-wQ2mLx7v",  # base64url, as secrets.token_urlsafe makes them
+        "7f3a9c0e51b2d846",  # hex
+        "X9K2M7Q4Z8W1R5T3",  # upper case and digits
+        "k2j9x7q4m8w1r5t3z6",  # lower case and digits
+    ]
+    shown = redact_environment({f"VALUE_{i}": value for i, value in enumerate(generated)})
+    assert set(shown.values()) == {REDACTED}
 
 
 def test_config_redaction_follows_the_same_policy() -> None:

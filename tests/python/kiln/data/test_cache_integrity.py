@@ -18,12 +18,12 @@ import pytest
 import tensorstore as ts
 from kiln_testing.data import make_spec, write_corpus
 
-from kiln.artifacts.content import record_sizes
+from kiln.artifacts.content import record_files, record_sizes
 from kiln.data.cache import TokenCache, zarr_spec
 from kiln.data.errors import CacheDamaged
 from kiln.data.tokenize import build_cache
+from kiln.data.verify import VERIFIED_FILE, verify_cache, verify_once
 from kiln.data.verify import main as verify_main
-from kiln.data.verify import verify_cache
 
 SHARD = "shard-00001"
 
@@ -39,19 +39,20 @@ def shard_dir(cache_dir: Path) -> Path:
     return cache_dir / "shards" / SHARD
 
 
-def rewrite(cache_dir: Path, array: str, index: int, value: int) -> None:
+def rewrite(cache_dir: Path, array: str, index: int, value: int, *, digests: bool = False) -> None:
     """Changes one element of a shard's array through TensorStore (valid encoding, wrong
     content), then records the files' new sizes in the ledger: damage that keeps sizes, so
-    only digests and the content checks can see it."""
+    only digests and the content checks can see it. With `digests`, their new digests too: the
+    records agree with the bytes, as a writer that wrote wrong ids would have made them."""
     store = ts.open(zarr_spec(shard_dir(cache_dir) / array), open=True).result()
     store[index].write(value).result()
     ledger_path = cache_dir / "ledger.json"
     ledger = json.loads(ledger_path.read_text())
     for shard in ledger["shards"]:
         if shard["name"] == SHARD:
-            sizes = record_sizes(shard_dir(cache_dir), shard["files"])
-            for name, size in sizes.items():
-                shard["files"][name]["bytes"] = size["bytes"]
+            record = record_files if digests else record_sizes
+            for name, now in record(shard_dir(cache_dir), shard["files"]).items():
+                shard["files"][name].update(now)
     ledger_path.write_text(json.dumps(ledger))
 
 
@@ -109,6 +110,48 @@ def test_ids_beyond_the_vocabulary_are_refused_when_read(cache_dir: Path) -> Non
     assert "not in the tokenizer's vocabulary of 8192" in message
     with pytest.raises(CacheDamaged, match="does not match its sha256 digest"):
         verify_cache(cache_dir)
+
+
+def test_the_full_check_reads_every_token_id(cache_dir: Path) -> None:
+    """Ids beyond the vocabulary under records that agree with them: the digests pass, and the
+    full check still finds the id, before any training reads it."""
+    rewrite(cache_dir, "data", 7, 9000, digests=True)
+    with pytest.raises(CacheDamaged) as error:
+        verify_cache(cache_dir)
+    message = str(error.value)
+    assert f"at {cache_dir}: shard {SHARD}, file data/c/0 holds token id 9000 at position 7" in (
+        message
+    )
+    assert "\n" not in message
+    assert verify_main([str(cache_dir)]) == 1
+
+
+def test_a_cache_verified_once_is_not_read_again_until_a_file_changes(
+    cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = verify_once(cache_dir)
+    assert not first.earlier and first.token_ids == first.cache.num_tokens > 0
+    assert (cache_dir / VERIFIED_FILE).exists()
+    import kiln.data.verify as verify
+
+    full_checks: list[object] = []
+    monkeypatch.setattr(verify, "_compare_digests", lambda *a: full_checks.append(a) or (0, 0))
+    again = verify_once(cache_dir)
+    assert again.earlier and not full_checks
+    assert again.describe().endswith(": verified when placed, every file unchanged since")
+    monkeypatch.undo()
+    chunk = shard_dir(cache_dir) / "data/c/0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # rewritten in place: same inode and size, another mtime
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CacheDamaged, match=rf"shard {SHARD}, file data/c/0 does not match"):
+        verify_once(cache_dir)
+
+
+def test_a_cache_not_ours_to_mark_is_checked_every_time(cache_dir: Path) -> None:
+    assert not verify_once(cache_dir, record=False).earlier
+    assert not (cache_dir / VERIFIED_FILE).exists()
+    assert not verify_once(cache_dir).earlier  # nothing marked it before
 
 
 def test_damaged_offsets_are_refused_when_read(cache_dir: Path) -> None:

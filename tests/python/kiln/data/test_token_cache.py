@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -175,6 +176,10 @@ def test_a_failed_re_merge_ends_failed_not_success(tmp_path: Path, tokenizer: Lo
     with pytest.raises(OSError):
         merge_cache(parsed, [tmp_path / "s0"], out, tokenizer)
     assert read_status(out) == "FAILED"
+    reason = (out / "failure.txt").read_text()
+    assert re.match(r"\w+Error: ", reason) and reason.count("\n") == 1, reason  # one line
+    with pytest.raises(CacheNotReady, match=r"\(STATUS FAILED: \w+Error: .*\); build it"):
+        TokenCache.open(out)
 
 
 def test_bad_documents(tmp_path: Path):

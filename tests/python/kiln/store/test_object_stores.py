@@ -37,6 +37,9 @@ def test_objects_are_written_read_and_located(store: ObjectStore, store_location
     assert store.read("a/b/object one.json").data == b"1"
     second = store.write("a/b/object one.json", b"22")
     assert store.read("a/b/object one.json").generation == second != first
+    assert store.generation("a/b/object one.json") == second  # without reading it
+    with pytest.raises(ObjectMissing, match="a/absent"):
+        store.generation("a/absent")
     assert store.location("a/k") == f"{store_location}/a/k"
     with pytest.raises(ObjectMissing, match="a/missing"):
         store.read("a/missing")

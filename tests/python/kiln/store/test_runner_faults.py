@@ -22,7 +22,7 @@ from kiln_testing.small_disk import FULL_DISK, SmallDisk
 from kiln_testing.training import write_runner_step
 
 from kiln.artifacts import read_status
-from kiln.artifacts.content import record_sizes
+from kiln.artifacts.content import record_files
 from kiln.artifacts.lease import LeaseRecord, lease_key
 from kiln.artifacts.local import LocalStore
 from kiln.data.cache import zarr_spec
@@ -69,6 +69,13 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("kiln: error:")]
 
 
+def assert_failed_saying(prefix: Path, line: str) -> None:
+    """STATUS FAILED, and beside it the line the run printed: a run whose terminal is gone
+    still says why."""
+    assert read_status(output(prefix)) == "FAILED"
+    assert (output(prefix) / "failure.txt").read_text() == line.removeprefix("kiln: error: ") + "\n"
+
+
 def test_a_damaged_input_cache_ends_the_run_failed(step: Path, tmp_path: Path) -> None:
     prefix = tmp_path / "store"
     (placed(step, prefix) / "data/c/0").unlink()
@@ -78,7 +85,7 @@ def test_a_damaged_input_cache_ends_the_run_failed(step: Path, tmp_path: Path) -
     assert "input tokenized/a@2026.11.29: token cache tokenized/a@2026.11.29 at " in line
     assert "shard shard-00000, file data/c/0 is missing" in line
     assert "Traceback" not in result.stderr
-    assert read_status(output(prefix)) == "FAILED"
+    assert_failed_saying(prefix, line)
 
 
 def test_altered_bytes_are_refused_when_the_cache_is_placed(tmp_path: Path) -> None:
@@ -96,7 +103,7 @@ def test_altered_bytes_are_refused_when_the_cache_is_placed(tmp_path: Path) -> N
     assert "Traceback" not in result.stderr
     assert not (prefix / "tokenized/a/2026.11.29").exists()  # nothing damaged was placed
     assert [p.name for p in (prefix / "tokenized/a").iterdir()] == []  # no temp copy, no lease
-    assert read_status(output(prefix)) == "FAILED"
+    assert_failed_saying(prefix, line)
 
 
 def test_ids_beyond_the_vocabulary_end_the_run_failed(step: Path, tmp_path: Path) -> None:
@@ -105,16 +112,21 @@ def test_ids_beyond_the_vocabulary_end_the_run_failed(step: Path, tmp_path: Path
     data = ts.open(zarr_spec(shard / "data"), open=True).result()
     data[10].write(60000).result()
     ledger_path = shard.parents[1] / "ledger.json"
-    ledger = json.loads(ledger_path.read_text())  # sizes kept: only the content is wrong
-    for name, size in record_sizes(shard, ledger["shards"][0]["files"]).items():
-        ledger["shards"][0]["files"][name]["bytes"] = size["bytes"]
+    # Records that agree with the bytes (a writer that wrote these ids): only reading every id
+    # finds them. The cache was verified when placed; its changed files make the run check it
+    # in full again before its first step.
+    ledger = json.loads(ledger_path.read_text())
+    for name, now in record_files(shard, ledger["shards"][0]["files"]).items():
+        ledger["shards"][0]["files"][name].update(now)
     ledger_path.write_text(json.dumps(ledger))
 
     result = run(runner(step, prefix))
     assert result.returncode == 1, result.stderr
-    assert "shard shard-00000, file data/c/0 holds token id 60000 at position 10" in result.stderr
+    [line] = error_lines(result.stderr)
+    assert "shard shard-00000, file data/c/0 holds token id 60000 at position 10" in line
     assert "Traceback" not in result.stderr
-    assert read_status(output(prefix)) == "FAILED"
+    assert_failed_saying(prefix, line)
+    assert not (output(prefix) / "metrics.jsonl").exists()  # found before step 1
 
 
 def test_a_run_refuses_a_live_lease_of_another_host_until_it_expires(

@@ -144,7 +144,8 @@ def test_plan_reads_built_and_would_run_from_the_bucket(
     read = json.loads(capsys.readouterr().out)
     assert read[RUN]["STATUS"] == "SUCCESS\n"
     assert json.loads(read[RUN]["artifact.json"])["name"] == "checkpoints/tiny"
-    assert read["checkpoints/other/2026.11.29"] == {"STATUS": None, "artifact.json": None}
+    absent = {"STATUS": None, "artifact.json": None, "failure.txt": None}
+    assert read["checkpoints/other/2026.11.29"] == absent
     missing = f"{scheme}://kiln-no-such-bucket/x"
     assert peek.main([missing, RUN]) == 4
     assert f"{missing}: the bucket kiln-no-such-bucket does not exist" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -161,14 +162,26 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-def test_the_metadata_records_the_state_files_sizes(tmp_path: Path) -> None:
+def test_the_metadata_records_the_state_files_sizes_and_digests(tmp_path: Path) -> None:
     checkpointer = make_checkpointer(tmp_path, FakeClock())
     info = checkpointer.save(3, state_at(3), temporary=True)
     files = json.loads((info.path / METADATA_FILE).read_text())["files"]
-    on_disk = {str(p.relative_to(info.path / "state")): _size(p)
+    on_disk = {str(p.relative_to(info.path / "state")): (_size(p), _sha256(p))
                for p in (info.path / "state").rglob("*") if p.is_file()}  # fmt: skip
-    assert {name: f["bytes"] for name, f in files.items()} == on_disk
+    assert {name: (f["bytes"], f["sha256"]) for name, f in files.items()} == on_disk
+    promoted = checkpointer.save(3, state_at(3), temporary=False)  # the same files, kept
+    assert json.loads((promoted.path / METADATA_FILE).read_text())["files"] == files
     checkpointer.close()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # same size: only the digest can tell
+    path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize(
@@ -176,8 +189,9 @@ def test_the_metadata_records_the_state_files_sizes(tmp_path: Path) -> None:
     [
         (lambda f: f.write_bytes(f.read_bytes()[:-7]), r"has \d+ bytes, \d+ were written"),
         (lambda f: f.unlink(), "is missing"),
+        (_flip_a_byte, r"does not match its sha256 digest \(its bytes changed\)"),
     ],
-    ids=["truncated", "deleted"],
+    ids=["truncated", "deleted", "one byte flipped"],
 )
 def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(
     tmp_path: Path, caplog, damage, reason
@@ -200,6 +214,9 @@ def test_a_checkpoint_orbax_cannot_read_is_skipped(tmp_path: Path, caplog) -> No
     checkpointer = make_checkpointer(tmp_path, FakeClock())
     checkpointer.save(4, state_at(4), temporary=False)
     newest = checkpointer.save(8, state_at(8), temporary=True)
+    meta = json.loads((newest.path / METADATA_FILE).read_text())
+    del meta["files"]  # saved without records: orbax's own reading is the check
+    (newest.path / METADATA_FILE).write_text(json.dumps(meta))
     chunk = largest_state_file(newest)
     chunk.write_bytes(bytes(len(chunk.read_bytes())))  # same size, every byte zero
     with caplog.at_level(logging.WARNING, logger="kiln.train.checkpoints"):
@@ -268,3 +285,25 @@ def test_restore_params_reads_the_model_alone_as_the_trainer_restores_it(tmp_pat
     np.testing.assert_array_equal(
         nnx.merge(graphdef, params)(tokens), nnx.merge(state.graphdef, state.params)(tokens)
     )
+
+
+def test_restore_params_refuses_a_damaged_checkpoint(tmp_path: Path) -> None:
+    """What reads the model alone (samples, export) never reads changed bytes as weights."""
+    model = LlamaConfig(
+        max_seq_len=16, hidden_dim=32, intermediate_dim=64, num_heads=2, num_kv_heads=1,
+        num_layers=1, vocab_size=48,
+    )  # fmt: skip
+    options = {"compute_dtype": "float32", "param_dtype": "float32"}
+    mesh = make_mesh()
+    state = init_train_state(
+        model, AdamConfig(learning_rate=1e-2, warmup=2), 10, seed=3, mesh=mesh, attention="xla",
+        **options,
+    )  # fmt: skip
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    info = checkpointer.save(7, state, temporary=False)
+    checkpointer.close()
+    damaged = largest_state_file(info)
+    _flip_a_byte(damaged)
+    relative = damaged.relative_to(info.path)
+    with pytest.raises(CheckpointDamaged, match=rf"{info.path} is damaged: {relative} does not"):
+        restore_params(info, model, mesh=mesh, **options)
