@@ -65,7 +65,8 @@ def levanter_config(model: dict[str, Any]) -> LlamaConfig:
 
 def build_model(job: dict[str, Any], seed: int = 0) -> LlamaLMHeadModel:
     model_key = jrandom.split(jrandom.PRNGKey(seed), 4)[2]  # train_lm's model key
-    return levanter_config(job["model"]).build(hax.Axis("vocab", job["vocab_size"]), key=model_key)
+    vocab = hax.Axis("vocab", job["vocab_size"])
+    return eqx.filter_jit(levanter_config(job["model"]).build)(vocab, key=model_key)
 
 
 def parameter_table(config: LlamaConfig) -> list[tuple[str, Getter, int | None]]:
@@ -137,6 +138,11 @@ def examples(tokens: np.ndarray, eos_id: int) -> LmExample:
     """Levanter's training examples for [B, T] tokens: the causal mask, documents split after
     each EOS (block_cross_document_attention), every position but the last counted."""
     batch = hax.named(jnp.asarray(tokens, jnp.int32), ("batch", "position"))
+    return _examples(batch, eos_id)
+
+
+@eqx.filter_jit
+def _examples(batch: Any, eos_id: int) -> LmExample:
     return hax.vmap(lambda t: LmExample.causal(t, eos_id=eos_id), "batch")(batch)
 
 

@@ -51,7 +51,8 @@ SCHEDULES = [
     (dict(learning_rate=1.0, warmup=4, lr_schedule="constant"), 50),
     (dict(learning_rate=1.0, warmup=1.0, min_lr_ratio=0.0), 20),  # 1: the whole run
     (dict(learning_rate=1.0, warmup=0, decay=17, min_lr_ratio=0.2), 37),
-    (dict(learning_rate=1.0, warmup=100, lr_schedule="inv_sqrt", min_lr_ratio=0.05), 30_000),
+    # Levanter's inv_sqrt holds the peak until step 10000, then decays to the floor by ~11100.
+    (dict(learning_rate=1.0, warmup=100, lr_schedule="inv_sqrt", min_lr_ratio=0.95), 12_000),
 ]
 # One update: warmup 0 so that its learning rate is the peak; gradients above the clipping norm.
 UPDATE_OPTIMIZER = dict(learning_rate=0.01, weight_decay=0.1, warmup=0, min_lr_ratio=0.1)

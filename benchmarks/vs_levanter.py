@@ -1,0 +1,251 @@
+"""Kiln against Levanter's own trainer: one cache, one config, runs interleaved.
+
+    ./pants package benchmarks:levanter-train          # Levanter's side, a PEX (levanter-tests)
+    PYTHONPATH=src/python:src/contract python3 benchmarks/vs_levanter.py \\
+        --levanter dist/benchmarks/levanter-train.pex [--work DIR --rounds 2 --steps 300]
+
+Run in the runtime's environment (3rdparty/python/runtime.lock). The corpus is the
+quickstart's (the stdlib's docstrings and pydoc topics, train split) as JSONL; Levanter's cache
+builder tokenizes it with the quickstart's tokenizer (kiln-stdlib-8k), and Kiln imports that very
+cache (a `levanter_cache` source), so both read the same token ids. Each round runs, one after
+the other:
+
+    levanter                    `levanter.main.train_lm` (benchmarks/levanter_train_lm.py)
+    kiln, levanter settings     `python -m kiln.train` with initialization="levanter" and
+                                loss_positions="all": Levanter's initial weights (the same seed)
+    kiln, defaults              the same with Kiln's own initialisation and loss positions
+
+and, once, Levanter with another data seed (its initial weights unchanged), which measures what
+the order of the windows alone does to the curve. The model and optimizer are experiments:
+quickstart's with rope theta 5e5, batch 16 x 128, z-loss 1e-4, float32, no validation.
+
+Per run: tokens/s over steps 2..N (from each trainer's own log times of step 1 and step N: the
+same definition on both sides), the first step's seconds (compilation included), peak RSS
+(/usr/bin/time), the mean train loss over the last 30 steps, and the speed ratio against the
+same round's Levanter run. It writes the loss curves to `WORK/curves.png` and the numbers to
+`WORK/results.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_DIR = REPO_ROOT / "experiments/tokenizers/kiln-stdlib-8k"
+BATCH, SEQ_LEN, TAIL = 16, 128, 30
+MODEL = {"max_seq_len": 256, "hidden_dim": 128, "intermediate_dim": 512, "num_heads": 4,
+         "num_kv_heads": 2, "num_layers": 2, "rope_theta": 500000.0, "norm_eps": 1e-5,
+         "tie_embeddings": False, "init_std": 0.02}  # fmt: skip
+OPTIMIZER = {"learning_rate": 3e-3, "weight_decay": 0.033, "beta1": 0.9, "beta2": 0.95,
+             "epsilon": 1e-8, "max_grad_norm": 1.0, "warmup": 50, "decay": None,
+             "min_lr_ratio": 0.1, "lr_schedule": "cosine"}  # fmt: skip
+KILN_RUNS = {
+    "kiln, levanter settings": {"initialization": "levanter", "loss_positions": "all"},
+    "kiln, defaults": {},
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--levanter", type=Path, required=True, help="levanter-train.pex")
+    parser.add_argument("--work", type=Path, help="default: a temporary folder")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="kiln-vs-levanter-"))
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = write_corpus(work / "stdlib_train.jsonl")
+    levanter = LevanterSide(args.levanter, corpus, work / "levanter-cache")
+    levanter.build_cache()
+    kiln_cache = import_cache(levanter.split_dir, work / "kiln-cache")
+    rows = []
+    for round_index in range(args.rounds):
+        out = work / f"round-{round_index}"
+        rows.append(levanter.train(out / "levanter", "levanter", round_index, args.steps))
+        for label, options in KILN_RUNS.items():
+            folder = out / label.replace(", ", "-").replace(" ", "-")
+            rows.append(kiln_train(folder, kiln_cache, label, round_index, args.steps, options))
+    rows.append(levanter.train(work / "levanter-data-seed-1", "levanter, data seed 1", 0,
+                               args.steps, data_seed=1))  # fmt: skip
+    (work / "results.json").write_text(json.dumps(rows, indent=1))
+    print_table(rows)
+    plot_curves(rows, work / "curves.png")
+    print(f"\ncurves: {work / 'curves.png'}; numbers: {work / 'results.json'}")
+
+
+def write_corpus(path: Path) -> Path:
+    """The quickstart's training documents (experiments:stdlib_train) as JSONL lines."""
+    from kiln.data.stdlib_corpus import documents, units
+
+    if not path.exists():
+        lines = [json.dumps({"text": doc.text}) + "\n"
+                 for unit in units("all") for doc in documents(unit.key, "train")]  # fmt: skip
+        path.write_text("".join(lines))
+    return path
+
+
+class LevanterSide:
+    def __init__(self, pex: Path, corpus: Path, cache: Path) -> None:
+        self.pex, self.corpus, self.cache = pex, corpus, cache
+        self.split_dir = cache / "stdlib" / "train"
+
+    def _command(self, *args: str) -> list[str]:
+        return [sys.executable, str(self.pex), *args, "--corpus", str(self.corpus),
+                "--tokenizer", str(TOKENIZER_DIR), "--cache", str(self.cache)]  # fmt: skip
+
+    def build_cache(self) -> None:
+        if not (self.split_dir / "shard_ledger.json").exists():
+            run_measured(self._command("build-cache"), self.cache.parent / "levanter-cache.log")
+
+    def train(
+        self, out: Path, label: str, round_index: int, steps: int, data_seed: int | None = None
+    ) -> dict[str, Any]:
+        extra = [] if data_seed is None else ["--data-seed", str(data_seed)]
+        command = self._command("train", "--out", str(out), "--steps", str(steps), *extra)
+        peak_rss, wall = run_measured(command, out.parent / f"{out.name}.log")
+        lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        logged = [r for r in lines if r.get("event") == "log" and "train/loss" in r["metrics"]]
+        times = {r["step"]: r["time"] for r in logged}
+        losses = {r["step"]: r["metrics"]["train/loss"] for r in logged}
+        first_step = next(r["metrics"]["throughput/duration"] for r in lines
+                          if r.get("event") == "log" and "throughput/duration" in r["metrics"])
+        return row(label, round_index, losses, times, first_step, peak_rss, wall)
+
+
+def import_cache(levanter_split: Path, folder: Path) -> Path:
+    """The Levanter cache as a Kiln cache that reads its arrays in place."""
+    from kiln.data.tokenize import build_cache
+
+    spec = {
+        "spec_version": 1, "kind": "tokenized_cache", "name": "tokenized/vs_levanter/stdlib",
+        "version": "2026.12.01", "fingerprint": "vs-levanter",
+        "config": {"source": {"kind": "levanter_cache", "location": str(levanter_split)},
+                   "tokenizer": {"kind": "local", "path": str(TOKENIZER_DIR)},
+                   "text_key": "text", "num_shards": 1},
+    }  # fmt: skip
+    return build_cache(spec, folder)
+
+
+def kiln_train(
+    out: Path, cache: Path, label: str, round_index: int, steps: int, options: dict[str, Any]
+) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = out.parent / f"{out.name}.json"
+    spec_path.write_text(json.dumps(kiln_spec(out, cache, steps, options)))
+    command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
+    python_path = os.pathsep.join(p for p in sys.path if p)  # this runtime, for kiln.train
+    peak_rss, wall = run_measured(command, out.parent / f"{out.name}.log", PYTHONPATH=python_path)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in lines if "train/loss" in r]
+    times = {r["step"]: r["timestamp"] for r in logged}
+    losses = {r["step"]: r["train/loss"] for r in logged}
+    summary = json.loads((out / "summary.json").read_text())
+    return row(label, round_index, losses, times, summary["first_step_seconds"], peak_rss, wall)
+
+
+def kiln_spec(out: Path, cache: Path, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+    """experiments:quickstart's train spec on the imported cache, without validation or evals."""
+    model = dict(MODEL)
+    if "initialization" in options:
+        model["initialization"] = options["initialization"]
+    dataset = {"name": "tokenized/vs_levanter/stdlib", "version": "2026.12.01",
+               "fingerprint": "vs-levanter", "path": str(cache), "weight": 1.0}  # fmt: skip
+    config = {"model": model, "optimizer": OPTIMIZER, "datasets": [dataset], "validation": [],
+              "batch_size": BATCH, "seq_len": SEQ_LEN, "num_train_steps": steps,
+              "z_loss_weight": 1e-4, "evals": None, "seed": 0, "compute_dtype": "float32",
+              "param_dtype": "float32"}  # fmt: skip
+    if "loss_positions" in options:
+        config["loss_positions"] = options["loss_positions"]
+    return {
+        "spec_version": 1, "kind": "lm_checkpoint", "name": "checkpoints/vs_levanter",
+        "version": "vs-levanter-dev", "fingerprint": "vs-levanter", "output_path": str(out),
+        "config": config,
+        "runtime": {
+            "resources": {"kind": "cpu"}, "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
+            "attention": "auto", "gradient_checkpointing": "none", "per_device_parallelism": None,
+            "validation_every": 10 * steps, "max_eval_batches": None,
+            "checkpointer": {"save_interval_minutes": 60, "keep_last_temporary": 1,
+                             "every": None, "temporary_base_path": None},
+            "wandb": {"mode": "disabled", "project": "kiln", "entity": None, "run_id": None,
+                      "group": None, "tags": []},
+            "control": {"enabled": False, "host": "127.0.0.1", "port": 0,
+                        "token_ttl_minutes": 720},
+            "progress": "log", "max_steps_this_run": None, "validate_at_start": False,
+            "validation_names": {},
+        },
+    }  # fmt: skip
+
+
+def run_measured(command: list[str], log: Path, **env_extra: str) -> tuple[float, float]:
+    """Runs `command` under /usr/bin/time; (peak RSS in MB, wall seconds). Output to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    usage = log.with_suffix(".time")
+    # Levanter's PEX gets its own environment, not this process's (PEX_*, PYTHONPATH).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PEX") and k != "PYTHONPATH"}
+    env.update({"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                **env_extra})  # fmt: skip
+    print(f"running {log.stem} ...", flush=True)
+    with log.open("w") as output:
+        code = subprocess.call(["/usr/bin/time", "-f", "%M %e", "-o", str(usage), *command],
+                               stdout=output, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    if code:
+        raise SystemExit(f"{' '.join(command[:4])} exited {code}; see {log}")
+    peak_kb, wall = usage.read_text().split()[-2:]
+    return int(peak_kb) / 1024, float(wall)
+
+
+def row(
+    label: str, round_index: int, losses: dict[int, float], times: dict[int, float],
+    first_step: float, peak_rss: float, wall: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One run's numbers. Steps are numbered from 1 on both sides (Levanter logs the step it
+    reached)."""
+    steps = sorted(losses)
+    first, last = steps[0], steps[-1]
+    tokens_per_second = (last - first) * BATCH * SEQ_LEN / (times[last] - times[first])
+    tail = [losses[s] for s in steps[-TAIL:]]
+    return {"label": label, "round": round_index, "tokens_per_second": tokens_per_second,
+            "first_step_seconds": first_step, "peak_rss_mb": peak_rss, "wall_seconds": wall,
+            "loss_first": losses[first], "loss_tail_mean": sum(tail) / len(tail),
+            "losses": [losses[s] for s in steps]}  # fmt: skip
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    levanter = {r["round"]: r["tokens_per_second"] for r in rows if r["label"] == "levanter"}
+    print(f"\n| run | round | tokens/s | vs Levanter | first step s | peak RSS MB | step-1 loss "
+          f"| mean loss, last {TAIL} steps |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        ratio = r["tokens_per_second"] / levanter[r["round"]]
+        print(f"| {r['label']} | {r['round']} | {r['tokens_per_second']:,.0f} | {ratio:.2f} | "
+              f"{r['first_step_seconds']:.1f} | {r['peak_rss_mb']:,.0f} | {r['loss_first']:.2f} | "
+              f"{r['loss_tail_mean']:.3f} |")  # fmt: skip
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for r in rows:
+        if r["round"] == 0:
+            axis.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["label"], lw=1)
+    axis.set_xlabel("step")
+    axis.set_ylabel("train loss (nats/token, z-loss included)")
+    axis.set_ylim(top=10)
+    axis.legend()
+    axis.set_title("Kiln and Levanter, one cache, one config (round 0)")
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+
+
+if __name__ == "__main__":
+    main()
