@@ -43,8 +43,8 @@ from kiln_contract.tokenize import LevanterCacheSource, UrlFilesSource
 from kiln_contract.train import HfModelSource, Resources
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
-    LOSS_POSITIONS,
     HF_REPO_ID,
+    LOSS_POSITIONS,
     MESH_AXES,
     REMAT_POLICIES,
     STDLIB_PARTS,

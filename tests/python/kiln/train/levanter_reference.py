@@ -36,13 +36,13 @@ from typing import Any
 
 import equinox as eqx  # pants: no-infer-dep
 import haliax as hax  # pants: no-infer-dep
-import jax
-import jax.numpy as jnp
-import jax.random as jrandom
-import numpy as np
+import jax  # pants: no-infer-dep
+import jax.numpy as jnp  # pants: no-infer-dep
+import jax.random as jrandom  # pants: no-infer-dep
+import numpy as np  # pants: no-infer-dep
 from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
-from levanter.models.lm_model import LmExample
 from levanter.models.llama import LlamaConfig, LlamaLMHeadModel
+from levanter.models.lm_model import LmExample
 from levanter.optim.config import AdamConfig
 from levanter.trainer_state import TrainerState
 
