@@ -79,6 +79,7 @@ def train(args: argparse.Namespace) -> None:
             log_xla_hlo=False,
             load_checkpoint=False,
             id=args.out.name,
+            log_dir=args.out / "logs",
             steps_per_eval=10 * args.steps,
             checkpointer=CheckpointerConfig(
                 base_path=str(args.out / "checkpoints"), save_interval=None, keep=None

@@ -54,30 +54,49 @@ KILN_RUNS = {
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--levanter", type=Path, required=True, help="levanter-train.pex")
+    parser.add_argument("--levanter", type=Path, help="levanter-train.pex (not for --report)")
     parser.add_argument("--work", type=Path, help="default: a temporary folder")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--report", action="store_true", help="only print WORK's finished runs")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="kiln-vs-levanter-"))
     work.mkdir(parents=True, exist_ok=True)
-    corpus = write_corpus(work / "stdlib_train.jsonl")
-    levanter = LevanterSide(args.levanter, corpus, work / "levanter-cache")
-    levanter.build_cache()
-    kiln_cache = import_cache(levanter.split_dir, work / "kiln-cache")
-    rows = []
-    for round_index in range(args.rounds):
-        out = work / f"round-{round_index}"
-        rows.append(levanter.train(out / "levanter", "levanter", round_index, args.steps))
-        for label, options in KILN_RUNS.items():
-            folder = out / label.replace(", ", "-").replace(" ", "-")
-            rows.append(kiln_train(folder, kiln_cache, label, round_index, args.steps, options))
-    rows.append(levanter.train(work / "levanter-data-seed-1", "levanter, data seed 1", 0,
-                               args.steps, data_seed=1))  # fmt: skip
+    runs = planned_runs(work, args.rounds)
+    if not args.report:
+        if args.levanter is None:
+            parser.error("--levanter is required: ./pants package benchmarks:levanter-train")
+        run_all(runs, args.levanter, work, args.steps)
+    rows = [(levanter_row if label.startswith("levanter") else kiln_row)(out, label, round_index)
+            for label, round_index, out in runs]  # fmt: skip
     (work / "results.json").write_text(json.dumps(rows, indent=1))
     print_table(rows)
     plot_curves(rows, work / "curves.png")
     print(f"\ncurves: {work / 'curves.png'}; numbers: {work / 'results.json'}")
+
+
+def run_all(runs: list[tuple[str, int, Path]], pex: Path, work: Path, steps: int) -> None:
+    corpus = write_corpus(work / "stdlib_train.jsonl")
+    levanter = LevanterSide(pex, corpus, work / "levanter-cache")
+    levanter.build_cache()
+    kiln_cache = import_cache(levanter.split_dir, work / "kiln-cache")
+    for label, round_index, out in runs:
+        if label.startswith("levanter"):
+            levanter.train(out, steps, data_seed=1 if "data seed" in label else None)
+        else:
+            kiln_train(out, kiln_cache, steps, KILN_RUNS[label])
+
+
+def planned_runs(work: Path, rounds: int) -> list[tuple[str, int, Path]]:
+    """(label, round, output folder) of every run, in the order they run: the trainers
+    interleaved round by round, then Levanter with another data seed."""
+    runs = []
+    for round_index in range(rounds):
+        for label in ("levanter", *KILN_RUNS):
+            folder = label.replace(", ", "-").replace(" ", "-")
+            runs.append((label, round_index, work / f"round-{round_index}" / folder))
+    runs.append(("levanter, data seed 1", 0, work / "levanter-data-seed-1"))
+    return runs
 
 
 def write_corpus(path: Path) -> Path:
@@ -104,19 +123,23 @@ class LevanterSide:
         if not (self.split_dir / "shard_ledger.json").exists():
             run_measured(self._command("build-cache"), self.cache.parent / "levanter-cache.log")
 
-    def train(
-        self, out: Path, label: str, round_index: int, steps: int, data_seed: int | None = None
-    ) -> dict[str, Any]:
+    def train(self, out: Path, steps: int, data_seed: int | None = None) -> None:
         extra = [] if data_seed is None else ["--data-seed", str(data_seed)]
         command = self._command("train", "--out", str(out), "--steps", str(steps), *extra)
-        peak_rss, wall = run_measured(command, out.parent / f"{out.name}.log")
-        lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        logged = [r for r in lines if r.get("event") == "log" and "train/loss" in r["metrics"]]
-        times = {r["step"]: r["time"] for r in logged}
-        losses = {r["step"]: r["metrics"]["train/loss"] for r in logged}
-        first_step = next(r["metrics"]["throughput/duration"] for r in lines
-                          if r.get("event") == "log" and "throughput/duration" in r["metrics"])
-        return row(label, round_index, losses, times, first_step, peak_rss, wall)
+        run_measured(command, out.parent / f"{out.name}.log")
+
+
+def levanter_row(out: Path, label: str, round_index: int) -> dict[str, Any]:
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in lines if r.get("event") == "log" and "train/loss" in r["metrics"]]
+    times: dict[int, float] = {}
+    losses: dict[int, float] = {}
+    for r in logged:  # the last step is logged twice, the second time after the final save
+        times.setdefault(r["step"], r["time"])
+        losses.setdefault(r["step"], r["metrics"]["train/loss"])
+    first_step = next(r["metrics"]["throughput/duration"] for r in lines
+                      if r.get("event") == "log" and "throughput/duration" in r["metrics"])
+    return row(label, round_index, losses, times, first_step, out)
 
 
 def import_cache(levanter_split: Path, folder: Path) -> Path:
@@ -133,21 +156,22 @@ def import_cache(levanter_split: Path, folder: Path) -> Path:
     return build_cache(spec, folder)
 
 
-def kiln_train(
-    out: Path, cache: Path, label: str, round_index: int, steps: int, options: dict[str, Any]
-) -> dict[str, Any]:
+def kiln_train(out: Path, cache: Path, steps: int, options: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out.parent / f"{out.name}.json"
     spec_path.write_text(json.dumps(kiln_spec(out, cache, steps, options)))
     command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
     python_path = os.pathsep.join(p for p in sys.path if p)  # this runtime, for kiln.train
-    peak_rss, wall = run_measured(command, out.parent / f"{out.name}.log", PYTHONPATH=python_path)
+    run_measured(command, out.parent / f"{out.name}.log", PYTHONPATH=python_path)
+
+
+def kiln_row(out: Path, label: str, round_index: int) -> dict[str, Any]:
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in lines if "train/loss" in r]
     times = {r["step"]: r["timestamp"] for r in logged}
     losses = {r["step"]: r["train/loss"] for r in logged}
     summary = json.loads((out / "summary.json").read_text())
-    return row(label, round_index, losses, times, summary["first_step_seconds"], peak_rss, wall)
+    return row(label, round_index, losses, times, summary["first_step_seconds"], out)
 
 
 def kiln_spec(out: Path, cache: Path, steps: int, options: dict[str, Any]) -> dict[str, Any]:
@@ -183,8 +207,9 @@ def kiln_spec(out: Path, cache: Path, steps: int, options: dict[str, Any]) -> di
     }  # fmt: skip
 
 
-def run_measured(command: list[str], log: Path, **env_extra: str) -> tuple[float, float]:
-    """Runs `command` under /usr/bin/time; (peak RSS in MB, wall seconds). Output to `log`."""
+def run_measured(command: list[str], log: Path, **env_extra: str) -> None:
+    """Runs `command` under /usr/bin/time (its peak RSS and wall time into LOG.time), its
+    output into `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     usage = log.with_suffix(".time")
     # Levanter's PEX gets its own environment, not this process's (PEX_*, PYTHONPATH).
@@ -197,22 +222,22 @@ def run_measured(command: list[str], log: Path, **env_extra: str) -> tuple[float
                                stdout=output, stderr=subprocess.STDOUT, env=env)  # fmt: skip
     if code:
         raise SystemExit(f"{' '.join(command[:4])} exited {code}; see {log}")
-    peak_kb, wall = usage.read_text().split()[-2:]
-    return int(peak_kb) / 1024, float(wall)
 
 
 def row(
     label: str, round_index: int, losses: dict[int, float], times: dict[int, float],
-    first_step: float, peak_rss: float, wall: float,
+    first_step: float, out: Path,
 ) -> dict[str, Any]:  # fmt: skip
-    """One run's numbers. Steps are numbered from 1 on both sides (Levanter logs the step it
-    reached)."""
+    """One run's numbers (Kiln numbers steps from 1, Levanter from 0: only differences of
+    steps are used). Peak RSS and wall time come from /usr/bin/time's record of the run."""
+    peak_kb, wall = (out.parent / f"{out.name}.time").read_text().split()[-2:]
+    peak_rss = int(peak_kb) / 1024
     steps = sorted(losses)
     first, last = steps[0], steps[-1]
     tokens_per_second = (last - first) * BATCH * SEQ_LEN / (times[last] - times[first])
     tail = [losses[s] for s in steps[-TAIL:]]
     return {"label": label, "round": round_index, "tokens_per_second": tokens_per_second,
-            "first_step_seconds": first_step, "peak_rss_mb": peak_rss, "wall_seconds": wall,
+            "first_step_seconds": first_step, "peak_rss_mb": peak_rss, "wall_seconds": float(wall),
             "loss_first": losses[first], "loss_tail_mean": sum(tail) / len(tail),
             "losses": [losses[s] for s in steps]}  # fmt: skip
 

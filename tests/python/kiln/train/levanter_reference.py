@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx  # pants: no-infer-dep
@@ -202,6 +203,7 @@ def train(job: dict[str, Any]) -> dict[str, Any]:
         log_xla_hlo=False,
         load_checkpoint=False,
         id="kiln-parity",
+        log_dir=Path(tempfile.mkdtemp()),
         checkpointer=CheckpointerConfig(base_path=tempfile.mkdtemp(), save_interval=None, keep=None),
     )
     optimizer = AdamConfig(**job["optimizer"]).build(job["num_train_steps"])
