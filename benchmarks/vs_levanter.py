@@ -34,12 +34,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = REPO_ROOT / "experiments/tokenizers/kiln-stdlib-8k"
 BATCH, SEQ_LEN, TAIL = 16, 128, 30
+CPU_SAMPLE_SECONDS = 0.5
 MODEL = {"max_seq_len": 256, "hidden_dim": 128, "intermediate_dim": 512, "num_heads": 4,
          "num_kv_heads": 2, "num_layers": 2, "rope_theta": 500000.0, "norm_eps": 1e-5,
          "tie_embeddings": False, "init_std": 0.02}  # fmt: skip
@@ -80,7 +82,7 @@ def run_all(runs: list[tuple[str, int, Path]], pex: Path, work: Path, steps: int
     levanter = LevanterSide(pex, corpus, work / "levanter-cache")
     levanter.build_cache()
     kiln_cache = import_cache(levanter.split_dir, work / "kiln-cache")
-    for label, round_index, out in runs:
+    for label, _, out in runs:
         if label.startswith("levanter"):
             levanter.train(out, steps, data_seed=1 if "data seed" in label else None)
         else:
@@ -217,11 +219,43 @@ def run_measured(command: list[str], log: Path, **env_extra: str) -> None:
     env.update({"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 **env_extra})  # fmt: skip
     print(f"running {log.stem} ...", flush=True)
+    samples = []
     with log.open("w") as output:
-        code = subprocess.call(["/usr/bin/time", "-f", "%M %e", "-o", str(usage), *command],
-                               stdout=output, stderr=subprocess.STDOUT, env=env)  # fmt: skip
-    if code:
-        raise SystemExit(f"{' '.join(command[:4])} exited {code}; see {log}")
+        process = subprocess.Popen(["/usr/bin/time", "-f", "%M %e", "-o", str(usage), *command],
+                                   stdout=output, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+        while process.poll() is None:
+            samples.append((time.time(), child_cpu_seconds(process.pid)))
+            time.sleep(CPU_SAMPLE_SECONDS)
+    log.with_suffix(".cpu.json").write_text(json.dumps(samples))
+    if process.returncode:
+        raise SystemExit(f"{' '.join(command[:4])} exited {process.returncode}; see {log}")
+
+
+def child_cpu_seconds(time_pid: int) -> float | None:
+    """User + system CPU seconds of the process /usr/bin/time runs (all its threads)."""
+    try:
+        children = Path(f"/proc/{time_pid}/task/{time_pid}/children").read_text().split()
+        fields = Path(f"/proc/{children[0]}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_between(out: Path, start: float, end: float) -> float | None:
+    """The trainer's CPU seconds between two of its log times, from the samples taken while it
+    ran (None when they do not cover that stretch)."""
+    path = out.parent / f"{out.name}.cpu.json"
+    if not path.exists():
+        return None
+    samples = [(t, cpu) for t, cpu in json.loads(path.read_text()) if cpu is not None]
+
+    def at(moment: float) -> float | None:
+        before = [cpu for t, cpu in samples if t <= moment]
+        after = [cpu for t, cpu in samples if t >= moment]
+        return (before[-1] + after[0]) / 2 if before and after else None
+
+    first, last = at(start), at(end)
+    return None if first is None or last is None else last - first
 
 
 def row(
@@ -234,22 +268,30 @@ def row(
     peak_rss = int(peak_kb) / 1024
     steps = sorted(losses)
     first, last = steps[0], steps[-1]
-    tokens_per_second = (last - first) * BATCH * SEQ_LEN / (times[last] - times[first])
+    tokens = (last - first) * BATCH * SEQ_LEN
+    tokens_per_second = tokens / (times[last] - times[first])
+    cpu = cpu_between(out, times[first], times[last])
     tail = [losses[s] for s in steps[-TAIL:]]
     return {"label": label, "round": round_index, "tokens_per_second": tokens_per_second,
+            "tokens_per_cpu_second": tokens / cpu if cpu else None,
             "first_step_seconds": first_step, "peak_rss_mb": peak_rss, "wall_seconds": float(wall),
             "loss_first": losses[first], "loss_tail_mean": sum(tail) / len(tail),
             "losses": [losses[s] for s in steps]}  # fmt: skip
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    levanter = {r["round"]: r["tokens_per_second"] for r in rows if r["label"] == "levanter"}
-    print(f"\n| run | round | tokens/s | vs Levanter | first step s | peak RSS MB | step-1 loss "
-          f"| mean loss, last {TAIL} steps |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    """Speed ratios are against the same round's Levanter run: per wall second and, steadier on
+    a shared machine, per CPU-second of the trainer process over the same steps."""
+    levanter = {r["round"]: r for r in rows if r["label"] == "levanter"}
+    print(f"\n| run | round | tokens/s | vs Levanter | tokens/CPU-s | vs Levanter | first step s "
+          f"| peak RSS MB | step-1 loss | mean loss, last {TAIL} steps |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        ratio = r["tokens_per_second"] / levanter[r["round"]]
-        print(f"| {r['label']} | {r['round']} | {r['tokens_per_second']:,.0f} | {ratio:.2f} | "
+        base = levanter[r["round"]]
+        per_cpu, base_cpu = r["tokens_per_cpu_second"], base["tokens_per_cpu_second"]
+        cpu = "n/a | n/a" if not (per_cpu and base_cpu) else f"{per_cpu:,.0f} | {per_cpu / base_cpu:.2f}"
+        print(f"| {r['label']} | {r['round']} | {r['tokens_per_second']:,.0f} | "
+              f"{r['tokens_per_second'] / base['tokens_per_second']:.2f} | {cpu} | "
               f"{r['first_step_seconds']:.1f} | {r['peak_rss_mb']:,.0f} | {r['loss_first']:.2f} | "
               f"{r['loss_tail_mean']:.3f} |")  # fmt: skip
 
