@@ -52,8 +52,10 @@ FILES = {
 }
 
 
-def graph(rule_runner: RuleRunner, resources: str = "cpu()", **files: str) -> ArtifactGraph:
-    rule_runner.write_files({**FILES, "exp/BUILD": BUILD.replace("RESOURCES", resources), **files})
+def graph(
+    rule_runner: RuleRunner, resources: str = "cpu()", build: str = BUILD, **files: str
+) -> ArtifactGraph:
+    rule_runner.write_files({**FILES, "exp/BUILD": build.replace("RESOURCES", resources), **files})
     return rule_runner.request(
         ArtifactGraph, [ArtifactGraphRequest(Addresses([Address("exp", target_name="ckpt")]))]
     )
@@ -111,6 +113,22 @@ def test_init_from_is_in_the_fingerprint_and_the_step(rule_runner: RuleRunner) -
     assert len({plain["ckpt"], at_a["ckpt"], at_b["ckpt"]}) == 3
     identity = with_init_from("a" * 40).get(Address("exp", target_name="ckpt")).identity
     assert identity["init_from"] == {"model": "org/llama", "revision": "a" * 40}
+
+
+def test_levanter_behaviours_are_in_the_fingerprint_only_when_set(rule_runner: RuleRunner) -> None:
+    levanter_init = BUILD.replace("num_layers=2)", "num_layers=2, initialization='levanter')")
+    plain = fingerprints(graph(rule_runner))["ckpt"]
+    variants = {
+        "initialization": graph(rule_runner, build=levanter_init),
+        "loss_positions": graph(rule_runner, resources="cpu(), loss_positions='all'"),
+    }
+    assert len({plain, *(fingerprints(g)["ckpt"] for g in variants.values())}) == 3
+    ckpt = Address("exp", target_name="ckpt")
+    assert variants["initialization"].get(ckpt).identity["model"]["initialization"] == "levanter"
+    assert variants["loss_positions"].get(ckpt).identity["loss_positions"] == "all"
+    plain_identity = graph(rule_runner).get(ckpt).identity
+    assert "loss_positions" not in plain_identity
+    assert "initialization" not in plain_identity["model"]
 
 
 def test_changed_data_changes_the_cache_and_its_dependents(rule_runner: RuleRunner) -> None:

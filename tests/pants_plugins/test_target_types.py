@@ -97,6 +97,7 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
         ({"max_eval_batches": '"some"'}, "`max_eval_batches` field in target exp:ckpt expects"),
         ({"temporary_base_path": '"scratch"'}, "expects an absolute path, got 'scratch'"),
         ({"checkpoint_interval_minutes": "0"}, "`checkpoint_interval_minutes` field in target"),
+        ({"loss_positions": '"every"'}, "'loss_positions' field in target exp:ckpt must be one of"),
     ],
 )
 def test_invalid_checkpoint_fields(rule_runner: RuleRunner, overrides: dict, expected: str) -> None:
@@ -204,6 +205,16 @@ def test_non_finite_and_out_of_range_helper_values_fail_at_load(
             "num_layers=2)",
             "llama(): `hidden_dim`: expected an integer >= 1, got '64'",
         ),
+        (
+            "llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4, "
+            "num_kv_heads=2, num_layers=2, initialization='lev')",
+            "llama(): `initialization`: expected one of normal, levanter, got 'lev'",
+        ),
+        (
+            "llama(max_seq_len=256, hidden_dim=64, intermediate_dim=128, num_heads=4, "
+            "num_kv_heads=2, num_layers=2, initialization='levanter', init_std=0.01)",
+            "llama(): `init_std`: 0.01 has no effect with initialization='levanter'",
+        ),
     ],
 )
 def test_build_symbols_validate_at_parse_time(
@@ -244,6 +255,8 @@ def test_eval_suite_task_files_must_be_an_address(rule_runner: RuleRunner) -> No
 
 
 def test_adam_rejects_bad_schedule(rule_runner: RuleRunner) -> None:
+    fraction = load_error(rule_runner, checkpoint(optimizer="adam(warmup=2.5)"))
+    assert "adam(): `warmup`: 2.5 is neither a fraction of the run (<= 1) nor a whole" in fraction
     message = load_error(rule_runner, checkpoint(optimizer="adam(lr_schedule='cosin')"))
     assert (
         "adam(): `lr_schedule`: expected one of cosine, linear, constant, inv_sqrt, got 'cosin'"

@@ -5,7 +5,6 @@ kiln.train.optimizer turns it into optax transformations; docs/model.md has the 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +28,7 @@ class AdamConfig:
     beta2: float = 0.95
     epsilon: float = 1e-8
     max_grad_norm: float | None = 1.0  # None: no clipping
-    warmup: float = 0.01  # < 1: fraction of num_train_steps; >= 1: steps
+    warmup: float = 0.01  # <= 1: fraction of num_train_steps; > 1: whole steps (as Levanter)
     decay: float | None = None  # None: from the end of warmup to the end; else like warmup
     min_lr_ratio: float = 0.1
     lr_schedule: str = "cosine"
@@ -43,6 +42,13 @@ class AdamConfig:
         check_optional(check_number, "max_grad_norm", self.max_grad_norm, positive=True)
         check_number("warmup", self.warmup, minimum=0)
         check_optional(check_number, "decay", self.decay, minimum=0)
+        for name in ("warmup", "decay"):
+            amount = getattr(self, name)
+            if amount is not None and amount > 1 and amount % 1:
+                raise SpecError(
+                    name,
+                    f"{amount} is neither a fraction of the run (<= 1) nor a whole number of steps",
+                )
         check_number("min_lr_ratio", self.min_lr_ratio, minimum=0, maximum=1)
         check_choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
 
@@ -75,5 +81,6 @@ class AdamConfig:
 
 
 def _steps(amount: float, num_train_steps: int) -> int:
-    """`warmup` and `decay` below 1 are fractions of the run, from 1 on whole steps."""
-    return int(amount * num_train_steps) if amount < 1 else int(math.floor(amount))
+    """`warmup` and `decay` up to 1 are fractions of the run (1: all of it), above 1 whole steps:
+    Levanter's `_convert_frac_or_steps`."""
+    return int(amount * num_train_steps) if amount <= 1 else int(amount)

@@ -1,7 +1,9 @@
 """The Llama architecture: what `llama(...)` declares in a BUILD file and `config.model` holds.
 
 The vocabulary size is not part of it: it comes from the dataset caches' tokenizer, and the
-runtime's `kiln.model.config.LlamaConfig` adds it. Defaults are Levanter's `LlamaConfig`'s.
+runtime's `kiln.model.config.LlamaConfig` adds it. Defaults are Levanter's `LlamaConfig`'s, but
+for `rope_theta` (Levanter's default is 10000) and the initialisation (docs/training.md,
+"Kiln and Levanter").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, TypeVar
 from kiln_contract.parsing import (
     SpecError,
     check_bool,
+    check_choice,
     check_int,
     check_number,
     read_json,
@@ -19,6 +22,10 @@ from kiln_contract.parsing import (
 )
 
 A = TypeVar("A", bound="LlamaArchitecture")
+
+# How the weights are drawn (kiln.model.llama, kiln.model.levanter_init): `normal`, every matrix
+# from normal(init_std); `levanter`, Levanter's own draws, value for value for the same seed.
+INITIALIZATIONS = ("normal", "levanter")
 
 _SIZES = ("max_seq_len", "hidden_dim", "intermediate_dim", "num_heads", "num_kv_heads", "num_layers")
 
@@ -35,6 +42,7 @@ class LlamaArchitecture:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_std: float = 0.02
+    initialization: str | None = None  # None: "normal" (and absent from the JSON)
 
     def __post_init__(self) -> None:
         for size in _SIZES:
@@ -42,6 +50,14 @@ class LlamaArchitecture:
         for scale in ("rope_theta", "norm_eps", "init_std"):
             check_number(scale, getattr(self, scale), positive=True)
         check_bool("tie_embeddings", self.tie_embeddings)
+        if self.initialization is not None:
+            check_choice("initialization", self.initialization, INITIALIZATIONS)
+        if self.initialization == "levanter" and self.init_std != 0.02:
+            raise SpecError(
+                "init_std",
+                f"{self.init_std} has no effect with initialization='levanter' (Levanter scales "
+                "each matrix by its fan-in); remove it",
+            )
         if self.hidden_dim % self.num_heads:
             raise SpecError(
                 "hidden_dim",
@@ -69,5 +85,10 @@ class LlamaArchitecture:
         return read_json(cls, obj, where)
 
     def to_json(self) -> dict[str, Any]:
-        return scalar_json(self)
+        # An unset initialization is left out, so the JSON (and fingerprint) of every model
+        # declared without it is what it was before the field existed.
+        values = scalar_json(self)
+        if values["initialization"] is None:
+            del values["initialization"]
+        return values
 

@@ -41,6 +41,7 @@ from kiln_contract.vocabulary import (
     ATTENTION_IMPLS,
     DTYPES,
     HF_REPO_ID,
+    LOSS_POSITIONS,
     PROGRESS_MODES,
     REMAT_POLICIES,
     RESOURCE_KINDS,
@@ -202,6 +203,8 @@ class TrainConfig(Generic[Dataset]):
     param_dtype: str
     # Weights the run starts from instead of a random initialisation; None: random (seed).
     init_from: HfModelSource | None = None
+    # The positions the loss counts (LOSS_POSITIONS); None: same_document.
+    loss_positions: str | None = None
 
     def __post_init__(self) -> None:
         _check_instance("model", self.model, LlamaArchitecture)
@@ -223,6 +226,8 @@ class TrainConfig(Generic[Dataset]):
         check_choice("param_dtype", self.param_dtype, DTYPES)
         if self.init_from is not None:
             _check_instance("init_from", self.init_from, HfModelSource)
+        if self.loss_positions is not None:
+            check_choice("loss_positions", self.loss_positions, LOSS_POSITIONS)
 
     @classmethod
     def from_json(cls, obj: Any, where: str, dataset: type[Dataset]) -> TrainConfig[Dataset]:
@@ -245,9 +250,12 @@ class TrainConfig(Generic[Dataset]):
 
     def to_json(self) -> dict[str, Any]:
         init_from = {"init_from": self.init_from.to_json()} if self.init_from else {}
+        optional = ("init_from", "loss_positions")
         return {
-            **{k: v for k, v in scalar_json(self).items() if k != "init_from"},
-            **init_from,  # only when set: the JSON of a run without it is unchanged
+            **{k: v for k, v in scalar_json(self).items() if k not in optional},
+            # only when set: the JSON of a run without them is unchanged
+            **init_from,
+            **({"loss_positions": self.loss_positions} if self.loss_positions else {}),
             "model": self.model.to_json(),
             "optimizer": self.optimizer.to_json(),
             "datasets": [_dataset_json(d, weighted=True) for d in self.datasets],

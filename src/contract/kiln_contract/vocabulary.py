@@ -28,6 +28,9 @@ RESOURCE_KINDS = ("cpu", "gpu", "tpu")
 # ones whose training numerics Kiln tests (float16 would need loss scaling).
 DTYPES = ("bfloat16", "float32", "float16")
 COMPUTE_DTYPES = DTYPES[:2]
+# Which positions of a window the loss counts: `same_document`, those that predict a token of
+# their own document (Kiln's default); `all`, every position but the window's last, as Levanter.
+LOSS_POSITIONS = ("same_document", "all")
 WANDB_MODES = ("online", "offline", "disabled")
 PROGRESS_MODES = ("auto", "bar", "log", "none")
 # The W&B settings a BUILD file's `wandb={...}` may give (runtime.wandb's fields).

@@ -49,6 +49,7 @@ from kiln_pants.target_types import (
     HfSubsetField,
     InitFromField,
     LmCheckpointTarget,
+    LossPositionsField,
     MaxDocumentCharsField,
     MaxTokensField,
     ModelField,
@@ -312,6 +313,9 @@ async def _checkpoint_identity(
     init_from = target[InitFromField].value
     if init_from is not None:  # only when set: fingerprints of runs without it are unchanged
         identity["init_from"] = init_from.to_json()
+    loss_positions = target[LossPositionsField].value
+    if loss_positions is not None:  # likewise
+        identity["loss_positions"] = loss_positions
     return identity, (*dataset_addresses, *validation_addresses)
 
 

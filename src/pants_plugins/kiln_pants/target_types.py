@@ -49,6 +49,7 @@ from kiln_contract.train import HfModelSource, Resources, check_run_shape
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
     HF_REPO_ID,
+    LOSS_POSITIONS,
     MESH_AXES,
     REMAT_POLICIES,
     STDLIB_PARTS,
@@ -807,6 +808,19 @@ class InitFromField(_SymbolField):
     )
 
 
+class LossPositionsField(StringField):
+    alias = "loss_positions"
+    default = None
+    valid_choices = LOSS_POSITIONS
+    help = (
+        "The window positions the training and validation loss count: `same_document` (the "
+        "default) counts a position only when the token it predicts is of its own document; "
+        "`all` counts every position but the window's last, as Levanter and Marin do (a "
+        "document's last token then also predicts the next document's first). In the "
+        "fingerprint when set (docs/training.md, \"Kiln and Levanter\")."
+    )
+
+
 class LmCheckpointDependencies(Dependencies):
     pass
 
@@ -839,6 +853,7 @@ class LmCheckpointTarget(Target):
         CheckpointEveryField,
         CheckpointIntervalField,
         InitFromField,
+        LossPositionsField,
         LmCheckpointDependencies,
     )
     help = (

@@ -92,6 +92,7 @@ from kiln_pants.target_types import (
     EvalsField,
     GradientCheckpointingField,
     InitFromField,
+    LossPositionsField,
     MaxEvalBatchesField,
     MeshField,
     ModelField,
@@ -234,6 +235,7 @@ def _step(
             compute_dtype=target[ComputeDtypeField].value,
             param_dtype="float32",
             init_from=target[InitFromField].value,
+            loss_positions=target[LossPositionsField].value,
         ),
         runtime=runtime_section(target, wandb_options, validation_names),
         inputs=tuple(

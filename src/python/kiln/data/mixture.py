@@ -102,7 +102,8 @@ class MixtureDataset:
     `components` pairs each cache with its weight; zero-weight caches drop out (a validation set
     listed at weight 0 is read only by validation). `block_size` is the number of sequences per
     mixture block: 2048 like Marin; a smaller block (a multiple of the batch size) makes a short
-    run see the exact proportions sooner.
+    run see the exact proportions sooner. `loss_positions` chooses the loss mask
+    (window_loss_mask).
     """
 
     def __init__(
@@ -111,6 +112,7 @@ class MixtureDataset:
         seq_len: int,
         seed: int,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        loss_positions: str | None = None,
     ):
         if seed < 0:
             raise MixtureError(f"the mixture seed must be >= 0, got {seed}")
@@ -122,6 +124,7 @@ class MixtureDataset:
         self.seq_len = seq_len
         self.seed = seed
         self.block_size = block_size
+        self.loss_positions = loss_positions
         # The position in `components` (not among active ones) keys each dataset's shuffle, so
         # adding a zero-weight entry does not reshuffle the others.
         self._dataset_keys = [i for i, _, _ in active]
@@ -194,12 +197,32 @@ class MixtureDataset:
         for d in sorted({d for d, _ in sources}):
             rows = [r for r, (dd, _) in enumerate(sources) if dd == d]
             packed = self._caches[d].windows([sources[r][1] for r in rows], self.seq_len)
-            _fill_rows(out, rows, packed)
+            _fill_rows(out, rows, packed, self.loss_positions)
         return out
 
 
+def window_loss_mask(packed: Any, loss_positions: str | None) -> np.ndarray:
+    """float32 [n, seq_len]: 1 where the loss counts position t (its prediction of t + 1).
+
+    `same_document` (None): the cache reader's mask, positions whose next token is of their own
+    document. `all`: every position but the last, Levanter's `LmExample.causal` mask, so the
+    last token of a document (its EOS) also predicts the next document's first token.
+    """
+    if loss_positions in (None, "same_document"):
+        return packed.loss_mask
+    if loss_positions != "all":
+        raise ValueError(f"loss_positions must be same_document or all, got {loss_positions!r}")
+    mask = np.ones_like(packed.loss_mask)
+    mask[:, -1] = 0
+    return mask
+
+
 def fixed_batches(
-    cache: WindowSource, seq_len: int, batch_size: int, num_batches: int
+    cache: WindowSource,
+    seq_len: int,
+    batch_size: int,
+    num_batches: int,
+    loss_positions: str | None = None,
 ) -> list[Batch]:
     """The first num_batches x batch_size windows of a cache (all if fewer), in order.
 
@@ -217,7 +240,8 @@ def fixed_batches(
     for start in range(0, total, batch_size):
         indices = list(range(start, min(start + batch_size, total)))
         out = _empty_batch(batch_size, seq_len)
-        _fill_rows(out, list(range(len(indices))), cache.windows(indices, seq_len))
+        packed = cache.windows(indices, seq_len)
+        _fill_rows(out, list(range(len(indices))), packed, loss_positions)
         batches.append(out)
     return batches
 
@@ -230,7 +254,7 @@ def _empty_batch(batch_size: int, seq_len: int) -> Batch:
     }
 
 
-def _fill_rows(out: Batch, rows: list[int], packed: Any) -> None:
+def _fill_rows(out: Batch, rows: list[int], packed: Any, loss_positions: str | None) -> None:
     out["tokens"][rows] = packed.tokens
     out["segment_ids"][rows] = packed.segment_ids
-    out["loss_mask"][rows] = packed.loss_mask
+    out["loss_mask"][rows] = window_loss_mask(packed, loss_positions)

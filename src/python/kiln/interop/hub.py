@@ -24,7 +24,7 @@ from kiln_contract.train import HfModelSource
 
 # Fields that do not change the weights: how a fresh model is initialised, and the longest
 # sequence the run uses (RoPE has no table to outgrow), so a run may train shorter or longer.
-_WEIGHTS_ALIKE = ("init_std", "max_seq_len")
+_WEIGHTS_ALIKE = ("init_std", "initialization", "max_seq_len")
 # What reading a Llama needs: no tokenizer (the run has its own), no PyTorch or GGUF weights.
 WEIGHT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
 

@@ -30,7 +30,7 @@ def learning_rate_schedule(config: AdamConfig, num_train_steps: int) -> optax.Sc
         "cosine": optax.cosine_decay_schedule(peak, max(decay, 1), alpha=config.min_lr_ratio),
         "linear": optax.linear_schedule(peak, floor, max(decay, 1)),
         "constant": optax.constant_schedule(peak),
-        "inv_sqrt": _inv_sqrt_schedule(peak, floor, warmup),
+        "inv_sqrt": _inv_sqrt_schedule(peak, floor, warmup),  # count: steps after warmup
     }[config.lr_schedule]
     phases = [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak), decay_phase]
     return optax.join_schedules(phases, boundaries=[warmup, warmup + stable])
@@ -57,11 +57,16 @@ def build_optimizer(config: AdamConfig, num_train_steps: int) -> optax.GradientT
     )
 
 
-def _inv_sqrt_schedule(peak: float, floor: float, warmup: int) -> optax.Schedule:
-    # peak * sqrt(w / (w + s)) for s steps after warmup, never below the floor.
-    timescale = max(warmup, 1)
+# Levanter's InvSqrtLrSchedule's default timescale (levanter/optim/config.py).
+INV_SQRT_TIMESCALE = 10000
 
+
+def _inv_sqrt_schedule(peak: float, floor: float, warmup: int) -> optax.Schedule:
+    # Levanter's _inv_sqrt_decay_schedule: the peak until warmup + s reaches the timescale, then
+    # peak * sqrt(timescale / (warmup + s)), never below the floor.
     def schedule(count: jax.Array) -> jax.Array:
-        return jnp.maximum(floor, peak * jnp.sqrt(timescale / (timescale + count)))
+        steps = jnp.maximum(count + warmup, 1)
+        decay = jnp.minimum(1.0, 1.0 / jnp.sqrt(steps / INV_SQRT_TIMESCALE))
+        return jnp.maximum(peak * decay, floor)
 
     return schedule

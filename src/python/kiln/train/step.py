@@ -19,6 +19,7 @@ from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from kiln.model.config import LlamaConfig
+from kiln.model.levanter_init import levanter_parameters
 from kiln.model.llama import Llama
 from kiln.model.partitioning import BATCH_AXES
 from kiln.train.loss import batch_loss_tokens, next_token_loss, token_losses
@@ -313,6 +314,9 @@ def _initializer(
     def init(key: jax.Array) -> TrainState:
         model = Llama(model_config, rngs=nnx.Rngs(params=key), **dict(model_options))
         graphdef, params = nnx.split(model)
+        if model_config.initialization == "levanter":
+            dtype = dict(model_options)["param_dtype"]
+            nnx.replace_by_pure_dict(params, levanter_parameters(model_config, key, dtype))
         return TrainState(
             graphdef=graphdef,
             params=params,

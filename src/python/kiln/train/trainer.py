@@ -104,11 +104,14 @@ def open_data(spec: TrainSpec) -> RunData:
         cfg.seq_len,
         cfg.seed,
         block_size=mixture_block_size(cfg.batch_size, cfg.num_train_steps),
+        loss_positions=cfg.loss_positions,
     )
     validation = tuple(
         ValidationSet.build(
             name,
-            fixed_batches(c, cfg.seq_len, cfg.batch_size, eval_batches(runtime, c, cfg)),
+            fixed_batches(
+                c, cfg.seq_len, cfg.batch_size, eval_batches(runtime, c, cfg), cfg.loss_positions
+            ),
             tokenizer.token_byte_lengths,
         )
         for name, c in zip(runtime.eval_names(cfg.validation), caches[len(cfg.datasets) :])

@@ -64,6 +64,16 @@ def test_from_json_round_trips_and_applies_defaults() -> None:
     assert config.head_dim == 16
 
 
+def test_initialization_is_in_the_json_only_when_set() -> None:
+    # Unset, the JSON (and so every fingerprint) is what it was before the field existed.
+    assert "initialization" not in LlamaConfig(**TINY).to_json()
+    levanter = LlamaConfig(**TINY, initialization="levanter")
+    assert levanter.to_json()["initialization"] == "levanter"
+    assert LlamaConfig.from_json(levanter.to_json()) == levanter
+    with pytest.raises(SpecError, match="initialization: expected one of normal, levanter"):
+        LlamaConfig(**TINY, initialization="xavier")
+
+
 def test_the_architecture_of_a_step_gets_the_caches_vocabulary() -> None:
     architecture = LlamaArchitecture.from_json({k: v for k, v in TINY.items() if k != "vocab_size"})
     assert LlamaConfig.for_vocabulary(architecture, 50) == LlamaConfig(**TINY)

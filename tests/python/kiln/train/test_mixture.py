@@ -129,3 +129,23 @@ def test_fixed_batches_are_the_first_windows_padded(caches: dict[str, TokenCache
     assert len(few) == 1 and few[0]["tokens"].shape == (windows + 3, SEQ_LEN)
     assert few[0]["loss_mask"][windows:].sum() == 0 and few[0]["tokens"][windows:].sum() == 0
     assert few[0]["loss_mask"][:windows].sum() > 0
+
+
+def test_loss_positions_all_counts_every_position_but_the_last(
+    caches: dict[str, TokenCache],
+) -> None:
+    # Levanter's mask: a document's last token also predicts the next document's first.
+    components = [(caches["a"], 1.0)]
+    within = MixtureDataset(components, SEQ_LEN, seed=3).batch(0, 4)
+    everywhere = MixtureDataset(components, SEQ_LEN, seed=3, loss_positions="all").batch(0, 4)
+    np.testing.assert_array_equal(within["tokens"], everywhere["tokens"])
+    np.testing.assert_array_equal(within["segment_ids"], everywhere["segment_ids"])
+    assert (everywhere["loss_mask"][:, :-1] == 1).all() and (everywhere["loss_mask"][:, -1] == 0).all()
+    boundaries = within["segment_ids"][:, 1:] != within["segment_ids"][:, :-1]
+    assert boundaries.any()  # the windows cross documents, so the masks differ there only
+    np.testing.assert_array_equal(within["loss_mask"][:, :-1] == 0, boundaries)
+
+    windows = caches["b"].num_windows(SEQ_LEN)
+    padded = fixed_batches(caches["b"], SEQ_LEN, windows + 3, 1, loss_positions="all")[0]
+    assert padded["loss_mask"][windows:].sum() == 0  # padding rows still count nothing
+    assert padded["loss_mask"][:windows].sum() == windows * (SEQ_LEN - 1)

@@ -66,10 +66,21 @@ def test_warmup_in_steps_and_linear_decay_with_a_stable_phase() -> None:
 def test_constant_and_inv_sqrt_schedules() -> None:
     constant = AdamConfig(learning_rate=1.0, warmup=4, lr_schedule="constant")
     assert [lr_at(constant, 50, s) for s in (0, 2, 4, 49)] == pytest.approx([0, 0.5, 1, 1])
+    # Levanter's: the peak until step 10000 (its timescale), then sqrt(10000 / step).
     inv_sqrt = AdamConfig(learning_rate=1.0, warmup=4, lr_schedule="inv_sqrt", min_lr_ratio=0.3)
-    assert lr_at(inv_sqrt, 100, 4) == pytest.approx(1.0)
-    assert lr_at(inv_sqrt, 100, 16) == pytest.approx(math.sqrt(4 / 16))  # 12 steps after warmup
-    assert lr_at(inv_sqrt, 100, 96) == pytest.approx(0.3)  # sqrt(4/96) = 0.204 < floor
+    assert lr_at(inv_sqrt, 200_000, 4) == pytest.approx(1.0)
+    assert lr_at(inv_sqrt, 200_000, 10_000) == pytest.approx(1.0)
+    assert lr_at(inv_sqrt, 200_000, 40_000) == pytest.approx(math.sqrt(10_000 / 40_000))
+    assert lr_at(inv_sqrt, 200_000, 199_999) == pytest.approx(0.3)  # 0.224 < floor
+
+
+def test_one_is_the_whole_run_and_more_is_steps() -> None:
+    # Levanter's _convert_frac_or_steps: up to 1 a fraction, above it whole steps.
+    assert warmup_and_decay_steps(AdamConfig(warmup=1), 40) == (40, 0)
+    assert warmup_and_decay_steps(AdamConfig(warmup=1.0, decay=None), 40) == (40, 0)
+    assert warmup_and_decay_steps(AdamConfig(warmup=2, decay=0.5), 40) == (2, 20)
+    with pytest.raises(ValueError, match="neither a fraction"):
+        AdamConfig(warmup=2.5)
 
 
 def test_schedule_rejects_impossible_phases() -> None:
