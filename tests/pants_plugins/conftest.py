@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import pytest
 from pants.backend.python.util_rules import pex_from_targets
-from pants.core.target_types import FilesGeneratorTarget, FileTarget
+from pants.base.specs import RawSpecs
+from pants.core.target_types import FilesGeneratorTarget, FileTarget, GenericTarget
 from pants.core.util_rules import distdir, source_files
 from pants.engine.addresses import Addresses
-from pants.engine.target import DependenciesRequest
+from pants.engine.target import DependenciesRequest, Targets
 from pants.testutil.rule_runner import QueryRule, RuleRunner
 
 from kiln_pants import build, plan, register
@@ -38,10 +39,11 @@ def _rule_runner(rules: list) -> RuleRunner:
             *source_files.rules(),
             QueryRule(ArtifactGraph, [ArtifactGraphRequest]),
             QueryRule(Addresses, [DependenciesRequest]),
+            QueryRule(Targets, [RawSpecs]),
             QueryRule(StepJson, [StepJsonRequest]),
             QueryRule(StoredCheckpoint, [StoredCheckpointRequest]),
             QueryRule(MixtureFits, [MixtureBudgetRequest]),
         ],
-        target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
-        objects=register.build_file_aliases().objects,
+        target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget, GenericTarget],
+        aliases=[register.build_file_aliases()],
     )

@@ -20,11 +20,14 @@ from kiln_pants import (
 )
 from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
 from kiln_pants.hf_model_targets import HfModelTarget
+from kiln_pants.sweeps import LmSweepMacro
 from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
 
 
 def build_file_aliases() -> BuildFileAliases:
-    return BuildFileAliases(objects=BUILD_FILE_OBJECTS)
+    return BuildFileAliases(
+        objects=BUILD_FILE_OBJECTS, context_aware_object_factories={"lm_sweep": LmSweepMacro}
+    )
 
 
 def target_types():
