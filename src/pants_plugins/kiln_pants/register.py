@@ -17,6 +17,7 @@ from kiln_pants import (
     signals,
     tokenize_rules,
     train_rules,
+    training_cost,
 )
 from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
 from kiln_pants.hf_model_targets import HfModelTarget
@@ -51,4 +52,5 @@ def rules():
         *shard_plan.rules(),
         *tokenize_rules.rules(),
         *train_rules.rules(),
+        *training_cost.rules(),
     ]
