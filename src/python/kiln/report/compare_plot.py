@@ -104,7 +104,7 @@ def _against_compute(axes: Axes, rows: list[RunRow], metric: str) -> str:
 def _against_field(axes: Axes, rows: list[RunRow], metric: str, varied: list[str]) -> str:
     field = varied[0] if varied else None
     values = [flat(r.identity).get(field) if field else r.name for r in rows]
-    losses = [r.metric(metric) for r in rows]
+    losses = [r.metric(metric) or math.nan for r in rows]  # the rows given have it
     numbers = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if values and len(numbers) == len(values):
         axes.scatter(numbers, losses, color="tab:blue")
