@@ -128,7 +128,7 @@ async def pipeline_step(request: PipelineStep) -> StepOutcome:
     )
     failed = [request.plan.steps[a].ref for a, o in zip(step.waits_for, inputs) if o.failed]
     if failed:
-        return dep_failed(", ".join(failed), "")
+        return dep_failed(", ".join(failed))
     live = f"; log: {step.log}" if step.kind == LmCheckpointTarget.alias else ""
     logger.info(f"kiln: start      {step.ref} ({step.address}){live}")
     outcome = await Get(

@@ -225,8 +225,8 @@ def _read_log(path: str) -> str:
         return ""
 
 
-def dep_failed(names: str, where: str) -> StepOutcome:
-    return StepOutcome(DEP_FAILED, f"input {names} failed{where}")
+def dep_failed(names: str) -> StepOutcome:
+    return StepOutcome(DEP_FAILED, f"input {names} failed")
 
 
 def log_path(dist: str, name: str, version: str) -> str:
