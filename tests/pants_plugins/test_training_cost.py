@@ -63,6 +63,7 @@ def test_a_tokenizer_json_gives_its_vocabulary() -> None:
     assert vocabulary_size(tokenizer) == 4
     assert vocabulary_size({"model": {"vocab": [["a", 0.0], ["b", 0.0]]}}) == 2  # unigram
     assert vocabulary_size({}) is None
+    assert vocabulary_size({"model": "fake"}) is None  # not a tokenizers file: unknown
 
 
 # The quickstart's vocabulary size: its row of MEASURED_THROUGHPUT prices the runs.

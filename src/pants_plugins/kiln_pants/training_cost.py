@@ -259,16 +259,25 @@ async def tokenizer_vocabulary(request: VocabularyRequest) -> Vocabulary:
     contents = await Get(DigestContents, Digest, files.digest)
     for content in contents:
         if content.path == f"{files.directory}/tokenizer.json":
-            return Vocabulary(vocabulary_size(json.loads(content.content)))
+            try:
+                return Vocabulary(vocabulary_size(json.loads(content.content)))
+            except ValueError:
+                return Vocabulary(None)
     return Vocabulary(None)
 
 
-def vocabulary_size(tokenizer_json: dict[str, Any]) -> Optional[int]:
-    """The ids a `tokenizers` tokenizer.json defines: its model's vocabulary and added tokens."""
-    vocab = (tokenizer_json.get("model") or {}).get("vocab")
-    ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab or [])))
-    ids += [t["id"] for t in tokenizer_json.get("added_tokens") or [] if "id" in t]
-    return max(ids) + 1 if ids else None
+def vocabulary_size(tokenizer_json: Any) -> Optional[int]:
+    """The ids a `tokenizers` tokenizer.json defines: its model's vocabulary and added tokens;
+    None for a file of another shape (the build says what is wrong with it)."""
+    model = tokenizer_json.get("model") if isinstance(tokenizer_json, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    ids = list(vocab.values()) if isinstance(vocab, dict) else []
+    ids += list(range(len(vocab))) if isinstance(vocab, list) else []  # a unigram model
+    added = tokenizer_json.get("added_tokens") if isinstance(tokenizer_json, dict) else None
+    ids += [t["id"] for t in added or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
+    if not ids or not all(isinstance(i, int) for i in ids):
+        return None
+    return max(ids) + 1
 
 
 def rules():
