@@ -177,7 +177,7 @@ def _cell(value: Any) -> str:
         return str(value)
     if isinstance(value, int):
         return str(value)
-    return f"{value:.4g}"
+    return f"{value:.4g}".replace("e+", "e")
 
 
 def _duration(seconds: float | None) -> str:

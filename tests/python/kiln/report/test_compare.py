@@ -63,7 +63,8 @@ def test_a_row_per_run_with_the_fields_that_vary(tmp_path: Path) -> None:
     ]  # fmt: skip
     flops = 16 * 128 * 100 * flops_per_token(LlamaArchitecture(128, 64, 256, 4, 2, 2), VOCAB, 128)
     assert cells[1] == ["checkpoints/s-d64-lr3e-3@2026.12.02", "64", "256", "0.003", "built",
-                        "4.6", "1.5", "4.5", "0.25", "204800", f"{flops:.4g}", "0:01:15"]  # fmt: skip
+                        "4.6", "1.5", "4.5", "0.25", "204800", f"{flops:.4g}".replace("e+", "e"),
+                        "0:01:15"]  # fmt: skip
     assert cells[2][:5] == ["checkpoints/s-d128-lr1e-3@2026.12.02", "128", "512", "0.001", "RUNNING"]
     assert cells[3][4:6] == ["not built", ""]  # listed, its numbers blank
 
