@@ -129,13 +129,24 @@ async def pipeline_step(request: PipelineStep) -> StepOutcome:
     failed = [request.plan.steps[a].ref for a, o in zip(step.waits_for, inputs) if o.failed]
     if failed:
         return dep_failed(", ".join(failed))
-    live = f"; log: {step.log}" if step.kind == LmCheckpointTarget.alias else ""
-    logger.info(f"kiln: start      {step.ref} ({step.address}){live}")
+    logger.info(_start_line(step, request.plan.slots))
     outcome = await Get(
         StepOutcome, StepRequest(step.address, step.kind, step.log, request.plan.slots)
     )
     logger.info(_outcome_line(step.ref, outcome, step.log))
     return outcome
+
+
+def _start_line(step: PlannedStep, slots: Optional[TrainingSlots]) -> str:
+    """A step whose inputs are done: it starts, or (a training here) waits for a slot."""
+    if step.kind != LmCheckpointTarget.alias:
+        return f"kiln: start      {step.ref} ({step.address})"
+    if slots is None:
+        return f"kiln: start      {step.ref} ({step.address}); log: {step.log}"
+    return (
+        f"kiln: ready      {step.ref} ({step.address}): trains in one of {slots.count} "
+        f"slot(s) (--build-trainings-at-once); log: {step.log}"
+    )
 
 
 def steps_to_build(

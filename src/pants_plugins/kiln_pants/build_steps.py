@@ -55,6 +55,10 @@ _IN_A_SLOT = """
 import fcntl, os, sys, time
 folder, count, log, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 os.makedirs(folder, exist_ok=True)
+out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.dup2(out, 1)
+os.dup2(out, 2)
+said = False
 while True:
     for i in range(count):
         fd = os.open(os.path.join(folder, f"slot-{i}"), os.O_CREAT | os.O_RDWR, 0o644)
@@ -64,10 +68,12 @@ while True:
             os.close(fd)
             continue
         os.set_inheritable(fd, True)
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
+        print(f"kiln: training in slot {i + 1} of {count}", flush=True)
         os.execv(argv[0], argv)
+    if not said:
+        print(f"kiln: waiting for one of {count} training slot(s) (--build-trainings-at-once)",
+              flush=True)
+        said = True
     time.sleep(1)
 """
 

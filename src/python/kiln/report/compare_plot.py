@@ -88,7 +88,8 @@ def _against_compute(axes: Axes, rows: list[RunRow], metric: str) -> str:
     points = [(float(r.flops or 0.0), float(r.metric(metric) or 0.0)) for r in rows]
     axes.scatter(*zip(*points), label="runs", color="tab:blue")
     for row, (x, y) in zip(rows, points):
-        axes.annotate(row.name.split("@")[0], (x, y), fontsize=6, alpha=0.7)
+        axes.annotate(row.name.split("@")[0].rsplit("/", 1)[-1], (x, y), fontsize=6, alpha=0.7)
+    axes.margins(x=0.15)
     axes.set_xscale("log")
     axes.set_xlabel("training FLOPs")
     best = frontier(points)
