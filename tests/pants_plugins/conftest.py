@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import pytest
 from pants.backend.python.util_rules import pex_from_targets
-from pants.core.target_types import FilesGeneratorTarget, FileTarget
+from pants.base.specs import RawSpecs
+from pants.core.target_types import FilesGeneratorTarget, FileTarget, GenericTarget
 from pants.core.util_rules import distdir, source_files
 from pants.engine.addresses import Addresses
-from pants.engine.target import DependenciesRequest
+from pants.engine.target import DependenciesRequest, Targets
 from pants.testutil.rule_runner import QueryRule, RuleRunner
 
-from kiln_pants import build, plan, register
+from kiln_pants import build, compare, plan, register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
@@ -19,7 +20,7 @@ from kiln_pants.train_rules import StepJson, StepJsonRequest
 @pytest.fixture
 def rule_runner() -> RuleRunner:
     """The backend's rules without the `plan` and `build` goals (see plan_rule_runner)."""
-    goals = {*plan.rules(), *build.rules()}
+    goals = {*plan.rules(), *build.rules(), *compare.rules()}
     without_goals = [rule for rule in register.rules() if rule not in goals]
     return _rule_runner([*without_goals, *KilnSubsystem.rules()])
 
@@ -46,9 +47,10 @@ def _rule_runner(rules: list) -> RuleRunner:
             *source_files.rules(),
             QueryRule(ArtifactGraph, [ArtifactGraphRequest]),
             QueryRule(Addresses, [DependenciesRequest]),
+            QueryRule(Targets, [RawSpecs]),
             QueryRule(StepJson, [StepJsonRequest]),
             QueryRule(MixtureFits, [MixtureBudgetRequest]),
         ],
-        target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget],
-        objects=register.build_file_aliases().objects,
+        target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget, GenericTarget],
+        aliases=[register.build_file_aliases()],
     )

@@ -1,5 +1,5 @@
-"""`pants build`'s decisions without Pants: which steps run in which order, DEP_FAILED in the
-store, and what a served `pants run` prints (tests/e2e runs the goal itself)."""
+"""`pants build`'s decisions without Pants: which steps wait for which, how many train at once,
+DEP_FAILED in the store, and what a served `pants run` prints (tests/e2e runs the goal itself)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from pants.engine.addresses import Address
+from pants.testutil.option_util import create_subsystem
 
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
 from kiln_pants.artifact_store import (
@@ -16,7 +17,8 @@ from kiln_pants.artifact_store import (
     recorded_state,
     stored_state,
 )
-from kiln_pants.build import _batches, steps_to_build
+from kiln_pants.build import BuildSubsystem, steps_to_build
+from kiln_pants.build_steps import TrainingSlots
 from kiln_pants.train_rules import served_text
 
 
@@ -44,33 +46,42 @@ def states(**built: str) -> dict[Address, StoredState]:
     return {a.address: StoredState(built.get(a.address.target_name, "would run")) for a in GRAPH}
 
 
-def names(levels: list[list[Artifact]]) -> list[list[str]]:
-    return [[a.address.target_name for a in level] for level in levels]
+def waits(steps: dict[Address, tuple[Address, ...]]) -> dict[str, list[str]]:
+    return {a.target_name: [i.target_name for i in inputs] for a, inputs in steps.items()}
 
 
-def test_steps_run_in_levels_after_their_inputs() -> None:
-    levels = steps_to_build([EXPORT, OTHER_RUN], GRAPH, states())
-    assert names(levels) == [["cache", "other_cache"], ["run", "other_run"], ["export"]]
+def test_each_step_waits_for_its_own_inputs_only() -> None:
+    steps = steps_to_build([EXPORT, OTHER_RUN], GRAPH, states())
+    assert waits(steps) == {
+        "cache": [], "other_cache": [], "run": ["cache"], "other_run": ["cache", "other_cache"],
+        "export": ["run"],
+    }  # fmt: skip
+    assert list(steps) == [a.address for a in GRAPH]  # inputs first
 
 
 def test_a_built_artifact_is_served_and_needs_nothing_below_it() -> None:
-    levels = steps_to_build([EXPORT], GRAPH, states(run="built"))
-    assert names(levels) == [["run"], ["export"]]  # the cache is not built for a served run
-    assert names(steps_to_build([EXPORT], GRAPH, states(export="built"))) == [["export"]]
-    # Served at once, even when another step needs its inputs built: its export need not wait.
-    levels = steps_to_build([EXPORT, OTHER_RUN], GRAPH, states(run="built"))
-    assert names(levels) == [["cache", "other_cache", "run"], ["other_run", "export"]]
+    # The cache is not built for a served run, and the served run waits for nothing.
+    assert waits(steps_to_build([EXPORT], GRAPH, states(run="built"))) == {
+        "run": [], "export": ["run"]
+    }  # fmt: skip
+    assert waits(steps_to_build([EXPORT], GRAPH, states(export="built"))) == {"export": []}
+    # Another step still needs the cache built; the served run's export need not wait for it.
+    steps = steps_to_build([EXPORT, OTHER_RUN], GRAPH, states(run="built"))
+    assert waits(steps)["run"] == [] and waits(steps)["other_run"] == ["cache", "other_cache"]
 
 
 def test_caches_always_build_they_are_pants_cache_hits() -> None:
-    assert names(steps_to_build([RUN], GRAPH, states(cache="built"))) == [["cache"], ["run"]]
+    assert waits(steps_to_build([RUN], GRAPH, states(cache="built"))) == {
+        "cache": [], "run": ["cache"]
+    }  # fmt: skip
 
 
-def test_trainings_run_a_few_at_a_time_and_the_rest_with_the_first() -> None:
-    third = artifact("third", "lm_checkpoint", CACHE)
-    batches = _batches([RUN, OTHER_CACHE, OTHER_RUN, third, EXPORT], trainings_at_once=2)
-    assert names(batches) == [["other_cache", "export", "run", "other_run"], ["third"]]
-    assert names(_batches([CACHE], trainings_at_once=1)) == [["cache"]]
+def test_trainings_are_capped_here_and_all_at_once_on_a_cluster() -> None:
+    subsystem = create_subsystem(BuildSubsystem, trainings_at_once=None)
+    assert subsystem.training_slots("", "/slots") == TrainingSlots("/slots", 1)
+    assert subsystem.training_slots("ray://head:10001", "/slots") is None
+    capped = create_subsystem(BuildSubsystem, trainings_at_once=3)
+    assert capped.training_slots("ray://head:10001", "/slots") == TrainingSlots("/slots", 3)
 
 
 def test_dep_failed_is_recorded_and_cleared_when_the_step_runs_again(tmp_path: Path) -> None:

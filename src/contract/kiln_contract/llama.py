@@ -92,3 +92,38 @@ class LlamaArchitecture:
             del values["initialization"]
         return values
 
+
+
+# Parameter and FLOP counts (docs/model.md): the plugin prices runs with them (`pants plan`),
+# the runtime reports MFU with them.
+
+
+def num_parameters(model: LlamaArchitecture, vocab_size: int) -> int:
+    """Every parameter of the model with a vocabulary of `vocab_size`, embeddings and norms
+    included. With tied embeddings the input embedding is the lm head, counted once (in the
+    matmul part)."""
+    input_embedding = 0 if model.tie_embeddings else vocab_size * model.hidden_dim
+    norms = (2 * model.num_layers + 1) * model.hidden_dim
+    return input_embedding + num_matmul_parameters(model, vocab_size) + norms
+
+
+def flops_per_token(
+    model: LlamaArchitecture, vocab_size: int, seq_len: int, *, causal_halved: bool = False
+) -> float:
+    """Training FLOPs (forward + backward) per token: 6 * N_matmul + 12 * L * T * H * D.
+
+    N_matmul counts the weights used in matrix multiplies (all but the input embedding lookup and
+    the norm scales; the lm head is included, tied or not). The attention term counts QK^T and
+    AV at full (not causally halved) length T, the convention of PaLM's and Levanter's MFU;
+    causal_halved counts half of it, the work a causal kernel does.
+    """
+    attention = 12 * model.num_layers * seq_len * model.num_heads * model.head_dim
+    matmuls = 6 * num_matmul_parameters(model, vocab_size)
+    return float(matmuls + attention / (2 if causal_halved else 1))
+
+
+def num_matmul_parameters(model: LlamaArchitecture, vocab_size: int) -> int:
+    d, kv_dim = model.hidden_dim, model.num_kv_heads * model.head_dim
+    attention = d * d + 2 * d * kv_dim + d * d  # q, k, v, o projections
+    mlp = 3 * d * model.intermediate_dim  # gate, up, down
+    return model.num_layers * (attention + mlp) + vocab_size * d  # and the lm head

@@ -4,7 +4,8 @@ Lists every artifact in the transitive closure, inputs first, with its fingerpri
 path `{prefix}/{name}/{version}`, what `pants run` would do with it and, for an unbuilt cache,
 what building it takes (kiln_pants.build_estimate) and its shard plan (kiln_pants.shard_plan);
 then, for each checkpoint, the tokens its run reads from each mixture component against what that
-cache holds (kiln_pants.mixture_budget).
+cache holds (kiln_pants.mixture_budget), and what its training costs: parameters, tokens, FLOPs,
+device-hours from measured throughput (kiln_pants.training_cost), with a total over the runs.
 Reads the artifact store (kiln_pants.artifact_store: a bucket by one process); builds nothing.
 """
 
@@ -15,7 +16,8 @@ from pants.engine.addresses import Addresses
 from pants.engine.console import Console
 from pants.engine.fs import Workspace
 from pants.engine.goal import Goal, GoalSubsystem
-from pants.engine.rules import Get, collect_rules, goal_rule
+from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule
+from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.option.option_types import BoolOption
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
@@ -30,6 +32,15 @@ from kiln_pants.build_estimate import estimate_build
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
+from kiln_pants.target_types import ResourcesField
+from kiln_pants.training_cost import (
+    FLOPS_FORMULA,
+    Vocabulary,
+    VocabularyRequest,
+    run_cost,
+    stored_vocabulary,
+    total_lines,
+)
 
 
 class PlanSubsystem(GoalSubsystem):
@@ -46,6 +57,33 @@ class PlanSubsystem(GoalSubsystem):
 class Plan(Goal):
     subsystem_cls = PlanSubsystem
     environment_behavior = Goal.EnvironmentBehavior.LOCAL_ONLY
+
+
+async def _print_training_costs(
+    console: Console, graph: ArtifactGraph, prefix: str, prices: dict[str, float]
+) -> None:
+    """Each checkpoint's parameters, tokens, FLOPs and device-hours, then their total."""
+    checkpoints = [a for a in graph if a.kind == "lm_checkpoint"]
+    if not checkpoints:
+        return
+    caches = [graph.get(c.inputs[0]) for c in checkpoints]  # the vocabulary of the mixture
+    targets = await MultiGet(
+        Get(WrappedTarget, WrappedTargetRequest(c.address, description_of_origin="<kiln plan>"))
+        for c in checkpoints
+    )
+    vocabularies = await MultiGet(
+        Get(Vocabulary, VocabularyRequest(cache.address)) for cache in caches
+    )
+    console.print_stdout(f"Training cost ({FLOPS_FORMULA}):")
+    costs = []
+    for checkpoint, cache, target, vocabulary in zip(checkpoints, caches, targets, vocabularies):
+        size = stored_vocabulary(prefix, cache) or vocabulary.size
+        costs.append(run_cost(checkpoint, target.target[ResourcesField].value, size))
+        for line in costs[-1].describe(prices):
+            console.print_stdout(f"  {line}")
+    if len(costs) > 1:
+        for line in total_lines(costs, prices):
+            console.print_stdout(line)
 
 
 @goal_rule
@@ -93,6 +131,7 @@ async def plan(
             console.print_stdout(f"  {component.describe()}")
         too_small = too_small or budget.refusal() is not None
     refused = any(p.refused is not None for p in planned.plans)  # an import that cannot be made
+    await _print_training_costs(console, graph, prefix, kiln.price_per_device_hour)
     return Plan(exit_code=1 if counts.get("drift") or too_small or refused else 0)
 
 

@@ -8,6 +8,7 @@ from kiln_pants import (
     build,
     cache_layout,
     cache_spec,
+    compare,
     dependency_inference,
     hf_model_rules,
     hub_settings,
@@ -19,14 +20,18 @@ from kiln_pants import (
     signals,
     tokenize_rules,
     train_rules,
+    training_cost,
 )
 from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
 from kiln_pants.hf_model_targets import HfModelTarget
+from kiln_pants.sweeps import LmSweepMacro
 from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
 
 
 def build_file_aliases() -> BuildFileAliases:
-    return BuildFileAliases(objects=BUILD_FILE_OBJECTS)
+    return BuildFileAliases(
+        objects=BUILD_FILE_OBJECTS, context_aware_object_factories={"lm_sweep": LmSweepMacro}
+    )
 
 
 def target_types():
@@ -42,6 +47,7 @@ def rules():
         *build.rules(),
         *cache_layout.rules(),
         *cache_spec.rules(),
+        *compare.rules(),
         *dependency_inference.rules(),
         *hf_model_rules.rules(),
         *hub_settings.rules(),
@@ -52,4 +58,5 @@ def rules():
         *shard_plan.rules(),
         *tokenize_rules.rules(),
         *train_rules.rules(),
+        *training_cost.rules(),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from pants.option.option_types import StrOption
+from pants.option.option_types import DictOption, StrOption
 from pants.option.subsystem import Subsystem
 
 from kiln_contract.vocabulary import WANDB_MODES
@@ -57,6 +57,14 @@ class KilnSubsystem(Subsystem):
             "The W&B mode of runs whose target's `wandb` names none: `online`, `offline` (the "
             "run is written under the artifact; `wandb sync` uploads it) or `disabled`. Unset: "
             "`$WANDB_MODE`, else `offline`."
+        ),
+    )
+
+    price_per_device_hour = DictOption[float](
+        help=(
+            "What a device-hour costs, by device type (a `gpu(...)`/`tpu(...)` type, or `cpu`), "
+            "e.g. `{\"H100\": 2.5, \"cpu\": 0.05}`: `pants plan` turns each run's device-hours "
+            "into money with it (docs/sweeps.md)."
         ),
     )
 

@@ -1,0 +1,284 @@
+"""What a checkpoint's training costs, before it runs: parameters, tokens, FLOPs, device-hours and,
+with `[kiln] price_per_device_hour`, money (`pants plan`, docs/sweeps.md).
+
+FLOPs = D * (6 * N + 12 * L * T * H * Q): D tokens (batch_size x seq_len x num_train_steps), N
+the weights of the matrix multiplies (the lm head included, the embedding lookup and norms not),
+L layers, T seq_len, H heads of Q features (kiln_contract.llama.flops_per_token, the count the
+trainer's MFU uses). Device-hours come from measured throughput only (MEASURED_THROUGHPUT, the
+rows of benchmarks/RESULTS.md "Training throughput per device"): a run is priced from a
+measurement on its device type, in its compute dtype, of a model within COVERED_RATIO of its
+parameter count, at that measurement's FLOP/s; with none, the plan says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pants.engine.addresses import Address
+from pants.engine.fs import Digest, DigestContents
+from pants.engine.rules import Get, collect_rules, rule
+from pants.engine.target import WrappedTarget, WrappedTargetRequest
+
+from kiln_contract.llama import LlamaArchitecture, flops_per_token, num_parameters
+from kiln_contract.train import Resources
+from kiln_pants.artifact_graph import Artifact, TokenizerFiles, TokenizerFilesRequest
+from kiln_pants.artifact_store import artifact_path, stored_state
+from kiln_pants.mixture_budget import CACHE_INFO_FILE, count
+from kiln_pants.target_types import TokenizerField, tokenizer_address
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """A measured training throughput: tokens/s per device of one model on one device type."""
+
+    device: str  # a gpu(...)/tpu(...) type, or "cpu"
+    model: LlamaArchitecture
+    vocab_size: int
+    seq_len: int
+    compute_dtype: str
+    tokens_per_second: float  # per device
+    date: str
+    section: str  # where benchmarks/RESULTS.md reports it
+
+    @property
+    def parameters(self) -> int:
+        return num_parameters(self.model, self.vocab_size)
+
+    @property
+    def flops_per_second(self) -> float:
+        return self.tokens_per_second * flops_per_token(self.model, self.vocab_size, self.seq_len)
+
+    def describe(self) -> str:
+        return (
+            f"{count(self.tokens_per_second)} tokens/s per device measured for "
+            f"{count(self.parameters)} parameters on {self.device}, {self.date}"
+        )
+
+
+# The quickstart's layers (experiments:quickstart), with benchmarks/train_step.py's vocabulary of
+# 1,024 ("tiny") and with the quickstart's of 8,192.
+_QUICKSTART = LlamaArchitecture(max_seq_len=256, hidden_dim=128, intermediate_dim=512,
+                                num_heads=4, num_kv_heads=2, num_layers=2)  # fmt: skip
+_ONE_POINT_FOUR_B = LlamaArchitecture(max_seq_len=4096, hidden_dim=2048, intermediate_dim=8192,
+                                      num_heads=16, num_kv_heads=16, num_layers=24)  # fmt: skip
+MEASURED_THROUGHPUT = (
+    Throughput("cpu", _QUICKSTART, 1024, 128, "float32", 7_500, "2026-11-29", "Train step"),
+    Throughput("cpu", _QUICKSTART, 8192, 128, "float32", 5_200, "2026-11-30", "Quickstart"),
+    Throughput("H200", _ONE_POINT_FOUR_B, 128256, 4096, "bfloat16", 35_104, "2026-11-30",
+               "1.4B train step"),
+)  # fmt: skip
+FLOPS_FORMULA = (
+    "FLOPs = D x (6 N + 12 L T H Q): D tokens, N matmul weights (lm head included), L layers, "
+    "T seq_len, H heads of Q features"
+)
+# A measurement prices models from a third to three times its parameter count.
+COVERED_RATIO = 3.0
+
+# Vocabularies of tokenizers that are not files in the repository.
+KNOWN_VOCABULARIES = {
+    ("package", "gpt2"): 50257,
+    ("hf", "meta-llama/Meta-Llama-3.1-8B"): 128256,
+    ("hf", "meta-llama/Meta-Llama-3-8B"): 128256,
+    ("hf", "gpt2"): 50257,
+}
+
+
+@dataclass(frozen=True)
+class RunCost:
+    checkpoint: Artifact
+    resources: Resources
+    vocab_size: Optional[int]  # None: not known before the caches are built
+    measurement: Optional[Throughput]
+    unpriced: str  # why no measurement prices it (when none does)
+
+    @property
+    def device(self) -> str:
+        return device_type(self.resources)
+
+    @property
+    def tokens(self) -> int:
+        identity = self.checkpoint.identity
+        return identity["batch_size"] * identity["seq_len"] * identity["num_train_steps"]
+
+    @property
+    def model(self) -> LlamaArchitecture:
+        return LlamaArchitecture.from_json(self.checkpoint.identity["model"])
+
+    @property
+    def parameters(self) -> Optional[int]:
+        return None if self.vocab_size is None else num_parameters(self.model, self.vocab_size)
+
+    @property
+    def flops(self) -> Optional[float]:
+        if self.vocab_size is None:
+            return None
+        seq_len = self.checkpoint.identity["seq_len"]
+        return self.tokens * flops_per_token(self.model, self.vocab_size, seq_len)
+
+    @property
+    def device_hours(self) -> Optional[float]:
+        if self.measurement is None or self.flops is None:
+            return None
+        return self.flops / self.measurement.flops_per_second / 3600
+
+    def describe(self, prices: dict[str, float]) -> list[str]:
+        if self.vocab_size is None:
+            return [
+                f"{self.checkpoint.ref}: {count(self.tokens)} tokens; parameters and FLOPs "
+                "unknown until its caches are built (the tokenizer's vocabulary is not known)"
+            ]
+        line = (
+            f"{self.checkpoint.ref}: {count(self.parameters or 0)} parameters, "
+            f"{count(self.tokens)} tokens, {flops_text(self.flops or 0.0)} FLOPs"
+        )
+        hours = self.device_hours
+        if hours is None or self.measurement is None:
+            return [line, f"    device-hours unknown: {self.unpriced}"]
+        devices = device_count(self.resources)
+        on = f" ({duration(hours / devices)} on {devices} device(s))" if devices else ""
+        return [
+            line,
+            f"    {hours:.3g} {self.device} device-hours{on}{money(hours, prices.get(self.device))}",
+            f"    at {self.measurement.describe()} (benchmarks/RESULTS.md, "
+            f"\"{self.measurement.section}\"), scaled by FLOPs per token",
+        ]
+
+
+def flops_text(flops: float) -> str:
+    return f"{flops:.3g}".replace("e+", "e")
+
+
+def duration(hours: float) -> str:
+    for unit, size in (("days", 24.0), ("h", 1.0), ("min", 1 / 60)):
+        if hours >= size:
+            return f"{hours / size:.3g} {unit}"
+    return f"{hours * 3600:.2g} s"
+
+
+def money(hours: float, price: Optional[float]) -> str:
+    return f"; {hours * price:,.2f} at {price:g} per device-hour" if price else ""
+
+
+def device_type(resources: Resources) -> str:
+    return "cpu" if resources.kind == "cpu" else str(resources.type)
+
+
+def device_count(resources: Resources) -> Optional[int]:
+    """Devices of a run: GPUs per host times hosts; a jax CPU device per host; a TPU slice's
+    chips are the cluster's to count (None)."""
+    hosts = resources.hosts or 1
+    if resources.kind == "gpu":
+        return (resources.count or 1) * hosts
+    return hosts if resources.kind == "cpu" else None
+
+
+def measurement_for(
+    device: str, compute_dtype: str, parameters: int
+) -> tuple[Optional[Throughput], str]:
+    """The measurement nearest in size that covers a run, or None and why none does."""
+    on_device = [m for m in MEASURED_THROUGHPUT if m.device == device]
+    if not on_device:
+        measured = ", ".join(sorted({m.device for m in MEASURED_THROUGHPUT}))
+        return None, f"no throughput measured on {device} (measured: {measured})"
+    in_dtype = [m for m in on_device if m.compute_dtype == compute_dtype]
+    if not in_dtype:
+        return None, f"no {compute_dtype} throughput measured on {device}"
+    nearest = min(in_dtype, key=lambda m: abs(math.log(parameters / m.parameters)))
+    if not 1 / COVERED_RATIO <= parameters / nearest.parameters <= COVERED_RATIO:
+        sizes = ", ".join(count(m.parameters) for m in in_dtype)
+        return None, (
+            f"no {compute_dtype} measurement on {device} within {COVERED_RATIO:g}x of "
+            f"{count(parameters)} parameters (measured: {sizes})"
+        )
+    return nearest, ""
+
+
+def run_cost(checkpoint: Artifact, resources: Resources, vocab_size: Optional[int]) -> RunCost:
+    if vocab_size is None:
+        return RunCost(checkpoint, resources, None, None, "the vocabulary is not known")
+    model = LlamaArchitecture.from_json(checkpoint.identity["model"])
+    measurement, why = measurement_for(
+        device_type(resources),
+        checkpoint.identity["compute_dtype"],
+        num_parameters(model, vocab_size),
+    )
+    return RunCost(checkpoint, resources, vocab_size, measurement, why)
+
+
+def total_lines(costs: list[RunCost], prices: dict[str, float]) -> list[str]:
+    """The sum over the runs, per device type, and the runs no measurement prices."""
+    flops = sum(c.flops or 0.0 for c in costs)
+    lines = [f"Total of {len(costs)} run(s): {count(sum(c.tokens for c in costs))} tokens, "
+             f"{flops_text(flops)} FLOPs"]  # fmt: skip
+    for device in sorted({c.device for c in costs if c.device_hours is not None}):
+        hours = sum(c.device_hours or 0.0 for c in costs if c.device == device)
+        lines.append(f"  {hours:.3g} {device} device-hours{money(hours, prices.get(device))}")
+    unpriced = [c for c in costs if c.device_hours is None]
+    if unpriced:
+        lines.append(f"  {len(unpriced)} run(s) not priced: no measurement covers them (above)")
+    return lines
+
+
+def stored_vocabulary(prefix: str, cache: Artifact) -> Optional[int]:
+    """The vocabulary a built cache in a local store records (cache.json)."""
+    if "://" in prefix or stored_state(prefix, cache).status != "built":
+        return None
+    try:
+        with open(os.path.join(artifact_path(prefix, cache), CACHE_INFO_FILE)) as f:
+            return int(json.load(f)["tokenizer"]["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class VocabularyRequest:
+    cache: Address
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    size: Optional[int]  # None: not known before the cache is built
+
+
+@rule(desc="Reading a tokenizer's vocabulary size")
+async def tokenizer_vocabulary(request: VocabularyRequest) -> Vocabulary:
+    """From the tokenizer's files in the repository (tokenizer.json), or a known tokenizer."""
+    wrapped = await Get(
+        WrappedTarget, WrappedTargetRequest(request.cache, description_of_origin="<kiln plan>")
+    )
+    tokenizer = wrapped.target[TokenizerField].value
+    if not tokenizer_address(tokenizer):
+        kind, _, name = tokenizer.partition(":") if tokenizer.startswith("package:") else (
+            "hf", "", tokenizer)  # fmt: skip
+        return Vocabulary(KNOWN_VOCABULARIES.get((kind, name)))
+    files = await Get(TokenizerFiles, TokenizerFilesRequest(request.cache, tokenizer))
+    contents = await Get(DigestContents, Digest, files.digest)
+    for content in contents:
+        if content.path == f"{files.directory}/tokenizer.json":
+            try:
+                return Vocabulary(vocabulary_size(json.loads(content.content)))
+            except ValueError:
+                return Vocabulary(None)
+    return Vocabulary(None)
+
+
+def vocabulary_size(tokenizer_json: Any) -> Optional[int]:
+    """The ids a `tokenizers` tokenizer.json defines: its model's vocabulary and added tokens;
+    None for a file of another shape (the build says what is wrong with it)."""
+    model = tokenizer_json.get("model") if isinstance(tokenizer_json, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    ids = list(vocab.values()) if isinstance(vocab, dict) else []
+    ids += list(range(len(vocab))) if isinstance(vocab, list) else []  # a unigram model
+    added = tokenizer_json.get("added_tokens") if isinstance(tokenizer_json, dict) else None
+    ids += [t["id"] for t in added or [] if isinstance(t, dict) and isinstance(t.get("id"), int)]
+    if not ids or not all(isinstance(i, int) for i in ids):
+        return None
+    return max(ids) + 1
+
+
+def rules():
+    return collect_rules()

@@ -1,0 +1,202 @@
+"""`python -m kiln.report compare RUN_DIR...`: the runs of a sweep side by side.
+
+One row per run: the identity fields in which the runs differ (the sweep's grid), final train
+loss, each validation set's loss and bits-per-byte, eval scores, tokens, training FLOPs and wall
+time, read from each checkpoint's folder (artifact.json, summary.json, config.json). A run not
+built yet (no STATUS SUCCESS) keeps its row, marked with its state, its numbers blank. The table
+is printed and written as CSV; kiln.report.compare_plot draws validation loss against FLOPs.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiln.artifacts import RECORD_FILE, STATUS_FILE, SUCCESS
+from kiln_contract.llama import LlamaArchitecture, flops_per_token
+
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
+CSV_FILE = "compare.csv"
+# Identity fields that name the inputs rather than choose the run; a differing fingerprint of
+# an input shows as the input's own field.
+_SKIPPED = ("kind", "format")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    name: str  # name@version
+    folder: Path
+    state: str  # built, or why not: not built, FAILED, RUNNING, ...
+    identity: dict[str, Any]
+    summary: dict[str, Any] = field(default_factory=dict)
+    vocab_size: int | None = None
+
+    @property
+    def built(self) -> bool:
+        return self.state == "built"
+
+    @property
+    def tokens(self) -> int | None:
+        identity = self.identity
+        keys = ("batch_size", "seq_len", "num_train_steps")
+        return math.prod(identity[k] for k in keys) if all(k in identity for k in keys) else None
+
+    @property
+    def flops(self) -> float | None:
+        if self.vocab_size is None or self.tokens is None or "model" not in self.identity:
+            return None
+        model = LlamaArchitecture.from_json(self.identity["model"])
+        return self.tokens * flops_per_token(model, self.vocab_size, self.identity["seq_len"])
+
+    def metric(self, key: str) -> float | None:
+        value = self.summary.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        return None
+
+
+def read_run(folder: Path, name: str | None = None, identity: dict[str, Any] | None = None) -> RunRow:
+    """A checkpoint's folder as a row. `name` and `identity` (the plugin's, for a run that has
+    no folder yet) stand in for the folder's artifact.json when it is absent."""
+    record = _json(folder / RECORD_FILE) or {}
+    identity = record.get("identity") or identity or {}
+    label = f"{record['name']}@{record['version']}" if "name" in record else name or str(folder)
+    status = _text(folder / STATUS_FILE)
+    if status != SUCCESS:
+        return RunRow(label, folder, status or "not built", identity)
+    config = _json(folder / CONFIG_FILE) or {}
+    vocab = (config.get("model") or {}).get("vocab_size")
+    return RunRow(label, folder, "built", identity, _json(folder / SUMMARY_FILE) or {}, vocab)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def flat(identity: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested identity fields as `model.hidden_dim`, `optimizer.learning_rate`, ...; lists of
+    inputs as their `name@version` (and weights)."""
+    out: dict[str, Any] = {}
+    for key, value in identity.items():
+        if not prefix and key in _SKIPPED:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat(value, f"{name}."))
+        elif isinstance(value, list):
+            out[name] = ", ".join(_input_text(item) for item in value)
+        else:
+            out[name] = value
+    return out
+
+
+def _input_text(item: Any) -> str:
+    if isinstance(item, dict) and "input" in item:
+        weight = f" x{item['weight']:g}" if "weight" in item else ""
+        return f"{item['input']}{weight}"
+    return json.dumps(item, sort_keys=True)
+
+
+def varied_fields(rows: list[RunRow]) -> list[str]:
+    """The identity fields whose values differ between the runs, in identity order."""
+    flats = [flat(row.identity) for row in rows]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    return [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flats}) > 1]
+
+
+def in_grid_order(rows: list[RunRow]) -> list[RunRow]:
+    """The rows ordered by the fields they vary, numbers by value (d64 before d128)."""
+    varied = varied_fields(rows)
+
+    def key(row: RunRow) -> list[tuple[int, float, str]]:
+        values = flat(row.identity)
+        return [_order(values.get(field)) for field in varied]
+
+    return sorted(rows, key=key)
+
+
+def _order(value: Any) -> tuple[int, float, str]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
+
+
+def metric_keys(rows: list[RunRow]) -> list[str]:
+    """Each validation set's loss and bpb, then eval scores: the summaries' keys, sorted."""
+    keys = {k for row in rows for k in row.summary}
+    validation = sorted(
+        k for k in keys if k.startswith("eval/") and k.count("/") == 2
+        and k.endswith(("/loss", "/bpb"))
+    )  # fmt: skip
+    return validation + sorted(k for k in keys if k.startswith("lm_eval/"))
+
+
+def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
+    """The header and the cells of the comparison."""
+    varied = varied_fields(rows)
+    metrics = metric_keys(rows)
+    header = ["run", *varied, "state", "train/loss", *metrics, "tokens", "FLOPs", "wall time"]
+    cells = []
+    for row in rows:
+        values = flat(row.identity)
+        cells.append([
+            row.name,
+            *(_cell(values.get(key)) for key in varied),
+            row.state,
+            _cell(row.metric("train/loss")),
+            *(_cell(row.metric(key)) for key in metrics),
+            _cell(row.tokens),
+            _cell(row.flops),
+            _duration(row.metric("wall_time_seconds")),
+        ])  # fmt: skip
+    return header, cells
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.4g}".replace("e+", "e")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def format_table(header: list[str], cells: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *cells]]
+    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]]) + "\n"
+
+
+def csv_text(header: list[str], cells: Iterable[list[str]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(cells)
+    return out.getvalue()

@@ -1,0 +1,105 @@
+"""`python -m kiln.report compare`: a row per run with the fields the runs differ in, runs not
+built listed as such, a CSV of the table, and a plot with a power law fitted to the compute
+frontier. The folders here are written in the store's layout; tests/e2e/test_sweeps.py compares
+runs that `pants build` trained."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kiln.report.compare import read_run, table, varied_fields
+from kiln.report.compare_plot import fit_power_law, frontier
+from kiln_contract.llama import LlamaArchitecture, flops_per_token
+
+VOCAB = 8192
+
+
+def identity(hidden_dim: int, learning_rate: float, steps: int = 100) -> dict:
+    model = LlamaArchitecture(128, hidden_dim, 4 * hidden_dim, 4, 2, 2).to_json()
+    return {
+        "kind": "lm_checkpoint", "format": 1, "model": model,
+        "optimizer": {"learning_rate": learning_rate, "weight_decay": 0.1},
+        "datasets": [{"input": "tokenized/a@2026.11.29", "fingerprint": "f" * 16, "weight": 1.0}],
+        "batch_size": 16, "seq_len": 128, "num_train_steps": steps,
+    }  # fmt: skip
+
+
+def write_run(store: Path, name: str, ident: dict, loss: float | None, status: str = "SUCCESS") -> Path:
+    folder = store / "checkpoints" / name / "2026.12.02"
+    folder.mkdir(parents=True)
+    record = {"name": f"checkpoints/{name}", "version": "2026.12.02", "identity": ident}
+    (folder / "artifact.json").write_text(json.dumps(record))
+    (folder / "STATUS").write_text(f"{status}\n")
+    if loss is not None:
+        summary = {"train/loss": loss + 0.1, "eval/val/loss": loss, "eval/val/bpb": loss / 3,
+                   "lm_eval/mc/acc": 0.25, "wall_time_seconds": 75.0}  # fmt: skip
+        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "config.json").write_text(json.dumps({"model": {**ident["model"], "vocab_size": VOCAB}}))
+    return folder
+
+
+def test_a_row_per_run_with_the_fields_that_vary(tmp_path: Path) -> None:
+    a = write_run(tmp_path, "s-d64-lr1e-3", identity(64, 1e-3), 5.0)
+    b = write_run(tmp_path, "s-d64-lr3e-3", identity(64, 3e-3), 4.5)
+    c = write_run(tmp_path, "s-d128-lr1e-3", identity(128, 1e-3), None, status="RUNNING")
+    rows = [read_run(folder) for folder in (a, b, c)] + [
+        read_run(tmp_path / "nowhere", "checkpoints/s-d128-lr3e-3@2026.12.02", identity(128, 3e-3))
+    ]
+    assert varied_fields(rows) == [
+        "model.hidden_dim", "model.intermediate_dim", "optimizer.learning_rate"
+    ]  # fmt: skip
+    header, cells = table(rows)
+    assert header == [
+        "run", "model.hidden_dim", "model.intermediate_dim", "optimizer.learning_rate", "state",
+        "train/loss", "eval/val/bpb", "eval/val/loss", "lm_eval/mc/acc", "tokens", "FLOPs",
+        "wall time",
+    ]  # fmt: skip
+    flops = 16 * 128 * 100 * flops_per_token(LlamaArchitecture(128, 64, 256, 4, 2, 2), VOCAB, 128)
+    assert cells[1] == ["checkpoints/s-d64-lr3e-3@2026.12.02", "64", "256", "0.003", "built",
+                        "4.6", "1.5", "4.5", "0.25", "204800", f"{flops:.4g}".replace("e+", "e"),
+                        "0:01:15"]  # fmt: skip
+    assert cells[2][:5] == ["checkpoints/s-d128-lr1e-3@2026.12.02", "128", "512", "0.001", "RUNNING"]
+    assert cells[3][4:6] == ["not built", ""]  # listed, its numbers blank
+
+
+def test_the_power_law_is_recovered_from_its_frontier() -> None:
+    compute = np.geomspace(1e12, 1e16, 5)
+    law = 40.0 * compute ** -0.1 + 1.5
+    # A learning-rate sweep at each size: the worse runs sit above the frontier.
+    points = [*zip(compute, law), *zip(compute, law + 0.4)]
+    best = frontier(points)
+    fitted = fit_power_law([c for c, _ in best], [loss for _, loss in best])
+    assert fitted is not None
+    assert fitted.b == pytest.approx(0.1, rel=0.05) and fitted.c == pytest.approx(1.5, abs=0.05)
+    assert fit_power_law([1e12, 1e13], [3.0, 2.0]) is None  # two points: no law
+
+
+def test_the_command_writes_the_table_csv_and_plot(tmp_path: Path) -> None:
+    folders = [
+        write_run(tmp_path, f"s-d{d}", identity(d, 1e-3), loss)
+        for d, loss in ((32, 6.0), (64, 5.2), (128, 4.7), (256, 4.5))
+    ]
+    runs = tmp_path / "runs.json"
+    runs.write_text(json.dumps([{"name": "checkpoints/s-d512@2026.12.02",
+                                 "folder": str(tmp_path / "none"), "identity": identity(512, 1e-3)}]))  # fmt: skip
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "kiln.report", "compare", *map(str, folders), "--runs", str(runs),
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "eval/val/loss against training FLOPs; fitted to the frontier: L(C) = " in result.stdout
+    assert "1 of 5 run(s) not built: checkpoints/s-d512@2026.12.02 (not built)" in result.stdout
+    with open(out / "compare.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["model.hidden_dim"] for r in rows] == ["32", "64", "128", "256", "512"]
+    assert [r["eval/val/loss"] for r in rows] == ["6", "5.2", "4.7", "4.5", ""]
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
