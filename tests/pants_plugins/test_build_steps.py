@@ -12,8 +12,6 @@ from pants.testutil.option_util import create_subsystem
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
 from kiln_pants.artifact_store import (
     StoredState,
-    clear_dep_failed,
-    mark_dep_failed,
     recorded_state,
     stored_state,
 )
@@ -84,33 +82,15 @@ def test_trainings_are_capped_here_and_all_at_once_on_a_cluster() -> None:
     assert capped.training_slots("ray://head:10001", "/slots") == TrainingSlots("/slots", 3)
 
 
-def test_dep_failed_is_recorded_and_cleared_when_the_step_runs_again(tmp_path: Path) -> None:
-    prefix = str(tmp_path)
+def test_a_dep_failed_mark_reads_as_will_run_with_its_reason(tmp_path: Path) -> None:
+    """The mark as kiln.artifacts.dep_failed writes it (tested there, in every store)."""
     folder = tmp_path / EXPORT.name / EXPORT.version
-    assert mark_dep_failed(prefix, EXPORT, "input x/run@2026.12.01 failed")
-    assert (folder / "STATUS").read_text() == "DEP_FAILED\n"
-    assert stored_state(prefix, EXPORT).describe() == (
+    folder.mkdir(parents=True)
+    (folder / "failure.txt").write_text("input x/run@2026.12.01 failed\n")
+    (folder / "STATUS").write_text("DEP_FAILED\n")
+    assert stored_state(str(tmp_path), EXPORT).describe() == (
         "dep failed (input x/run@2026.12.01 failed; will run)"
     )
-    clear_dep_failed(prefix, EXPORT)
-    assert not folder.exists()  # an export refuses an existing folder
-    assert stored_state(prefix, EXPORT).status == "would run"
-
-
-def test_dep_failed_leaves_a_built_artifact_or_a_run_alone(tmp_path: Path) -> None:
-    prefix = str(tmp_path)
-    folder = tmp_path / RUN.name / RUN.version
-    folder.mkdir(parents=True)
-    for status in ("SUCCESS", "RUNNING"):
-        (folder / "STATUS").write_text(f"{status}\n")
-        assert not mark_dep_failed(prefix, RUN, "input failed")
-        assert (folder / "STATUS").read_text() == f"{status}\n"
-    (folder / "STATUS").write_text("FAILED\n")
-    (folder / "artifact.json").write_text(json.dumps({"fingerprint": RUN.fingerprint}))
-    assert mark_dep_failed(prefix, RUN, "input failed")
-    clear_dep_failed(prefix, RUN)  # the folder holds a run's files: kept, the runner resumes
-    assert (folder / "STATUS").read_text() == "DEP_FAILED\n"
-    assert (folder / "artifact.json").exists()
 
 
 def test_plan_shows_why_the_last_run_failed_or_stopped() -> None:
@@ -121,7 +101,9 @@ def test_plan_shows_why_the_last_run_failed_or_stopped() -> None:
     )
     assert recorded_state(RUN, "FAILED\n", record).detail == "no reason recorded; will rerun"
     stopped = recorded_state(RUN, "RUNNING\n", record, "interrupted by SIGTERM after step 4")
-    assert stopped.detail == "the last run stopped: interrupted by SIGTERM after step 4; will resume"
+    assert (
+        stopped.detail == "the last run stopped: interrupted by SIGTERM after step 4; will resume"
+    )
 
 
 def test_a_served_run_prints_the_runners_words() -> None:

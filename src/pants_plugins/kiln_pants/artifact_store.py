@@ -11,6 +11,7 @@ with the bucket's credentials from the caller's environment.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -24,7 +25,9 @@ from pants.util.frozendict import FrozenDict
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
-from kiln_pants.runtime import PEEK, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import DEP_FAILED_MARKS, PEEK, Runtime, RuntimeProcess, RuntimeRequest
+
+logger = logging.getLogger(__name__)
 
 # Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
 # ~/.aws and gcloud's application-default login. Only PER_SESSION processes get them.
@@ -109,7 +112,9 @@ def recorded_state(
     status = (status_text or "").strip()
     reason = (failure_text or "").strip()
     if status == DEP_FAILED:
-        return StoredState("dep failed", f"{reason or 'an input failed in the last build'}; will run")
+        return StoredState(
+            "dep failed", f"{reason or 'an input failed in the last build'}; will run"
+        )
     if record_text is None:
         return StoredState("would run")
     record = json.loads(record_text)
@@ -129,43 +134,53 @@ def recorded_state(
     return StoredState("incomplete", "will resume")
 
 
-def mark_dep_failed(prefix: str, artifact: Artifact, reason: str) -> bool:
-    """Writes `reason` (FAILURE_FILE) and STATUS DEP_FAILED into the artifact's folder in a local
-    store, unless the folder holds a built artifact or a run (SUCCESS, RUNNING: in progress, or
-    interrupted and resumable), which are left as they are. Whether it wrote them."""
-    folder = artifact_path(prefix, artifact)
-    status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
-    if status in ("SUCCESS", "RUNNING"):
-        return False
-    os.makedirs(folder, exist_ok=True)
-    _write_atomically(os.path.join(folder, FAILURE_FILE), reason)
-    _write_atomically(os.path.join(folder, STATUS_FILE), DEP_FAILED)
-    return True
+@dataclass(frozen=True)
+class DepFailedMarks:
+    """Marks to write into the store's folders (`name/version`) and marks to clear, by the
+    runtime's `python -m kiln.artifacts.dep_failed` (one function for every store)."""
+
+    prefix: str
+    marks: tuple[tuple[str, str], ...] = ()  # (folder, the reason beside its STATUS)
+    clears: tuple[str, ...] = ()
 
 
-def _write_atomically(path: str, line: str) -> None:
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w") as f:
-        f.write(f"{line}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+@dataclass(frozen=True)
+class DepFailedMarked:
+    folders: tuple[str, ...]  # those marked: the others hold a built artifact or a run
 
 
-def clear_dep_failed(prefix: str, artifact: Artifact) -> None:
-    """Removes a folder that `mark_dep_failed` created and nothing else wrote into (only its
-    STATUS DEP_FAILED and reason), so the step builds as if it had never been tried (an export
-    refuses an existing folder)."""
-    folder = artifact_path(prefix, artifact)
-    try:
-        names = set(os.listdir(folder))
-    except FileNotFoundError:
-        return
-    status = (_read(os.path.join(folder, STATUS_FILE)) or "").strip()
-    if names <= {STATUS_FILE, FAILURE_FILE} and status == DEP_FAILED:
-        for name in names:
-            os.remove(os.path.join(folder, name))
-        os.rmdir(folder)
+@rule(desc="Writing DEP_FAILED marks into the artifact store")
+async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
+    runtime, environment = await MultiGet(
+        Get(Runtime, RuntimeRequest(*DEP_FAILED_MARKS)),
+        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
+    )
+    argv = [request.prefix]
+    for folder in request.clears:
+        argv += ["--clear", folder]
+    for folder, reason in request.marks:
+        argv += ["--mark", folder, reason]
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=tuple(argv),
+            description=f"Writing DEP_FAILED marks into {request.prefix}",
+            input_digest=EMPTY_DIGEST,
+            output_directories=(),
+            cache_scope=ProcessCacheScope.PER_SESSION,  # the store changes behind Pants' back
+            env=FrozenDict(environment),
+        ),
+    )
+    result = await Get(FallibleProcessResult, Process, process)
+    if result.exit_code != 0:  # the marks say more; the build's outcome stands without them
+        why = result.stderr.decode(errors="replace").strip().splitlines()
+        logger.warning(
+            f"kiln: DEP_FAILED marks not written: {why[-1] if why else result.exit_code}"
+        )
+        return DepFailedMarked(())
+    lines = result.stdout.decode().splitlines()
+    return DepFailedMarked(tuple(line.removeprefix("marked ") for line in lines))
 
 
 class BucketUnreadable(Exception):
@@ -230,9 +245,7 @@ def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
     if artifact.mutable:
         return DEV
     texts = records.texts[f"{artifact.name}/{artifact.version}"]
-    return recorded_state(
-        artifact, texts[STATUS_FILE], texts[RECORD_FILE], texts.get(FAILURE_FILE)
-    )
+    return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE], texts.get(FAILURE_FILE))
 
 
 def rules():

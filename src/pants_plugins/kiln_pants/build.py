@@ -37,11 +37,11 @@ from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequ
 from kiln_pants.artifact_store import (
     BucketRecords,
     BucketRecordsRequest,
+    DepFailedMarked,
+    DepFailedMarks,
     StoredState,
     artifact_path,
     bucket_folders,
-    clear_dep_failed,
-    mark_dep_failed,
     stored_states,
 )
 from kiln_pants.build_steps import (
@@ -171,7 +171,9 @@ def steps_to_build(
 
 
 def _served(artifact: Artifact, states: dict[Address, StoredState]) -> bool:
-    return artifact.kind != TokenizedCacheTarget.alias and states[artifact.address].status == "built"
+    return (
+        artifact.kind != TokenizedCacheTarget.alias and states[artifact.address].status == "built"
+    )
 
 
 def _decided(artifact: Artifact, state: StoredState) -> Optional[StepOutcome]:
@@ -227,7 +229,9 @@ async def build(
     requested = set(roots_asked.addresses)
     roots = [a for a in graph if a.address in requested]
     if not roots:
-        console.print_stderr("No artifact targets (tokenized_cache, lm_checkpoint, hf_model) given.")
+        console.print_stderr(
+            "No artifact targets (tokenized_cache, lm_checkpoint, hf_model) given."
+        )
         return Build(exit_code=0)
     prefix = kiln.prefix_location(build_root.path)
     records = (
@@ -238,10 +242,18 @@ async def build(
     states = {a.address: state for a, state in stored_states(graph, prefix, records).items()}
     dist = os.path.join(build_root.path, distdir.relpath)
     if subsystem.trainings_at_once is not None and subsystem.trainings_at_once < 1:
-        console.print_stderr(f"--build-trainings-at-once={subsystem.trainings_at_once}: give 1 or more.")
+        console.print_stderr(
+            f"--build-trainings-at-once={subsystem.trainings_at_once}: give 1 or more."
+        )
         return Build(exit_code=1)
     slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
-    plan = _plan(graph, steps_to_build(roots, graph, states), states, dist, prefix, slots)
+    plan = _plan(graph, steps_to_build(roots, graph, states), states, dist, slots)
+    marked_before = [  # this run decides again
+        _folder(graph.get(s.address)) for s in plan.steps.values()
+        if s.decided is None and states[s.address].status == "dep failed"
+    ]  # fmt: skip
+    if marked_before:
+        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=tuple(marked_before)))
     console.print_stderr(f"Building {len(plan.steps)} step(s) into {prefix}")
     for step in plan.steps.values():
         if step.decided is not None:
@@ -252,10 +264,29 @@ async def build(
         if outcome.error:
             with open(step.log, "w") as f:
                 f.write(outcome.error.rstrip() + "\n")
-        if outcome.status == DEP_FAILED:
-            outcomes[step.address] = _record_dep_failed(graph.get(step.address), outcome, prefix)
+    dependents = [s for s in plan.steps.values() if outcomes[s.address].status == DEP_FAILED]
+    if dependents:
+        marks = tuple(
+            (
+                _folder(graph.get(s.address)),
+                f"{outcomes[s.address].detail} in the last `pants build`",
+            )
+            for s in dependents
+        )
+        marked = set((await Get(DepFailedMarked, DepFailedMarks(prefix, marks=marks))).folders)
+        for step in dependents:
+            artifact = graph.get(step.address)
+            if _folder(artifact) in marked:
+                where = f"; STATUS {DEP_FAILED} in {artifact_path(prefix, artifact)}"
+                outcomes[step.address] = StepOutcome(
+                    DEP_FAILED, outcomes[step.address].detail + where
+                )
             console.print_stderr(_outcome_line(step.ref, outcomes[step.address], step.log))
     return Build(exit_code=_summary(console, graph, outcomes))
+
+
+def _folder(artifact: Artifact) -> str:
+    return f"{artifact.name}/{artifact.version}"
 
 
 def _plan(
@@ -263,12 +294,10 @@ def _plan(
     steps: dict[Address, tuple[Address, ...]],
     states: dict[Address, StoredState],
     dist: str,
-    prefix: str,
     slots: Optional[TrainingSlots],
 ) -> BuildPlan:
     """Every step with what it waits for and its outcome if known now; the folders of the
-    steps' logs made, and a local store's DEP_FAILED marks of steps that run cleared (this run
-    decides again)."""
+    steps' logs made."""
     planned = {}
     for address, waits_for in steps.items():
         artifact = graph.get(address)
@@ -278,20 +307,10 @@ def _plan(
             os.makedirs(os.path.dirname(log), exist_ok=True)
             with open(log, "w"):
                 pass  # a training's output as it runs; another step's error if it fails
-            if "://" not in prefix:
-                clear_dep_failed(prefix, artifact)
         planned[address] = PlannedStep(
             address, artifact.kind, artifact.ref, log, waits_for, decided
         )
     return BuildPlan(FrozenDict(planned), slots)
-
-
-def _record_dep_failed(artifact: Artifact, outcome: StepOutcome, prefix: str) -> StepOutcome:
-    """DEP_FAILED written as the STATUS of the step's folder in a local store."""
-    why = f"{outcome.detail} in the last `pants build`"
-    recorded = "://" not in prefix and mark_dep_failed(prefix, artifact, why)
-    where = f"; STATUS {DEP_FAILED} in {artifact_path(prefix, artifact)}" if recorded else ""
-    return StepOutcome(DEP_FAILED, outcome.detail + where)
 
 
 def _outcome_line(ref: str, outcome: StepOutcome, log: Optional[str]) -> str:

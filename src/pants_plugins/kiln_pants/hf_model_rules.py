@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from dataclasses import dataclass
 
 from pants.backend.python.subsystems.setup import PythonSetup
@@ -47,11 +48,12 @@ from kiln_pants.artifact_store import (
     STORE_ENVIRONMENT,
     BucketRecords,
     BucketRecordsRequest,
+    DepFailedMarked,
+    DepFailedMarks,
     StoredFiles,
     StoredFilesRequest,
     artifact_path,
     artifact_record,
-    clear_dep_failed,
     recorded_state,
 )
 from kiln_pants.hf_model_targets import (
@@ -213,8 +215,9 @@ async def package_hf_model(
     )
     out = artifact_path(prefix, artifact)
     in_bucket = "://" in prefix
-    if not in_bucket:
-        clear_dep_failed(prefix, artifact)  # a `pants build` whose checkpoint failed marked it
+    if in_bucket or os.path.exists(out):  # a `pants build` whose checkpoint failed marked it
+        folder = f"{artifact.name}/{artifact.version}"
+        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(folder,)))
     process = await Get(
         Process,
         RuntimeProcess(

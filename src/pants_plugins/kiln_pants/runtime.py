@@ -37,6 +37,10 @@ RUN_STEP = (
 )
 EXPORT = ("kiln.interop", Address("src/python/kiln/interop", relative_file_path="__main__.py"))
 PEEK = ("kiln.artifacts.peek", Address("src/python/kiln/artifacts", relative_file_path="peek.py"))
+DEP_FAILED_MARKS = (
+    "kiln.artifacts.dep_failed",
+    Address("src/python/kiln/artifacts", relative_file_path="dep_failed.py"),
+)
 REPORT = ("kiln.report", Address("src/python/kiln/report", relative_file_path="__main__.py"))
 FAN_OUT = ("kiln.cluster.fanout", Address("src/python/kiln/cluster", relative_file_path="fanout.py"))
 

@@ -173,18 +173,25 @@ def test_transient_failures_are_retried_with_backoff() -> None:
     assert len(calls) == 2
 
 
-def test_dep_failed_marks_leave_built_artifacts_and_runs_alone(store: ObjectStore) -> None:
-    """`pants build`'s DEP_FAILED marks (kiln.artifacts.dep_failed), in every store."""
+def test_dep_failed_marks_leave_built_artifacts_and_runs_alone(
+    store: ObjectStore, store_location: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`pants build`'s DEP_FAILED marks (kiln.artifacts.dep_failed, as the Pants backend runs
+    it), in every store."""
     store.write("built/v1/STATUS", b"SUCCESS\n")
     store.write("running/v1/STATUS", b"RUNNING\n")
     store.write("failed/v1/STATUS", b"FAILED\n")
-    marked = {key: dep_failed.mark(store, key) for key in
-              ("built/v1", "running/v1", "failed/v1", "new/v1")}  # fmt: skip
-    assert marked == {"built/v1": False, "running/v1": False, "failed/v1": True, "new/v1": True}
+    marks = [arg for key in ("built/v1", "running/v1", "failed/v1", "new/v1")
+             for arg in ("--mark", key, f"input a@v1 failed ({key})")]  # fmt: skip
+    assert dep_failed.main([store_location, *marks]) == 0
+    assert capsys.readouterr().out.splitlines() == ["marked failed/v1", "marked new/v1"]
     assert store.read("new/v1/STATUS").data == b"DEP_FAILED\n"
+    assert store.read("new/v1/failure.txt").data == b"input a@v1 failed (new/v1)\n"
     assert store.read("built/v1/STATUS").data == b"SUCCESS\n"
-    dep_failed.clear(store, "new/v1")
-    assert store.keys("new/v1") == []
+    assert store.keys("built/v1") == ["STATUS"]
     store.write("failed/v1/artifact.json", b"{}")
-    dep_failed.clear(store, "failed/v1")  # a folder with more than the mark is left as it is
+    assert dep_failed.main([store_location, "--clear", "new/v1", "--clear", "failed/v1"]) == 0
+    assert store.keys("new/v1") == []
+    # A folder with more than the mark is left as it is: the runner resumes the run in it.
     assert store.read("failed/v1/STATUS").data == b"DEP_FAILED\n"
+    assert dep_failed.main([store_location, "--mark", "x/v1"]) == 2
