@@ -213,12 +213,11 @@ async def fan_out_cache(request: FanOutRequest) -> BuiltCache:
     build = request.build
     layout = build.layout
     environment = await Get(EnvironmentVars, EnvironmentVarsRequest(("RAY_ADDRESS",)))  # `auto`
-    assert layout.root is not None  # a local store
     process = await Get(
         Process,
         CacheProcessRequest(
             build,
-            argv=(SPEC_FILE, "--cluster", build.cluster, "--prefix", layout.root,
+            argv=(SPEC_FILE, "--cluster", build.cluster, "--prefix", layout.root or build.prefix,
                   "--shards", *layout.shards, "--out", layout.cache, "--record", RECORD_INPUT),  # fmt: skip
             description=(
                 f"Tokenizing {build.artifact.ref}: {len(layout.shards)} shard(s) on the Ray "
@@ -245,12 +244,6 @@ async def tokenize_cache(request: TokenizeCacheRequest) -> BuiltCache:
     if isinstance(build.inputs.spec.source, LevanterCacheSource):  # read in place: no fan-out
         return await Get(BuiltCache, ImportRequest(build))
     if build.cluster != "local":
-        if build.layout.root is None:
-            raise CacheTokenizationFailed(
-                f"{request.address}: [kiln] cluster = {build.cluster!r} fans shards out into a "
-                f"local artifact store, and the prefix is the bucket {build.prefix}; unset "
-                "`[kiln] cluster` (`--kiln-cluster=local`) to tokenize here into the bucket."
-            )
         return await Get(BuiltCache, FanOutRequest(build))
     if build.layout.in_store:
         return await Get(BuiltCache, StoreMergeRequest(build))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kiln_testing.buckets import fresh_url, s3_server  # noqa: F401 - a fixture
 from kiln_testing.data import STDLIB_TOKENIZER, make_spec, write_corpus
 from kiln_testing.multihost import free_port, run_each
 from kiln_testing.ray_cluster import ray_cluster
@@ -28,11 +29,13 @@ from kiln_testing.steps import write_step
 from kiln_testing.training import write_runner_step
 
 from kiln import artifacts
+from kiln.artifacts.store import open_store
 from kiln.cluster import fanout
 from kiln.cluster.dispatch import ClusterJob, bundle_order, connect, reserve_slice
 from kiln.cluster.placement import PlacementError, bundle, check_capacity
 from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import build_cache, tokenize_shard
+from kiln_contract.tokenize import shard_dir_name
 from kiln_contract.train import Resources
 
 DEVICES_PER_HOST = 2  # the step's mesh is data=2, fsdp=2: four devices over two hosts
@@ -283,6 +286,31 @@ def test_a_store_cache_tokenized_on_the_cluster_is_the_local_build(
             "--shards", *map(str, built.shards), "--out", str(built.out)]  # fmt: skip
     assert fanout.main(argv) == 0
     assert f"tokenized/test@2026.11.29: already built at {built.out}" in capsys.readouterr().err
+
+
+def test_a_store_cache_tokenized_on_the_cluster_into_a_bucket_is_the_local_build(
+    cluster: str, s3_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tasks get the bucket's credentials as arguments (not the nodes' environment) and
+    write every object at its final key (kiln_pants.cache_layout), STATUS last."""
+    write_corpus(tmp_path / "data")
+    shutil.copytree(STDLIB_TOKENIZER["path"], tmp_path / "tok")
+    raw = make_spec({"kind": "files", "paths": ["data/*.jsonl"]}, num_shards=2)
+    raw["config"]["tokenizer"] = {"kind": "local", "path": "tok"}
+    monkeypatch.chdir(tmp_path)
+    local = build_cache(raw, tmp_path / "local/tokenized/test/2026.11.29")
+    prefix = fresh_url("s3")
+    spec = parse_cache_spec(raw)
+    cache = f"{prefix}/{spec.name}/{spec.version}"
+    shards = tuple(f"{cache}/shards/{shard_dir_name(i)}" for i in range(spec.num_shards))
+    built = fanout.FanOut(spec, shards, cache, prefix, cluster, record=False)
+    ray = connect(cluster)
+    try:
+        fanout.build(ray, built, fanout.task_files(spec, json.dumps(raw).encode(), None))
+    finally:
+        ray.shutdown()
+    store = open_store(cache)
+    assert {key: store.read(key).data for key in store.keys("")} == files_of(local)
 
 
 def fan_out(raw: dict, prefix: Path, address: str) -> fanout.FanOut:

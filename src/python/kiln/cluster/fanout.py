@@ -32,7 +32,7 @@ from typing import Any
 
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.cluster import tokenize_task
-from kiln.cluster.dispatch import ClusterError, connect, resolve_address
+from kiln.cluster.dispatch import ClusterError, connect, host_environment, resolve_address
 from kiln.cluster.placement import fits
 from kiln.cluster.runtime_shipping import ship_runtime
 from kiln.data.errors import KilnDataError, SpecError
@@ -136,9 +136,9 @@ def build(ray: Any, fan_out: FanOut, files: dict[str, bytes]) -> None:
     ray.cloudpickle.register_pickle_by_value(tokenize_task)  # nodes need no Kiln to run it
     task = ray.remote(tokenize_task.run_tokenize).options(num_cpus=TASK_CPUS)
     inputs = ray.put(files)  # sent once; each node fetches it once
-    hub = hub_environment()
+    secrets = {**hub_environment(), **host_environment()}  # the Hub's, a bucket's
     pending = {
-        task.remote(inputs, fan_out.shard_argv(i), runtime, hub): i
+        task.remote(inputs, fan_out.shard_argv(i), runtime, secrets): i
         for i in range(fan_out.spec.num_shards)
     }
     try:
@@ -149,7 +149,7 @@ def build(ray: Any, fan_out: FanOut, files: dict[str, bytes]) -> None:
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)  # its tokenize process stops with its worker
-    _finished(ray, task.remote(inputs, fan_out.merge_argv(), runtime, hub), fan_out, "merge")
+    _finished(ray, task.remote(inputs, fan_out.merge_argv(), runtime, secrets), fan_out, "merge")
 
 
 def _finished(ray: Any, ref: Any, fan_out: FanOut, what: str) -> None:

@@ -20,7 +20,7 @@ OUTPUT_TAIL_LINES = 20  # of the process's output, returned to the submitter
 
 
 def run_tokenize(
-    files: dict[str, bytes], argv: list[str], runtime: dict[str, Any], hub_env: dict[str, str]
+    files: dict[str, bytes], argv: list[str], runtime: dict[str, Any], secrets: dict[str, str]
 ) -> tuple[int, list[str]]:
     """Writes `files` (the spec, the artifact record, the repository files the spec reads) at
     their relative paths into a fresh folder and runs `python -m kiln.data.tokenize ARGV` there;
@@ -37,7 +37,7 @@ def run_tokenize(
         command, runtime_env = node_runtime.python_command(ray, node, "kiln.data.tokenize")
         env = {
             **os.environ,
-            **hub_env,  # credentials for a hub source or tokenizer: never on the command line
+            **secrets,  # the Hub's and the bucket's credentials: never on a command line
             **runtime_env,
             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
         }
