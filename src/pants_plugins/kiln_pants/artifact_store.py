@@ -151,28 +151,13 @@ class DepFailedMarked:
 
 @rule(desc="Writing DEP_FAILED marks into the artifact store")
 async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
-    runtime, environment = await MultiGet(
-        Get(Runtime, RuntimeRequest(*DEP_FAILED_MARKS)),
-        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
-    )
     argv = [request.prefix]
     for folder in request.clears:
         argv += ["--clear", folder]
     for folder, reason in request.marks:
         argv += ["--mark", folder, reason]
-    process = await Get(
-        Process,
-        RuntimeProcess(
-            runtime,
-            argv=tuple(argv),
-            description=f"Writing DEP_FAILED marks into {request.prefix}",
-            input_digest=EMPTY_DIGEST,
-            output_directories=(),
-            cache_scope=ProcessCacheScope.PER_SESSION,  # the store changes behind Pants' back
-            env=FrozenDict(environment),
-        ),
-    )
-    result = await Get(FallibleProcessResult, Process, process)
+    description = f"Writing DEP_FAILED marks into {request.prefix}"
+    result = await _store_process(DEP_FAILED_MARKS, tuple(argv), description)
     if result.exit_code != 0:  # the marks say more; the build's outcome stands without them
         why = result.stderr.decode(errors="replace").strip().splitlines()
         logger.warning(
@@ -181,6 +166,31 @@ async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
         return DepFailedMarked(())
     lines = result.stdout.decode().splitlines()
     return DepFailedMarked(tuple(line.removeprefix("marked ") for line in lines))
+
+
+async def _store_process(
+    entry: tuple, argv: tuple[str, ...], description: str
+) -> FallibleProcessResult:
+    """A runtime process that reads or writes the artifact store, with the store clients'
+    credentials from the caller's environment; never kept beyond its session (the store
+    changes behind Pants' back)."""
+    runtime, environment = await MultiGet(
+        Get(Runtime, RuntimeRequest(*entry)),
+        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
+    )
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=argv,
+            description=description,
+            input_digest=EMPTY_DIGEST,
+            output_directories=(),
+            cache_scope=ProcessCacheScope.PER_SESSION,
+            env=FrozenDict(environment),
+        ),
+    )
+    return await Get(FallibleProcessResult, Process, process)
 
 
 class BucketUnreadable(Exception):
@@ -200,23 +210,8 @@ class BucketRecords:
 
 @rule(desc="Reading artifact records from a bucket")
 async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
-    runtime, environment = await MultiGet(
-        Get(Runtime, RuntimeRequest(*PEEK)),
-        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
-    )
-    process = await Get(
-        Process,
-        RuntimeProcess(
-            runtime,
-            argv=(request.prefix, *request.folders),
-            description=f"Reading {len(request.folders)} artifact records from {request.prefix}",
-            input_digest=EMPTY_DIGEST,
-            output_directories=(),
-            cache_scope=ProcessCacheScope.PER_SESSION,  # the bucket changes behind Pants' back
-            env=FrozenDict(environment),
-        ),
-    )
-    result = await Get(FallibleProcessResult, Process, process)
+    description = f"Reading {len(request.folders)} artifact records from {request.prefix}"
+    result = await _store_process(PEEK, (request.prefix, *request.folders), description)
     if result.exit_code != 0:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
         why = lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
