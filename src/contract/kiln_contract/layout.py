@@ -5,6 +5,8 @@ read and write, defined once.
         artifact.json     the record (kiln_contract.record), with provenance
         summary.txt       what `pants run` prints for a built artifact
         train_spec.json   a checkpoint's trainer spec (docs/step-spec.md)
+        config.json       a checkpoint's resolved run config, written when the run starts
+        summary.json      a checkpoint's last metrics, speed and where things are
         failure.txt       why the last build failed (one line), beside STATUS FAILED
         STATUS            written last: SUCCESS, FAILED, RUNNING or DEP_FAILED
 """
@@ -12,6 +14,8 @@ read and write, defined once.
 RECORD_FILE = "artifact.json"
 SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed when it is served
 TRAIN_SPEC_FILE = "train_spec.json"
+RUN_CONFIG_FILE = "config.json"
+RUN_SUMMARY_FILE = "summary.json"
 FAILURE_FILE = "failure.txt"
 STATUS_FILE = "STATUS"
 

@@ -15,14 +15,16 @@ from pants.base.build_root import BuildRoot
 from pants.core.util_rules.distdir import DistDir
 from pants.engine.addresses import Addresses
 from pants.engine.console import Console
+from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import AddPrefix, CreateDigest, Digest, FileContent, RemovePrefix, Workspace
 from pants.engine.goal import Goal, GoalSubsystem
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
 from pants.engine.rules import Get, collect_rules, goal_rule
 from pants.option.option_types import StrOption
+from pants.util.frozendict import FrozenDict
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.artifact_store import artifact_path
+from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
 from kiln_pants.build import BuildRoots, BuildRootsRequest
 from kiln_pants.runtime import REPORT, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -69,14 +71,11 @@ async def compare(
     if not runs:
         console.print_stderr("No lm_checkpoint targets given (a sweep, or checkpoints).")
         return Compare(exit_code=1)
-    try:
-        prefix = kiln.prefix_path(build_root.path, needed_by="`pants compare`")
-    except ValueError as e:
-        console.print_stderr(str(e))
-        return Compare(exit_code=1)
+    prefix = kiln.prefix_location(build_root.path)  # a folder or a bucket: read by the runtime
     listed = [{"name": a.ref, "folder": artifact_path(prefix, a), "identity": a.identity}
               for a in runs]  # fmt: skip
     runtime = await Get(Runtime, RuntimeRequest(*REPORT))
+    environment = await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT))
     runs_file = await Get(Digest, CreateDigest([FileContent(RUNS_FILE, json.dumps(listed).encode())]))
     metric = ("--metric", subsystem.metric) if subsystem.metric else ()
     process = await Get(
@@ -88,6 +87,7 @@ async def compare(
             input_digest=runs_file,
             output_directories=(OUT_DIR,),
             cache_scope=ProcessCacheScope.PER_SESSION,  # the runs' folders change as they train
+            env=FrozenDict(environment),  # a bucket's credentials
         ),
     )
     result = await Get(FallibleProcessResult, Process, process)

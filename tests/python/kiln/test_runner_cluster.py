@@ -288,8 +288,9 @@ def test_a_store_cache_tokenized_on_the_cluster_is_the_local_build(
     assert f"tokenized/test@2026.11.29: already built at {built.out}" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("s3_server")
 def test_a_store_cache_tokenized_on_the_cluster_into_a_bucket_is_the_local_build(
-    cluster: str, s3_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tasks get the bucket's credentials as arguments (not the nodes' environment) and
     write every object at its final key (kiln_pants.cache_layout), STATUS last."""

@@ -15,8 +15,7 @@ from kiln.interop.errors import InteropError
 from kiln.interop.llama_weights import Params
 from kiln.model.config import LlamaConfig
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo
-
-RUN_CONFIG_FILE = "config.json"  # kiln.train.trainer.CONFIG_FILE: the resolved run config
+from kiln_contract.layout import RUN_CONFIG_FILE
 
 
 @dataclass

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from kiln.artifacts import atomic_write_bytes
+from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.report.compare import (
     CSV_FILE,
     RunRow,
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def compare(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m kiln.report compare")
-    parser.add_argument("run_dirs", type=Path, nargs="*", help="checkpoint artifact folders")
+    parser.add_argument("run_dirs", nargs="*", help="checkpoint artifact folders (or bucket URLs)")
     parser.add_argument("--runs", type=Path, help="a JSON list of runs: name, folder, identity")
     parser.add_argument("--out", type=Path, default=Path("compare"), help="where the CSV and PNG go")
     parser.add_argument(
@@ -54,6 +55,9 @@ def compare(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         rows = [read_run(folder) for folder in args.run_dirs] + _listed_runs(args.runs)
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_STORAGE
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"error: --runs {args.runs}: {e}", file=sys.stderr)
         return 1
@@ -78,7 +82,7 @@ def _listed_runs(path: Path | None) -> list[RunRow]:
     if path is None:
         return []
     runs = json.loads(path.read_text())
-    return [read_run(Path(r["folder"]), r["name"], r.get("identity")) for r in runs]
+    return [read_run(str(r["folder"]), r["name"], r.get("identity")) for r in runs]
 
 
 def _default_metric(rows: list[RunRow]) -> str:

@@ -15,14 +15,12 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from kiln.artifacts import RECORD_FILE, STATUS_FILE, SUCCESS
+from kiln.artifacts.folder import ArtifactFolder
+from kiln_contract.layout import RECORD_FILE, RUN_CONFIG_FILE, RUN_SUMMARY_FILE, SUCCESS
 from kiln_contract.llama import LlamaArchitecture, flops_per_token
 
-SUMMARY_FILE = "summary.json"
-CONFIG_FILE = "config.json"
 CSV_FILE = "compare.csv"
 # Identity fields that name the inputs rather than choose the run; a differing fingerprint of
 # an input shows as the input's own field.
@@ -32,7 +30,7 @@ _SKIPPED = ("kind", "format")
 @dataclass(frozen=True)
 class RunRow:
     name: str  # name@version
-    folder: Path
+    folder: str  # a path or a bucket URL
     state: str  # built, or why not: not built, FAILED, RUNNING, ...
     identity: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
@@ -62,33 +60,29 @@ class RunRow:
         return None
 
 
-def read_run(folder: Path, name: str | None = None, identity: dict[str, Any] | None = None) -> RunRow:
-    """A checkpoint's folder as a row. `name` and `identity` (the plugin's, for a run that has
-    no folder yet) stand in for the folder's artifact.json when it is absent."""
-    record = _json(folder / RECORD_FILE) or {}
+def read_run(location: str, name: str | None = None, identity: dict[str, Any] | None = None) -> RunRow:
+    """A checkpoint's folder (a path, or a URL in a bucket) as a row. `name` and `identity`
+    (the plugin's, for a run that has no folder yet) stand in for the folder's artifact.json
+    when it is absent."""
+    folder = ArtifactFolder.at(location)
+    record = _json(folder, RECORD_FILE) or {}
     identity = record.get("identity") or identity or {}
-    label = f"{record['name']}@{record['version']}" if "name" in record else name or str(folder)
-    status = _text(folder / STATUS_FILE)
+    label = f"{record['name']}@{record['version']}" if "name" in record else name or location
+    status = folder.status()
     if status != SUCCESS:
-        return RunRow(label, folder, status or "not built", identity)
-    config = _json(folder / CONFIG_FILE) or {}
+        return RunRow(label, location, status or "not built", identity)
+    config = _json(folder, RUN_CONFIG_FILE) or {}
     vocab = (config.get("model") or {}).get("vocab_size")
-    return RunRow(label, folder, "built", identity, _json(folder / SUMMARY_FILE) or {}, vocab)
+    summary = _json(folder, RUN_SUMMARY_FILE) or {}
+    return RunRow(label, location, "built", identity, summary, vocab)
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def _json(folder: ArtifactFolder, name: str) -> dict[str, Any] | None:
     try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
+        value = json.loads(folder.text(name) or "null")
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _text(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
 
 
 def flat(identity: dict[str, Any], prefix: str = "") -> dict[str, Any]:

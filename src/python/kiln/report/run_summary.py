@@ -37,8 +37,8 @@ from kiln.model.config import LlamaConfig
 from kiln.report.plots import PLOT_FILE
 from kiln.train.checkpoints import Checkpointer, CheckpointInfo, restore_params
 from kiln.train.mesh import make_mesh
-from kiln.train.metrics import SUMMARY_FILE
 from kiln.train.spec import TrainSpec
+from kiln_contract.layout import RUN_SUMMARY_FILE
 
 NUM_SAMPLES = 3
 PROMPT_TOKENS = 24
@@ -60,7 +60,7 @@ def write_run_summary(spec: TrainSpec, *, shown_at: str | None = None) -> str:
 
 def format_run_summary(spec: TrainSpec, *, shown_at: str | None = None) -> str:
     output_path = spec.output_path
-    summary = json.loads((output_path / SUMMARY_FILE).read_text())
+    summary = json.loads((output_path / RUN_SUMMARY_FILE).read_text())
     checkpointer = Checkpointer.from_spec(
         output_path, spec.runtime.checkpointer, name=spec.name, version=spec.version
     )

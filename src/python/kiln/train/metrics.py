@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TRACKER_FILE = "tracker_metrics.jsonl"  # {"config", "summary"} of a complete run (Marin's)
-SUMMARY_FILE = "summary.json"  # the last metrics, speed and where things are
 WANDB_DIR = "wandb"
 
 # Dense bf16 peak FLOP/s per device, from vendor spec sheets; used for MFU. Matched as a

@@ -38,7 +38,6 @@ from kiln.train import compilation_cache
 from kiln.train.checkpoints import CheckpointDamaged, Checkpointer, CheckpointInfo
 from kiln.train.hooks import StepInfo, StopSignals, SyncPoint, TrainerHooks
 from kiln.train.metrics import (
-    SUMMARY_FILE,
     TRACKER_FILE,
     MetricsLogger,
     Throughput,
@@ -48,10 +47,10 @@ from kiln.train.metrics import (
 from kiln.train.multihost import agree_max, barrier
 from kiln.train.progress import Progress, make_progress
 from kiln.train.spec import Resources, RuntimeSpec, TrainConfig, TrainSpec
+from kiln_contract.layout import RUN_CONFIG_FILE, RUN_SUMMARY_FILE
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
 PREFETCH_BATCHES = 2
 # The loop reads the device's results (loss, grad norm) at these steps only, so the host queues
 # the next steps while the device computes: every SYNC_EVERY_STEPS steps, and wherever the state
@@ -417,7 +416,7 @@ class Trainer:
         started = time.monotonic()
         self.output.mkdir(parents=True, exist_ok=True)
         if self.is_main:
-            atomic_write_json(self.output / CONFIG_FILE, self.resolved_config())
+            atomic_write_json(self.output / RUN_CONFIG_FILE, self.resolved_config())
         with contextlib.ExitStack() as cleanup:
             self._open_outputs(cleanup)
             end_step = self.cfg.num_train_steps
@@ -676,7 +675,7 @@ class Trainer:
         self._observe_metrics(end_step)
         summary = self._summary(started, end_step, complete)
         if self.is_main:
-            atomic_write_json(self.output / SUMMARY_FILE, summary)
+            atomic_write_json(self.output / RUN_SUMMARY_FILE, summary)
             if complete:
                 record = {"config": self.resolved_config(), "summary": summary}
                 atomic_write_text(self.output / TRACKER_FILE, _json_line(record))

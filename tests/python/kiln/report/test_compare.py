@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kiln_testing.buckets import fresh_url, s3_server  # noqa: F401 - a fixture
 
+from kiln.artifacts.store import copy_folder_into, open_store
 from kiln.report.compare import read_run, table, varied_fields
 from kiln.report.compare_plot import fit_power_law, frontier
 from kiln_contract.llama import LlamaArchitecture, flops_per_token
@@ -49,8 +51,8 @@ def test_a_row_per_run_with_the_fields_that_vary(tmp_path: Path) -> None:
     a = write_run(tmp_path, "s-d64-lr1e-3", identity(64, 1e-3), 5.0)
     b = write_run(tmp_path, "s-d64-lr3e-3", identity(64, 3e-3), 4.5)
     c = write_run(tmp_path, "s-d128-lr1e-3", identity(128, 1e-3), None, status="RUNNING")
-    rows = [read_run(folder) for folder in (a, b, c)] + [
-        read_run(tmp_path / "nowhere", "checkpoints/s-d128-lr3e-3@2026.12.02", identity(128, 3e-3))
+    rows = [read_run(str(folder)) for folder in (a, b, c)] + [
+        read_run(str(tmp_path / "nowhere"), "checkpoints/s-d128-lr3e-3@2026.12.02", identity(128, 3e-3))
     ]
     assert varied_fields(rows) == [
         "model.hidden_dim", "model.intermediate_dim", "optimizer.learning_rate"
@@ -103,3 +105,15 @@ def test_the_command_writes_the_table_csv_and_plot(tmp_path: Path) -> None:
     assert [r["model.hidden_dim"] for r in rows] == ["32", "64", "128", "256", "512"]
     assert [r["eval/val/loss"] for r in rows] == ["6", "5.2", "4.7", "4.5", ""]
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.usefixtures("s3_server")
+def test_a_run_in_a_bucket_reads_as_the_same_run_in_a_folder(tmp_path: Path) -> None:
+    folder = write_run(tmp_path, "s-d64-lr1e-3", identity(64, 1e-3), 5.0)
+    url = fresh_url("s3")
+    copy_folder_into(open_store(url), "", folder)
+    here, there = read_run(str(folder)), read_run(url)
+    assert there.folder == url and there.built
+    assert (there.name, there.identity, there.summary, there.flops) == (
+        here.name, here.identity, here.summary, here.flops
+    )  # fmt: skip
