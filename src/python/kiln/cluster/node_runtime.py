@@ -7,7 +7,8 @@ The submitting machine ships two bundles through Ray itself, each once per diges
 - the runtime PEX Pants built for the run (its third-party packages from the lockfile), when the
   run comes from `pants run`: a packed PEX folder, run by the node's own CPython 3.12.
 
-A bundle is held by a detached actor (`Depot`, named `kiln-depot-DIGEST` in Kiln's namespace),
+A bundle is held by a detached actor (`Depot`, named `kiln-depot-DIGEST` in a namespace of its
+own, `kiln-runtime`: the `kiln` namespace holds jobs' drivers only, which `list` shows),
 which keeps it on its node's disk in chunks; a node fetches it once into
 `~/.cache/kiln/bundles/DIGEST/` (under a file lock: the hosts and tasks of one node share it) and
 reuses it for every later job. The PEX builds its virtual environment on the node on first use
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-NAMESPACE = "kiln"
+NAMESPACE = "kiln-runtime"  # apart from the jobs' drivers (kiln.cluster.driver.NAMESPACE)
 CHUNK_BYTES = 32 << 20  # one call carries this much of a bundle
 # A sliver of the resource Ray gives the head node alone: what must outlive a lost worker node
 # (a job's driver, a depot) lives there.
