@@ -94,7 +94,8 @@ def _command(ray: Any, args: argparse.Namespace, address: str) -> int:
     if args.command in ("endpoints", "mint"):
         return _endpoint(ray, handle, args)
     if args.follow:
-        return jobs.follow(ray, handle, args.job, address)
+        with jobs.detaching() as detached:
+            return jobs.follow(ray, handle, args.job, address, detached)
     offset = 0
     while lines := ray.get(handle.read.remote(offset))[0]:
         print("\n".join(lines))

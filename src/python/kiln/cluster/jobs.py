@@ -8,12 +8,13 @@ output until it ends, or detaches (`--detach`, Ctrl-C) and leaves it running.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kiln.cluster import driver, node_runtime
@@ -45,11 +46,12 @@ def run(job: ClusterJob, prepare: Callable[[], None], *, detach: bool) -> int:
         prepare()
         job = dataclasses.replace(job, runtime=ship_runtime(ray, job.resources).to_json())
         handle = _start(ray, job)
-        print(f"kiln: submitted job {job.job_id}", flush=True)
-        if detach:
-            print(f"kiln: {how_to_follow(job.job_id, job.address)}", flush=True)
-            return 0
-        return follow(ray, handle, job.job_id, job.address)
+        with detaching() as detached:  # from the moment the job exists, Ctrl-C detaches
+            print(f"kiln: submitted job {job.job_id}", flush=True)
+            if detach:
+                print(f"kiln: {how_to_follow(job.job_id, job.address)}", flush=True)
+                return 0
+            return follow(ray, handle, job.job_id, job.address, detached)
     finally:
         ray.shutdown()
 
@@ -77,27 +79,34 @@ def _start(ray: Any, job: ClusterJob) -> Any:
     return handle
 
 
-def follow(ray: Any, handle: Any, job_id: str, address: str) -> int:
-    """Prints the job's output as it comes until the job ends; returns its exit code. Ctrl-C (or
-    SIGTERM) detaches, exit 130: the job goes on, and how to reattach is printed. The signal only
-    sets a flag, so that no Ray Client call is cut off midway."""
+@contextlib.contextmanager
+def detaching() -> Iterator[threading.Event]:
+    """An event that Ctrl-C (or SIGTERM) sets while the block runs, in place of their usual
+    effect: the signal only sets a flag, so that no Ray Client call is cut off midway."""
     detached = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: detached.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
     try:
-        offset = 0
-        while not detached.is_set():
-            lines, status = _call(ray, handle.read.remote(offset), job_id)
-            for line in lines:
-                print(line, flush=True)
-            offset += len(lines)
-            if status["state"] in driver.FINISHED and len(lines) < driver.READ_LINES:
-                return int(status["exit_code"])
-            if not lines:
-                detached.wait(FOLLOW_POLL_S)
+        yield detached
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def follow(ray: Any, handle: Any, job_id: str, address: str, detached: threading.Event) -> int:
+    """Prints the job's output as it comes until the job ends; returns its exit code. When
+    `detached` is set (`detaching`: Ctrl-C or SIGTERM), exit 130: the job goes on, and how to
+    reattach is printed."""
+    offset = 0
+    while not detached.is_set():
+        lines, status = _call(ray, handle.read.remote(offset), job_id)
+        for line in lines:
+            print(line, flush=True)
+        offset += len(lines)
+        if status["state"] in driver.FINISHED and len(lines) < driver.READ_LINES:
+            return int(status["exit_code"])
+        if not lines:
+            detached.wait(FOLLOW_POLL_S)
     print(f"\nkiln: detached; job {job_id} goes on. {how_to_follow(job_id, address)}", flush=True)
     return 130
 
