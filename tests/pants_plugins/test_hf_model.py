@@ -194,7 +194,7 @@ def test_packaging_before_the_checkpoint_is_built_names_the_command(
     ) in probe_error(rule_runner, checkpoint, folder)
 
     write_record(folder, checkpoint.fingerprint, checkpoint.identity, status="RUNNING")
-    assert f"({folder}: incomplete): build it with `./pants run exp:ckpt`" in probe_error(
+    assert f"({folder}: incomplete (will resume)): build it with `./pants run exp:ckpt`" in probe_error(
         rule_runner, checkpoint, folder
     )
     write_record(folder, "0" * 16, {**checkpoint.identity, "batch_size": 4})

@@ -149,31 +149,13 @@ class DepFailedMarked:
     folders: tuple[str, ...]  # those marked: the others hold a built artifact or a run
 
 
-@rule(desc="Writing DEP_FAILED marks into the artifact store")
-async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
-    argv = [request.prefix]
-    for folder in request.clears:
-        argv += ["--clear", folder]
-    for folder, reason in request.marks:
-        argv += ["--mark", folder, reason]
-    description = f"Writing DEP_FAILED marks into {request.prefix}"
-    result = await _store_process(DEP_FAILED_MARKS, tuple(argv), description)
-    if result.exit_code != 0:  # the marks say more; the build's outcome stands without them
-        why = result.stderr.decode(errors="replace").strip().splitlines()
-        logger.warning(
-            f"kiln: DEP_FAILED marks not written: {why[-1] if why else result.exit_code}"
-        )
-        return DepFailedMarked(())
-    lines = result.stdout.decode().splitlines()
-    return DepFailedMarked(tuple(line.removeprefix("marked ") for line in lines))
-
-
 async def _store_process(
     entry: tuple, argv: tuple[str, ...], description: str
 ) -> FallibleProcessResult:
     """A runtime process that reads or writes the artifact store, with the store clients'
     credentials from the caller's environment; never kept beyond its session (the store
-    changes behind Pants' back)."""
+    changes behind Pants' back). Defined above the rules that call it: Pants finds a helper's
+    Gets when it reads the rule."""
     runtime, environment = await MultiGet(
         Get(Runtime, RuntimeRequest(*entry)),
         Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
@@ -191,6 +173,25 @@ async def _store_process(
         ),
     )
     return await Get(FallibleProcessResult, Process, process)
+
+
+@rule(desc="Writing DEP_FAILED marks into the artifact store")
+async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
+    argv = [request.prefix]
+    for folder in request.clears:
+        argv += ["--clear", folder]
+    for folder, reason in request.marks:
+        argv += ["--mark", folder, reason]
+    description = f"Writing DEP_FAILED marks into {request.prefix}"
+    result = await _store_process(DEP_FAILED_MARKS, tuple(argv), description)
+    if result.exit_code != 0:  # the marks say more; the build's outcome stands without them
+        why = result.stderr.decode(errors="replace").strip().splitlines()
+        logger.warning(
+            f"kiln: DEP_FAILED marks not written: {why[-1] if why else result.exit_code}"
+        )
+        return DepFailedMarked(())
+    lines = result.stdout.decode().splitlines()
+    return DepFailedMarked(tuple(line.removeprefix("marked ") for line in lines))
 
 
 class BucketUnreadable(Exception):

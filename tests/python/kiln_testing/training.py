@@ -123,6 +123,7 @@ EXAMPLE_SPEC: dict[str, Any] = {
             "keep_last_temporary": 2,
             "every": 5,
             "temporary_base_path": None,
+            "per_host_folders": False,
         },
         "wandb": {"mode": "disabled", "project": "kiln", "entity": None, "run_id": None,
                   "group": None, "tags": []},

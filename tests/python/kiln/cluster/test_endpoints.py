@@ -73,5 +73,5 @@ def test_listing_and_minted_lines_follow_the_reference_and_say_how_to_reach_it()
 def test_a_cluster_job_knows_the_run_folder_process_0_records_its_endpoint_in() -> None:
     step = {"name": "checkpoints/tiny", "version": "2026.11.29"}
     job = ClusterJob("j", "checkpoints/tiny@2026.11.29", "ray://h:1", Resources("cpu"),
-                     {STEP_FILE: json.dumps(step).encode()}, Path("/store"))  # fmt: skip
-    assert job.run_dir == Path("/store/checkpoints/tiny/2026.11.29")
+                     {STEP_FILE: json.dumps(step).encode()}, "/store")  # fmt: skip
+    assert job.run_dir("/inputs") == "/store/checkpoints/tiny/2026.11.29"

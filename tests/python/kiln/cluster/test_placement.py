@@ -115,12 +115,12 @@ def test_cluster_addresses() -> None:
 
 def test_each_host_runs_the_multihost_runner() -> None:
     job = ClusterJob("tiny-1", "checkpoints/tiny@2026.11.29", "ray://h:1",
-                     Resources("cpu", hosts=2), {}, Path("/store"))  # fmt: skip
+                     Resources("cpu", hosts=2), {}, "/store")  # fmt: skip
     assert job.runner_argv("10.0.0.1:4000", 1) == [
         "{inputs}/step.json", "--inputs", "{inputs}", "--prefix", "/store",
         "--job", "tiny-1", "--max-retries", "3",
         "--coordinator", "10.0.0.1:4000", "--num-processes", "2", "--process-id", "1",
     ]  # fmt: skip
     assert ClusterJob.from_json(job.to_json()) == job
-    on_a_slice = ClusterJob("tiny-1", "x@1", "ray://h:1", Resources("tpu", "v4-16"), {}, Path("/s"))
+    on_a_slice = ClusterJob("tiny-1", "x@1", "ray://h:1", Resources("tpu", "v4-16"), {}, "/s")
     assert on_a_slice.runner_argv("ignored", 1)[-2:] == ["--coordinator", "auto"]
