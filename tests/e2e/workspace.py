@@ -7,7 +7,7 @@ import shutil
 import signal
 from pathlib import Path
 
-WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
+WORKSPACE = ("BUILD", "pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
 
 
 def copy_workspace(destination: Path) -> Path:
