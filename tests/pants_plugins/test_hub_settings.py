@@ -4,13 +4,15 @@ through their env (which Pants hashes into the cache key)."""
 from __future__ import annotations
 
 import json
+import os
 import stat
+import subprocess
 from pathlib import Path
 
 from pants.engine.rules import QueryRule
 from pants.testutil.rule_runner import RuleRunner
 
-from kiln_contract.tokenize import HUB_SETTINGS_CACHE, HUB_SETTINGS_DIR, HUB_SETTINGS_FILE
+from kiln_contract.tokenize import HUB_SETTINGS_CACHE, HUB_SETTINGS_DIR, hub_settings_file
 from kiln_pants import hub_settings
 from kiln_pants.hub_settings import HubSettingsCache
 
@@ -26,7 +28,7 @@ def test_the_settings_file_holds_the_variables_and_the_mount_does_not(tmp_path: 
     assert dict(mount.append_only_caches) == {HUB_SETTINGS_CACHE: HUB_SETTINGS_DIR}
     assert "hf_secret_value" not in repr(mount)
 
-    settings = caches / HUB_SETTINGS_CACHE / HUB_SETTINGS_FILE
+    settings = caches / HUB_SETTINGS_CACHE / hub_settings_file(os.getpid())  # the rule's process
     assert json.loads(settings.read_text()) == {"HF_HOME": "/data/hf", "HF_TOKEN": "hf_secret_value"}
     assert stat.S_IMODE(settings.stat().st_mode) == 0o600
 
@@ -46,3 +48,19 @@ def test_another_token_mounts_the_same_cache(tmp_path: Path) -> None:
         rule_runner.set_options([f"--named-caches-dir={tmp_path}"], env=env)
         mounts.append(rule_runner.request(HubSettingsCache, []))
     assert mounts[0] == mounts[1] == mounts[2]
+
+
+def test_each_pants_process_writes_its_own_file_and_ended_ones_are_removed(tmp_path: Path) -> None:
+    """Two `./pants` runs with other settings at once (two terminals, two tests) do not read
+    each other's: a tokenize process reads its parent's file."""
+    folder = tmp_path / HUB_SETTINGS_CACHE
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    hub_settings.write_hub_settings(folder, {"HF_TOKEN": "hf_gone"}, gone.pid)
+    hub_settings.write_hub_settings(folder, {"HF_TOKEN": "hf_other"}, os.getppid())  # alive
+    hub_settings.write_hub_settings(folder, {"HF_TOKEN": "hf_mine"}, os.getpid())
+    files = {path.name: json.loads(path.read_text()) for path in folder.iterdir()}
+    assert files == {
+        hub_settings_file(os.getppid()): {"HF_TOKEN": "hf_other"},
+        hub_settings_file(os.getpid()): {"HF_TOKEN": "hf_mine"},
+    }

@@ -35,9 +35,9 @@ from kiln_contract.vocabulary import STDLIB_PARTS, STDLIB_SPLITS, check_address
 SPEC_VERSION = 1
 SPEC_KIND = "tokenized_cache"
 # The Hugging Face settings a tokenize process needs and that must not enter its cache key: the
-# backend writes the user's values to HUB_SETTINGS_FILE in a Pants named cache (not part of any
-# key), mounted at HUB_SETTINGS_DIR in the sandbox; the entry point reads them before importing
-# huggingface_hub (docs/token-cache.md, "Hub credentials").
+# backend writes the user's values to `hub_settings_file(PID)` in a Pants named cache (not part
+# of any key), mounted at HUB_SETTINGS_DIR in the sandbox; the entry point reads them before
+# importing huggingface_hub (docs/token-cache.md, "Hub credentials").
 HUB_VARIABLES = (
     "HF_TOKEN",
     "HF_HOME",
@@ -48,7 +48,17 @@ HUB_VARIABLES = (
 )
 HUB_SETTINGS_CACHE = "kiln_hub_settings"
 HUB_SETTINGS_DIR = ".kiln_hub_settings"
-HUB_SETTINGS_FILE = "settings.json"
+
+
+HUB_SETTINGS_PREFIX = "settings-"
+
+
+def hub_settings_file(pants_pid: int) -> str:
+    """The settings of the Pants process `pants_pid`, which starts the tokenize processes (they
+    read their parent's): concurrent `./pants` runs with other settings each keep their own."""
+    return f"{HUB_SETTINGS_PREFIX}{pants_pid}.json"
+
+
 FILE_FORMATS = ("auto", "json", "jsonl", "parquet", "text")
 # How a document becomes token ids (docs/token-cache.md, "Document framing"): Kiln's own rule, or
 # exactly as Levanter's BatchTokenizer frames it, without ("levanter": build_or_load_cache) or

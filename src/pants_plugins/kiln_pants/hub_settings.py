@@ -2,7 +2,8 @@
 tokenize processes, kept out of their cache keys.
 
 Pants puts a Process's env into its cache key, so a token there would enter the local (and any
-remote) cache's keys. Instead the values go to a file, mode 0600, in a Pants named cache: a
+remote) cache's keys. Instead the values go to a file, mode 0600, in a Pants named cache (one
+per Pants process, `hub_settings_file(PID)`: a tokenize process reads its parent's): a
 process mounts the cache (`append_only_caches`), whose name is in the key but whose contents are
 not, and `kiln.data.tokenize` reads the file before importing huggingface_hub. The file is
 rewritten whenever the variables change (the rule depends on them), so an unset token is gone.
@@ -25,8 +26,9 @@ from pants.util.frozendict import FrozenDict
 from kiln_contract.tokenize import (
     HUB_SETTINGS_CACHE,
     HUB_SETTINGS_DIR,
-    HUB_SETTINGS_FILE,
+    HUB_SETTINGS_PREFIX,
     HUB_VARIABLES,
+    hub_settings_file,
 )
 
 
@@ -37,11 +39,13 @@ class HubSettingsCache:
     append_only_caches: FrozenDict[str, str]
 
 
-def write_hub_settings(folder: Path, values: Mapping[str, str]) -> Path:
-    """Atomically (re)writes the settings file, readable by its owner only."""
+def write_hub_settings(folder: Path, values: Mapping[str, str], pants_pid: int) -> Path:
+    """Atomically (re)writes the settings file of the Pants process `pants_pid`, readable by its
+    owner only, and deletes those of Pants processes that have ended."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / HUB_SETTINGS_FILE
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{HUB_SETTINGS_FILE}.", suffix=".tmp")
+    _remove_ended(folder)
+    path = folder / hub_settings_file(pants_pid)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -53,11 +57,30 @@ def write_hub_settings(folder: Path, values: Mapping[str, str]) -> Path:
     return path
 
 
+def _remove_ended(folder: Path) -> None:
+    for path in folder.glob(f"{HUB_SETTINGS_PREFIX}*.json"):
+        pid = path.stem.removeprefix(HUB_SETTINGS_PREFIX)
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 @rule
 async def hub_settings_cache(named_caches: NamedCachesDirOption) -> HubSettingsCache:
     env = await Get(EnvironmentVars, EnvironmentVarsRequest(HUB_VARIABLES))
     values = {name: value for name, value in env.items() if value}
-    write_hub_settings(Path(named_caches.val) / HUB_SETTINGS_CACHE, values)
+    # The processes this Pants process starts read its file: one of its own, so that another
+    # `./pants` with other settings (another terminal, a concurrent test) cannot replace it.
+    write_hub_settings(Path(named_caches.val) / HUB_SETTINGS_CACHE, values, os.getpid())
     return HubSettingsCache(FrozenDict({HUB_SETTINGS_CACHE: HUB_SETTINGS_DIR}))
 
 

@@ -9,14 +9,18 @@ import json
 import os
 from pathlib import Path
 
-from kiln_contract.tokenize import HUB_SETTINGS_DIR, HUB_SETTINGS_FILE, HUB_VARIABLES
-
-SETTINGS_PATH = Path(HUB_SETTINGS_DIR) / HUB_SETTINGS_FILE
+from kiln_contract.tokenize import HUB_SETTINGS_DIR, HUB_VARIABLES, hub_settings_file
 
 
-def apply_hub_settings(path: Path = SETTINGS_PATH) -> list[str]:
-    """Sets the known variables the file holds and the environment lacks; returns their names
-    (never their values: a token is no log line)."""
+def settings_path() -> Path:
+    """The mounted settings of the Pants process that started this one."""
+    return Path(HUB_SETTINGS_DIR) / hub_settings_file(os.getppid())
+
+
+def apply_hub_settings(path: Path | None = None) -> list[str]:
+    """Sets the known variables the file (default: `settings_path()`) holds and the environment
+    lacks; returns their names (never their values: a token is no log line)."""
+    path = path or settings_path()
     try:
         values = json.loads(path.read_text())
     except FileNotFoundError:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import kiln.data.tokenize  # noqa: F401 (the entry point the subprocess runs)
-from kiln.data.hub_settings import SETTINGS_PATH, apply_hub_settings
+from kiln.data.hub_settings import apply_hub_settings
+from kiln_contract.tokenize import HUB_SETTINGS_DIR, hub_settings_file
 
 
 def test_settings_fill_the_environment_but_do_not_override_it(
@@ -34,7 +35,8 @@ def test_settings_fill_the_environment_but_do_not_override_it(
 
 def test_the_tokenize_entry_point_reads_them_before_huggingface_hub(tmp_path: Path) -> None:
     """huggingface_hub reads HF_ENDPOINT once, at import: the entry point must set it first."""
-    settings = tmp_path / SETTINGS_PATH
+    # The probe's parent is this test's process, as a tokenize process's is the Pants process.
+    settings = tmp_path / HUB_SETTINGS_DIR / hub_settings_file(os.getpid())
     settings.parent.mkdir()
     settings.write_text(json.dumps({"HF_ENDPOINT": "http://127.0.0.1:9"}))
     probe = (
