@@ -213,7 +213,8 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
         served = pants(repo, *options, "run", TARGET, env=env)
         assert f"is already built at {prefix}/{RUN}" in served.stdout
         planned = pants(repo, *options, "plan", TARGET, env=env)
-        assert re.search(r"checkpoints/tiny2@2026.12.01 .*built", planned.stdout), planned.stdout
+        assert re.search(r"^\s+built\s+\w+\s+lm_checkpoint\s+checkpoints/tiny2@2026.12.01 ",
+                         planned.stdout, re.M), planned.stdout
         pants(repo, *options, "package", "experiments/cluster:tiny2_hf", env=env)
         assert store.read("hf/tiny2/2026.12.01/STATUS").data.decode().strip() == "SUCCESS"
         assert "hf/tiny2/2026.12.01/model.safetensors" in [
