@@ -2,21 +2,23 @@
 (kiln_testing.hub_server) that HF_ENDPOINT points at. HF_ENDPOINT and HF_TOKEN, set where
 ./pants runs, reach the tokenize process and never its cache key: a gated dataset builds with
 one token and, with another, is served from Pants' cache. (Its refusals without a token are
-tested on the tokenize command itself: tests/python/kiln/data/test_hub_sources.py.) Runs without
-pantsd, so each call also pays Pants' start-up."""
+tested on the tokenize command itself: tests/python/kiln/data/test_hub_sources.py.) Both calls go
+through one pantsd, as a user's do: the settings it hands the processes follow each call's
+environment."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from kiln_testing.hub_server import HubDataset, HubServer
 
-from tests.e2e.workspace import copy_workspace
+from tests.e2e.workspace import copy_workspace, stop_pantsd
 
 # A commit of this run's own: Pants' cache on this machine may hold an earlier run's process.
 PINNED = secrets.token_hex(20)
@@ -45,7 +47,7 @@ def pants(repo: Path, endpoint: str, token: str | None) -> subprocess.CompletedP
     if token is not None:
         env["HF_TOKEN"] = token
     return subprocess.run(
-        ["./pants", "--no-pantsd", "--stats-log", "package", "hubdata:prose"],
+        ["./pants", "package", "hubdata:prose"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
 
@@ -58,7 +60,7 @@ def test_a_gated_hub_cache_built_with_one_token_is_served_with_another(
     (repo / "hubdata/BUILD").write_text(BUILD)
     files = {f"data/train-{i:05d}-of-00002.jsonl": jsonl([f"document {i}.{j} of the hub" for j in range(5)])
              for i in range(2)}  # fmt: skip
-    with HubServer() as hub:
+    with HubServer() as hub, _pantsd_stopped(repo):
         hub.add(HubDataset("kiln-test/prose", {PINNED: files}, granted_tokens=TOKENS))
         first = pants(repo, hub.endpoint, TOKENS[0])
         assert first.returncode == 0, first.stderr[-3000:]
@@ -67,12 +69,19 @@ def test_a_gated_hub_cache_built_with_one_token_is_served_with_another(
 
         second = pants(repo, hub.endpoint, TOKENS[1])
         assert second.returncode == 0, second.stderr[-3000:]
-        assert TOKENIZING not in second.stderr  # the same cache key: served
-        hits = re.search(r"^\s+local_cache_requests_cached: (\d+)$", second.stderr, re.M)
-        assert hits and int(hits.group(1)) >= 2  # the shard and the merge
+        # The same processes (a token in one would make it another, run again): served.
+        assert TOKENIZING not in second.stderr and "Merging" not in second.stderr
     cache = repo / "dist/tokenized/hub_prose/2026.12.01"
     assert (cache / "STATUS").read_text().strip() == "SUCCESS"
     for path in cache.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
             assert not any(token.encode() in data for token in TOKENS), path
+
+
+@contextmanager
+def _pantsd_stopped(repo: Path) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        stop_pantsd(repo)
