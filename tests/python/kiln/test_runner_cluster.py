@@ -242,9 +242,13 @@ def test_the_other_kind_of_port_is_one_line(cluster: str, tmp_path: Path) -> Non
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.usefixtures("s3_server")
 def test_a_store_cache_tokenized_on_the_cluster_is_the_local_build(
     cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
+    """In a directory and in a bucket: there the tasks get the bucket's credentials as
+    arguments (not the nodes' environment) and write every object at its final key
+    (kiln_pants.cache_layout), STATUS last."""
     # Relative data files and tokenizer, as in a Pants sandbox: the tasks get them shipped.
     write_corpus(tmp_path / "data")
     shutil.copytree(STDLIB_TOKENIZER["path"], tmp_path / "tok")
@@ -259,17 +263,21 @@ def test_a_store_cache_tokenized_on_the_cluster_is_the_local_build(
     tokenize_shard(built.spec, 1, Path(built.shards[1]))
     bad = {**raw, "version": "2026.12.01", "config": {**raw["config"], "text_key": "x"}}
     failing = fan_out(bad, prefix, cluster)
+    in_bucket = fan_out_into_bucket(raw, fresh_url("s3"), cluster)
     ray = connect(cluster)  # one Ray Client session: seconds each on a busy head
     try:
         fanout.build(ray, built, fanout.task_files(built.spec, json.dumps(raw).encode(), None))
         with pytest.raises(fanout.TaskFailed) as failed:
             fanout.build(ray, failing, fanout.task_files(failing.spec, json.dumps(bad).encode(), None))
+        fanout.build(ray, in_bucket, fanout.task_files(in_bucket.spec, json.dumps(raw).encode(), None))
     finally:
         ray.shutdown()
     output = capsys.readouterr().err
     assert "(shard 1 of 2) tokenized/test: shard 1 is already at " in output
     assert "(shard 0 of 2) tokenized/test: shard 0/2: " in output  # tokenized on a node
     assert files_of(Path(built.out)) == files_of(local)  # every file, byte for byte
+    bucket = open_store(in_bucket.out)
+    assert {key: bucket.read(key).data for key in bucket.keys("")} == files_of(local)
     assert not Path(built.shards[0]).parent.exists()
 
     # A shard that fails names the cache and the shard; nothing reads as complete.
@@ -288,30 +296,12 @@ def test_a_store_cache_tokenized_on_the_cluster_is_the_local_build(
     assert f"tokenized/test@2026.11.29: already built at {built.out}" in capsys.readouterr().err
 
 
-@pytest.mark.usefixtures("s3_server")
-def test_a_store_cache_tokenized_on_the_cluster_into_a_bucket_is_the_local_build(
-    cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The tasks get the bucket's credentials as arguments (not the nodes' environment) and
-    write every object at its final key (kiln_pants.cache_layout), STATUS last."""
-    write_corpus(tmp_path / "data")
-    shutil.copytree(STDLIB_TOKENIZER["path"], tmp_path / "tok")
-    raw = make_spec({"kind": "files", "paths": ["data/*.jsonl"]}, num_shards=2)
-    raw["config"]["tokenizer"] = {"kind": "local", "path": "tok"}
-    monkeypatch.chdir(tmp_path)
-    local = build_cache(raw, tmp_path / "local/tokenized/test/2026.11.29")
-    prefix = fresh_url("s3")
+def fan_out_into_bucket(raw: dict, prefix: str, address: str) -> fanout.FanOut:
+    """A bucket's layout: the shards uploaded at their places in the cache."""
     spec = parse_cache_spec(raw)
     cache = f"{prefix}/{spec.name}/{spec.version}"
     shards = tuple(f"{cache}/shards/{shard_dir_name(i)}" for i in range(spec.num_shards))
-    built = fanout.FanOut(spec, shards, cache, prefix, cluster, record=False)
-    ray = connect(cluster)
-    try:
-        fanout.build(ray, built, fanout.task_files(spec, json.dumps(raw).encode(), None))
-    finally:
-        ray.shutdown()
-    store = open_store(cache)
-    assert {key: store.read(key).data for key in store.keys("")} == files_of(local)
+    return fanout.FanOut(spec, shards, cache, prefix, address, record=False)
 
 
 def fan_out(raw: dict, prefix: Path, address: str) -> fanout.FanOut:
