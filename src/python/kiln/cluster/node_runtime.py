@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -92,7 +93,11 @@ class Depot:
         self._chunks = -1  # sealed: the number of chunks
 
     def put(self, index: int, data: bytes) -> None:
-        (self._folder / f"{index:06d}").write_bytes(data)
+        """Two submitters of the same bundle at once may both fill it: each chunk is replaced
+        whole (the same bytes), never read half-written."""
+        staging = self._folder / f".{index:06d}.{secrets.token_hex(4)}"
+        staging.write_bytes(data)
+        os.replace(staging, self._folder / f"{index:06d}")
 
     def seal(self, chunks: int) -> None:
         self._chunks = chunks
@@ -112,13 +117,8 @@ def ship(ray: Any, kind: str, digest: str, files: list[tuple[str, Path]]) -> Bun
     """The bundle of `files` (name in the bundle, local path), in a depot on the cluster: made
     and filled unless a depot of the same digest has it already."""
     bundle = Bundle(kind, digest)
-    depot = (
-        ray.remote(Depot)
-        .options(name=bundle.depot, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                 resources=ON_HEAD, get_if_exists=True)  # fmt: skip
-        .remote(bundle.depot)
-    )
-    if ray.get(depot.chunks.remote()) >= 0:
+    depot, chunks = _depot(ray, bundle)
+    if chunks >= 0:
         return bundle
     with _tar_stream(files) as stream, warnings.catch_warnings():
         # Ray Client warns once more than 10 MB of calls went out: the bundle is meant to.
@@ -129,6 +129,24 @@ def ship(ray: Any, kind: str, digest: str, files: list[tuple[str, Path]]) -> Bun
             count += 1
     ray.get(depot.seal.remote(count))
     return bundle
+
+
+def _depot(ray: Any, bundle: Bundle) -> tuple[Any, int]:
+    """The bundle's depot, made unless it exists, and its sealed chunk count (-1: not filled).
+    Two submissions at once (a sweep's runs) may both make it: Ray's get_if_exists still lets
+    the second creation fail (at once, or at its first call through Ray Client), which then
+    takes the first's."""
+    try:
+        depot = (
+            ray.remote(Depot)
+            .options(name=bundle.depot, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
+                     resources=ON_HEAD, get_if_exists=True)  # fmt: skip
+            .remote(bundle.depot)
+        )
+        return depot, ray.get(depot.chunks.remote())
+    except ValueError:  # ActorAlreadyExistsError: another submission made it meanwhile
+        depot = ray.get_actor(bundle.depot, namespace=NAMESPACE)
+        return depot, ray.get(depot.chunks.remote())
 
 
 @contextlib.contextmanager

@@ -90,7 +90,11 @@ class RunMirror:
         return self.process_index == 0
 
     def location(self, name: str = "") -> str:
-        return self.store.location(f"{self.key}/{name}" if name else self.key)
+        return self.store.location(self._child(name) if name else self.key)
+
+    def _child(self, name: str) -> str:
+        """The key of the run's file `name` (the run's key "": a store rooted at the run)."""
+        return f"{self.key}/{name}" if self.key else name
 
     def pull(self, *, checkpoints: bool) -> str | None:
         """Downloads the newest complete checkpoint (unless not `checkpoints`) and, on process
@@ -243,7 +247,7 @@ class RunMirror:
         return listings
 
     def _checkpoint_key(self, folder: str) -> str:
-        return f"{self.key}/{CHECKPOINTS}/{folder}"
+        return self._child(f"{CHECKPOINTS}/{folder}")
 
     def _host_list_key(self, folder: str, index: int) -> str:
         return f"{self._checkpoint_key(folder)}/{HOSTS_DIR}/process-{index}.json"
@@ -265,10 +269,10 @@ class RunMirror:
             pass  # replaced or removed meanwhile: the next pass sees what is there
 
     def _upload(self, name: str) -> None:
-        self.store.upload(f"{self.key}/{name}", self.local / name)
+        self.store.upload(self._child(name), self.local / name)
 
     def _download(self, name: str) -> None:
-        self.store.download(f"{self.key}/{name}", self.local / name)
+        self.store.download(self._child(name), self.local / name)
 
 
 def _with_files(marker: bytes, listings: list[dict[str, Any]]) -> bytes:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from kiln_testing.buckets import fresh_url, s3_server  # noqa: F401 - a fixture
 from kiln_testing.data import STDLIB_TOKENIZER
 from kiln_testing.training import (
     EVAL_TASK,
@@ -26,6 +27,7 @@ from kiln_testing.training import (
 )
 
 from kiln.artifacts import atomic_write_json
+from kiln.artifacts.store import copy_folder_into, open_store
 from kiln.data.tokenizer import load_tokenizer
 from kiln.interop.__main__ import main, parse_size
 from kiln.interop.errors import InteropError
@@ -415,6 +417,32 @@ def test_an_export_into_the_store_is_recorded_served_and_drift_checked(
     atomic_write_json(run / "artifact.json", {"fingerprint": "retrained"})
     assert main(["export", str(run), str(tmp_path / "y"), "--record", str(record)]) == 1
     assert "but this export is of fingerprint ckpt-1" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("s3_server")
+def test_a_run_in_a_bucket_exports_into_the_bucket(
+    trained_run: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """`python -m kiln.interop export` of a run in a bucket, into the bucket (a `pants package`
+    of an hf_model with a bucket prefix): the same weights as from the folder, STATUS last."""
+    prefix = fresh_url("s3")
+    store = open_store(prefix)
+    copy_folder_into(store, "checkpoints/run/1", trained_run)
+    store.write("checkpoints/run/1/artifact.json", json.dumps({"fingerprint": "ckpt-1"}).encode())
+    store.write("checkpoints/run/1/STATUS", b"SUCCESS\n")
+    record = export_record(tmp_path / "record.json")
+    out = f"{prefix}/hf/run/2026.12.01"
+    assert main(["export", f"{prefix}/checkpoints/run/1", out, "--record", str(record)]) == 0
+    assert f"kiln: built hf/run@2026.12.01 at {out}" in capsys.readouterr().out
+    assert store.read("hf/run/2026.12.01/STATUS").data == b"SUCCESS\n"
+    local = tmp_path / "local"
+    assert main(["export", str(trained_run), str(local)]) == 0
+    downloaded = tmp_path / "downloaded"
+    for key in store.keys("hf/run/2026.12.01"):
+        store.download(f"hf/run/2026.12.01/{key}", downloaded / key)
+    ours, theirs = leaves(read_hf_llama(downloaded).params), leaves(read_hf_llama(local).params)
+    assert ours.keys() == theirs.keys()
+    assert all(np.array_equal(ours[k], v) for k, v in theirs.items())
 
 
 def test_a_dev_export_is_rebuilt(trained_run: Path, tmp_path: Path, capsys: Any) -> None:
