@@ -93,6 +93,11 @@ class Artifact:
         return f"{self.name}@{self.version}"
 
     @property
+    def folder(self) -> str:
+        """`{name}/{version}`: the artifact's folder under the store's root (or dist/)."""
+        return f"{self.name}/{self.version}"
+
+    @property
     def mutable(self) -> bool:
         return is_mutable_version(self.version)
 

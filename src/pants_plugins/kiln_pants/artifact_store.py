@@ -223,7 +223,7 @@ async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
 
 def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:
     """The folders to read from a bucket: those of the graph's immutable artifacts."""
-    return tuple(f"{a.name}/{a.version}" for a in graph if not a.mutable)
+    return tuple(a.folder for a in graph if not a.mutable)
 
 
 def stored_states(
@@ -240,7 +240,7 @@ def stored_states(
 def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:
     if artifact.mutable:
         return DEV
-    texts = records.texts[f"{artifact.name}/{artifact.version}"]
+    texts = records.texts[artifact.folder]
     return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE], texts.get(FAILURE_FILE))
 
 

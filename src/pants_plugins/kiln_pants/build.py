@@ -214,6 +214,29 @@ async def build_roots(request: BuildRootsRequest) -> BuildRoots:
 ARTIFACT_ALIASES = (TokenizedCacheTarget.alias, LmCheckpointTarget.alias, HfModelTarget.alias)
 
 
+async def _marked_dep_failed(
+    dependents: list[PlannedStep],
+    outcomes: dict[Address, StepOutcome],
+    graph: ArtifactGraph,
+    prefix: str,
+) -> dict[Address, StepOutcome]:
+    """Writes DEP_FAILED, with the failed input beside it, into the dependents' folders (one
+    runtime process, any store); the outcomes of those it marked say where."""
+    artifacts = [graph.get(step.address) for step in dependents]
+    marks = tuple(
+        (a.folder, f"{outcomes[a.address].detail} in the last `pants build`") for a in artifacts
+    )
+    marked = set((await Get(DepFailedMarked, DepFailedMarks(prefix, marks=marks))).folders)
+    return {
+        a.address: StepOutcome(
+            DEP_FAILED,
+            f"{outcomes[a.address].detail}; STATUS {DEP_FAILED} in {artifact_path(prefix, a)}",
+        )
+        for a in artifacts
+        if a.folder in marked
+    }
+
+
 @goal_rule
 async def build(
     console: Console,
@@ -249,7 +272,7 @@ async def build(
     slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
     plan = _plan(graph, steps_to_build(roots, graph, states), states, dist, slots)
     marked_before = [  # this run decides again
-        _folder(graph.get(s.address)) for s in plan.steps.values()
+        graph.get(s.address).folder for s in plan.steps.values()
         if s.decided is None and states[s.address].status == "dep failed"
     ]  # fmt: skip
     if marked_before:
@@ -266,27 +289,11 @@ async def build(
                 f.write(outcome.error.rstrip() + "\n")
     dependents = [s for s in plan.steps.values() if outcomes[s.address].status == DEP_FAILED]
     if dependents:
-        marks = tuple(
-            (
-                _folder(graph.get(s.address)),
-                f"{outcomes[s.address].detail} in the last `pants build`",
-            )
-            for s in dependents
-        )
-        marked = set((await Get(DepFailedMarked, DepFailedMarks(prefix, marks=marks))).folders)
+        outcomes.update(await _marked_dep_failed(dependents, outcomes, graph, prefix))
         for step in dependents:
-            artifact = graph.get(step.address)
-            if _folder(artifact) in marked:
-                where = f"; STATUS {DEP_FAILED} in {artifact_path(prefix, artifact)}"
-                outcomes[step.address] = StepOutcome(
-                    DEP_FAILED, outcomes[step.address].detail + where
-                )
             console.print_stderr(_outcome_line(step.ref, outcomes[step.address], step.log))
     return Build(exit_code=_summary(console, graph, outcomes))
 
-
-def _folder(artifact: Artifact) -> str:
-    return f"{artifact.name}/{artifact.version}"
 
 
 def _plan(

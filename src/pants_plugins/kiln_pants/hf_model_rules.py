@@ -132,7 +132,7 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
     checkpoint = request.checkpoint
     names = (STATUS_FILE, RECORD_FILE, FAILURE_FILE)
     if "://" in request.prefix:  # read through the runtime's store client
-        folder = f"{checkpoint.name}/{checkpoint.version}"
+        folder = checkpoint.folder
         records = await Get(BucketRecords, BucketRecordsRequest(request.prefix, (folder,)))
         texts = tuple(records.texts[folder].get(name) for name in names)
     else:
@@ -216,8 +216,7 @@ async def package_hf_model(
     out = artifact_path(prefix, artifact)
     in_bucket = "://" in prefix
     if in_bucket or os.path.exists(out):  # a `pants build` whose checkpoint failed marked it
-        folder = f"{artifact.name}/{artifact.version}"
-        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(folder,)))
+        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
     process = await Get(
         Process,
         RuntimeProcess(
@@ -249,7 +248,7 @@ async def package_hf_model(
     for line in exported.stdout.decode().splitlines():
         if line.startswith("kiln: note:"):
             logger.warning(line)
-    location = f"{artifact.name}/{artifact.version}"
+    location = artifact.folder
     manifest = {"store_path": out, "fingerprint": artifact.fingerprint}
     digest = await Get(
         Digest,

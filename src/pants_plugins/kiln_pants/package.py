@@ -27,7 +27,7 @@ class TokenizedCachePackageFieldSet(PackageFieldSet):
 @rule(desc="Packaging a tokenized cache")
 async def package_tokenized_cache(field_set: TokenizedCachePackageFieldSet) -> BuiltPackage:
     built = await Get(BuiltCache, BuildCacheRequest(field_set.address))
-    location = f"{built.artifact.name}/{built.artifact.version}"
+    location = built.artifact.folder
     if built.store_path is not None:  # storage="store": the package is a pointer to it
         manifest = {"store_path": built.store_path, "fingerprint": built.artifact.fingerprint}
         digest = await Get(

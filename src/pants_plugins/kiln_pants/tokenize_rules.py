@@ -252,7 +252,7 @@ async def tokenize_cache(request: TokenizeCacheRequest) -> BuiltCache:
 
 async def _built_in_store(prefix: str, artifact: Artifact) -> bool:
     if "://" in prefix:
-        folder = f"{artifact.name}/{artifact.version}"
+        folder = artifact.folder
         records = await Get(BucketRecords, BucketRecordsRequest(prefix, (folder,)))
         texts = records.texts[folder]
         return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE]).status == "built"
@@ -297,7 +297,7 @@ async def built_or_tokenized_cache(
 
 def cache_location(artifact: Artifact) -> str:
     """Where a built cache sits among a step's inputs: `inputs/{name}/{version}`."""
-    return f"inputs/{artifact.name}/{artifact.version}"
+    return f"inputs/{artifact.folder}"
 
 
 @dataclass(frozen=True)

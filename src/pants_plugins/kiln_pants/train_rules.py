@@ -541,7 +541,7 @@ async def package_lm_checkpoint(field_set: LmCheckpointFieldSet) -> BuiltPackage
         ),
     )
     result = await Get(ProcessResult, Process, process)
-    location = f"{artifact.name}/{artifact.version}"
+    location = artifact.folder
     digest = await Get(Digest, RemovePrefix(result.output_digest, OUTPUT_DIR))
     digest = await Get(Digest, AddPrefix(digest, location))
     return BuiltPackage(digest, (BuiltPackageArtifact(location),))
