@@ -80,7 +80,7 @@ def local_run(location: str | Path, step: int | str) -> Iterator[Path]:
     from kiln.train.run_mirror import RunMirror
 
     with tempfile.TemporaryDirectory(prefix="kiln-export-run-") as folder:
-        RunMirror(run.store, run.key, Path(folder)).fetch(step=step)
+        RunMirror(run, Path(folder)).fetch(step=step)
         yield Path(folder)
 
 

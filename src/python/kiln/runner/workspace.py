@@ -60,6 +60,6 @@ def opened(
         if staging is None:
             staging = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kiln-staging-")))
         local = staging / "run"
-        mirror = RunMirror(folder.store, folder.key, local, process_index=process_index,
+        mirror = RunMirror(folder, local, process_index=process_index,
                            process_count=process_count)  # fmt: skip
         yield Workspace(local, mirror)

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifacts import STATUS_FILE
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.storage_errors import StorageError
-from kiln.artifacts.store import ObjectStore, read_text
+from kiln.artifacts.store import read_text
 from kiln.control.tokens import CONTROL_DIR
 from kiln.train.checkpoints import METADATA_FILE, STATE_DIR, STEP_DIR
 
@@ -63,20 +64,19 @@ class HostsMissing(StorageError):
 
 
 class RunMirror:
-    """The run folder `key` of `store`, staged in the local folder `local` of process
+    """The run folder `folder` of a store, staged in the local folder `local` of process
     `process_index` of `process_count`."""
 
     def __init__(
         self,
-        store: ObjectStore,
-        key: str,
+        folder: ArtifactFolder,
         local: Path,
         *,
         process_index: int = 0,
         process_count: int = 1,
     ) -> None:
-        self.store = store
-        self.key = key
+        self.folder = folder
+        self.store = folder.store
         self.local = local
         self.process_index = process_index
         self.process_count = process_count
@@ -89,19 +89,13 @@ class RunMirror:
     def _leader(self) -> bool:
         return self.process_index == 0
 
-    def location(self, name: str = "") -> str:
-        return self.store.location(self._child(name) if name else self.key)
-
-    def _child(self, name: str) -> str:
-        """The key of the run's file `name` (the run's key "": a store rooted at the run)."""
-        return f"{self.key}/{name}" if self.key else name
 
     def pull(self, *, checkpoints: bool) -> str | None:
         """Downloads the newest complete checkpoint (unless not `checkpoints`) and, on process
         0, the run's files into the staging folder; process 0 deletes incomplete checkpoints
         from the bucket (all of them when not `checkpoints`: a dev run starting over). Returns
         the checkpoint's folder name."""
-        names = self.store.keys(self.key)
+        names = self.store.keys(self.folder.key)
         folders = _checkpoint_folders(names)
         complete = sorted((f for f, files in folders.items() if METADATA_FILE in files),
                           key=_step)  # fmt: skip
@@ -128,7 +122,7 @@ class RunMirror:
         a reader: an export, or a host after training (the report reads the whole model and
         the run's summary, which other hosts wrote). Files this folder holds already are kept.
         Nothing in the bucket changes."""
-        names = self.store.keys(self.key)
+        names = self.store.keys(self.folder.key)
         folders = _checkpoint_folders(names)
         complete = sorted((f for f, files in folders.items() if METADATA_FILE in files), key=_step)
         chosen = [f for f in complete if step == "last" or _step(f) == step][-1:]
@@ -148,7 +142,7 @@ class RunMirror:
                 try:
                     self.push(status=False)
                 except (OSError, StorageError) as e:
-                    log.warning("upload to %s failed, retrying: %s", self.location(), e)
+                    log.warning("upload to %s failed, retrying: %s", self.folder.location(), e)
 
         thread = threading.Thread(target=loop, name="kiln-upload", daemon=True)
         thread.start()
@@ -225,7 +219,7 @@ class RunMirror:
             if time.monotonic() >= deadline:
                 if wait:
                     raise HostsMissing(
-                        self.location(f"{CHECKPOINTS}/{folder}"),
+                        self.folder.location(f"{CHECKPOINTS}/{folder}"),
                         f"the other hosts' uploads of it did not arrive within "
                         f"{HOSTS_WAIT_SECONDS:.0f} s",
                     )
@@ -247,7 +241,7 @@ class RunMirror:
         return listings
 
     def _checkpoint_key(self, folder: str) -> str:
-        return self._child(f"{CHECKPOINTS}/{folder}")
+        return self.folder.child(f"{CHECKPOINTS}/{folder}")
 
     def _host_list_key(self, folder: str, index: int) -> str:
         return f"{self._checkpoint_key(folder)}/{HOSTS_DIR}/process-{index}.json"
@@ -269,10 +263,10 @@ class RunMirror:
             pass  # replaced or removed meanwhile: the next pass sees what is there
 
     def _upload(self, name: str) -> None:
-        self.store.upload(self._child(name), self.local / name)
+        self.store.upload(self.folder.child(name), self.local / name)
 
     def _download(self, name: str) -> None:
-        self.store.download(self._child(name), self.local / name)
+        self.store.download(self.folder.child(name), self.local / name)
 
 
 def _with_files(marker: bytes, listings: list[dict[str, Any]]) -> bytes:
