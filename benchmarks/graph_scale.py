@@ -12,8 +12,10 @@ user waits for each command (wall seconds, the client's start included):
   then again ("warm");
 - the caches "built" (their records and STATUS SUCCESS written into the store, as a build
   leaves them): `build scale/caches:` twice, the second the no-op of a built graph;
-- the same caches built in an S3 bucket (a moto server on loopback, `--kiln-prefix=s3://...`):
-  `plan scale:big`, once warm.
+- the same caches built in a bucket (`--kiln-prefix=s3://...` on moto, `gs://...` on
+  fake-gcs-server, both on loopback: kiln_testing.buckets): `plan scale:big`, once warm; and the
+  same record reads made in this process, without Pants or a process to start: the server's
+  floor (moto is Python and answers a few hundred requests a second).
 Each row also gives seconds per 1,000 targets and the ratio to `list` of the same graph in the
 same daemon state (fresh or warm: Pants' floor for a goal on that graph). Goals (issue 43): plan <= 5 ms per cache (5 s at
 1,000) cold with pantsd up and for built caches in a bucket, <= 30 s fresh.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import re
@@ -30,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +41,6 @@ from report_table import markdown_table
 
 WORKSPACE = ("pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
 VERSION = "2026.12.02"
-BUCKET = "kiln-graph-scale"
 CACHE = """tokenized_cache(
     name="c{i}",
     artifact_name="scale/c{i}",
@@ -159,36 +162,38 @@ def measure(root: Path, caches: int) -> dict[str, float]:
     assert mark_built(root, planned) == caches, planned[-2000:]
     times["build of built caches, first"], _ = pants(root, "build", "scale/caches:")
     times["build of built caches, no-op"], _ = pants(root, "build", "scale/caches:")
-    times["plan, built in a bucket"] = bucket_plan(root, planned, caches)
+    times.update(bucket_plans(root, planned, caches))
     stop_pantsd(root)
     return times
 
 
-def bucket_plan(root: Path, planned: str, caches: int) -> float:
-    """`plan` of the graph with every cache built in an S3 bucket (moto on loopback), warm."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+def bucket_plans(root: Path, planned: str, caches: int) -> dict[str, float]:
+    """`plan` of the graph with every cache built in a bucket, warm, on each loopback server;
+    and, as the server's floor, the same record reads in this process without Pants."""
+    from kiln_testing.buckets import BUCKET, gcs_endpoint, s3_endpoint
 
-    from kiln.artifacts.store import open_store
+    from kiln.artifacts.store import open_store, read_texts
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        env = {**clean_environment(), "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}  # fmt: skip
-        os.environ.update({k: env[k] for k in env if k.startswith("AWS_")})
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-        prefix = f"s3://{BUCKET}/artifacts"
-        assert mark_built(root, planned, open_store(prefix)) == caches
-        option = f"--kiln-prefix={prefix}"
-        pants(root, option, "plan", "scale:big", env=env)
-        seconds, output = pants(root, option, "plan", "scale:big", env=env)
-        assert f"{caches} built" in output, output[-2000:]
-        return seconds
-    finally:
-        server.stop()
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's line per request
+    times: dict[str, float] = {}
+    for scheme, server, endpoint in (("s3", "moto", s3_endpoint), ("gs", "fake-gcs-server", gcs_endpoint)):  # fmt: skip
+        with tempfile.TemporaryDirectory() as scratch, endpoint(Path(scratch)):
+            prefix = f"{scheme}://{BUCKET}/graph-scale"
+            store = open_store(prefix)
+            assert mark_built(root, planned, store) == caches
+            option = f"--kiln-prefix={prefix}"
+            pants(root, option, "plan", "scale:big")
+            seconds, output = pants(root, option, "plan", "scale:big")
+            assert f"{caches} built" in output, output[-2000:]
+            times[f"plan, built in {scheme}:// ({server})"] = seconds
+            keys = [f"{name}/{version}/{file}" for _, name, version in PLANNED.findall(planned)
+                    for file in ("STATUS", "artifact.json")]  # fmt: skip
+            started = time.perf_counter()
+            assert all(read_texts(store, keys).values())
+            times[f"its {len(keys):,} reads alone, in-process ({server})"] = (
+                time.perf_counter() - started
+            )
+    return times
 
 
 def main(argv: list[str] | None = None) -> int:

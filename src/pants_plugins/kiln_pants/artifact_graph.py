@@ -40,6 +40,7 @@ from kiln_pants.target_types import (
     BatchSizeField,
     CacheSourceField,
     CacheSourcesField,
+    CacheStorageField,
     ComputeDtypeField,
     DatasetsField,
     EvalsField,
@@ -83,6 +84,9 @@ class Artifact:
     identity_json: str  # canonical JSON of the identity config
     fingerprint: str
     inputs: tuple[Address, ...]
+    # Its files live in the artifact store; False: an inline cache, whose files are outputs of
+    # Pants processes (and Pants' cache serves them).
+    in_store: bool = True
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -345,6 +349,7 @@ async def _hf_model_identity(
 
 
 def _artifact(target: Target, identity: dict[str, Any], inputs: tuple[Address, ...]) -> Artifact:
+    inline = target.has_field(CacheStorageField) and target[CacheStorageField].value == "inline"
     return Artifact(
         address=target.address,
         kind=target.alias,
@@ -353,6 +358,7 @@ def _artifact(target: Target, identity: dict[str, Any], inputs: tuple[Address, .
         identity_json=canonical_json(identity),
         fingerprint=fingerprint(identity),
         inputs=inputs,
+        in_store=not inline,
     )
 
 

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from pants.engine.addresses import Address
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
@@ -235,6 +236,31 @@ def stored_states(
     if records is not None:
         return {a: _bucket_state(a, records) for a in graph}
     return {a: stored_state(prefix, a) for a in graph}
+
+
+@dataclass(frozen=True)
+class BuiltInStoreRequest:
+    prefix: str
+    artifacts: tuple[Artifact, ...]
+
+
+@dataclass(frozen=True)
+class BuiltInStore:
+    addresses: frozenset[Address]  # those of the artifacts the store holds built
+
+
+@_uncacheable_rule(desc="Looking for built artifacts in the store")
+async def built_in_store(request: BuiltInStoreRequest) -> BuiltInStore:
+    """Which of the artifacts the store holds built with their fingerprints: read directly in a
+    local store, by one process for all of them in a bucket. Uncacheable: pantsd looks at the
+    store again in every session."""
+    graph = ArtifactGraph(request.artifacts)
+    records = None
+    if "://" in request.prefix:
+        folders = bucket_folders(graph)
+        records = await Get(BucketRecords, BucketRecordsRequest(request.prefix, folders))
+    states = stored_states(graph, request.prefix, records)
+    return BuiltInStore(frozenset(a.address for a, s in states.items() if s.status == "built"))
 
 
 def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:

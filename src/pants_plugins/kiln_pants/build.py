@@ -29,7 +29,6 @@ from pants.engine.goal import Goal, GoalSubsystem
 from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule, rule
 from pants.engine.target import Dependencies, DependenciesRequest, Targets
 from pants.option.option_types import IntOption
-from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import DEP_FAILED
 from kiln_pants import build_steps
@@ -98,39 +97,32 @@ class PlannedStep:
     kind: str
     ref: str
     log: str
-    waits_for: tuple[Address, ...]  # the steps whose outcome it needs first
     decided: Optional[StepOutcome]  # served or drifted: no process runs
 
 
 @dataclass(frozen=True)
-class BuildPlan:
-    steps: FrozenDict[Address, PlannedStep]
-    slots: Optional[TrainingSlots]
-
-
-@dataclass(frozen=True)
 class PipelineStep:
-    """A step of `plan`, started once the steps it waits for are done."""
+    """A step, started once the steps it waits for (`inputs`) are done. It holds those steps
+    rather than the whole plan, so that a request is as large as its own part of the graph:
+    pantsd compares each request with the last session's, and requests that each held all
+    5,000 steps of a graph made a no-op build quadratic (benchmarks/RESULTS.md)."""
 
-    address: Address
-    plan: BuildPlan
+    step: PlannedStep
+    inputs: tuple[PipelineStep, ...]
+    slots: Optional[TrainingSlots]
 
 
 @rule(desc="Waiting for a step's inputs")
 async def pipeline_step(request: PipelineStep) -> StepOutcome:
-    step = request.plan.steps[request.address]
+    step = request.step
     if step.decided is not None:
         return step.decided
-    inputs = await MultiGet(
-        Get(StepOutcome, PipelineStep(address, request.plan)) for address in step.waits_for
-    )
-    failed = [request.plan.steps[a].ref for a, o in zip(step.waits_for, inputs) if o.failed]
+    outcomes = await MultiGet(Get(StepOutcome, PipelineStep, p) for p in request.inputs)
+    failed = [p.step.ref for p, outcome in zip(request.inputs, outcomes) if outcome.failed]
     if failed:
         return dep_failed(", ".join(failed))
-    logger.info(_start_line(step, request.plan.slots))
-    outcome = await Get(
-        StepOutcome, StepRequest(step.address, step.kind, step.log, request.plan.slots)
-    )
+    logger.info(_start_line(step, request.slots))
+    outcome = await Get(StepOutcome, StepRequest(step.address, step.kind, step.log, request.slots))
     logger.info(_outcome_line(step.ref, outcome, step.log))
     return outcome
 
@@ -151,9 +143,9 @@ def steps_to_build(
     roots: list[Artifact], graph: ArtifactGraph, states: dict[Address, StoredState]
 ) -> dict[Address, tuple[Address, ...]]:
     """The steps the roots need, in build order (inputs first), each with the steps it waits
-    for. An artifact already built is served and waits for nothing, and its inputs are not
-    needed for it (caches always build: they are Pants' cache hits, and the steps above them
-    take their files)."""
+    for. An artifact already built in the store is served and waits for nothing, and its inputs
+    are not needed for it (inline caches always build: they are Pants' cache hits, and the
+    steps above them take their files)."""
     needed: set[Address] = set()
     pending = list(roots)
     while pending:
@@ -171,9 +163,7 @@ def steps_to_build(
 
 
 def _served(artifact: Artifact, states: dict[Address, StoredState]) -> bool:
-    return (
-        artifact.kind != TokenizedCacheTarget.alias and states[artifact.address].status == "built"
-    )
+    return artifact.in_store and states[artifact.address].status == "built"
 
 
 def _decided(artifact: Artifact, state: StoredState) -> Optional[StepOutcome]:
@@ -270,24 +260,25 @@ async def build(
         )
         return Build(exit_code=1)
     slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
-    plan = _plan(graph, steps_to_build(roots, graph, states), states, dist, slots)
+    pipeline = _pipeline(graph, steps_to_build(roots, graph, states), states, dist, slots)
+    steps = [p.step for p in pipeline.values()]
     marked_before = [  # this run decides again
-        graph.get(s.address).folder for s in plan.steps.values()
+        graph.get(s.address).folder for s in steps
         if s.decided is None and states[s.address].status == "dep failed"
     ]  # fmt: skip
     if marked_before:
         await Get(DepFailedMarked, DepFailedMarks(prefix, clears=tuple(marked_before)))
-    console.print_stderr(f"Building {len(plan.steps)} step(s) into {prefix}")
-    for step in plan.steps.values():
+    console.print_stderr(f"Building {len(steps)} step(s) into {prefix}")
+    for step in steps:
         if step.decided is not None:
             console.print_stderr(_outcome_line(step.ref, step.decided, None))
-    results = await MultiGet(Get(StepOutcome, PipelineStep(a, plan)) for a in plan.steps)
-    outcomes = dict(zip(plan.steps, results))
-    for step, outcome in zip(plan.steps.values(), results):
+    results = await MultiGet(Get(StepOutcome, PipelineStep, p) for p in pipeline.values())
+    outcomes = dict(zip(pipeline, results))
+    for step, outcome in zip(steps, results):
         if outcome.error:
             with open(step.log, "w") as f:
                 f.write(outcome.error.rstrip() + "\n")
-    dependents = [s for s in plan.steps.values() if outcomes[s.address].status == DEP_FAILED]
+    dependents = [s for s in steps if outcomes[s.address].status == DEP_FAILED]
     if dependents:
         outcomes.update(await _marked_dep_failed(dependents, outcomes, graph, prefix))
         for step in dependents:
@@ -296,16 +287,16 @@ async def build(
 
 
 
-def _plan(
+def _pipeline(
     graph: ArtifactGraph,
     steps: dict[Address, tuple[Address, ...]],
     states: dict[Address, StoredState],
     dist: str,
     slots: Optional[TrainingSlots],
-) -> BuildPlan:
-    """Every step with what it waits for and its outcome if known now; the folders of the
-    steps' logs made."""
-    planned = {}
+) -> dict[Address, PipelineStep]:
+    """Every step (in build order, inputs first) with the steps it waits for and its outcome
+    if known now; the folders of the steps' logs made."""
+    pipeline: dict[Address, PipelineStep] = {}
     for address, waits_for in steps.items():
         artifact = graph.get(address)
         log = log_path(dist, artifact.name, artifact.version)
@@ -314,10 +305,10 @@ def _plan(
             os.makedirs(os.path.dirname(log), exist_ok=True)
             with open(log, "w"):
                 pass  # a training's output as it runs; another step's error if it fails
-        planned[address] = PlannedStep(
-            address, artifact.kind, artifact.ref, log, waits_for, decided
-        )
-    return BuildPlan(FrozenDict(planned), slots)
+        step = PlannedStep(address, artifact.kind, artifact.ref, log, decided)
+        inputs = tuple(pipeline[a] for a in waits_for)
+        pipeline[address] = PipelineStep(step, inputs, slots)
+    return pipeline
 
 
 def _outcome_line(ref: str, outcome: StepOutcome, log: Optional[str]) -> str:

@@ -16,7 +16,7 @@ from typing import Optional
 
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage
-from pants.engine.addresses import Address
+from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
 from pants.engine.rules import Get, collect_rules, rule
@@ -29,7 +29,7 @@ from kiln_pants.hf_model_rules import HfModelPackageFieldSet
 from kiln_pants.runtime import RuntimeProcess
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, ResourcesField, TokenizedCacheTarget
-from kiln_pants.tokenize_rules import BuildCacheRequest, BuiltCache
+from kiln_pants.tokenize_rules import BuildCachesRequest, BuiltCaches
 from kiln_pants.train_rules import (
     STEP_FILE,
     AcceleratorsPresent,
@@ -150,7 +150,7 @@ def _last_error(text: str) -> str:
 async def build_cache_step(step: CacheStep) -> StepOutcome:
     started = time.monotonic()
     try:
-        await Get(BuiltCache, BuildCacheRequest(step.address))
+        await Get(BuiltCaches, BuildCachesRequest(Addresses([step.address])))
     except Exception as e:  # noqa: BLE001 - reported as this step's failure; others go on
         return _failure(str(e), started)
     return StepOutcome(SUCCESS, seconds=time.monotonic() - started)

@@ -7,12 +7,13 @@ import json
 from dataclasses import dataclass
 
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
+from pants.engine.addresses import Addresses
 from pants.engine.fs import AddPrefix, CreateDigest, Digest, FileContent
 from pants.engine.rules import Get, collect_rules, rule
 from pants.engine.unions import UnionRule
 
 from kiln_pants.target_types import NumShardsField, TokenizerField
-from kiln_pants.tokenize_rules import BuildCacheRequest, BuiltCache
+from kiln_pants.tokenize_rules import BuildCachesRequest, BuiltCaches
 
 MANIFEST_FILE = "manifest.json"
 
@@ -26,7 +27,8 @@ class TokenizedCachePackageFieldSet(PackageFieldSet):
 
 @rule(desc="Packaging a tokenized cache")
 async def package_tokenized_cache(field_set: TokenizedCachePackageFieldSet) -> BuiltPackage:
-    built = await Get(BuiltCache, BuildCacheRequest(field_set.address))
+    request = BuildCachesRequest(Addresses([field_set.address]))
+    [built] = (await Get(BuiltCaches, BuildCachesRequest, request)).caches
     location = built.artifact.folder
     if built.store_path is not None:  # storage="store": the package is a pointer to it
         manifest = {"store_path": built.store_path, "fingerprint": built.artifact.fingerprint}

@@ -14,7 +14,7 @@ field):
   bucket, at their final keys inside it) and are never served from Pants' cache; the store
   itself skips a finished shard or cache, so a rerun resumes where a killed build stopped. For
   data too large for Pants' store. A cache the store holds built with this fingerprint starts
-  no tokenize process at all (`built_or_tokenized_cache`). With a bucket prefix the processes
+  no tokenize process at all (`built_or_tokenized_caches`). With a bucket prefix the processes
   get the bucket clients' credentials and endpoints from the caller's environment (PER_SESSION:
   never in a cache key).
 
@@ -38,7 +38,6 @@ from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, 
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE
 from kiln_contract.tokenize import LevanterCacheSource
 from kiln_pants.artifact_graph import (
     Artifact,
@@ -47,14 +46,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import (
-    BucketRecords,
-    BucketRecordsRequest,
-    StoredFiles,
-    StoredFilesRequest,
-    artifact_path,
-    recorded_state,
-)
+from kiln_pants.artifact_store import BuiltInStore, BuiltInStoreRequest, artifact_path
 from kiln_pants.cache_layout import (
     CACHE_DIR,
     CacheBuild,
@@ -65,14 +57,14 @@ from kiln_pants.cache_layout import (
 from kiln_pants.cache_spec import RECORD_INPUT, SPEC_FILE
 from kiln_pants.runtime import FAN_OUT
 from kiln_pants.subsystem import KilnSubsystem
-from kiln_pants.target_types import CacheStorageField, TokenizerField, tokenizer_address
+from kiln_pants.target_types import TokenizerField, tokenizer_address
 
 
 @dataclass(frozen=True)
-class BuildCacheRequest:
-    """A built cache: served from the artifact store when it is there already, else tokenized."""
+class BuildCachesRequest:
+    """Built caches: served from the artifact store when it holds them already, else tokenized."""
 
-    address: Address
+    addresses: Addresses
 
 
 @dataclass(frozen=True)
@@ -90,6 +82,11 @@ class BuiltCache:
     # reload the tokenizer from it.
     tokenizer: Digest = EMPTY_DIGEST
     store_path: Optional[str] = None  # store storage: where the cache is, outside Pants
+
+
+@dataclass(frozen=True)
+class BuiltCaches:
+    caches: tuple[BuiltCache, ...]  # in the order asked for
 
 
 async def _finished(build: CacheBuild, last: ProcessResult | FallibleProcessResult) -> BuiltCache:
@@ -250,49 +247,60 @@ async def tokenize_cache(request: TokenizeCacheRequest) -> BuiltCache:
     return await Get(BuiltCache, MergeRequest(build))
 
 
-async def _built_in_store(prefix: str, artifact: Artifact) -> bool:
-    if "://" in prefix:
-        folder = artifact.folder
-        records = await Get(BucketRecords, BucketRecordsRequest(prefix, (folder,)))
-        texts = records.texts[folder]
-        return recorded_state(artifact, texts[STATUS_FILE], texts[RECORD_FILE]).status == "built"
-    stored = await Get(
-        StoredFiles,
-        StoredFilesRequest(artifact_path(prefix, artifact), (STATUS_FILE, RECORD_FILE)),
-    )
-    return recorded_state(artifact, *stored.texts).status == "built"
+@dataclass(frozen=True)
+class StoredCacheRequest:
+    """A store-mode cache that the store holds built: its place there and its tokenizer's files;
+    no process runs."""
+
+    address: Address
 
 
-@_uncacheable_rule(desc="Looking for a built cache")
-async def built_or_tokenized_cache(
-    request: BuildCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
+@rule(desc="Serving a built cache from the store")
+async def stored_cache(
+    request: StoredCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
 ) -> BuiltCache:
-    """A store cache already built with this fingerprint (artifact.json, then STATUS SUCCESS) is
-    served from its two records, without starting its shard and merge processes (each would exit
-    at once, hundreds for DCLM): read directly in a local store, by one process in a bucket.
-    Inline caches are Pants process outputs: its cache serves them. Uncacheable, so that pantsd
-    looks at the store again in every session, before anything is built."""
-    wrapped = await Get(
-        WrappedTarget,
-        WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
+    wrapped, graph = await MultiGet(
+        Get(
+            WrappedTarget,
+            WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
+        ),
+        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address]))),
     )
-    target = wrapped.target
-    if target[CacheStorageField].value == "store":
-        graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address])))
-        artifact = graph.get(request.address)
-        prefix = kiln.prefix_location(build_root.path)
-        if not artifact.mutable and await _built_in_store(prefix, artifact):
-            tokenizer = target[TokenizerField].value
-            tokenizer_files = EMPTY_DIGEST
-            if tokenizer_address(tokenizer):
-                files = await Get(
-                    TokenizerFiles, TokenizerFilesRequest(request.address, tokenizer)
-                )
-                tokenizer_files = files.digest
-            return BuiltCache(
-                artifact, EMPTY_DIGEST, tokenizer_files, artifact_path(prefix, artifact)
-            )
-    return await Get(BuiltCache, TokenizeCacheRequest(request.address))
+    tokenizer = wrapped.target[TokenizerField].value
+    tokenizer_files = EMPTY_DIGEST
+    if tokenizer_address(tokenizer):
+        files = await Get(TokenizerFiles, TokenizerFilesRequest(request.address, tokenizer))
+        tokenizer_files = files.digest
+    artifact = graph.get(request.address)
+    store_path = artifact_path(kiln.prefix_location(build_root.path), artifact)
+    return BuiltCache(artifact, EMPTY_DIGEST, tokenizer_files, store_path)
+
+
+@_uncacheable_rule(desc="Looking for built caches")
+async def built_or_tokenized_caches(
+    request: BuildCachesRequest, kiln: KilnSubsystem, build_root: BuildRoot
+) -> BuiltCaches:
+    """A store cache already built with this fingerprint (artifact.json, then STATUS SUCCESS) is
+    served from its records, without starting its shard and merge processes (each would exit
+    at once, hundreds for DCLM); the store is read once for all the caches asked for (one
+    process in a bucket). Inline caches are Pants process outputs: its cache serves them.
+    Uncacheable, so that pantsd looks at the store again in every session, before anything is
+    built."""
+    graph = await Get(ArtifactGraph, ArtifactGraphRequest(request.addresses))
+    caches = [graph.get(address) for address in request.addresses]
+    stored = tuple(c for c in caches if c.in_store and not c.mutable)
+    prefix = kiln.prefix_location(build_root.path)
+    built: frozenset[Address] = frozenset()
+    if stored:
+        built = (await Get(BuiltInStore, BuiltInStoreRequest(prefix, stored))).addresses
+    return BuiltCaches(
+        await MultiGet(
+            Get(BuiltCache, StoredCacheRequest(c.address))
+            if c.address in built
+            else Get(BuiltCache, TokenizeCacheRequest(c.address))
+            for c in caches
+        )
+    )
 
 
 def cache_location(artifact: Artifact) -> str:
@@ -315,9 +323,7 @@ class CachesAsInputsRequest:
 
 @rule
 async def caches_as_inputs(request: CachesAsInputsRequest) -> CachesAsInputs:
-    built = await MultiGet(
-        Get(BuiltCache, BuildCacheRequest(address)) for address in request.addresses
-    )
+    built = (await Get(BuiltCaches, BuildCachesRequest(request.addresses))).caches
     placed = await MultiGet(
         Get(Digest, AddPrefix(cache.digest, cache_location(cache.artifact)))
         for cache in built

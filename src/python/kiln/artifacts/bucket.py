@@ -41,6 +41,11 @@ class BucketURL:
         """The object name of `key` in the bucket."""
         return f"{self.path}/{key}" if self.path else key
 
+    def folder(self, key: str) -> str:
+        """The name prefix of the objects under `key/`: ends in "/", or "" for the bucket's root."""
+        name = self.name(key).strip("/")
+        return f"{name}/" if name else ""
+
     def url(self, key: str = "") -> str:
         name = self.name(key) if key else self.path
         return f"{self.scheme}://{self.bucket}/{name}"

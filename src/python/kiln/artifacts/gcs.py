@@ -93,7 +93,7 @@ class GCSStore(ObjectStore):
 
     def kvstore(self, key: str) -> dict[str, Any]:
         # TensorStore reaches an emulator through TENSORSTORE_GCS_HTTP_URL, not this spec.
-        return {"driver": "gcs", "bucket": self.url.bucket, "path": self.url.name(key) + "/"}
+        return {"driver": "gcs", "bucket": self.url.bucket, "path": self.url.folder(key)}
 
     def write(self, key: str, data: bytes) -> str:
         return self._upload(key, data, if_generation=None)

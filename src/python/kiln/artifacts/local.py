@@ -67,7 +67,7 @@ class LocalStore(ObjectStore):
             raise ObjectMissing(self.location(key)) from None
 
     def kvstore(self, key: str) -> dict[str, Any]:
-        return {"driver": "file", "path": str(self.path(key))}
+        return {"driver": "file", "path": os.path.join(self.path(key), "")}
 
     def write(self, key: str, data: bytes) -> str:
         atomic_write_bytes(self.path(key), data)

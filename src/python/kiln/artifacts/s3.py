@@ -119,7 +119,7 @@ class S3Store(ObjectStore):
         spec = {
             "driver": "s3",
             "bucket": self.url.bucket,
-            "path": self.url.name(key).rstrip("/") + "/",
+            "path": self.url.folder(key),
             "aws_region": self._client.meta.region_name,
         }
         if not self.endpoint.endswith(".amazonaws.com"):  # AWS_ENDPOINT_URL: S3-compatible

@@ -146,6 +146,18 @@ def test_plan_reads_built_and_would_run_from_the_bucket(
     assert json.loads(read[RUN]["artifact.json"])["name"] == "checkpoints/tiny"
     absent = {"STATUS": None, "artifact.json": None, "failure.txt": None}
     assert read["checkpoints/other/2026.11.29"] == absent
+    assert read[RUN]["failure.txt"] is None
+
+    store = open_store(fresh_url(scheme))  # failure.txt is read beside an unfinished STATUS
+    for folder, status in (("a/1", b"FAILED\n"), ("b/1", b"SUCCESS\n")):
+        store.write(f"{folder}/STATUS", status)
+        store.write(f"{folder}/failure.txt", f"{folder} ran out of memory".encode())
+    store.write("c/1/artifact.json", b"{}")  # a run that stopped before its STATUS
+    store.write("c/1/failure.txt", b"c/1 was stopped")
+    assert peek.main([store.location(""), "a/1", "b/1", "c/1"]) == 0
+    read = json.loads(capsys.readouterr().out)
+    failures = {folder: files["failure.txt"] for folder, files in read.items()}
+    assert failures == {"a/1": "a/1 ran out of memory", "b/1": None, "c/1": "c/1 was stopped"}
     missing = f"{scheme}://kiln-no-such-bucket/x"
     assert peek.main([missing, RUN]) == 4
     assert f"{missing}: the bucket kiln-no-such-bucket does not exist" in capsys.readouterr().err
