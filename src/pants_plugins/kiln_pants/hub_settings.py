@@ -23,6 +23,7 @@ from pants.engine.rules import Get, collect_rules, rule
 from pants.option.global_options import NamedCachesDirOption
 from pants.util.frozendict import FrozenDict
 
+from kiln_contract.processes import is_running
 from kiln_contract.tokenize import (
     HUB_SETTINGS_CACHE,
     HUB_SETTINGS_DIR,
@@ -60,18 +61,8 @@ def write_hub_settings(folder: Path, values: Mapping[str, str], pants_pid: int) 
 def _remove_ended(folder: Path) -> None:
     for path in folder.glob(f"{HUB_SETTINGS_PREFIX}*.json"):
         pid = path.stem.removeprefix(HUB_SETTINGS_PREFIX)
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not is_running(int(pid)):
             path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 @rule

@@ -51,6 +51,7 @@ from kiln.artifacts.store import (
     PreconditionFailed,
     open_store,
 )
+from kiln_contract.processes import is_running
 
 log = logging.getLogger(__name__)
 
@@ -308,12 +309,8 @@ class Lease:
 
 def _process_is_gone(pid: int, started: int | None) -> bool:
     """Whether process `pid` of this host, started at `started` (if known), has ended."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not is_running(pid):
         return True
-    except PermissionError:
-        pass  # alive, another user's
     stat = _proc_stat(pid)
     if stat is None:
         return False  # no /proc here: the pid answers, so assume it is the holder

@@ -7,29 +7,19 @@ token, so nothing is asked of the running server.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import sys
 from pathlib import Path
 
 from kiln.control.tokens import EndpointError, read_endpoint, token_expiring_in
 from kiln_contract.parsing import SpecError
+from kiln_contract.processes import is_running
 from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES, check_token_ttl
-
-
-def _process_is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def mint(run_dir: Path, ttl_minutes: float) -> str:
     endpoint, key = read_endpoint(run_dir)
-    if endpoint.hostname == socket.gethostname() and not _process_is_running(endpoint.pid):
+    if endpoint.hostname == socket.gethostname() and not is_running(endpoint.pid):
         raise EndpointError(
             f"the control server recorded under {run_dir} (pid {endpoint.pid}) is not running; "
             "the run has ended or crashed"

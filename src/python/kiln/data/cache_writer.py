@@ -75,6 +75,7 @@ from kiln.data.cache import (
 from kiln.data.document_ends import OFFSETS_INDEX_FILE, npy_bytes
 from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
+from kiln_contract.processes import is_running
 from kiln_contract.tokenize import shard_dir_name
 
 # Zarr3 sharding: files ("outer chunks") of 1M tokens made of compressed chunks of 4K, so that a
@@ -414,7 +415,7 @@ def remove_dead_temporaries(folder: Path) -> None:
         return
     for entry in folder.iterdir():
         pid = _temporary_owner(entry.name)
-        if pid is not None and not _is_running(pid):
+        if pid is not None and not is_running(pid):
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -423,16 +424,6 @@ def _temporary_owner(name: str) -> int | None:
     if not (name.startswith(".") and marker and pid.isdigit()):
         return None
     return int(pid)
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive
-    return True
 
 
 def _replace_dir(source: Path, destination: Path) -> None:
