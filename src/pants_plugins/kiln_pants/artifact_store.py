@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from pants.engine.addresses import Address
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
@@ -227,40 +226,27 @@ def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:
     return tuple(a.folder for a in graph if not a.mutable)
 
 
-def stored_states(
-    graph: ArtifactGraph, prefix: str, records: Optional[BucketRecords]
-) -> dict[Artifact, StoredState]:
-    """What the store holds for each artifact: a bucket's `records` (read through the runtime's
-    store client), else the local store, read directly. Called from goal rules, which run every
-    time: a rule's result would be kept by pantsd while the store changes behind it."""
-    if records is not None:
-        return {a: _bucket_state(a, records) for a in graph}
-    return {a: stored_state(prefix, a) for a in graph}
-
-
 @dataclass(frozen=True)
-class BuiltInStoreRequest:
+class StoredStatesRequest:
     prefix: str
-    artifacts: tuple[Artifact, ...]
+    graph: ArtifactGraph
 
 
 @dataclass(frozen=True)
-class BuiltInStore:
-    addresses: frozenset[Address]  # those of the artifacts the store holds built
+class StoredStates:
+    states: FrozenDict[Artifact, StoredState]  # in the graph's order
 
 
-@_uncacheable_rule(desc="Looking for built artifacts in the store")
-async def built_in_store(request: BuiltInStoreRequest) -> BuiltInStore:
-    """Which of the artifacts the store holds built with their fingerprints: read directly in a
-    local store, by one process for all of them in a bucket. Uncacheable: pantsd looks at the
-    store again in every session."""
-    graph = ArtifactGraph(request.artifacts)
-    records = None
-    if "://" in request.prefix:
-        folders = bucket_folders(graph)
-        records = await Get(BucketRecords, BucketRecordsRequest(request.prefix, folders))
-    states = stored_states(graph, request.prefix, records)
-    return BuiltInStore(frozenset(a.address for a, s in states.items() if s.status == "built"))
+@_uncacheable_rule(desc="Reading what the artifact store holds")
+async def read_stored_states(request: StoredStatesRequest) -> StoredStates:
+    """What the store holds for each artifact: a local store read directly; a bucket by one
+    process for all of them (`kiln.artifacts.peek`). Uncacheable: pantsd looks at the store
+    again in every session, as it changes behind Pants' back."""
+    graph, prefix = request.graph, request.prefix
+    if "://" not in prefix:
+        return StoredStates(FrozenDict({a: stored_state(prefix, a) for a in graph}))
+    records = await Get(BucketRecords, BucketRecordsRequest(prefix, bucket_folders(graph)))
+    return StoredStates(FrozenDict({a: _bucket_state(a, records) for a in graph}))
 
 
 def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:

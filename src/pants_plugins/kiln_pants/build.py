@@ -34,14 +34,12 @@ from kiln_contract.layout import DEP_FAILED
 from kiln_pants import build_steps
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
-    BucketRecords,
-    BucketRecordsRequest,
     DepFailedMarked,
     DepFailedMarks,
     StoredState,
+    StoredStates,
+    StoredStatesRequest,
     artifact_path,
-    bucket_folders,
-    stored_states,
 )
 from kiln_pants.build_steps import (
     FAILED,
@@ -247,12 +245,8 @@ async def build(
         )
         return Build(exit_code=0)
     prefix = kiln.prefix_location(build_root.path)
-    records = (
-        await Get(BucketRecords, BucketRecordsRequest(prefix, bucket_folders(graph)))
-        if "://" in prefix
-        else None
-    )
-    states = {a.address: state for a, state in stored_states(graph, prefix, records).items()}
+    stored = await Get(StoredStates, StoredStatesRequest(prefix, graph))
+    states = {a.address: state for a, state in stored.states.items()}
     dist = os.path.join(build_root.path, distdir.relpath)
     if subsystem.trainings_at_once is not None and subsystem.trainings_at_once < 1:
         console.print_stderr(
@@ -284,7 +278,6 @@ async def build(
         for step in dependents:
             console.print_stderr(_outcome_line(step.ref, outcomes[step.address], step.log))
     return Build(exit_code=_summary(console, graph, outcomes))
-
 
 
 def _pipeline(

@@ -21,13 +21,7 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.option.option_types import BoolOption
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.artifact_store import (
-    BucketRecords,
-    BucketRecordsRequest,
-    artifact_path,
-    bucket_folders,
-    stored_states,
-)
+from kiln_pants.artifact_store import StoredStates, StoredStatesRequest, artifact_path
 from kiln_pants.build_estimate import estimate_build
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
@@ -99,12 +93,7 @@ async def plan(
     prefix = kiln.prefix_location(build_root.path)
     console.print_stdout(f"Artifact store: {prefix}")
     counts: dict[str, int] = {}
-    records = (
-        await Get(BucketRecords, BucketRecordsRequest(prefix, bucket_folders(graph)))
-        if "://" in prefix
-        else None
-    )
-    states = stored_states(graph, prefix, records)
+    states = (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
     unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
     planned = await Get(ShardPlans, ShardPlansRequest(tuple(a.address for a in unbuilt)))
     shard_plan = dict(zip(unbuilt, planned.plans))

@@ -46,7 +46,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import BuiltInStore, BuiltInStoreRequest, artifact_path
+from kiln_pants.artifact_store import StoredStates, StoredStatesRequest, artifact_path
 from kiln_pants.cache_layout import (
     CACHE_DIR,
     CacheBuild,
@@ -290,9 +290,10 @@ async def built_or_tokenized_caches(
     caches = [graph.get(address) for address in request.addresses]
     stored = tuple(c for c in caches if c.in_store and not c.mutable)
     prefix = kiln.prefix_location(build_root.path)
-    built: frozenset[Address] = frozenset()
+    built: set[Address] = set()
     if stored:
-        built = (await Get(BuiltInStore, BuiltInStoreRequest(prefix, stored))).addresses
+        read = await Get(StoredStates, StoredStatesRequest(prefix, ArtifactGraph(stored)))
+        built = {a.address for a, state in read.states.items() if state.status == "built"}
     return BuiltCaches(
         await MultiGet(
             Get(BuiltCache, StoredCacheRequest(c.address))
