@@ -8,11 +8,15 @@ root when runtime.checkpointer.temporary_base_path is set):
                            "files": {path under state/: {"bytes": N, "sha256": HEX}}},
                            written LAST: its presence means the checkpoint is complete
 
+A save writes into `.step-N.saving/` beside it and renames that folder to `step-N` once
+metadata.json is in, so a step folder is complete or absent whenever the process is killed.
+
 The data position is the step itself (the mixture is a pure function of the step) and the model
 has no RNG state to carry, so the state pytree plus N is everything a resume needs. Readers of
 the model alone (samples, the run summary, export) use `restore_params`, which reads the
 parameters without the optimizer state.
-A step-N folder without metadata.json is a save that was killed: ignored, and deleted on start.
+A `.step-N.saving` folder (or a step-N folder without metadata.json, from older Kiln) is a save
+that was killed: ignored, and deleted on start.
 Older checkpoints are deleted only after a newer one is complete.
 
 Saves are asynchronous: `begin_save` returns once orbax has copied the state off the devices,
@@ -26,14 +30,20 @@ checkpoint_digest.py measures its cost.
 Resuming (`restore_latest`) takes the newest complete checkpoint that is intact: its state files
 present with the sizes and sha256 digests metadata.json records, and restorable by orbax. A
 damaged one is skipped, named with the file and the reason on the log, and the previous one is
-tried; it is left on disk for a person to inspect. When every complete checkpoint is damaged,
-the run stops (CheckpointDamaged) rather than start over silently. `restore_params` (samples,
-export) refuses a damaged checkpoint the same way. Checkpoints saved before digests were
+tried. Once an intact one is found, the skipped ones are moved aside (`step-N` ->
+`step-N.damaged`) for a person to inspect: they never count as kept checkpoints, are never
+resumed from again, and a new save of their step does not see them. Older checkpoints are pruned
+only once a newer one is complete (its files written and digested, metadata.json last), so the
+newest intact checkpoint is never deleted before its successor exists. When every complete
+checkpoint is damaged, the run stops (CheckpointDamaged) and leaves them where they are, rather
+than start over silently. `restore_params` (samples, export) refuses a damaged checkpoint the
+same way. Checkpoints saved before digests were
 recorded (sizes alone) are checked by their sizes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -72,6 +82,8 @@ METADATA_FILE = "metadata.json"
 STATE_DIR = "state"
 PARAMS_KEY = "params"  # the parameters' field of the saved TrainState (kiln.train.step)
 STEP_DIR = re.compile(r"^step-(\d+)$")
+DAMAGED_SUFFIX = ".damaged"  # a checkpoint that failed its check, moved aside (not a STEP_DIR)
+SAVING_DIR = re.compile(r"^\.step-(\d+)\.saving$")  # a save in progress, renamed to step-N last
 
 
 class CheckpointDamaged(RuntimeError):
@@ -169,11 +181,13 @@ class Checkpointer:
         return infos[-1] if infos else None
 
     def remove_incomplete(self) -> list[Path]:
-        """Deletes step folders without metadata.json (saves that were killed midway); process 0
-        deletes, and every process waits for it."""
+        """Deletes saves that were killed midway (`.step-N.saving` folders, and step folders
+        without metadata.json); process 0 deletes, and every process waits for it."""
         removed = []
         if self._is_writer:
             removed = [p for p in self._step_dirs() if read_checkpoint(p) is None]
+            removed += [p for root in self._roots() if root.is_dir()
+                        for p in sorted(root.iterdir()) if SAVING_DIR.match(p.name)]  # fmt: skip
             for path in removed:
                 log.warning("removing incomplete checkpoint %s (its save did not finish)", path)
                 shutil.rmtree(path, ignore_errors=True)
@@ -187,25 +201,42 @@ class Checkpointer:
 
     def restore_latest(self, like: Any) -> tuple[Any, CheckpointInfo] | None:
         """(state, checkpoint) from the newest intact complete checkpoint, skipping damaged ones
-        (each named on the log with the reason); None when there is no complete checkpoint;
-        CheckpointDamaged when every one is damaged."""
-        skipped = []
+        (each named on the log with the reason, and moved aside); None when there is no complete
+        checkpoint; CheckpointDamaged when every one is damaged (they stay in place). Multi-host:
+        every process calls it."""
+        skipped: list[tuple[CheckpointInfo, str]] = []
+        restored = None
         for info in reversed(self.complete()):
             problem = damage(info)
             if problem is None:
                 try:
-                    return self.restore(info, like), info
+                    restored = self.restore(info, like), info
+                    break
                 except Exception as e:  # orbax raises many types; all mean "not restorable"
                     problem = f"orbax cannot restore it: {(str(e) or repr(e)).splitlines()[0]}"
             log.warning("skipping checkpoint %s: %s", info.path, problem)
-            skipped.append(f"{info.path} ({problem})")
-        if skipped:
+            skipped.append((info, problem))
+        if restored is not None:
+            self._move_aside([info for info, _ in skipped])
+        elif skipped:
             raise CheckpointDamaged(
-                f"no checkpoint of this run can be restored: {'; '.join(skipped)}. If the run's "
-                "config changed, give it a new version; else delete these checkpoints to start "
-                "over."
+                "no checkpoint of this run can be restored: "
+                + "; ".join(f"{info.path} ({problem})" for info, problem in skipped)
+                + ". If the run's config changed, give it a new version; else delete these "
+                "checkpoints to start over."
             )
-        return None
+        return restored
+
+    def _move_aside(self, damaged: list[CheckpointInfo]) -> None:
+        """Renames each damaged checkpoint's folder out of the checkpointer's sight, keeping it
+        for a person to inspect (process 0 renames; every process waits for it)."""
+        barrier("kiln: checkpoints checked")  # no process is still reading one
+        if self._is_writer:
+            for info in damaged:
+                aside = _unused(info.path.with_name(info.path.name + DAMAGED_SUFFIX))
+                info.path.rename(aside)
+                log.warning("moved the damaged checkpoint %s aside to %s", info.path, aside)
+        barrier("kiln: damaged checkpoints moved aside")
 
     def due(self, step: int, *, final: bool = False, requested: bool = False) -> str | None:
         """Which save, if any, is due after `step`: "permanent", "temporary" or None."""
@@ -240,16 +271,18 @@ class Checkpointer:
         if existing is not None and existing.path == path:  # promote in place
             info = self._write_metadata(path, step, temporary=False, files=existing.files)
             return self._committed(info)
-        if path.exists() and self._is_writer:
-            shutil.rmtree(path)  # a killed save of this very step
+        staging = root / f".step-{step}.saving"
+        if self._is_writer:
+            for leftover in (path, staging):  # a killed save of this very step
+                shutil.rmtree(leftover, ignore_errors=True)
         quiet = _OrbaxFailuresQuieted()
         try:
-            self._orbax.save(path / STATE_DIR, state)
+            self._orbax.save(staging / STATE_DIR, state)
         except BaseException:
             quiet.end(succeeded=False)
             raise
         self._in_progress = _SaveInProgress(
-            path, step, temporary, quiet, self._orbax, record_digests=self._is_writer
+            staging, step, temporary, quiet, self._orbax, record_digests=self._is_writer
         )
         return None
 
@@ -260,16 +293,14 @@ class Checkpointer:
     def commit(self) -> CheckpointInfo | None:
         """Waits for the save in progress, if any, and completes it: metadata.json (process 0),
         then the older checkpoints it supersedes are pruned. Returns the checkpoint, or None
-        when no save was in progress. A failed save raises its error (its folder stays
-        incomplete, and is deleted on the next start). Multi-host: every process calls it at
+        when no save was in progress. A failed save raises its error (its staging folder stays,
+        and is deleted on the next start). Multi-host: every process calls it at
         the same point, and all leave together."""
         saving, self._in_progress = self._in_progress, None
         if saving is None:
             return None
         saving.finish()
-        return self._committed(self._write_metadata(
-            saving.path, saving.step, temporary=saving.temporary, files=saving.files
-        ))  # fmt: skip
+        return self._committed(self._complete(saving))
 
     def _committed(self, info: CheckpointInfo) -> CheckpointInfo:
         self._prune(info)
@@ -279,6 +310,17 @@ class Checkpointer:
     def _existing(self, step: int) -> CheckpointInfo | None:
         matches = [c for c in self.complete() if c.step == step]
         return matches[-1] if matches else None
+
+    def _complete(self, saving: _SaveInProgress) -> CheckpointInfo:
+        """A finished save made a checkpoint: metadata.json into its staging folder, which is
+        then renamed to step-N (process 0)."""
+        staged = self._write_metadata(
+            saving.path, saving.step, temporary=saving.temporary, files=saving.files
+        )
+        final = saving.path.with_name(f"step-{saving.step}")
+        if self._is_writer:
+            saving.path.rename(final)
+        return dataclasses.replace(staged, path=final)
 
     def _write_metadata(
         self, path: Path, step: int, *, temporary: bool, files: FileRecords | None
@@ -294,7 +336,9 @@ class Checkpointer:
         return info
 
     def _prune(self, newest: CheckpointInfo) -> None:
-        """A permanent save supersedes all older temporaries; beyond that keep the last N."""
+        """A permanent save supersedes all older temporaries; beyond that keep the last N. Runs
+        once `newest` is complete (its files written and digested, metadata.json last), so the
+        checkpoints it prunes are never the newest intact one."""
         if not self._is_writer:
             return
         temporaries = [c for c in self.complete() if c.is_temporary and c.path != newest.path]
@@ -308,15 +352,13 @@ class Checkpointer:
 
     def close(self) -> None:
         """Completes a save still in progress (a run that fails after starting it still keeps
-        that checkpoint; a save that fails is logged, its folder left incomplete), then closes
+        that checkpoint; a save that fails is logged, its staging folder left behind), then closes
         orbax. Not a collective: nothing is pruned and no process is waited for."""
         saving, self._in_progress = self._in_progress, None
         if saving is not None:
             try:
                 saving.finish()
-                self._write_metadata(
-                    saving.path, saving.step, temporary=saving.temporary, files=saving.files
-                )
+                self._complete(saving)
             except Exception as e:  # noqa: BLE001 - the run is ending on another error already
                 log.warning("the checkpoint save of %s failed: %s", saving.path, e)
         self._orbax.close()
@@ -350,7 +392,7 @@ class _SaveInProgress:
         *,
         record_digests: bool,
     ) -> None:
-        self.path = path
+        self.path = path  # the staging folder (.step-N.saving)
         self.step = step
         self.temporary = temporary
         self.files: FileRecords | None = None  # once done: sizes and digests (process 0)
@@ -417,6 +459,15 @@ def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], 
             hook(unraisable)
 
     return report
+
+
+def _unused(path: Path) -> Path:
+    """`path`, or `path.1`, `path.2`, ... : the first name nothing holds yet."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
 
 
 def damage(info: CheckpointInfo) -> str | None:

@@ -17,6 +17,7 @@ from kiln.train.checkpoints import (
     METADATA_FILE,
     CheckpointDamaged,
     Checkpointer,
+    damage,
     read_checkpoint,
     restore_params,
 )
@@ -206,7 +207,36 @@ def test_a_damaged_checkpoint_is_skipped_for_the_previous_one(
     assert info.step == 4 and int(state["step"]) == 4
     relative = damaged.relative_to(newest.path)
     assert re.search(rf"skipping checkpoint {newest.path}: {relative} {reason}", caplog.text)
-    assert newest.path.is_dir()  # left for a person to inspect
+    aside = newest.path.with_name("step-8.damaged")
+    assert aside.is_dir() and not newest.path.exists()  # kept for a person to inspect
+    assert steps(checkpointer) == [(4, False)]  # and never counted again
+    checkpointer.close()
+
+
+def test_a_damaged_checkpoint_never_displaces_the_last_good_one(tmp_path: Path) -> None:
+    """Rolling retention after a resume past a damaged checkpoint: the good one it resumed from
+    stays, and the damaged one neither counts as kept nor answers for its step again."""
+    checkpointer = make_checkpointer(tmp_path, FakeClock(), keep_last_temporary=2, every=None)
+    checkpointer.save(2, state_at(2), temporary=True)
+    damaged = checkpointer.save(6, state_at(6), temporary=True)
+    _flip_a_byte(largest_state_file(damaged))
+    _, resumed = checkpointer.restore_latest(state_at(0))
+    assert resumed.step == 2
+    checkpointer.save(4, state_at(4), temporary=True)
+    assert steps(checkpointer) == [(2, True), (4, True)]
+    again = checkpointer.save(6, state_at(6), temporary=True)  # a fresh save of that step
+    assert damage(again) is None and steps(checkpointer) == [(4, True), (6, True)]
+    assert (tmp_path / "checkpoints/step-6.damaged").is_dir()
+    checkpointer.close()
+
+
+def test_when_every_checkpoint_is_damaged_they_stay_where_they_are(tmp_path: Path) -> None:
+    checkpointer = make_checkpointer(tmp_path, FakeClock())
+    only = checkpointer.save(4, state_at(4), temporary=False)
+    _flip_a_byte(largest_state_file(only))
+    with pytest.raises(CheckpointDamaged):
+        checkpointer.restore_latest(state_at(0))
+    assert steps(checkpointer) == [(4, False)]  # a rerun stops again rather than start over
     checkpointer.close()
 
 

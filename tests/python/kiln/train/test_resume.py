@@ -40,14 +40,14 @@ def subprocess_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu"}
 
 
-def kill_mid_save(spec_path: Path, checkpoint: Path) -> int:
-    """Runs the trainer until the save of `checkpoint` has begun (its folder exists, its
-    metadata.json does not yet), then SIGKILLs it."""
+def kill_mid_save(spec_path: Path, saving: Path) -> int:
+    """Runs the trainer until the save into `saving` (a checkpoint's staging folder) has begun,
+    then SIGKILLs it."""
     process = subprocess.Popen(
         train_command(spec_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env=subprocess_env(),
     )  # fmt: skip
-    while process.poll() is None and not checkpoint.exists():
+    while process.poll() is None and not saving.exists():
         time.sleep(0.002)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=120)
@@ -79,9 +79,10 @@ def test_killed_run_resumes_bit_for_bit(tmp_path: Path) -> None:
 
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(make_spec(resumed_output, caches, validation, **overrides)))
-    killed_save = resumed_output / f"checkpoints/step-{KILLED_SAVE}"
+    killed_save = resumed_output / f"checkpoints/.step-{KILLED_SAVE}.saving"
     assert kill_mid_save(spec_path, killed_save) == -signal.SIGKILL
-    assert not (killed_save / "metadata.json").exists()  # killed while the save was writing
+    # Killed while the save was writing: its step folder is absent, never half-written.
+    assert not (resumed_output / f"checkpoints/step-{KILLED_SAVE}").exists()
     assert max(step for step, _ in losses(resumed_output)) >= KILLED_SAVE
 
     finished = subprocess.run(
