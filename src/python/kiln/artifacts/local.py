@@ -89,18 +89,19 @@ class LocalStore(ObjectStore):
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
-        try:
-            with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
+            try:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.link(tmp, path)
-            return _generation(os.stat(tmp))  # the same inode as the key's
-        except FileExistsError:
-            raise ObjectExists(self.location(key)) from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                os.link(tmp, path)
+            except FileExistsError:
+                raise ObjectExists(self.location(key)) from None
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            # The key's inode, once its links are final (a link count change moves its ctime).
+            return _generation(os.fstat(f.fileno()))
 
     def replace(self, key: str, data: bytes, *, generation: str) -> str:
         with self._locked(key, generation):
@@ -174,4 +175,7 @@ class LocalStore(ObjectStore):
 
 
 def _generation(stat: os.stat_result) -> str:
-    return f"{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_size}"
+    """A file's version: its inode, size, and modification and change times. The change time
+    (ctime) is the kernel's own: a writer that sets the modification time back (`touch -r`)
+    still moves it."""
+    return f"{stat.st_ino}-{stat.st_mtime_ns}-{stat.st_ctime_ns}-{stat.st_size}"

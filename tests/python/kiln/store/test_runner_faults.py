@@ -27,6 +27,7 @@ from kiln.artifacts.lease import LeaseRecord, lease_key
 from kiln.artifacts.local import LocalStore
 from kiln.data.cache import zarr_spec
 from kiln.runner.command_line import read_step
+from kiln.data.verify import verify_once
 from kiln.runner.inputs import place_inputs
 
 REF = "checkpoints/tiny@2026.11.29"
@@ -127,6 +128,76 @@ def test_ids_beyond_the_vocabulary_end_the_run_failed(step: Path, tmp_path: Path
     assert "Traceback" not in result.stderr
     assert_failed_saying(prefix, line)
     assert not (output(prefix) / "metrics.jsonl").exists()  # found before step 1
+
+
+def test_a_verified_cache_altered_with_its_times_put_back_is_refused(tmp_path: Path) -> None:
+    """A same-size rewrite of a chunk of a cache marked verified, its modification time then set
+    back (`touch -r`): the file's change time still differs, so the run checks the cache in
+    full and stops before step 1."""
+    step = write_runner_step(tmp_path / "inputs", **STEPS)
+    prefix = tmp_path / "store"
+    shard = placed(step, prefix)
+    verify_once(shard.parents[1])  # marked verified, as a run marks the caches it checked
+    chunk = shard / "data/c/0"
+    before = chunk.stat()
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x01  # another token id, still within the vocabulary
+    chunk.write_bytes(bytes(data))
+    os.utime(chunk, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (chunk.stat().st_ino, chunk.stat().st_size, chunk.stat().st_mtime_ns) == (
+        before.st_ino, before.st_size, before.st_mtime_ns
+    )
+    result = run(runner(step, prefix))
+    assert result.returncode == 1, result.stderr
+    [line] = error_lines(result.stderr)
+    assert "shard shard-00000, file data/c/0 does not match its sha256 digest" in line
+    assert_failed_saying(prefix, line)
+    assert not (output(prefix) / "metrics.jsonl").exists()  # found before step 1
+
+
+def _flip_the_largest_state_file(checkpoint: Path) -> None:
+    """64 bytes of the checkpoint's largest state file flipped, its size kept."""
+    largest = max((p for p in (checkpoint / "state").rglob("*") if p.is_file()),
+                  key=lambda p: p.stat().st_size)  # fmt: skip
+    data = bytearray(largest.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    largest.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_never_displaces_the_last_good_one(tmp_path: Path) -> None:
+    """Train to step 2, then to 6 (temporaries, two kept); damage step 6; resume twice, with a
+    second damage between: each resume starts from the newest intact checkpoint, which rolling
+    retention keeps, and the run ends SUCCESS."""
+    step = write_runner_step(
+        tmp_path / "inputs", **{"config.num_train_steps": 10, "runtime.checkpointer.every": None}
+    )
+    prefix = tmp_path / "store"
+    checkpoints = output(prefix) / "checkpoints"
+
+    def run_steps(*flags: str) -> subprocess.CompletedProcess:
+        result = run([*runner(step, prefix), *flags])
+        assert result.returncode in (0, 3), result.stderr[-3000:]  # 3: stopped by --max-steps
+        return result
+
+    run_steps("--max-steps", "2")
+    run_steps("--max-steps", "4")
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-2", "step-6"]
+    _flip_the_largest_state_file(checkpoints / "step-6")
+
+    resumed = run_steps("--max-steps", "2")
+    assert f"skipping checkpoint {checkpoints / 'step-6'}: state/" in resumed.stderr
+    assert f"resumed from {checkpoints / 'step-2'}" in resumed.stdout + resumed.stderr
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-2", "step-4", "step-6.damaged"]
+    _flip_the_largest_state_file(checkpoints / "step-4")
+
+    finished = run_steps()
+    assert finished.returncode == 0
+    assert f"resumed from {checkpoints / 'step-2'}" in finished.stdout + finished.stderr
+    assert read_status(output(prefix)) == "SUCCESS"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "step-10", "step-4.damaged", "step-6.damaged"
+    ]
 
 
 def test_a_run_refuses_a_live_lease_of_another_host_until_it_expires(
