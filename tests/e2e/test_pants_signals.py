@@ -42,6 +42,7 @@ lm_checkpoint(
                      task_files="//experiments/eval_tasks:stdlib"),
     resources=cpu(),
     compute_dtype="float32",
+    checkpoint_interval_minutes=0.001,  # a temporary save after nearly every step
 )
 """
 TARGET = "experiments/signals_check:endless"
@@ -57,17 +58,27 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     stop_pantsd(repo)  # the pantsd case's daemon
 
 
-def test_sigterm_without_pantsd_stops_the_run_with_a_checkpoint(repo: Path) -> None:
+def test_sigterm_without_pantsd_during_a_save_stops_the_run_cleanly(repo: Path) -> None:
+    """SIGTERM while a periodic save is being written: the run ends in seconds with 143, its
+    checkpoints complete or absent (never a half-written step folder), the reason naming
+    SIGTERM beside STATUS, and the control endpoint's files gone."""
     with pants_run(repo, "--no-pantsd") as run:
         step = wait_for_training(repo, run, beyond=0)
         started = run_processes(run.pid)
+        wait_for_a_save_in_progress(repo, run)
+        signalled = time.monotonic()
         run.send_signal(signal.SIGTERM)
         output = finish(run)
+        seconds = time.monotonic() - signalled
     assert run.returncode == 143, output  # 128 + SIGTERM, as a shell reports it
+    assert seconds <= 10, f"{seconds:.1f} s from SIGTERM to exit"
     assert "kiln: stopped by SIGTERM" in output
     assert_all_ended(started)
     assert_stopped_with_checkpoint_at_or_after(repo, step)
-    assert_stop_recorded(repo, "interrupted by SIGINT after step ", output)
+    assert_stop_recorded(repo, "interrupted by SIGTERM after step ", output)
+    checkpoints = repo / ARTIFACT / "checkpoints"
+    assert not [p.name for p in checkpoints.iterdir() if not (p / "metadata.json").is_file()]
+    assert not (repo / ARTIFACT / "control").exists()
 
 
 def test_sigkill_without_pantsd_leaves_no_process_and_resumes(repo: Path) -> None:
@@ -131,6 +142,18 @@ def wait_for_training(repo: Path, run: subprocess.Popen[str], *, beyond: int) ->
             return max(steps)
         time.sleep(0.5)
     pytest.fail(f"training of {TARGET} did not pass step {beyond + 3}")
+
+
+def wait_for_a_save_in_progress(repo: Path, run: subprocess.Popen[str]) -> None:
+    """Until a checkpoint's staging folder exists (kiln.train.checkpoints: `.step-N.saving`)."""
+    checkpoints = repo / ARTIFACT / "checkpoints"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert run.poll() is None, finish(run)
+        if any(checkpoints.glob(".step-*.saving")):
+            return
+        time.sleep(0.005)
+    pytest.fail("no checkpoint save was seen in progress")
 
 
 def _lines(path: Path) -> list[str]:

@@ -100,6 +100,10 @@ def test_plan_shows_why_the_last_run_failed_or_stopped() -> None:
         "failed (input tokenized/a@v1: shard shard-00000, file data/c/0 is missing; will rerun)"
     )
     assert recorded_state(RUN, "FAILED\n", record).detail == "no reason recorded; will rerun"
+    # A run that failed on its inputs ends before writing its record: the reason still shows.
+    assert recorded_state(RUN, "FAILED\n", None, reason).describe() == (
+        "failed (input tokenized/a@v1: shard shard-00000, file data/c/0 is missing; will rerun)"
+    )
     stopped = recorded_state(RUN, "RUNNING\n", record, "interrupted by SIGTERM after step 4")
     assert (
         stopped.detail == "the last run stopped: interrupted by SIGTERM after step 4; will resume"

@@ -115,8 +115,10 @@ def recorded_state(
         return StoredState(
             "dep failed", f"{reason or 'an input failed in the last build'}; will run"
         )
-    if record_text is None:
-        return StoredState("would run")
+    if record_text is None:  # a run that ended before its record (on its inputs) still says why
+        if status == "FAILED":
+            return StoredState("failed", f"{reason or 'no reason recorded'}; will rerun")
+        return StoredState("would run", f"the last run stopped: {reason}" if reason else "")
     record = json.loads(record_text)
     if record.get("fingerprint") != artifact.fingerprint:
         fields = differing_fields(record.get("identity", {}), artifact.identity)

@@ -8,9 +8,11 @@ back in Python. Without pantsd the main thread waits inside the engine until the
 SIGTERM did nothing while `pants run` trained: the run went on.
 
 `forward_sigterm_as_interrupt` lets CPython's C-level handler wake a thread of ours
-(`signal.set_wakeup_fd`) that interrupts the process with SIGINT: the engine stops the run as for
-Ctrl-C (the trainer saves a checkpoint and exits), and Pants' own SIGTERM handler still ends the
-process when the main thread returns. pantsd's client is unaffected (it loads no plugins), and in
+(`signal.set_wakeup_fd`) that passes the SIGTERM on to the processes Pants started (so the
+trainer records that SIGTERM stopped it) and then interrupts the process with SIGINT: the engine
+stops the run as for Ctrl-C (the trainer saves a checkpoint and exits; `[GLOBAL]
+process_execution_graceful_shutdown_timeout` is how long it may take before Pants kills it), and
+Pants' own SIGTERM handler still ends the process when the main thread returns. pantsd's client is unaffected (it loads no plugins), and in
 pantsd itself a SIGTERM only interrupts the sessions it was going to end anyway.
 
 Pants itself reports the cancelled goal as a failure (exit 1, an `[ERROR]` line with no text).
@@ -22,6 +24,7 @@ forwarding is installed (the plugin is loaded early, so it runs after Pants' own
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
@@ -67,7 +70,25 @@ def _interrupt_on_sigterm(reader: socket.socket) -> None:
             return
         if signal.SIGTERM in received:
             _terminated.set()
+            for child in _children(os.getpid()):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is `parent` (from /proc: Linux), ended ones left out."""
+    children = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+                state, ppid = f.read().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue  # not a process, or it ended meanwhile
+        if int(ppid) == parent and state not in "ZX":
+            children.append(int(entry))
+    return children
 
 
 def _exit_as_terminated() -> None:

@@ -11,8 +11,9 @@ so credentials under names never seen are hidden too (docs/training-control.md, 
   block), a URL with a user or password, any run of 16 or more characters that looks random
   (mixed character classes, high entropy, no readable words), a long key-alphabet run with many
   digits (hex digests, base64 blobs), or an assignment to a secret-looking name
-  (`--password=...`, `{'token': ...}`). A URL's path segments and query values are runs like any
-  other, so a webhook URL whose path is the secret is hidden whole.
+  (`--password=...`, `{'token': ...}`), or a web address (http, https) with a path or a query:
+  webhooks and signed links carry their secret there, however readable it is. A bare host
+  (`http://127.0.0.1:8080`) and other schemes' paths (`s3://bucket/run`) stay readable.
 
 Strings holding JSON are parsed and redacted field by field. Mistakes cost differently: hiding a
 harmless value loses a line of display, showing a secret leaks it, so the rules err towards
@@ -65,6 +66,9 @@ _SECRET_VALUE_PATTERNS = tuple(
         r"\bxox[abprs]-[A-Za-z0-9-]{8,}",  # Slack tokens
         r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----",  # PEM, OpenSSH, PGP key blocks
         r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@]+@",  # scheme://user[:password]@host
+        # A web address with a path or a query: webhooks and signed links carry their secret
+        # there, in segments that may read as words. A bare host (an endpoint) stays readable.
+        r"\bhttps?://[^/?#\s]+[/?][^\s]*[^/\s]",
     )
 )
 # A long generated value: 32+ key-alphabet characters holding 4 digits or more (hex digests,

@@ -301,7 +301,11 @@ class _ControlHandler(BaseHTTPRequestHandler):
     def _route(self) -> str | None:
         """The path after `/c/<token>/` when the Host is this server's and the token is valid;
         None (and a 421 or 403 sent) if not."""
-        if not self.server.control.host_is_allowed(self.headers.get("Host")):
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) != 1:  # RFC 9112, 3.2: none or several is a bad request
+            self._send_text(HTTPStatus.BAD_REQUEST, "exactly one Host header is required\n")
+            return None
+        if not self.server.control.host_is_allowed(hosts[0]):
             self._send_text(HTTPStatus.MISDIRECTED_REQUEST, "misdirected request\n")
             return None
         parts = urlsplit(self.path).path.split("/", 3)  # "", "c", token, rest

@@ -18,6 +18,7 @@ Files under RUN_DIR/control/ (written atomically; both removed when the server s
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -132,8 +133,12 @@ def write_endpoint(run_dir: Path, host: str, port: int, key: bytes) -> Endpoint:
 
 
 def remove_endpoint(run_dir: Path) -> None:
+    """Removes the endpoint record and key, and their folder once it holds nothing else."""
+    folder = control_dir(run_dir)
     for name in (ENDPOINT_FILE, KEY_FILE):
-        (control_dir(run_dir) / name).unlink(missing_ok=True)
+        (folder / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        folder.rmdir()  # OSError: not empty (another file a person put there stays)
 
 
 def read_endpoint(run_dir: Path) -> tuple[Endpoint, bytes]:

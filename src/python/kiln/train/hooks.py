@@ -82,7 +82,8 @@ class StopSignals:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signum
+        if self.received is None:  # the first says why: SIGTERM, then the SIGINT Pants sends
+            self.received = signum
         signal.signal(
             signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
         )

@@ -264,6 +264,22 @@ def test_a_host_that_is_not_this_server_is_misdirected(server: ControlServer, ho
     assert server.take_checkpoint_request() is False
 
 
+@pytest.mark.parametrize("hosts", [[], ["{good}", "evil.example"], ["{good}", "{good}"]])
+def test_no_host_or_several_is_a_bad_request(server: ControlServer, hosts: list[str]) -> None:
+    """RFC 9112, 3.2: a request without a Host, or with several (the good one first), is 400."""
+    parts = urlsplit(_base(server))
+    lines = "".join(f"Host: {host.format(good=parts.netloc)}\r\n" for host in hosts)
+    for method, route in (("GET", ""), ("POST", "checkpoint")):
+        with socket.create_connection((parts.hostname, parts.port), timeout=10) as connection:
+            connection.sendall(
+                f"{method} {parts.path}{route} HTTP/1.1\r\n{lines}Content-Length: 0\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            reply = connection.makefile("rb").read()
+        assert reply.startswith(b"HTTP/1.1 400 ") or reply.startswith(b"HTTP/1.0 400 "), reply[:80]
+    assert server.take_checkpoint_request() is False
+
+
 def test_loopback_names_and_configured_names_are_served(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -364,7 +380,6 @@ def test_stop_removes_the_endpoint_and_closes_the_port(tmp_path: Path) -> None:
     assert (tmp_path / "control" / "key").stat().st_mode & 0o777 == 0o600
     assert len(key) == 32
     control.stop()
-    assert not (tmp_path / "control" / "endpoint.json").exists()
-    assert not (tmp_path / "control" / "key").exists()
+    assert not (tmp_path / "control").exists()  # no empty folder left behind either
     with pytest.raises(OSError):
         _request(url)

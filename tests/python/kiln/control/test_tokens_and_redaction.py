@@ -94,6 +94,8 @@ UNSEEN_SECRET_VALUES = {
     "DOWNLOAD": "https://cdn.example/file.tar?expires=1700000000&sig=Zx81kLmQ0pWnR7tYbV3cA9",
     "GPG_MATERIAL": "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF...",
     "LAUNCH_ARGS": "--mode fast --label 7hG2kQ9zLmP4xR8wT1vN",
+    # A webhook whose secret path reads as words, under a name with no secret word in it.
+    "DEPLOY_ALERTS": "https://hooks.example/incoming/correct-horse-battery-staple",
 }
 # What stays readable: paths, words, numbers, and the shell's own folder variables.
 HARMLESS = {
@@ -113,6 +115,10 @@ HARMLESS = {
     "CUDA_BUILD": "cuda13-linux-x86_64",
     "HF_MODEL": "meta-llama/Llama-3.1-8B-Instruct",
     "BEST": "checkpoints/dclm_1b_1x/step-40000",
+    # Endpoints without a path, and buckets.
+    "HF_ENDPOINT": "http://127.0.0.1:8080",
+    "HUB": "https://hub.example/",
+    "KILN_PREFIX": "s3://research-bucket/kiln/artifacts",
 }
 
 
