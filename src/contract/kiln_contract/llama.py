@@ -8,6 +8,7 @@ for `rope_theta` (Levanter's default is 10000) and the initialisation (docs/trai
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -96,6 +97,23 @@ class LlamaArchitecture:
 
 # Parameter and FLOP counts (docs/model.md): the plugin prices runs with them (`pants plan`),
 # the runtime reports MFU with them.
+
+
+# Fields that do not change the weights: how a fresh model is initialised, and the longest
+# sequence the run uses (RoPE has no table to outgrow), so a run may train shorter or longer than
+# the weights it starts from.
+WEIGHTS_ALIKE = ("init_std", "initialization", "max_seq_len")
+
+
+def weights_differences(declared: Mapping[str, Any], weights: Mapping[str, Any]) -> list[str]:
+    """`field: model=A, weights=B` for each field of an architecture's JSON (a LlamaArchitecture's,
+    or a runtime LlamaConfig's with its vocab_size) that makes weights of `weights` unfit for a
+    model `declared`."""
+    return [
+        f"{name}: model={declared[name]!r}, weights={weights.get(name)!r}"
+        for name in declared
+        if name not in WEIGHTS_ALIKE and declared[name] != weights.get(name)
+    ]
 
 
 def num_parameters(model: LlamaArchitecture, vocab_size: int) -> int:

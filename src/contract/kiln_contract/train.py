@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, Union
 
 from kiln_contract.adam import AdamConfig
 from kiln_contract.evals import EvalSuiteConfig
@@ -171,6 +171,63 @@ class HfModelSource:
         return {key: value for key, value in scalar_json(self).items() if value is not None}
 
 
+INIT_KINDS = ("lm_checkpoint", "hf_model")  # the artifacts of the graph a run may start from
+
+
+@dataclass(frozen=True)
+class ParentRun:
+    """`init_from=":parent"` (or `from_checkpoint(":parent", step=N)`): an artifact of the graph
+    a run starts from, found by its `name/version` in the run's own store: an `lm_checkpoint` at
+    one of its saved steps (None: its final one), or an `hf_model` export. Weights only unless
+    `optimizer_state` (an lm_checkpoint's Adam moments come along; the step and the learning-rate
+    schedule still start afresh)."""
+
+    kind: str  # INIT_KINDS
+    name: str
+    version: str
+    fingerprint: str
+    step: int | None = None
+    optimizer_state: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice("kind", self.kind, INIT_KINDS)
+        check_address(self)
+        check_optional(check_int, "step", self.step, minimum=0)
+        check_bool("optimizer_state", self.optimizer_state)
+        if self.kind == "hf_model" and (self.step is not None or self.optimizer_state):
+            raise SpecError(
+                "step" if self.step is not None else "optimizer_state",
+                "an hf_model export holds one step's weights: give the lm_checkpoint instead",
+            )
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def label(self) -> str:
+        """The source for people: `name@version`, and the step when one is chosen."""
+        return self.ref if self.step is None else f"{self.ref} step {self.step}"
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "init_from") -> ParentRun:
+        return read_json(cls, obj, where)
+
+    def to_json(self) -> dict[str, Any]:
+        values = scalar_json(self)
+        return {k: v for k, v in values.items() if v is not None and v is not False}
+
+
+InitFrom = Union[HfModelSource, ParentRun]
+
+
+def init_from_json(obj: Any, where: str = "init_from") -> InitFrom:
+    """Either kind of `init_from`, told apart by the `kind` a ParentRun carries."""
+    if isinstance(obj, Mapping) and "kind" in obj:
+        return ParentRun.from_json(obj, where)
+    return HfModelSource.from_json(obj, where)
+
+
 def check_run_shape(
     model: LlamaArchitecture, optimizer: AdamConfig, seq_len: int, num_train_steps: int
 ) -> None:
@@ -202,7 +259,7 @@ class TrainConfig(Generic[Dataset]):
     compute_dtype: str
     param_dtype: str
     # Weights the run starts from instead of a random initialisation; None: random (seed).
-    init_from: HfModelSource | None = None
+    init_from: InitFrom | None = None
     # The positions the loss counts (LOSS_POSITIONS); None: same_document.
     loss_positions: str | None = None
 
@@ -225,7 +282,7 @@ class TrainConfig(Generic[Dataset]):
         check_choice("compute_dtype", self.compute_dtype, DTYPES)
         check_choice("param_dtype", self.param_dtype, DTYPES)
         if self.init_from is not None:
-            _check_instance("init_from", self.init_from, HfModelSource)
+            _check_instance("init_from", self.init_from, (HfModelSource, ParentRun))
         if self.loss_positions is not None:
             check_choice("loss_positions", self.loss_positions, LOSS_POSITIONS)
 
@@ -243,9 +300,7 @@ class TrainConfig(Generic[Dataset]):
         if values["evals"] is not None:
             values["evals"] = EvalSuiteConfig.from_json(values["evals"], field_path(where, "evals"))
         if "init_from" in values:
-            values["init_from"] = HfModelSource.from_json(
-                values["init_from"], field_path(where, "init_from")
-            )
+            values["init_from"] = init_from_json(values["init_from"], field_path(where, "init_from"))
         return build(cls, where, values)
 
     def to_json(self) -> dict[str, Any]:
@@ -279,9 +334,10 @@ class TrainConfig(Generic[Dataset]):
         return TrainConfig(**values)
 
 
-def _check_instance(field: str, value: Any, kind: type) -> None:
+def _check_instance(field: str, value: Any, kind: type | tuple[type, ...]) -> None:
     if not isinstance(value, kind):
-        raise SpecError(field, f"expected a {kind.__name__}, got {value!r}")
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        raise SpecError(field, f"expected a {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
 
 
 def _check_unique_names(field: str, datasets: tuple[Any, ...]) -> None:

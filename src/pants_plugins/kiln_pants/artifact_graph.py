@@ -25,8 +25,11 @@ from pants.engine.target import (
     TransitiveTargetsRequest,
 )
 
+from kiln_contract.llama import weights_differences
 from kiln_contract.tokenize import DEFAULT_FRAMING, LevanterCacheSource, UrlFilesSource
+from kiln_contract.train import ParentRun
 from kiln_contract.vocabulary import is_mutable_version
+from kiln_pants.build_symbols import CheckpointInit
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.hf_model_targets import (
     CheckpointField,
@@ -83,10 +86,11 @@ class Artifact:
     version: str
     identity_json: str  # canonical JSON of the identity config
     fingerprint: str
-    inputs: tuple[Address, ...]
+    inputs: tuple[Address, ...]  # a checkpoint's: its datasets, validation sets, then parent
     # Its files live in the artifact store; False: an inline cache, whose files are outputs of
     # Pants processes (and Pants' cache serves them).
     in_store: bool = True
+    parent: Optional[Address] = None  # the run (or export) a checkpoint starts from: init_from
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -104,6 +108,11 @@ class Artifact:
     @property
     def mutable(self) -> bool:
         return is_mutable_version(self.version)
+
+    @property
+    def cache_inputs(self) -> tuple[Address, ...]:
+        """A checkpoint's caches: its datasets in declaration order, then its validation sets."""
+        return tuple(a for a in self.inputs if a != self.parent)
 
 
 class ArtifactGraph(Collection[Artifact]):
@@ -280,7 +289,7 @@ def _input_ref(target: Target, artifact: Artifact) -> dict[str, Any]:
 
 
 async def _checkpoint_identity(
-    target: Target, caches: dict[Address, Artifact]
+    target: Target, caches: dict[Address, Artifact], parent: Optional[Artifact]
 ) -> tuple[dict[str, Any], tuple[Address, ...]]:
     weights = target[DatasetsField].value
     dataset_addresses = await _resolve(target, "datasets", tuple(weights))
@@ -320,19 +329,61 @@ async def _checkpoint_identity(
         "compute_dtype": target[ComputeDtypeField].value,
     }
     init_from = target[InitFromField].value
-    if init_from is not None:  # only when set: fingerprints of runs without it are unchanged
+    if parent is not None:  # a run of the graph: by its fingerprint, and the step taken
+        identity["init_from"] = parent_run(init_from, parent).to_json()
+    elif init_from is not None:  # only when set: fingerprints of runs without it are unchanged
         identity["init_from"] = init_from.to_json()
     loss_positions = target[LossPositionsField].value
     if loss_positions is not None:  # likewise
         identity["loss_positions"] = loss_positions
-    return identity, (*dataset_addresses, *validation_addresses)
+    parents = (parent.address,) if parent is not None else ()
+    return identity, (*dataset_addresses, *validation_addresses, *parents)
+
+
+def parent_run(init_from: CheckpointInit, parent: Artifact) -> ParentRun:
+    """The run `init_from` names, as the step spec and the identity carry it."""
+    return ParentRun(
+        parent.kind, parent.name, parent.version, parent.fingerprint,
+        step=init_from.step, optimizer_state=init_from.optimizer_state,
+    )  # fmt: skip
+
+
+async def _parent_address(target: Target) -> Optional[Address]:
+    """The artifact a checkpoint's `init_from` names by address, if it does."""
+    init_from = target[InitFromField].value
+    if not isinstance(init_from, CheckpointInit):
+        return None
+    [address] = await _resolve(target, InitFromField.alias, (init_from.address,))
+    return address
+
+
+def _parents_first(
+    targets: list[Target], parents: dict[Address, Optional[Address]]
+) -> list[Target]:
+    """Checkpoints and exports ordered so that every one comes after the one it reads (Pants
+    refuses a dependency cycle before this runs)."""
+    by_address = {t.address: t for t in targets}
+    ordered: list[Target] = []
+    placed: set[Address] = set()
+
+    def place(target: Target) -> None:
+        if target.address in placed:
+            return
+        parent = parents.get(target.address)
+        if parent in by_address:
+            place(by_address[parent])
+        placed.add(target.address)
+        ordered.append(target)
+
+    for target in targets:
+        place(target)
+    return ordered
 
 
 async def _hf_model_identity(
-    target: Target, checkpoints: dict[Address, Artifact]
+    target: Target, address: Address, checkpoints: dict[Address, Artifact]
 ) -> tuple[dict[str, Any], tuple[Address, ...]]:
     """An export is its checkpoint (by fingerprint) at one step, in one dtype."""
-    [address] = await _resolve(target, CheckpointField.alias, (target[CheckpointField].value,))
     if address not in checkpoints:
         raise InvalidFieldException(
             f"The `checkpoint` field in target {target.address} refers to {address}, which is "
@@ -348,7 +399,12 @@ async def _hf_model_identity(
     return identity, (address,)
 
 
-def _artifact(target: Target, identity: dict[str, Any], inputs: tuple[Address, ...]) -> Artifact:
+def _artifact(
+    target: Target,
+    identity: dict[str, Any],
+    inputs: tuple[Address, ...],
+    parent: Optional[Address] = None,
+) -> Artifact:
     inline = target.has_field(CacheStorageField) and target[CacheStorageField].value == "inline"
     return Artifact(
         address=target.address,
@@ -359,6 +415,7 @@ def _artifact(target: Target, identity: dict[str, Any], inputs: tuple[Address, .
         fingerprint=fingerprint(identity),
         inputs=inputs,
         in_store=not inline,
+        parent=parent,
     )
 
 
@@ -366,21 +423,65 @@ def _artifact(target: Target, identity: dict[str, Any], inputs: tuple[Address, .
 async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     closure = await Get(TransitiveTargets, TransitiveTargetsRequest(request.addresses))
     targets = sorted(closure.closure, key=lambda t: t.address)
-    cache_targets = [t for t in targets if isinstance(t, TokenizedCacheTarget)]
-    checkpoint_targets = [t for t in targets if isinstance(t, LmCheckpointTarget)]
-
     caches = {}
-    for target in cache_targets:
+    for target in (t for t in targets if isinstance(t, TokenizedCacheTarget)):
         caches[target.address] = _artifact(target, await _cache_identity(target), ())
-    checkpoints = {}
-    for checkpoint in checkpoint_targets:
-        identity, inputs = await _checkpoint_identity(checkpoint, caches)
-        checkpoints[checkpoint.address] = _artifact(checkpoint, identity, inputs)
-    exports = []
-    for export in (t for t in targets if isinstance(t, HfModelTarget)):
-        identity, inputs = await _hf_model_identity(export, checkpoints)
-        exports.append(_artifact(export, identity, inputs))
-    return ArtifactGraph([*caches.values(), *checkpoints.values(), *exports])
+
+    # Checkpoints and exports read one another (an export its checkpoint, a run the run or
+    # export it starts from): each is fingerprinted after the one it reads.
+    models = [t for t in targets if isinstance(t, (LmCheckpointTarget, HfModelTarget))]
+    parents: dict[Address, Optional[Address]] = {}
+    for target in models:
+        if isinstance(target, HfModelTarget):
+            value = (target[CheckpointField].value,)
+            [parents[target.address]] = await _resolve(target, CheckpointField.alias, value)
+        else:
+            parents[target.address] = await _parent_address(target)
+    built: dict[Address, Artifact] = {}
+    for target in _parents_first(models, parents):
+        parent = parents[target.address]
+        if isinstance(target, HfModelTarget):
+            assert parent is not None  # an export always names its checkpoint
+            checkpoints = {a: x for a, x in built.items() if x.kind == LmCheckpointTarget.alias}
+            identity, inputs = await _hf_model_identity(target, parent, checkpoints)
+            built[target.address] = _artifact(target, identity, inputs)
+            continue
+        parent_artifact = _parent_artifact(target, parent, built)
+        identity, inputs = await _checkpoint_identity(target, caches, parent_artifact)
+        built[target.address] = _artifact(target, identity, inputs, parent)
+    return ArtifactGraph([*caches.values(), *built.values()])
+
+
+def _parent_artifact(
+    target: Target, parent: Optional[Address], built: dict[Address, Artifact]
+) -> Optional[Artifact]:
+    """The artifact a checkpoint starts from: an lm_checkpoint or an hf_model of the graph."""
+    if parent is None:
+        return None
+    if parent not in built:
+        raise InvalidFieldException(
+            f"The `init_from` field in target {target.address} refers to {parent}, which is "
+            "neither an `lm_checkpoint` nor an `hf_model`: a run starts from one of those (or "
+            "from published weights: `hf_model_source(...)`)."
+        )
+    artifact = built[parent]
+    init_from = target[InitFromField].value
+    takes_a_step = init_from.step is not None or init_from.optimizer_state
+    if artifact.kind == HfModelTarget.alias and takes_a_step:
+        raise InvalidFieldException(
+            f"The `init_from` field in target {target.address} gives a step or optimizer_state "
+            f"for {parent}, an `hf_model` export (one step's weights): name its lm_checkpoint "
+            "instead."
+        )
+    trained = built[artifact.inputs[0]] if artifact.kind == HfModelTarget.alias else artifact
+    differing = weights_differences(target[ModelField].value.to_json(), trained.identity["model"])
+    if differing:
+        raise InvalidFieldException(
+            f"The `init_from` field in target {target.address} names {parent}, whose weights "
+            f"are not the architecture `model` declares ({'; '.join(differing)}): make "
+            "`model=llama(...)` match the parent's."
+        )
+    return artifact
 
 
 def rules():

@@ -141,6 +141,35 @@ def _eval_task(task: Any) -> EvalTask:
 
 
 
+@dataclass(frozen=True)
+class CheckpointInit:
+    """`init_from=":run"` or `from_checkpoint(":run", step=N, optimizer_state=False)`: a run
+    starts from another artifact of the graph, an `lm_checkpoint` (at a saved step; default its
+    final one) or an `hf_model`, named by address (a real dependency: kiln_contract.train's
+    ParentRun once resolved)."""
+
+    address: str
+    step: Optional[int] = None
+    optimizer_state: bool = False
+
+
+def from_checkpoint(
+    address: str, step: Optional[int] = None, optimizer_state: bool = False
+) -> CheckpointInit:
+    if not isinstance(address, str) or not address.startswith(("//", ":")):
+        raise BuildSymbolError(
+            "from_checkpoint(): the run to start from is the address of an lm_checkpoint or "
+            f"hf_model target, e.g. ':dclm_1b'; got {address!r}."
+        )
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise BuildSymbolError(f"from_checkpoint(): `step` must be a saved step >= 0, got {step!r}.")
+    if not isinstance(optimizer_state, bool):
+        raise BuildSymbolError(
+            f"from_checkpoint(): `optimizer_state` must be True or False, got {optimizer_state!r}."
+        )
+    return CheckpointInit(address, step, optimizer_state)
+
+
 def gpu(type: str, count: int = 1, hosts: Optional[int] = None) -> Resources:  # noqa: A002
     """`count` GPUs of model `type` on each of `hosts` hosts (a cluster run; default one)."""
     if not isinstance(type, str) or not type:
@@ -168,6 +197,7 @@ BUILD_FILE_OBJECTS = {
     "tpu": _helper("tpu", tpu),
     "cpu": _helper("cpu", cpu),
     "hf_model_source": _helper("hf_model_source", HfModelSource),
+    "from_checkpoint": _helper("from_checkpoint", from_checkpoint),
     "levanter_cache": _helper("levanter_cache", LevanterCacheSource),
     "url_files": _helper("url_files", url_files),
     "CORE_TASKS": CORE_TASKS,

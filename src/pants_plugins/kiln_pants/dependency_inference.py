@@ -1,9 +1,10 @@
 """Artifact inputs are real Pants dependencies.
 
-An `lm_checkpoint`'s `datasets` and `validation` addresses, and a `tokenized_cache`'s tokenizer
-target, are inferred as dependencies, so `pants dependencies`, `dependents` and `peek` answer graph
-questions ("which checkpoints depend on this tokenizer?"). Inference is also where a reference to
-the wrong kind of target is caught.
+An `lm_checkpoint`'s `datasets` and `validation` addresses and the run its `init_from` names, and
+a `tokenized_cache`'s tokenizer target, are inferred as dependencies, so `pants dependencies`,
+`dependents` and `peek` answer graph questions ("which checkpoints depend on this tokenizer?",
+"which cooldowns start from this run?"). Inference is also where a reference to the wrong kind
+of target is caught.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from pants.engine.target import (
 )
 from pants.engine.unions import UnionRule
 
+from kiln_pants.build_symbols import CheckpointInit
 from kiln_pants.target_types import (
     DatasetsField,
     EvalsField,
+    InitFromField,
     LmCheckpointDependencies,
     TokenizedCacheDependencies,
     TokenizedCacheTarget,
@@ -35,11 +38,14 @@ from kiln_pants.target_types import (
 
 @dataclass(frozen=True)
 class LmCheckpointInputsFieldSet(FieldSet):
-    required_fields = (DatasetsField, ValidationField, EvalsField, LmCheckpointDependencies)
+    required_fields = (
+        DatasetsField, ValidationField, EvalsField, InitFromField, LmCheckpointDependencies
+    )
 
     datasets: DatasetsField
     validation: ValidationField
     evals: EvalsField
+    init_from: InitFromField
     dependencies: LmCheckpointDependencies
 
 
@@ -71,14 +77,18 @@ async def infer_lm_checkpoint_inputs(request: InferLmCheckpointInputs) -> Inferr
                 )
             addresses.append(target.address)
     evals = field_set.evals.value
-    if evals and evals.task_files:
+    named = [(EvalsField.alias, evals.task_files)] if evals and evals.task_files else []
+    init_from = field_set.init_from.value
+    if isinstance(init_from, CheckpointInit):  # the run it starts from: built first
+        named.append((InitFromField.alias, init_from.address))
+    for alias, address in named:
         addresses.extend(
             await Get(
                 Addresses,
                 UnparsedAddressInputs(
-                    [evals.task_files],
+                    [address],
                     owning_address=field_set.address,
-                    description_of_origin=f"the `evals` field of {field_set.address}",
+                    description_of_origin=f"the `{alias}` field of {field_set.address}",
                 ),
             )
         )

@@ -11,22 +11,30 @@ Reads the artifact store (kiln_pants.artifact_store: a bucket by one process); b
 
 from __future__ import annotations
 
+import json
+import os
+from typing import Optional
+
 from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Addresses
 from pants.engine.console import Console
 from pants.engine.fs import Workspace
 from pants.engine.goal import Goal, GoalSubsystem
 from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule
-from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.engine.target import Target, WrappedTarget, WrappedTargetRequest
 from pants.option.option_types import BoolOption
 
+from kiln_contract.hf_llama import NotPlainLlama, config_fields, kiln_run_advice
+from kiln_contract.layout import RECORD_FILE
+from kiln_contract.llama import weights_differences
+from kiln_contract.train import HfModelSource
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import StoredStates, StoredStatesRequest, artifact_path
 from kiln_pants.build_estimate import estimate_build
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
-from kiln_pants.target_types import ResourcesField
+from kiln_pants.target_types import InitFromField, ModelField, ResourcesField
 from kiln_pants.training_cost import (
     FLOPS_FORMULA,
     Vocabulary,
@@ -51,6 +59,15 @@ class PlanSubsystem(GoalSubsystem):
 class Plan(Goal):
     subsystem_cls = PlanSubsystem
     environment_behavior = Goal.EnvironmentBehavior.LOCAL_ONLY
+
+
+async def _init_from_problems(graph: ArtifactGraph) -> list[str]:
+    checkpoints = [a for a in graph if a.kind == "lm_checkpoint"]
+    targets = await MultiGet(
+        Get(WrappedTarget, WrappedTargetRequest(c.address, description_of_origin="<kiln plan>"))
+        for c in checkpoints
+    )
+    return [p for t in targets if (p := init_from_problem(t.target)) is not None]
 
 
 async def _print_training_costs(
@@ -78,6 +95,44 @@ async def _print_training_costs(
     if len(costs) > 1:
         for line in total_lines(costs, prices):
             console.print_stdout(line)
+
+
+def init_from_problem(target: Target) -> Optional[str]:
+    """Why a checkpoint cannot start from the local folder its `init_from` names (unreadable,
+    not a plain Llama, or another architecture than `model`), as one line; None when it fits
+    or is not a local folder (a hub model is checked when the run downloads it; a run of the
+    graph, when the graph is built)."""
+    source = target[InitFromField].value
+    if not isinstance(source, HfModelSource) or not source.is_local:
+        return None
+    where = f"The `init_from` field in target {target.address}"
+    advice = _kiln_run_advice(source.model)
+    if advice is not None:
+        return f"{where}: {advice}"
+    path = os.path.join(source.model, "config.json")
+    try:
+        with open(path) as f:
+            fields = config_fields(json.load(f), source=path)
+    except OSError as e:
+        return f"{where}: cannot read {path} ({e.strerror}): give a transformers Llama folder"
+    except (ValueError, NotPlainLlama) as e:
+        return f"{where}: {e}"
+    differing = weights_differences(target[ModelField].value.to_json(), fields)
+    if differing:
+        return (
+            f"{where}: {source.model} is not the architecture `model` declares "
+            f"({'; '.join(differing)}): make `model=llama(...)` match the weights"
+        )
+    return None
+
+
+def _kiln_run_advice(folder: str) -> Optional[str]:
+    try:
+        with open(os.path.join(folder, RECORD_FILE)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return kiln_run_advice(folder, record) if isinstance(record, dict) else None
 
 
 @goal_rule
@@ -120,6 +175,9 @@ async def plan(
             console.print_stdout(f"  {component.describe()}")
         too_small = too_small or budget.refusal() is not None
     refused = any(p.refused is not None for p in planned.plans)  # an import that cannot be made
+    for problem in await _init_from_problems(graph):
+        console.print_stdout(f"!! {problem}")
+        refused = True
     await _print_training_costs(console, graph, prefix, kiln.price_per_device_hour)
     return Plan(exit_code=1 if counts.get("drift") or too_small or refused else 0)
 

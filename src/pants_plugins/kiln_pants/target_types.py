@@ -62,7 +62,7 @@ from kiln_contract.vocabulary import (
     check_version,
     mesh_sizes,
 )
-from kiln_pants.build_symbols import EvalSuite, InvalidHelperCall
+from kiln_pants.build_symbols import CheckpointInit, EvalSuite, InvalidHelperCall
 
 # ---------------------------------------------------------------------------------------------
 # Shared by both artifact types
@@ -795,17 +795,36 @@ class CheckpointIntervalField(Field):
         return float(value)
 
 
-class InitFromField(_SymbolField):
+class InitFromField(Field):
     alias = "init_from"
     default = None
-    symbol_type = HfModelSource
-    helper_name = "hf_model_source(...)"
+    value: Union[HfModelSource, CheckpointInit, None]
     help = (
-        "Published Llama weights the run starts from, instead of a random initialisation: "
+        "Weights the run starts from, instead of a random initialisation: another run of the "
+        "graph by address, `init_from=':dclm_1b'` (its final checkpoint) or "
+        "`from_checkpoint(':dclm_1b', step=20000)` (a saved step; `optimizer_state=True` carries "
+        "its Adam moments too), or an `hf_model` export's address (cooldowns, continued "
+        "pre-training, fine-tunes: a real dependency, built first); or published Llama weights, "
         "`hf_model_source('org/model', revision='COMMIT')` or a folder's absolute path, "
-        "`hf_model_source('/models/llama')` (fine-tuning, continued pre-training). In the "
-        "fingerprint; `model` must match the weights' architecture."
+        "`hf_model_source('/models/llama')`. In the fingerprint (a parent's by its fingerprint and "
+        "step); `model` must match the weights' architecture."
     )
+
+    @classmethod
+    def compute_value(
+        cls, raw_value: Optional[Any], address: Address
+    ) -> Union[HfModelSource, CheckpointInit, None]:
+        value = super().compute_value(raw_value, address)
+        _refuse_invalid_call(cls.alias, address, value)
+        if isinstance(value, str) and value.startswith(("//", ":")):
+            return CheckpointInit(value)
+        if value is not None and not isinstance(value, (HfModelSource, CheckpointInit)):
+            raise InvalidFieldTypeException(
+                address, cls.alias, value,
+                expected_type="the address of an lm_checkpoint or hf_model (':run'), a "
+                "`from_checkpoint(...)` or an `hf_model_source(...)` object",
+            )  # fmt: skip
+        return value
 
 
 class LossPositionsField(StringField):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.backend.python.util_rules.interpreter_constraints import InterpreterConstraints
@@ -54,6 +54,8 @@ from kiln_contract.train import (
     CheckpointerSpec,
     ControlSpec,
     DatasetRef,
+    HfModelSource,
+    ParentRun,
     Resources,
     RuntimeSpec,
     TrainConfig,
@@ -64,6 +66,7 @@ from kiln_pants.artifact_graph import (
     ArtifactGraph,
     ArtifactGraphRequest,
     ReferencedFilesRequest,
+    parent_run,
 )
 from kiln_pants.artifact_store import (
     StoredFiles,
@@ -72,6 +75,7 @@ from kiln_pants.artifact_store import (
     artifact_record,
     recorded_state,
 )
+from kiln_pants.build_symbols import CheckpointInit
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.runtime import (
     ACCELERATOR_PLUGINS,
@@ -200,10 +204,10 @@ def _step(
     store_prefix: str,
     wandb_options: Mapping[str, str],
 ) -> StepSpec:
-    # Artifact.inputs lists the `datasets` in declaration order, then the `validation` sets.
+    # Artifact.cache_inputs lists the `datasets` in declaration order, then the `validation` sets.
     weights = target[DatasetsField].value
-    dataset_inputs = [graph.get(a) for a in artifact.inputs[: len(weights)]]
-    validation_inputs = [graph.get(a) for a in artifact.inputs[len(weights) :]]
+    dataset_inputs = [graph.get(a) for a in artifact.cache_inputs[: len(weights)]]
+    validation_inputs = [graph.get(a) for a in artifact.cache_inputs[len(weights) :]]
     inputs = list({cache.address: cache for cache in dataset_inputs + validation_inputs}.values())
     # Store caches are already in place; inline caches travel with the step.
     store_paths = {
@@ -217,7 +221,8 @@ def _step(
         name=artifact.name,
         version=artifact.version,
         fingerprint=artifact.fingerprint,
-        record=artifact_record(artifact, inputs),
+        # The record names every artifact the run was built from: its caches and its parent.
+        record=artifact_record(artifact, inputs + _parents(artifact, graph)),
         config=TrainConfig(
             model=target[ModelField].value,
             optimizer=target[OptimizerField].value,
@@ -234,7 +239,7 @@ def _step(
             seed=target[SeedField].value,
             compute_dtype=target[ComputeDtypeField].value,
             param_dtype="float32",
-            init_from=target[InitFromField].value,
+            init_from=_init_from(target[InitFromField].value, artifact, graph),
             loss_positions=target[LossPositionsField].value,
         ),
         runtime=runtime_section(target, wandb_options, validation_names),
@@ -252,6 +257,20 @@ def _step(
         ),
         provenance=provenance,
     )
+
+
+def _parents(artifact: Artifact, graph: ArtifactGraph) -> list[Artifact]:
+    return [graph.get(artifact.parent)] if artifact.parent is not None else []
+
+
+def _init_from(
+    init_from: Union[HfModelSource, CheckpointInit, None], artifact: Artifact, graph: ArtifactGraph
+) -> Union[HfModelSource, ParentRun, None]:
+    """A run of the graph as the runtime finds it (name, version, fingerprint, step)."""
+    if isinstance(init_from, CheckpointInit):
+        assert artifact.parent is not None  # the graph resolved the address
+        return parent_run(init_from, graph.get(artifact.parent))
+    return init_from
 
 
 @dataclass(frozen=True)
@@ -281,7 +300,7 @@ async def step_json(
     artifact = graph.get(address)
     caches = await MultiGet(
         Get(WrappedTarget, WrappedTargetRequest(a, description_of_origin="<kiln run>"))
-        for a in artifact.inputs
+        for a in artifact.cache_inputs
     )
     evals = wrapped.target[EvalsField].value
     task_files = (
@@ -350,7 +369,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
     )
     step, caches = await MultiGet(
         Get(StepJson, StepJsonRequest(address, provenance)),
-        Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.inputs)))),
+        Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.cache_inputs)))),
     )
     step_digest = await Get(Digest, CreateDigest([FileContent(STEP_FILE, step.content)]))
     plugin_lock = python_setup.resolves[resolves[-1]] if len(resolves) > 1 else None

@@ -11,6 +11,7 @@ pinned revision; a commit hash already in the cache is served without contacting
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,11 +21,11 @@ from kiln.interop.errors import InteropError
 from kiln.interop.llama_weights import Params
 from kiln.interop.read import read_hf_config, read_hf_llama
 from kiln.model.config import LlamaConfig
-from kiln_contract.train import HfModelSource
+from kiln_contract.hf_llama import kiln_run_advice
+from kiln_contract.layout import RECORD_FILE
+from kiln_contract.llama import weights_differences
+from kiln_contract.train import HfModelSource, ParentRun
 
-# Fields that do not change the weights: how a fresh model is initialised, and the longest
-# sequence the run uses (RoPE has no table to outgrow), so a run may train shorter or longer.
-_WEIGHTS_ALIKE = ("init_std", "initialization", "max_seq_len")
 # What reading a Llama needs: no tokenizer (the run has its own), no PyTorch or GGUF weights.
 WEIGHT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
 
@@ -36,6 +37,7 @@ def hf_model_folder(source: HfModelSource) -> Path:
         local = Path(source.model)
         if not local.is_dir():
             raise InteropError(f"init_from: {local} is not a folder; give a transformers Llama folder")
+        _refuse_a_kiln_run(local)
         return local
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -75,6 +77,16 @@ def hf_model_folder(source: HfModelSource) -> Path:
     return Path(folder)
 
 
+def _refuse_a_kiln_run(folder: Path) -> None:
+    try:
+        record = json.loads((folder / RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    advice = kiln_run_advice(str(folder), record) if isinstance(record, dict) else None
+    if advice is not None:
+        raise InteropError(f"init_from: {advice}")
+
+
 def initial_params(
     source: HfModelSource, model_config: LlamaConfig, tokenizer: Any
 ) -> Mapping[str, Any]:
@@ -87,20 +99,14 @@ def initial_params(
 
 
 def check_architecture(
-    published: LlamaConfig, declared: LlamaConfig, source: HfModelSource
+    published: LlamaConfig, declared: LlamaConfig, source: HfModelSource | ParentRun
 ) -> None:
-    """The run's `model=llama(...)` must be the published model's architecture."""
-    theirs, ours = published.to_json(), declared.to_json()
-    differing = [
-        f"{name}: model={ours[name]!r}, weights={theirs[name]!r}"
-        for name in ours
-        if ours[name] != theirs.get(name) and name not in _WEIGHTS_ALIKE
-    ]
+    """The run's `model=llama(...)` must be the architecture of the weights it starts from."""
+    differing = weights_differences(declared.to_json(), published.to_json())
     if differing:
         raise InteropError(
             f"init_from: {source.label} is not the architecture `model` "
-            f"declares ({'; '.join(differing)}); make `model=llama(...)` match the weights "
-            "(`python -m kiln.interop import FOLDER` prints it)"
+            f"declares ({'; '.join(differing)}); make `model=llama(...)` match the weights"
         )
 
 

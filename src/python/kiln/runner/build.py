@@ -164,8 +164,9 @@ def _train_and_publish(
     compile_cache = _compile_cache(target)
     try:
         with workspace.uploading():
+            parents = target.store if target.artifact_store else None
             exit_code = train(step, spec, lease, workspace, shown_at=target.folder.location(),
-                              compile_cache=compile_cache)  # fmt: skip
+                              compile_cache=compile_cache, parents=parents)  # fmt: skip
     except BaseException:
         if lease is not None and lease.lost is None:  # else the run that took it owns the folder
             with contextlib.suppress(Exception):  # the store itself may be what failed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,13 @@ from typing import Any
 from kiln import artifacts
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.storage_errors import as_storage_error
-from kiln.artifacts.store import open_store
+from kiln.artifacts.store import ObjectStore, open_store
 from kiln.runner.errors import LeaseLost
 from kiln.runner.leasing import check_still_held
 from kiln.runner.workspace import Workspace
 from kiln.train import multihost
 from kiln_contract.step import StepSpec
-from kiln_contract.train import TrainSpec
+from kiln_contract.train import HfModelSource, ParentRun, TrainSpec
 
 
 def train(
@@ -27,10 +28,12 @@ def train(
     *,
     shown_at: str,
     compile_cache: Path | None,
+    parents: ObjectStore | None,
 ) -> int:
     """Trains and reports on every process; the lease holder (process 0) writes STATUS.
     `shown_at`: where the artifact is, for people. `compile_cache`: jax's persistent
-    compilation cache folder ($JAX_COMPILATION_CACHE_DIR wins)."""
+    compilation cache folder ($JAX_COMPILATION_CACHE_DIR wins). `parents`: the store holding the
+    run `init_from` names, if it names one (the artifact store; None for a scratch run)."""
     from kiln.report.plots import plot_run
     from kiln.report.run_summary import write_run_summary
     from kiln.train import compilation_cache
@@ -40,8 +43,9 @@ def train(
     output = spec.output_path
     with failure_recorded(output, writer=lease is not None):
         stops: list[str] = []
+        weights = functools.partial(_initial_weights, parents)
         exit_code = run_training(spec, quiet=True, metrics_observer=plot_run,
-                                 initial_params=_published_weights, on_stop=stops.append)  # fmt: skip
+                                 initial_params=weights, on_stop=stops.append)  # fmt: skip
         if exit_code == 0:
             # The final checkpoint in the store, whole on every host: the summary samples from
             # its parameters, a collective.
@@ -62,14 +66,25 @@ def train(
         return exit_code
 
 
-def _published_weights(source: Any, model_config: Any, tokenizer: Any) -> Any:
-    """`init_from`'s weights for the trainer (kiln.interop.hub), a failure as one line."""
+def _initial_weights(
+    parents: ObjectStore | None, source: HfModelSource | ParentRun, model_config: Any, tokenizer: Any
+) -> Any:
+    """`init_from`'s weights for the trainer: published ones (kiln.interop.hub) or a run of the
+    graph in the artifact store (kiln.interop.parent_run); a failure as one line."""
     from kiln.interop.errors import InteropError
     from kiln.interop.hub import initial_params
+    from kiln.interop.parent_run import parent_params
     from kiln.train.trainer import TrainingError
 
     try:
-        return initial_params(source, model_config, tokenizer)
+        if isinstance(source, HfModelSource):
+            return initial_params(source, model_config, tokenizer)
+        if parents is None:
+            raise InteropError(
+                f"init_from: {source.ref} is read from the artifact store: build this run there "
+                "(`pants run` or `pants build`), not as a hermetic `pants package`"
+            )
+        return parent_params(parents, source, model_config, tokenizer)
     except InteropError as e:
         raise TrainingError(str(e)) from None
 

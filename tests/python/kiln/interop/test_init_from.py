@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,77 @@ def test_the_runner_reads_the_weights_from_the_hugging_face_cache(
     record = json.loads((tmp_path / "store/checkpoints/tiny/2026.11.29/artifact.json").read_text())
     assert record["identity"]["config"]["init_from"] == INIT_FROM
     assert "HF_HOME" not in json.dumps(record)
+
+
+# --- a run that starts from another run of the graph (init_from=":parent") ---------------------
+
+
+def child_step(parent_step: Path, folder: Path, init_from: dict[str, Any], **overrides: Any) -> Path:
+    """The parent's step as another artifact (`checkpoints/child`) starting from `init_from`."""
+    step = json.loads(parent_step.read_text())
+    fingerprint = "c0ffee42"
+    step.update(name="checkpoints/child", fingerprint=fingerprint)
+    step["record"].update(name="checkpoints/child", fingerprint=fingerprint)
+    step["config"]["init_from"] = init_from
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".", 1)
+        step[section][key] = value
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "child.json"
+    path.write_text(json.dumps(step))
+    return path
+
+
+def eval_losses(run: Path) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["eval/loss"] for r in lines if "eval/loss" in r}
+
+
+def test_a_run_starts_from_a_saved_step_of_its_parent_in_the_store(tmp_path: Path) -> None:
+    parent_step = write_runner_step(
+        tmp_path, **{"config.num_train_steps": 6, "runtime.checkpointer.every": 3,
+                     "runtime.validation_every": 3}
+    )  # fmt: skip
+    store = tmp_path / "store"
+    fingerprint = json.loads(parent_step.read_text())["fingerprint"]
+    parent = {"kind": "lm_checkpoint", "name": "checkpoints/tiny", "version": "2026.11.29",
+              "fingerprint": fingerprint, "step": 3}  # fmt: skip
+    step = child_step(parent_step, tmp_path / "child", parent,
+                      **{"runtime.validate_at_start": True})  # fmt: skip
+
+    unbuilt = run_runner(tmp_path, step, tmp_path / "hf")
+    assert unbuilt.returncode == 1, unbuilt.stderr
+    assert (
+        f"init_from: checkpoints/tiny@2026.11.29 is not built at {store}/checkpoints/tiny/"
+        "2026.11.29 (STATUS missing); build it first"
+    ) in unbuilt.stderr
+
+    assert run_runner(tmp_path, parent_step, tmp_path / "hf").returncode == 0
+    started = run_runner(tmp_path, step, tmp_path / "hf")
+    assert started.returncode == 0, started.stderr
+    assert "started from checkpoints/tiny@2026.11.29 step 3" in started.stdout + started.stderr
+    # The child's model at its step 0 is the parent's at step 3: the same validation loss.
+    parent_run = store / "checkpoints/tiny/2026.11.29"
+    child_run = store / "checkpoints/child/2026.11.29"
+    assert eval_losses(child_run)[0] == eval_losses(parent_run)[3]
+    assert json.loads((child_run / "train_spec.json").read_text())["config"]["init_from"] == parent
+
+    stale = child_step(parent_step, tmp_path / "stale", {**parent, "fingerprint": "0ther"})
+    shutil.rmtree(child_run)
+    refused = run_runner(tmp_path, stale, tmp_path / "hf")
+    assert refused.returncode == 1
+    assert f"holds checkpoints/tiny@2026.11.29 with fingerprint {fingerprint}, not 0ther" in (
+        refused.stderr
+    )
+
+
+def test_a_kiln_run_folder_given_as_published_weights_says_to_use_its_address(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "artifact.json").write_text(
+        json.dumps({"kind": "lm_checkpoint", "name": "checkpoints/a", "version": "2026.12.02"})
+    )
+    with pytest.raises(InteropError, match=r"is a Kiln lm_checkpoint's folder \(checkpoints/a@"
+                       r"2026.12.02\), not a transformers model: start from it by its target's "
+                       r"address, `init_from=':target'`"):  # fmt: skip
+        hf_model_folder(HfModelSource(str(tmp_path)))

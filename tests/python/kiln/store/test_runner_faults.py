@@ -26,8 +26,8 @@ from kiln.artifacts.content import record_files
 from kiln.artifacts.lease import LeaseRecord, lease_key
 from kiln.artifacts.local import LocalStore
 from kiln.data.cache import zarr_spec
-from kiln.runner.command_line import read_step
 from kiln.data.verify import verify_once
+from kiln.runner.command_line import read_step
 from kiln.runner.inputs import place_inputs
 
 REF = "checkpoints/tiny@2026.11.29"

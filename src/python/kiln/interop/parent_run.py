@@ -1,0 +1,95 @@
+"""The weights a run starts from when its `init_from` names another artifact of the graph
+(`init_from=":parent"`, `from_checkpoint(":parent", step=N)`; kiln_contract.train.ParentRun):
+an lm_checkpoint at one of its saved steps, or an hf_model export.
+
+The parent is found by its `name/version` in the run's own artifact store (a directory or a
+bucket: a bucket's run is read through a local copy of its files and that one checkpoint, as an
+export reads it) and must be built with the fingerprint the run's identity names: a parent
+rebuilt under the same version with another config is refused, not silently used. Its
+architecture must be the run's `model` (the fields that shape the weights) and, for a
+checkpoint, its tokenizer the run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.store import ObjectStore
+from kiln.interop.errors import InteropError
+from kiln.interop.hub import check_architecture
+from kiln.interop.llama_weights import Params
+from kiln.interop.read import read_hf_config, read_hf_llama
+from kiln.interop.store_export import local_run
+from kiln.interop.trained_run import TrainedRun
+from kiln.model.config import LlamaConfig
+from kiln_contract.train import ParentRun
+
+
+def parent_params(
+    store: ObjectStore, parent: ParentRun, model_config: LlamaConfig, tokenizer: Any
+) -> Mapping[str, Any]:
+    """The parent's weights as the parameter tree of Llama(model_config), float32."""
+    folder = built_parent(store, parent)
+    if parent.kind == "hf_model":
+        with _local_copy(folder) as local:
+            check_architecture(read_hf_config(local), model_config, parent)
+            params: Params = read_hf_llama(local, tokenizer=tokenizer).params
+            return params
+    with local_run(folder.location(), parent.step if parent.step is not None else "last") as path:
+        run = TrainedRun.open(path)
+        try:
+            check_architecture(run.model_config, model_config, parent)
+            _check_tokenizer(run, tokenizer, parent)
+            try:
+                checkpoint = run.checkpoint(parent.step if parent.step is not None else "last")
+            except InteropError as e:
+                raise InteropError(f"init_from: {parent.ref}: {e}") from None
+            return run.params(checkpoint)
+        finally:
+            run.close()
+
+
+def built_parent(store: ObjectStore, parent: ParentRun) -> ArtifactFolder:
+    """The parent's folder, refused unless it holds the parent built with its fingerprint."""
+    folder = ArtifactFolder(store, f"{parent.name}/{parent.version}")
+    record = folder.record()
+    if record is None or not folder.is_built():
+        raise InteropError(
+            f"init_from: {parent.ref} is not built at {folder.location()} (STATUS "
+            f"{folder.status() or 'missing'}); build it first: `pants build` builds a run's "
+            "parent before the run"
+        )
+    if record.get("fingerprint") != parent.fingerprint:
+        raise InteropError(
+            f"init_from: {folder.location()} holds {parent.ref} with fingerprint "
+            f"{record.get('fingerprint')}, not {parent.fingerprint}, the one this run starts "
+            "from; rebuild the parent under a new version"
+        )
+    return folder
+
+
+def _check_tokenizer(run: TrainedRun, tokenizer: Any, parent: ParentRun) -> None:
+    recorded = run.tokenizer_record
+    if recorded.get("digest") != tokenizer.digest:
+        raise InteropError(
+            f"init_from: {parent.ref} was trained with tokenizer {recorded.get('name')!r} "
+            f"({recorded.get('vocab_size')} tokens), not this run's {tokenizer.name!r} "
+            f"({tokenizer.vocab_size} tokens): a run continues in its parent's vocabulary"
+        )
+
+
+@contextlib.contextmanager
+def _local_copy(folder: ArtifactFolder) -> Iterator[Path]:
+    """An export's folder on this machine: itself, or a download of its files from a bucket."""
+    if folder.store.local_root is not None:
+        yield Path(folder.location())
+        return
+    with tempfile.TemporaryDirectory(prefix="kiln-init-from-") as local:
+        for name in folder.store.keys(folder.key):
+            folder.store.download(folder.child(name), Path(local) / name)
+        yield Path(local)

@@ -1,0 +1,161 @@
+"""Runs that start from runs: `init_from=":parent"` / `from_checkpoint(":parent", step=N)` is a
+real dependency whose fingerprint is part of the child's, checked against the child's `model`
+before anything is built, and carried to the runtime in the step spec."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pants.engine.addresses import Address, Addresses
+from pants.engine.internals.scheduler import ExecutionError
+from pants.engine.target import Dependencies, DependenciesRequest
+from pants.testutil.rule_runner import RuleRunner
+
+from kiln_contract.step import Provenance, StepSpec
+from kiln_contract.train import ParentRun
+from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.plan import Plan
+from kiln_pants.train_rules import StepJson, StepJsonRequest
+
+MODEL = "llama(max_seq_len=128, hidden_dim=64, intermediate_dim=128, num_heads=4, num_kv_heads=2, num_layers=2)"
+RUN = """
+lm_checkpoint(
+    name="{name}",
+    version="2026.12.02",
+    model={model},
+    optimizer=adam(learning_rate={lr}, warmup=2),
+    datasets={{":train": 1.0}},
+    validation=[],
+    batch_size=8,
+    seq_len=64,
+    num_train_steps=100,
+    z_loss_weight=None,
+    evals=None,
+    resources=cpu(),
+    {extra}
+)
+"""
+CACHE = """
+tokenized_cache(name="train", sources=["train.jsonl"], tokenizer="package:gpt2",
+                version="2026.12.02")
+hf_model(name="base_hf", version="2026.12.02", checkpoint=":base")
+files(name="notes", sources=["train.jsonl"])
+"""
+BASE, COOLDOWN = Address("exp", target_name="base"), Address("exp", target_name="cooldown")
+
+
+def build_file(child_init: str, *, base_lr: str = "3e-3", child_model: str = MODEL) -> str:
+    base = RUN.format(name="base", model=MODEL, lr=base_lr, extra="")
+    child = RUN.format(name="cooldown", model=child_model, lr="1e-3", extra=f"init_from={child_init},")
+    return CACHE + base + child
+
+
+def graph(rule_runner: RuleRunner, build: str) -> ArtifactGraph:
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    return rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([COOLDOWN]))])
+
+
+def test_the_parent_is_a_dependency_built_first_and_part_of_the_identity(
+    rule_runner: RuleRunner,
+) -> None:
+    g = graph(rule_runner, build_file('":base"'))
+    assert [a.address.target_name for a in g] == ["train", "base", "cooldown"]
+    base, child = g.get(BASE), g.get(COOLDOWN)
+    assert child.parent == BASE and child.cache_inputs == (Address("exp", target_name="train"),)
+    assert child.identity["init_from"] == {
+        "kind": "lm_checkpoint", "name": "checkpoints/base", "version": "2026.12.02",
+        "fingerprint": base.fingerprint,
+    }  # fmt: skip
+    target = rule_runner.get_target(COOLDOWN)
+    deps = rule_runner.request(Addresses, [DependenciesRequest(target[Dependencies])])
+    assert {a.target_name for a in deps} == {"train", "base"}
+
+    # A changed parent changes the child: `plan` then says it would run.
+    changed = graph(rule_runner, build_file('":base"', base_lr="1e-2"))
+    assert changed.get(BASE).fingerprint != base.fingerprint
+    assert changed.get(COOLDOWN).fingerprint != child.fingerprint
+    at_step = graph(rule_runner, build_file('from_checkpoint(":base", step=40)'))
+    assert at_step.get(COOLDOWN).identity["init_from"]["step"] == 40
+    assert at_step.get(COOLDOWN).fingerprint != child.fingerprint
+
+
+def test_an_export_is_a_parent_too(rule_runner: RuleRunner) -> None:
+    g = graph(rule_runner, build_file('":base_hf"'))
+    assert [a.address.target_name for a in g] == ["train", "base", "base_hf", "cooldown"]
+    assert g.get(COOLDOWN).identity["init_from"]["kind"] == "hf_model"
+    with pytest.raises(ExecutionError, match=r"gives a step or optimizer_state for exp:base_hf"):
+        graph(rule_runner, build_file('from_checkpoint(":base_hf", step=3)'))
+
+
+@pytest.mark.parametrize(
+    ("init_from", "message"),
+    [
+        ('":notes"', r"refers to exp:notes, which is neither an `lm_checkpoint` nor an `hf_model`"),
+        ('":train"', r"refers to exp:train, which is neither an `lm_checkpoint` nor an `hf_model`"),
+        ('from_checkpoint("base")', r"from_checkpoint\(\): the run to start from is the address"),
+    ],
+)
+def test_a_parent_of_the_wrong_kind_is_refused(
+    rule_runner: RuleRunner, init_from: str, message: str
+) -> None:
+    with pytest.raises(ExecutionError, match=message):
+        graph(rule_runner, build_file(init_from))
+
+
+def test_a_child_of_another_architecture_is_refused_before_anything_runs(
+    rule_runner: RuleRunner,
+) -> None:
+    wider = MODEL.replace("hidden_dim=64", "hidden_dim=128").replace("max_seq_len=128", "max_seq_len=256")
+    with pytest.raises(ExecutionError) as error:
+        graph(rule_runner, build_file('":base"', child_model=wider))
+    message = str(error.value)
+    assert "The `init_from` field in target exp:cooldown names exp:base" in message
+    assert "hidden_dim: model=128, weights=64" in message
+    assert "max_seq_len" not in message  # a longer context is the same weights
+
+
+def test_the_step_names_the_parent_for_the_runtime(rule_runner: RuleRunner) -> None:
+    g = graph(rule_runner, build_file('from_checkpoint(":base", step=40, optimizer_state=True)'))
+    provenance = Provenance(code_digest="c" * 64, lockfile_digest="l" * 64)
+    written = rule_runner.request(StepJson, [StepJsonRequest(COOLDOWN, provenance)])
+    step = StepSpec.from_json(json.loads(written.content))
+    assert step.config.init_from == ParentRun(
+        "lm_checkpoint", "checkpoints/base", "2026.12.02", g.get(BASE).fingerprint,
+        step=40, optimizer_state=True,
+    )  # fmt: skip
+    assert [i.ref for i in step.inputs] == ["tokenized/train@2026.12.02"]  # caches only
+    assert [i.ref for i in step.record.inputs] == [
+        "tokenized/train@2026.12.02", "checkpoints/base@2026.12.02"
+    ]
+
+
+def test_plan_checks_a_local_folder_against_the_model(plan_rule_runner: RuleRunner, tmp_path) -> None:
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 50257,
+              "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2,
+              "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 500000.0}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    build = build_file(f'hf_model_source("{folder}")')
+    graph(plan_rule_runner, build)
+    args = [f"--kiln-prefix={tmp_path / 'store'}", "exp:cooldown"]
+    result = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert result.exit_code == 1
+    assert (
+        f"!! The `init_from` field in target exp:cooldown: {folder} is not the architecture "
+        "`model` declares (num_layers: model=2, weights=3): make `model=llama(...)` match"
+    ) in result.stdout
+
+    (folder / "config.json").write_text(json.dumps({**config, "attention_bias": True}))
+    biased = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert biased.exit_code == 1
+    assert "is not a plain Llama that Kiln computes: attention_bias=true" in biased.stdout
+
+    (folder / "config.json").unlink()
+    (folder / "artifact.json").write_text(
+        json.dumps({"kind": "lm_checkpoint", "name": "checkpoints/base", "version": "2026.12.02"})
+    )
+    run_folder = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert "is a Kiln lm_checkpoint's folder (checkpoints/base@2026.12.02)" in run_folder.stdout
