@@ -27,6 +27,7 @@ from kiln.interop.read import read_hf_config, read_hf_llama
 from kiln.interop.store_export import local_run
 from kiln.interop.trained_run import TrainedRun
 from kiln.model.config import LlamaConfig
+from kiln.train.checkpoints import CheckpointInfo, check_intact
 from kiln_contract.train import ParentRun
 
 
@@ -40,16 +41,51 @@ def parent_params(
             check_architecture(read_hf_config(local), model_config, parent)
             params: Params = read_hf_llama(local, tokenizer=tokenizer).params
             return params
-    with local_run(folder.location(), parent.step if parent.step is not None else "last") as path:
+    with _checkpoint_of(folder, parent, model_config, tokenizer) as (run, checkpoint):
+        return run.params(checkpoint)
+
+
+def parent_state(
+    store: ObjectStore, parent: ParentRun, fresh: Any, model_config: LlamaConfig, tokenizer: Any
+) -> Any:
+    """The parent checkpoint's whole train state (weights and Adam's moments) laid out as
+    `fresh`, the run's own initial state, with the step and the learning-rate schedule started
+    afresh: the run's own warmup and decay apply from its step 0. The parent's optimizer must
+    have the run's structure (the same clipping and weight-decay mask)."""
+    from kiln.train.step import with_fresh_schedule
+
+    folder = built_parent(store, parent)
+    with _checkpoint_of(folder, parent, model_config, tokenizer) as (run, checkpoint):
+        try:
+            state = run.checkpointer.restore(checkpoint, fresh)
+        except Exception as e:  # orbax raises many types; all mean "not this structure"
+            raise InteropError(
+                f"init_from: the optimizer state of {parent.label} cannot be restored into this "
+                f"run's ({(str(e) or repr(e)).splitlines()[0]}): its optimizer's structure "
+                "differs (clipping, weight decay); start from its weights alone "
+                "(optimizer_state=False)"
+            ) from None
+        return with_fresh_schedule(state)
+
+
+@contextlib.contextmanager
+def _checkpoint_of(
+    folder: ArtifactFolder, parent: ParentRun, model_config: LlamaConfig, tokenizer: Any
+) -> Iterator[tuple[TrainedRun, CheckpointInfo]]:
+    """The parent run (a local copy of a bucket's) and its checkpoint at the chosen step,
+    checked against the run's architecture and tokenizer."""
+    step = parent.step if parent.step is not None else "last"
+    with local_run(folder.location(), step) as path:
         run = TrainedRun.open(path)
         try:
             check_architecture(run.model_config, model_config, parent)
             _check_tokenizer(run, tokenizer, parent)
             try:
-                checkpoint = run.checkpoint(parent.step if parent.step is not None else "last")
+                checkpoint = run.checkpoint(step)
             except InteropError as e:
                 raise InteropError(f"init_from: {parent.ref}: {e}") from None
-            return run.params(checkpoint)
+            check_intact(checkpoint)
+            yield run, checkpoint
         finally:
             run.close()
 

@@ -43,9 +43,9 @@ def train(
     output = spec.output_path
     with failure_recorded(output, writer=lease is not None):
         stops: list[str] = []
-        weights = functools.partial(_initial_weights, parents)
+        start_from = functools.partial(_start_from, parents)
         exit_code = run_training(spec, quiet=True, metrics_observer=plot_run,
-                                 initial_params=weights, on_stop=stops.append)  # fmt: skip
+                                 start_from=start_from, on_stop=stops.append)  # fmt: skip
         if exit_code == 0:
             # The final checkpoint in the store, whole on every host: the summary samples from
             # its parameters, a collective.
@@ -66,25 +66,33 @@ def train(
         return exit_code
 
 
-def _initial_weights(
-    parents: ObjectStore | None, source: HfModelSource | ParentRun, model_config: Any, tokenizer: Any
+def _start_from(
+    parents: ObjectStore | None,
+    source: HfModelSource | ParentRun,
+    fresh: Any,
+    model_config: Any,
+    tokenizer: Any,
 ) -> Any:
-    """`init_from`'s weights for the trainer: published ones (kiln.interop.hub) or a run of the
-    graph in the artifact store (kiln.interop.parent_run); a failure as one line."""
+    """The state a run starts from: the fresh one with `init_from`'s weights, published
+    (kiln.interop.hub) or a run of the graph in the artifact store (kiln.interop.parent_run,
+    with its optimizer state when asked); a failure as one line."""
     from kiln.interop.errors import InteropError
     from kiln.interop.hub import initial_params
-    from kiln.interop.parent_run import parent_params
+    from kiln.interop.parent_run import parent_params, parent_state
+    from kiln.train.step import with_params
     from kiln.train.trainer import TrainingError
 
     try:
         if isinstance(source, HfModelSource):
-            return initial_params(source, model_config, tokenizer)
+            return with_params(fresh, initial_params(source, model_config, tokenizer))
         if parents is None:
             raise InteropError(
                 f"init_from: {source.ref} is read from the artifact store: build this run there "
                 "(`pants run` or `pants build`), not as a hermetic `pants package`"
             )
-        return parent_params(parents, source, model_config, tokenizer)
+        if source.optimizer_state:
+            return parent_state(parents, source, fresh, model_config, tokenizer)
+        return with_params(fresh, parent_params(parents, source, model_config, tokenizer))
     except InteropError as e:
         raise TrainingError(str(e)) from None
 

@@ -57,14 +57,14 @@ def run_training(
     *,
     quiet: bool,
     metrics_observer: Callable[[Path], None] | None = None,
-    initial_params: Callable[..., Any] | None = None,
+    start_from: Callable[..., Any] | None = None,
     on_stop: Callable[[str], None] | None = None,
 ) -> int:
     """Trains the run `spec` describes (on every process of a multi-host run); returns the exit
     code, with expected failures printed as one paragraph, which `on_stop` is also given when
     the run did not complete (the runner records it beside STATUS). `metrics_observer` and
-    `initial_params`: see kiln.train.trainer.MetricsObserver and InitialParams."""
-    exit_code, message = _train(spec, quiet, metrics_observer, initial_params)
+    `start_from`: see kiln.train.trainer.MetricsObserver and StartFrom."""
+    exit_code, message = _train(spec, quiet, metrics_observer, start_from)
     if message is not None:
         print(f"kiln.train: {message}", file=sys.stderr)
         if on_stop is not None:
@@ -76,7 +76,7 @@ def _train(
     spec: TrainSpec,
     quiet: bool,
     metrics_observer: Callable[[Path], None] | None,
-    initial_params: Callable[..., Any] | None,
+    start_from: Callable[..., Any] | None,
 ) -> tuple[int, str | None]:
     """(exit code, the message of a run that did not complete)."""
     # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
@@ -88,7 +88,7 @@ def _train(
     from kiln.train.trainer import TrainingError, TrainingInterrupted, train
 
     try:
-        summary = train(spec, metrics_observer, initial_params)
+        summary = train(spec, metrics_observer, start_from)
     except (KilnDataError, MixtureError) as e:
         return 1, f"error: {e}"
     except TrainingError as e:

@@ -82,6 +82,22 @@ def with_params(state: TrainState, params: Mapping[str, Any]) -> TrainState:
     return dataclasses.replace(state, params=new_params)
 
 
+def with_fresh_schedule(state: TrainState) -> TrainState:
+    """`state` at step 0 with its learning-rate schedule's count at 0 (a run continuing another
+    run's weights and Adam moments on a schedule of its own); Adam's own count, its bias
+    correction, stays with the moments it corrects."""
+
+    def restart(node: Any) -> Any:
+        if isinstance(node, optax.ScaleByScheduleState):
+            return node._replace(count=node.count * 0)  # keeps the count's sharding
+        return node
+
+    opt_state = jax.tree.map(
+        restart, state.opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByScheduleState)
+    )
+    return dataclasses.replace(state, opt_state=opt_state, step=state.step * 0)
+
+
 def abstract_train_state(
     model_config: LlamaConfig,
     adam_config: AdamConfig,

@@ -18,7 +18,7 @@ import math
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +59,10 @@ PREFETCH_BATCHES = 2
 SYNC_EVERY_STEPS = 10
 
 MetricsObserver = Callable[[Path], None]
-# The weights `config.init_from` names, as Llama(config)'s parameter tree: given by the runner
-# (kiln.interop.hub.initial_params), called only when a run starts without a checkpoint.
-InitialParams = Callable[[Any, LlamaConfig, TokenizerInfo], Mapping[str, Any]]
+# The state a run starts from when `config.init_from` names weights: given by the runner (which
+# reads published weights or a parent run), called with init_from and the freshly initialised
+# state, only when a run starts without a checkpoint of its own.
+StartFrom = Callable[[Any, Any, LlamaConfig, TokenizerInfo], Any]
 """Called on process 0 with the run's metrics file after each validation and when the run ends
 (kiln.runner draws the training plot with it). Its failures are logged: they never stop a run."""
 
@@ -205,7 +206,7 @@ class Trainer:
         self,
         spec: TrainSpec,
         metrics_observer: MetricsObserver | None = None,
-        initial_params: InitialParams | None = None,
+        start_from: StartFrom | None = None,
     ):
         from kiln.train.mesh import batch_parallelism, make_mesh
 
@@ -241,8 +242,8 @@ class Trainer:
         self.first_step: dict[str, Any] = {}  # seconds, program source, compilation cache
         self.save_blocked_seconds = 0.0  # how long the latest save held training up
         self.metrics_observer = metrics_observer
-        self.initial_params = initial_params
-        if self.cfg.init_from is not None and initial_params is None:
+        self.start_from = start_from
+        if self.cfg.init_from is not None and start_from is None:
             raise TrainingError(
                 "config.init_from needs the weights loaded by kiln.runner (python -m kiln.runner "
                 "STEP.json), which reads them from the Hugging Face hub"
@@ -322,7 +323,7 @@ class Trainer:
             raise TrainingError(str(e)) from None
         if restored is None:
             state = init_train_state(*args, seed=self.cfg.seed, **self._model_options())
-            return self._with_initial_params(state), 0
+            return self._started_from_init_from(state), 0
         state, latest = restored
         if int(state.step) != latest.step:
             raise TrainingError(
@@ -332,15 +333,12 @@ class Trainer:
         self.last_checkpoint = latest
         return state, latest.step
 
-    def _with_initial_params(self, state: Any) -> Any:
+    def _started_from_init_from(self, state: Any) -> Any:
         """A fresh state starts from `config.init_from`'s weights when the run names some."""
-        from kiln.train.step import with_params
-
         source = self.cfg.init_from
-        if source is None or self.initial_params is None:
+        if source is None or self.start_from is None:
             return state
-        params = self.initial_params(source, self.model_config, self.data.tokenizer)
-        return with_params(state, params)
+        return self.start_from(source, state, self.model_config, self.data.tokenizer)
 
     def _step_functions(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The jitted train step and validation step (compiled at their first call)."""
@@ -720,7 +718,7 @@ def _json_line(record: dict[str, Any]) -> str:
 def train(
     spec: TrainSpec,
     metrics_observer: MetricsObserver | None = None,
-    initial_params: InitialParams | None = None,
+    start_from: StartFrom | None = None,
 ) -> dict[str, Any]:
     """Trains (or resumes) the run described by `spec`; returns the summary dict."""
-    return Trainer(spec, metrics_observer, initial_params).run()
+    return Trainer(spec, metrics_observer, start_from).run()

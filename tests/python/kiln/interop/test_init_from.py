@@ -30,9 +30,10 @@ from kiln.interop.read import read_hf_llama
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.train.spec import parse_spec
+from kiln.train.step import with_params
 from kiln.train.trainer import Trainer, TrainingError
 from kiln_contract.llama import LlamaArchitecture
-from kiln_contract.train import HfModelSource
+from kiln_contract.train import HfModelSource, ParentRun
 
 SOURCE = HfModelSource("kiln-test/tiny-llama", revision="0123456789abcdef" * 2 + "01234567")
 INIT_FROM = SOURCE.to_json()
@@ -69,11 +70,11 @@ def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoi
     ))  # fmt: skip
     loads: list[HfModelSource] = []
 
-    def weights(source: HfModelSource, config: LlamaConfig, tok: Any) -> Any:
+    def weights(source: HfModelSource, fresh: Any, config: LlamaConfig, tok: Any) -> Any:
         loads.append(source)
-        return read_hf_llama(folder, tokenizer=tok).params
+        return with_params(fresh, read_hf_llama(folder, tokenizer=tok).params)
 
-    state, step = Trainer(spec, initial_params=weights).initial_state()
+    state, step = Trainer(spec, start_from=weights).initial_state()
     assert step == 0 and loads == [SOURCE]
     expected = leaves(read_hf_llama(folder).params)
     started = leaves(nnx.to_pure_dict(state.params))
@@ -81,8 +82,8 @@ def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoi
     for name, value in expected.items():
         assert np.array_equal(started[name], value), name  # float32: bit for bit
 
-    Trainer(spec, initial_params=weights).run()
-    _, step = Trainer(spec, initial_params=weights).initial_state()
+    Trainer(spec, start_from=weights).run()
+    _, step = Trainer(spec, start_from=weights).initial_state()
     assert step == 4 and loads == [SOURCE, SOURCE]  # the resumed run read no weights
 
 
@@ -216,3 +217,53 @@ def test_a_kiln_run_folder_given_as_published_weights_says_to_use_its_address(
                        r"2026.12.02\), not a transformers model: start from it by its target's "
                        r"address, `init_from=':target'`"):  # fmt: skip
         hf_model_folder(HfModelSource(str(tmp_path)))
+
+
+def test_the_optimizer_state_comes_along_on_request_with_a_fresh_schedule(tmp_path: Path) -> None:
+    """from_checkpoint(..., optimizer_state=True): the parent's weights and Adam moments at the
+    step, laid out as the run's own state, at step 0 with the schedule's count at 0."""
+    from kiln.artifacts.local import LocalStore
+    from kiln.data.cache import open_caches, shared_tokenizer
+    from kiln.interop.parent_run import parent_state
+    from kiln.interop.trained_run import TrainedRun
+    from kiln.train.mesh import make_mesh
+    from kiln.train.step import init_train_state
+
+    parent_step = write_runner_step(tmp_path, **{"config.num_train_steps": 4,
+                                                 "runtime.checkpointer.every": 2})  # fmt: skip
+    assert run_runner(tmp_path, parent_step, tmp_path / "hf").returncode == 0
+    store = LocalStore(tmp_path / "store")
+    fingerprint = json.loads(parent_step.read_text())["fingerprint"]
+    parent = ParentRun("lm_checkpoint", "checkpoints/tiny", "2026.11.29", fingerprint, step=2,
+                       optimizer_state=True)  # fmt: skip
+    run = TrainedRun.open(tmp_path / "store/checkpoints/tiny/2026.11.29")
+    config, cfg = run.model_config, run.spec.config
+    tokenizer = shared_tokenizer(cfg.datasets, open_caches(cfg.datasets))
+    fresh = init_train_state(config, cfg.optimizer, cfg.num_train_steps, seed=5, mesh=make_mesh({"data": -1}),
+                             compute_dtype="float32")  # fmt: skip
+    started = parent_state(store, parent, fresh, config, tokenizer)
+    saved = run.checkpointer.restore(run.checkpoint(2), fresh)
+    assert int(started.step) == 0 and int(saved.step) == 2
+    for ours, theirs in zip(jax.tree.leaves(started.params), jax.tree.leaves(saved.params)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    adam = [s for s in jax.tree.leaves(started.opt_state, is_leaf=_is_adam) if _is_adam(s)]
+    saved_adam = [s for s in jax.tree.leaves(saved.opt_state, is_leaf=_is_adam) if _is_adam(s)]
+    assert int(adam[0].count) == int(saved_adam[0].count) == 2  # bias correction kept
+    for ours, theirs in zip(jax.tree.leaves(adam[0].mu), jax.tree.leaves(saved_adam[0].mu)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+    schedules = [s for s in jax.tree.leaves(started.opt_state, is_leaf=_is_schedule)
+                 if _is_schedule(s)]  # fmt: skip
+    assert schedules and all(int(s.count) == 0 for s in schedules)
+    run.close()
+
+
+def _is_adam(node: Any) -> bool:
+    import optax
+
+    return isinstance(node, optax.ScaleByAdamState)
+
+
+def _is_schedule(node: Any) -> bool:
+    import optax
+
+    return isinstance(node, optax.ScaleByScheduleState)
