@@ -68,8 +68,8 @@ class TrainerHooks:
 
 
 class StopSignals:
-    """Turns the first SIGINT/SIGTERM into a flag the loop reads after each step; a second one
-    of the same kind gets the default behaviour (kill now)."""
+    """Turns the first SIGINT/SIGTERM into a flag the loop reads after each step (a SIGTERM
+    replacing a SIGINT); a second one of the same kind gets the default behaviour (kill now)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -82,7 +82,9 @@ class StopSignals:
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.received is None:  # the first says why: SIGTERM, then the SIGINT Pants sends
+        # SIGTERM says why whenever it comes: Pants follows it with a SIGINT of its own, and
+        # two signals that arrive together are handled in signal-number order, SIGINT first.
+        if self.received is None or signum == signal.SIGTERM:
             self.received = signum
         signal.signal(
             signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
