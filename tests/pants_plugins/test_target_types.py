@@ -365,3 +365,13 @@ def test_max_tokens_must_be_positive(rule_runner: RuleRunner) -> None:
 def test_a_hub_source_needs_a_revision(rule_runner: RuleRunner) -> None:
     message = load_error(rule_runner, CACHE.replace('revision="abc1234", ', ""), name="cache")
     assert "exp:cache reads the Hugging Face dataset 'org/data' and needs a `revision`" in message
+
+
+def test_an_empty_target_name_is_refused_where_a_given_one_is_kept(rule_runner: RuleRunner) -> None:
+    """`name=""` would make Pants name the target after its directory (`exp:exp`)."""
+    fields = 'source="stdlib:pydoc_topics", split="validation", tokenizer="package:gpt2", version="dev"'
+    build = f'\ntokenized_cache(\n    name="",\n    {fields},\n)\n'
+    message = load_error(rule_runner, build, name="exp")
+    assert 'The `tokenized_cache` target at exp/BUILD:2 has `name=""`, which Pants replaces' in message
+    rule_runner.write_files({"exp/BUILD": f'tokenized_cache(name="exp", {fields})'})
+    assert rule_runner.get_target(Address("exp")).address.target_name == "exp"

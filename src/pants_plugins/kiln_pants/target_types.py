@@ -7,10 +7,13 @@ the target and field). Which fields bear identity — and so enter the fingerpri
 
 from __future__ import annotations
 
+import ast
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from pants.base.build_environment import get_buildroot
 from pants.engine.addresses import Address
 from pants.engine.target import (
     COMMON_TARGET_FIELDS,
@@ -906,6 +909,7 @@ DEFAULT_ARTIFACT_FOLDERS = {"tokenized_cache": "tokenized", "lm_checkpoint": "ch
 def check_default_artifact_name(target: Target) -> None:
     """A target without `artifact_name` is stored under its target name, which must then be
     a valid artifact name too."""
+    _refuse_an_empty_name(target)
     if target[ArtifactNameField].value is not None:
         return  # checked by the field
     name = default_artifact_name(target)
@@ -916,6 +920,31 @@ def check_default_artifact_name(target: Target) -> None:
             f"The target {target.address} would be stored as {name!r} (from its name), which "
             f"{e.problem.split(';')[0]}; give it an `artifact_name`."
         ) from None
+
+
+def _refuse_an_empty_name(target: Target) -> None:
+    """`name=""`: Pants names such a target after its directory, so an artifact would be stored
+    under a name nobody wrote. Pants keeps only that the name was given, so the call is read
+    back from the BUILD file (only for a target named after its directory, by hand)."""
+    address = target.address
+    if not target.name_explicitly_set or address.target_name != os.path.basename(address.spec_path):
+        return
+    file, _, line = target.description_of_origin.rpartition(":")
+    try:
+        with open(os.path.join(get_buildroot(), file)) as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and call.lineno <= int(line) <= (call.end_lineno or 0):
+            for keyword in call.keywords:
+                if keyword.arg == "name" and isinstance(keyword.value, ast.Constant) and \
+                        keyword.value.value == "":  # fmt: skip
+                    raise InvalidTargetException(
+                        f"The `{target.alias}` target at {target.description_of_origin} has "
+                        f"`name=\"\"`, which Pants replaces with its directory's name "
+                        f"({address.target_name}): give it a name."
+                    )
 
 
 def default_artifact_name(target: Target) -> str:
