@@ -22,18 +22,56 @@ def warmup_and_decay_steps(config: AdamConfig, num_train_steps: int) -> tuple[in
 
 
 def learning_rate_schedule(config: AdamConfig, num_train_steps: int) -> optax.Schedule:
-    """Linear warmup from 0, constant peak, then decay over the last `decay` steps."""
-    warmup, decay = warmup_and_decay_steps(config, num_train_steps)
+    """Levanter's `lr_scheduler`: per cycle a warmup (the first from 0, later ones a re-warmup
+    from where the last cycle ended), a stable peak and a decay to the floor; then, with
+    `cooldown`, a linear ramp to the floor. One cycle without cooldown: warmup, peak, decay."""
+    warmup_and_decay_steps(config, num_train_steps)  # the run's shape, checked
+    cooldown = config.cooldown_steps(num_train_steps)
+    points = config.cycle_points(num_train_steps - cooldown)
     peak, floor = config.learning_rate, config.learning_rate * config.min_lr_ratio
-    stable = num_train_steps - warmup - decay
-    decay_phase = {
-        "cosine": optax.cosine_decay_schedule(peak, max(decay, 1), alpha=config.min_lr_ratio),
-        "linear": optax.linear_schedule(peak, floor, max(decay, 1)),
-        "constant": optax.constant_schedule(peak),
-        "inv_sqrt": _inv_sqrt_schedule(peak, floor, warmup),  # count: steps after warmup
-    }[config.lr_schedule]
-    phases = [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak), decay_phase]
-    return optax.join_schedules(phases, boundaries=[warmup, warmup + stable])
+    schedules: list[optax.Schedule] = []
+    boundaries: list[int] = []
+    previous_end: Any = 0.0
+    decay_phase: optax.Schedule = optax.constant_schedule(peak)
+    decay = 0
+    for cycle, (start, end) in enumerate(zip(points[:-1], points[1:])):
+        steps = end - start
+        warmup = min(_steps(config.warmup if cycle == 0 else config.rewarmup, steps), steps)
+        if warmup:
+            schedules.append(optax.linear_schedule(previous_end, peak, warmup))
+            boundaries.append(start + warmup)
+        longest = max(steps - warmup, 0)
+        asked = longest if config.decay is None else _steps(config.decay, steps)
+        decay = min(max(asked, 0), longest)
+        stable = steps - warmup - decay
+        if stable > 0:
+            schedules.append(optax.constant_schedule(peak))
+            boundaries.append(start + warmup + stable)
+        decay_phase = _decay(config, peak, floor, warmup, decay) if decay else optax.constant_schedule(peak)
+        previous_end = decay_phase(decay)
+        schedules.append(decay_phase)
+        boundaries.append(end)
+    if cooldown:
+        schedules.append(optax.linear_schedule(decay_phase(decay), floor, cooldown))
+    # Each schedule runs from its start (join_schedules passes count - boundary); the last
+    # boundary, the end of the last cycle, only matters before a cooldown.
+    return optax.join_schedules(schedules, boundaries) if len(schedules) > 1 else schedules[0]
+
+
+def _decay(
+    config: AdamConfig, peak: float, floor: float, warmup: int, steps: int
+) -> optax.Schedule:
+    return {
+        "cosine": lambda: optax.cosine_decay_schedule(peak, steps, alpha=config.min_lr_ratio),
+        "linear": lambda: optax.linear_schedule(peak, floor, steps),
+        "constant": lambda: optax.constant_schedule(peak),
+        "inv_sqrt": lambda: _inv_sqrt_schedule(peak, floor, warmup),  # count: after warmup
+    }[config.lr_schedule]()
+
+
+def _steps(amount: float, steps: int) -> int:
+    """Levanter's `_convert_frac_or_steps`: up to 1 a fraction of `steps`, above 1 whole steps."""
+    return int(amount * steps) if amount <= 1 else int(amount)
 
 
 def weight_decay_mask(params: Any) -> Any:

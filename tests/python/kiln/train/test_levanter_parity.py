@@ -53,6 +53,13 @@ SCHEDULES = [
     (dict(learning_rate=1.0, warmup=0, decay=17, min_lr_ratio=0.2), 37),
     # Levanter's inv_sqrt holds the peak until step 10000, then decays to the floor by ~11100.
     (dict(learning_rate=1.0, warmup=100, lr_schedule="inv_sqrt", min_lr_ratio=0.95), 12_000),
+    # Marin's cooldown of a run's weights: no warmup, linear to zero over the whole run.
+    (dict(learning_rate=1e-3, warmup=0, decay=1.0, lr_schedule="linear", min_lr_ratio=0.0), 100),
+    # Cycles: each later one re-warms from where the last ended; then Levanter's cooldown.
+    (dict(learning_rate=1.0, warmup=10, cycles=2, rewarmup=0.1, decay=0.5), 100),
+    (dict(learning_rate=1.0, warmup=5, cycles=[30, 70], rewarmup=5, lr_schedule="linear"), 100),
+    (dict(learning_rate=1.0, warmup=10, decay=0.2, cooldown=0.2, min_lr_ratio=0.0), 100),
+    (dict(learning_rate=2.0, warmup=0.1, cycles=3, rewarmup=3, cooldown=12), 90),
 ]
 # One update: warmup 0 so that its learning rate is the peak; gradients above the clipping norm.
 UPDATE_OPTIMIZER = dict(learning_rate=0.01, weight_decay=0.1, warmup=0, min_lr_ratio=0.1)
