@@ -7,7 +7,8 @@ ray-node-requirements.txt installed, each node with a HOME and a temp folder of 
 its runtime to them. Once a checkpoint is in the bucket, the second node's raylet is SIGKILLed and
 a node started in its place: the job retries, naming the lost node, and ends with the losses of
 an uninterrupted run. Then the rerun is served from the bucket, `plan` says built, the hf_model
-export lands in the bucket, and no planted secret is in any object, log or record.
+export lands in the bucket, and no planted secret is in any object, log or record. Last, a sweep
+built on the same cluster runs its two trainings as jobs at once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from kiln_testing.multihost import free_port
 from kiln_testing.ray_cluster import stop_processes_under
 
 from kiln.artifacts.store import ObjectStore, open_store
-from tests.e2e.workspace import copy_workspace
 
 __all__ = ["s3_server"]  # a fixture
 
@@ -69,6 +69,28 @@ hf_model(
     version="2026.12.01",
     checkpoint=":tiny2",
     dtype="float32",
+)
+"""
+# Two runs of one sweep: long enough that two runs started together overlap.
+SWEEP = """
+lm_sweep(
+    name="pair",
+    version="2026.12.02",
+    base=dict(
+        model=llama(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2,
+                    num_kv_heads=1, num_layers=1),
+        optimizer=adam(learning_rate=1e-2, warmup=2),
+        datasets={"//experiments:stdlib_validation": 1.0},
+        validation=[],
+        batch_size=4,
+        seq_len=64,
+        num_train_steps=300,
+        z_loss_weight=None,
+        evals=None,
+        resources=cpu(),
+        compute_dtype="float32",
+    ),
+    grid={"seed": [1, 2]},
 )
 """
 PLANTED = {"WANDB_API_KEY": "kilnplanted" + "7e" * 20, "HF_TOKEN": "hf_kilnPlantedNodeToken9"}
@@ -164,66 +186,87 @@ def train_losses(text: str) -> list[tuple[int, float]]:
 
 
 def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
-    s3_server: str, cluster: Cluster, tmp_path: Path
+    s3_server: str, cluster: Cluster, workspace: Path, tmp_path: Path
 ) -> None:
-    (tmp_path / "repo").mkdir()
-    repo = copy_workspace(tmp_path / "repo")
+    repo = workspace
     (repo / "experiments/cluster").mkdir()
     (repo / "experiments/cluster/BUILD").write_text(BUILD)
     prefix = f"s3://{BUCKET}/{uuid.uuid4().hex}"
     store = open_store(prefix)
     env = {**os.environ, **PLANTED, "WANDB_MODE": "offline"}
     options = [f"--kiln-prefix={prefix}", f"--kiln-cluster={cluster.address}"]
-    try:
-        run = subprocess.Popen(["./pants", *options, "run", TARGET], cwd=repo, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        trainers = _kill_node_b_after_a_checkpoint(store, cluster, run)
-        # The secrets only the submitting machine has reached both hosts' trainers.
-        assert len(trainers) == 2 and all(PLANTED.items() <= env.items() for env in trainers)
-        output, _ = run.communicate(timeout=1500)
-        (tmp_path / "run.log").write_text(output)  # for a person, when this test fails
-        assert run.returncode == 0, output[-6000:]
-        [lost] = [line for line in output.splitlines() if "a host of the run was lost" in line]
-        # The node's host part that noticed first: its actor (gone with its raylet) or its trainer.
-        assert re.search(r"\(process [01]'s (host|trainer) on node \S+ \([0-9a-f]{8}\) ", lost), lost
-        assert "); retry 1 of 3 in 10 s, from the newest checkpoint" in lost, lost
-        assert f"(host 0) kiln: built checkpoints/tiny2@2026.12.01 at {prefix}/{RUN}" in output
-        assert (store.read(f"{RUN}/STATUS").data.decode().strip()) == "SUCCESS"
-        assert "AWS_ERROR" not in output  # no SDK noise from the bucket clients
+    run = subprocess.Popen(["./pants", *options, "run", TARGET], cwd=repo, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    trainers = _kill_node_b_after_a_checkpoint(store, cluster, run)
+    # The secrets only the submitting machine has reached both hosts' trainers.
+    assert len(trainers) == 2 and all(PLANTED.items() <= env.items() for env in trainers)
+    output, _ = run.communicate(timeout=1500)
+    (tmp_path / "run.log").write_text(output)  # for a person, when this test fails
+    assert run.returncode == 0, output[-6000:]
+    [lost] = [line for line in output.splitlines() if "a host of the run was lost" in line]
+    # The node's host part that noticed first: its actor (gone with its raylet) or its trainer.
+    assert re.search(r"\(process [01]'s (host|trainer) on node \S+ \([0-9a-f]{8}\) ", lost), lost
+    assert "); retry 1 of 3 in 10 s, from the newest checkpoint" in lost, lost
+    assert f"(host 0) kiln: built checkpoints/tiny2@2026.12.01 at {prefix}/{RUN}" in output
+    assert (store.read(f"{RUN}/STATUS").data.decode().strip()) == "SUCCESS"
+    assert "AWS_ERROR" not in output  # no SDK noise from the bucket clients
 
-        losses = train_losses(store.read(f"{RUN}/metrics.jsonl").data.decode())
-        assert [step for step, _ in losses] == list(range(1, 41))  # one line per step
-        # The same run uninterrupted, here in one process over two devices: the hosts' data
-        # parallelism, reduced in the same order.
-        reference = tmp_path / "reference"
-        two_devices = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-        pants(repo, *options, "run", TARGET, "--", "--cluster", "local", "--output",
-              str(reference), env=two_devices)  # fmt: skip
-        expected = train_losses((reference / "metrics.jsonl").read_text())
-        np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected], rtol=1e-5)
+    losses = train_losses(store.read(f"{RUN}/metrics.jsonl").data.decode())
+    assert [step for step, _ in losses] == list(range(1, 41))  # one line per step
+    # The same run uninterrupted, here in one process over two devices: the hosts' data
+    # parallelism, reduced in the same order.
+    reference = tmp_path / "reference"
+    two_devices = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    pants(repo, *options, "run", TARGET, "--", "--cluster", "local", "--output",
+          str(reference), env=two_devices)  # fmt: skip
+    expected = train_losses((reference / "metrics.jsonl").read_text())
+    np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected], rtol=1e-5)
 
-        # The job, from the documented entry (nodes without Kiln answer `list` too).
-        job = re.search(r"^kiln: submitted job (\S+)$", output, re.M)
-        assert job, output[-3000:]
-        listed = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
-                       env=env)  # fmt: skip
-        assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/tiny2@2026.12.01 ",
-                         listed.stdout, re.M), listed.stdout + listed.stderr[-2000:]  # fmt: skip
+    # The job, from the documented entry (nodes without Kiln answer `list` too).
+    job = re.search(r"^kiln: submitted job (\S+)$", output, re.M)
+    assert job, output[-3000:]
+    listed = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
+                   env=env)  # fmt: skip
+    assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/tiny2@2026.12.01 ",
+                     listed.stdout, re.M), listed.stdout + listed.stderr[-2000:]  # fmt: skip
 
-        served = pants(repo, *options, "run", TARGET, env=env)
-        assert f"is already built at {prefix}/{RUN}" in served.stdout
-        planned = pants(repo, *options, "plan", TARGET, env=env)
-        assert re.search(r"^\s+built\s+\w+\s+lm_checkpoint\s+checkpoints/tiny2@2026.12.01 ",
-                         planned.stdout, re.M), planned.stdout
-        pants(repo, *options, "package", "experiments/cluster:tiny2_hf", env=env)
-        assert store.read("hf/tiny2/2026.12.01/STATUS").data.decode().strip() == "SUCCESS"
-        assert "hf/tiny2/2026.12.01/model.safetensors" in [
-            f"hf/tiny2/2026.12.01/{name}" for name in store.keys("hf/tiny2/2026.12.01")
-        ]
-        _assert_nowhere(PLANTED.values(), store, [output, served.stdout],
-                        [cluster.root, cluster.ray_root])  # fmt: skip
-    finally:
-        subprocess.run(["pkill", "-f", f"pantsd \\[{repo}\\]"], check=False)
+    served = pants(repo, *options, "run", TARGET, env=env)
+    assert f"is already built at {prefix}/{RUN}" in served.stdout
+    planned = pants(repo, *options, "plan", TARGET, env=env)
+    assert re.search(r"^\s+built\s+\w+\s+lm_checkpoint\s+checkpoints/tiny2@2026.12.01 ",
+                     planned.stdout, re.M), planned.stdout
+    pants(repo, *options, "package", "experiments/cluster:tiny2_hf", env=env)
+    assert store.read("hf/tiny2/2026.12.01/STATUS").data.decode().strip() == "SUCCESS"
+    assert "hf/tiny2/2026.12.01/model.safetensors" in [
+        f"hf/tiny2/2026.12.01/{name}" for name in store.keys("hf/tiny2/2026.12.01")
+    ]
+    _assert_nowhere(PLANTED.values(), store, [output, served.stdout],
+                    [cluster.root, cluster.ray_root])  # fmt: skip
+
+    _a_sweep_submits_its_trainings_at_once(repo, options, store, env)
+
+
+def _a_sweep_submits_its_trainings_at_once(
+    repo: Path, options: list[str], store: ObjectStore, env: dict[str, str]
+) -> None:
+    """`pants build` of a 2-run sweep with a cluster: each run a job of its own, submitted at
+    once, so their training steps overlap in time (one on each node of the same cluster)."""
+    (repo / "experiments/pair").mkdir()
+    (repo / "experiments/pair/BUILD").write_text(SWEEP)
+    result = pants(repo, *options, "build", "experiments/pair:pair", env=env)
+    assert "3 step(s) built or served." in result.stderr  # the cache and both runs
+    spans, jobs = [], set()
+    for seed in (1, 2):
+        run = f"checkpoints/pair-seed{seed}/2026.12.02"
+        assert store.read(f"{run}/STATUS").data.decode().strip() == "SUCCESS"
+        provenance = json.loads(store.read(f"{run}/artifact.json").data)["provenance"]
+        jobs.add(provenance["cluster_job"]["id"])  # trained as a job of the cluster
+        lines = store.read(f"{run}/metrics.jsonl").data.decode().splitlines()
+        stamps = [json.loads(line)["timestamp"] for line in lines if "train/loss" in line]
+        spans.append((min(stamps), max(stamps)))
+    assert len(jobs) == 2  # each run its own job
+    (first_a, last_a), (first_b, last_b) = spans
+    assert max(first_a, first_b) < min(last_a, last_b), spans  # trained at the same time
 
 
 def _kill_node_b_after_a_checkpoint(

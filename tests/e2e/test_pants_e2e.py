@@ -1,11 +1,13 @@
 """End to end: real ./pants on a copy of this workspace, building the tiny CI checkpoint.
 
-Build it, build it again (every process a cache hit), then change one identity field and edit the
-trainer's code: training reruns, tokenization (whose processes never see trainer code) stays a
-cache hit. `store` caches build in the artifact store, and once built start no process. Two `pants run`s, one per "host", train
-the checkpoint as one multi-host run into the artifact store, and its `hf_model` exports it from
-there. `pants build` of several roots goes on past a failed step and marks its dependents
-DEP_FAILED. Runs without pantsd, so each call also pays Pants' start-up.
+Build it, build it again (every process a cache hit of Pants' local cache: without pantsd, whose
+memory would answer first), then change one identity field and edit the trainer's code: training
+reruns, tokenization (whose processes never see trainer code) stays a cache hit; this test edits
+code, so it has a workspace of its own. In the e2e tests' shared workspace (conftest.py), through
+its pantsd: `store` caches build in the artifact store, and once built start no process; two
+`pants run`s, one per "host", train the checkpoint as one multi-host run into the artifact store,
+and its `hf_model` exports it from there; `pants build` of several roots goes on past a failed
+step, marks its dependents DEP_FAILED, and `plan` says why the step failed.
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ TRAINING = "Training checkpoints/ci_tiny@2026.11.29"
 TOKENIZING = "Tokenizing tokenized/quickstart/stdlib_validation@2026.11.29"
 
 
-def pants_command(*args: str) -> list[str]:
-    return ["./pants", "--no-pantsd", "--stats-log", *args]
+def pants_command(*args: str, daemon: bool = True) -> list[str]:
+    return ["./pants", "--pantsd" if daemon else "--no-pantsd", "--stats-log", *args]
 
 
-def pants(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def pants(repo: Path, *args: str, daemon: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        pants_command(*args), cwd=repo, capture_output=True, text=True, timeout=900
+        pants_command(*args, daemon=daemon), cwd=repo, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result
@@ -54,7 +56,7 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     main.write_text(main.read_text() + f"\n# e2e run {uuid.uuid4()}\n")
     artifact = repo / "dist/checkpoints/ci_tiny/2026.11.29"
 
-    first = pants(repo, "package", TARGET)
+    first = pants(repo, "package", TARGET, daemon=False)
     assert (artifact / "STATUS").read_text().strip() == "SUCCESS"
     record = json.loads((artifact / "artifact.json").read_text())
     assert record["name"] == "checkpoints/ci_tiny"
@@ -69,7 +71,7 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     assert 0.0 <= summary["lm_eval/kiln_stdlib_mc/acc"] <= 1.0
     assert TRAINING in first.stderr
 
-    second = pants(repo, "package", TARGET)
+    second = pants(repo, "package", TARGET, daemon=False)
     assert TRAINING not in second.stderr and TOKENIZING not in second.stderr
     assert counter(second, "local_cache_requests_cached") >= 3  # 1 shard + merge + training
 
@@ -79,7 +81,7 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     build.write_text(text.replace("num_train_steps=20,", "num_train_steps=22,"))
     trainer = repo / "src/python/kiln/train/trainer.py"
     trainer.write_text(trainer.read_text() + "\n# An edit to the trainer's code.\n")
-    third = pants(repo, "package", TARGET)
+    third = pants(repo, "package", TARGET, daemon=False)
     assert TRAINING in third.stderr
     assert TOKENIZING not in third.stderr
     record = json.loads((artifact / "artifact.json").read_text())
@@ -147,10 +149,10 @@ SHAPED_CACHES = [f"experiments/shaped:{name}" for name in ("web", "code", "math"
 ]
 
 
-def test_built_store_caches_are_served_without_a_process(tmp_path: Path) -> None:
+def test_built_store_caches_are_served_without_a_process(workspace: Path) -> None:
     """Store caches build in the artifact store; once built, the Pants rule finds them there
     (artifact.json with their fingerprint, STATUS SUCCESS) and starts no shard or merge process."""
-    repo = copy_workspace(tmp_path)
+    repo = workspace
     (repo / "experiments/shaped").mkdir()
     (repo / "experiments/shaped/BUILD").write_text(SHAPED)
     texts = repo / "experiments/shaped/val_c"
@@ -187,17 +189,16 @@ def test_built_store_caches_are_served_without_a_process(tmp_path: Path) -> None
 
 
 @pytest.fixture(scope="module")
-def trained_in_store(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, list[tuple[str, str]]]:
+def trained_in_store(workspace: Path) -> tuple[Path, list[tuple[str, str]]]:
     """`pants run X -- --coordinator ...` on each "host" (here: two at once on one machine, one CPU
-    device each): the workspace, with ci_tiny in its artifact store, and each run's output."""
-    repo = copy_workspace(tmp_path_factory.mktemp("store"))
+    device each, each a Pants of its own, as on two machines): the workspace, with ci_tiny in its
+    artifact store, and each run's output."""
+    repo = workspace
     coordinator = f"127.0.0.1:{unused_port()}"
     runs = [
         subprocess.Popen(
             pants_command("run", TARGET, "--", "--coordinator", coordinator,
-                          "--num-processes", "2", "--process-id", str(i)),
+                          "--num-processes", "2", "--process-id", str(i), daemon=False),
             cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         for i in (0, 1)
@@ -310,6 +311,10 @@ def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
     log = repo / "dist/logs/checkpoints/broken/2026.12.01.log"
     assert f"log: {log}" in result.stderr
     assert f"init_from: {missing} is not a folder" in log.read_text()
+    # `plan` says why, from failure.txt beside STATUS (the terminal that printed it is gone).
+    planned = subprocess.run(pants_command("plan", "experiments/broken:broken"), cwd=repo,
+                             capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert f"!! init_from: {missing} is not a folder" in planned.stdout, planned.stdout
 
 
 def unused_port() -> int:

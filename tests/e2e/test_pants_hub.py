@@ -3,8 +3,8 @@
 ./pants runs, reach the tokenize process and never its cache key: a gated dataset builds with
 one token and, with another, is served from Pants' cache. (Its refusals without a token are
 tested on the tokenize command itself: tests/python/kiln/data/test_hub_sources.py.) Both calls go
-through one pantsd, as a user's do: the settings it hands the processes follow each call's
-environment."""
+through one pantsd (the e2e tests' shared one, conftest.py), as a user's do: the settings it
+hands the processes follow each call's environment."""
 
 from __future__ import annotations
 
@@ -12,13 +12,9 @@ import json
 import os
 import secrets
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from kiln_testing.hub_server import HubDataset, HubServer
-
-from tests.e2e.workspace import copy_workspace, stop_pantsd
 
 # A commit of this run's own: Pants' cache on this machine may hold an earlier run's process.
 PINNED = secrets.token_hex(20)
@@ -52,15 +48,13 @@ def pants(repo: Path, endpoint: str, token: str | None) -> subprocess.CompletedP
     )  # fmt: skip
 
 
-def test_a_gated_hub_cache_built_with_one_token_is_served_with_another(
-    tmp_path: Path,
-) -> None:
-    repo = copy_workspace(tmp_path)
+def test_a_gated_hub_cache_built_with_one_token_is_served_with_another(workspace: Path) -> None:
+    repo = workspace
     (repo / "hubdata").mkdir()
     (repo / "hubdata/BUILD").write_text(BUILD)
     files = {f"data/train-{i:05d}-of-00002.jsonl": jsonl([f"document {i}.{j} of the hub" for j in range(5)])
              for i in range(2)}  # fmt: skip
-    with HubServer() as hub, _pantsd_stopped(repo):
+    with HubServer() as hub:
         hub.add(HubDataset("kiln-test/prose", {PINNED: files}, granted_tokens=TOKENS))
         first = pants(repo, hub.endpoint, TOKENS[0])
         assert first.returncode == 0, first.stderr[-3000:]
@@ -77,11 +71,3 @@ def test_a_gated_hub_cache_built_with_one_token_is_served_with_another(
         if path.is_file():
             data = path.read_bytes()
             assert not any(token.encode() in data for token in TOKENS), path
-
-
-@contextmanager
-def _pantsd_stopped(repo: Path) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        stop_pantsd(repo)

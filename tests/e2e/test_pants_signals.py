@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.workspace import copy_workspace, pantsd_pids, stop_pantsd
+from tests.e2e.workspace import pantsd_pids
 
 ENDLESS = """
 lm_checkpoint(
@@ -50,12 +50,10 @@ ARTIFACT = "artifacts/checkpoints/endless/2026.12.01"
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    repo = copy_workspace(tmp_path_factory.mktemp("signals"))
-    (repo / "experiments/signals_check").mkdir()
-    (repo / "experiments/signals_check/BUILD").write_text(ENDLESS)
-    yield repo
-    stop_pantsd(repo)  # the pantsd case's daemon
+def repo(workspace: Path) -> Path:
+    (workspace / "experiments/signals_check").mkdir()
+    (workspace / "experiments/signals_check/BUILD").write_text(ENDLESS)
+    return workspace
 
 
 def test_sigterm_without_pantsd_during_a_save_stops_the_run_cleanly(repo: Path) -> None:

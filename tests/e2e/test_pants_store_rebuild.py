@@ -5,7 +5,8 @@ Pants' daemon keeps each rule's result between sessions and, in a new session, "
 by requesting all of its previous dependencies at once: a merge requested that way started while
 its shards were being tokenized again and failed (`no such shard folder`). The rules that run
 store-mode processes in order are uncacheable (kiln_pants.tokenize_rules), and this test deletes
-the store and rebuilds ten times through one daemon, with the smallest cache that has two shards.
+the cache's store and rebuilds ten times through one daemon (the e2e tests' shared one,
+conftest.py), with the smallest cache that has two shards.
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.e2e.workspace import copy_workspace, stop_pantsd
 
 TINY = """
 tokenized_cache(
@@ -42,16 +40,14 @@ def pants(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture()
-def repo(tmp_path: Path) -> Iterator[Path]:
-    repo = copy_workspace(tmp_path)
-    folder = repo / "experiments/rebuild"
+def repo(workspace: Path) -> Path:
+    folder = workspace / "experiments/rebuild"
     (folder / "texts").mkdir(parents=True)
     (folder / "BUILD").write_text(TINY)
     for name in ("a", "b"):
         lines = (json.dumps({"text": f"Text {i} of {name}."}) for i in range(3))
         (folder / f"texts/{name}.jsonl").write_text("\n".join(lines) + "\n")
-    yield repo
-    stop_pantsd(repo)
+    return workspace
 
 
 def test_a_deleted_store_is_rebuilt_shards_first_under_a_warm_pantsd(repo: Path) -> None:
@@ -65,4 +61,4 @@ def test_a_deleted_store_is_rebuilt_shards_first_under_a_warm_pantsd(repo: Path)
         assert "Merging 2 shard(s) of tokenized/tiny@2026.12.02" in built.stderr, attempt
         assert (cache / "STATUS").read_text().strip() == "SUCCESS"
         assert json.loads((cache / "ledger.json").read_text())["documents"] == 6
-        shutil.rmtree(repo / "artifacts")
+        shutil.rmtree(repo / "artifacts/tokenized/tiny")  # the cache's whole store folder

@@ -1,5 +1,5 @@
-"""End to end: a 4-run sweep of ci_tiny-sized models through real ./pants on a copy of this
-workspace: `build` of the sweep's target trains its runs over their shared cache while an unrelated
+"""End to end: a 4-run sweep of ci_tiny-sized models through real ./pants in the e2e tests'
+workspace (conftest.py): `build` of the sweep's target trains its runs over their shared cache while an unrelated
 cache is held back (its merge waits for a lease this test holds: the pipeline trains the sweep
 anyway), then `compare` prints the table and writes the CSV and the plot.
 """
@@ -15,7 +15,6 @@ from pathlib import Path
 from kiln.artifacts.lease import Lease, lease_key
 from kiln.artifacts.store import open_store
 from tests.e2e.test_pants_e2e import pants, pants_command
-from tests.e2e.workspace import copy_workspace
 
 SWEEP = """
 lm_sweep(
@@ -51,8 +50,8 @@ tokenized_cache(
 """
 RUNS = ["sweep-d16-lr1e-2", "sweep-d16-lr3e-3", "sweep-d32-lr1e-2", "sweep-d32-lr3e-3"]
 
-def test_a_sweep_builds_past_a_held_cache_and_compares(tmp_path: Path) -> None:
-    repo = copy_workspace(tmp_path)
+def test_a_sweep_builds_past_a_held_cache_and_compares(workspace: Path) -> None:
+    repo = workspace
     (repo / "experiments/sweep_ci").mkdir()
     (repo / "experiments/sweep_ci/BUILD").write_text(SWEEP)
     store = repo / "artifacts"
