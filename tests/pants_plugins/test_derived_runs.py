@@ -25,7 +25,7 @@ lm_checkpoint(
     version="2026.12.02",
     model={model},
     optimizer=adam(learning_rate={lr}, warmup=2),
-    datasets={{":train": 1.0}},
+    datasets={datasets},
     validation=[],
     batch_size=8,
     seq_len=64,
@@ -42,12 +42,14 @@ tokenized_cache(name="train", sources=["train.jsonl"], tokenizer="package:gpt2",
 hf_model(name="base_hf", version="2026.12.02", checkpoint=":base")
 files(name="notes", sources=["train.jsonl"])
 """
+TRAIN = '{":train": 1.0}'
 BASE, COOLDOWN = Address("exp", target_name="base"), Address("exp", target_name="cooldown")
 
 
 def build_file(child_init: str, *, base_lr: str = "3e-3", child_model: str = MODEL) -> str:
-    base = RUN.format(name="base", model=MODEL, lr=base_lr, extra="")
-    child = RUN.format(name="cooldown", model=child_model, lr="1e-3", extra=f"init_from={child_init},")
+    base = RUN.format(name="base", model=MODEL, lr=base_lr, datasets=TRAIN, extra="")
+    child = RUN.format(name="cooldown", model=child_model, lr="1e-3", datasets=TRAIN,
+                       extra=f"init_from={child_init},")  # fmt: skip
     return CACHE + base + child
 
 
@@ -159,3 +161,65 @@ def test_plan_checks_a_local_folder_against_the_model(plan_rule_runner: RuleRunn
     )
     run_folder = plan_rule_runner.run_goal_rule(Plan, args=args)
     assert "is a Kiln lm_checkpoint's folder (checkpoints/base@2026.12.02)" in run_folder.stdout
+
+
+STAGES = '[(0, {":train": 1.0}), (60, {":train": 0.5, ":hq": 0.5})]'
+HQ = """
+tokenized_cache(name="hq", sources=["train.jsonl"], tokenizer="package:gpt2",
+                version="2026.12.03")
+"""
+
+
+def staged(datasets: str = STAGES) -> str:
+    return CACHE + HQ + RUN.format(name="staged", model=MODEL, lr="1e-3", datasets=datasets,
+                                   extra="")  # fmt: skip
+
+
+STAGED_RUN = Address("exp", target_name="staged")
+
+
+def test_a_mixture_with_stages_is_identity_and_reaches_the_step(
+    rule_runner: RuleRunner,
+) -> None:
+    rule_runner.write_files({"exp/BUILD": staged(), "exp/train.jsonl": '{"text": "hi"}\n'})
+    g = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([STAGED_RUN]))])
+    identity = g.get(STAGED_RUN).identity
+    refs = {"train": "tokenized/train@2026.12.02", "hq": "tokenized/hq@2026.12.03"}
+    assert [(d["input"], d["weight"]) for d in identity["datasets"]] == [
+        (refs["hq"], 0.0), (refs["train"], 1.0)
+    ]  # every cache a stage reads; stage 0's weights
+    assert [(s["start_step"], [(d["input"], d["weight"]) for d in s["datasets"]])
+            for s in identity["stages"]] == [(60, [(refs["hq"], 0.5), (refs["train"], 0.5)])]  # fmt: skip
+    provenance = Provenance(code_digest="c" * 64, lockfile_digest="l" * 64)
+    written = rule_runner.request(StepJson, [StepJsonRequest(STAGED_RUN, provenance)])
+    config = StepSpec.from_json(json.loads(written.content)).config
+    assert [(d.name, d.weight) for d in config.datasets] == [("tokenized/train", 1.0),
+                                                             ("tokenized/hq", 0.0)]  # fmt: skip
+    assert [(s.start_step, s.weights) for s in config.stages] == [(60, (0.5, 0.5))]
+
+
+@pytest.mark.parametrize(
+    ("datasets", "message"),
+    [
+        ('[(5, {":train": 1.0})]', r"stages starting at steps \[5\]: the first starts at 0"),
+        ('[(0, {":train": 1.0}), (0, {":train": 2.0})]', r"the others at increasing whole steps"),
+        ('[(0, {":train": 1.0}), (50, {":train": 0})]', r"gives ':train' the weight 0"),
+        ('[(0, {":train": 1.0}), (200, {":train": 2.0})]', r"stages\[0\].start_step: 200 is not before"),
+    ],
+)
+def test_bad_stages_are_refused_naming_the_target(
+    rule_runner: RuleRunner, datasets: str, message: str
+) -> None:
+    rule_runner.write_files({"exp/BUILD": staged(datasets), "exp/train.jsonl": '{"text": "hi"}\n'})
+    with pytest.raises(ExecutionError, match=message):
+        rule_runner.request(StepJson, [StepJsonRequest(
+            STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
+
+
+def test_plan_reads_each_stage_by_its_weights(plan_rule_runner: RuleRunner, tmp_path) -> None:
+    plan_rule_runner.write_files({"exp/BUILD": staged(), "exp/train.jsonl": '{"text": "hi"}\n'})
+    result = plan_rule_runner.run_goal_rule(Plan, args=[f"--kiln-prefix={tmp_path}", "exp:staged"])
+    # 100 steps of 8 x 64: steps 0-59 all train (30.72k tokens), 60-99 half each (10.24k).
+    assert "tokenized/train@2026.12.02" in result.stdout
+    assert "reads 40.96k tokens (from step 0: 30.72k; from step 60: 10.24k)" in result.stdout
+    assert "reads 10.24k tokens (from step 0: 0; from step 60: 10.24k)" in result.stdout

@@ -171,6 +171,32 @@ class HfModelSource:
         return {key: value for key, value in scalar_json(self).items() if value is not None}
 
 
+@dataclass(frozen=True)
+class MixtureStage:
+    """From `start_step` on, the training mixture's weights: one per `config.datasets` entry, in
+    its order (0: the dataset sits the stage out). Stage 0 is the datasets' own weights."""
+
+    start_step: int
+    weights: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        check_int("start_step", self.start_step, minimum=1)
+        object.__setattr__(self, "weights", tuple(self.weights))
+        for i, weight in enumerate(self.weights):
+            check_number(f"weights[{i}]", weight, minimum=0)
+        if not any(w > 0 for w in self.weights):
+            raise SpecError("weights", "at least one dataset needs a weight > 0")
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> MixtureStage:
+        values = json_fields(cls, obj, where)
+        values["weights"] = tuple(json_list(values["weights"], field_path(where, "weights")))
+        return build(cls, where, values)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"start_step": self.start_step, "weights": list(self.weights)}
+
+
 INIT_KINDS = ("lm_checkpoint", "hf_model")  # the artifacts of the graph a run may start from
 
 
@@ -262,6 +288,8 @@ class TrainConfig(Generic[Dataset]):
     init_from: InitFrom | None = None
     # The positions the loss counts (LOSS_POSITIONS); None: same_document.
     loss_positions: str | None = None
+    # Later stages of the mixture (Levanter's varying mixture); none: one stage all run long.
+    stages: tuple[MixtureStage, ...] = ()
 
     def __post_init__(self) -> None:
         _check_instance("model", self.model, LlamaArchitecture)
@@ -285,6 +313,24 @@ class TrainConfig(Generic[Dataset]):
             _check_instance("init_from", self.init_from, (HfModelSource, ParentRun))
         if self.loss_positions is not None:
             check_choice("loss_positions", self.loss_positions, LOSS_POSITIONS)
+        self._check_stages()
+
+    def _check_stages(self) -> None:
+        starts = [stage.start_step for stage in self.stages]
+        for i, stage in enumerate(self.stages):
+            _check_instance(f"stages[{i}]", stage, MixtureStage)
+            if len(stage.weights) != len(self.datasets):
+                raise SpecError(
+                    f"stages[{i}].weights",
+                    f"{len(stage.weights)} weights for {len(self.datasets)} datasets",
+                )
+            if stage.start_step >= self.num_train_steps:
+                raise SpecError(
+                    f"stages[{i}].start_step",
+                    f"{stage.start_step} is not before num_train_steps ({self.num_train_steps})",
+                )
+        if starts != sorted(set(starts)):
+            raise SpecError("stages", f"stages must start at increasing steps, got {starts}")
 
     @classmethod
     def from_json(cls, obj: Any, where: str, dataset: type[Dataset]) -> TrainConfig[Dataset]:
@@ -301,15 +347,23 @@ class TrainConfig(Generic[Dataset]):
             values["evals"] = EvalSuiteConfig.from_json(values["evals"], field_path(where, "evals"))
         if "init_from" in values:
             values["init_from"] = init_from_json(values["init_from"], field_path(where, "init_from"))
+        if "stages" in values:
+            at = field_path(where, "stages")
+            values["stages"] = tuple(
+                MixtureStage.from_json(item, field_path(at, f"[{i}]"))
+                for i, item in enumerate(json_list(values["stages"], at))
+            )
         return build(cls, where, values)
 
     def to_json(self) -> dict[str, Any]:
         init_from = {"init_from": self.init_from.to_json()} if self.init_from else {}
-        optional = ("init_from", "loss_positions")
+        stages = {"stages": [stage.to_json() for stage in self.stages]} if self.stages else {}
+        optional = ("init_from", "loss_positions", "stages")
         return {
             **{k: v for k, v in scalar_json(self).items() if k not in optional},
             # only when set: the JSON of a run without them is unchanged
             **init_from,
+            **stages,
             **({"loss_positions": self.loss_positions} if self.loss_positions else {}),
             "model": self.model.to_json(),
             "optimizer": self.optimizer.to_json(),

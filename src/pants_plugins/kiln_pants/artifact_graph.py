@@ -9,6 +9,7 @@ tokenizer directory) contribute their content digest, not their paths on this ma
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -291,17 +292,19 @@ def _input_ref(target: Target, artifact: Artifact) -> dict[str, Any]:
 async def _checkpoint_identity(
     target: Target, caches: dict[Address, Artifact], parent: Optional[Artifact]
 ) -> tuple[dict[str, Any], tuple[Address, ...]]:
-    weights = target[DatasetsField].value
-    dataset_addresses = await _resolve(target, "datasets", tuple(weights))
+    mixture = target[DatasetsField].value
+    dataset_addresses = await _resolve(target, "datasets", mixture.addresses)
     validation_addresses = await _resolve(target, "validation", target[ValidationField].value or ())
+    by_key = dict(zip(mixture.addresses, dataset_addresses))
 
     def input_ref(address: Address) -> dict[str, Any]:
         return _input_ref(target, caches[address])
 
-    datasets = [
-        {**input_ref(address), "weight": weight}
-        for address, weight in zip(dataset_addresses, weights.values())
-    ]
+    def weighted(weights: Mapping[str, float]) -> list[dict[str, Any]]:
+        entries = [{**input_ref(by_key[key]), "weight": weight} for key, weight in weights.items()]
+        return sorted(entries, key=lambda d: d["input"])
+
+    datasets = weighted(mixture.weights)
     validation = [input_ref(address) for address in validation_addresses]
     evals = target[EvalsField].value
     evals_identity: Optional[dict[str, Any]] = None
@@ -318,7 +321,7 @@ async def _checkpoint_identity(
         "format": IDENTITY_FORMAT,
         "model": target[ModelField].value.to_json(),
         "optimizer": target[OptimizerField].value.to_json(),
-        "datasets": sorted(datasets, key=lambda d: d["input"]),
+        "datasets": datasets,
         "validation": sorted(validation, key=lambda d: d["input"]),
         "batch_size": target[BatchSizeField].value,
         "seq_len": target[SeqLenField].value,
@@ -336,6 +339,10 @@ async def _checkpoint_identity(
     loss_positions = target[LossPositionsField].value
     if loss_positions is not None:  # likewise
         identity["loss_positions"] = loss_positions
+    if mixture.stages:  # likewise
+        identity["stages"] = [
+            {"start_step": step, "datasets": weighted(weights)} for step, weights in mixture.stages
+        ]
     parents = (parent.address,) if parent is not None else ()
     return identity, (*dataset_addresses, *validation_addresses, *parents)
 

@@ -57,13 +57,15 @@ class InferLmCheckpointInputs(InferDependenciesRequest):
 async def infer_lm_checkpoint_inputs(request: InferLmCheckpointInputs) -> InferredDependencies:
     field_set = request.field_set
     addresses = []
-    for field in (field_set.datasets, field_set.validation):
+    named = ((DatasetsField.alias, field_set.datasets.value.addresses),
+             (ValidationField.alias, tuple(field_set.validation.value or ())))  # fmt: skip
+    for alias, values in named:
         field_addresses = await Get(
             Addresses,
             UnparsedAddressInputs(
-                tuple(field.value or ()),
+                values,
                 owning_address=field_set.address,
-                description_of_origin=f"the `{field.alias}` field of {field_set.address}",
+                description_of_origin=f"the `{alias}` field of {field_set.address}",
             ),
         )
         # Unexpanded: a `files` generator must be reported as itself, not as its first file.
@@ -71,7 +73,7 @@ async def infer_lm_checkpoint_inputs(request: InferLmCheckpointInputs) -> Inferr
         for target in targets:
             if not isinstance(target, TokenizedCacheTarget):
                 raise InvalidFieldException(
-                    f"The `{field.alias}` field in target {field_set.address} refers to "
+                    f"The `{alias}` field in target {field_set.address} refers to "
                     f"{target.address}, a `{target.alias}` target; it must be a "
                     "`tokenized_cache`."
                 )

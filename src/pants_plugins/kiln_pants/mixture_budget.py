@@ -38,6 +38,8 @@ class ComponentBudget:
     sequences: int  # of seq_len tokens, that the run reads from this cache
     holds: Optional[int]  # tokens: built, or at least max_tokens; None: not known before built
     built: bool
+    stage_sequences: tuple[int, ...] = ()  # with stages: the sequences each stage reads
+    stage_starts: tuple[int, ...] = ()  # with stages: the step each starts at
 
     @property
     def reads(self) -> int:
@@ -67,13 +69,21 @@ class ComponentBudget:
             holds = f"will hold >= {count(self.holds)} (max_tokens)"
         line = (
             f"{self.cache.ref:<48} weight {self.weight:g} ({self.share:.1%}): reads "
-            f"{count(self.reads)} tokens, {holds}"
+            f"{count(self.reads)} tokens{self._by_stage()}, {holds}"
         )
         if self.too_small:
             return f"{line}\n    !! too small for its share: raise `max_tokens` on {self.cache.address}"
         if self.epochs is not None and self.epochs > 1:
             return f"{line}; read {self.epochs:.1f} times"
         return line
+
+
+    def _by_stage(self) -> str:
+        if not self.stage_sequences:
+            return ""
+        parts = [f"from step {start}: {count(n * self.sequence_len)}"
+                 for start, n in zip(self.stage_starts, self.stage_sequences)]  # fmt: skip
+        return f" ({'; '.join(parts)})"
 
 
 @dataclass(frozen=True)
@@ -116,26 +126,35 @@ def count(tokens: float) -> str:
 def mixture_budget(
     checkpoint: Artifact, graph: ArtifactGraph, held: Mapping[str, int]
 ) -> MixtureBudget:
-    """The budget of `checkpoint`'s datasets; `held` maps a built cache's ref to its tokens."""
+    """The budget of `checkpoint`'s datasets; `held` maps a built cache's ref to its tokens. A
+    mixture with stages reads each stage's steps by that stage's weights."""
     identity = checkpoint.identity
     by_ref = {artifact.ref: artifact for artifact in graph}
-    datasets = identity["datasets"]
-    total_weight = sum(d["weight"] for d in datasets)
-    sequences = identity["batch_size"] * identity["num_train_steps"]
+    stages = [(0, identity["datasets"])]
+    stages += [(stage["start_step"], stage["datasets"]) for stage in identity.get("stages", [])]
+    ends = [start for start, _ in stages[1:]] + [identity["num_train_steps"]]
+    reads: dict[str, list[int]] = {d["input"]: [] for d in identity["datasets"]}
+    for (start, datasets), end in zip(stages, ends):
+        weights = {d["input"]: d["weight"] for d in datasets}
+        total = sum(weights.values())
+        sequences = identity["batch_size"] * (end - start)
+        for ref in reads:
+            reads[ref].append(math.ceil(weights.get(ref, 0.0) / total * sequences))
     components = []
-    for dataset in datasets:
+    for dataset in identity["datasets"]:
         cache = by_ref[dataset["input"]]
-        share = dataset["weight"] / total_weight
-        max_tokens = cache.identity.get("max_tokens")
+        per_stage = tuple(reads[cache.ref])
         components.append(
             ComponentBudget(
                 cache=cache,
                 weight=dataset["weight"],
-                share=share,
+                share=sum(per_stage) / (identity["batch_size"] * identity["num_train_steps"]),
                 sequence_len=identity["seq_len"],
-                sequences=math.ceil(share * sequences),
-                holds=held.get(cache.ref, max_tokens),
+                sequences=sum(per_stage),
+                holds=held.get(cache.ref, cache.identity.get("max_tokens")),
                 built=cache.ref in held,
+                stage_sequences=per_stage if len(per_stage) > 1 else (),
+                stage_starts=tuple(start for start, _ in stages) if len(stages) > 1 else (),
             )
         )
     return MixtureBudget(checkpoint, tuple(components))

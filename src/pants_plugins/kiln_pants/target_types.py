@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
@@ -523,19 +524,58 @@ class OptimizerField(_SymbolField):
     help = "The optimizer, as `adam(learning_rate=..., weight_decay=..., warmup=..., ...)`."
 
 
+@dataclass(frozen=True)
+class Mixture:
+    """A `datasets` field: the mixture's weights, and its later stages (each from a step on)."""
+
+    weights: FrozenDict[str, float]  # every cache any stage reads, with its weight in stage 0
+    stages: tuple[tuple[int, FrozenDict[str, float]], ...] = ()  # later stages: (step, weights)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return tuple(self.weights)
+
+
 class DatasetsField(Field):
     alias = "datasets"
     required = True
     help = (
         "The training mixture: a dict from `tokenized_cache` addresses to positive weights, "
-        "e.g. `{':dclm_baseline': 3.8, ':starcoderdata': 0.25}`. All caches must share one "
-        "tokenizer."
+        "e.g. `{':dclm_baseline': 3.8, ':starcoderdata': 0.25}`; or a mixture that changes over "
+        "training (Levanter's varying mixture), a list of (first step, weights) stages from step "
+        "0 on: `[(0, {':web': 0.9, ':code': 0.1}), (20000, {':web': 0.5, ':hq': 0.5})]` (a cache "
+        "a stage leaves out sits that stage out). All caches must share one tokenizer."
     )
-    value: FrozenDict[str, float]
+    value: Mixture
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[Any], address: Address) -> FrozenDict[str, float]:
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Mixture:
         value = super().compute_value(raw_value, address)
+        if isinstance(value, dict):
+            return Mixture(cls._weights(value, address))
+        if not isinstance(value, (list, tuple)) or not value or not all(
+            isinstance(stage, (list, tuple)) and len(stage) == 2 for stage in value
+        ):
+            raise InvalidFieldTypeException(
+                address, cls.alias, value,
+                expected_type="a non-empty dict of address -> weight, or a list of (step, dict) "
+                "stages",
+            )  # fmt: skip
+        steps = [stage[0] for stage in value]
+        if steps[0] != 0 or any(not isinstance(s, int) or isinstance(s, bool) for s in steps) \
+                or steps != sorted(set(steps)):  # fmt: skip
+            raise InvalidFieldException(
+                f"The `datasets` field in target {address} has stages starting at steps {steps}: "
+                "the first starts at 0, the others at increasing whole steps."
+            )
+        stages = [cls._weights(weights, address) for _, weights in value]
+        union = {key: 0.0 for weights in stages for key in weights}
+        first = FrozenDict({**union, **stages[0]})
+        later = tuple((step, weights) for step, weights in zip(steps[1:], stages[1:]))
+        return Mixture(first, later)
+
+    @classmethod
+    def _weights(cls, value: Any, address: Address) -> FrozenDict[str, float]:
         if not isinstance(value, dict) or not value:
             raise InvalidFieldTypeException(
                 address, cls.alias, value, expected_type="a non-empty dict of address -> weight"

@@ -55,6 +55,7 @@ from kiln_contract.train import (
     ControlSpec,
     DatasetRef,
     HfModelSource,
+    MixtureStage,
     ParentRun,
     Resources,
     RuntimeSpec,
@@ -205,7 +206,8 @@ def _step(
     wandb_options: Mapping[str, str],
 ) -> StepSpec:
     # Artifact.cache_inputs lists the `datasets` in declaration order, then the `validation` sets.
-    weights = target[DatasetsField].value
+    mixture = target[DatasetsField].value
+    weights = mixture.weights
     dataset_inputs = [graph.get(a) for a in artifact.cache_inputs[: len(weights)]]
     validation_inputs = [graph.get(a) for a in artifact.cache_inputs[len(weights) :]]
     inputs = list({cache.address: cache for cache in dataset_inputs + validation_inputs}.values())
@@ -241,6 +243,10 @@ def _step(
             param_dtype="float32",
             init_from=_init_from(target[InitFromField].value, artifact, graph),
             loss_positions=target[LossPositionsField].value,
+            stages=tuple(
+                MixtureStage(step, tuple(stage.get(key, 0.0) for key in weights))
+                for step, stage in mixture.stages
+            ),
         ),
         runtime=runtime_section(target, wandb_options, validation_names),
         inputs=tuple(

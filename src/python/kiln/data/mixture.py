@@ -14,7 +14,9 @@ batches an uninterrupted run would. See docs/training.md.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -104,6 +106,11 @@ class MixtureDataset:
     mixture block: 2048 like Marin; a smaller block (a multiple of the batch size) makes a short
     run see the exact proportions sooner. `loss_positions` chooses the loss mask
     (window_loss_mask).
+
+    `stages` changes the weights over training (Levanter's varying mixture): each is (the
+    sequence it starts at, a multiple of `block_size`; a weight per component). A dataset's
+    sequences continue across stages, so a stage reads on where the last left off in the same
+    shuffle; a dataset without weight in one stage sits it out.
     """
 
     def __init__(
@@ -113,13 +120,18 @@ class MixtureDataset:
         seed: int,
         block_size: int = DEFAULT_BLOCK_SIZE,
         loss_positions: str | None = None,
+        stages: Sequence[tuple[int, Sequence[float]]] = (),
     ):
         if seed < 0:
             raise MixtureError(f"the mixture seed must be >= 0, got {seed}")
         if block_size < 1:
             raise MixtureError(f"block_size must be positive, got {block_size}")
-        active = [(i, cache, w) for i, (cache, w) in enumerate(components) if w > 0]
-        if not active:
+        weights = [[w for _, w in components], *(list(w) for _, w in stages)]
+        if any(len(w) != len(components) for w in weights):
+            raise MixtureError("each mixture stage gives one weight per dataset")
+        # Positions among the datasets some stage reads: what `sources` names.
+        active = [i for i in range(len(components)) if any(w[i] > 0 for w in weights)]
+        if not any(w > 0 for w in weights[0]):
             raise MixtureError("the mixture has no dataset with a weight > 0")
         self.seq_len = seq_len
         self.seed = seed
@@ -127,11 +139,48 @@ class MixtureDataset:
         self.loss_positions = loss_positions
         # The position in `components` (not among active ones) keys each dataset's shuffle, so
         # adding a zero-weight entry does not reshuffle the others.
-        self._dataset_keys = [i for i, _, _ in active]
-        self._caches = [cache for _, cache, _ in active]
+        self._dataset_keys = active
+        self._caches = [components[i][0] for i in active]
         self._num_windows = [self._windows_in(cache) for cache in self._caches]
-        self.counts = block_counts([w for _, _, w in active], block_size)
+        self._stages = self._stage_table([(0, weights[0]), *((s, w) for (s, _), w in
+                                                             zip(stages, weights[1:]))], active)  # fmt: skip
+        self.counts = self._stages[0].counts
         self._block_layout = functools.lru_cache(maxsize=4)(self._compute_block_layout)
+
+    def _stage_table(
+        self, stages: list[tuple[int, Sequence[float]]], active: list[int]
+    ) -> list[_Stage]:
+        table: list[_Stage] = []
+        for start, weights in stages:
+            if start % self.block_size or (table and start <= table[-1].start):
+                raise MixtureError(
+                    f"a mixture stage starts at sequence {start}: stages must start in order, "
+                    f"at multiples of the block size ({self.block_size} sequences)"
+                )
+            counts = block_counts([weights[i] for i in active], self.block_size)
+            base = np.zeros(len(active), np.int64)
+            if table:
+                last = table[-1]
+                base = last.base + (start - last.start) // self.block_size * last.counts
+            table.append(_Stage(start, counts, base))
+        return table
+
+    def sequences_per_block(self, names: Sequence[str]) -> Any:
+        """Each dataset's sequences in a block, by the name of its component (`names` in the
+        order of `components`); with stages, a list of them by the sequence each stage starts
+        at."""
+        per_stage = [
+            {names[key]: int(n) for key, n in zip(self._dataset_keys, stage.counts) if n}
+            for stage in self._stages
+        ]
+        if len(per_stage) == 1:
+            return per_stage[0]
+        return [{"start": stage.start, "counts": counts}
+                for stage, counts in zip(self._stages, per_stage)]  # fmt: skip
+
+    def _stage_of(self, block: int) -> _Stage:
+        start = block * self.block_size
+        return [stage for stage in self._stages if stage.start <= start][-1]
 
     def _windows_in(self, cache: WindowSource) -> int:
         n = cache.num_windows(self.seq_len)
@@ -145,11 +194,12 @@ class MixtureDataset:
 
     def _compute_block_layout(self, block: int) -> tuple[np.ndarray, np.ndarray]:
         """For each position in the block: which dataset, and its rank among that dataset's."""
-        assignment = np.repeat(np.arange(len(self.counts)), self.counts)
+        counts = self._stage_of(block).counts
+        assignment = np.repeat(np.arange(len(counts)), counts)
         rng = np.random.Generator(np.random.PCG64([self.seed, _BLOCK_ORDER_STREAM, block]))
         dataset_at = assignment[rng.permutation(self.block_size)]
         rank_at = np.empty(self.block_size, dtype=np.int64)
-        for d in range(len(self.counts)):
+        for d in range(len(counts)):
             positions = np.flatnonzero(dataset_at == d)
             rank_at[positions] = np.arange(len(positions))
         return dataset_at, rank_at
@@ -179,9 +229,13 @@ class MixtureDataset:
         for block in np.unique(blocks):
             rows = np.flatnonzero(blocks == block)
             dataset_at, rank_at = self._block_layout(int(block))
+            stage = self._stage_of(int(block))
             d = dataset_at[positions[rows]]
             dataset_of_row[rows] = d
-            number_of_row[rows] = block * self.counts[d] + rank_at[positions[rows]]
+            blocks_into_stage = block - stage.start // self.block_size
+            number_of_row[rows] = (
+                stage.base[d] + blocks_into_stage * stage.counts[d] + rank_at[positions[rows]]
+            )
         window_of_row = np.empty(batch_size, dtype=np.int64)
         for d in np.unique(dataset_of_row):
             rows = dataset_of_row == d
@@ -199,6 +253,19 @@ class MixtureDataset:
             packed = self._caches[d].windows([sources[r][1] for r in rows], self.seq_len)
             _fill_rows(out, rows, packed, self.loss_positions)
         return out
+
+
+@dataclass(frozen=True)
+class _Stage:
+    start: int  # the sequence it starts at
+    counts: np.ndarray  # sequences of each (active) dataset in each of its blocks
+    base: np.ndarray  # sequences each dataset gave the stages before it
+
+
+def staged_block_size(block_size: int, stage_starts: Sequence[int]) -> int:
+    """The largest block size that divides `block_size` and every stage's first sequence, so
+    that each stage starts on a block."""
+    return functools.reduce(math.gcd, stage_starts, block_size)
 
 
 def window_loss_mask(packed: Any, loss_positions: str | None) -> np.ndarray:

@@ -30,7 +30,12 @@ import numpy as np
 from kiln.artifacts import atomic_write_json, atomic_write_text, record_stop
 from kiln.artifacts.store import open_store
 from kiln.data.cache import open_caches, shared_tokenizer
-from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
+from kiln.data.mixture import (
+    MixtureDataset,
+    fixed_batches,
+    mixture_block_size,
+    staged_block_size,
+)
 from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet, validation_metrics
 from kiln.model.config import LlamaConfig
@@ -99,12 +104,15 @@ def open_data(spec: TrainSpec) -> RunData:
     caches = open_caches(inputs)
     tokenizer = shared_tokenizer(inputs, caches)
     train_caches = caches[: len(cfg.datasets)]
+    stage_starts = [stage.start_step * cfg.batch_size for stage in cfg.stages]
+    block_size = mixture_block_size(cfg.batch_size, cfg.num_train_steps)
     mixture = MixtureDataset(
         [(c, d.weight) for c, d in zip(train_caches, cfg.datasets)],
         cfg.seq_len,
         cfg.seed,
-        block_size=mixture_block_size(cfg.batch_size, cfg.num_train_steps),
+        block_size=staged_block_size(block_size, stage_starts),
         loss_positions=cfg.loss_positions,
+        stages=[(start, stage.weights) for start, stage in zip(stage_starts, cfg.stages)],
     )
     validation = tuple(
         ValidationSet.build(
@@ -271,12 +279,9 @@ class Trainer:
             "tokenizer": self.data.tokenizer.to_json(),
             "mixture": {
                 "block_size": self.data.mixture.block_size,
-                "sequences_per_block": {
-                    d.name: int(n)
-                    for d, n in zip(
-                        [d for d in self.cfg.datasets if d.weight > 0], self.data.mixture.counts
-                    )
-                },
+                "sequences_per_block": self.data.mixture.sequences_per_block(
+                    [d.name for d in self.cfg.datasets]
+                ),
             },
             "mesh": dict(self.mesh.shape),
             "microbatches": self.microbatches,

@@ -13,6 +13,7 @@ from kiln.data.mixture import (
     block_counts,
     feistel_permutation,
     fixed_batches,
+    staged_block_size,
 )
 
 SEQ_LEN = 32
@@ -149,3 +150,33 @@ def test_loss_positions_all_counts_every_position_but_the_last(
     padded = fixed_batches(caches["b"], SEQ_LEN, windows + 3, 1, loss_positions="all")[0]
     assert padded["loss_mask"][windows:].sum() == 0  # padding rows still count nothing
     assert padded["loss_mask"][:windows].sum() == windows * (SEQ_LEN - 1)
+
+
+def test_stages_change_the_weights_and_read_on_where_the_last_left_off(
+    caches: dict[str, TokenCache],
+) -> None:
+    """Levanter's varying mixture: from sequence 32 on only dataset b is read; a's stage-0
+    sequences are the one-stage mixture's, and b's later ones continue its count (the next
+    windows of the same shuffle), never repeating a window within an epoch."""
+    a, b = caches["a"], caches["b"]
+    one = MixtureDataset([(a, 1.0), (b, 1.0)], SEQ_LEN, seed=3, block_size=16)
+    staged = MixtureDataset([(a, 1.0), (b, 1.0)], SEQ_LEN, seed=3, block_size=16,
+                            stages=[(32, [0.0, 1.0])])  # fmt: skip
+    assert staged.sources(0, 32) == one.sources(0, 32)  # stage 0 is the mixture of stage 0
+    later = staged.sources(4, 8) + staged.sources(5, 8)
+    assert {d for d, _ in later} == {1}
+    reads_of_b = [w for d, w in staged.sources(0, 48) if d == 1]  # 16 + 16 of its sequences
+    windows = b.num_windows(SEQ_LEN)
+    assert len(reads_of_b) == 32 <= windows and len(set(reads_of_b)) == 32
+    assert staged.batch(5, 8)["tokens"].tolist() == staged.batch(5, 8)["tokens"].tolist()
+    assert staged.sequences_per_block(["a", "b"]) == [
+        {"start": 0, "counts": {"a": 8, "b": 8}}, {"start": 32, "counts": {"b": 16}}
+    ]
+
+
+def test_a_stage_must_start_on_a_block(caches: dict[str, TokenCache]) -> None:
+    with pytest.raises(MixtureError, match="multiples of the block size"):
+        MixtureDataset([(caches["a"], 1.0), (caches["b"], 1.0)], SEQ_LEN, seed=3, block_size=16,
+                       stages=[(24, [0.0, 1.0])])  # fmt: skip
+    assert staged_block_size(80, [40, 120]) == 40  # a short run: its 80 sequences
+    assert staged_block_size(2048, [5_120_000]) == 2048  # dclm_1b at step 20000

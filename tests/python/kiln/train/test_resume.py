@@ -1,5 +1,5 @@
 """Exact resumption: a run SIGKILLed mid-training, while a checkpoint is being written in the
-background, and rerun ends where an uninterrupted run does.
+background, and rerun ends where an uninterrupted run does, across a change of its mixture.
 
 The uninterrupted reference runs in this process; the killed run and its resumption run as
 `python -m kiln.train SPEC.json` subprocesses. On CPU the comparison is bit-for-bit: batches are
@@ -71,9 +71,13 @@ def losses(output: Path) -> list[tuple[int, float]]:
     jax.device_count() != 1, reason="the reference run must use the subprocess's 1 device"
 )
 def test_killed_run_resumes_bit_for_bit(tmp_path: Path) -> None:
-    caches = {"tokenized/a": build_tiny_cache(tmp_path, "tokenized/a", 120, seed=0)}
+    caches = {name: build_tiny_cache(tmp_path, name, 120, seed=i)
+              for i, name in enumerate(("tokenized/a", "tokenized/b"))}  # fmt: skip
     validation = {"tokenized/val": build_tiny_cache(tmp_path, "tokenized/val", 20, seed=1)}
-    overrides = {"config.num_train_steps": NUM_STEPS, "runtime.validation_every": 10}
+    # The mixture changes at step 12, which the resumed run crosses (Levanter's varying mixture).
+    stages = [{"start_step": 12, "weights": [0.2, 1.0]}]
+    overrides = {"config.num_train_steps": NUM_STEPS, "runtime.validation_every": 10,
+                 "config.stages": stages}  # fmt: skip
     reference_output, resumed_output = tmp_path / "reference", tmp_path / "resumed"
     train(parse_spec(make_spec(reference_output, caches, validation, **overrides)))
 
