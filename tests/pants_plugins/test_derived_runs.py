@@ -223,3 +223,46 @@ def test_plan_reads_each_stage_by_its_weights(plan_rule_runner: RuleRunner, tmp_
     assert "tokenized/train@2026.12.02" in result.stdout
     assert "reads 40.96k tokens (from step 0: 30.72k; from step 60: 10.24k)" in result.stdout
     assert "reads 10.24k tokens (from step 0: 0; from step 60: 10.24k)" in result.stdout
+
+
+EVALS = """
+lm_eval_run(name="base_eval", version="2026.12.02", model=MODEL_OF_EVAL, validation=[":train"],
+            seq_len=64, batch_size=4, max_eval_batches=2)
+lm_eval_run(name="nothing", version="2026.12.02", model=":base", seq_len=64, batch_size=4)
+"""
+BASE_EVAL = Address("exp", target_name="base_eval")
+
+
+def eval_graph(rule_runner: RuleRunner, model: str) -> ArtifactGraph:
+    build = build_file('":base"') + EVALS.replace("MODEL_OF_EVAL", model)
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    return rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([BASE_EVAL]))])
+
+
+def test_an_evaluation_is_an_artifact_of_its_model_and_caches(rule_runner: RuleRunner) -> None:
+    g = eval_graph(rule_runner, 'from_checkpoint(":base", step=40)')
+    evaluation = g.get(BASE_EVAL)
+    assert [a.address.target_name for a in g] == ["train", "base", "base_eval"]
+    assert evaluation.name == "evals/base_eval" and evaluation.parent == BASE
+    assert evaluation.identity["model"] == {
+        "kind": "lm_checkpoint", "name": "checkpoints/base", "version": "2026.12.02",
+        "fingerprint": g.get(BASE).fingerprint, "step": 40,
+    }  # fmt: skip
+    assert [v["input"] for v in evaluation.identity["validation"]] == ["tokenized/train@2026.12.02"]
+    target = rule_runner.get_target(BASE_EVAL)
+    deps = rule_runner.request(Addresses, [DependenciesRequest(target[Dependencies])])
+    assert {a.target_name for a in deps} == {"train", "base"}
+    final = eval_graph(rule_runner, '":base"').get(BASE_EVAL)
+    assert final.fingerprint != evaluation.fingerprint  # another step is another evaluation
+    published = eval_graph(rule_runner, 'hf_model_source("/models/llama")').get(BASE_EVAL)
+    assert published.identity["model"] == {"model": "/models/llama"} and published.parent is None
+
+
+def test_an_evaluation_of_nothing_or_of_a_cache_is_refused(rule_runner: RuleRunner) -> None:
+    rule_runner.write_files({"exp/BUILD": build_file('":base"') + EVALS.replace(
+        "MODEL_OF_EVAL", '":base"'), "exp/train.jsonl": '{"text": "hi"}\n'})  # fmt: skip
+    with pytest.raises(ExecutionError, match="scores nothing: give it `evals`, `validation`"):
+        rule_runner.get_target(Address("exp", target_name="nothing"))
+    with pytest.raises(ExecutionError, match=r"The `model` field in target exp:base_eval refers "
+                       r"to exp:train, which is neither an `lm_checkpoint` nor an `hf_model`"):
+        eval_graph(rule_runner, '":train"')

@@ -7,6 +7,7 @@ read and write, defined once.
         train_spec.json   a checkpoint's trainer spec (docs/step-spec.md)
         config.json       a checkpoint's resolved run config, written when the run starts
         summary.json      a checkpoint's last metrics, speed and where things are
+        results.json      an evaluation's scores (lm_eval_run): {"model", "metrics"}
         failure.txt       why the last build failed (one line), beside STATUS FAILED
         STATUS            written last: SUCCESS, FAILED, RUNNING or DEP_FAILED
 """
@@ -16,6 +17,7 @@ SUMMARY_TEXT_FILE = "summary.txt"  # a built artifact's human summary, printed w
 TRAIN_SPEC_FILE = "train_spec.json"
 RUN_CONFIG_FILE = "config.json"
 RUN_SUMMARY_FILE = "summary.json"
+EVAL_RESULTS_FILE = "results.json"
 FAILURE_FILE = "failure.txt"
 STATUS_FILE = "STATUS"
 

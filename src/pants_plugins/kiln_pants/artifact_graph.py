@@ -19,6 +19,7 @@ from pants.engine.collection import Collection
 from pants.engine.fs import Digest
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import (
+    Field,
     InvalidFieldException,
     SourcesField,
     Target,
@@ -30,7 +31,17 @@ from kiln_contract.llama import weights_differences
 from kiln_contract.tokenize import DEFAULT_FRAMING, LevanterCacheSource, UrlFilesSource
 from kiln_contract.train import ParentRun
 from kiln_contract.vocabulary import is_mutable_version
-from kiln_pants.build_symbols import CheckpointInit
+from kiln_pants.build_symbols import CheckpointInit, EvalSuite
+from kiln_pants.eval_targets import (
+    EvalBatchesField,
+    EvalBatchSizeField,
+    EvalComputeDtypeField,
+    EvalModelField,
+    EvalSeqLenField,
+    EvalSuiteField,
+    EvalValidationField,
+    LmEvalRunTarget,
+)
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.hf_model_targets import (
     CheckpointField,
@@ -306,16 +317,7 @@ async def _checkpoint_identity(
 
     datasets = weighted(mixture.weights)
     validation = [input_ref(address) for address in validation_addresses]
-    evals = target[EvalsField].value
-    evals_identity: Optional[dict[str, Any]] = None
-    if evals:
-        evals_json: dict[str, Any] = evals.to_json()
-        if evals.task_files:  # local task files count by content, not by address
-            files = await Get(
-                SourceFiles, ReferencedFilesRequest(target.address, evals.task_files, "evals")
-            )
-            evals_json["task_files"] = files.snapshot.digest.fingerprint
-        evals_identity = evals_json
+    evals_identity = await _evals_identity(target, target[EvalsField].value)
     identity = {
         "kind": LmCheckpointTarget.alias,
         "format": IDENTITY_FORMAT,
@@ -347,6 +349,43 @@ async def _checkpoint_identity(
     return identity, (*dataset_addresses, *validation_addresses, *parents)
 
 
+async def _evals_identity(target: Target, evals: Optional[EvalSuite]) -> Optional[dict[str, Any]]:
+    """An eval suite as identity: its tasks, and its local task files by content."""
+    if not evals:
+        return None
+    evals_json: dict[str, Any] = evals.to_json()
+    if evals.task_files:  # local task files count by content, not by address
+        files = await Get(
+            SourceFiles, ReferencedFilesRequest(target.address, evals.task_files, "evals")
+        )
+        evals_json["task_files"] = files.snapshot.digest.fingerprint
+    return evals_json
+
+
+async def _eval_identity(
+    target: Target, caches: dict[Address, Artifact], parent: Optional[Artifact]
+) -> tuple[dict[str, Any], tuple[Address, ...]]:
+    """An evaluation is its model (a run or export of the graph by fingerprint and step, or
+    published weights), its suite, its validation caches and how their windows are cut."""
+    validation = await _resolve(target, "validation", target[EvalValidationField].value or ())
+    model = target[EvalModelField].value
+    identity = {
+        "kind": LmEvalRunTarget.alias,
+        "format": IDENTITY_FORMAT,
+        "model": parent_run(model, parent).to_json() if parent else model.to_json(),
+        "evals": await _evals_identity(target, target[EvalSuiteField].value),
+        "validation": sorted(
+            (_input_ref(target, caches[a]) for a in validation), key=lambda d: d["input"]
+        ),
+        "seq_len": target[EvalSeqLenField].value,
+        "batch_size": target[EvalBatchSizeField].value,
+        "max_eval_batches": target[EvalBatchesField].value,
+        "compute_dtype": target[EvalComputeDtypeField].value,
+    }
+    parents = (parent.address,) if parent is not None else ()
+    return identity, (*validation, *parents)
+
+
 def parent_run(init_from: CheckpointInit, parent: Artifact) -> ParentRun:
     """The run `init_from` names, as the step spec and the identity carry it."""
     return ParentRun(
@@ -355,12 +394,19 @@ def parent_run(init_from: CheckpointInit, parent: Artifact) -> ParentRun:
     )  # fmt: skip
 
 
+def _model_field(target: Target) -> type[Field]:
+    """The field naming the model a checkpoint starts from, or an evaluation scores."""
+    return EvalModelField if isinstance(target, LmEvalRunTarget) else InitFromField
+
+
 async def _parent_address(target: Target) -> Optional[Address]:
-    """The artifact a checkpoint's `init_from` names by address, if it does."""
-    init_from = target[InitFromField].value
-    if not isinstance(init_from, CheckpointInit):
+    """The artifact a checkpoint's `init_from` (an evaluation's `model`) names by address, if
+    it does."""
+    field = _model_field(target)
+    value = target[field].value
+    if not isinstance(value, CheckpointInit):
         return None
-    [address] = await _resolve(target, InitFromField.alias, (init_from.address,))
+    [address] = await _resolve(target, field.alias, (value.address,))
     return address
 
 
@@ -436,7 +482,9 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
 
     # Checkpoints and exports read one another (an export its checkpoint, a run the run or
     # export it starts from): each is fingerprinted after the one it reads.
-    models = [t for t in targets if isinstance(t, (LmCheckpointTarget, HfModelTarget))]
+    models = [
+        t for t in targets if isinstance(t, (LmCheckpointTarget, HfModelTarget, LmEvalRunTarget))
+    ]
     parents: dict[Address, Optional[Address]] = {}
     for target in models:
         if isinstance(target, HfModelTarget):
@@ -454,7 +502,10 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
             built[target.address] = _artifact(target, identity, inputs)
             continue
         parent_artifact = _parent_artifact(target, parent, built)
-        identity, inputs = await _checkpoint_identity(target, caches, parent_artifact)
+        if isinstance(target, LmEvalRunTarget):
+            identity, inputs = await _eval_identity(target, caches, parent_artifact)
+        else:
+            identity, inputs = await _checkpoint_identity(target, caches, parent_artifact)
         built[target.address] = _artifact(target, identity, inputs, parent)
     return ArtifactGraph([*caches.values(), *built.values()])
 
@@ -462,24 +513,28 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
 def _parent_artifact(
     target: Target, parent: Optional[Address], built: dict[Address, Artifact]
 ) -> Optional[Artifact]:
-    """The artifact a checkpoint starts from: an lm_checkpoint or an hf_model of the graph."""
+    """The artifact a checkpoint starts from (an evaluation scores): an lm_checkpoint or an
+    hf_model of the graph."""
     if parent is None:
         return None
-    if parent not in built:
+    field = _model_field(target)
+    if parent not in built or built[parent].kind == LmEvalRunTarget.alias:
         raise InvalidFieldException(
-            f"The `init_from` field in target {target.address} refers to {parent}, which is "
-            "neither an `lm_checkpoint` nor an `hf_model`: a run starts from one of those (or "
-            "from published weights: `hf_model_source(...)`)."
+            f"The `{field.alias}` field in target {target.address} refers to {parent}, which is "
+            "neither an `lm_checkpoint` nor an `hf_model`: name one of those (or published "
+            "weights: `hf_model_source(...)`)."
         )
     artifact = built[parent]
-    init_from = target[InitFromField].value
-    takes_a_step = init_from.step is not None or init_from.optimizer_state
+    named = target[field].value
+    takes_a_step = named.step is not None or named.optimizer_state
     if artifact.kind == HfModelTarget.alias and takes_a_step:
         raise InvalidFieldException(
-            f"The `init_from` field in target {target.address} gives a step or optimizer_state "
-            f"for {parent}, an `hf_model` export (one step's weights): name its lm_checkpoint "
-            "instead."
+            f"The `{field.alias}` field in target {target.address} gives a step or "
+            f"optimizer_state for {parent}, an `hf_model` export (one step's weights): name its "
+            "lm_checkpoint instead."
         )
+    if isinstance(target, LmEvalRunTarget):
+        return artifact  # an evaluation reads the model as it is
     trained = built[artifact.inputs[0]] if artifact.kind == HfModelTarget.alias else artifact
     differing = weights_differences(target[ModelField].value.to_json(), trained.identity["model"])
     if differing:

@@ -50,6 +50,7 @@ from kiln_pants.build_steps import (
     dep_failed,
     log_path,
 )
+from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_targets import HfModelTarget
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizedCacheTarget
@@ -199,7 +200,10 @@ async def build_roots(request: BuildRootsRequest) -> BuildRoots:
     return BuildRoots(Addresses(sorted(set(artifacts))))
 
 
-ARTIFACT_ALIASES = (TokenizedCacheTarget.alias, LmCheckpointTarget.alias, HfModelTarget.alias)
+ARTIFACT_ALIASES = (
+    TokenizedCacheTarget.alias, LmCheckpointTarget.alias, HfModelTarget.alias,
+    LmEvalRunTarget.alias,
+)  # fmt: skip
 
 
 async def _marked_dep_failed(
@@ -241,7 +245,7 @@ async def build(
     roots = [a for a in graph if a.address in requested]
     if not roots:
         console.print_stderr(
-            "No artifact targets (tokenized_cache, lm_checkpoint, hf_model) given."
+            "No artifact targets (tokenized_cache, lm_checkpoint, hf_model, lm_eval_run) given."
         )
         return Build(exit_code=0)
     prefix = kiln.prefix_location(build_root.path)

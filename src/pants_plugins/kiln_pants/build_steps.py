@@ -1,6 +1,7 @@
-"""One step of `pants build`: a cache, a training or an export, and what became of it.
+"""One step of `pants build`: a cache, a training, an export or an evaluation, and what became
+of it.
 
-Caches build as cached Pants processes and exports as per-session processes; a training runs
+Caches build as cached Pants processes, exports and evaluations as per-session processes; a training runs
 the runner of `pants run` (`kiln.runner`) as a per-session process whose output goes to the
 step's log file. Trainings on this machine take one of `[build] trainings_at_once` slots first
 (a lock file each, under `dist/`, held by the training's process until it ends), so that at most
@@ -25,6 +26,8 @@ from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import DEP_FAILED
 from kiln_pants.artifact_store import STORE_ENVIRONMENT
+from kiln_pants.eval_rules import LmEvalRunPackageFieldSet
+from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_rules import HfModelPackageFieldSet
 from kiln_pants.runtime import RuntimeProcess
 from kiln_pants.subsystem import KilnSubsystem
@@ -121,8 +124,11 @@ class TrainingStep:
 
 
 @dataclass(frozen=True)
-class ExportStep:
+class PackagedStep:
+    """An export or an evaluation: written into the store by its `package` rule."""
+
     address: Address
+    kind: str
 
 
 @rule(desc="Building a step")
@@ -132,7 +138,7 @@ async def build_step(request: StepRequest) -> StepOutcome:
         return await Get(StepOutcome, CacheStep(address))
     if request.kind == LmCheckpointTarget.alias:
         return await Get(StepOutcome, TrainingStep(address, log, request.slots))
-    return await Get(StepOutcome, ExportStep(address))
+    return await Get(StepOutcome, PackagedStep(address, request.kind))
 
 
 def _failure(text: str, started: float) -> StepOutcome:
@@ -156,14 +162,22 @@ async def build_cache_step(step: CacheStep) -> StepOutcome:
     return StepOutcome(SUCCESS, seconds=time.monotonic() - started)
 
 
-@rule(desc="Building an export step")
-async def build_export_step(step: ExportStep) -> StepOutcome:
+@rule(desc="Building an export or evaluation step")
+async def build_packaged_step(step: PackagedStep) -> StepOutcome:
     started = time.monotonic()
     try:
         wrapped = await Get(
             WrappedTarget, WrappedTargetRequest(step.address, description_of_origin="<kiln build>")
         )
-        await Get(BuiltPackage, HfModelPackageFieldSet, HfModelPackageFieldSet.create(wrapped.target))
+        if step.kind == LmEvalRunTarget.alias:
+            await Get(
+                BuiltPackage, LmEvalRunPackageFieldSet,
+                LmEvalRunPackageFieldSet.create(wrapped.target),
+            )  # fmt: skip
+        else:
+            await Get(
+                BuiltPackage, HfModelPackageFieldSet, HfModelPackageFieldSet.create(wrapped.target)
+            )
     except Exception as e:  # noqa: BLE001 - reported as this step's failure; others go on
         return _failure(str(e), started)
     return StepOutcome(SUCCESS, seconds=time.monotonic() - started)

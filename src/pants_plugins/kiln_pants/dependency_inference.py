@@ -10,8 +10,9 @@ of target is caught.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
-from pants.engine.addresses import Addresses, UnparsedAddressInputs
+from pants.engine.addresses import Address, Addresses, UnparsedAddressInputs
 from pants.engine.rules import Get, collect_rules, rule
 from pants.engine.target import (
     FieldSet,
@@ -22,7 +23,13 @@ from pants.engine.target import (
 )
 from pants.engine.unions import UnionRule
 
-from kiln_pants.build_symbols import CheckpointInit
+from kiln_pants.build_symbols import CheckpointInit, EvalSuite
+from kiln_pants.eval_targets import (
+    EvalModelField,
+    EvalSuiteField,
+    EvalValidationField,
+    LmEvalRunDependencies,
+)
 from kiln_pants.target_types import (
     DatasetsField,
     EvalsField,
@@ -34,6 +41,53 @@ from kiln_pants.target_types import (
     ValidationField,
     tokenizer_address,
 )
+
+
+async def _inferred(
+    owner: Address,
+    *,
+    caches: tuple[tuple[str, tuple[str, ...]], ...],
+    evals: Optional[EvalSuite],
+    model: tuple[str, Any],
+) -> InferredDependencies:
+    """The caches (each must be a `tokenized_cache`), the suite's local task files and the run a
+    model field names by address, as dependencies of `owner`."""
+    addresses = []
+    for alias, values in caches:
+        field_addresses = await Get(
+            Addresses,
+            UnparsedAddressInputs(
+                values,
+                owning_address=owner,
+                description_of_origin=f"the `{alias}` field of {owner}",
+            ),
+        )
+        # Unexpanded: a `files` generator must be reported as itself, not as its first file.
+        targets = await Get(UnexpandedTargets, Addresses, field_addresses)
+        for target in targets:
+            if not isinstance(target, TokenizedCacheTarget):
+                raise InvalidFieldException(
+                    f"The `{alias}` field in target {owner} refers to "
+                    f"{target.address}, a `{target.alias}` target; it must be a "
+                    "`tokenized_cache`."
+                )
+            addresses.append(target.address)
+    named = [(EvalsField.alias, evals.task_files)] if evals and evals.task_files else []
+    model_alias, model_value = model
+    if isinstance(model_value, CheckpointInit):  # the run it starts from or scores: built first
+        named.append((model_alias, model_value.address))
+    for alias, address in named:
+        addresses.extend(
+            await Get(
+                Addresses,
+                UnparsedAddressInputs(
+                    [address],
+                    owning_address=owner,
+                    description_of_origin=f"the `{alias}` field of {owner}",
+                ),
+            )
+        )
+    return InferredDependencies(addresses)
 
 
 @dataclass(frozen=True)
@@ -56,45 +110,38 @@ class InferLmCheckpointInputs(InferDependenciesRequest):
 @rule(desc="Inferring the inputs of an lm_checkpoint")
 async def infer_lm_checkpoint_inputs(request: InferLmCheckpointInputs) -> InferredDependencies:
     field_set = request.field_set
-    addresses = []
-    named = ((DatasetsField.alias, field_set.datasets.value.addresses),
-             (ValidationField.alias, tuple(field_set.validation.value or ())))  # fmt: skip
-    for alias, values in named:
-        field_addresses = await Get(
-            Addresses,
-            UnparsedAddressInputs(
-                values,
-                owning_address=field_set.address,
-                description_of_origin=f"the `{alias}` field of {field_set.address}",
-            ),
-        )
-        # Unexpanded: a `files` generator must be reported as itself, not as its first file.
-        targets = await Get(UnexpandedTargets, Addresses, field_addresses)
-        for target in targets:
-            if not isinstance(target, TokenizedCacheTarget):
-                raise InvalidFieldException(
-                    f"The `{alias}` field in target {field_set.address} refers to "
-                    f"{target.address}, a `{target.alias}` target; it must be a "
-                    "`tokenized_cache`."
-                )
-            addresses.append(target.address)
-    evals = field_set.evals.value
-    named = [(EvalsField.alias, evals.task_files)] if evals and evals.task_files else []
-    init_from = field_set.init_from.value
-    if isinstance(init_from, CheckpointInit):  # the run it starts from: built first
-        named.append((InitFromField.alias, init_from.address))
-    for alias, address in named:
-        addresses.extend(
-            await Get(
-                Addresses,
-                UnparsedAddressInputs(
-                    [address],
-                    owning_address=field_set.address,
-                    description_of_origin=f"the `{alias}` field of {field_set.address}",
-                ),
-            )
-        )
-    return InferredDependencies(addresses)
+    return await _inferred(
+        field_set.address,
+        caches=((DatasetsField.alias, field_set.datasets.value.addresses),
+                (ValidationField.alias, tuple(field_set.validation.value or ()))),
+        evals=field_set.evals.value,
+        model=(InitFromField.alias, field_set.init_from.value),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LmEvalRunInputsFieldSet(FieldSet):
+    required_fields = (EvalModelField, EvalSuiteField, EvalValidationField, LmEvalRunDependencies)
+
+    model: EvalModelField
+    evals: EvalSuiteField
+    validation: EvalValidationField
+    dependencies: LmEvalRunDependencies
+
+
+class InferLmEvalRunInputs(InferDependenciesRequest):
+    infer_from = LmEvalRunInputsFieldSet
+
+
+@rule(desc="Inferring the inputs of an lm_eval_run")
+async def infer_lm_eval_run_inputs(request: InferLmEvalRunInputs) -> InferredDependencies:
+    field_set = request.field_set
+    return await _inferred(
+        field_set.address,
+        caches=((EvalValidationField.alias, tuple(field_set.validation.value or ())),),
+        evals=field_set.evals.value,
+        model=(EvalModelField.alias, field_set.model.value),
+    )
 
 
 @dataclass(frozen=True)
@@ -129,5 +176,6 @@ def rules():
     return [
         *collect_rules(),
         UnionRule(InferDependenciesRequest, InferLmCheckpointInputs),
+        UnionRule(InferDependenciesRequest, InferLmEvalRunInputs),
         UnionRule(InferDependenciesRequest, InferTokenizerTarget),
     ]

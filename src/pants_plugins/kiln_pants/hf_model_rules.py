@@ -110,9 +110,10 @@ class CheckpointNotBuilt(Exception):
 
 @dataclass(frozen=True)
 class StoredCheckpointRequest:
-    export: Address
-    checkpoint: Artifact
+    export: Address  # what reads the checkpoint
+    checkpoint: Artifact  # an lm_checkpoint, or an hf_model an evaluation scores
     prefix: str  # the artifact store: a directory or a bucket URL
+    verb: str = "exports"  # what `export` does with it, for the message
 
     @property
     def path(self) -> str:
@@ -139,16 +140,17 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
         stored = await Get(StoredFiles, StoredFilesRequest(request.path, names))
         texts = tuple(stored.texts)
     state = recorded_state(checkpoint, *texts)
-    build = f"./pants run {checkpoint.address}"
+    goal = "run" if checkpoint.kind == LmCheckpointTarget.alias else "package"
+    build = f"./pants {goal} {checkpoint.address}"
     if state.status == "drift":
         raise CheckpointNotBuilt(
-            f"{request.export} exports {checkpoint.address}, but {request.path} holds another "
+            f"{request.export} {request.verb} {checkpoint.address}, but {request.path} holds another "
             f"configuration of {checkpoint.ref} ({state.detail}): bump the checkpoint's "
             f"`version` and build it with `{build}`."
         )
     if state.status != "built":
         raise CheckpointNotBuilt(
-            f"{request.export} exports {checkpoint.address} ({checkpoint.ref}), which is not "
+            f"{request.export} {request.verb} {checkpoint.address} ({checkpoint.ref}), which is not "
             f"built in the artifact store ({request.path}: {state.describe()}): build it with "
             f"`{build}`, then package again."
         )

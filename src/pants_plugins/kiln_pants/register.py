@@ -10,6 +10,7 @@ from kiln_pants import (
     cache_spec,
     compare,
     dependency_inference,
+    eval_rules,
     hf_model_rules,
     hub_settings,
     mixture_budget,
@@ -23,6 +24,7 @@ from kiln_pants import (
     training_cost,
 )
 from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
+from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_targets import HfModelTarget
 from kiln_pants.sweeps import LmSweepMacro
 from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
@@ -35,7 +37,7 @@ def build_file_aliases() -> BuildFileAliases:
 
 
 def target_types():
-    return [*ARTIFACT_TARGET_TYPES, HfModelTarget]
+    return [*ARTIFACT_TARGET_TYPES, HfModelTarget, LmEvalRunTarget]
 
 
 def rules():
@@ -49,6 +51,7 @@ def rules():
         *cache_spec.rules(),
         *compare.rules(),
         *dependency_inference.rules(),
+        *eval_rules.rules(),
         *hf_model_rules.rules(),
         *hub_settings.rules(),
         *package.rules(),

@@ -126,7 +126,7 @@ class ArtifactNameField(StringField):
         return value
 
 
-class _PositiveIntField(IntField):
+class PositiveIntField(IntField):
     required = True
     value: int
 
@@ -152,7 +152,7 @@ class _NameField(StringField):
         return value
 
 
-def _refuse_invalid_call(alias: str, address: Address, value: Any) -> None:
+def refuse_invalid_call(alias: str, address: Address, value: Any) -> None:
     """A helper call that failed in the BUILD file fails the target that holds its value."""
     if isinstance(value, InvalidHelperCall):
         raise InvalidFieldException(value.describe(alias, address))
@@ -168,7 +168,7 @@ class _SymbolField(Field):
     @classmethod
     def compute_value(cls, raw_value: Optional[Any], address: Address) -> Any:
         value = super().compute_value(raw_value, address)
-        _refuse_invalid_call(cls.alias, address, value)
+        refuse_invalid_call(cls.alias, address, value)
         if value is not None and not isinstance(value, cls.symbol_type):
             raise InvalidFieldTypeException(
                 address, cls.alias, value, expected_type=f"a `{cls.helper_name}` object"
@@ -207,7 +207,7 @@ class CacheSourceField(Field):
         cls, raw_value: Optional[Any], address: Address
     ) -> Union[str, LevanterCacheSource, UrlFilesSource, None]:
         value = super().compute_value(raw_value, address)
-        _refuse_invalid_call(cls.alias, address, value)
+        refuse_invalid_call(cls.alias, address, value)
         if value is None or isinstance(value, HELPER_SOURCES):
             return value
         if not isinstance(value, str):
@@ -329,14 +329,14 @@ class TextKeyField(_NameField):
     help = "The key holding each document's text in jsonl/parquet/Hugging Face records."
 
 
-class MaxDocumentCharsField(_PositiveIntField):
+class MaxDocumentCharsField(PositiveIntField):
     alias = "max_document_chars"
     required = False
     default = 1_000_000
     help = "Documents longer than this many characters are an error (not silently truncated)."
 
 
-class NumShardsField(_PositiveIntField):
+class NumShardsField(PositiveIntField):
     alias = "num_shards"
     required = False
     default = 1
@@ -346,7 +346,7 @@ class NumShardsField(_PositiveIntField):
     )
 
 
-class MaxTokensField(_PositiveIntField):
+class MaxTokensField(PositiveIntField):
     alias = "max_tokens"
     required = False
     value: Optional[int]  # type: ignore[assignment]
@@ -605,17 +605,17 @@ class ValidationField(StringSequenceField):
     )
 
 
-class BatchSizeField(_PositiveIntField):
+class BatchSizeField(PositiveIntField):
     alias = "batch_size"
     help = "Training batch size, in sequences."
 
 
-class SeqLenField(_PositiveIntField):
+class SeqLenField(PositiveIntField):
     alias = "seq_len"
     help = "Sequence length of the packed training windows; at most the model's `max_seq_len`."
 
 
-class NumTrainStepsField(_PositiveIntField):
+class NumTrainStepsField(PositiveIntField):
     alias = "num_train_steps"
     help = "Total number of optimizer steps."
 
@@ -656,7 +656,7 @@ class ResourcesField(_SymbolField):
     )
 
 
-class PerDeviceParallelismField(_PositiveIntField):
+class PerDeviceParallelismField(PositiveIntField):
     alias = "per_device_parallelism"
     required = False
     value: Optional[int]  # type: ignore[assignment]  # None: the whole per-device batch
@@ -810,7 +810,7 @@ class TemporaryBasePathField(StringField):
         return value
 
 
-class CheckpointEveryField(_PositiveIntField):
+class CheckpointEveryField(PositiveIntField):
     alias = "checkpoint_every"
     required = False
     default = 10000
@@ -858,7 +858,7 @@ class InitFromField(Field):
         cls, raw_value: Optional[Any], address: Address
     ) -> Union[HfModelSource, CheckpointInit, None]:
         value = super().compute_value(raw_value, address)
-        _refuse_invalid_call(cls.alias, address, value)
+        refuse_invalid_call(cls.alias, address, value)
         if isinstance(value, str) and value.startswith(("//", ":")):
             return CheckpointInit(value)
         if value is not None and not isinstance(value, (HfModelSource, CheckpointInit)):
@@ -943,7 +943,7 @@ ARTIFACT_TARGET_TYPES = (TokenizedCacheTarget, LmCheckpointTarget)
 
 # Where each artifact kind's default `artifact_name` lives in the store.
 DEFAULT_ARTIFACT_FOLDERS = {"tokenized_cache": "tokenized", "lm_checkpoint": "checkpoints",
-                            "hf_model": "hf"}  # fmt: skip
+                            "hf_model": "hf", "lm_eval_run": "evals"}  # fmt: skip
 
 
 def check_default_artifact_name(target: Target) -> None:

@@ -16,6 +16,10 @@
       scores each transformers Llama folder with the lm-eval tasks and validation caches a
       training run evaluates itself with (same code, same metric names) and prints a table with
       a column per folder; --out also writes every metric as JSON.
+  eval-artifact OUT --record RECORD.json --prefix PREFIX [--validation NAME=CACHE ...]
+       [--task-files DIR ...]
+      an lm_eval_run target's build (kiln.interop.eval_artifact): the evaluation its record
+      describes, into OUT in the artifact store at PREFIX; served when built.
 
 Exit codes: 0 done; 1 bad input (a one-paragraph message naming what differs, no traceback).
 """
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             return _export(args)
         if args.command == "eval":
             return _eval(args)
+        if args.command == "eval-artifact":
+            return _eval_artifact(args)
         return _import(args)
     except InteropError as e:
         print(f"kiln.interop: error: {e}", file=sys.stderr)
@@ -113,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the vocabulary to check against (default: the folder's own)",
     )
     _add_eval_parser(commands)
+    _add_eval_artifact_parser(commands)
     return parser
 
 
@@ -187,6 +194,29 @@ def _add_eval_parser(commands: Any) -> None:
                           help="write all metrics as JSON")
 
 
+def _add_eval_artifact_parser(commands: Any) -> None:
+    built = commands.add_parser("eval-artifact", help="an lm_eval_run's build, into the store")
+    built.add_argument("out", help="the evaluation's folder in the store (a path or a URL)")
+    built.add_argument("--record", type=Path, required=True, metavar="RECORD.json")
+    built.add_argument("--prefix", required=True, help="the artifact store its model is in")
+    built.add_argument(
+        "--validation", type=parse_validation, action="append", default=[],
+        metavar="NAME=CACHE", help="where each validation cache of the record is (repeatable)",
+    )  # fmt: skip
+    built.add_argument("--task-files", type=Path, action="append", default=[], metavar="DIR",
+                       help="a folder of the suite's local lm-eval task YAML (repeatable)")
+
+
+def _eval_artifact(args: argparse.Namespace) -> int:
+    from kiln.artifacts.store import open_store
+    from kiln.interop.eval_artifact import evaluate_artifact
+
+    task_paths = tuple(str(folder.resolve()) for folder in args.task_files)
+    print(evaluate_artifact(args.out, args.record, open_store(args.prefix),
+                            tuple(args.validation), task_paths))  # fmt: skip
+    return 0
+
+
 def _location(text: str) -> str | Path:
     """A folder, or an s3:// or gs:// URL (exports into and from the artifact store)."""
     return text.rstrip("/") if "://" in text else Path(text)
@@ -206,7 +236,7 @@ def _export(args: argparse.Namespace) -> int:
         return 0
     from kiln.interop.errors import InteropError
     from kiln.interop.export import export_run
-    from kiln.interop.store_export import local_run
+    from kiln.interop.store_artifact import local_run
 
     if not isinstance(args.out, Path):
         raise InteropError(

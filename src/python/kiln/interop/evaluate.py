@@ -11,7 +11,7 @@ kiln.train.step.make_eval_step. So its metrics carry the names and meaning of a 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,17 +59,33 @@ def evaluate_hf_llama(
     """The metrics of the Llama in `folder` (its own tokenizer, or the one in `tokenizer_dir`).
     Refuses a folder that is not a plain Llama, a validation cache of another tokenizer or
     shorter than one window, and a task that cannot run, before any weights are read."""
-    from kiln.train.mesh import make_mesh
-
     folder = Path(folder)
     config = read_hf_config(folder)  # a model Kiln cannot compute is refused before anything else
     tokenizer = load_folder_tokenizer(tokenizer_dir or folder)
-    caches = open_validation_caches(request.validation, tokenizer, model_folder=folder)
-    seq_len = window_length(request, config, folder)
+    return evaluate_model(
+        config, lambda: read_hf_llama(folder, tokenizer=tokenizer.info), tokenizer, request,
+        where=folder,
+    )  # fmt: skip
+
+
+def evaluate_model(
+    config: LlamaConfig,
+    load: Callable[[], ImportedLlama],
+    tokenizer: Any,
+    request: EvalRequest,
+    *,
+    where: Path,
+) -> dict[str, float]:
+    """The metrics of a model of `config`, whose weights `load` reads once every cache and task
+    is known to be usable; `where` names the model in errors."""
+    from kiln.train.mesh import make_mesh
+
+    caches = open_validation_caches(request.validation, tokenizer, model_folder=where)
+    seq_len = window_length(request, config, where)
     sets = validation_sets(caches, tokenizer.info, seq_len, request)
     if request.suite is not None:
         check_suite(request.suite, model_max_length=config.max_seq_len)
-    model = read_hf_llama(folder, tokenizer=tokenizer.info)
+    model = load()
     mesh = make_mesh({"data": -1})
     graphdef, params = placed_model(model, mesh, request.compute_dtype)
     metrics: dict[str, float] = {}

@@ -13,9 +13,7 @@ checkpoint, its tokenizer the run's.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from kiln.artifacts.folder import ArtifactFolder
@@ -24,7 +22,7 @@ from kiln.interop.errors import InteropError
 from kiln.interop.hub import check_architecture
 from kiln.interop.llama_weights import Params
 from kiln.interop.read import read_hf_config, read_hf_llama
-from kiln.interop.store_export import local_run
+from kiln.interop.store_artifact import local_folder, local_run
 from kiln.interop.trained_run import TrainedRun
 from kiln.model.config import LlamaConfig
 from kiln.train.checkpoints import CheckpointInfo, check_intact
@@ -37,7 +35,7 @@ def parent_params(
     """The parent's weights as the parameter tree of Llama(model_config), float32."""
     folder = built_parent(store, parent)
     if parent.kind == "hf_model":
-        with _local_copy(folder) as local:
+        with local_folder(folder) as local:
             check_architecture(read_hf_config(local), model_config, parent)
             params: Params = read_hf_llama(local, tokenizer=tokenizer).params
             return params
@@ -117,15 +115,3 @@ def _check_tokenizer(run: TrainedRun, tokenizer: Any, parent: ParentRun) -> None
             f"({recorded.get('vocab_size')} tokens), not this run's {tokenizer.name!r} "
             f"({tokenizer.vocab_size} tokens): a run continues in its parent's vocabulary"
         )
-
-
-@contextlib.contextmanager
-def _local_copy(folder: ArtifactFolder) -> Iterator[Path]:
-    """An export's folder on this machine: itself, or a download of its files from a bucket."""
-    if folder.store.local_root is not None:
-        yield Path(folder.location())
-        return
-    with tempfile.TemporaryDirectory(prefix="kiln-init-from-") as local:
-        for name in folder.store.keys(folder.key):
-            folder.store.download(folder.child(name), Path(local) / name)
-        yield Path(local)

@@ -1,0 +1,145 @@
+"""Building an `lm_eval_run`: `pants package experiments:X_eval` (and `pants build`) scores its
+model with `python -m kiln.interop eval-artifact` into the artifact store at
+`{prefix}/{name}/{version}` (kiln.interop.eval_artifact).
+
+As for an `hf_model`, the store is the cache: the process runs every session (a finished
+evaluation with the same fingerprint is a no-op in it, another fingerprint is refused) and
+`dist/` gets a manifest pointing at the store. A run or export it scores must be built in the
+store first; its validation caches are built as any run's are (inline ones travel with the
+process, store ones are read where they are).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+from pants.backend.python.subsystems.setup import PythonSetup
+from pants.base.build_root import BuildRoot
+from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
+from pants.core.util_rules.source_files import SourceFiles
+from pants.engine.addresses import Addresses
+from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
+from pants.engine.fs import CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
+from pants.engine.process import Process, ProcessCacheScope, ProcessResult
+from pants.engine.rules import Get, MultiGet, collect_rules, rule
+from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.engine.unions import UnionRule
+from pants.util.frozendict import FrozenDict
+
+from kiln_contract.step import Provenance
+from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest, ReferencedFilesRequest
+from kiln_pants.artifact_store import (
+    STORE_ENVIRONMENT,
+    DepFailedMarked,
+    DepFailedMarks,
+    artifact_path,
+    artifact_record,
+)
+from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
+from kiln_pants.hf_model_rules import RECORD_INPUT, StoredCheckpoint, StoredCheckpointRequest
+from kiln_pants.package import MANIFEST_FILE
+from kiln_pants.runtime import EXPORT, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.subsystem import KilnSubsystem
+from kiln_pants.target_types import CacheStorageField, EvalNameField
+from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cache_location
+
+
+@dataclass(frozen=True)
+class LmEvalRunPackageFieldSet(PackageFieldSet):
+    required_fields = (EvalModelField,)
+
+    model: EvalModelField
+    evals: EvalSuiteField
+
+
+@rule(desc="Packaging an lm_eval_run")
+async def package_lm_eval_run(
+    field_set: LmEvalRunPackageFieldSet,
+    kiln: KilnSubsystem,
+    build_root: BuildRoot,
+    python_setup: PythonSetup,
+) -> BuiltPackage:
+    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
+    artifact = graph.get(field_set.address)
+    prefix = kiln.prefix_location(build_root.path)
+    if artifact.parent is not None:  # fails in seconds, saying how to build it, when it is not
+        await Get(
+            StoredCheckpoint,
+            StoredCheckpointRequest(
+                field_set.address, graph.get(artifact.parent), prefix, verb="scores"
+            ),
+        )
+    caches = [graph.get(a) for a in artifact.cache_inputs]
+    wrapped_caches = await MultiGet(
+        Get(WrappedTarget, WrappedTargetRequest(c.address, description_of_origin="<kiln eval>"))
+        for c in caches
+    )
+    runtime, lockfile, environment, placed = await MultiGet(
+        Get(Runtime, RuntimeRequest(*EXPORT)),
+        Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
+        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
+        Get(CachesAsInputs, CachesAsInputsRequest(Addresses(artifact.cache_inputs))),
+    )
+    suite = field_set.evals.value
+    task_files = (
+        await Get(SourceFiles, ReferencedFilesRequest(field_set.address, suite.task_files, "evals"))
+        if suite and suite.task_files
+        else None
+    )
+    provenance = Provenance(
+        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
+    )
+    inputs = caches + ([graph.get(artifact.parent)] if artifact.parent is not None else [])
+    record = {
+        **artifact_record(artifact, inputs).to_json(),
+        "provenance": dataclasses.asdict(provenance),
+    }
+    record_digest = await Get(
+        Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
+    )
+    validation = []
+    for cache, wrapped in zip(caches, wrapped_caches):
+        in_store = wrapped.target[CacheStorageField].value == "store"
+        where = artifact_path(prefix, cache) if in_store else cache_location(cache)
+        validation += ["--validation", f"{wrapped.target[EvalNameField].value}={where}"]
+    task_dirs = sorted({os.path.dirname(f) for f in task_files.files if f.endswith(".yaml")}) \
+        if task_files else []  # fmt: skip
+    out = artifact_path(prefix, artifact)
+    in_bucket = "://" in prefix
+    if in_bucket or os.path.exists(out):  # a `pants build` whose model failed marked it
+        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
+    digests = [record_digest, placed.digest, *([task_files.snapshot.digest] if task_files else [])]
+    process = await Get(
+        Process,
+        RuntimeProcess(
+            runtime,
+            argv=(
+                "eval-artifact", out, "--record", RECORD_INPUT, "--prefix", prefix, *validation,
+                *(arg for folder in task_dirs for arg in ("--task-files", folder)),
+            ),
+            description=f"Evaluating {artifact.ref}",
+            input_digest=await Get(Digest, MergeDigests(digests)),
+            output_directories=(),
+            # The store is the cache: the evaluation skips itself when built, and can be deleted
+            # behind Pants' back, so a cached "done" could point at nothing.
+            cache_scope=ProcessCacheScope.PER_SESSION,
+            # A bucket's clients find their credentials and endpoint in the caller's environment.
+            env=FrozenDict(environment if in_bucket else {}),
+        ),
+    )  # fmt: skip
+    await Get(ProcessResult, Process, process)
+    manifest = {"store_path": out, "fingerprint": artifact.fingerprint}
+    digest = await Get(
+        Digest,
+        CreateDigest(
+            [FileContent(f"{artifact.folder}/{MANIFEST_FILE}", json.dumps(manifest).encode())]
+        ),
+    )
+    return BuiltPackage(digest, (BuiltPackageArtifact(artifact.folder),))
+
+
+def rules():
+    return [*collect_rules(), UnionRule(PackageFieldSet, LmEvalRunPackageFieldSet)]

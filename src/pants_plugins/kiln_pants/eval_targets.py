@@ -1,0 +1,154 @@
+"""The `lm_eval_run` target type: a model scored on an eval suite and validation caches, as an
+artifact of its own (docs/evals.md). Its identity is the model's (a run of the graph at a step,
+an export, or published weights), the suite's and the validation caches' fingerprints, and how
+the windows are cut (`artifact_graph.py`); `eval_rules.py` builds it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+from pants.engine.addresses import Address
+from pants.engine.target import (
+    COMMON_TARGET_FIELDS,
+    Dependencies,
+    Field,
+    InvalidFieldException,
+    InvalidFieldTypeException,
+    Target,
+)
+
+from kiln_contract.train import HfModelSource
+from kiln_pants.build_symbols import CheckpointInit
+from kiln_pants.target_types import (
+    ArtifactNameField,
+    ArtifactVersionField,
+    ComputeDtypeField,
+    EvalsField,
+    PositiveIntField,
+    SeqLenField,
+    ValidationField,
+    check_default_artifact_name,
+    refuse_invalid_call,
+)
+
+
+class EvalArtifactNameField(ArtifactNameField):
+    help = (
+        "The evaluation's name in the artifact store, e.g. `evals/quickstart`; it may contain "
+        "`/`. Defaults to `evals/<target name>`."
+    )
+
+
+class EvalModelField(Field):
+    alias = "model"
+    required = True
+    value: Union[HfModelSource, CheckpointInit]
+    help = (
+        "The model scored: a run of the graph by address, `model=':quickstart'` (its final "
+        "checkpoint) or `from_checkpoint(':quickstart', step=200)`; an `hf_model` export's "
+        "address; or published weights, `hf_model_source('org/model', revision='COMMIT')` or "
+        "a folder's absolute path. A run or export is a dependency, built first."
+    )
+
+    @classmethod
+    def compute_value(
+        cls, raw_value: Optional[Any], address: Address
+    ) -> Union[HfModelSource, CheckpointInit]:
+        value = super().compute_value(raw_value, address)
+        refuse_invalid_call(cls.alias, address, value)
+        if isinstance(value, str) and value.startswith(("//", ":")):
+            return CheckpointInit(value)
+        if isinstance(value, CheckpointInit) and value.optimizer_state:
+            raise InvalidFieldException(
+                f"The `model` field in target {address}: an evaluation reads weights only; "
+                "remove `optimizer_state`."
+            )
+        if not isinstance(value, (HfModelSource, CheckpointInit)):
+            raise InvalidFieldTypeException(
+                address, cls.alias, value,
+                expected_type="the address of an lm_checkpoint or hf_model (':run'), a "
+                "`from_checkpoint(...)` or an `hf_model_source(...)` object",
+            )  # fmt: skip
+        return value
+
+
+class EvalSeqLenField(SeqLenField):
+    help = "The length of the validation windows; at most the model's `max_seq_len`."
+
+
+class EvalBatchSizeField(PositiveIntField):
+    alias = "batch_size"
+    help = "Validation windows per batch (a run reports what it scores with its own batch size)."
+
+
+class EvalBatchesField(Field):
+    alias = "max_eval_batches"
+    default = None
+    value: Optional[int]
+    help = (
+        "Validation batches per cache: a number, or None for each whole cache. Part of the "
+        "identity: it decides which windows are scored."
+    )
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[int]:
+        value = super().compute_value(raw_value, address)
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            return value
+        raise InvalidFieldException(
+            f"The `max_eval_batches` field in target {address} must be a whole number > 0 or "
+            f"None; got {value!r}."
+        )
+
+
+class EvalComputeDtypeField(ComputeDtypeField):
+    default = "float32"
+
+
+class EvalValidationField(ValidationField):
+    required = False
+    default = ()
+    help = "The `tokenized_cache` addresses whose loss and bits-per-byte are scored."
+
+
+class EvalSuiteField(EvalsField):
+    required = False
+    default = None
+    help = "The lm-eval suite scored, as `eval_suite([...], every=1)`; None for validation only."
+
+
+class LmEvalRunDependencies(Dependencies):
+    pass
+
+
+class LmEvalRunTarget(Target):
+    alias = "lm_eval_run"
+    core_fields = (
+        *COMMON_TARGET_FIELDS,
+        EvalArtifactNameField,
+        ArtifactVersionField,
+        EvalModelField,
+        EvalSuiteField,
+        EvalValidationField,
+        EvalSeqLenField,
+        EvalBatchSizeField,
+        EvalBatchesField,
+        EvalComputeDtypeField,
+        LmEvalRunDependencies,
+    )
+    help = (
+        "A model scored on an eval suite and validation caches (Marin's eval steps): a run of the "
+        "graph, an export or published weights, with the code and metric names training reports "
+        "(`lm_eval/TASK/acc`, `eval/NAME/loss`, `eval/NAME/bpb`). `pants package` (or `pants "
+        "build`) writes `results.json` into the artifact store at `{prefix}/{artifact_name}/"
+        "{version}`; `pants compare` puts it beside runs."
+    )
+
+    def validate(self) -> None:
+        if self[EvalSuiteField].value is None and not self[EvalValidationField].value:
+            raise InvalidFieldException(
+                f"The `lm_eval_run` target {self.address} scores nothing: give it `evals`, "
+                "`validation` or both."
+            )
+        check_default_artifact_name(self)
