@@ -1,9 +1,11 @@
-"""`pants compare <targets>`: the runs of checkpoints side by side, e.g. a sweep's.
+"""`pants compare <targets>`: the runs of checkpoints side by side, e.g. a sweep's, and
+evaluations (`lm_eval_run`) beside them.
 
 Runs `python -m kiln.report compare` (kiln.report.compare) on the checkpoints' folders in the
 local artifact store, as a process that is never cached beyond this run (the store changes
 behind Pants' back), given each run's name and identity so that a run not built yet keeps its
-row. Prints the table and writes `dist/compare/NAME/compare.csv` and `compare.png`.
+row. Prints the table and writes `dist/compare/NAME/compare.csv`, `compare.png` and the runs'
+loss curves, `curves.png`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pants.util.frozendict import FrozenDict
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
 from kiln_pants.build import BuildRoots, BuildRootsRequest
+from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.runtime import REPORT, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget
@@ -38,8 +41,10 @@ class CompareSubsystem(GoalSubsystem):
     name = "compare"
     help = (
         "Compare checkpoints' runs (a sweep): a table of the fields they vary and their losses, "
-        "evals, tokens, FLOPs and wall time, written to dist/compare/NAME/compare.csv with a "
-        "plot of validation loss against training FLOPs (compare.png)."
+        "evals, tokens, FLOPs and wall time (evaluations beside them), written to "
+        "dist/compare/NAME/compare.csv with a plot of validation loss against training FLOPs "
+        "(compare.png) and the runs' train and validation loss against step and tokens "
+        "(curves.png)."
     )
 
     metric = StrOption(
@@ -67,9 +72,12 @@ async def compare(
     roots = await Get(BuildRoots, BuildRootsRequest(addresses))
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(roots.addresses))
     asked = set(roots.addresses)
-    runs = [a for a in graph if a.address in asked and a.kind == LmCheckpointTarget.alias]
+    kinds = (LmCheckpointTarget.alias, LmEvalRunTarget.alias)
+    runs = [a for a in graph if a.address in asked and a.kind in kinds]
     if not runs:
-        console.print_stderr("No lm_checkpoint targets given (a sweep, or checkpoints).")
+        console.print_stderr(
+            "No lm_checkpoint or lm_eval_run targets given (a sweep, checkpoints, evaluations)."
+        )
         return Compare(exit_code=1)
     prefix = kiln.prefix_location(build_root.path)  # a folder or a bucket: read by the runtime
     listed = [{"name": a.ref, "folder": artifact_path(prefix, a), "identity": a.identity}

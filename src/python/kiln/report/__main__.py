@@ -1,8 +1,8 @@
 """`python -m kiln.report RUN_DIR`: print the run's metrics table (see kiln.report.table).
 
 `python -m kiln.report compare RUN_DIR... [--runs FILE] [--out DIR] [--metric KEY]`: the runs
-side by side (kiln.report.compare), as a table, `DIR/compare.csv` and `DIR/compare.png`
-(kiln.report.compare_plot). `--runs` names runs by a JSON list of `{"name", "folder",
+side by side (kiln.report.compare), as a table, `DIR/compare.csv`, `DIR/compare.png`
+(kiln.report.compare_plot) and their loss curves, `DIR/curves.png` (kiln.report.curves). `--runs` names runs by a JSON list of `{"name", "folder",
 "identity"}` (what `pants compare` writes), so that a run with no folder yet keeps its row.
 """
 
@@ -25,6 +25,7 @@ from kiln.report.compare import (
     table,
 )
 from kiln.report.compare_plot import PLOT_FILE, plot_comparison
+from kiln.report.curves import CURVES_FILE, plot_curves
 from kiln.report.metrics_log import MetricsError
 from kiln.report.table import format_report
 
@@ -70,7 +71,10 @@ def compare(argv: list[str]) -> int:
     atomic_write_bytes(args.out / CSV_FILE, csv_text(header, cells).encode())
     metric = args.metric or _default_metric(rows)
     shown = plot_comparison(rows, metric, args.out)
+    curves = plot_curves(rows, metric, args.out)
     print(f"\nwrote {args.out / CSV_FILE} and {args.out / PLOT_FILE}: {shown}")
+    print(f"wrote {args.out / CURVES_FILE}: train loss and {metric} of {curves} run(s) against "
+          "step and training tokens")  # fmt: skip
     not_built = [row for row in rows if not row.built]
     if not_built:
         print(f"{len(not_built)} of {len(rows)} run(s) not built: " + ", ".join(

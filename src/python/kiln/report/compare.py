@@ -2,7 +2,8 @@
 
 One row per run: the identity fields in which the runs differ (the sweep's grid), final train
 loss, each validation set's loss and bits-per-byte, eval scores, tokens, training FLOPs and wall
-time, read from each checkpoint's folder (artifact.json, summary.json, config.json). A run not
+time, read from each checkpoint's folder (artifact.json, summary.json, config.json). An
+evaluation's folder (an `lm_eval_run`) is a row of its scores (results.json), beside the runs. A run not
 built yet (no STATUS SUCCESS) keeps its row, marked with its state, its numbers blank. The table
 is printed and written as CSV; kiln.report.compare_plot draws validation loss against FLOPs.
 """
@@ -18,10 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.artifacts.folder import ArtifactFolder
-from kiln_contract.layout import RECORD_FILE, RUN_CONFIG_FILE, RUN_SUMMARY_FILE, SUCCESS
+from kiln_contract.layout import (
+    EVAL_RESULTS_FILE,
+    RECORD_FILE,
+    RUN_CONFIG_FILE,
+    RUN_SUMMARY_FILE,
+    SUCCESS,
+)
 from kiln_contract.llama import LlamaArchitecture, flops_per_token
 
 CSV_FILE = "compare.csv"
+EVAL_KIND = "lm_eval_run"  # an evaluation's record kind: a row of scores beside the runs
 # Identity fields that name the inputs rather than choose the run; a differing fingerprint of
 # an input shows as the input's own field.
 _SKIPPED = ("kind", "format")
@@ -39,6 +47,11 @@ class RunRow:
     @property
     def built(self) -> bool:
         return self.state == "built"
+
+    @property
+    def is_evaluation(self) -> bool:
+        """An evaluation's row (its scores), not a run's: it varies no field of the runs'."""
+        return self.identity.get("kind") == EVAL_KIND
 
     @property
     def tokens(self) -> int | None:
@@ -71,6 +84,9 @@ def read_run(location: str, name: str | None = None, identity: dict[str, Any] | 
     status = folder.status()
     if status != SUCCESS:
         return RunRow(label, location, status or "not built", identity)
+    if record.get("kind") == EVAL_KIND:  # an evaluation: its scores, no training
+        results = _json(folder, EVAL_RESULTS_FILE) or {}
+        return RunRow(label, location, "built", identity, dict(results.get("metrics", {})))
     config = _json(folder, RUN_CONFIG_FILE) or {}
     vocab = (config.get("model") or {}).get("vocab_size")
     summary = _json(folder, RUN_SUMMARY_FILE) or {}
@@ -111,7 +127,7 @@ def _input_text(item: Any) -> str:
 
 def varied_fields(rows: list[RunRow]) -> list[str]:
     """The identity fields whose values differ between the runs, in identity order."""
-    flats = [flat(row.identity) for row in rows]
+    flats = [flat(row.identity) for row in rows if not row.is_evaluation]
     keys = list(dict.fromkeys(k for f in flats for k in f))
     return [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flats}) > 1]
 
@@ -120,11 +136,11 @@ def in_grid_order(rows: list[RunRow]) -> list[RunRow]:
     """The rows ordered by the fields they vary, numbers by value (d64 before d128)."""
     varied = varied_fields(rows)
 
-    def key(row: RunRow) -> list[tuple[int, float, str]]:
+    def key(row: RunRow) -> tuple[bool, list[tuple[int, float, str]]]:
         values = flat(row.identity)
-        return [_order(values.get(field)) for field in varied]
+        return row.is_evaluation, [_order(values.get(field)) for field in varied]
 
-    return sorted(rows, key=key)
+    return sorted(rows, key=key)  # evaluations after the runs
 
 
 def _order(value: Any) -> tuple[int, float, str]:
@@ -150,7 +166,7 @@ def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
     header = ["run", *varied, "state", "train/loss", *metrics, "tokens", "FLOPs", "wall time"]
     cells = []
     for row in rows:
-        values = flat(row.identity)
+        values = {} if row.is_evaluation else flat(row.identity)
         cells.append([
             row.name,
             *(_cell(values.get(key)) for key in varied),

@@ -67,7 +67,7 @@ def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def plot_comparison(rows: list[RunRow], metric: str, out_dir: Path) -> str:
     """Draws the plot into `out_dir`/compare.png; what it shows, in one line."""
-    built = [r for r in rows if r.built and r.metric(metric) is not None]
+    built = [r for r in rows if r.built and not r.is_evaluation and r.metric(metric) is not None]
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()

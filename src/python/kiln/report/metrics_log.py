@@ -30,9 +30,15 @@ class MetricsError(ValueError):
 
 def _parse_lines(path: Path) -> list[Record]:
     try:
-        lines = path.read_text().splitlines()
+        text = path.read_text()
     except FileNotFoundError:
         raise MetricsError(f"{path} does not exist: has this run logged any steps?") from None
+    return parse_metrics(text, str(path))
+
+
+def parse_metrics(text: str, path: str) -> list[Record]:
+    """The records of a metrics.jsonl's text (`path` names it in errors), in file order."""
+    lines = text.splitlines()
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -52,8 +58,13 @@ def _parse_lines(path: Path) -> list[Record]:
 def read_metrics(path: Path) -> list[Record]:
     """One record per step, in step order. Lines with the same step are merged, later values
     winning: an eval line shares its step with a train line, and a resumed run may re-log a step."""
+    return by_step(_parse_lines(Path(path)), str(path))
+
+
+def by_step(records: list[Record], path: str) -> list[Record]:
+    """`records` merged into one per step, in step order (read_metrics)."""
     by_step: dict[int, Record] = {}
-    for record in _parse_lines(Path(path)):
+    for record in records:
         step = record.get("step")
         if not isinstance(step, int):
             raise MetricsError(f"{path}: a line has no integer 'step': {str(record)[:120]}")

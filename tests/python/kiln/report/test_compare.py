@@ -44,6 +44,22 @@ def write_run(store: Path, name: str, ident: dict, loss: float | None, status: s
                    "lm_eval/mc/acc": 0.25, "wall_time_seconds": 75.0}  # fmt: skip
         (folder / "summary.json").write_text(json.dumps(summary))
         (folder / "config.json").write_text(json.dumps({"model": {**ident["model"], "vocab_size": VOCAB}}))
+        lines = [{"step": s, "train/loss": loss + 2.0 / s} for s in range(1, 11)]
+        lines += [{"step": s, "eval/val/loss": loss + 1.0 / s} for s in (5, 10)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return folder
+
+
+def write_evaluation(store: Path, loss: float) -> Path:
+    """An lm_eval_run's folder: its record and scores."""
+    folder = store / "evals/s-d256-eval/2026.12.02"
+    folder.mkdir(parents=True)
+    record = {"kind": "lm_eval_run", "name": "evals/s-d256-eval", "version": "2026.12.02",
+              "identity": {"kind": "lm_eval_run", "model": {"kind": "lm_checkpoint"}}}  # fmt: skip
+    (folder / "artifact.json").write_text(json.dumps(record))
+    results = {"model": "checkpoints/s-d256@2026.12.02", "metrics": {"eval/val/loss": loss}}
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "STATUS").write_text("SUCCESS\n")
     return folder
 
 
@@ -91,20 +107,24 @@ def test_the_command_writes_the_table_csv_and_plot(tmp_path: Path) -> None:
     runs = tmp_path / "runs.json"
     runs.write_text(json.dumps([{"name": "checkpoints/s-d512@2026.12.02",
                                  "folder": str(tmp_path / "none"), "identity": identity(512, 1e-3)}]))  # fmt: skip
+    evaluation = write_evaluation(tmp_path, 4.4)
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "kiln.report", "compare", *map(str, folders), "--runs", str(runs),
-         "--out", str(out)],
+        [sys.executable, "-m", "kiln.report", "compare", *map(str, folders), str(evaluation),
+         "--runs", str(runs), "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "eval/val/loss against training FLOPs; fitted to the frontier: L(C) = " in result.stdout
-    assert "1 of 5 run(s) not built: checkpoints/s-d512@2026.12.02 (not built)" in result.stdout
+    assert "1 of 6 run(s) not built: checkpoints/s-d512@2026.12.02 (not built)" in result.stdout
+    # The curves of the four runs with metrics; the evaluation and the unbuilt run have none.
+    assert "curves.png: train loss and eval/val/loss of 4 run(s) against step" in result.stdout
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["model.hidden_dim"] for r in rows] == ["32", "64", "128", "256", "512"]
-    assert [r["eval/val/loss"] for r in rows] == ["6", "5.2", "4.7", "4.5", ""]
-    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [r["run"] for r in rows][-1] == "evals/s-d256-eval@2026.12.02"
+    assert [r["eval/val/loss"] for r in rows] == ["6", "5.2", "4.7", "4.5", "", "4.4"]
+    for name in ("compare.png", "curves.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.usefixtures("s3_server")
