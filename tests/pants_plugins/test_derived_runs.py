@@ -266,3 +266,22 @@ def test_an_evaluation_of_nothing_or_of_a_cache_is_refused(rule_runner: RuleRunn
     with pytest.raises(ExecutionError, match=r"The `model` field in target exp:base_eval refers "
                        r"to exp:train, which is neither an `lm_checkpoint` nor an `hf_model`"):
         eval_graph(rule_runner, '":train"')
+
+
+def test_plan_json_gives_ci_each_artifact_state_fingerprint_and_path(
+    plan_rule_runner: RuleRunner, tmp_path
+) -> None:
+    g = graph(plan_rule_runner, build_file('":base"'))
+    args = ["--plan-json", f"--kiln-prefix={tmp_path}", "exp:cooldown"]
+    result = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert result.exit_code == 0
+    plan = json.loads(result.stdout)
+    assert plan["store"] == str(tmp_path) and plan["problems"] == []
+    cooldown = plan["artifacts"][-1]
+    assert cooldown == {
+        "address": "exp:cooldown", "kind": "lm_checkpoint", "ref": "checkpoints/cooldown@2026.12.02",
+        "fingerprint": g.get(COOLDOWN).fingerprint,
+        "path": f"{tmp_path}/checkpoints/cooldown/2026.12.02", "state": "would run", "detail": None,
+        "inputs": ["exp:train", "exp:base"],
+    }  # fmt: skip
+    assert [a["address"] for a in plan["artifacts"]] == ["exp:train", "exp:base", "exp:cooldown"]

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from collections.abc import Mapping
+from typing import Any, Optional
 
 from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Addresses
@@ -28,8 +29,13 @@ from kiln_contract.hf_llama import NotPlainLlama, config_fields, kiln_run_advice
 from kiln_contract.layout import RECORD_FILE
 from kiln_contract.llama import weights_differences
 from kiln_contract.train import HfModelSource
-from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.artifact_store import StoredStates, StoredStatesRequest, artifact_path
+from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_store import (
+    StoredState,
+    StoredStates,
+    StoredStatesRequest,
+    artifact_path,
+)
 from kiln_pants.build_estimate import estimate_build
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
@@ -53,6 +59,12 @@ class PlanSubsystem(GoalSubsystem):
         default=False,
         help="List every shard of each unbuilt cache with the files it reads and their bytes "
         "(by default: a summary line and the first shards).",
+    )
+    json = BoolOption(
+        default=False,
+        help="Print the plan as one JSON object for scripts and CI: the store, and per artifact "
+        "(inputs first) its address, kind, name@version, fingerprint, path, state and why; the "
+        "exit code is the text plan's.",
     )
 
 
@@ -126,6 +138,29 @@ def init_from_problem(target: Target) -> Optional[str]:
     return None
 
 
+def plan_json(
+    prefix: str, states: Mapping[Artifact, StoredState], problems: list[str]
+) -> dict[str, Any]:
+    """The plan for scripts: what `plan` prints about each artifact, as data."""
+    return {
+        "store": prefix,
+        "artifacts": [
+            {
+                "address": str(artifact.address),
+                "kind": artifact.kind,
+                "ref": artifact.ref,
+                "fingerprint": artifact.fingerprint,
+                "path": artifact_path(prefix, artifact),
+                "state": state.status,
+                "detail": state.detail or None,
+                "inputs": [str(a) for a in artifact.inputs],
+            }
+            for artifact, state in states.items()
+        ],
+        "problems": problems,
+    }
+
+
 def _kiln_run_advice(folder: str) -> Optional[str]:
     try:
         with open(os.path.join(folder, RECORD_FILE)) as f:
@@ -146,9 +181,14 @@ async def plan(
 ) -> Plan:
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
     prefix = kiln.prefix_location(build_root.path)
-    console.print_stdout(f"Artifact store: {prefix}")
     counts: dict[str, int] = {}
     states = (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
+    if plan_subsystem.json:
+        problems = await _init_from_problems(graph)
+        console.print_stdout(json.dumps(plan_json(prefix, states, problems), indent=2))
+        drift = any(state.status == "drift" for state in states.values())
+        return Plan(exit_code=1 if drift or problems else 0)
+    console.print_stdout(f"Artifact store: {prefix}")
     unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
     planned = await Get(ShardPlans, ShardPlansRequest(tuple(a.address for a in unbuilt)))
     shard_plan = dict(zip(unbuilt, planned.plans))
