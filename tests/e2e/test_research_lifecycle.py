@@ -1,0 +1,91 @@
+"""End to end, the research lifecycle as docs/training.md tells it ("Runs that start from
+runs"), on experiments/lifecycle in the e2e tests' workspace: `pants build` trains a run, then
+its cooldown from the run's final weights on a mixture that changes half way, and scores both
+as evaluation artifacts; `pants compare` sets them side by side with their loss curves; and
+after the run's config changes, `plan` shows the cooldown stale (another fingerprint for its
+version) instead of built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_pants_e2e import pants, pants_command
+
+STORE = "artifacts"
+BASE = "checkpoints/lifecycle/base/2026.12.02"
+COOLDOWN = "checkpoints/lifecycle/cooldown/2026.12.02"
+EVALS = {"base": "evals/lifecycle/base/2026.12.02", "cooldown": "evals/lifecycle/cooldown/2026.12.02"}
+LOSS = "eval/stdlib_validation/loss"
+
+
+def read(repo: Path, folder: str, name: str) -> dict:
+    return json.loads((repo / STORE / folder / name).read_text())
+
+
+def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
+    repo = workspace
+    built = pants(repo, "build", "experiments/lifecycle:lifecycle")
+    for folder in (BASE, COOLDOWN, *EVALS.values()):
+        assert (repo / STORE / folder / "STATUS").read_text().strip() == "SUCCESS", built.stderr
+
+    # The cooldown started from the run's final weights, named by fingerprint in its identity.
+    base, cooldown = read(repo, BASE, "artifact.json"), read(repo, COOLDOWN, "artifact.json")
+    assert cooldown["identity"]["init_from"] == {
+        "kind": "lm_checkpoint", "name": "checkpoints/lifecycle/base", "version": "2026.12.02",
+        "fingerprint": base["fingerprint"],
+    }  # fmt: skip
+    assert {"ref": "checkpoints/lifecycle/base@2026.12.02",
+            "fingerprint": base["fingerprint"]} in cooldown["inputs"]  # fmt: skip
+    log = (repo / "dist/logs/checkpoints/lifecycle/cooldown/2026.12.02.log").read_text()
+    assert "started from checkpoints/lifecycle/base@2026.12.02" in log
+    # Its own schedule from step 0: no warmup, linear to zero.
+    rates = [json.loads(line).get("optim/learning_rate")
+             for line in (repo / STORE / COOLDOWN / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
+    rates = [r for r in rates if r is not None]
+    assert rates[0] == pytest.approx(5e-3) and rates[-1] == pytest.approx(5e-3 / 20)
+    # Its mixture changed at step 10: only the high-quality source after it.
+    config = read(repo, COOLDOWN, "config.json")
+    assert [stage["counts"] for stage in config["mixture"]["sequences_per_block"]] == [
+        {"tokenized/lifecycle/docstrings": 20, "tokenized/lifecycle/topics": 20},
+        {"tokenized/lifecycle/topics": 40},
+    ]
+
+    # Each evaluation scores what its run reported for the same windows.
+    for run, folder in (("base", BASE), ("cooldown", COOLDOWN)):
+        scores = read(repo, EVALS[run], "results.json")["metrics"]
+        assert scores[LOSS] == pytest.approx(read(repo, folder, "summary.json")[LOSS], rel=1e-5)
+        assert 0.0 <= scores["lm_eval/kiln_stdlib_mc/acc"] <= 1.0
+
+    compared = pants(repo, "compare", "experiments/lifecycle:lifecycle")
+    rows = [line.split()[0] for line in compared.stdout.splitlines()[2:6]]
+    assert rows == ["checkpoints/lifecycle/base@2026.12.02",
+                    "checkpoints/lifecycle/cooldown@2026.12.02",
+                    "evals/lifecycle/base@2026.12.02", "evals/lifecycle/cooldown@2026.12.02"]  # fmt: skip
+    curves = repo / "dist/compare/lifecycle/curves.png"
+    assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "of 2 run(s) against step" in compared.stdout
+
+    # The run's config changes under its version: the cooldown no longer reads as built.
+    build_file = repo / "experiments/lifecycle/BUILD"
+    text = build_file.read_text()
+    build_file.write_text(text.replace("learning_rate=1e-2, warmup=4", "learning_rate=2e-2, warmup=4"))
+    try:
+        planned = pants_plan(repo)
+    finally:
+        build_file.write_text(text)
+    assert re.search(r"^\s+drift\s+\S+\s+lm_checkpoint\s+checkpoints/lifecycle/cooldown@", planned,
+                     re.MULTILINE), planned  # fmt: skip
+    assert "differs in: init_from.fingerprint" in planned
+
+
+def pants_plan(repo: Path) -> str:
+    """`plan` exits 1 on drift: its output, whatever the exit code."""
+    result = subprocess.run(pants_command("plan", "experiments/lifecycle:cooldown"), cwd=repo,
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    return result.stdout
