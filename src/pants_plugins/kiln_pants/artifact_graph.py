@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
 from pants.engine.addresses import Address, Addresses, UnparsedAddressInputs
@@ -29,7 +29,7 @@ from pants.engine.target import (
 
 from kiln_contract.llama import weights_differences
 from kiln_contract.tokenize import DEFAULT_FRAMING, LevanterCacheSource, UrlFilesSource
-from kiln_contract.train import ParentRun
+from kiln_contract.train import HfModelSource, ParentRun
 from kiln_contract.vocabulary import is_mutable_version
 from kiln_pants.build_symbols import CheckpointInit, EvalSuite
 from kiln_pants.eval_targets import (
@@ -334,10 +334,8 @@ async def _checkpoint_identity(
         "compute_dtype": target[ComputeDtypeField].value,
     }
     init_from = target[InitFromField].value
-    if parent is not None:  # a run of the graph: by its fingerprint, and the step taken
-        identity["init_from"] = parent_run(init_from, parent).to_json()
-    elif init_from is not None:  # only when set: fingerprints of runs without it are unchanged
-        identity["init_from"] = init_from.to_json()
+    if init_from is not None:  # only when set: fingerprints of runs without it are unchanged
+        identity["init_from"] = _model_identity(init_from, parent)
     loss_positions = target[LossPositionsField].value
     if loss_positions is not None:  # likewise
         identity["loss_positions"] = loss_positions
@@ -372,7 +370,7 @@ async def _eval_identity(
     identity = {
         "kind": LmEvalRunTarget.alias,
         "format": IDENTITY_FORMAT,
-        "model": parent_run(model, parent).to_json() if parent else model.to_json(),
+        "model": _model_identity(model, parent),
         "evals": await _evals_identity(target, target[EvalSuiteField].value),
         "validation": sorted(
             (_input_ref(target, caches[a]) for a in validation), key=lambda d: d["input"]
@@ -384,6 +382,17 @@ async def _eval_identity(
     }
     parents = (parent.address,) if parent is not None else ()
     return identity, (*validation, *parents)
+
+
+def _model_identity(
+    named: Union[HfModelSource, CheckpointInit], parent: Optional[Artifact]
+) -> dict[str, Any]:
+    """Weights named by a field: a run or export of the graph by its fingerprint and the step
+    taken, or published weights as given."""
+    if isinstance(named, CheckpointInit):
+        assert parent is not None  # the graph resolved the address
+        return parent_run(named, parent).to_json()
+    return named.to_json()
 
 
 def parent_run(init_from: CheckpointInit, parent: Artifact) -> ParentRun:
@@ -477,12 +486,12 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     closure = await Get(TransitiveTargets, TransitiveTargetsRequest(request.addresses))
     targets = sorted(closure.closure, key=lambda t: t.address)
     caches = {}
-    for target in (t for t in targets if isinstance(t, TokenizedCacheTarget)):
-        caches[target.address] = _artifact(target, await _cache_identity(target), ())
+    for cache in (t for t in targets if isinstance(t, TokenizedCacheTarget)):
+        caches[cache.address] = _artifact(cache, await _cache_identity(cache), ())
 
     # Checkpoints and exports read one another (an export its checkpoint, a run the run or
     # export it starts from): each is fingerprinted after the one it reads.
-    models = [
+    models: list[Target] = [
         t for t in targets if isinstance(t, (LmCheckpointTarget, HfModelTarget, LmEvalRunTarget))
     ]
     parents: dict[Address, Optional[Address]] = {}
@@ -526,6 +535,7 @@ def _parent_artifact(
         )
     artifact = built[parent]
     named = target[field].value
+    assert isinstance(named, CheckpointInit)  # only an address has a parent
     takes_a_step = named.step is not None or named.optimizer_state
     if artifact.kind == HfModelTarget.alias and takes_a_step:
         raise InvalidFieldException(

@@ -13,7 +13,7 @@ beside the record, STATUS last; an artifact built with this fingerprint is serve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,7 @@ def evaluate_artifact(
 
 
 def eval_request(
-    identity: dict[str, Any], validation: tuple[ValidationCache, ...], task_paths: tuple[str, ...]
+    identity: Mapping[str, Any], validation: tuple[ValidationCache, ...], task_paths: tuple[str, ...]
 ) -> EvalRequest:
     """What the identity asks to score, with the caches and task folders where they are here."""
     evals = identity.get("evals")
