@@ -68,7 +68,7 @@ def run_eval_suite(
     metrics.update(dclm_core_metrics(config, metrics))
     metrics.update(run_metadata(config.sequence_start, max_length))
     metrics["lm_eval/seconds"] = time.perf_counter() - started
-    logger.info(
+    logger.debug(
         "lm_eval at step %d: %d tasks in %.1f s", step, len(config.tasks), metrics["lm_eval/seconds"]
     )
     return metrics

@@ -22,6 +22,7 @@ from kiln.runner.cluster import submit
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.errors import StepError
 from kiln.train import multihost
+from kiln.train.progress import quiet_libraries
 from kiln_contract.step import StepSpec
 
 # How long a runner whose Pants process died has to save a checkpoint before it is killed.
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = argument_parser()
     args = parser.parse_args(argv)
+    if not args.library_output:
+        quiet_libraries()
     # SIGTERM (timeout, SLURM, Kubernetes) stops a run as Ctrl-C does: the training loop saves a
     # checkpoint first; elsewhere the run unwinds, releasing its lease.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

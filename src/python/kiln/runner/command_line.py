@@ -79,6 +79,11 @@ def argument_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="refuse at once, instead of waiting, when another run is building the artifact",
     )
+    parser.add_argument(
+        "--library-output",
+        action="store_true",
+        help="show the libraries' own progress bars (lm-eval's, datasets'), off by default",
+    )
     _add_overrides(parser.add_argument_group("run-time overrides (not part of the identity)"))
     multihost.add_flags(parser)
     _add_cluster_flags(parser.add_argument_group("clusters (docs/clusters.md)"))

@@ -8,9 +8,22 @@ Log lines go to stdout, one per `log_every` steps (about 50 per run) and at leas
 from __future__ import annotations
 
 import datetime
+import os
 import sys
 import time
 from typing import Protocol
+
+# Third-party progress bars on the run's console: lm-eval's request bars (tqdm) and the datasets
+# library's "Generating test split" bars of local tasks. Off unless asked for (the runner's
+# `--library-output`): a run's own progress says how far it is.
+LIBRARY_PROGRESS_OFF = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+
+
+def quiet_libraries() -> None:
+    """Turns the libraries' progress bars off for this process and its children; call it before
+    they are imported (they read these variables then). A variable already set wins."""
+    for name, value in LIBRARY_PROGRESS_OFF.items():
+        os.environ.setdefault(name, value)
 
 
 class Progress(Protocol):
