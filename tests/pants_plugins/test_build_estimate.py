@@ -33,6 +33,9 @@ def test_a_bounded_cache_is_estimated_from_max_tokens() -> None:
         "500k tokens/s per core"
     )
     assert estimate_build(cache(source=hub), "/repo").tokens is None
+    # The ids are stored as the cache will store them: uint16 for a vocabulary of 65,536 or less.
+    assert "59.00 GB as uint16" in estimate.describe(vocabulary=50257)
+    assert "118.00 GB as uint32" in estimate.describe(vocabulary=128256)
 
 
 def test_local_text_is_estimated_from_its_size(tmp_path: Path) -> None:

@@ -177,14 +177,16 @@ async def _store_process(
     return await Get(FallibleProcessResult, Process, process)
 
 
-@rule(desc="Writing DEP_FAILED marks into the artifact store")
+@rule(desc="Updating DEP_FAILED marks in the artifact store")
 async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
     argv = [request.prefix]
     for folder in request.clears:
         argv += ["--clear", folder]
     for folder, reason in request.marks:
         argv += ["--mark", folder, reason]
-    description = f"Writing DEP_FAILED marks into {request.prefix}"
+    # Said as it is: a step about to build only clears an earlier build's mark, if there is one.
+    doing = "Writing DEP_FAILED marks into" if request.marks else "Clearing any DEP_FAILED mark in"
+    description = f"{doing} {request.prefix}"
     result = await _store_process(DEP_FAILED_MARKS, tuple(argv), description)
     if result.exit_code != 0:  # the marks say more; the build's outcome stands without them
         why = result.stderr.decode(errors="replace").strip().splitlines()

@@ -2,9 +2,10 @@
 
 Tokens: `max_tokens` when the cache is bounded; else, for uncompressed local files, their size
 over the bytes per token of a byte-level BPE on English text; else unknown (a hub or URL source
-is sized when it is read). Bytes: 4 per token (uint32 ids, as for Llama 3's vocabulary; a
-vocabulary of at most 65,536 ids stores 2), before compression. CPU-hours: tokens over the
-measured pipeline throughput of one core.
+is sized when it is read). Bytes: as the cache stores its ids, before compression: 2 per token
+(uint16) for a vocabulary of at most 65,536 ids, else 4 (uint32, as for Llama 3's); 4 when the
+vocabulary is not known before the build. CPU-hours: tokens over the measured pipeline
+throughput of one core.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from kiln_pants.mixture_budget import count
 TOKENS_PER_CORE_SECOND = 500_000
 # GPT-2's BPE on the stdlib corpus's English: 1.8 MB/s at 0.54M tokens/s (ENVIRONMENT.md).
 TEXT_BYTES_PER_TOKEN = 3.3
-STORED_BYTES_PER_TOKEN = 4
+UINT16_VOCABULARY = 1 << 16  # kiln.data.tokenizer.TokenizerInfo.token_dtype: uint16 up to this
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".parquet")
 
 
@@ -31,13 +32,16 @@ class BuildEstimate:
     tokens: Optional[int]
     basis: str  # where the token count comes from
 
-    def describe(self) -> str:
+    def describe(self, vocabulary: Optional[int] = None) -> str:
+        """`vocabulary`: the tokenizer's size, which decides how the ids are stored."""
         if self.tokens is None:
             return f"estimate: tokens unknown ({self.basis})"
         hours = self.tokens / TOKENS_PER_CORE_SECOND / 3600
+        small = vocabulary is not None and vocabulary <= UINT16_VOCABULARY
+        dtype, width = ("uint16", 2) if small else ("uint32", 4)
         return (
             f"estimate: {count(self.tokens)} tokens ({self.basis}), "
-            f"{self.tokens * STORED_BYTES_PER_TOKEN / 1e9:.2f} GB as uint32, "
+            f"{self.tokens * width / 1e9:.2f} GB as {dtype}, "
             f"{hours:.1f} CPU-hours at {TOKENS_PER_CORE_SECOND // 1000}k tokens/s per core"
         )
 

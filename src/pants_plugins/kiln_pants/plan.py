@@ -192,6 +192,8 @@ async def plan(
     unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
     planned = await Get(ShardPlans, ShardPlansRequest(tuple(a.address for a in unbuilt)))
     shard_plan = dict(zip(unbuilt, planned.plans))
+    vocabularies = await MultiGet(Get(Vocabulary, VocabularyRequest(a.address)) for a in unbuilt)
+    vocabulary = {a: v.size for a, v in zip(unbuilt, vocabularies)}
     for artifact, state in states.items():
         counts[state.status] = counts.get(state.status, 0) + 1
         console.print_stdout(
@@ -203,7 +205,7 @@ async def plan(
             console.print_stdout(f"  {'':<11} {'':<16}  !! {state.detail}")
         if artifact.kind == "tokenized_cache" and state.status != "built":
             estimate = estimate_build(artifact, build_root.path)
-            console.print_stdout(f"  {'':<11} {'':<16}  {estimate.describe()}")
+            console.print_stdout(f"  {'':<11} {'':<16}  {estimate.describe(vocabulary[artifact])}")
             for line in shard_plan[artifact].describe(plan_subsystem.shards):
                 console.print_stdout(f"  {'':<11} {'':<16}  {line}")
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
