@@ -131,7 +131,13 @@ def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) 
                 "--cluster auto reads the cluster's address from RAY_ADDRESS, which is not set; "
                 "set it, or give --cluster ray://HOST:PORT"
             )
-        return address
+        value = address
+    scheme, separator, _ = value.partition("://")
+    if separator and scheme != "ray":
+        raise ClusterError(
+            f"cluster address {value!r}: {scheme}:// is not a Ray address; give ray://HOST:PORT "
+            "(Ray Client), HOST:PORT (the cluster's GCS), auto (RAY_ADDRESS) or local"
+        )
     return value
 
 

@@ -110,6 +110,10 @@ def test_cluster_addresses() -> None:
     assert resolve_address("auto", {"RAY_ADDRESS": "ray://h:1"}) == "ray://h:1"
     with pytest.raises(ClusterError, match="--cluster auto reads the cluster's address from RAY"):
         resolve_address("auto", {})
+    for wrong in ("http://head:8265", "https://head:10001", "grpc://head:6379"):
+        with pytest.raises(ClusterError, match=r"is not a Ray address; give ray://HOST:PORT"):
+            resolve_address(wrong)
+    assert resolve_address("head:6379") == "head:6379"
 
 
 def test_each_host_runs_the_multihost_runner() -> None:
