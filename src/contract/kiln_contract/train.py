@@ -594,10 +594,14 @@ class TrainSpec:
     output_path: Path  # the trainer writes everything here (docs/training.md)
     config: TrainConfig[DatasetInput]
     runtime: RuntimeSpec
+    # Where the artifact is, for people and records, when `output_path` is a local staging copy
+    # of it (a run in a bucket: the bucket URL); None: `output_path` itself.
+    location: str | None = None
 
     def __post_init__(self) -> None:
         check_address(self)
         check_absolute_path("output_path", self.output_path)
+        check_optional(check_str, "location", self.location)
         _check_instance("config", self.config, TrainConfig)
         _check_instance("runtime", self.runtime, RuntimeSpec)
         try:
@@ -617,10 +621,11 @@ class TrainSpec:
         return build(cls, "", values)
 
     def to_json(self) -> dict[str, Any]:
+        values = {k: v for k, v in scalar_json(self).items() if k != "location" or v is not None}
         return {
             "spec_version": SPEC_VERSION,
             "kind": SPEC_KIND,
-            **scalar_json(self),
+            **values,
             "config": self.config.to_json(),
             "runtime": self.runtime.to_json(),
         }

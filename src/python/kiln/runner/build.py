@@ -197,6 +197,8 @@ def train_spec(step: StepSpec, inputs_root: Path, workspace: Workspace, target: 
     store = target.store if target.artifact_store else None
     paths = {ref: _path(where) for ref, where in input_locations(step, inputs_root, store).items()}
     spec = step.train_spec(workspace.local, paths, inputs_root)
+    if workspace.mirror is not None:  # records and messages name the bucket, not the staging
+        spec = dataclasses.replace(spec, location=target.folder.location())
     if not workspace.per_host_folders:
         return spec
     checkpointer = dataclasses.replace(spec.runtime.checkpointer, per_host_folders=True)

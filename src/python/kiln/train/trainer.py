@@ -462,7 +462,7 @@ class Trainer:
         )
         cleanup.callback(self.progress.close)
         if self.start_step and self.last_checkpoint is not None:
-            self.progress.message(f"resumed from {self.last_checkpoint.path}")
+            self.progress.message(f"resumed from {self._shown(self.last_checkpoint.path)}")
         elif self.cfg.init_from is not None:
             self.progress.message(f"started from {self.cfg.init_from.label}")
         self.control = self._control_server(self.progress)
@@ -537,7 +537,7 @@ class Trainer:
         self.metrics.log(step, metrics)
         if not _finite(values):
             self._commit_save()  # a save begun at an earlier step holds a good state
-            last = self.last_checkpoint.path if self.last_checkpoint else "none yet"
+            last = self._shown(self.last_checkpoint.path) if self.last_checkpoint else "none yet"
             raise TrainingDiverged(
                 f"non-finite training loss at step {step} (loss {values['loss']}, grad_norm "
                 f"{values['grad_norm']}); stopped without saving this state. Last good checkpoint: "
@@ -599,7 +599,8 @@ class Trainer:
                 loss=self.metrics.latest.get("train/loss"),
                 tokens_per_second=self.metrics.latest.get("throughput/tokens_per_second"),
                 eta_seconds=self._eta_seconds(point.step),
-                last_checkpoint=str(self.last_checkpoint.path) if self.last_checkpoint else None,
+                last_checkpoint=self._shown(self.last_checkpoint.path)
+                if self.last_checkpoint else None,
             )  # fmt: skip
 
     def _signal_hook(self, point: SyncPoint) -> None:
@@ -608,7 +609,7 @@ class Trainer:
         assert self.last_checkpoint is not None  # saved by the checkpoint hook
         message = (
             f"interrupted by {signal.Signals(point.signum).name} after step {point.step}; "
-            f"saved {self.last_checkpoint.path}. Rerun to resume."
+            f"saved {self._shown(self.last_checkpoint.path)}. Rerun to resume."
         )
         if self.is_main:  # beside STATUS before the way out (W&B, orbax), which may be cut short
             with contextlib.suppress(OSError):
@@ -639,7 +640,7 @@ class Trainer:
         self.last_checkpoint = checkpoint
         kind = "temporary" if checkpoint.is_temporary else "permanent"  # it may have been promoted
         held_up = f"training held up {self.save_blocked_seconds:.2f}s"
-        self.progress.message(f"saved {kind} checkpoint {checkpoint.path} ({held_up})")
+        self.progress.message(f"saved {kind} checkpoint {self._shown(checkpoint.path)} ({held_up})")
 
     def _validate(self, step: int) -> None:
         if not self.data.validation:
@@ -648,6 +649,15 @@ class Trainer:
         metrics = validation_metrics(self._eval_batch, self.data.validation)
         self.metrics.log(step, {**metrics, "eval/total_time": time.monotonic() - began})
         self._observe_metrics(step)
+
+    def _shown(self, path: Path) -> str:
+        """A path of the run's output as people and records name it: the artifact's own location
+        (a bucket URL) when the trainer writes a local staging copy of it."""
+        location = self.spec.location
+        if location is None or not path.is_relative_to(self.output):
+            return str(path)
+        relative = path.relative_to(self.output).as_posix()
+        return location if relative == "." else f"{location}/{relative}"
 
     def _eta_seconds(self, step: int) -> float:
         recent = self.step_times[-20:]
@@ -706,8 +716,8 @@ class Trainer:
             "first_step_program": self.first_step.get("program"),  # cache | compiled | ...
             "compilation_cache": self.first_step.get("cache"),
             "wall_time_seconds": time.monotonic() - started,
-            "output_path": str(self.output),
-            "checkpoint": str(self.last_checkpoint.path) if self.last_checkpoint else None,
+            "output_path": self._shown(self.output),
+            "checkpoint": self._shown(self.last_checkpoint.path) if self.last_checkpoint else None,
             "metrics_file": str(self.metrics.path),
         }
 

@@ -119,6 +119,10 @@ def test_a_run_puts_everything_in_the_bucket_and_is_served_from_it(
                  "checkpoints/step-6/metadata.json"):  # fmt: skip
         assert name in names
     assert f"  artifact    {uninterrupted}/{RUN}\n" in text(store, f"{RUN}/summary.txt")
+    # Records name the artifact in the bucket, never a host's staging folder.
+    summary = json.loads(text(store, f"{RUN}/summary.json"))
+    assert summary["checkpoint"] == f"{uninterrupted}/{RUN}/checkpoints/step-6"
+    assert summary["output_path"] == f"{uninterrupted}/{RUN}"
     record = json.loads(text(store, f"{RUN}/artifact.json"))
     assert record["name"] == "checkpoints/tiny" and record["provenance"]["argv"]
     caches = ("tokenized/a/2026.11.29", "tokenized/val/2026.11.29")
