@@ -167,7 +167,7 @@ def connect(address: str) -> Any:
         try:
             ray.init(
                 address=address,
-                namespace=driver.NAMESPACE,
+                namespace=driver.JOB_NAMESPACE,
                 logging_level=logging.ERROR,
                 log_to_driver=False,  # a job's output comes through its driver (jobs.follow)
             )

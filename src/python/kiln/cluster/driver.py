@@ -18,7 +18,7 @@ from typing import Any
 
 from kiln.cluster import node_runtime  # shipped by value with this module
 
-NAMESPACE = "kiln"  # the Ray namespace of every job's driver, named by the job's id
+JOB_NAMESPACE = "kiln"  # the Ray namespace of every job's driver, named by the job's id
 RUNNING, SUCCEEDED, FAILED, STOPPED = "RUNNING", "SUCCEEDED", "FAILED", "STOPPED"
 FINISHED = (SUCCEEDED, FAILED, STOPPED)
 KEEP_FINISHED_S = 24 * 3600  # a finished job's status and output stay readable this long
@@ -31,7 +31,7 @@ def job_names() -> list[str]:
     import ray
 
     actors = ray.util.list_named_actors(all_namespaces=True)
-    return [actor["name"] for actor in actors if actor["namespace"] == NAMESPACE]
+    return [actor["name"] for actor in actors if actor["namespace"] == JOB_NAMESPACE]
 
 
 class JobDriver:

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-NAMESPACE = "kiln-runtime"  # apart from the jobs' drivers (kiln.cluster.driver.NAMESPACE)
+# The depots' Ray namespace, apart from the jobs' drivers' (kiln.cluster.driver.JOB_NAMESPACE).
+RUNTIME_NAMESPACE = "kiln-runtime"
 CHUNK_BYTES = 32 << 20  # one call carries this much of a bundle
 # A sliver of the resource Ray gives the head node alone: what must outlive a lost worker node
 # (a job's driver, a depot) lives there.
@@ -139,13 +140,13 @@ def _depot(ray: Any, bundle: Bundle) -> tuple[Any, int]:
     try:
         depot = (
             ray.remote(Depot)
-            .options(name=bundle.depot, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                     resources=ON_HEAD, get_if_exists=True)  # fmt: skip
+            .options(name=bundle.depot, namespace=RUNTIME_NAMESPACE, lifetime="detached",
+                     num_cpus=0, resources=ON_HEAD, get_if_exists=True)  # fmt: skip
             .remote(bundle.depot)
         )
         return depot, ray.get(depot.chunks.remote())
     except ValueError:  # ActorAlreadyExistsError: another submission made it meanwhile
-        depot = ray.get_actor(bundle.depot, namespace=NAMESPACE)
+        depot = ray.get_actor(bundle.depot, namespace=RUNTIME_NAMESPACE)
         return depot, ray.get(depot.chunks.remote())
 
 
@@ -199,7 +200,7 @@ def fetch(ray: Any, bundle: Bundle) -> Path:
     with _locked(folder.parent / f".{bundle.digest}.lock"):
         if (folder / ".complete").exists():
             return folder  # another worker of this node fetched it meanwhile
-        depot = ray.get_actor(bundle.depot, namespace=NAMESPACE)
+        depot = ray.get_actor(bundle.depot, namespace=RUNTIME_NAMESPACE)
         staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{bundle.digest}."))
         with tempfile.TemporaryFile(dir=folder.parent) as f:
             for index in range(ray.get(depot.chunks.remote())):

@@ -1,7 +1,9 @@
-"""Plain-jnp attention: the numerical reference for the Pallas kernel and the "xla" attention path.
+"""Plain-jnp attention: the numerical reference the Pallas kernel is checked against.
 
 Same contract as `kiln.kernels.flash_attention.flash_attention`; the math runs in fp32 and
 materialises the full [batch, heads, seq, seq] logits, so use it for checking and small runs.
+The model's own "xla" attention path is kiln.model.attention's (grouped heads, the compute
+dtype's inputs).
 """
 
 from __future__ import annotations
