@@ -348,3 +348,15 @@ def test_local_eval_task_files_are_a_dependency_and_count_by_content(
     assert first["tasks"] == [{"name": "stdlib_mc", "num_fewshot": 0, "alias": None}]
     assert first["task_files"] != "//exp/tasks:tasks"  # a content digest, not the address
     assert evals_identity("task: stdlib_mc\nnum_fewshot: 1\n")["task_files"] != first["task_files"]
+
+
+def test_an_unbuilt_import_is_budgeted_by_its_ledger(rule_runner: RuleRunner) -> None:
+    """An imported Levanter cache's tokens are known before it is built: its ledger's."""
+    from kiln_pants.mixture_budget import mixture_budget
+
+    g = graph(rule_runner)
+    checkpoint, train = g.get(Address("exp", target_name="ckpt")), g.get(Address("exp", target_name="train"))
+    [component] = mixture_budget(checkpoint, g, held={}, imported={train.ref: 199_005}).components
+    assert component.describe().endswith(
+        "reads 102.40k tokens, holds 199.00k (its shard_ledger.json)"
+    ), component.describe()

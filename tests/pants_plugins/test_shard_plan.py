@@ -65,6 +65,8 @@ def test_an_import_is_planned_from_its_ledger_and_a_bad_one_refused() -> None:
         "imports the Levanter cache at s3://b/tokenized/dclm/train: sharded layout, 512 parts, "
         "3,000,000 documents, 2,950,000,000 tokens (its shard_ledger.json)"
     ]
+    # What `plan` estimates and budgets with, so that it says one thing of the import.
+    assert _parsed([{"imported": imported}]).imported_tokens == 2_950_000_000
     refused = ShardPlan(refused="tokenized/x: ... shard_ledger.json field `layout` is 'zoned'")
     assert refused.describe(every_shard=True) == [f"!! import refused: {refused.refused}"]
 

@@ -36,8 +36,9 @@ class ComponentBudget:
     share: float  # weight / sum of weights
     sequence_len: int
     sequences: int  # of seq_len tokens, that the run reads from this cache
-    holds: Optional[int]  # tokens: built, or at least max_tokens; None: not known before built
+    holds: Optional[int]  # tokens: built, imported, or at least max_tokens; None: not known
     built: bool
+    imported: bool = False  # `holds` is an imported cache's ledger count
     stage_sequences: tuple[int, ...] = ()  # with stages: the sequences each stage reads
     stage_starts: tuple[int, ...] = ()  # with stages: the step each starts at
 
@@ -65,6 +66,8 @@ class ComponentBudget:
             holds = "holds the whole source (unknown until built)"
         elif self.built:
             holds = f"holds {count(self.holds)} (built)"
+        elif self.imported:
+            holds = f"holds {count(self.holds)} (its shard_ledger.json)"
         else:
             holds = f"will hold >= {count(self.holds)} (max_tokens)"
         line = (
@@ -124,10 +127,15 @@ def count(tokens: float) -> str:
 
 
 def mixture_budget(
-    checkpoint: Artifact, graph: ArtifactGraph, held: Mapping[str, int]
+    checkpoint: Artifact,
+    graph: ArtifactGraph,
+    held: Mapping[str, int],
+    imported: Optional[Mapping[str, int]] = None,
 ) -> MixtureBudget:
-    """The budget of `checkpoint`'s datasets; `held` maps a built cache's ref to its tokens. A
-    mixture with stages reads each stage's steps by that stage's weights."""
+    """The budget of `checkpoint`'s datasets; `held` maps a built cache's ref to its tokens,
+    `imported` an unbuilt import's ref to its ledger's. A mixture with stages reads each stage's
+    steps by that stage's weights."""
+    imported = imported or {}
     identity = checkpoint.identity
     by_ref = {artifact.ref: artifact for artifact in graph}
     stages = [(0, identity["datasets"])]
@@ -151,8 +159,9 @@ def mixture_budget(
                 share=sum(per_stage) / (identity["batch_size"] * identity["num_train_steps"]),
                 sequence_len=identity["seq_len"],
                 sequences=sum(per_stage),
-                holds=held.get(cache.ref, cache.identity.get("max_tokens")),
+                holds=held.get(cache.ref, imported.get(cache.ref, cache.identity.get("max_tokens"))),
                 built=cache.ref in held,
+                imported=cache.ref not in held and cache.ref in imported,
                 stage_sequences=per_stage if len(per_stage) > 1 else (),
                 stage_starts=tuple(start for start, _ in stages) if len(stages) > 1 else (),
             )
@@ -171,8 +180,11 @@ def built_tokens(prefix: str, artifact: Artifact) -> Optional[int]:
         return None  # an imported or damaged cache: the runner's checks say what is wrong
 
 
-def local_budgets(prefix: str, graph: ArtifactGraph) -> list[MixtureBudget]:
-    """The budget of every checkpoint in `graph`, built caches read from a local store."""
+def local_budgets(
+    prefix: str, graph: ArtifactGraph, imported: Optional[Mapping[str, int]] = None
+) -> list[MixtureBudget]:
+    """The budget of every checkpoint in `graph`, built caches read from a local store; `imported`:
+    the ledger tokens of imports not built yet."""
     held = {}
     for artifact in graph:
         if artifact.kind == "tokenized_cache":
@@ -180,7 +192,7 @@ def local_budgets(prefix: str, graph: ArtifactGraph) -> list[MixtureBudget]:
             if tokens is not None:
                 held[artifact.ref] = tokens
     return [
-        mixture_budget(artifact, graph, held)
+        mixture_budget(artifact, graph, held, imported)
         for artifact in graph
         if artifact.kind == "lm_checkpoint"
     ]

@@ -36,7 +36,7 @@ from kiln_pants.artifact_store import (
     StoredStatesRequest,
     artifact_path,
 )
-from kiln_pants.build_estimate import estimate_build
+from kiln_pants.build_estimate import BuildEstimate, estimate_build
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -204,14 +204,19 @@ async def plan(
         if state.detail:
             console.print_stdout(f"  {'':<11} {'':<16}  !! {state.detail}")
         if artifact.kind == "tokenized_cache" and state.status != "built":
-            estimate = estimate_build(artifact, build_root.path)
+            imported = shard_plan[artifact].imported_tokens
+            estimate = (
+                BuildEstimate(imported, "its shard_ledger.json") if imported is not None
+                else estimate_build(artifact, build_root.path)
+            )  # fmt: skip
             console.print_stdout(f"  {'':<11} {'':<16}  {estimate.describe(vocabulary[artifact])}")
             for line in shard_plan[artifact].describe(plan_subsystem.shards):
                 console.print_stdout(f"  {'':<11} {'':<16}  {line}")
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     console.print_stdout(f"{len(graph)} artifacts: {summary}")
     too_small = False
-    for budget in local_budgets(prefix, graph):  # a bucket's caches count as not built
+    imports = {a.ref: p.imported_tokens for a, p in shard_plan.items() if p.imported_tokens}
+    for budget in local_budgets(prefix, graph, imports):  # a bucket's caches count as unbuilt
         console.print_stdout(budget.header())
         for component in budget.components:
             console.print_stdout(f"  {component.describe()}")

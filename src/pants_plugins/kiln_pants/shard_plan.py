@@ -66,6 +66,7 @@ class ShardPlan:
     streamed: Optional[str] = None  # how a source streamed through `datasets` is split instead
     unavailable: Optional[str] = None  # why there is no plan
     imported: Optional[str] = None  # an import's ledger, in a line
+    imported_tokens: Optional[int] = None  # the tokens its ledger records
     refused: Optional[str] = None  # why an import cannot be made: `plan` fails
 
     def describe(self, every_shard: bool) -> list[str]:
@@ -318,7 +319,8 @@ def _parsed(shards: list[dict]) -> ShardPlan:
     """`tokenize plan --json`: per shard {"files": {key: bytes}} or {"streamed": how}; for an
     import, one {"imported": its ledger's counts}."""
     if shards and "imported" in shards[0]:
-        return ShardPlan(imported=_imported_line(shards[0]["imported"]))
+        ledger = shards[0]["imported"]
+        return ShardPlan(imported=_imported_line(ledger), imported_tokens=ledger["tokens"])
     if any("streamed" in shard for shard in shards):
         how = "each its rank's part of the stream (split_dataset_by_node)"
         return ShardPlan(streamed=f"{_count(len(shards), 'shard')}, {how}")
