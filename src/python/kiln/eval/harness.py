@@ -61,6 +61,7 @@ def run_eval_suite(
             lm, task_dict, limit=config.max_examples, bootstrap_iters=0, log_samples=False
         )
         metrics.update(task_metrics(task, results))
+        metrics.update(chance_metrics(task, task_dict, config.max_examples))
         metrics.update(task_metadata(task, results))
         sample_counts[task.label] = results["n-samples"][task.name]["effective"]
         metrics[f"lm_eval/{task.label}/seconds"] = time.perf_counter() - task_started
@@ -151,6 +152,21 @@ def task_metrics(task: EvalTask, results: dict[str, Any]) -> dict[str, float]:
         name = metric if filter_name in ("", "none") else f"{metric}_{filter_name}"
         metrics[f"lm_eval/{task.label}/{name}"] = float(value)
     return metrics
+
+
+def chance_metrics(task: EvalTask, loaded: dict[str, Any], limit: int | None) -> dict[str, float]:
+    """{"lm_eval/{label}/acc_chance": ...}: the accuracy a model guessing at random has on the
+    scored documents of a multiple-choice task (the mean of one over each one's choice count),
+    the baseline to read `acc` against, as a loss is read against the unigram's."""
+    task_object = loaded["tasks"][task.name]
+    if task_object.OUTPUT_TYPE != "multiple_choice":
+        return {}
+    docs = list(task_object.eval_docs)
+    docs = docs[:limit] if limit is not None else docs
+    if not docs:
+        return {}
+    chance = sum(1.0 / len(task_object.doc_to_choice(doc)) for doc in docs) / len(docs)
+    return {f"lm_eval/{task.label}/acc_chance": chance}
 
 
 def average_metrics(metrics: dict[str, float], sample_counts: dict[str, int]) -> dict[str, float]:

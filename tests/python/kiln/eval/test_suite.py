@@ -70,6 +70,9 @@ def test_multiple_choice_accuracy_is_what_the_model_forces(suite_run, local_task
     for alias in ("mc_0shot", "mc_2shot"):  # few-shot context does not move a bigram's choice
         assert metrics[f"lm_eval/{alias}/acc"] == pytest.approx(local_tasks.mc_expected_acc)
         assert metrics[f"lm_eval/{alias}/acc_norm"] == pytest.approx(local_tasks.mc_expected_acc)
+        # What guessing scores: one in three choices, beside the accuracy to read it against.
+        assert metrics[f"lm_eval/{alias}/acc_chance"] == pytest.approx(1 / 3)
+    assert f"lm_eval/{LAMBADA_TASK}/acc_chance" not in metrics  # not a multiple-choice task
 
 
 def test_last_word_accuracy_and_perplexity(suite_run, local_tasks, tokenizer):
