@@ -122,7 +122,7 @@ class ClusterJob:
 def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
     """The cluster to use: None for this machine (unset, empty or `local`); `auto` reads
     RAY_ADDRESS."""
-    if value in (None, "", "local"):
+    if value is None or value in ("", "local"):
         return None
     if value == "auto":
         address = environ.get("RAY_ADDRESS", "")
