@@ -14,7 +14,6 @@ from pants.engine.target import (
     Dependencies,
     Field,
     InvalidFieldException,
-    InvalidFieldTypeException,
     Target,
 )
 
@@ -29,7 +28,7 @@ from kiln_pants.target_types import (
     SeqLenField,
     ValidationField,
     check_default_artifact_name,
-    refuse_invalid_call,
+    weights_named,
 )
 
 
@@ -55,21 +54,12 @@ class EvalModelField(Field):
     def compute_value(
         cls, raw_value: Optional[Any], address: Address
     ) -> Union[HfModelSource, CheckpointInit]:
-        value = super().compute_value(raw_value, address)
-        refuse_invalid_call(cls.alias, address, value)
-        if isinstance(value, str) and value.startswith(("//", ":")):
-            return CheckpointInit(value)
+        value = weights_named(cls.alias, address, super().compute_value(raw_value, address))
         if isinstance(value, CheckpointInit) and value.optimizer_state:
             raise InvalidFieldException(
                 f"The `model` field in target {address}: an evaluation reads weights only; "
                 "remove `optimizer_state`."
             )
-        if not isinstance(value, (HfModelSource, CheckpointInit)):
-            raise InvalidFieldTypeException(
-                address, cls.alias, value,
-                expected_type="the address of an lm_checkpoint or hf_model (':run'), a "
-                "`from_checkpoint(...)` or an `hf_model_source(...)` object",
-            )  # fmt: skip
         return value
 
 

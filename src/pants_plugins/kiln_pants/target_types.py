@@ -858,16 +858,24 @@ class InitFromField(Field):
         cls, raw_value: Optional[Any], address: Address
     ) -> Union[HfModelSource, CheckpointInit, None]:
         value = super().compute_value(raw_value, address)
-        refuse_invalid_call(cls.alias, address, value)
-        if isinstance(value, str) and value.startswith(("//", ":")):
-            return CheckpointInit(value)
-        if value is not None and not isinstance(value, (HfModelSource, CheckpointInit)):
-            raise InvalidFieldTypeException(
-                address, cls.alias, value,
-                expected_type="the address of an lm_checkpoint or hf_model (':run'), a "
-                "`from_checkpoint(...)` or an `hf_model_source(...)` object",
-            )  # fmt: skip
-        return value
+        return None if value is None else weights_named(cls.alias, address, value)
+
+
+def weights_named(
+    alias: str, address: Address, value: Any
+) -> Union[HfModelSource, CheckpointInit]:
+    """A field naming weights: a run or export of the graph by address (`':run'`,
+    `from_checkpoint(...)`) or published ones (`hf_model_source(...)`)."""
+    refuse_invalid_call(alias, address, value)
+    if isinstance(value, str) and value.startswith(("//", ":")):
+        return CheckpointInit(value)
+    if not isinstance(value, (HfModelSource, CheckpointInit)):
+        raise InvalidFieldTypeException(
+            address, alias, value,
+            expected_type="the address of an lm_checkpoint or hf_model (':run'), a "
+            "`from_checkpoint(...)` or an `hf_model_source(...)` object",
+        )  # fmt: skip
+    return value
 
 
 class LossPositionsField(StringField):
