@@ -84,6 +84,19 @@ def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
     assert "differs in: init_from.fingerprint" in planned
 
 
+def test_the_1b_cooldown_is_planned_beside_its_run(workspace: Path) -> None:
+    """experiments:dclm_1b_cooldown, planned on a CPU machine: nothing built, its run first,
+    each stage's reads within what the caches will hold (plan exits 0)."""
+    planned = pants(workspace, "plan", "experiments:dclm_1b_cooldown").stdout
+    lines = planned.splitlines()
+    run = next(i for i, line in enumerate(lines) if "checkpoints/dclm_1b_1x@" in line)
+    cooldown = next(i for i, line in enumerate(lines) if "checkpoints/dclm_1b_1x_cooldown@" in line)
+    assert run < cooldown
+    assert "Training data of checkpoints/dclm_1b_1x_cooldown@2026.12.02" in planned
+    assert "(from step 0: " in planned and "; from step 7000: " in planned
+    assert "!!" not in planned, planned
+
+
 def pants_plan(repo: Path) -> str:
     """`plan` exits 1 on drift: its output, whatever the exit code."""
     result = subprocess.run(pants_command("plan", "experiments/lifecycle:cooldown"), cwd=repo,
