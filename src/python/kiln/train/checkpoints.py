@@ -449,7 +449,9 @@ class _OrbaxFailuresQuieted:
 
 class _UnretrievedTaskErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().endswith("exception was never retrieved")
+        # asyncio's report is "Task exception was never retrieved" then a line per detail.
+        first_line = record.getMessage().split("\n", 1)[0]
+        return not first_line.endswith("exception was never retrieved")
 
 
 def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
