@@ -39,6 +39,7 @@ STEP_FILE = "step.json"
 STAGING_DIR = "staging"  # in a host's inputs folder: where a run in a bucket stages its files
 CONNECT_TIMEOUT_S = 5.0
 CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
+SESSION_TIMEOUT_S = 30.0  # a head that answers but starts no session: Ray would wait forever
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
@@ -165,13 +166,10 @@ def connect(address: str) -> Any:
 
     for attempt in range(CONNECT_ATTEMPTS):
         try:
-            ray.init(
-                address=address,
-                namespace=driver.JOB_NAMESPACE,
-                logging_level=logging.ERROR,
-                log_to_driver=False,  # a job's output comes through its driver (jobs.follow)
-            )
+            _init_within(ray, address, SESSION_TIMEOUT_S)
             break
+        except ClusterError:
+            raise
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
             # Ray Client's server sometimes fails to start a session on a busy head: ask again.
             if attempt + 1 < CONNECT_ATTEMPTS and "Initialization failure" in str(e):
@@ -186,6 +184,37 @@ def connect(address: str) -> Any:
     for module in (driver, node_runtime):  # what runs on the nodes needs no Kiln there
         ray.cloudpickle.register_pickle_by_value(module)
     return ray
+
+
+def _init_within(ray: Any, address: str, seconds: float) -> None:
+    """`ray.init` of the cluster, or ClusterError after `seconds`. Ray Client waits without
+    limit for a session whose server never starts (a head whose client server cannot reach its
+    own GCS), printing only the server's retries; the waiting thread is left behind."""
+    done, failures = threading.Event(), []
+
+    def init() -> None:
+        try:
+            ray.init(
+                address=address,
+                namespace=driver.JOB_NAMESPACE,
+                logging_level=logging.ERROR,
+                log_to_driver=False,  # a job's output comes through its driver (jobs.follow)
+            )
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            failures.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=init, name="kiln-ray-connect", daemon=True).start()
+    if not done.wait(seconds):
+        raise ClusterError(
+            f"the Ray cluster at {address} answers but started no session within {seconds:.0f} "
+            "s; its head's ray_client_server logs (in its session's logs folder) say why: "
+            "often the head cannot reach its own GCS at the address it advertises "
+            "(ray start --node-ip-address)"
+        )
+    if failures:
+        raise failures[0]
 
 
 def _probe(address: str) -> None:
