@@ -225,10 +225,18 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     # The job, from the documented entry (nodes without Kiln answer `list` too).
     job = re.search(r"^kiln: submitted job (\S+)$", output, re.M)
     assert job, output[-3000:]
+    # One view of the two hosts: process 0's progress, and a closing line with what is built.
+    assert re.search(r"^\(host 0\) step 40/40 ", output, re.M), output[-3000:]
+    assert not re.search(r"^\(host 1\) (step |saved |resumed )", output, re.M), output[-3000:]
+    closing = f"kiln: job {job.group(1)} SUCCEEDED; STATUS SUCCESS at {prefix}/{RUN}"
+    assert output.rstrip().endswith(closing), output[-3000:]
     listed = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
                    env=env)  # fmt: skip
     assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/tiny2@2026.12.01 ",
                      listed.stdout, re.M), listed.stdout + listed.stderr[-2000:]  # fmt: skip
+    status = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "status",
+                   job.group(1), env=env)  # fmt: skip
+    assert "\nretries: 1\nmax_retries: 3\n" in status.stdout, status.stdout  # the lost node's
 
     served = pants(repo, *options, "run", TARGET, env=env)
     assert f"is already built at {prefix}/{RUN}" in served.stdout

@@ -19,8 +19,8 @@ from kiln.cluster.dispatch import ClusterError, connect, resolve_address
 from kiln_contract.parsing import SpecError
 from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES, check_token_ttl
 
-STATUS_FIELDS = ("job", "artifact", "state", "exit_code", "resources", "hosts", "max_retries",
-                 "prefix", "started_at", "ended_at")  # fmt: skip
+STATUS_FIELDS = ("job", "artifact", "state", "exit_code", "resources", "hosts", "retries",
+                 "max_retries", "prefix", "started_at", "ended_at")  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,7 +81,7 @@ def _command(ray: Any, args: argparse.Namespace, address: str) -> int:
     if args.command == "status":
         status = ray.get(handle.status.remote())
         for field in STATUS_FIELDS:
-            value = status[field]
+            value = status.get(field)  # a job of an older driver lacks newer fields
             print(f"{field}: {_when(value) if field.endswith('_at') else value}")
         return 0
     if args.command == "stop":

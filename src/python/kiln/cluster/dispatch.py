@@ -290,7 +290,7 @@ def run_hosts(
     for attempt in range(job.max_retries + 1):
         if attempt:
             pause = min(RETRY_PAUSE_S * 2 ** (attempt - 1), RETRY_PAUSE_MAX_S)
-            say(f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
+            say(f"{driver.RETRY_LINE} ({lost}); retry {attempt} of "
                 f"{job.max_retries} in {pause:.0f} s, from the newest checkpoint")  # fmt: skip
             if stopping.wait(pause):
                 return 0

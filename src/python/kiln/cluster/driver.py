@@ -24,6 +24,7 @@ FINISHED = (SUCCEEDED, FAILED, STOPPED)
 KEEP_FINISHED_S = 24 * 3600  # a finished job's status and output stay readable this long
 READ_LINES = 2000  # the most output lines one `read` returns
 ENDPOINT_TIMEOUT_S = 30.0  # how long `endpoint` waits for process 0's host to answer
+RETRY_LINE = "kiln: a host of the run was lost"  # how run_hosts's line for a retry begins
 
 
 def job_names() -> list[str]:
@@ -40,7 +41,7 @@ class JobDriver:
 
     def __init__(self, job_id: str, job: dict[str, Any], summary: dict[str, Any]):
         self._status: dict[str, Any] = {
-            **summary, "job": job_id, "state": RUNNING, "exit_code": None,
+            **summary, "job": job_id, "state": RUNNING, "exit_code": None, "retries": 0,
             "started_at": time.time(), "ended_at": None,
         }  # fmt: skip
         self._lines: list[str] = []
@@ -61,8 +62,11 @@ class JobDriver:
             self._lines.extend(lines)
 
     def say(self, line: str) -> None:
-        """Appends a line of the driver's own to the job's output."""
-        self.write([line])
+        """Appends a line of the driver's own to the job's output (a retry's counts one)."""
+        with self._lock:
+            self._lines.append(line)
+            if line.startswith(RETRY_LINE):
+                self._status["retries"] += 1
 
     def read(self, offset: int) -> tuple[list[str], dict[str, Any]]:
         """The output lines from `offset` on (at most READ_LINES) and the status."""

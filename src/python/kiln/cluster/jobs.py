@@ -36,10 +36,16 @@ def how_to_follow(job_id: str, address: str) -> str:
     return f"follow it: {command} logs -f {job_id}; stop it: {command} stop {job_id}"
 
 
-def run(job: ClusterJob, prepare: Callable[[], None], *, detach: bool) -> int:
+def run(
+    job: ClusterJob,
+    prepare: Callable[[], None],
+    *,
+    detach: bool,
+    outcome: Callable[[], str] | None = None,
+) -> int:
     """Submits `job` once the cluster is known to hold it and `prepare` (placing the inputs in
     the store) has run; then follows its output to the end (its exit code), or returns 0 at once
-    when `detach`."""
+    when `detach`. `outcome` says what the job left (its closing line's second half)."""
     ray = connect(job.address)
     try:
         check_capacity(job.resources, ray.nodes(), job.address)
@@ -51,7 +57,7 @@ def run(job: ClusterJob, prepare: Callable[[], None], *, detach: bool) -> int:
             if detach:
                 print(f"kiln: {how_to_follow(job.job_id, job.address)}", flush=True)
                 return 0
-            return follow(ray, handle, job.job_id, job.address, detached)
+            return follow(ray, handle, job.job_id, job.address, detached, outcome)
     finally:
         ray.shutdown()
 
@@ -93,10 +99,18 @@ def detaching() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def follow(ray: Any, handle: Any, job_id: str, address: str, detached: threading.Event) -> int:
-    """Prints the job's output as it comes until the job ends; returns its exit code. When
-    `detached` is set (`detaching`: Ctrl-C or SIGTERM), exit 130: the job goes on, and how to
-    reattach is printed."""
+def follow(
+    ray: Any,
+    handle: Any,
+    job_id: str,
+    address: str,
+    detached: threading.Event,
+    outcome: Callable[[], str] | None = None,
+) -> int:
+    """Prints the job's output as it comes until the job ends, then a closing line with the
+    job's state (and `outcome`, when given); returns its exit code. When `detached` is set
+    (`detaching`: Ctrl-C or SIGTERM), exit 130: the job goes on, and how to reattach is
+    printed."""
     offset = 0
     while not detached.is_set():
         lines, status = _call(ray, handle.read.remote(offset), job_id)
@@ -104,6 +118,8 @@ def follow(ray: Any, handle: Any, job_id: str, address: str, detached: threading
             print(line, flush=True)
         offset += len(lines)
         if status["state"] in driver.FINISHED and len(lines) < driver.READ_LINES:
+            closing = f"kiln: job {job_id} {status['state']}"
+            print(f"{closing}; {outcome()}" if outcome else closing, flush=True)
             return int(status["exit_code"])
         if not lines:
             detached.wait(FOLLOW_POLL_S)

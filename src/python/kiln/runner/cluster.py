@@ -30,7 +30,8 @@ def submit(
     submits the training as a job on the cluster's hosts, following it unless `detach`.
     `force` is carried out by the job's process 0, under the artifact's lease."""
     store.check()
-    if not force and serve_if_built(step, ArtifactFolder(store, f"{step.name}/{step.version}")):
+    folder = ArtifactFolder(store, f"{step.name}/{step.version}")
+    if not force and serve_if_built(step, folder):
         return 0
     resources = step.runtime.resources
 
@@ -54,7 +55,12 @@ def submit(
         max_retries=max_retries,
         force=force,
     )
-    return jobs.run(job, prepare, detach=detach)
+    return jobs.run(job, prepare, detach=detach, outcome=lambda: _status_line(folder))
+
+
+def _status_line(folder: ArtifactFolder) -> str:
+    """`STATUS SUCCESS at s3://...`: what the job left in the artifact's folder."""
+    return f"STATUS {folder.status() or 'none'} at {folder.location()}"
 
 
 def _task_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:

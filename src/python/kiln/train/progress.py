@@ -126,3 +126,16 @@ class QuietProgress:
 
     def close(self) -> None:
         pass
+
+
+class SilentProgress:
+    """Every process but process 0 of a multi-host run: process 0 says how far the run is."""
+
+    def update(self, step: int, loss: float, tokens_per_second: float) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

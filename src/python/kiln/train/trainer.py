@@ -50,7 +50,7 @@ from kiln.train.metrics import (
     peak_flops_per_device,
 )
 from kiln.train.multihost import agree_max, barrier
-from kiln.train.progress import Progress, make_progress
+from kiln.train.progress import Progress, SilentProgress, make_progress
 from kiln.train.spec import Resources, RuntimeSpec, TrainConfig, TrainSpec
 from kiln_contract.layout import RUN_CONFIG_FILE, RUN_SUMMARY_FILE
 
@@ -249,6 +249,7 @@ class Trainer:
         self.unread_since = 0.0  # when the first unread step asked for its batch
         self.first_step: dict[str, Any] = {}  # seconds, program source, compilation cache
         self.save_blocked_seconds = 0.0  # how long the latest save held training up
+        self.requested_save_step: int | None = None  # a save asked for at the control endpoint
         self.metrics_observer = metrics_observer
         self.start_from = start_from
         if self.cfg.init_from is not None and start_from is None:
@@ -457,8 +458,16 @@ class Trainer:
         cleanup.callback(self.checkpointer.close)
         self.metrics = self._metrics_logger(self.start_step)
         cleanup.callback(self.metrics.close)
-        self.progress = make_progress(
-            self.runtime.progress, total_steps=self.cfg.num_train_steps, start_step=self.start_step
+        # One progress stream for a multi-host run, process 0's (as Levanter logs): the other
+        # processes' output is what only they say (warnings, errors).
+        self.progress = (
+            make_progress(
+                self.runtime.progress,
+                total_steps=self.cfg.num_train_steps,
+                start_step=self.start_step,
+            )
+            if self.is_main
+            else SilentProgress()
         )
         cleanup.callback(self.progress.close)
         if self.start_step and self.last_checkpoint is not None:
@@ -568,6 +577,8 @@ class Trainer:
         alone = jax.process_count() == 1
         requested = (scheduled or alone) and self.control is not None and \
             self.control.take_checkpoint_request()  # fmt: skip
+        if requested:
+            self.requested_save_step = step
         save = self.checkpointer.due(
             step, final=final, requested=requested or info.signum is not None or ending
         )
@@ -640,6 +651,8 @@ class Trainer:
         self.last_checkpoint = checkpoint
         kind = "temporary" if checkpoint.is_temporary else "permanent"  # it may have been promoted
         held_up = f"training held up {self.save_blocked_seconds:.2f}s"
+        if checkpoint.step == self.requested_save_step:
+            held_up = f"asked for at the control endpoint; {held_up}"
         self.progress.message(f"saved {kind} checkpoint {self._shown(checkpoint.path)} ({held_up})")
 
     def _validate(self, step: int) -> None:

@@ -127,6 +127,8 @@ def test_checkpoint_requested_over_http_is_saved_once(tmp_path: Path) -> None:
         trainer.terminate()
         remaining_output = trainer.communicate(timeout=WAIT_SECONDS)[0]
     assert trainer.returncode != 0 and "interrupted" in remaining_output
+    said = f"saved temporary checkpoint {output}/checkpoints/step-{saved_step} (asked for at the "
+    assert said + "control endpoint; training held up " in remaining_output, remaining_output
     assert not (output / "control" / "key").exists()  # the trainer stopped the server
     _assert_no_planted_secret(page, remaining_output, output)
 
