@@ -88,7 +88,9 @@ def test_a_detached_job_is_followed_controlled_and_stopped_from_elsewhere(
     job, detached = submit_then_interrupt(runner(step, tmp_path / "store", "--cluster", cluster))
     assert detached.returncode == 130, detached.stdout[-3000:] + detached.stderr[-3000:]
     assert f"kiln: detached; job {job} goes on." in detached.stdout
-    assert f"logs -f {job}" in detached.stdout  # how to follow it
+    assert f"logs -f {job}" in detached.stdout  # how to follow it, and to stop it beside that
+    assert f"./pants --concurrent run :kiln-cluster -- --cluster {cluster} stop {job}" in \
+        detached.stdout  # fmt: skip
     run_dir = tmp_path / "store" / "checkpoints/tiny/2026.11.29"
     try:
         status = kiln_cluster(cluster, "status", job)

@@ -32,8 +32,13 @@ def new_job_id(name: str) -> str:
 
 
 def how_to_follow(job_id: str, address: str) -> str:
-    command = f"./pants run :kiln-cluster -- --cluster {address}"
-    return f"follow it: {command} logs -f {job_id}; stop it: {command} stop {job_id}"
+    """The commands that follow and stop the job. `stop` carries `--concurrent`: a checkout's
+    Pants daemon runs one command at a time, and a terminal following the job holds it."""
+    command = f"run :kiln-cluster -- --cluster {address}"
+    return (
+        f"follow it: ./pants {command} logs -f {job_id}; "
+        f"stop it (from any terminal): ./pants --concurrent {command} stop {job_id}"
+    )
 
 
 def run(
