@@ -39,7 +39,10 @@ STEP_FILE = "step.json"
 STAGING_DIR = "staging"  # in a host's inputs folder: where a run in a bucket stages its files
 CONNECT_TIMEOUT_S = 5.0
 CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
-SESSION_TIMEOUT_S = 30.0  # a head that answers but starts no session: Ray would wait forever
+# A head that answers but starts no session: Ray would wait forever. Ray Client tells a session
+# still starting from one that never will by nothing, and a working but busy head has taken
+# over 30 s (the e2e test's, on two cores).
+SESSION_TIMEOUT_S = 180.0
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
