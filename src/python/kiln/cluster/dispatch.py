@@ -436,19 +436,3 @@ def _wait(
             return f"process {index}'s trainer on node {nodes[index]} was killed by signal {-code}"
         codes.append(code)
     return next((code for code in codes if code != 0), 0)
-
-
-def locked_requirements(lock_text: str) -> str:
-    """Every requirement of a Pants (pex) lockfile as pip's hash-checked lines
-    (`name==version --hash=sha256:...`), for a node to install with `--require-hashes`."""
-    lock = json.loads("\n".join(line for line in lock_text.splitlines()
-                                 if not line.startswith("//")))  # fmt: skip
-    lines = []
-    for resolve in lock["locked_resolves"]:
-        for requirement in resolve["locked_requirements"]:
-            hashes = " ".join(
-                f"--hash={artifact['algorithm']}:{artifact['hash']}"
-                for artifact in requirement["artifacts"]
-            )
-            lines.append(f"{requirement['project_name']}=={requirement['version']} {hashes}")
-    return "\n".join(sorted(lines)) + "\n"

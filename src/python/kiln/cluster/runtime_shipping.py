@@ -9,12 +9,12 @@ nodes run Kiln's sources with their own Python, which must then hold the runtime
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from kiln.cluster import node_runtime
-from kiln.cluster.dispatch import locked_requirements
 from kiln_contract.train import Resources
 
 RUNTIME_PEX_VARIABLE = "KILN_RUNTIME_PEX"  # the packed runtime PEX folder Pants built
@@ -49,3 +49,19 @@ def _code_files() -> tuple[str, list[tuple[str, Path]]]:
         root = Path(package.__file__).parent
         files += node_runtime.folder_files(root, root.name)
     return node_runtime.digest_of(files), files
+
+
+def locked_requirements(lock_text: str) -> str:
+    """Every requirement of a Pants (pex) lockfile as pip's hash-checked lines
+    (`name==version --hash=sha256:...`), for a node to install with `--require-hashes`."""
+    lock = json.loads("\n".join(line for line in lock_text.splitlines()
+                                 if not line.startswith("//")))  # fmt: skip
+    lines = []
+    for resolve in lock["locked_resolves"]:
+        for requirement in resolve["locked_requirements"]:
+            hashes = " ".join(
+                f"--hash={artifact['algorithm']}:{artifact['hash']}"
+                for artifact in requirement["artifacts"]
+            )
+            lines.append(f"{requirement['project_name']}=={requirement['version']} {hashes}")
+    return "\n".join(sorted(lines)) + "\n"
