@@ -12,7 +12,13 @@ from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.llama import LlamaArchitecture, flops_per_token, num_parameters
 from kiln_pants.plan import Plan
-from kiln_pants.training_cost import MEASURED_THROUGHPUT, measurement_for, vocabulary_size
+from kiln_pants.training_cost import (
+    MEASURED_START_UP,
+    MEASURED_THROUGHPUT,
+    duration,
+    measurement_for,
+    vocabulary_size,
+)
 
 ONE_POINT_FOUR_B = LlamaArchitecture(max_seq_len=4096, hidden_dim=2048, intermediate_dim=8192,
                                      num_heads=16, num_kv_heads=16, num_layers=24)  # fmt: skip
@@ -107,8 +113,15 @@ def test_plan_prices_each_run_and_the_sweep(plan_rule_runner: RuleRunner, tmp_pa
         f"parameters, 204.80k tokens, {flops:.3g} FLOPs"
     )
     assert line.replace("e+", "e") in result.stdout
-    assert f"{hours:.3g} cpu device-hours" in result.stdout
+    assert f"{hours:.3g} cpu device-hours (steps: {duration(hours)} on 1 device(s))" in result.stdout
     assert f"; {hours * 2.0:,.2f} at 2 per device-hour" in result.stdout
+    [start] = MEASURED_START_UP  # wall time: the measured start to the first step, then the steps
+    wall = (
+        f"    wall ~ {duration(hours + start.seconds / 3600)}: {start.seconds:g} s to the first "
+        f"step (start-up and compile, measured on cpu {start.date}, benchmarks/RESULTS.md, "
+        f"\"{start.section}\") + {duration(hours)} of steps;"
+    )
+    assert wall in result.stdout
     assert "Total of 2 run(s): 409.60k tokens" in result.stdout
     assert f"  {2 * hours:.3g} cpu device-hours; {4 * hours:,.2f} at 2" in result.stdout
 

@@ -78,6 +78,24 @@ FLOPS_FORMULA = (
 # A measurement prices models from a third to three times its parameter count.
 COVERED_RATIO = 3.0
 
+
+@dataclass(frozen=True)
+class StartUp:
+    """A measured trainer start: seconds from its process starting to its first step done
+    (imports, opening the caches, initialising the state, compiling the step), cold."""
+
+    device: str
+    seconds: float
+    date: str
+    section: str  # where benchmarks/RESULTS.md reports it
+
+
+# benchmarks/RESULTS.md "Start-up": the quickstart's trainer on the idle 2-core VM, cold start,
+# median of three (no compilation cache).
+MEASURED_START_UP = (
+    StartUp("cpu", 7.7, "2026-12-01", "Start-up: the quickstart's trainer"),
+)
+
 # Vocabularies of tokenizers that are not files in the repository.
 KNOWN_VOCABULARIES = {
     ("package", "gpt2"): 50257,
@@ -139,13 +157,29 @@ class RunCost:
         if hours is None or self.measurement is None:
             return [line, f"    device-hours unknown: {self.unpriced}"]
         devices = device_count(self.resources)
-        on = f" ({duration(hours / devices)} on {devices} device(s))" if devices else ""
-        return [
+        on = f" (steps: {duration(hours / devices)} on {devices} device(s))" if devices else ""
+        lines = [
             line,
             f"    {hours:.3g} {self.device} device-hours{on}{money(hours, prices.get(self.device))}",
             f"    at {self.measurement.describe()} (benchmarks/RESULTS.md, "
             f"\"{self.measurement.section}\"), scaled by FLOPs per token",
         ]
+        if devices:
+            lines.append(f"    {wall_text(hours / devices, self.device)}")
+        return lines
+
+
+def wall_text(step_hours: float, device: str) -> str:
+    """The run's wall time: the measured start to the first step, then the steps."""
+    start = next((s for s in MEASURED_START_UP if s.device == device), None)
+    if start is None:
+        return f"wall: the steps' {duration(step_hours)}; start-up not measured on {device}"
+    return (
+        f"wall ~ {duration(step_hours + start.seconds / 3600)}: {start.seconds:g} s to the first "
+        f"step (start-up and compile, measured on {device} {start.date}, benchmarks/RESULTS.md, "
+        f"\"{start.section}\") + {duration(step_hours)} of steps; Pants' set-up and the "
+        "evaluations not included"
+    )
 
 
 def flops_text(flops: float) -> str:
