@@ -179,8 +179,8 @@ def test_built_store_caches_are_served_without_a_process(workspace: Path) -> Non
     assert {path: path.stat().st_mtime_ns for path in store.rglob("*")} == files
     planned = pants(repo, "plan", "experiments/shaped:shaped")
     assert "Tokenizing" not in planned.stderr
-    # Inline caches enter the store when a run places them there; until then they "would run".
-    assert "7 artifacts: 3 built, 4 would run" in planned.stdout
+    # Inline caches enter the store when a run places them there; until then they are Pants'.
+    assert "7 artifacts: 3 built, 3 inline, 1 would run" in planned.stdout
     # Each unbuilt cache's shard plan, from the runtime: here val_c's local files, one a shard.
     assert planned.stdout.count("shard plan: ") == 3  # val_a, val_b and val_c; not the built ones
     assert f"shard plan: 2 shards, 2 files, {sum(sizes.values())} B;" in planned.stdout

@@ -177,15 +177,21 @@ def test_plan_reports_built_would_run_and_drift(plan_rule_runner: RuleRunner, tm
 
     result = rule_runner.run_goal_rule(Plan, args=args)
     assert result.exit_code == 0
-    assert "3 artifacts: 3 would run" in result.stdout
+    # The inline caches live in Pants' cache, where plan cannot look: never "would run" at a
+    # store path no build writes (a build of them alone leaves them there).
+    assert "3 artifacts: 2 inline, 1 would run" in result.stdout
     assert f"{tmp_path}/checkpoints/ckpt/2026.06.28" in result.stdout
+    assert (
+        "-> Pants' cache: its processes build it when a step needs it (cache hits once they have "
+        f"run); a run that reads it places it at {tmp_path}/tokenized/train/2026.06.28"
+    ) in result.stdout
 
     record_dir = tmp_path / "checkpoints/ckpt/2026.06.28"
     record_dir.mkdir(parents=True)
     record = {"fingerprint": ckpt.fingerprint, "identity": ckpt.identity}
     (record_dir / "artifact.json").write_text(json.dumps(record))
     (record_dir / "STATUS").write_text("SUCCESS\n")
-    assert "1 built, 2 would run" in rule_runner.run_goal_rule(Plan, args=args).stdout
+    assert "1 built, 2 inline" in rule_runner.run_goal_rule(Plan, args=args).stdout
 
     stale = {**ckpt.identity, "batch_size": 16}
     (record_dir / "artifact.json").write_text(

@@ -154,12 +154,12 @@ def test_plan_shows_the_export_after_its_checkpoint(
     args = [f"--kiln-prefix={tmp_path}", "exp:hf"]
     result = rule_runner.run_goal_rule(Plan, args=args)
     lines = result.stdout.splitlines()
-    assert "3 artifacts: 3 would run" in result.stdout
+    assert "3 artifacts: 1 inline, 2 would run" in result.stdout
     assert any("hf_model" in line and "hf/hf@2026.06.28" in line for line in lines)
     assert f"{tmp_path}/hf/hf/2026.06.28" in result.stdout
 
     write_record(tmp_path / "hf/hf/2026.06.28", export.fingerprint, export.identity)
-    assert "1 built, 2 would run" in rule_runner.run_goal_rule(Plan, args=args).stdout
+    assert "1 built, 1 inline, 1 would run" in rule_runner.run_goal_rule(Plan, args=args).stdout
     write_record(tmp_path / "hf/hf/2026.06.28", "0" * 16, {**export.identity, "dtype": "float32"})
     drift = rule_runner.run_goal_rule(Plan, args=args)
     assert drift.exit_code == 1 and "differs in: dtype" in drift.stdout

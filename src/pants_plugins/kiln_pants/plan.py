@@ -138,6 +138,27 @@ def init_from_problem(target: Target) -> Optional[str]:
     return None
 
 
+INLINE = StoredState("inline")
+
+
+def shown_state(artifact: Artifact, state: StoredState) -> StoredState:
+    """An inline cache that no run has placed in the store lives in Pants' cache, where `plan`
+    cannot look without running its processes: `inline`, not `would run`."""
+    if not artifact.in_store and state.status == "would run" and not state.detail:
+        return INLINE
+    return state
+
+
+def shown_path(prefix: str, artifact: Artifact, state: StoredState) -> str:
+    path = artifact_path(prefix, artifact)
+    if state is INLINE:
+        return (
+            "Pants' cache: its processes build it when a step needs it (cache hits once they "
+            f"have run); a run that reads it places it at {path}"
+        )
+    return path
+
+
 def plan_json(
     prefix: str, states: Mapping[Artifact, StoredState], problems: list[str]
 ) -> dict[str, Any]:
@@ -182,7 +203,8 @@ async def plan(
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
     prefix = kiln.prefix_location(build_root.path)
     counts: dict[str, int] = {}
-    states = (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
+    stored = (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
+    states = {artifact: shown_state(artifact, state) for artifact, state in stored.items()}
     if plan_subsystem.json:
         problems = await _init_from_problems(graph)
         console.print_stdout(json.dumps(plan_json(prefix, states, problems), indent=2))
@@ -200,7 +222,7 @@ async def plan(
             f"  {state.status:<11} {artifact.fingerprint}  {artifact.kind:<15} "
             f"{artifact.ref:<48} {artifact.address}"
         )
-        console.print_stdout(f"  {'':<11} {'':<16}  -> {artifact_path(prefix, artifact)}")
+        console.print_stdout(f"  {'':<11} {'':<16}  -> {shown_path(prefix, artifact, state)}")
         if state.detail:
             console.print_stdout(f"  {'':<11} {'':<16}  !! {state.detail}")
         if artifact.kind == "tokenized_cache" and state.status != "built":
