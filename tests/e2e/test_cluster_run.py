@@ -33,6 +33,7 @@ from kiln_testing.multihost import free_port
 from kiln_testing.ray_cluster import stop_processes_under
 
 from kiln.artifacts.store import ObjectStore, open_store
+from tests.e2e.workspace import store_rows
 
 __all__ = ["s3_server"]  # a fixture
 
@@ -248,7 +249,11 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     assert "hf/tiny2/2026.12.01/model.safetensors" in [
         f"hf/tiny2/2026.12.01/{name}" for name in store.keys("hf/tiny2/2026.12.01")
     ]
-    _assert_nowhere(PLANTED.values(), store, [output, served.stdout],
+    listed = pants(repo, *options, "store", env=env)
+    rows = store_rows(listed.stdout)
+    assert rows["checkpoints/tiny2@2026.12.01"] == ("SUCCESS", "experiments/cluster:tiny2")
+    assert rows["hf/tiny2@2026.12.01"] == ("SUCCESS", "experiments/cluster:tiny2_hf")
+    _assert_nowhere(PLANTED.values(), store, [output, served.stdout, listed.stdout],
                     [cluster.root, cluster.ray_root])  # fmt: skip
 
     _a_sweep_submits_its_trainings_at_once(repo, options, store, env)

@@ -7,7 +7,8 @@ code, so it has a workspace of its own. In the e2e tests' shared workspace (conf
 its pantsd: `store` caches build in the artifact store, and once built start no process; two
 `pants run`s, one per "host", train the checkpoint as one multi-host run into the artifact store,
 and its `hf_model` exports it from there; `pants build` of several roots goes on past a failed
-step, marks its dependents DEP_FAILED, and `plan` says why the step failed.
+step, marks its dependents DEP_FAILED, and `plan` says why the step failed; `pants store` lists
+the store and removes what no target names and what failed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.workspace import copy_workspace
+from tests.e2e.workspace import copy_workspace, store_rows
 
 TARGET = "experiments:ci_tiny"
 HF_TARGET = "experiments:ci_tiny_hf"
@@ -276,22 +277,31 @@ hf_model(name="bf16", artifact_name="hf/ci_tiny_bf16", version="2026.12.01",
 """
 
 
-def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
+@pytest.fixture(scope="module")
+def failed_build(
     trained_in_store: tuple[Path, list[tuple[str, str]]],
-) -> None:
-    """`pants build` of several roots: ci_tiny is served from the store and a bfloat16 export
-    of it is built, while a checkpoint whose `init_from` folder is missing fails at train time
-    (its log says why) and its export is DEP_FAILED; the goal counts the failures, exits 1."""
+) -> tuple[Path, subprocess.CompletedProcess[str], Path]:
+    """`pants build` of experiments/broken: the workspace, the build's result and the missing
+    `init_from` folder."""
     repo, _ = trained_in_store
     (repo / "experiments/broken").mkdir()
     missing = repo / "no-such-model"
     (repo / "experiments/broken/BUILD").write_text(BROKEN_CHECKPOINT.replace("MISSING", str(missing)))
-    store = repo / "artifacts"
-
     result = subprocess.run(
         pants_command("build", "experiments/broken::"),
         cwd=repo, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
+    return repo, result, missing
+
+
+def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
+    failed_build: tuple[Path, subprocess.CompletedProcess[str], Path],
+) -> None:
+    """`pants build` of several roots: ci_tiny is served from the store and a bfloat16 export
+    of it is built, while a checkpoint whose `init_from` folder is missing fails at train time
+    (its log says why) and its export is DEP_FAILED; the goal counts the failures, exits 1."""
+    repo, result, missing = failed_build
+    store = repo / "artifacts"
     assert result.returncode == 1, result.stdout + result.stderr
     summary = dict(
         (match.group(2), match.group(1))
@@ -315,6 +325,40 @@ def test_build_goes_on_past_a_failed_step_and_marks_its_dependents(
     planned = subprocess.run(pants_command("plan", "experiments/broken:broken"), cwd=repo,
                              capture_output=True, text=True, timeout=900)  # fmt: skip
     assert f"!! init_from: {missing} is not a folder" in planned.stdout, planned.stdout
+
+
+def test_store_lists_the_artifacts_and_removes_the_unwanted(
+    failed_build: tuple[Path, subprocess.CompletedProcess[str], Path],
+) -> None:
+    """`pants store` names each artifact's STATUS and target; after a version bump the old
+    export is named by none: `--remove=unnamed` prints it and removes it only with `--yes`;
+    `--remove=failed` takes the failed run and its DEP_FAILED export."""
+    repo, _, _ = failed_build
+    store = repo / "artifacts"
+    rows = store_rows(pants(repo, "store").stdout)
+    assert rows["checkpoints/ci_tiny@2026.11.29"] == ("SUCCESS", "experiments:ci_tiny")
+    assert rows["checkpoints/broken@2026.12.01"] == ("FAILED", "experiments/broken:broken")
+    assert rows["hf/broken@2026.12.01"] == ("DEP_FAILED", "experiments/broken:broken_hf")
+    assert rows["hf/ci_tiny_bf16@2026.12.01"] == ("SUCCESS", "experiments/broken:bf16")
+
+    build = repo / "experiments/broken/BUILD"
+    build.write_text(build.read_text().replace('ci_tiny_bf16", version="2026.12.01"',
+                                               'ci_tiny_bf16", version="2026.12.02"'))  # fmt: skip
+    old_export = store / "hf/ci_tiny_bf16/2026.12.01"
+    dry = pants(repo, "store", "--remove=unnamed").stdout
+    assert store_rows(dry)["hf/ci_tiny_bf16@2026.12.01"] == ("SUCCESS", "(no target)")
+    assert re.search(r"^  hf/ci_tiny_bf16@2026.12.01 \(SUCCESS, [\d.]+ [kM]B\)$", dry, re.M), dry
+    assert "Nothing removed: add --store-yes to remove them." in dry
+    assert (old_export / "STATUS").is_file()
+    removed = pants(repo, "store", "--remove=unnamed", "--yes").stdout
+    assert re.search(rf"^Removed (\d+) of \1 artifacts? from {store}\.$", removed, re.M), removed
+    assert not old_export.exists() and not (old_export.parent / ".2026.12.01.lease").exists()
+
+    failed = pants(repo, "store", "--remove=failed", "--yes").stdout
+    assert f"Removed 2 of 2 artifacts from {store}." in failed, failed
+    left = store_rows(pants(repo, "store").stdout)
+    assert "checkpoints/broken@2026.12.01" not in left and "hf/broken@2026.12.01" not in left
+    assert left["checkpoints/ci_tiny@2026.11.29"] == ("SUCCESS", "experiments:ci_tiny")
 
 
 def unused_port() -> int:

@@ -1,8 +1,10 @@
-"""A copy of this workspace for end-to-end tests to run real ./pants in."""
+"""A copy of this workspace for end-to-end tests to run real ./pants in, and what they read
+back from its output."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -39,3 +41,10 @@ def pantsd_pids(repo: Path) -> list[int]:
 def stop_pantsd(repo: Path) -> None:
     for pid in pantsd_pids(repo):
         os.kill(pid, signal.SIGKILL)
+
+
+def store_rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """`pants store`'s table: artifact ref -> (STATUS, target)."""
+    row = r"^  (\S+) +[\d.]+ k?[MGT]?B +(?:\d+ \w+|now) +(\S+@\S+) +(.+)$"
+    return {m.group(2): (m.group(1), m.group(3)) for m in re.finditer(row, stdout, re.M)}
+

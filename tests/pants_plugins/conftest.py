@@ -9,7 +9,7 @@ from pants.engine.addresses import Addresses
 from pants.engine.target import DependenciesRequest, Targets
 from pants.testutil.rule_runner import QueryRule, RuleRunner
 
-from kiln_pants import build, compare, plan, register
+from kiln_pants import build, compare, housekeeping, plan, register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
@@ -19,8 +19,8 @@ from kiln_pants.train_rules import StepJson, StepJsonRequest
 
 @pytest.fixture
 def rule_runner() -> RuleRunner:
-    """The backend's rules without the `plan` and `build` goals (see plan_rule_runner)."""
-    goals = {*plan.rules(), *build.rules(), *compare.rules()}
+    """The backend's rules without its goals (see plan_rule_runner)."""
+    goals = {*plan.rules(), *build.rules(), *compare.rules(), *housekeeping.rules()}
     without_goals = [rule for rule in register.rules() if rule not in goals]
     return _rule_runner([*without_goals, *KilnSubsystem.rules()])
 

@@ -5,7 +5,9 @@ record whose STATUS is SUCCESS counts as built. This module reads, from the Pant
 answer "is it built, and with the same identity?" (see docs/artifacts.md): a local store
 directly; a bucket through the runtime's own store client (`python -m kiln.artifacts.peek`), as
 one process for every folder a goal asks about, never cached beyond its session (PER_SESSION),
-with the bucket's credentials from the caller's environment.
+with the bucket's credentials from the caller's environment. Listing a store and removing
+artifacts (`pants store`) go through the runtime's `python -m kiln.artifacts.inventory`, for a
+directory and a bucket alike.
 """
 
 from __future__ import annotations
@@ -22,10 +24,18 @@ from pants.engine.process import FallibleProcessResult, Process, ProcessCacheSco
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.util.frozendict import FrozenDict
 
+from kiln_contract.inventory import Inventory
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
-from kiln_pants.runtime import DEP_FAILED_MARKS, PEEK, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import (
+    DEP_FAILED_MARKS,
+    INVENTORY,
+    PEEK,
+    Runtime,
+    RuntimeProcess,
+    RuntimeRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -213,16 +223,61 @@ class BucketRecords:
     texts: FrozenDict[str, FrozenDict[str, Optional[str]]]  # folder -> file -> text or None
 
 
+def _failure(result: FallibleProcessResult) -> str:
+    """A failed store process's one line (it names the store and what to check)."""
+    lines = result.stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
+
+
 @rule(desc="Reading artifact records from a bucket")
 async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
     description = f"Reading {len(request.folders)} artifact records from {request.prefix}"
     result = await _store_process(PEEK, (request.prefix, *request.folders), description)
     if result.exit_code != 0:
-        lines = result.stderr.decode(errors="replace").strip().splitlines()
-        why = lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
-        raise BucketUnreadable(f"cannot read the artifact store: {why}")  # why names the URL
+        raise BucketUnreadable(f"cannot read the artifact store: {_failure(result)}")
     texts = json.loads(result.stdout)
     return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
+
+
+@dataclass(frozen=True)
+class StoreInventoryRequest:
+    prefix: str  # a local store's absolute path, or a bucket URL
+
+
+@dataclass(frozen=True)
+class StoreInventory:
+    inventory: Optional[Inventory]
+    error: Optional[str] = None  # why the store cannot be listed, naming it
+
+
+@rule(desc="Listing what the artifact store holds")
+async def list_store(request: StoreInventoryRequest) -> StoreInventory:
+    description = f"Listing the artifacts in {request.prefix}"
+    result = await _store_process(INVENTORY, (request.prefix,), description)
+    if result.exit_code != 0:
+        return StoreInventory(None, _failure(result))
+    return StoreInventory(Inventory.from_json(result.stdout.decode()))
+
+
+@dataclass(frozen=True)
+class StoreRemovalRequest:
+    prefix: str
+    folders: tuple[str, ...]  # name/version
+
+
+@dataclass(frozen=True)
+class StoreRemoval:
+    lines: tuple[str, ...]  # "removed FOLDER" or "kept FOLDER: why", one per folder reached
+    error: Optional[str] = None  # why the store stopped answering, naming it
+
+
+@rule(desc="Removing artifacts from the artifact store")
+async def remove_from_store(request: StoreRemovalRequest) -> StoreRemoval:
+    description = f"Removing {len(request.folders)} artifacts from {request.prefix}"
+    argv = (request.prefix, "--remove", *request.folders)
+    result = await _store_process(INVENTORY, argv, description)
+    lines = tuple(result.stdout.decode().splitlines())
+    return StoreRemoval(lines, None if result.exit_code == 0 else _failure(result))
 
 
 def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:

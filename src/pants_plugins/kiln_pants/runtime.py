@@ -37,6 +37,10 @@ RUN_STEP = (
 )
 EXPORT = ("kiln.interop", Address("src/python/kiln/interop", relative_file_path="__main__.py"))
 PEEK = ("kiln.artifacts.peek", Address("src/python/kiln/artifacts", relative_file_path="peek.py"))
+INVENTORY = (
+    "kiln.artifacts.inventory",
+    Address("src/python/kiln/artifacts", relative_file_path="inventory.py"),
+)
 DEP_FAILED_MARKS = (
     "kiln.artifacts.dep_failed",
     Address("src/python/kiln/artifacts", relative_file_path="dep_failed.py"),

@@ -86,18 +86,18 @@ class ShardPlan:
         files = [len(shard) for shard in self.shards]
         sizes = [sum(shard.values()) for shard in self.shards]
         summary = (
-            f"shard plan: {_count(len(files), 'shard')}, {_count(sum(files), 'file')}, "
-            f"{_size(sum(sizes))}"
+            f"shard plan: {count_text(len(files), 'shard')}, {count_text(sum(files), 'file')}, "
+            f"{size_text(sum(sizes))}"
         )
         if len(self.shards) > 1:
             summary += (
                 f"; per shard (min/median/max) {_spread(files)} files, "
-                f"{'/'.join(_size(n) for n in _three(sizes))}"
+                f"{'/'.join(size_text(n) for n in _three(sizes))}"
             )
         lines = [summary]
         shown = self.shards if every_shard else self.shards[:SHOWN_SHARDS]
         for index, shard in enumerate(shown):
-            lines.append(f"  shard {index}: {_count(len(shard), 'file')}, {_size(sizes[index])}")
+            lines.append(f"  shard {index}: {count_text(len(shard), 'file')}, {size_text(sizes[index])}")
             if every_shard:
                 lines.extend(f"    {key} ({size:,} bytes)" for key, size in shard.items())
             elif shard:
@@ -280,7 +280,7 @@ async def plan_process(request: PlanProcessRequest, hub: HubSettingsCache) -> Sh
         RuntimeProcess(
             request.runtime,
             argv=("plan", *names, "--json"),
-            description=f"Planning the shards of {_count(len(caches), 'cache')}",
+            description=f"Planning the shards of {count_text(len(caches), 'cache')}",
             input_digest=digest,
             output_directories=(),
             cache_scope=(
@@ -323,20 +323,20 @@ def _parsed(shards: list[dict]) -> ShardPlan:
         return ShardPlan(imported=_imported_line(ledger), imported_tokens=ledger["tokens"])
     if any("streamed" in shard for shard in shards):
         how = "each its rank's part of the stream (split_dataset_by_node)"
-        return ShardPlan(streamed=f"{_count(len(shards), 'shard')}, {how}")
+        return ShardPlan(streamed=f"{count_text(len(shards), 'shard')}, {how}")
     return ShardPlan(tuple(FrozenDict(shard["files"]) for shard in shards))
 
 
 def _imported_line(imported: dict) -> str:
-    tokens = "tokens not recorded" if imported["tokens"] is None else _count(imported["tokens"], "token")
+    tokens = "tokens not recorded" if imported["tokens"] is None else count_text(imported["tokens"], "token")
     return (
         f"imports the Levanter cache at {imported['location']}: {imported['layout']} layout, "
-        f"{_count(imported['parts'], 'part')}, {_count(imported['documents'], 'document')}, "
+        f"{count_text(imported['parts'], 'part')}, {count_text(imported['documents'], 'document')}, "
         f"{tokens} (its shard_ledger.json)"
     )
 
 
-def _count(n: int, noun: str) -> str:
+def count_text(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
@@ -348,7 +348,7 @@ def _spread(values: list[int]) -> str:
     return "/".join(f"{n:,}" for n in _three(values))
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"

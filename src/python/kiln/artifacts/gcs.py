@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import threading
@@ -40,6 +41,7 @@ from kiln.artifacts.bucket import (
 )
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import (
+    ListedObject,
     ObjectExists,
     ObjectMissing,
     ObjectStore,
@@ -122,16 +124,18 @@ class GCSStore(ObjectStore):
         params = {"ifGenerationMatch": generation}
         self._request(key, "DELETE", self._object_path(key), params=params)
 
-    def keys(self, key: str) -> list[str]:
+    def listing(self, key: str) -> list[ListedObject]:
         folder = self.url.name(key).rstrip("/") + "/"
-        found: list[str] = []
-        params = {"prefix": folder, "fields": "items(name),nextPageToken"}
+        found: list[ListedObject] = []
+        params = {"prefix": folder, "fields": "items(name,size,updated),nextPageToken"}
         while True:
             reply = self._request(key, "GET", f"/storage/v1/b/{self.url.bucket}/o", params=params)
             page = reply.json()
-            found += [item["name"][len(folder) :] for item in page.get("items", [])]
+            for item in page.get("items", []):
+                modified = _seconds(item["updated"])
+                found.append(ListedObject(item["name"][len(folder) :], int(item["size"]), modified))
             if "nextPageToken" not in page:
-                return sorted(found)
+                return sorted(found, key=lambda listed: listed.name)
             params = {**params, "pageToken": page["nextPageToken"]}
 
     def remove(self, key: str) -> None:
@@ -315,3 +319,8 @@ def _error_message(reply: requests.Response) -> str:
         return str(reply.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return reply.text[:200]
+
+
+def _seconds(rfc3339: str) -> float:
+    """'2026-12-02T19:30:00.123Z' (the JSON API's `updated`) as unix seconds."""
+    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()

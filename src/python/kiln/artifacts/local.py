@@ -24,6 +24,7 @@ from typing import Any
 
 from kiln.artifacts import atomic_write_bytes, atomic_write_with
 from kiln.artifacts.store import (
+    ListedObject,
     ObjectExists,
     ObjectMissing,
     ObjectStore,
@@ -111,9 +112,18 @@ class LocalStore(ObjectStore):
         with self._locked(key, generation):
             os.unlink(self.path(key))
 
-    def keys(self, key: str) -> list[str]:
+    def listing(self, key: str) -> list[ListedObject]:
         folder = self.path(key)
-        return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        found = []
+        for path in folder.rglob("*"):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue  # deleted while listed
+            if not path.is_dir():
+                name = path.relative_to(folder).as_posix()
+                found.append(ListedObject(name, stat.st_size, stat.st_mtime))
+        return sorted(found, key=lambda listed: listed.name)
 
     def remove(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):

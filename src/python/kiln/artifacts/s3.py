@@ -32,6 +32,7 @@ from kiln.artifacts.bucket import (
 )
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import (
+    ListedObject,
     ObjectExists,
     ObjectMissing,
     ObjectStore,
@@ -161,15 +162,17 @@ class S3Store(ObjectStore):
     def delete(self, key: str, *, generation: str) -> None:
         self._call(key, "delete_object", Key=self.url.name(key), IfMatch=generation)
 
-    def keys(self, key: str) -> list[str]:
+    def listing(self, key: str) -> list[ListedObject]:
         folder = self.url.name(key).rstrip("/") + "/"
-        found: list[str] = []
+        found: list[ListedObject] = []
         token: dict[str, str] = {}
         while True:  # pages of at most 1000 keys
             reply = self._call(key, "list_objects_v2", Prefix=folder, **token)
-            found += [item["Key"][len(folder) :] for item in reply.get("Contents", [])]
+            for item in reply.get("Contents", []):
+                modified = item["LastModified"].timestamp()
+                found.append(ListedObject(item["Key"][len(folder) :], item["Size"], modified))
             if not reply.get("IsTruncated"):
-                return sorted(found)
+                return sorted(found, key=lambda listed: listed.name)
             token = {"ContinuationToken": reply["NextContinuationToken"]}
 
     def remove(self, key: str) -> None:

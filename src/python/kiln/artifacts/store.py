@@ -42,6 +42,13 @@ class StoredObject:
     generation: str  # opaque: changes with every write of the key
 
 
+@dataclass(frozen=True)
+class ListedObject:
+    name: str  # the key relative to the folder listed
+    size: int  # bytes
+    modified: float  # when it was last written, unix seconds
+
+
 class ObjectStore(abc.ABC):
     """Objects under '/'-separated keys relative to the store's root."""
 
@@ -99,8 +106,12 @@ class ObjectStore(abc.ABC):
         """Deletes the object only if it is still `generation` (PreconditionFailed otherwise)."""
 
     @abc.abstractmethod
+    def listing(self, key: str) -> list[ListedObject]:
+        """Every object under `key/` (names relative to `key`), sorted by name."""
+
     def keys(self, key: str) -> list[str]:
         """The keys of every object under `key/`, relative to `key`, sorted."""
+        return [listed.name for listed in self.listing(key)]
 
     @abc.abstractmethod
     def remove(self, key: str) -> None:

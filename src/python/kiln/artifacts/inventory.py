@@ -1,0 +1,170 @@
+"""What a store holds, artifact by artifact, and the removal of artifacts: `pants store`'s
+runtime half (docs/artifacts.md, "Housekeeping").
+
+    python -m kiln.artifacts.inventory STORE                    one JSON object: the artifacts
+    python -m kiln.artifacts.inventory STORE --remove FOLDER... removes them; a line for each
+
+An artifact is a folder `{name}/{version}/` that holds a record or a STATUS, together with its
+siblings `.{version}.lease`, `.{version}.replaced/` and `.{version}.shards/` (a store-mode
+cache's shards: they exist before the folder does). `.kiln/` and anything else that belongs to
+no artifact is counted as one "other" entry and never removed. One listing of the store gives
+every object's size and time; the records, STATUS and leases are then read all at once.
+
+A removal takes the artifact's lease first (without waiting: a live holder keeps it, and the
+line says who), deletes STATUS before anything else (a half-removed folder never reads as
+built), then the folder, its siblings and, last, the lease. Deciding *what* to remove (no target
+names it, nothing kept was built from it) is the caller's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections import defaultdict
+
+from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.lease import LeaseHeld, LeaseRecord, lease_key
+from kiln.artifacts.replacement import replaced_key
+from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
+from kiln.artifacts.store import ListedObject, ObjectStore, open_store, read_texts
+from kiln_contract.inventory import Inventory, StoredArtifact
+from kiln_contract.layout import RECORD_FILE, STATUS_FILE
+
+SERVICE_FOLDER = ".kiln"  # what Kiln keeps for the store's runs: not an artifact
+_SIBLING = re.compile(r"^\.(?P<version>.+)\.(?P<kind>lease|replaced|shards)$")
+
+
+def take_inventory(store: ObjectStore, now: float | None = None) -> Inventory:
+    """Every artifact in the store, from one listing and one batch of reads."""
+    listing = store.listing("")
+    owned, other = _by_artifact(listing)
+    folders = sorted(owned)
+    names = [f"{f}/{n}" for f in folders for n in (STATUS_FILE, RECORD_FILE)]
+    texts = read_texts(store, names + [lease_key(f) for f in folders])
+    now = time.time() if now is None else now
+    artifacts = tuple(_artifact(folder, owned[folder], texts, now) for folder in folders)
+    return Inventory(artifacts, len(other), sum(o.size for o in other))
+
+
+def remove_artifact(store: ObjectStore, folder: str) -> str | None:
+    """Removes the artifact `folder` under its lease; None when it is gone, else why it stays."""
+    artifact = ArtifactFolder(store, folder)
+    try:
+        with artifact.lease(f"remove {folder}").acquire(wait=False):
+            store.remove_folder(folder, first=(STATUS_FILE,))
+            for sibling in (replaced_key(folder), _shards_key(folder)):
+                store.remove_folder(sibling)
+    except LeaseHeld as e:
+        return f"a run holds its lease: {e.holder.describe()}"
+    return None
+
+
+def _by_artifact(
+    listing: list[ListedObject],
+) -> tuple[dict[str, list[ListedObject]], list[ListedObject]]:
+    """The objects of each artifact folder, and those of no artifact."""
+    folders = {
+        listed.name.rpartition("/")[0]
+        for listed in listing
+        if listed.name.rpartition("/")[2] in (STATUS_FILE, RECORD_FILE)
+        and not any(part.startswith(".") for part in listed.name.split("/"))
+    }
+    folders = {f for f in folders if not any(_is_within(f, other) for other in folders)}
+    owned: dict[str, list[ListedObject]] = defaultdict(list)
+    other: list[ListedObject] = []
+    for listed in listing:
+        folder = _owner(listed.name, folders)
+        if folder is None:
+            other.append(listed)
+        else:
+            owned[folder].append(listed)
+    return owned, other
+
+
+def _owner(name: str, folders: set[str]) -> str | None:
+    parts = name.split("/")
+    for depth in range(1, len(parts)):
+        if "/".join(parts[:depth]) in folders:
+            return "/".join(parts[:depth])
+    if parts[0] == SERVICE_FOLDER:
+        return None
+    for depth, part in enumerate(parts):
+        sibling = _SIBLING.match(part)
+        if sibling and depth > 0:  # an artifact's lease, aside or shards
+            return "/".join([*parts[:depth], sibling["version"]])
+    return None
+
+
+def _is_within(folder: str, other: str) -> bool:
+    return folder != other and folder.startswith(f"{other}/")
+
+
+def _shards_key(folder: str) -> str:
+    parent, _, version = folder.rpartition("/")
+    return f"{parent}/.{version}.shards"
+
+
+def _artifact(
+    folder: str, objects: list[ListedObject], texts: dict[str, str | None], now: float
+) -> StoredArtifact:
+    status = texts[f"{folder}/{STATUS_FILE}"]
+    record = _record(texts[f"{folder}/{RECORD_FILE}"])
+    inputs = record.get("inputs") or []
+    return StoredArtifact(
+        folder=folder,
+        status=None if status is None else status.strip(),
+        kind=record.get("kind"),
+        fingerprint=record.get("fingerprint"),
+        inputs=tuple(str(i.get("ref")) for i in inputs if isinstance(i, dict)),
+        objects=len(objects),
+        size=sum(o.size for o in objects),
+        modified=max(o.modified for o in objects),
+        lease=_live_holder(texts[lease_key(folder)], now),
+    )
+
+
+def _record(text: str | None) -> dict:
+    try:
+        record = json.loads(text) if text is not None else {}
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _live_holder(text: str | None, now: float) -> str | None:
+    if text is None:
+        return None
+    try:
+        holder = LeaseRecord.from_bytes(text.encode())
+    except ValueError:
+        return None  # unreadable: the next taker treats it as stale, and so does this
+    return holder.describe() if holder.stale_reason(now) is None else None
+
+
+def main(argv: list[str]) -> int:
+    if not argv or (len(argv) > 1 and argv[1] != "--remove"):
+        print(
+            "usage: python -m kiln.artifacts.inventory STORE [--remove NAME/VERSION...]",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        store = open_store(argv[0])
+        store.check()
+        if len(argv) == 1:
+            inventory = take_inventory(store)
+            print(inventory.to_json())
+            return 0
+        for folder in argv[2:]:
+            kept = remove_artifact(store, folder)
+            print(f"removed {folder}" if kept is None else f"kept {folder}: {kept}", flush=True)
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_STORAGE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,96 @@
+"""What a store holds, artifact by artifact, and removals under the artifact's lease: the same
+in a directory and in S3 and GCS buckets (servers on loopback, conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.inventory import main, remove_artifact, take_inventory
+from kiln.artifacts.lease import lease_key
+from kiln.artifacts.store import ObjectStore
+
+
+def _record(kind: str, name: str, version: str, inputs: tuple[str, ...] = ()) -> bytes:
+    refs = [{"ref": ref, "fingerprint": "f" * 12} for ref in inputs]
+    record = {"kind": kind, "name": name, "version": version, "fingerprint": f"fp-{name}",
+              "identity": {}, "inputs": refs}  # fmt: skip
+    return json.dumps(record).encode()
+
+
+def _fill(store: ObjectStore) -> None:
+    """A built cache, a run built from it, a failed run, a store-mode cache with only its
+    shards, an aside of a forced rebuild, and what Kiln keeps beside the artifacts."""
+    store.write("tokenized/web/2026.01.01/artifact.json", _record("tokenized_cache", "tokenized/web", "2026.01.01"))
+    store.write("tokenized/web/2026.01.01/data/c/0", b"x" * 1000)
+    store.write("tokenized/web/2026.01.01/STATUS", b"SUCCESS\n")
+    store.write("checkpoints/run/2026.01.01/artifact.json", _record(
+        "lm_checkpoint", "checkpoints/run", "2026.01.01", ("tokenized/web@2026.01.01",)))
+    store.write("checkpoints/run/2026.01.01/checkpoints/step-10/state/0", b"y" * 500)
+    store.write("checkpoints/run/2026.01.01/STATUS", b"SUCCESS\n")
+    store.write("checkpoints/run/.2026.01.01.replaced/STATUS", b"SUCCESS\n")
+    store.write("checkpoints/bad/2026.02.02/failure.txt", b"non-finite loss\n")
+    store.write("checkpoints/bad/2026.02.02/STATUS", b"FAILED\n")
+    store.write("tokenized/big/.2026.03.03.shards/shard-00000/data", b"z" * 300)
+    store.write(".kiln/code/abc/kiln.tar", b"k" * 70)  # fmt: skip
+
+
+def test_the_inventory_names_each_artifact_its_state_inputs_and_size(store: ObjectStore) -> None:
+    _fill(store)
+    inventory = take_inventory(store)
+    by_folder = {a.folder: a for a in inventory.artifacts}
+    assert sorted(by_folder) == [
+        "checkpoints/bad/2026.02.02", "checkpoints/run/2026.01.01",
+        "tokenized/big/2026.03.03", "tokenized/web/2026.01.01",
+    ]  # fmt: skip
+    web, run = by_folder["tokenized/web/2026.01.01"], by_folder["checkpoints/run/2026.01.01"]
+    assert (web.status, web.kind, web.fingerprint, web.inputs) == (
+        "SUCCESS", "tokenized_cache", "fp-tokenized/web", ())
+    assert web.objects == 3 and web.size == 1000 + 8 + len(
+        _record("tokenized_cache", "tokenized/web", "2026.01.01"))
+    assert run.inputs == ("tokenized/web@2026.01.01",)
+    assert run.objects == 4  # its aside counts as its own
+    bad, big = by_folder["checkpoints/bad/2026.02.02"], by_folder["tokenized/big/2026.03.03"]
+    assert (bad.status, bad.kind, bad.size) == ("FAILED", None, 16 + 7)
+    assert (big.status, big.objects, big.size) == (None, 1, 300)
+    assert (inventory.other_objects, inventory.other_size) == (1, 70)  # .kiln/
+    assert all(abs(a.modified - time.time()) < 600 for a in inventory.artifacts)
+    assert all(a.lease is None for a in inventory.artifacts)
+
+
+def test_a_removal_takes_the_lease_and_leaves_nothing_of_the_artifact(store: ObjectStore) -> None:
+    _fill(store)
+    assert remove_artifact(store, "checkpoints/run/2026.01.01") is None
+    assert store.keys("checkpoints/run") == []  # folder, aside and lease
+    assert remove_artifact(store, "tokenized/big/2026.03.03") is None
+    assert store.keys("tokenized/big") == []
+    left = [a.folder for a in take_inventory(store).artifacts]
+    assert left == ["checkpoints/bad/2026.02.02", "tokenized/web/2026.01.01"]
+
+
+def test_an_artifact_whose_lease_a_run_holds_is_kept_and_its_holder_named(
+    store: ObjectStore,
+) -> None:
+    _fill(store)
+    folder = "checkpoints/bad/2026.02.02"
+    with ArtifactFolder(store, folder).lease("train checkpoints/bad@2026.02.02").acquire(wait=False):
+        [bad] = [a for a in take_inventory(store).artifacts if a.folder == folder]
+        assert bad.lease is not None and bad.lease.startswith("train checkpoints/bad@2026.02.02 (host ")
+        kept = remove_artifact(store, folder)
+        assert kept is not None and kept.startswith("a run holds its lease: train checkpoints/bad")
+        assert store.keys(folder) == ["STATUS", "failure.txt"]
+    assert store.keys("checkpoints/bad") == ["2026.02.02/STATUS", "2026.02.02/failure.txt"]
+    assert lease_key(folder) not in store.keys("")
+
+
+def test_the_command_lists_as_json_and_removes_by_folder(
+    store: ObjectStore, store_location: str, capsys
+) -> None:
+    _fill(store)
+    assert main([store_location]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [a["folder"] for a in listed["artifacts"]][0] == "checkpoints/bad/2026.02.02"
+    assert main([store_location, "--remove", "checkpoints/bad/2026.02.02"]) == 0
+    assert capsys.readouterr().out == "removed checkpoints/bad/2026.02.02\n"
+    assert store.keys("checkpoints/bad") == []
