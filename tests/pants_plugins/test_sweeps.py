@@ -103,7 +103,8 @@ def test_a_grid_expands_into_named_checkpoints_with_hand_written_fingerprints(
             "the `zip` lists differ in length (seed=2, num_train_steps=1)",
         ),
         ('grid={"learning_rate": [-1.0]}', "learning_rate=-1.0: expected a number > 0"),
-        ('grid={"batch_size": [0]}', "The `batch_size` field in target exp:lr_sweep-bs0"),
+        # The line of the user's `lm_sweep(`, not of the macro's expansion.
+        ('grid={"batch_size": [0]}', "exp/BUILD:4: The `batch_size` field in target exp:lr_sweep-bs0"),
     ],
 )
 def test_a_bad_grid_fails_when_the_build_file_loads(

@@ -26,6 +26,7 @@ nothing new is scheduled: `pants build`, `plan` and `compare` see N checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -251,6 +252,8 @@ class LmSweepMacro:
         tags: Optional[list[str]] = None,
         description: Optional[str] = None,
     ) -> None:
+        frame = inspect.currentframe()
+        line = frame.f_back.f_lineno if frame and frame.f_back else None  # of `lm_sweep(`
         runs = expand_sweep(name, base, grid, zip)
         sweep_tags = [*(tags or ()), name]
         for run in runs:
@@ -258,16 +261,27 @@ class LmSweepMacro:
             fields["tags"] = [*fields.get("tags", ()), *sweep_tags]
             # The runs of a sweep share a W&B group unless the base names one.
             fields["wandb"] = {"group": name, **dict(fields.get("wandb") or {})}
-            self._parse_context.create_object(
+            created = self._parse_context.create_object(
                 LmCheckpointTarget.alias, name=run.name, version=version, **fields
             )
-        self._parse_context.create_object(
+            _point_at_line(created, line)
+        created = self._parse_context.create_object(
             "target",
             name=name,
             dependencies=[f":{run.name}" for run in runs],
             tags=sweep_tags,
             description=description or f"lm_sweep: {len(runs)} runs of {_axes_text(runs)}",
         )
+        _point_at_line(created, line)
+
+
+def _point_at_line(target_adaptor: Any, line: Optional[int]) -> None:
+    """Pants records, as a target's origin, the line that called its factory: for a sweep's
+    targets a line of Pants' own `create_object`. Errors about them name the BUILD file's
+    `lm_sweep(` line instead."""
+    if line is not None:
+        path = target_adaptor.description_of_origin.rpartition(":")[0]
+        target_adaptor.description_of_origin = f"{path}:{line}"
 
 
 def _axes_text(runs: list[SweepRun]) -> str:
