@@ -28,7 +28,7 @@ from pants.testutil.rule_runner import QueryRule, RuleRunner
 
 from kiln_pants.runtime import RUN_STEP
 
-# The workspace's files, in this test's sandbox (BUILD: //:workspace and lab:code).
+# The workspace's files, in this test's sandbox (BUILD: `workspace=True` and lab:code).
 PRODUCT, LAB = Path("src/python"), Path("lab/kiln_lab")
 LAB_KERNEL = "lab/kiln_lab/flash_attention_hopper.py"
 PRODUCT_KERNEL = "src/python/kiln/kernels/flash_attention.py"
