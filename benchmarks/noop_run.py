@@ -6,6 +6,8 @@ Run it from the build root, with the target already built in the artifact store 
 experiments:ci_tiny` once). It runs each command once to warm pantsd, then `--repeat` times, and
 prints the median wall time of each (the whole command, as a user waits for it):
 
+- the launcher alone: `./pants list TARGET` with the launcher's final `exec` of Pants' client
+  replaced by `exit 0` (its checks and set-up, before Pants starts);
 - `pants list TARGET`: the launcher, Pants' native client and pantsd, with a goal that runs
   nothing: Pants' floor;
 - `pants run TARGET`: served by the Pants rule from the store's STATUS, record and summary (one
@@ -26,8 +28,10 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 BOOTSTRAP = os.path.join(
     os.environ.get("KILN_BOOTSTRAP_DIR", os.path.expanduser("~/.cache/kiln/bootstrap")),
@@ -46,6 +50,19 @@ def wall_seconds(argv: Sequence[str], repeat: int, env: dict[str, str] | None = 
     return statistics.median(times)
 
 
+def launcher_seconds(target: str, repeat: int) -> float:
+    """The median wall time of `./pants` up to the moment it would start Pants' client."""
+    text = Path("pants").read_text()
+    client = 'exec "${NATIVE_CLIENT}" "$@"'
+    if client not in text:
+        raise SystemExit(f"./pants no longer runs `{client}`: update launcher_seconds")
+    with tempfile.TemporaryDirectory() as folder:
+        stub = Path(folder) / "pants"
+        stub.write_text(text.replace(client, "exit 0"))
+        stub.chmod(0o755)
+        return wall_seconds([str(stub), "list", target], repeat)
+
+
 def python_client() -> tuple[list[str], dict[str, str]]:
     """Pants' Python client, with the environment `./pants` gives it."""
     env = {**os.environ, "KILN_PEX_TOOL": os.path.join(BOOTSTRAP, "pex-2.1.148.pex"),
@@ -62,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("run it from the build root")
     target = args.target
 
+    launcher = launcher_seconds(target, args.repeat)
     listed = wall_seconds(["./pants", "list", target], args.repeat)
     served = wall_seconds(["./pants", "run", target], args.repeat)
     client, env = python_client()
@@ -73,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("| command / part | wall s |")
     print("|---|---|")
+    print(f"| the launcher alone (`./pants` before Pants' client) | {launcher:.3f} |")
     print(f"| `pants list` (launcher, native client, pantsd; no rules run) | {listed:.2f} |")
     print(f"| `pants run`, served by the Pants rule | {served:.2f} |")
     print(f"| `pants run` through the Python client | {python_served:.2f} |")
