@@ -15,8 +15,7 @@ import sys
 
 from kiln.artifacts import record_stop
 from kiln.artifacts.folder import ArtifactFolder
-from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.store import ObjectStore, run_on_store
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RUNNING, STATUS_FILE, SUCCESS
 
 USAGE = "usage: python -m kiln.artifacts.dep_failed STORE [--clear KEY]... [--mark KEY REASON]..."
@@ -57,17 +56,15 @@ def main(argv: list[str]) -> int:
         else:
             print(USAGE, file=sys.stderr)
             return 2
-    try:
-        store = open_store(location)
-        for key in clears:
-            clear(store, key)
-        for key, reason in marks:
-            if mark(store, key, reason):
-                print(f"marked {key}")
-    except StorageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_STORAGE
-    return 0
+    return run_on_store(location, lambda store: _update(store, clears, marks))
+
+
+def _update(store: ObjectStore, clears: list[str], marks: list[tuple[str, str]]) -> None:
+    for key in clears:
+        clear(store, key)
+    for key, reason in marks:
+        if mark(store, key, reason):
+            print(f"marked {key}")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,7 @@ from collections import defaultdict
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import LeaseHeld, LeaseRecord, lease_key
 from kiln.artifacts.replacement import replaced_key
-from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
-from kiln.artifacts.store import ListedObject, ObjectStore, open_store, read_texts
+from kiln.artifacts.store import ListedObject, ObjectStore, read_texts, run_on_store
 from kiln_contract.inventory import Inventory, StoredArtifact
 from kiln_contract.layout import RECORD_FILE, STATUS_FILE
 
@@ -150,20 +149,15 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        store = open_store(argv[0])
-        store.check()
-        if len(argv) == 1:
-            inventory = take_inventory(store)
-            print(inventory.to_json())
-            return 0
-        for folder in argv[2:]:
-            kept = remove_artifact(store, folder)
-            print(f"removed {folder}" if kept is None else f"kept {folder}: {kept}", flush=True)
-    except StorageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_STORAGE
-    return 0
+    if len(argv) == 1:
+        return run_on_store(argv[0], lambda store: print(take_inventory(store).to_json()))
+    return run_on_store(argv[0], lambda store: _remove(store, argv[2:]))
+
+
+def _remove(store: ObjectStore, folders: list[str]) -> None:
+    for folder in folders:
+        kept = remove_artifact(store, folder)
+        print(f"removed {folder}" if kept is None else f"kept {folder}: {kept}", flush=True)
 
 
 if __name__ == "__main__":

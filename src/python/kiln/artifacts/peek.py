@@ -13,8 +13,7 @@ import json
 import sys
 
 from kiln.artifacts import FAILURE_FILE, RECORD_FILE, STATUS_FILE
-from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
-from kiln.artifacts.store import ObjectStore, open_store, read_texts
+from kiln.artifacts.store import ObjectStore, read_texts, run_on_store
 
 
 def peek(store: ObjectStore, folders: list[str]) -> dict[str, dict[str, str | None]]:
@@ -40,14 +39,7 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m kiln.artifacts.peek STORE NAME/VERSION...", file=sys.stderr)
         return 2
-    try:
-        store = open_store(argv[0])
-        store.check()
-        print(json.dumps(peek(store, argv[1:])))
-    except StorageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_STORAGE
-    return 0
+    return run_on_store(argv[0], lambda store: print(json.dumps(peek(store, argv[1:]))))
 
 
 if __name__ == "__main__":

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.artifacts.bucket import ATTEMPTS
-from kiln.artifacts.storage_errors import StorageError
+from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 
 
 class ObjectMissing(Exception):
@@ -239,3 +240,17 @@ def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str
     with ThreadPoolExecutor(8) as pool:  # objects upload independently: overlap the requests
         copied = sum(pool.map(upload, first))
     return copied + sum(map(upload, last))
+
+
+def run_on_store(location: str, action: Callable[[ObjectStore], None]) -> int:
+    """The body of a `python -m kiln.artifacts.X STORE ...` command: `action` on the store at
+    `location`, checked first; a StorageError is one line `error: ...` naming the store on stderr
+    and exit EXIT_STORAGE, which the Pants backend shows as it is."""
+    try:
+        store = open_store(location)
+        store.check()
+        action(store)
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_STORAGE
+    return 0
