@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 
-import grpc
+import grpc  # pants: no-infer-dep (grpcio comes with ray[client], which the test imports)
 import pytest
 from kiln_testing.multihost import free_port
 
