@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.cluster import driver, host, node_runtime
-from kiln.cluster.placement import PlacementError, bundle, check_capacity, host_count, tpu_slice
+from kiln.cluster.placement import (
+    CAPACITY_WAIT_S,
+    PlacementError,
+    bundle,
+    host_count,
+    tpu_slice,
+    wait_for_capacity,
+)
 from kiln_contract.train import Resources
 
 STEP_FILE = "step.json"
@@ -280,8 +287,8 @@ def run_hosts(
     """In the job's driver (kiln.cluster.driver): runs the hosts, their output going to
     `driver_actor.write` and `environment` in their trainers' environment. A lost host (its
     actor or node died, or its trainer was killed by a signal) ends the attempt; after a pause
-    the next one checks the cluster's capacity again (a node may have to come back first) and
-    resumes from the newest checkpoint, up to `max_retries` times. `stopping` asks the trainers
+    the next one waits up to CAPACITY_WAIT_S for the cluster to hold the run again (a node may
+    have to come back first) and resumes from the newest checkpoint, up to `max_retries` times. `stopping` asks the trainers
     to save a checkpoint and stop; `process_0` is told each attempt's host 0 actor (None once it
     ends), which finds the control endpoint. Returns the runners' exit code."""
     import ray
@@ -297,8 +304,11 @@ def run_hosts(
                 f"{job.max_retries} in {pause:.0f} s, from the newest checkpoint")  # fmt: skip
             if stopping.wait(pause):
                 return 0
-        try:
-            check_capacity(job.resources, ray.nodes(), job.address)
+        try:  # a retry waits for a lost node's place to be taken, apart from max_retries
+            wait_for_capacity(job.resources, ray.nodes, job.address, stopping=stopping, say=say,
+                              seconds=CAPACITY_WAIT_S if attempt else 0.0)  # fmt: skip
+            if attempt and stopping.is_set():  # asked to stop while it waited
+                return 0
             outcome = _attempt(ray, job, environment, driver_actor, stopping, process_0)
         except PlacementError as e:  # a lost node has not come back yet, or the nodes are busy
             outcome = str(e)

@@ -11,7 +11,9 @@ there, then places one bundle per host of that slice (kiln.cluster.dispatch).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +127,45 @@ def check_capacity(resources: Resources, nodes: Sequence[Mapping[str, Any]], add
         f"{'' if heads else ', none of them a slice head'} ({offered}). Change `resources` or "
         "use a bigger cluster; nothing was started."
     )
+
+
+# After a lost host, how long the next attempt waits for the cluster to hold the run again (the
+# node back, or another in its place: an autoscaler takes minutes), apart from `--max-retries`.
+CAPACITY_WAIT_S = 600.0
+CAPACITY_POLL_S = 5.0
+
+
+def wait_for_capacity(
+    resources: Resources,
+    nodes: Callable[[], Sequence[Mapping[str, Any]]],
+    address: str,
+    *,
+    seconds: float,
+    stopping: threading.Event,
+    say: Callable[[str], None],
+    poll: float = CAPACITY_POLL_S,
+) -> None:
+    """Returns once `nodes()` (`ray.nodes`) can hold `resources`, or at once when `stopping` is
+    set; says once that it waits. PlacementError, naming the shortfall, after `seconds`."""
+    deadline = time.monotonic() + seconds
+    waiting = False
+    while True:
+        try:
+            check_capacity(resources, nodes(), address)
+            return
+        except PlacementError as e:
+            if time.monotonic() >= deadline:
+                if not waiting:
+                    raise
+                raise PlacementError(
+                    f"the cluster did not hold the run again within {seconds:.0f} s ({e})"
+                ) from None
+            if not waiting:
+                say(f"kiln: waiting up to {seconds:.0f} s for the Ray cluster at {address} to "
+                    f"hold {describe(resources)} again (a lost node back, or another)")  # fmt: skip
+                waiting = True
+        if stopping.wait(poll):
+            return
 
 
 def _describe_node(node: Mapping[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from kiln.cluster.placement import (
     describe,
     host_count,
     tpu_slice,
+    wait_for_capacity,
 )
 from kiln_contract.train import Resources
 
@@ -94,6 +96,36 @@ def test_capacity_counts_distinct_alive_nodes_that_fit() -> None:
         "1 of its 1 node(s) fit (10.0.0.1: CPU 96, GPU 8, accelerator_type:H100). Change "
         "`resources` or use a bigger cluster; nothing was started."
     )
+
+
+def test_a_retry_waits_for_a_lost_nodes_place_to_be_taken_within_its_own_budget() -> None:
+    """After a lost host the next attempt waits for capacity (saying so once) instead of
+    spending an attempt; past the budget it fails naming the shortfall."""
+    two = Resources("gpu", "H100", 8, hosts=2)
+    lost = [node("10.0.0.1", **H100_NODE), node("10.0.0.2", alive=False, **H100_NODE)]
+    back = [lost[0], node("10.0.0.3", **H100_NODE)]
+    answers = iter([lost, lost, back])
+    said: list[str] = []
+    wait_for_capacity(two, lambda: next(answers), "ray://head:10001", seconds=60,
+                      stopping=threading.Event(), say=said.append, poll=0.01)  # fmt: skip
+    assert said == [
+        "kiln: waiting up to 60 s for the Ray cluster at ray://head:10001 to hold "
+        "gpu('H100', count=8, hosts=2) again (a lost node back, or another)"
+    ]
+    with pytest.raises(PlacementError) as raised:
+        wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=0.05,
+                          stopping=threading.Event(), say=said.append, poll=0.01)  # fmt: skip
+    assert str(raised.value).startswith(
+        "the cluster did not hold the run again within 0 s (resources=gpu('H100', count=8, "
+        "hosts=2) asks for 2 host(s)"
+    )
+    with pytest.raises(PlacementError, match=r"^resources=gpu"):  # no budget: one look
+        wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=0,
+                          stopping=threading.Event(), say=said.append)  # fmt: skip
+    stopping = threading.Event()
+    stopping.set()
+    wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=60, stopping=stopping,
+                      say=said.append)  # returns at once: the job is being stopped  # fmt: skip
 
 
 def test_another_accelerator_model_does_not_fit() -> None:
