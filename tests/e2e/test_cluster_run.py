@@ -211,8 +211,6 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     assert f"(host 0) kiln: built checkpoints/tiny2@2026.12.01 at {prefix}/{RUN}" in output
     assert (store.read(f"{RUN}/STATUS").data.decode().strip()) == "SUCCESS"
     assert "AWS_ERROR" not in output  # no SDK noise from the bucket clients
-    # The surviving node keeps no host folder: the retry's host removed the lost attempt's.
-    assert not list((cluster.root / "a/tmp").glob("kiln-host-*")), os.listdir(cluster.root / "a/tmp")
 
     losses = train_losses(store.read(f"{RUN}/metrics.jsonl").data.decode())
     assert [step for step, _ in losses] == list(range(1, 41))  # one line per step

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +21,6 @@ from typing import Any
 from kiln.cluster import node_runtime
 
 INPUTS = "{inputs}"  # replaced in the runner's argv by this host's inputs folder
-HOST_FOLDER = "kiln-host-"  # + the actor's pid: a host's inputs folder, in the node's temp folder
 _PR_SET_PDEATHSIG = 1
 FLUSH_LINES = 200  # a host sends its trainer's output to the driver in batches of at most this
 FLUSH_SECONDS = 0.25  # ... or of what came within this long
@@ -96,8 +94,7 @@ class TrainerHost:
         # A trainer that prints a key by mistake does not put it in the job's output either.
         secrets = [value for name, value in environment.items() if is_secret_name(name)]
 
-        _remove_folders_of_ended_hosts()
-        with tempfile.TemporaryDirectory(prefix=f"{HOST_FOLDER}{os.getpid()}-") as inputs:
+        with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
             _write(files, Path(inputs))
             self._run_dir = self._run_dir.replace(INPUTS, inputs)
             env = {
@@ -147,18 +144,6 @@ class TrainerHost:
         """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally."""
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
-
-
-def _remove_folders_of_ended_hosts() -> None:
-    """Removes the inputs folders of this node's earlier hosts whose actor has ended: a lost
-    host's attempt ends with every host killed (kiln.cluster.dispatch), which leaves the
-    surviving nodes' folders behind."""
-    from kiln_contract.processes import is_running
-
-    for folder in Path(tempfile.gettempdir()).glob(f"{HOST_FOLDER}*"):
-        pid = folder.name.removeprefix(HOST_FOLDER).partition("-")[0]
-        if pid.isdigit() and not is_running(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write(files: dict[str, bytes], folder: Path) -> None:
