@@ -27,3 +27,16 @@ RUNNING = "RUNNING"
 # Written by `pants build` when an input of the artifact failed: Marin's status token for "not
 # built because of a dependency"; the artifact runs again next time.
 DEP_FAILED = "DEP_FAILED"
+
+# Beside an artifact's folder `{name}/{version}/`, never in it: `.{version}.{SIBLING}`.
+LEASE_SIBLING = "lease"  # the object of its builder's lease (kiln.artifacts.lease)
+REPLACED_SIBLING = "replaced"  # the folder a forced rebuild sets aside (kiln.artifacts.replacement)
+SHARDS_SIBLING = "shards"  # a local store-mode cache's shards while it builds
+SIBLINGS = (LEASE_SIBLING, REPLACED_SIBLING, SHARDS_SIBLING)
+
+
+def sibling_key(folder: str, sibling: str) -> str:
+    """('tokenized/x/v1', 'lease') -> 'tokenized/x/.v1.lease': a key or path beside a folder."""
+    parent, _, version = folder.rstrip("/").rpartition("/")
+    name = f".{version}.{sibling}"
+    return f"{parent}/{name}" if parent else name

@@ -17,6 +17,7 @@ from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
+from kiln_contract.layout import SHARDS_SIBLING, sibling_key
 from kiln_contract.tokenize import shard_dir_name
 from kiln_pants.artifact_graph import Artifact
 from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
@@ -56,9 +57,7 @@ class CacheLayout:
         if "://" in prefix:  # a bucket has no rename: shards are uploaded at their final keys
             shards = tuple(f"{store_path}/shards/{shard_dir_name(i)}" for i in range(num_shards))
             return cls(shards, store_path, scope, in_store=True)
-        building = os.path.join(
-            os.path.dirname(store_path), f".{os.path.basename(store_path)}.shards"
-        )
+        building = sibling_key(store_path, SHARDS_SIBLING)
         shards = tuple(os.path.join(building, f"shard-{i}") for i in range(num_shards))
         return cls(shards, store_path, scope, in_store=True, root=prefix)
 

@@ -26,13 +26,19 @@ from collections import defaultdict
 
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import LeaseHeld, LeaseRecord, lease_key
-from kiln.artifacts.replacement import replaced_key
 from kiln.artifacts.store import ListedObject, ObjectStore, read_texts, run_on_store
 from kiln_contract.inventory import Inventory, StoredArtifact
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE
+from kiln_contract.layout import (
+    RECORD_FILE,
+    REPLACED_SIBLING,
+    SHARDS_SIBLING,
+    SIBLINGS,
+    STATUS_FILE,
+    sibling_key,
+)
 
 SERVICE_FOLDER = ".kiln"  # what Kiln keeps for the store's runs: not an artifact
-_SIBLING = re.compile(r"^\.(?P<version>.+)\.(?P<kind>lease|replaced|shards)$")
+_SIBLING = re.compile(rf"^\.(?P<version>.+)\.({'|'.join(SIBLINGS)})$")
 
 
 def take_inventory(store: ObjectStore, now: float | None = None) -> Inventory:
@@ -53,8 +59,8 @@ def remove_artifact(store: ObjectStore, folder: str) -> str | None:
     try:
         with artifact.lease(f"remove {folder}").acquire(wait=False):
             store.remove_folder(folder, first=(STATUS_FILE,))
-            for sibling in (replaced_key(folder), _shards_key(folder)):
-                store.remove_folder(sibling)
+            for sibling in (REPLACED_SIBLING, SHARDS_SIBLING):
+                store.remove_folder(sibling_key(folder, sibling))
     except LeaseHeld as e:
         return f"a run holds its lease: {e.holder.describe()}"
     return None
@@ -98,11 +104,6 @@ def _owner(name: str, folders: set[str]) -> str | None:
 
 def _is_within(folder: str, other: str) -> bool:
     return folder != other and folder.startswith(f"{other}/")
-
-
-def _shards_key(folder: str) -> str:
-    parent, _, version = folder.rpartition("/")
-    return f"{parent}/.{version}.shards"
 
 
 def _artifact(

@@ -51,6 +51,7 @@ from kiln.artifacts.store import (
     PreconditionFailed,
     open_store,
 )
+from kiln_contract.layout import LEASE_SIBLING, sibling_key
 from kiln_contract.processes import is_running
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,7 @@ _MAX_POLL_SECONDS = 2.0  # a waiter's longest pause between looks at the lease
 
 def lease_key(folder_key: str) -> str:
     """'tokenized/x/v1' -> 'tokenized/x/.v1.lease': the lease object beside a folder."""
-    parent, _, name = folder_key.rstrip("/").rpartition("/")
-    return f"{parent}/.{name}.lease" if parent else f".{name}.lease"
+    return sibling_key(folder_key, LEASE_SIBLING)
 
 
 @dataclass(frozen=True)

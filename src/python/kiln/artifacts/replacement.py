@@ -28,17 +28,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.artifacts.store import ObjectStore, read_text
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUCCESS
+from kiln_contract.layout import (
+    RECORD_FILE,
+    REPLACED_SIBLING,
+    STATUS_FILE,
+    SUCCESS,
+    sibling_key,
+)
 
-REPLACED_SUFFIX = ".replaced"
 MOVED_MARKER = ".moved"
 
 
 def replaced_key(key: str) -> str:
     """'checkpoints/x/v1' -> 'checkpoints/x/.v1.replaced'."""
-    parent, _, name = key.rstrip("/").rpartition("/")
-    aside = f".{name}{REPLACED_SUFFIX}"
-    return f"{parent}/{aside}" if parent else aside
+    return sibling_key(key, REPLACED_SIBLING)
 
 
 def is_replacing(store: ObjectStore, key: str) -> bool:
