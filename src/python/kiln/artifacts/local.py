@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,12 +118,12 @@ class LocalStore(ObjectStore):
         found = []
         for path in folder.rglob("*"):
             try:
-                stat = path.stat()
+                status = path.stat()  # one stat a path: keys() lists through here
             except FileNotFoundError:
                 continue  # deleted while listed
-            if not path.is_dir():
+            if stat.S_ISREG(status.st_mode):
                 name = path.relative_to(folder).as_posix()
-                found.append(ListedObject(name, stat.st_size, stat.st_mtime))
+                found.append(ListedObject(name, status.st_size, status.st_mtime))
         return sorted(found, key=lambda listed: listed.name)
 
     def remove(self, key: str) -> None:
