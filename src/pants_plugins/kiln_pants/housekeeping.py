@@ -212,15 +212,15 @@ async def store(
     build_root: BuildRoot,
     workspace: Workspace,  # marks the goal as side-effecting: it reads and deletes in the store
 ) -> StoreGoal:
-    artifact_types = (*ARTIFACT_TARGET_TYPES, HfModelTarget, LmEvalRunTarget)
-    addresses = Addresses(t.address for t in all_targets if isinstance(t, artifact_types))
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
-    prefix = kiln.prefix_location(build_root.path)
-    try:
+    try:  # a bad option fails before the graph is computed or the store listed
         before = None if subsystem.older_than is None else parse_date(subsystem.older_than)
     except ValueError as e:
         console.print_stderr(f"kiln: error: {e}")
         return StoreGoal(exit_code=1)
+    artifact_types = (*ARTIFACT_TARGET_TYPES, HfModelTarget, LmEvalRunTarget)
+    addresses = Addresses(t.address for t in all_targets if isinstance(t, artifact_types))
+    graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
+    prefix = kiln.prefix_location(build_root.path)
     listed = await Get(StoreInventory, StoreInventoryRequest(prefix))
     if listed.inventory is None:
         console.print_stderr(f"kiln: error: cannot list the artifact store: {listed.error}")

@@ -97,7 +97,8 @@ class ShardPlan:
         lines = [summary]
         shown = self.shards if every_shard else self.shards[:SHOWN_SHARDS]
         for index, shard in enumerate(shown):
-            lines.append(f"  shard {index}: {count_text(len(shard), 'file')}, {size_text(sizes[index])}")
+            shape = f"{count_text(len(shard), 'file')}, {size_text(sizes[index])}"
+            lines.append(f"  shard {index}: {shape}")
             if every_shard:
                 lines.extend(f"    {key} ({size:,} bytes)" for key, size in shard.items())
             elif shard:

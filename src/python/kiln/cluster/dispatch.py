@@ -288,9 +288,10 @@ def run_hosts(
     `driver_actor.write` and `environment` in their trainers' environment. A lost host (its
     actor or node died, or its trainer was killed by a signal) ends the attempt; after a pause
     the next one waits up to CAPACITY_WAIT_S for the cluster to hold the run again (a node may
-    have to come back first) and resumes from the newest checkpoint, up to `max_retries` times. `stopping` asks the trainers
-    to save a checkpoint and stop; `process_0` is told each attempt's host 0 actor (None once it
-    ends), which finds the control endpoint. Returns the runners' exit code."""
+    have to come back first) and resumes from the newest checkpoint, up to `max_retries` times.
+    `stopping` asks the trainers to save a checkpoint and stop; `process_0` is told each
+    attempt's host 0 actor (None once it ends), which finds the control endpoint. Returns the
+    runners' exit code."""
     import ray
 
     job = ClusterJob.from_json(job_json)
