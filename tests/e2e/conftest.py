@@ -1,10 +1,11 @@
-"""The world the end-to-end tests share: one copy of this workspace and its Pants daemon.
+"""The worlds the end-to-end tests share: one copy of this workspace and its Pants daemon, and
+for the cluster's tests one Ray cluster started the documented way and one S3 server.
 
-Pants runs every file of tests/e2e in one pytest process (their BUILD's batch tag), so this
-session fixture is made once: each test writes BUILD files of its own under `experiments/` and
-its artifacts under names of its own, and tests that need a workspace of their own (one that
-edits Kiln's code) copy one themselves. The daemon is stopped when the session ends, failed or
-not.
+Pants runs the files of tests/e2e in two pytest processes (their BUILD's batch tags: the
+cluster's files and the others), so each session fixture is made once per process, and only
+where a test asks for it: each test writes BUILD files of its own under `experiments/` and its
+artifacts under names of its own, and tests that need a workspace of their own (one that edits
+Kiln's code) copy one themselves. Everything is stopped when the session ends, failed or not.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kiln_testing.buckets import s3_server
 
+from tests.e2e.ray_nodes import Cluster, make_node_venv, started_cluster
 from tests.e2e.workspace import copy_workspace, stop_pantsd
+
+__all__ = ["s3_server"]  # a fixture: one server for the session's tests
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +29,9 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield repo
     finally:
         stop_pantsd(repo)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    venv = make_node_venv(tmp_path_factory.mktemp("node") / "kiln-node")
+    yield from started_cluster(venv, tmp_path_factory.mktemp("nodes"))

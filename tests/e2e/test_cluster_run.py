@@ -16,29 +16,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln_testing.buckets import BUCKET, s3_server
-from kiln_testing.multihost import free_port
-from kiln_testing.ray_cluster import stop_processes_under
+from kiln_testing.buckets import BUCKET
 
 from kiln.artifacts.store import ObjectStore, open_store
-from tests.e2e.workspace import store_rows
+from tests.e2e.ray_nodes import Cluster, processes
+from tests.e2e.workspace import run_pants, store_rows
 
-__all__ = ["s3_server"]  # a fixture
-
-NODE_REQUIREMENTS = Path("3rdparty/python/ray-node-requirements.txt")
-NODE_PYTHON = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
 TARGET = "experiments/cluster:tiny2"
 RUN = "checkpoints/tiny2/2026.12.01"
 # The quickstart's shape, at ci_tiny's size, on two hosts: a permanent checkpoint every 10 steps.
@@ -97,90 +88,6 @@ lm_sweep(
 PLANTED = {"WANDB_API_KEY": "kilnplanted" + "7e" * 20, "HF_TOKEN": "hf_kilnPlantedNodeToken9"}
 
 
-@pytest.fixture(scope="module")
-def node_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A node's Python, as "Start a cluster" makes it: CPython and the pinned Ray, nothing else."""
-    venv = tmp_path_factory.mktemp("node") / "kiln-node"
-    subprocess.run([str(NODE_PYTHON), "-m", "venv", str(venv)], check=True, timeout=300)
-    pip = [str(venv / "bin/pip"), "install", "--quiet", "--no-deps", "--require-hashes", "-r",
-           str(NODE_REQUIREMENTS.absolute())]  # fmt: skip
-    environment = {**os.environ, "PIP_CONFIG_FILE": "/dev/null"}
-    subprocess.run(pip, check=True, timeout=900, env=environment, cwd=venv.parent)
-    return venv
-
-
-class Cluster:
-    """Ray nodes on loopback, each started by `ray start` with a HOME and TMPDIR of its own."""
-
-    def __init__(self, venv: Path, root: Path) -> None:
-        self.venv, self.root = venv, root
-        self.gcs_port, self.client_port = free_port(), free_port()
-        self.ray_root = Path(tempfile.mkdtemp(prefix="kray", dir="/tmp"))  # short socket paths
-
-    @property
-    def address(self) -> str:
-        return f"ray://127.0.0.1:{self.client_port}"
-
-    def start(self, name: str, *, head: bool = False) -> None:
-        home, tmp = self.root / name / "home", self.root / name / "tmp"
-        home.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(parents=True, exist_ok=True)
-        role = (["--head", "--port", str(self.gcs_port), "--ray-client-server-port",
-                 str(self.client_port), "--include-dashboard", "false"] if head
-                else ["--address", f"127.0.0.1:{self.gcs_port}"])  # fmt: skip
-        # Each node carries a resource naming it, so that its raylet can be found and killed.
-        resources = json.dumps({f"node-{name}": 1})
-        command = [str(self.venv / "bin/ray"), "start", *role, "--node-ip-address", "127.0.0.1",
-                   "--num-cpus", "1", "--temp-dir", str(self.ray_root), "--resources", resources,
-                   "--object-store-memory", str(300 << 20), "--disable-usage-stats"]  # fmt: skip
-        environment = {
-            "PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(tmp),
-            "RAY_TMPDIR": str(self.ray_root), "RAY_USAGE_STATS_ENABLED": "0",
-            "JAX_PLATFORMS": "cpu",
-        }  # fmt: skip
-        result = subprocess.run(command, env=environment, cwd=home, capture_output=True,
-                                text=True, timeout=180)  # fmt: skip
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-
-    def kill_raylet(self, name: str) -> None:
-        [pid] = [pid for pid, line in _processes() if "raylet" in line and f"node-{name}" in line]
-        os.kill(pid, signal.SIGKILL)
-
-    def stop(self) -> None:
-        stop_processes_under(self.ray_root)
-        shutil.rmtree(self.ray_root, ignore_errors=True)
-
-
-def _processes() -> Iterator[tuple[int, str]]:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            yield int(entry.name), line
-
-
-@pytest.fixture(scope="module")
-def cluster(node_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    nodes = Cluster(node_venv, tmp_path_factory.mktemp("nodes"))
-    try:
-        nodes.start("a", head=True)
-        nodes.start("b")
-        yield nodes
-    finally:
-        nodes.stop()
-
-
-def pants(repo: Path, *args: str, env: dict[str, str], check: bool = True,
-          ) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    result = subprocess.run(["./pants", *args], cwd=repo, env=env, capture_output=True,
-                            text=True, timeout=1500)  # fmt: skip
-    if check:
-        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return result
-
-
 def train_losses(text: str) -> list[tuple[int, float]]:
     records = [json.loads(line) for line in text.splitlines() if line.strip()]
     return [(r["step"], r["train/loss"]) for r in records if "train/loss" in r]
@@ -218,7 +125,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     # parallelism, reduced in the same order.
     reference = tmp_path / "reference"
     two_devices = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    pants(repo, *options, "run", TARGET, "--", "--cluster", "local", "--output",
+    run_pants(repo, *options, "run", TARGET, "--", "--cluster", "local", "--output",
           str(reference), env=two_devices)  # fmt: skip
     expected = train_losses((reference / "metrics.jsonl").read_text())
     np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected], rtol=1e-5)
@@ -231,25 +138,25 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     assert not re.search(r"^\(host 1\) (step |saved |resumed )", output, re.M), output[-3000:]
     closing = f"kiln: job {job.group(1)} SUCCEEDED; STATUS SUCCESS at {prefix}/{RUN}"
     assert output.rstrip().endswith(closing), output[-3000:]
-    listed = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
+    listed = run_pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
                    env=env)  # fmt: skip
     assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/tiny2@2026.12.01 ",
                      listed.stdout, re.M), listed.stdout + listed.stderr[-2000:]  # fmt: skip
-    status = pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "status",
+    status = run_pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "status",
                    job.group(1), env=env)  # fmt: skip
     assert "\nretries: 1\nmax_retries: 3\n" in status.stdout, status.stdout  # the lost node's
 
-    served = pants(repo, *options, "run", TARGET, env=env)
+    served = run_pants(repo, *options, "run", TARGET, env=env)
     assert f"is already built at {prefix}/{RUN}" in served.stdout
-    planned = pants(repo, *options, "plan", TARGET, env=env)
+    planned = run_pants(repo, *options, "plan", TARGET, env=env)
     assert re.search(r"^\s+built\s+\w+\s+lm_checkpoint\s+checkpoints/tiny2@2026.12.01 ",
                      planned.stdout, re.M), planned.stdout
-    pants(repo, *options, "package", "experiments/cluster:tiny2_hf", env=env)
+    run_pants(repo, *options, "package", "experiments/cluster:tiny2_hf", env=env)
     assert store.read("hf/tiny2/2026.12.01/STATUS").data.decode().strip() == "SUCCESS"
     assert "hf/tiny2/2026.12.01/model.safetensors" in [
         f"hf/tiny2/2026.12.01/{name}" for name in store.keys("hf/tiny2/2026.12.01")
     ]
-    listed = pants(repo, *options, "store", env=env)
+    listed = run_pants(repo, *options, "store", env=env)
     rows = store_rows(listed.stdout)
     assert rows["checkpoints/tiny2@2026.12.01"] == ("SUCCESS", "experiments/cluster:tiny2")
     assert rows["hf/tiny2@2026.12.01"] == ("SUCCESS", "experiments/cluster:tiny2_hf")
@@ -266,7 +173,7 @@ def _a_sweep_submits_its_trainings_at_once(
     once, so their training steps overlap in time (one on each node of the same cluster)."""
     (repo / "experiments/pair").mkdir()
     (repo / "experiments/pair/BUILD").write_text(SWEEP)
-    result = pants(repo, *options, "build", "experiments/pair:pair", env=env)
+    result = run_pants(repo, *options, "build", "experiments/pair:pair", env=env)
     assert "3 step(s) built or served." in result.stderr  # the cache and both runs
     spans, jobs = [], set()
     for seed in (1, 2):
@@ -295,7 +202,7 @@ def _kill_node_b_after_a_checkpoint(
             pytest.fail(f"the run ended before its step-10 checkpoint:\n{output[-6000:]}")
         assert time.monotonic() < deadline, "no step-10 checkpoint in the bucket"
         time.sleep(0.5)
-    trainers = [_environment(pid) for pid, line in _processes()
+    trainers = [_environment(pid) for pid, line in processes()
                 if " --job " in line and str(cluster.root) in line]  # fmt: skip
     cluster.kill_raylet("b")
     time.sleep(2)

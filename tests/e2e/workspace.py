@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 WORKSPACE = ("BUILD", "pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
@@ -22,6 +23,17 @@ def copy_workspace(destination: Path) -> Path:
         else:
             shutil.copy2(source, destination / name)
     return destination
+
+
+def run_pants(repo: Path, *args: str, env: dict[str, str], check: bool = True,
+              ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`./pants ARGS` in `repo`, through its daemon; its exit code checked unless `check` is
+    False."""
+    result = subprocess.run(["./pants", *args], cwd=repo, env=env, capture_output=True,
+                            text=True, timeout=1500)  # fmt: skip
+    if check:
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result
 
 
 def pantsd_pids(repo: Path) -> list[int]:

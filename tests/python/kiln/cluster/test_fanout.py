@@ -1,5 +1,5 @@
 """What a fanned-out cache sends its Ray tasks (no cluster needed); the build itself runs on the
-loopback cluster in tests/python/kiln/test_runner_cluster.py."""
+end-to-end tests' cluster (tests/e2e/test_cluster_jobs.py)."""
 
 from __future__ import annotations
 
