@@ -25,6 +25,7 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import DEP_FAILED
+from kiln_contract.shipping import PLUGIN_LOCK_VARIABLE, RUNTIME_PEX_VARIABLE
 from kiln_pants.artifact_store import STORE_ENVIRONMENT
 from kiln_pants.eval_rules import LmEvalRunPackageFieldSet
 from kiln_pants.eval_targets import LmEvalRunTarget
@@ -242,8 +243,10 @@ async def build_training_step(
 
 def _shipped_to_nodes(prepared: PreparedStep) -> dict[str, str]:
     """What a cluster's nodes are sent (kiln.cluster.runtime_shipping), in the sandbox."""
-    shipped = {"KILN_RUNTIME_PEX": prepared.runtime.pex.pex_filename}
-    return {**shipped, "KILN_PLUGIN_LOCK": prepared.plugin_lock} if prepared.plugin_lock else shipped
+    shipped = {RUNTIME_PEX_VARIABLE: prepared.runtime.pex.pex_filename}
+    if prepared.plugin_lock:
+        return {**shipped, PLUGIN_LOCK_VARIABLE: prepared.plugin_lock}
+    return shipped
 
 
 def _read_log(path: str) -> str:

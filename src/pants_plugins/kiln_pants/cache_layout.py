@@ -18,6 +18,7 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import SHARDS_SIBLING, sibling_key
+from kiln_contract.shipping import RUNTIME_PEX_VARIABLE
 from kiln_contract.tokenize import shard_dir_name
 from kiln_pants.artifact_graph import Artifact
 from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
@@ -130,6 +131,7 @@ class CacheProcessRequest:
     input_digest: Optional[Digest] = None
     entry: tuple = TOKENIZE
     env: FrozenDict[str, str] = FrozenDict()  # beyond the store's
+    ships_runtime: bool = False  # a fan-out: its runtime PEX goes to the cluster's nodes
 
 
 @rule
@@ -137,6 +139,7 @@ async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> 
     build = request.build
     runtime = await Get(Runtime, RuntimeRequest(*request.entry))
     output = () if request.output is None else build.layout.outputs(request.output)
+    shipped = {RUNTIME_PEX_VARIABLE: runtime.pex.pex_filename} if request.ships_runtime else {}
     return await Get(
         Process,
         RuntimeProcess(
@@ -146,7 +149,7 @@ async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> 
             input_digest=request.input_digest or build.inputs.digest,
             output_directories=output,
             cache_scope=build.layout.cache_scope,
-            env=FrozenDict({**build.env, **request.env}),
+            env=FrozenDict({**build.env, **request.env, **shipped}),
             append_only_caches=hub.append_only_caches,
         ),
     )

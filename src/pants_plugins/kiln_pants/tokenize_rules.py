@@ -222,6 +222,7 @@ async def fan_out_cache(request: FanOutRequest) -> BuiltCache:
             ),
             entry=FAN_OUT,
             env=FrozenDict(environment),
+            ships_runtime=True,
         ),
     )
     result = await Get(FallibleProcessResult, Process, process)

@@ -49,6 +49,7 @@ from pants.engine.unions import UnionRule
 from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUMMARY_TEXT_FILE
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import served_message
+from kiln_contract.shipping import PLUGIN_LOCK_VARIABLE, RUNTIME_PEX_VARIABLE
 from kiln_contract.step import Provenance, StepInput, StepSpec
 from kiln_contract.train import (
     CheckpointerSpec,
@@ -540,8 +541,8 @@ async def run_lm_checkpoint(
             **environment.environment_dict(python=python),
             "PEX_EXTRA_SYS_PATH": runtime.sys_path(chroot),
             # What a cluster's nodes are sent (kiln.cluster.runtime_shipping).
-            "KILN_RUNTIME_PEX": os.path.join(chroot, venv_pex.pex_filename),
-            **({"KILN_PLUGIN_LOCK": os.path.join(chroot, prepared.plugin_lock)}
+            RUNTIME_PEX_VARIABLE: os.path.join(chroot, venv_pex.pex_filename),
+            **({PLUGIN_LOCK_VARIABLE: os.path.join(chroot, prepared.plugin_lock)}
                if prepared.plugin_lock else {}),  # fmt: skip
         },
         append_only_caches={

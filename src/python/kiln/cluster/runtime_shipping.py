@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln.cluster import node_runtime
+from kiln_contract.shipping import PLUGIN_LOCK_VARIABLE, RUNTIME_PEX_VARIABLE
 from kiln_contract.train import Resources
-
-RUNTIME_PEX_VARIABLE = "KILN_RUNTIME_PEX"  # the packed runtime PEX folder Pants built
-PLUGIN_LOCK_VARIABLE = "KILN_PLUGIN_LOCK"  # the accelerator plugin's lockfile
 
 
 def ship_runtime(ray: Any, resources: Resources) -> node_runtime.NodeRuntime:
