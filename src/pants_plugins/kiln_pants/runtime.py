@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pants.backend.python.target_types import EntryPoint
-from pants.backend.python.util_rules.pex import Pex, PexRequest, VenvPex, VenvPexProcess
+from pants.backend.python.util_rules.pex import (
+    Pex,
+    PexLayout,
+    PexRequest,
+    VenvPex,
+    VenvPexProcess,
+)
 from pants.backend.python.util_rules.pex_from_targets import PexFromTargetsRequest
 from pants.backend.python.util_rules.python_sources import (
     PythonSourceFiles,
@@ -82,15 +90,27 @@ class AcceleratorPluginsRequest:
     accelerator: str
 
 
+def _exact_subset(addresses: Iterable[Address], **fields: Any) -> PexFromTargetsRequest:
+    """A PEX of exactly the requirements the closure of `addresses` needs.
+
+    `[python] run_against_entire_lockfile` (pants.toml) gives every internal-only PEX the whole
+    lockfile, test servers and all, so that the tests share one requirements PEX per resolve.
+    The runtime is shipped to cluster nodes and unpacked on every host: it keeps its subset,
+    asked for as a deployable PEX; `_as_internal` then builds it as the internal, packed PEX it
+    always was."""
+    return PexFromTargetsRequest(addresses, internal_only=False, layout=PexLayout.PACKED, **fields)
+
+
+def _as_internal(pex_request: PexRequest) -> PexRequest:
+    return dataclasses.replace(pex_request, internal_only=True)
+
+
 @rule(desc="Resolving accelerator plugins for the Kiln runtime")
 async def accelerator_plugins(request: AcceleratorPluginsRequest) -> PexRequest:
-    return await Get(
-        PexRequest,
-        PexFromTargetsRequest(
-            ACCELERATOR_PLUGINS[request.accelerator].addresses,
-            output_filename=f"kiln-{request.accelerator}-plugins.pex",
-            internal_only=True,
-        ),
+    addresses = ACCELERATOR_PLUGINS[request.accelerator].addresses
+    name = f"kiln-{request.accelerator}-plugins.pex"
+    return _as_internal(
+        await Get(PexRequest, PexFromTargetsRequest, _exact_subset(addresses, output_filename=name))
     )
 
 
@@ -111,10 +131,10 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
     pex_request, sources = await MultiGet(
         Get(
             PexRequest,
-            PexFromTargetsRequest(
+            PexFromTargetsRequest,
+            _exact_subset(
                 [request.address],
                 output_filename=f"{request.module}.pex",
-                internal_only=True,
                 include_source_files=False,
                 main=EntryPoint(request.module),
                 # The sources join through PEX_EXTRA_SYS_PATH: keep it.
@@ -123,6 +143,7 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
         ),
         Get(PythonSourceFiles, PythonSourceFilesRequest(closure.closure, include_files=True)),
     )
+    pex_request = _as_internal(pex_request)
     if request.accelerator in ACCELERATOR_PLUGINS:
         plugins_request = await Get(PexRequest, AcceleratorPluginsRequest(request.accelerator))
         plugins = await Get(Pex, PexRequest, plugins_request)
