@@ -34,8 +34,14 @@ from kiln_testing.multihost import free_port
 
 from kiln.artifacts.store import ObjectStore, open_store
 from kiln.cluster import host
-from kiln.cluster.dispatch import ClusterJob, bundle_order, connect, reserve_slice
-from kiln.cluster.placement import PlacementError, bundle, check_capacity
+from kiln.cluster.connection import connect
+from kiln.cluster.placement import (
+    PlacementError,
+    bundle,
+    bundle_order,
+    check_capacity,
+    reserve_slice,
+)
 from kiln_contract.train import Resources
 from tests.e2e.ray_nodes import SLICE, Cluster
 from tests.e2e.workspace import run_pants
@@ -294,10 +300,10 @@ def test_a_tpu_slice_is_reserved_by_its_head_then_placed_on_its_hosts(cluster: C
         with pytest.raises(PlacementError, match=r"asks for a v4-32 slice: 4 host\(s\) with CPU 1"):
             check_capacity(Resources("tpu", "v4-32"), nodes, cluster.address)
 
-        job = ClusterJob("slice-1", "x@1", cluster.address, Resources("tpu", "v4-16"), {}, "/s")
-        name, head_node = reserve_slice(ray, job, groups)
+        v4_16 = Resources("tpu", "v4-16")
+        name, head_node = reserve_slice(ray, v4_16, cluster.address, groups)
         assert name == SLICE
-        wanted = {**bundle(job.resources), name: 1.0}
+        wanted = {**bundle(v4_16), name: 1.0}
         assert wanted == {"CPU": 1.0, "TPU": 4.0, SLICE: 1.0}
         group = ray.util.placement_group([wanted] * 2, strategy="STRICT_SPREAD")
         groups.append(group)

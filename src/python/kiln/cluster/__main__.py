@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from kiln.cluster import endpoints, jobs
-from kiln.cluster.dispatch import ClusterError, connect, resolve_address
+from kiln.cluster.connection import ClusterError, connect, resolve_address
 from kiln_contract.parsing import SpecError
 from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES, check_token_ttl
 

@@ -1,56 +1,47 @@
 """Running one step's trainer on a Ray cluster: one `python -m kiln.runner` process per host.
 
 The submitting runner has already served, refused or placed the inputs in the artifact store
-(a bucket every host reaches, or a directory every host mounts). It connects to the cluster,
-checks that the cluster can ever hold the request (Ray itself would wait forever) and ships
-Kiln's runtime to the cluster through Ray (kiln.cluster.node_runtime: its sources, and the
-runtime PEX Pants built); the job's driver (kiln.cluster.driver, started by kiln.cluster.jobs)
-then calls `run_hosts`, which reserves one bundle per host (STRICT_SPREAD: one host each) and
-starts a `host.TrainerHost` actor on each; the hosts run the multi-host runner with the
-coordinator on host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0
-holds the lease and writes the record as in any multi-host run. A host that is lost (its node,
-its actor or its trainer) ends the attempt; the next one, after a pause that doubles each time,
-checks the cluster's capacity again and resumes from the newest checkpoint.
+(a bucket every host reaches, or a directory every host mounts). It connects to the cluster
+(kiln.cluster.connection), checks that the cluster can ever hold the request (Ray itself would
+wait forever: kiln.cluster.placement) and ships Kiln's runtime to the cluster through Ray
+(kiln.cluster.node_runtime: its sources, and the runtime PEX Pants built); the job's driver
+(kiln.cluster.driver, started by kiln.cluster.jobs) then calls `run_hosts`, which reserves one
+bundle per host (STRICT_SPREAD: one host each; a TPU slice by its head first) and starts a
+`host.TrainerHost` actor on each; the hosts run the multi-host runner with the coordinator on
+host 0 (`--coordinator IP:PORT --num-processes N --process-id I`), so process 0 holds the lease
+and writes the record as in any multi-host run. A host that is lost (its node, its actor or its
+trainer) ends the attempt; the next one, after a pause that doubles each time, checks the
+cluster's capacity again and resumes from the newest checkpoint.
 
-A TPU slice is reserved as Ray's TPU tooling does it: first its head resource (`TPU-v4-128-head`,
-on the slice's host 0), where a task reads the slice's name; then one bundle per host of THAT
-slice (`{name: 1, TPU: 4}`). Its hosts join with `--coordinator auto`: on TPU VMs jax reads the
-coordinator (host 0) and each process's id from the VM's metadata, so process ids are the TPU
-worker ids, and the host actor on the head's node is host 0.
+A TPU slice's hosts join with `--coordinator auto`: on TPU VMs jax reads the coordinator (host
+0) and each process's id from the VM's metadata, so process ids are the TPU worker ids, and the
+host actor on the slice head's node is host 0.
 """
-
 from __future__ import annotations
 
 import json
-import logging
 import os
-import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.cluster import driver, host, node_runtime
+from kiln.cluster.connection import ClusterError
 from kiln.cluster.placement import (
     CAPACITY_WAIT_S,
     PlacementError,
     bundle,
+    bundle_order,
     host_count,
-    tpu_slice,
+    reserve,
+    reserve_slice,
     wait_for_capacity,
 )
 from kiln_contract.train import Resources
 
 STEP_FILE = "step.json"
 STAGING_DIR = "staging"  # in a host's inputs folder: where a run in a bucket stages its files
-CONNECT_TIMEOUT_S = 5.0
-CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
-# A head that answers but starts no session: Ray would wait forever. Ray Client tells a session
-# still starting from one that never will by nothing, and a working but busy head has taken
-# over 30 s (the e2e test's, on two cores).
-SESSION_TIMEOUT_S = 180.0
-PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
 RETRY_PAUSE_S = 10.0  # before the first retry after a lost host; doubled for each one after
@@ -68,10 +59,6 @@ HOST_ENVIRONMENT = (
     "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_EC2_METADATA_DISABLED",
     "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL",
 )  # fmt: skip
-
-
-class ClusterError(RuntimeError):
-    """An expected failure talking to the cluster (one paragraph, no traceback)."""
 
 
 @dataclass(frozen=True)
@@ -128,146 +115,6 @@ class ClusterJob:
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> ClusterJob:
         return cls(**{**obj, "resources": Resources.from_json(obj["resources"])})
-
-
-def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
-    """The cluster to use: None for this machine (unset, empty or `local`); `auto` reads
-    RAY_ADDRESS."""
-    if value is None or value in ("", "local"):
-        return None
-    if value == "auto":
-        address = environ.get("RAY_ADDRESS", "")
-        if not address:
-            raise ClusterError(
-                "--cluster auto reads the cluster's address from RAY_ADDRESS, which is not set; "
-                "set it, or give --cluster ray://HOST:PORT"
-            )
-        value = address
-    scheme, separator, _ = value.partition("://")
-    if separator and scheme != "ray":
-        raise ClusterError(
-            f"cluster address {value!r}: {scheme}:// is not a Ray address; give ray://HOST:PORT "
-            "(Ray Client), HOST:PORT (the cluster's GCS), auto (RAY_ADDRESS) or local"
-        )
-    return value
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    host_port = address.removeprefix("ray://")
-    name, _, port = host_port.rpartition(":")
-    if not name or not port.isdigit():
-        raise ClusterError(
-            f"cluster address {address!r}: expected ray://HOST:PORT (Ray Client), HOST:PORT, "
-            "auto (RAY_ADDRESS) or local"
-        )
-    return name, int(port)
-
-
-# One call each protocol answers: a port of the other kind answers UNIMPLEMENTED.
-_RAY_CLIENT_CALL = "/ray.rpc.RayletDriver/ClusterInfo"
-_GCS_CALL = "/ray.rpc.NodeInfoGcsService/GetClusterId"
-
-
-def connect(address: str) -> Any:
-    """`ray`, connected to the cluster at `address` in Kiln's namespace; ClusterError when it
-    cannot be reached, is the other kind of port, or runs another Ray version."""
-    _probe(address)
-    import ray
-
-    for attempt in range(CONNECT_ATTEMPTS):
-        try:
-            _init_within(ray, address, SESSION_TIMEOUT_S)
-            break
-        except ClusterError:
-            raise
-        except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
-            # Ray Client's server sometimes fails to start a session on a busy head: ask again.
-            if attempt + 1 < CONNECT_ATTEMPTS and "Initialization failure" in str(e):
-                time.sleep(2.0)
-                continue
-            lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-            if any(line.startswith("Traceback") for line in lines):  # the server's: its cause
-                lines = [lines[0], lines[-1]]
-            reason = " ".join(lines[:3]) or type(e).__name__
-            message = f"cannot connect to the Ray cluster at {address}: {reason}"
-            raise ClusterError(message) from None
-    for module in (driver, node_runtime):  # what runs on the nodes needs no Kiln there
-        ray.cloudpickle.register_pickle_by_value(module)
-    return ray
-
-
-def _init_within(ray: Any, address: str, seconds: float) -> None:
-    """`ray.init` of the cluster, or ClusterError after `seconds`. Ray Client waits without
-    limit for a session whose server never starts (a head whose client server cannot reach its
-    own GCS), printing only the server's retries; the waiting thread is left behind."""
-    done, failures = threading.Event(), []
-
-    def init() -> None:
-        try:
-            ray.init(
-                address=address,
-                namespace=driver.JOB_NAMESPACE,
-                logging_level=logging.ERROR,
-                log_to_driver=False,  # a job's output comes through its driver (jobs.follow)
-            )
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            failures.append(e)
-        finally:
-            done.set()
-
-    threading.Thread(target=init, name="kiln-ray-connect", daemon=True).start()
-    if not done.wait(seconds):
-        raise ClusterError(
-            f"the Ray cluster at {address} answers but started no session within {seconds:.0f} "
-            "s; its head's ray_client_server logs (in its session's logs folder) say why: "
-            "often the head cannot reach its own GCS at the address it advertises "
-            "(ray start --node-ip-address)"
-        )
-    if failures:
-        raise failures[0]
-
-
-def _probe(address: str) -> None:
-    """Within CONNECT_TIMEOUT_S: something listens at `address` and speaks the protocol its form
-    names (Ray Client for ray://HOST:PORT, the cluster's GCS for HOST:PORT); else ClusterError
-    saying which, before Ray itself would wait for a minute or more."""
-    import grpc  # pants: no-infer-dep (Ray's own dependency)
-
-    where = _host_port(address)
-    try:
-        socket.create_connection(where, timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise ClusterError(
-            f"cannot reach the Ray cluster at {address} ({e.strerror or e}); check the address "
-            "([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
-        ) from None
-    client = address.startswith("ray://")
-    with grpc.insecure_channel(f"{where[0]}:{where[1]}") as channel:
-        call = channel.unary_unary(_RAY_CLIENT_CALL if client else _GCS_CALL)
-        try:
-            call(b"", timeout=CONNECT_TIMEOUT_S)
-        except grpc.RpcError as e:
-            code = e.code()
-            if code == grpc.StatusCode.UNIMPLEMENTED:
-                raise ClusterError(_other_port(address, client)) from None
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise ClusterError(
-                    f"{address} does not answer as a Ray cluster within "
-                    f"{CONNECT_TIMEOUT_S:.0f} s ({code.name}); check the address and its port"
-                ) from None
-
-
-def _other_port(address: str, client: bool) -> str:
-    host_port = address.removeprefix("ray://")
-    if client:
-        return (
-            f"{address} is the cluster's GCS port, not its Ray Client port: give "
-            f"ray://HOST:10001 (the head's --ray-client-server-port), or {host_port} on a node "
-            "of the cluster"
-        )
-    return (
-        f"{address} is a Ray Client port, not the cluster's GCS port: give ray://{host_port}"
-    )
 
 
 def host_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -339,10 +186,10 @@ def _attempt(
     try:
         wanted, first_node = bundle(job.resources), None
         if job.resources.kind == "tpu":
-            slice_name, first_node = reserve_slice(ray, job, groups)
+            slice_name, first_node = reserve_slice(ray, job.resources, job.address, groups)
             wanted[slice_name] = 1.0
         bundles = [wanted] * host_count(job.resources)
-        group = _reserve(ray, job, bundles, "STRICT_SPREAD", groups)
+        group = reserve(ray, job.address, bundles, "STRICT_SPREAD", groups)
         trainer_host = ray.remote(host.TrainerHost)
         hosts = [
             trainer_host.options(
@@ -370,55 +217,6 @@ def _attempt(
             ray.kill(h)  # a trainer dies with its actor
         for reserved in groups:
             remove_placement_group(reserved)
-
-
-def reserve_slice(ray: Any, job: ClusterJob, groups: list[Any]) -> tuple[str, str]:
-    """Reserves a slice of the job's TPU type by its head resource (held until the run ends,
-    so no other run takes the same slice); returns the slice's name and its head's node id."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    head = tpu_slice(job.resources).head_resource
-    group = _reserve(ray, job, [{head: 1.0}], "PACK", groups)
-    on_head = PlacementGroupSchedulingStrategy(group, 0)
-    probe = ray.remote(host.slice_of_node).options(num_cpus=0, scheduling_strategy=on_head)
-    name, node = ray.get(probe.remote())
-    if not name:
-        raise ClusterError(
-            f"the Ray node {node} carries {head} but names no TPU slice (Ray reads it from "
-            "TPU_NAME or the TPU VM's metadata server); start the slice's Ray nodes on the TPU "
-            "VMs themselves, or set TPU_NAME to the slice's name for their `ray start`"
-        )
-    return name, node
-
-
-def bundle_order(group: Any, first_node: str | None) -> list[int]:
-    """The group's bundle indexes, the one on `first_node` (a TPU slice's head) first: its host
-    becomes host 0."""
-    from ray.util import placement_group_table
-
-    indexes = list(range(len(group.bundle_specs)))
-    if first_node is None:
-        return indexes
-    nodes = placement_group_table(group)["bundles_to_node_id"]
-    return sorted(indexes, key=lambda index: nodes[index] != first_node)
-
-
-def _reserve(
-    ray: Any, job: ClusterJob, bundles: list[dict[str, float]], strategy: str, groups: list[Any]
-) -> Any:
-    """A placement group of `bundles`, once Ray has placed it (added to `groups` at once, so it
-    is released even when it never gets placed)."""
-    from ray.util.placement_group import placement_group
-
-    group = placement_group(bundles, strategy=strategy)
-    groups.append(group)
-    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-    if not ready:
-        raise PlacementError(
-            f"the Ray cluster at {job.address} has nodes for this run, but they stayed busy "
-            f"for {PLACEMENT_TIMEOUT_S:.0f} s; rerun when they are free"
-        )
-    return group
 
 
 def _wait(

@@ -32,7 +32,8 @@ from typing import Any
 
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.cluster import tokenize_task
-from kiln.cluster.dispatch import ClusterError, connect, host_environment, resolve_address
+from kiln.cluster.connection import ClusterError, connect, resolve_address
+from kiln.cluster.dispatch import host_environment
 from kiln.cluster.placement import fits
 from kiln.cluster.runtime_shipping import ship_runtime
 from kiln.data.errors import KilnDataError, SpecError

@@ -6,7 +6,7 @@ cluster's nodes first and fails in seconds, naming what was asked and what the c
 TPU slices follow Ray's TPU VM resources (ray/_private/accelerators/tpu.py): every host of a
 slice registers `TPU: <chips on the host>` and the slice's name as a resource of 1, and host 0
 also registers `TPU-<type>-head: 1`. A run reserves a slice by its head, learns the slice's name
-there, then places one bundle per host of that slice (kiln.cluster.dispatch).
+there, then places one bundle per host of that slice (`reserve_slice`, then `reserve`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.cluster import host
+from kiln.cluster.connection import ClusterError
 from kiln_contract.train import Resources
 
 # Ray labels each GPU node with its accelerator model (`accelerator_type:H100`); asking for a
@@ -133,6 +135,7 @@ def check_capacity(resources: Resources, nodes: Sequence[Mapping[str, Any]], add
 # node back, or another in its place: an autoscaler takes minutes), apart from `--max-retries`.
 CAPACITY_WAIT_S = 600.0
 CAPACITY_POLL_S = 5.0
+PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
 
 
 def wait_for_capacity(
@@ -166,6 +169,57 @@ def wait_for_capacity(
                 waiting = True
         if stopping.wait(poll):
             return
+
+
+def reserve_slice(
+    ray: Any, resources: Resources, address: str, groups: list[Any]
+) -> tuple[str, str]:
+    """Reserves a slice of `resources`' TPU type by its head resource (held until the run ends,
+    so no other run takes the same slice); returns the slice's name and its head's node id."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    head = tpu_slice(resources).head_resource
+    group = reserve(ray, address, [{head: 1.0}], "PACK", groups)
+    on_head = PlacementGroupSchedulingStrategy(group, 0)
+    probe = ray.remote(host.slice_of_node).options(num_cpus=0, scheduling_strategy=on_head)
+    name, node = ray.get(probe.remote())
+    if not name:
+        raise ClusterError(
+            f"the Ray node {node} carries {head} but names no TPU slice (Ray reads it from "
+            "TPU_NAME or the TPU VM's metadata server); start the slice's Ray nodes on the TPU "
+            "VMs themselves, or set TPU_NAME to the slice's name for their `ray start`"
+        )
+    return name, node
+
+
+def bundle_order(group: Any, first_node: str | None) -> list[int]:
+    """The group's bundle indexes, the one on `first_node` (a TPU slice's head) first: its host
+    becomes host 0."""
+    from ray.util import placement_group_table
+
+    indexes = list(range(len(group.bundle_specs)))
+    if first_node is None:
+        return indexes
+    nodes = placement_group_table(group)["bundles_to_node_id"]
+    return sorted(indexes, key=lambda index: nodes[index] != first_node)
+
+
+def reserve(
+    ray: Any, address: str, bundles: list[dict[str, float]], strategy: str, groups: list[Any]
+) -> Any:
+    """A placement group of `bundles`, once Ray has placed it (added to `groups` at once, so it
+    is released even when it never gets placed)."""
+    from ray.util.placement_group import placement_group
+
+    group = placement_group(bundles, strategy=strategy)
+    groups.append(group)
+    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
+    if not ready:
+        raise PlacementError(
+            f"the Ray cluster at {address} has nodes for this run, but they stayed busy "
+            f"for {PLACEMENT_TIMEOUT_S:.0f} s; rerun when they are free"
+        )
+    return group
 
 
 def _describe_node(node: Mapping[str, Any]) -> str:

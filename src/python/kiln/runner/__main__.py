@@ -14,7 +14,7 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.artifacts.store import ObjectStore, UnsupportedStore, open_store
-from kiln.cluster import dispatch
+from kiln.cluster import connection
 from kiln.cluster.placement import PlacementError
 from kiln.data.errors import KilnDataError
 from kiln.runner.build import Target, run_step
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = multihost.cluster_from_flags(parser, args)
     try:
         return _run(parser, args, apply_overrides(step, args), cluster)
-    except (StepError, KilnDataError, multihost.JoinError, dispatch.ClusterError,
+    except (StepError, KilnDataError, multihost.JoinError, connection.ClusterError,
             PlacementError) as e:  # fmt: skip
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
@@ -68,7 +68,7 @@ def _run(
     step: StepSpec,
     cluster: multihost.Cluster,
 ) -> int:
-    address = None if args.output else dispatch.resolve_address(args.cluster)
+    address = None if args.output else connection.resolve_address(args.cluster)
     if address is not None:
         _check_cluster_flags(parser, args, cluster)
         store = artifact_store(args.prefix)

@@ -17,7 +17,7 @@ import grpc  # pants: no-infer-dep (grpcio comes with ray[client], which the tes
 import pytest
 from kiln_testing.multihost import free_port
 
-from kiln.cluster import dispatch
+from kiln.cluster import connection
 
 PROBE = "/ray.rpc.RayletDriver/ClusterInfo"
 
@@ -58,10 +58,10 @@ def test_a_head_that_starts_no_session_is_one_line_within_the_limit(
     stuck_head: tuple[str, StuckHead], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     address, head = stuck_head
-    monkeypatch.setattr(dispatch, "SESSION_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(connection, "SESSION_TIMEOUT_S", 3.0)
     began = time.monotonic()
-    with pytest.raises(dispatch.ClusterError) as raised:
-        dispatch.connect(address)
+    with pytest.raises(connection.ClusterError) as raised:
+        connection.connect(address)
     assert time.monotonic() - began < 20
     assert head.held >= 1  # Ray's own client got through the probe and was held
     message = str(raised.value)

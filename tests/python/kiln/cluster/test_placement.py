@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from kiln.cluster.dispatch import ClusterError, ClusterJob, resolve_address
+from kiln.cluster.connection import ClusterError, resolve_address
+from kiln.cluster.dispatch import ClusterJob
 from kiln.cluster.placement import (
     PlacementError,
     TpuSlice,

@@ -1,0 +1,168 @@
+"""Connecting to a Ray cluster: the address a user gives (`ray://HOST:PORT` for Ray Client,
+`HOST:PORT` for the cluster's GCS, `auto`, `local`), a probe that says within seconds what is
+wrong with it, and a Ray Client session in Kiln's jobs namespace. Every failure is one
+ClusterError line naming the address and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kiln.cluster import driver, node_runtime
+
+CONNECT_TIMEOUT_S = 5.0
+CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
+# A head that answers but starts no session: Ray would wait forever. Ray Client tells a session
+# still starting from one that never will by nothing, and a working but busy head has taken
+# over 30 s (the e2e test's, on two cores).
+SESSION_TIMEOUT_S = 180.0
+
+
+class ClusterError(RuntimeError):
+    """An expected failure talking to the cluster (one paragraph, no traceback)."""
+
+
+def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The cluster to use: None for this machine (unset, empty or `local`); `auto` reads
+    RAY_ADDRESS."""
+    if value is None or value in ("", "local"):
+        return None
+    if value == "auto":
+        address = environ.get("RAY_ADDRESS", "")
+        if not address:
+            raise ClusterError(
+                "--cluster auto reads the cluster's address from RAY_ADDRESS, which is not set; "
+                "set it, or give --cluster ray://HOST:PORT"
+            )
+        value = address
+    scheme, separator, _ = value.partition("://")
+    if separator and scheme != "ray":
+        raise ClusterError(
+            f"cluster address {value!r}: {scheme}:// is not a Ray address; give ray://HOST:PORT "
+            "(Ray Client), HOST:PORT (the cluster's GCS), auto (RAY_ADDRESS) or local"
+        )
+    return value
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host_port = address.removeprefix("ray://")
+    name, _, port = host_port.rpartition(":")
+    if not name or not port.isdigit():
+        raise ClusterError(
+            f"cluster address {address!r}: expected ray://HOST:PORT (Ray Client), HOST:PORT, "
+            "auto (RAY_ADDRESS) or local"
+        )
+    return name, int(port)
+
+
+# One call each protocol answers: a port of the other kind answers UNIMPLEMENTED.
+_RAY_CLIENT_CALL = "/ray.rpc.RayletDriver/ClusterInfo"
+_GCS_CALL = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+
+
+def connect(address: str) -> Any:
+    """`ray`, connected to the cluster at `address` in Kiln's namespace; ClusterError when it
+    cannot be reached, is the other kind of port, or runs another Ray version."""
+    _probe(address)
+    import ray
+
+    for attempt in range(CONNECT_ATTEMPTS):
+        try:
+            _init_within(ray, address, SESSION_TIMEOUT_S)
+            break
+        except ClusterError:
+            raise
+        except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
+            # Ray Client's server sometimes fails to start a session on a busy head: ask again.
+            if attempt + 1 < CONNECT_ATTEMPTS and "Initialization failure" in str(e):
+                time.sleep(2.0)
+                continue
+            lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+            if any(line.startswith("Traceback") for line in lines):  # the server's: its cause
+                lines = [lines[0], lines[-1]]
+            reason = " ".join(lines[:3]) or type(e).__name__
+            message = f"cannot connect to the Ray cluster at {address}: {reason}"
+            raise ClusterError(message) from None
+    for module in (driver, node_runtime):  # what runs on the nodes needs no Kiln there
+        ray.cloudpickle.register_pickle_by_value(module)
+    return ray
+
+
+def _init_within(ray: Any, address: str, seconds: float) -> None:
+    """`ray.init` of the cluster, or ClusterError after `seconds`. Ray Client waits without
+    limit for a session whose server never starts (a head whose client server cannot reach its
+    own GCS), printing only the server's retries; the waiting thread is left behind."""
+    done, failures = threading.Event(), []
+
+    def init() -> None:
+        try:
+            ray.init(
+                address=address,
+                namespace=driver.JOB_NAMESPACE,
+                logging_level=logging.ERROR,
+                log_to_driver=False,  # a job's output comes through its driver (jobs.follow)
+            )
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            failures.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=init, name="kiln-ray-connect", daemon=True).start()
+    if not done.wait(seconds):
+        raise ClusterError(
+            f"the Ray cluster at {address} answers but started no session within {seconds:.0f} "
+            "s; its head's ray_client_server logs (in its session's logs folder) say why: "
+            "often the head cannot reach its own GCS at the address it advertises "
+            "(ray start --node-ip-address)"
+        )
+    if failures:
+        raise failures[0]
+
+
+def _probe(address: str) -> None:
+    """Within CONNECT_TIMEOUT_S: something listens at `address` and speaks the protocol its form
+    names (Ray Client for ray://HOST:PORT, the cluster's GCS for HOST:PORT); else ClusterError
+    saying which, before Ray itself would wait for a minute or more."""
+    import grpc  # pants: no-infer-dep (Ray's own dependency)
+
+    where = _host_port(address)
+    try:
+        socket.create_connection(where, timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ClusterError(
+            f"cannot reach the Ray cluster at {address} ({e.strerror or e}); check the address "
+            "([kiln] cluster in pants.toml, or --cluster) and that the cluster is up"
+        ) from None
+    client = address.startswith("ray://")
+    with grpc.insecure_channel(f"{where[0]}:{where[1]}") as channel:
+        call = channel.unary_unary(_RAY_CLIENT_CALL if client else _GCS_CALL)
+        try:
+            call(b"", timeout=CONNECT_TIMEOUT_S)
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                raise ClusterError(_other_port(address, client)) from None
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise ClusterError(
+                    f"{address} does not answer as a Ray cluster within "
+                    f"{CONNECT_TIMEOUT_S:.0f} s ({code.name}); check the address and its port"
+                ) from None
+
+
+def _other_port(address: str, client: bool) -> str:
+    host_port = address.removeprefix("ray://")
+    if client:
+        return (
+            f"{address} is the cluster's GCS port, not its Ray Client port: give "
+            f"ray://HOST:10001 (the head's --ray-client-server-port), or {host_port} on a node "
+            "of the cluster"
+        )
+    return (
+        f"{address} is a Ray Client port, not the cluster's GCS port: give ray://{host_port}"
+    )
