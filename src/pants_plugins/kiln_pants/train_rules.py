@@ -366,18 +366,17 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
     if accelerator in ACCELERATOR_PLUGINS:
         resolves.append(ACCELERATOR_PLUGINS[accelerator].resolve)
     here = "cpu" if request.on_cluster else accelerator
-    lockfile, runtime = await MultiGet(
+    artifact = graph.get(address)
+    # The caches build (their own, smaller PEX, then tokenizing) while the runtime's PEX does.
+    lockfile, runtime, caches = await MultiGet(
         Get(Digest, PathGlobs([python_setup.resolves[name] for name in resolves])),
         Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=here)),
+        Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.cache_inputs)))),
     )
-    artifact = graph.get(address)
     provenance = Provenance(
         code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
     )
-    step, caches = await MultiGet(
-        Get(StepJson, StepJsonRequest(address, provenance)),
-        Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.cache_inputs)))),
-    )
+    step = await Get(StepJson, StepJsonRequest(address, provenance))
     step_digest = await Get(Digest, CreateDigest([FileContent(STEP_FILE, step.content)]))
     plugin_lock = python_setup.resolves[resolves[-1]] if len(resolves) > 1 else None
     return PreparedStep(
