@@ -31,8 +31,10 @@ def _child_env() -> dict[str, str]:
 
 
 def test_checkpoint_request_reaches_a_running_loop(tmp_path: Path) -> None:
+    # Steps of half a second: the three requests below reach the loop within one step even on a
+    # loaded machine (with 20 ms steps they sometimes straddled two, and the loop saved twice).
     loop = subprocess.Popen(
-        [sys.executable, str(TOY_LOOP), str(tmp_path), "400", "0.02"],
+        [sys.executable, str(TOY_LOOP), str(tmp_path), "400", "0.5"],
         stdout=subprocess.PIPE,
         text=True,
         env=_child_env(),
