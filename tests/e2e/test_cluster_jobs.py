@@ -230,9 +230,8 @@ def request_a_checkpoint_through_the_job(
     """`endpoints` lists process 0's endpoint, `mint` gives a URL for it, and a POST with the
     control header makes the trainer save a temporary checkpoint into the bucket. Returns the
     URL's token."""
-    wait_for(lambda: "control/endpoint.json" in store.keys(RUN), "process 0's endpoint")
-    listed = kiln_cluster("endpoints", job)
-    assert listed.returncode == 0, listed.stderr[-3000:]
+    # Until the trainer serves it: "no control endpoint yet ...; ask again in a moment".
+    listed = wait_for(lambda: answered(kiln_cluster("endpoints", job)), "process 0's endpoint")
     routes = "GET / \\(control page\\), GET healthz, POST checkpoint"
     line = rf"^{job}/training-control  127\.0\.0\.1:\d+  node [0-9.]+  {routes}$"
     assert re.search(line, listed.stdout, re.M), listed.stdout
@@ -249,6 +248,13 @@ def request_a_checkpoint_through_the_job(
     metadata = json.loads(store.read(f"{RUN}/checkpoints/{saved[0]}").data)
     assert metadata["is_temporary"] is True
     return url.group(2)
+
+
+def answered(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str] | None:
+    if result.returncode == 0:
+        return result
+    assert "has no control endpoint yet" in result.stderr, result.stderr[-3000:]
+    return None
 
 
 def wait_for(condition: Callable[[], Any], what: str) -> Any:
