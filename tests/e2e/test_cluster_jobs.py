@@ -283,7 +283,9 @@ def test_what_cannot_run_is_one_line_at_once(
     error = run_on(cluster.address)
     assert error.startswith("kiln: error: resources=cpu(hosts=3) asks for 3 host(s) with CPU 1 "
                             f"each, and the Ray cluster at {cluster.address} can never give it: "
-                            "2 of its 2 node(s) fit (127.0.0.1: CPU 1, "), error  # fmt: skip
+                            "2 of its 2 node(s) fit ("), error  # fmt: skip
+    node = r"[0-9.]+: CPU 1, TPU 4, TPU-v4-16-head 1, kiln-test-slice 1, node-\w 1"
+    assert re.search(rf"fit \({node}; {node}\)\. Change `resources` or use a bigger", error), error
 
     host_port = cluster.address.removeprefix("ray://")  # a Ray Client port given as a GCS one
     assert run_on(host_port) == (f"kiln: error: {host_port} is a Ray Client port, not the "
