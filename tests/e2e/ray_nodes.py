@@ -76,7 +76,9 @@ class Cluster:
         os.kill(pid, signal.SIGKILL)
 
     def stop(self) -> None:
-        stop_processes_under(self.ray_root)
+        # The nodes' processes name their temp folder; Ray Client's servers name only the venv.
+        for root in (self.ray_root, self.venv):
+            stop_processes_under(root)
         shutil.rmtree(self.ray_root, ignore_errors=True)
 
 
