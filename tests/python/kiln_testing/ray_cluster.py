@@ -1,5 +1,8 @@
-"""A real two-node Ray cluster on loopback for tests: `ray start --head` plus a second node
-joining it, one CPU each, custom resources standing in for accelerators."""
+"""A real two-node Ray cluster on loopback whose nodes run Kiln from this environment (for
+benchmarks/cluster_overhead.py): `ray start --head` plus a second node joining it, one CPU
+each, custom resources standing in for accelerators. The tests use a cluster started the
+documented way instead (tests/e2e/ray_nodes.py); both stop what they started with
+`stop_processes_under`."""
 
 from __future__ import annotations
 
