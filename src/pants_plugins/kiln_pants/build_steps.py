@@ -25,12 +25,11 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import DEP_FAILED
-from kiln_contract.shipping import PLUGIN_LOCK_VARIABLE, RUNTIME_PEX_VARIABLE
 from kiln_pants.artifact_store import STORE_ENVIRONMENT
 from kiln_pants.eval_rules import LmEvalRunPackageFieldSet
 from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_rules import HfModelPackageFieldSet
-from kiln_pants.runtime import RuntimeProcess
+from kiln_pants.runtime import RuntimeProcess, shipped_to_nodes
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, ResourcesField, TokenizedCacheTarget
 from kiln_pants.tokenize_rules import BuildCachesRequest, BuiltCaches
@@ -204,7 +203,7 @@ async def build_training_step(
         return _failure(str(e), started)
     environment = {
         **(await Get(EnvironmentVars, EnvironmentVarsRequest(TRAINING_ENVIRONMENT))),
-        **(_shipped_to_nodes(prepared) if kiln.cluster else {}),
+        **(shipped_to_nodes(prepared.runtime, prepared.plugin_lock) if kiln.cluster else {}),
     }
     process = await Get(
         Process,
@@ -239,14 +238,6 @@ async def build_training_step(
         detail = _last_error(_read_log(step.log) or result.stderr.decode(errors="replace"))
         return StepOutcome(FAILED, f"exit {result.exit_code}: {detail}", seconds)
     return StepOutcome(SUCCESS, seconds=seconds)
-
-
-def _shipped_to_nodes(prepared: PreparedStep) -> dict[str, str]:
-    """What a cluster's nodes are sent (kiln.cluster.runtime_shipping), in the sandbox."""
-    shipped = {RUNTIME_PEX_VARIABLE: prepared.runtime.pex.pex_filename}
-    if prepared.plugin_lock:
-        return {**shipped, PLUGIN_LOCK_VARIABLE: prepared.plugin_lock}
-    return shipped
 
 
 def _read_log(path: str) -> str:

@@ -18,13 +18,18 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import SHARDS_SIBLING, sibling_key
-from kiln_contract.shipping import RUNTIME_PEX_VARIABLE
 from kiln_contract.tokenize import shard_dir_name
 from kiln_pants.artifact_graph import Artifact
 from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
 from kiln_pants.cache_spec import CacheSpecInputs, CacheSpecRequest
 from kiln_pants.hub_settings import HubSettingsCache
-from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import (
+    TOKENIZE,
+    Runtime,
+    RuntimeProcess,
+    RuntimeRequest,
+    shipped_to_nodes,
+)
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import CacheStorageField
 
@@ -139,7 +144,7 @@ async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> 
     build = request.build
     runtime = await Get(Runtime, RuntimeRequest(*request.entry))
     output = () if request.output is None else build.layout.outputs(request.output)
-    shipped = {RUNTIME_PEX_VARIABLE: runtime.pex.pex_filename} if request.ships_runtime else {}
+    shipped = shipped_to_nodes(runtime) if request.ships_runtime else {}
     return await Get(
         Process,
         RuntimeProcess(

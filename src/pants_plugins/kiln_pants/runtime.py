@@ -15,7 +15,7 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from pants.backend.python.target_types import EntryPoint
 from pants.backend.python.util_rules.pex import (
@@ -37,6 +37,8 @@ from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import TransitiveTargets, TransitiveTargetsRequest
 from pants.util.frozendict import FrozenDict
 from pants.util.logging import LogLevel
+
+from kiln_contract.shipping import PLUGIN_LOCK_VARIABLE, RUNTIME_PEX_VARIABLE
 
 # The runtime's entry points, as modules and the files that own them.
 TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
@@ -152,6 +154,18 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
     return Runtime(
         pex_request, pex, sources.source_files.snapshot.digest, tuple(sources.source_roots)
     )
+
+
+def shipped_to_nodes(
+    runtime: Runtime, plugin_lock: Optional[str] = None, root: str = ""
+) -> dict[str, str]:
+    """What a process that submits to a Ray cluster ships to its nodes
+    (kiln.cluster.runtime_shipping): its runtime PEX and an accelerator plugin's lockfile, as
+    paths under `root` (its sandbox), in the variables the runtime reads."""
+    shipped = {RUNTIME_PEX_VARIABLE: os.path.join(root, runtime.pex.pex_filename)}
+    if plugin_lock:
+        shipped[PLUGIN_LOCK_VARIABLE] = os.path.join(root, plugin_lock)
+    return shipped
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,6 @@ from pants.engine.unions import UnionRule
 from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUMMARY_TEXT_FILE
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import served_message
-from kiln_contract.shipping import PLUGIN_LOCK_VARIABLE, RUNTIME_PEX_VARIABLE
 from kiln_contract.step import Provenance, StepInput, StepSpec
 from kiln_contract.train import (
     CheckpointerSpec,
@@ -85,6 +84,7 @@ from kiln_pants.runtime import (
     Runtime,
     RuntimeProcess,
     RuntimeRequest,
+    shipped_to_nodes,
 )
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import (
@@ -539,10 +539,7 @@ async def run_lm_checkpoint(
         extra_env={
             **environment.environment_dict(python=python),
             "PEX_EXTRA_SYS_PATH": runtime.sys_path(chroot),
-            # What a cluster's nodes are sent (kiln.cluster.runtime_shipping).
-            RUNTIME_PEX_VARIABLE: os.path.join(chroot, venv_pex.pex_filename),
-            **({PLUGIN_LOCK_VARIABLE: os.path.join(chroot, prepared.plugin_lock)}
-               if prepared.plugin_lock else {}),  # fmt: skip
+            **shipped_to_nodes(runtime, prepared.plugin_lock, root=chroot),
         },
         append_only_caches={
             **environment.append_only_caches,

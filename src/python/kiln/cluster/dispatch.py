@@ -17,6 +17,7 @@ A TPU slice's hosts join with `--coordinator auto`: on TPU VMs jax reads the coo
 0) and each process's id from the VM's metadata, so process ids are the TPU worker ids, and the
 host actor on the slice head's node is host 0.
 """
+
 from __future__ import annotations
 
 import json
