@@ -16,6 +16,7 @@ runs (subprocesses started then inherit them) and restored after.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -63,6 +64,8 @@ def s3_endpoint(scratch: Path) -> Iterator[str]:
     import boto3
     from moto.server import ThreadedMotoServer
 
+    # A line per request would fill a failed test's report, hiding its assertion.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
