@@ -54,6 +54,7 @@ from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_targets import HfModelTarget
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizedCacheTarget
+from kiln_pants.tokenize_rules import CacheBatch, CacheBatches, SmallCachesRequest
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class PlannedStep:
     ref: str
     log: str
     decided: Optional[StepOutcome]  # served or drifted: no process runs
+    batch: Optional[CacheBatch] = None  # a small cache: tokenized with these in one process
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,9 @@ async def pipeline_step(request: PipelineStep) -> StepOutcome:
     if failed:
         return dep_failed(", ".join(failed))
     logger.info(_start_line(step, request.slots))
-    outcome = await Get(StepOutcome, StepRequest(step.address, step.kind, step.log, request.slots))
+    outcome = await Get(
+        StepOutcome, StepRequest(step.address, step.kind, step.log, request.slots, step.batch)
+    )
     logger.info(_outcome_line(step.ref, outcome, step.log))
     return outcome
 
@@ -258,7 +262,14 @@ async def build(
         )
         return Build(exit_code=1)
     slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
-    pipeline = _pipeline(graph, steps_to_build(roots, graph, states), states, dist, slots)
+    to_build = steps_to_build(roots, graph, states)
+    caches = Addresses(
+        a for a in to_build
+        if graph.get(a).kind == TokenizedCacheTarget.alias and _decided(graph.get(a), states[a]) is None
+    )  # fmt: skip
+    batches = await Get(CacheBatches, SmallCachesRequest(caches))
+    batch_of = {address: batch for batch in batches.batches for address in batch.addresses}
+    pipeline = _pipeline(graph, to_build, states, dist, slots, batch_of)
     steps = [p.step for p in pipeline.values()]
     marked_before = [  # this run decides again
         graph.get(s.address).folder for s in steps
@@ -290,6 +301,7 @@ def _pipeline(
     states: dict[Address, StoredState],
     dist: str,
     slots: Optional[TrainingSlots],
+    batch_of: dict[Address, CacheBatch],
 ) -> dict[Address, PipelineStep]:
     """Every step (in build order, inputs first) with the steps it waits for and its outcome
     if known now; the folders of the steps' logs made."""
@@ -302,7 +314,7 @@ def _pipeline(
             os.makedirs(os.path.dirname(log), exist_ok=True)
             with open(log, "w"):
                 pass  # a training's output as it runs; another step's error if it fails
-        step = PlannedStep(address, artifact.kind, artifact.ref, log, decided)
+        step = PlannedStep(address, artifact.kind, artifact.ref, log, decided, batch_of.get(address))
         inputs = tuple(pipeline[a] for a in waits_for)
         pipeline[address] = PipelineStep(step, inputs, slots)
     return pipeline

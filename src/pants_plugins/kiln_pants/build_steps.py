@@ -20,7 +20,7 @@ from pants.core.goals.package import BuiltPackage
 from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
-from pants.engine.rules import Get, collect_rules, rule
+from pants.engine.rules import Get, _uncacheable_rule, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
@@ -32,7 +32,13 @@ from kiln_pants.hf_model_rules import HfModelPackageFieldSet
 from kiln_pants.runtime import RuntimeProcess, shipped_to_nodes
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, ResourcesField, TokenizedCacheTarget
-from kiln_pants.tokenize_rules import BuildCachesRequest, BuiltCaches
+from kiln_pants.tokenize_rules import (
+    BatchedCacheRequest,
+    BuildCachesRequest,
+    BuiltCache,
+    BuiltCaches,
+    CacheBatch,
+)
 from kiln_pants.train_rules import (
     STEP_FILE,
     AcceleratorsPresent,
@@ -109,11 +115,13 @@ class StepRequest:
     kind: str  # the target alias
     log: str  # the step's log file
     slots: Optional[TrainingSlots]  # None: trainings are not capped here (a cluster's jobs)
+    batch: Optional[CacheBatch] = None  # a small cache: tokenized with these in one process
 
 
 @dataclass(frozen=True)
 class CacheStep:
     address: Address
+    batch: Optional[CacheBatch]
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,7 @@ class PackagedStep:
 async def build_step(request: StepRequest) -> StepOutcome:
     address, log = request.address, request.log
     if request.kind == TokenizedCacheTarget.alias:
-        return await Get(StepOutcome, CacheStep(address))
+        return await Get(StepOutcome, CacheStep(address, request.batch))
     if request.kind == LmCheckpointTarget.alias:
         return await Get(StepOutcome, TrainingStep(address, log, request.slots))
     return await Get(StepOutcome, PackagedStep(address, request.kind))
@@ -152,11 +160,16 @@ def _last_error(text: str) -> str:
     return (errors or lines or ["no output"])[-1][:300]
 
 
-@rule(desc="Building a cache step")
+@_uncacheable_rule(desc="Building a cache step")
 async def build_cache_step(step: CacheStep) -> StepOutcome:
+    """Uncacheable, so that a new session times it from its start: pantsd would otherwise
+    "clean" the last session's node, building the cache beneath it before it starts again."""
     started = time.monotonic()
     try:
-        await Get(BuiltCaches, BuildCachesRequest(Addresses([step.address])))
+        if step.batch is None:
+            await Get(BuiltCaches, BuildCachesRequest(Addresses([step.address])))
+        else:
+            await Get(BuiltCache, BatchedCacheRequest(step.address, step.batch))
     except Exception as e:  # noqa: BLE001 - reported as this step's failure; others go on
         return _failure(str(e), started)
     return StepOutcome(SUCCESS, seconds=time.monotonic() - started)

@@ -3,7 +3,11 @@ parallel), the merge of the shards (one process), an import (a `levanter_cache(.
 one process, nothing is tokenized), a fan-out (a store-mode cache with `[kiln] cluster` set: one
 process that runs the shards and the merge as Ray tasks, kiln.cluster.fanout, docs/clusters.md).
 `tokenize_cache` picks among them; `cache_process` is the one place a cache's runtime process is
-made.
+made. Small store-mode caches (one shard of a few repo files: a data-ablation study's thousand
+one-document caches) are tokenized many to a process instead, `python -m kiln.data.tokenize
+many` (`small_cache_batches`): starting a process with its tokenizer costs seconds, tokenizing
+such a cache milliseconds. Each cache is still its own artifact, fingerprinted and skipped on
+its own in the store, and one that fails fails alone.
 
 Each process runs `python -m kiln.data.tokenize` from the tokenize runtime PEX, whose sources are
 kiln.data's closure only, so trainer edits never re-tokenize. Two storage modes (the `storage`
@@ -26,19 +30,30 @@ the merge would start while its shards are being rebuilt, after the store was de
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional
 
 from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.fs import EMPTY_DIGEST, AddPrefix, Digest, MergeDigests, RemovePrefix
+from pants.engine.fs import (
+    EMPTY_DIGEST,
+    AddPrefix,
+    CreateDigest,
+    Digest,
+    DigestEntries,
+    FileContent,
+    FileEntry,
+    MergeDigests,
+    RemovePrefix,
+)
 from pants.engine.process import FallibleProcessResult, Process, ProcessResult
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.tokenize import LevanterCacheSource
+from kiln_contract.tokenize import FilesSource, LevanterCacheSource
 from kiln_pants.artifact_graph import (
     Artifact,
     ArtifactGraph,
@@ -89,14 +104,18 @@ class BuiltCaches:
     caches: tuple[BuiltCache, ...]  # in the order asked for
 
 
+def _in_store(build: CacheBuild) -> BuiltCache:
+    tokenizer = build.inputs.tokenizer_digest
+    return BuiltCache(build.artifact, EMPTY_DIGEST, tokenizer, store_path=build.layout.cache)
+
+
 async def _finished(build: CacheBuild, last: ProcessResult | FallibleProcessResult) -> BuiltCache:
     """The cache the last process (merge, import or fan-out) finished: in the store, or its
     output."""
-    tokenizer = build.inputs.tokenizer_digest
     if build.layout.in_store:
-        return BuiltCache(build.artifact, EMPTY_DIGEST, tokenizer, store_path=build.layout.cache)
+        return _in_store(build)
     cache = await Get(Digest, RemovePrefix(last.output_digest, CACHE_DIR))
-    return BuiltCache(build.artifact, cache, tokenizer)
+    return BuiltCache(build.artifact, cache, build.inputs.tokenizer_digest)
 
 
 @dataclass(frozen=True)
@@ -248,6 +267,156 @@ async def tokenize_cache(request: TokenizeCacheRequest) -> BuiltCache:
     return await Get(BuiltCache, MergeRequest(build))
 
 
+# A store cache of one shard whose files weigh at most SMALL_CACHE_BYTES is tokenized in a batch,
+# up to CACHES_PER_BATCH to a process: a few seconds of start-up shared by all of them, and enough
+# batches for a thousand caches to keep every core busy.
+SMALL_CACHE_BYTES = 1 << 20
+CACHES_PER_BATCH = 50
+BATCH_FOLDER = "caches"  # each cache's spec and record in BATCH_FOLDER/{i}/ of the sandbox
+BATCH_MANIFEST = "many.json"
+
+
+@dataclass(frozen=True)
+class CacheBatch:
+    """Store caches tokenized in one process, in this order."""
+
+    addresses: tuple[Address, ...]
+
+
+@dataclass(frozen=True)
+class CacheBatches:
+    batches: tuple[CacheBatch, ...]
+
+
+@dataclass(frozen=True)
+class SmallCachesRequest:
+    """Of these caches, the small ones, in batches (the others are left out)."""
+
+    addresses: Addresses
+
+
+def _may_batch(build: CacheBuild) -> bool:
+    spec = build.inputs.spec
+    local = build.layout.in_store and build.cluster == "local"
+    return local and spec.num_shards == 1 and isinstance(spec.source, FilesSource)
+
+
+def _source_bytes(build: CacheBuild, entries: DigestEntries) -> Optional[int]:
+    """The bytes of the cache's source files; None if one is not a repo file Pants holds."""
+    source = build.inputs.spec.source
+    assert isinstance(source, FilesSource)
+    sizes = {e.path: e.file_digest.serialized_bytes_length for e in entries if isinstance(e, FileEntry)}
+    if any(path not in sizes for path in source.paths):
+        return None
+    return sum(sizes[path] for path in source.paths)
+
+
+@rule(desc="Grouping small caches into batches")
+async def small_cache_batches(request: SmallCachesRequest) -> CacheBatches:
+    builds = await MultiGet(
+        Get(CacheBuild, CacheBuildRequest(address)) for address in request.addresses
+    )
+    candidates = [b for b in builds if _may_batch(b)]
+    entries = await MultiGet(Get(DigestEntries, Digest, b.inputs.files) for b in candidates)
+    small = sorted(
+        b.artifact.address
+        for b, listed in zip(candidates, entries)
+        if (size := _source_bytes(b, listed)) is not None and size <= SMALL_CACHE_BYTES
+    )
+    return CacheBatches(
+        tuple(
+            CacheBatch(tuple(small[start : start + CACHES_PER_BATCH]))
+            for start in range(0, len(small), CACHES_PER_BATCH)
+        )
+    )
+
+
+@dataclass(frozen=True)
+class CacheBatchOutcome:
+    built: FrozenDict[Address, BuiltCache]
+    errors: FrozenDict[Address, str]  # the caches that failed: their error lines
+
+
+def _batch_commands(build: CacheBuild, folder: str) -> list[list[str]]:
+    """A cache's `shard` and `merge` command lines, as its own processes would run them."""
+    layout = build.layout
+    spec, record = f"{folder}/{SPEC_FILE}", f"{folder}/{RECORD_INPUT}"
+    return [
+        ["shard", spec, "--index", "0", "--out", layout.shards[0], *layout.skip, *layout.confined],
+        ["merge", spec, "--shards", *layout.shards, "--out", layout.cache, "--record", record,
+         *layout.confined],
+    ]  # fmt: skip
+
+
+def _errors_by_cache(stderr: str, builds: tuple[CacheBuild, ...]) -> dict[Address, str]:
+    """`many` prints a failed cache's errors, then `error: ADDRESS failed`."""
+    errors: dict[Address, str] = {}
+    pending: list[str] = []
+    names = {str(b.artifact.address): b.artifact.address for b in builds}
+    for line in stderr.splitlines():
+        name = line.removeprefix("error: ").removesuffix(" failed")
+        if line.startswith("error: ") and line.endswith(" failed") and name in names:
+            errors[names[name]] = "\n".join(pending) or "tokenizing failed"
+            pending = []
+        elif line.startswith("error: "):
+            pending.append(line.removeprefix("error: "))
+    return errors
+
+
+@rule(desc="Tokenizing small caches in one process")
+async def tokenize_cache_batch(batch: CacheBatch) -> CacheBatchOutcome:
+    builds = await MultiGet(
+        Get(CacheBuild, CacheBuildRequest(address)) for address in batch.addresses
+    )
+    folders = [f"{BATCH_FOLDER}/{i}" for i in range(len(builds))]
+    manifest = [
+        {"name": str(b.artifact.address), "commands": _batch_commands(b, folder)}
+        for b, folder in zip(builds, folders)
+    ]
+    specs = await MultiGet(
+        Get(Digest, AddPrefix(b.inputs.spec_digest, folder)) for b, folder in zip(builds, folders)
+    )
+    listed = await Get(
+        Digest, CreateDigest([FileContent(BATCH_MANIFEST, json.dumps(manifest).encode())])
+    )
+    digest = await Get(Digest, MergeDigests([listed, *specs, *(b.inputs.files for b in builds)]))
+    first, last = builds[0].artifact.ref, builds[-1].artifact.ref
+    process = await Get(
+        Process,
+        CacheProcessRequest(
+            builds[0],  # every cache of a batch has the same store, so the same environment
+            argv=("many", BATCH_MANIFEST),
+            description=f"Tokenizing {len(builds)} small cache(s), {first} to {last}",
+            input_digest=digest,
+        ),
+    )
+    result = await Get(FallibleProcessResult, Process, process)
+    errors = _errors_by_cache(result.stderr.decode(errors="replace"), builds)
+    if result.exit_code != 0 and not errors:  # it died before reporting a cache
+        why = result.stderr.decode(errors="replace").strip()[-2000:]
+        errors = {b.artifact.address: why or f"exit {result.exit_code}" for b in builds}
+    built = {b.artifact.address: _in_store(b) for b in builds if b.artifact.address not in errors}
+    return CacheBatchOutcome(FrozenDict(built), FrozenDict(errors))
+
+
+@dataclass(frozen=True)
+class BatchedCacheRequest:
+    """One cache of a batch: built by the batch's process, or failed alone."""
+
+    address: Address
+    batch: CacheBatch
+
+
+@_uncacheable_rule(desc="Tokenizing a small cache")
+async def batched_cache(request: BatchedCacheRequest) -> BuiltCache:
+    """Uncacheable, as a step's way into the store is: pantsd runs it again from the top in a
+    new session (a cached one would be "cleaned", its batch rerun beneath it)."""
+    outcome = await Get(CacheBatchOutcome, CacheBatch, request.batch)
+    if request.address in outcome.errors:
+        raise CacheTokenizationFailed(f"{request.address}: {outcome.errors[request.address]}")
+    return outcome.built[request.address]
+
+
 @dataclass(frozen=True)
 class StoredCacheRequest:
     """A store-mode cache that the store holds built: its place there and its tokenizer's files;
@@ -295,10 +464,15 @@ async def built_or_tokenized_caches(
     if stored:
         read = await Get(StoredStates, StoredStatesRequest(prefix, ArtifactGraph(stored)))
         built = {a.address for a, state in read.states.items() if state.status == "built"}
+    unbuilt = Addresses(c.address for c in stored if c.address not in built)
+    batches = await Get(CacheBatches, SmallCachesRequest(unbuilt))
+    batch_of = {address: b for b in batches.batches for address in b.addresses}
     return BuiltCaches(
         await MultiGet(
             Get(BuiltCache, StoredCacheRequest(c.address))
             if c.address in built
+            else Get(BuiltCache, BatchedCacheRequest(c.address, batch_of[c.address]))
+            if c.address in batch_of
             else Get(BuiltCache, TokenizeCacheRequest(c.address))
             for c in caches
         )

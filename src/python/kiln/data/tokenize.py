@@ -4,6 +4,7 @@
     python -m kiln.data.tokenize merge SPEC.json --shards DIR0 DIR1 ... --out CACHE_DIR
     python -m kiln.data.tokenize build SPEC.json --out CACHE_DIR
     python -m kiln.data.tokenize import SPEC.json --out CACHE_DIR
+    python -m kiln.data.tokenize many MANIFEST.json
     python -m kiln.data.tokenize plan SPEC.json... [--json]
 
 `import` is for a `levanter_cache` source (kiln.data.levanter_cache): it checks the cache and
@@ -11,6 +12,11 @@ writes the Kiln cache that reads it in place; `build` of such a spec imports too
 tokenizes shard I of config.num_shards into one shard folder; `merge` moves complete shard
 folders into CACHE_DIR and writes the ledger, stats, tokenizer metadata and, last, STATUS SUCCESS;
 `build` does both in one process (resuming: complete shards of an interrupted build are kept).
+`many` runs several small caches' command lines in this one process, each cache's in order (the
+Pants backend batches one-shard store caches so: a process per cache would cost more than its
+tokenizing); MANIFEST.json is a list with, per cache, `{"name": WHAT, "commands": [["shard",
+...], ["merge", ...]]}`. A cache that fails is reported (its error, then `error: WHAT failed`),
+and the others are still built.
 `plan` prints the files (pieces, units) and bytes each shard of each spec reads, or for an
 import the Levanter cache's layout, parts, documents and tokens from its ledger, and writes
 nothing; `--json` prints one line per spec, as `pants plan` reads them: a JSON list with an
@@ -29,7 +35,7 @@ One builder per folder: `shard` holds its shard folder's lease, `merge` the cach
 then each shard's, `build` the cache's (kiln.artifacts.lease). A second builder waits for the
 lease, then finds the work done and uses it.
 
-Exit status: 0 done (or already done); 2 bad input or damaged content (one paragraph); 4
+Exit status (`many`: the worst of its caches'): 0 done (or already done); 2 bad input or damaged content (one paragraph); 4
 (EXIT_STORAGE) a storage error, as one line `error: PATH: CAUSE` (rerun once it is fixed: the
 build resumes). See docs/token-cache.md.
 """
@@ -67,8 +73,8 @@ from kiln.data.cache_writer import local_folder_of, remove_dead_temporaries
 from kiln.data.errors import KilnDataError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache, plan_import
-from kiln.data.spec import CacheSpec, LevanterCacheSource, parse_cache_spec
-from kiln.data.tokenizer import load_tokenizer
+from kiln.data.spec import CacheSpec, LevanterCacheSource, TokenizerSpec, parse_cache_spec
+from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
 
 __all__ = ["already_built", "build_cache", "main", "merge_cache", "tokenize_shard"]
 
@@ -88,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     apply_hub_settings()  # before huggingface_hub is imported: it reads HF_HOME etc. once
     args = _parser().parse_args(argv)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
+    if args.command == "many":
+        return _many_command(args.manifest)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """One command; its exit status (the module's docstring)."""
     try:
         _check_locations(args)
         _check_contained(args)
@@ -119,6 +132,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {failure}", file=sys.stderr)
         return EXIT_STORAGE
     return 0
+
+
+def _many_command(manifest: Path) -> int:
+    """Each cache's commands in order, until one fails; then the next cache."""
+    try:
+        caches = _read_json(manifest, what="manifest")
+    except KilnDataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    worst = 0
+    for cache in caches:
+        for argv in cache["commands"]:
+            status = _run(_parser().parse_args(argv))
+            worst = max(worst, status)
+            if status != 0:
+                print(f"error: {cache['name']} failed", file=sys.stderr)
+                break
+    return worst
 
 
 def _check_command_fits_source(spec: CacheSpec, command: str) -> None:
@@ -218,7 +249,7 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     what = f"tokenize {ref(spec)} shard {args.index}"
     with Lease.beside(args.out, what=what).acquire(wait=True):
         if args.unless_built is None or not served(spec, args.unless_built):
-            tokenizer = load_tokenizer(spec.tokenizer)
+            tokenizer = _tokenizer(spec)
             write_shard_unless_done(spec, args.index, shard, cache, tokenizer)
     if cache is not None and shard.local_root is not None and is_built(cache.location("")):
         _remove_if_empty(Path(shard.local_root).parent)  # merged while this waited
@@ -238,7 +269,7 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
             leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
         record = None if args.record is None else args.record.read_bytes()
         shards = [open_store(shard) for shard in args.shards]
-        merge_shards(spec, shards, cache, artifact_record=record)
+        merge_shards(spec, shards, cache, _tokenizer(spec), artifact_record=record)
         print(f"{ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     for staging in {shard.parent for shard in args.shards if isinstance(shard, Path)}:
         remove_dead_temporaries(staging)  # what killed builds left in .{version}.shards/
@@ -259,7 +290,7 @@ def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     with Lease.beside(args.out, what=f"import {ref(spec)}").acquire(wait=True):
         if served(spec, args.out):
             return
-        tokenizer = load_tokenizer(spec.tokenizer)
+        tokenizer = _tokenizer(spec)
         with local_folder_of(cache) as folder:
             if args.record is not None:
                 atomic_write_bytes(folder / RECORD_FILE, args.record.read_bytes())
@@ -303,11 +334,25 @@ def _check_contained(args: argparse.Namespace) -> None:
         raise SpecError(str(e)) from None
 
 
+_tokenizers: dict[TokenizerSpec, LoadedTokenizer] = {}
+
+
+def _tokenizer(spec: CacheSpec) -> LoadedTokenizer:
+    """Loaded once per process: `many` builds caches that mostly share one tokenizer."""
+    if spec.tokenizer not in _tokenizers:
+        _tokenizers[spec.tokenizer] = load_tokenizer(spec.tokenizer)
+    return _tokenizers[spec.tokenizer]
+
+
 def _read_spec_file(path: Path) -> Any:
+    return _read_json(path, what="spec")
+
+
+def _read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise SpecError(f"{path}: no such spec file.") from None
+        raise SpecError(f"{path}: no such {what} file.") from None
     except json.JSONDecodeError as e:
         raise SpecError(f"{path}: not valid JSON ({e}).") from None
 
@@ -343,6 +388,8 @@ def _parser() -> argparse.ArgumentParser:
     imported.add_argument("spec", type=Path)
     imported.add_argument("--out", type=_location, required=True)
     imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
+    many = commands.add_parser("many", help="several caches' command lines in one process")
+    many.add_argument("manifest", type=Path)
     plan = commands.add_parser("plan", help="print the files and bytes each shard reads")
     plan.add_argument("spec", type=Path, nargs="+")
     plan.add_argument("--json", action="store_true", help="a JSON line per spec: its shards")

@@ -35,6 +35,31 @@ def test_shard_and_merge_commands(tmp_path: Path, monkeypatch, capsys):
     assert "cache ready at cache" in capsys.readouterr().err
 
 
+def test_many_builds_each_cache_and_a_failed_one_fails_alone(tmp_path, monkeypatch, capsys):
+    """`many`, as the Pants backend batches small store caches: each cache's shard and merge
+    commands in order, in one process; the bad cache reports its error and its name."""
+    write_corpus(tmp_path / "corpus")
+    (tmp_path / "corpus/bad.jsonl").write_text('{"body": "no text field"}\n')
+    monkeypatch.chdir(tmp_path)
+    caches = []
+    for name, paths in (("good", ["corpus/a.jsonl"]), ("bad", ["corpus/bad.jsonl"]),
+                        ("also", ["corpus/b.jsonl"])):  # fmt: skip
+        (tmp_path / name).mkdir()
+        spec = make_spec({"kind": "files", "paths": paths}, num_shards=1)
+        (tmp_path / name / "spec.json").write_text(json.dumps(spec))
+        commands = [
+            ["shard", f"{name}/spec.json", "--index", "0", "--out", f"shards/{name}"],
+            ["merge", f"{name}/spec.json", "--shards", f"shards/{name}", "--out", f"caches/{name}"],
+        ]
+        caches.append({"name": f"//data:{name}", "commands": commands})
+    (tmp_path / "many.json").write_text(json.dumps(caches))
+    assert main(["many", "many.json"]) == 2
+    err = capsys.readouterr().err
+    assert "corpus/bad.jsonl:1: no field 'text'" in err and "error: //data:bad failed" in err
+    assert read_status(tmp_path / "caches/good") == read_status(tmp_path / "caches/also") == "SUCCESS"
+    assert not (tmp_path / "caches/bad").exists()
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -1,0 +1,89 @@
+"""End to end: small store caches, the shape of a data-ablation study's thousands, through real
+./pants in the e2e tests' workspace (conftest.py). `build` tokenizes them many to a process, yet
+each is its own artifact: a cache whose file is bad fails alone, the others are built with the
+documents of their own files; fixed, only that cache is tokenized again; `plan` then says what
+`build` did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from kiln.data.cache import TokenCache
+from kiln.data.tokenizer import load_tokenizer
+from tests.e2e.workspace import run_pants
+
+VERSION = "2026.12.03"
+CACHE = """
+tokenized_cache(
+    name="c{i}",
+    artifact_name="tokenized/many/c{i}",
+    sources=["texts/c{i}.jsonl"],
+    tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+    version="{version}",
+    storage="store",
+)
+"""
+CACHES = 4
+BAD = 2  # its file has no "text" field
+
+
+def _texts(i: int) -> list[str]:
+    return [f"Document {j} of cache {i}: {'word ' * (i + j)}".strip() for j in range(3)]
+
+
+def _write_files(folder: Path, bad: int | None) -> None:
+    texts = folder / "texts"
+    texts.mkdir(parents=True, exist_ok=True)
+    for i in range(CACHES):
+        key = "body" if i == bad else "text"
+        lines = [json.dumps({key: text}) for text in _texts(i)]
+        (texts / f"c{i}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) -> None:
+    repo = workspace
+    folder = repo / "experiments/many"
+    _write_files(folder, bad=BAD)
+    (folder / "BUILD").write_text("".join(CACHE.format(i=i, version=VERSION)
+                                          for i in range(CACHES)))  # fmt: skip
+    env = dict(os.environ)
+
+    first = run_pants(repo, "build", "experiments/many:", env=env, check=False)
+    assert first.returncode == 1, first.stderr[-4000:]
+    # One process tokenized all four; the bad one failed alone, naming its file.
+    assert f"Tokenizing {CACHES} small cache(s), tokenized/many/c0@{VERSION} to " in first.stderr
+    summary = {name: status for status, name in re.findall(
+        r"^(SUCCESS|FAILED)\s+tokenized/many/(c\d)@", first.stderr, re.M)}  # fmt: skip
+    assert summary == {f"c{i}": "FAILED" if i == BAD else "SUCCESS" for i in range(CACHES)}
+    assert f"experiments/many/texts/c{BAD}.jsonl:1: no field 'text'" in first.stderr
+
+    store = repo / "artifacts/tokenized/many"
+    tokenizer = load_tokenizer(
+        {"kind": "local", "path": str(repo / "experiments/tokenizers/kiln-stdlib-8k")}
+    )
+    for i in range(CACHES):
+        if i == BAD:
+            assert not (store / f"c{i}/{VERSION}/STATUS").exists()
+            continue
+        cache = TokenCache.open(store / f"c{i}/{VERSION}")
+        documents = [cache.document(j) for j in range(cache.num_documents)]
+        decoded = [tokenizer.hf_tokenizer.decode(d, skip_special_tokens=True) for d in documents]
+        assert [text.strip() for text in decoded] == _texts(i)
+        record = json.loads((store / f"c{i}/{VERSION}/artifact.json").read_text())
+        assert record["name"] == f"tokenized/many/c{i}"  # its own record, its own fingerprint
+    assert not list(store.glob(f"*/.{VERSION}.shards"))  # no shard left beside a cache
+
+    _write_files(folder, bad=None)
+    second = run_pants(repo, "build", "experiments/many:", env=env)
+    assert f"Tokenizing 1 small cache(s), tokenized/many/c{BAD}@{VERSION} to " in second.stderr
+    served = re.findall(r"kiln: served\s+tokenized/many/(c\d)@", second.stderr)
+    assert sorted(served) == [f"c{i}" for i in range(CACHES) if i != BAD]
+
+    planned = run_pants(repo, "plan", "experiments/many:", env=env)
+    built = re.findall(r"^\s+built\s+\w+\s+tokenized_cache\s+tokenized/many/(c\d)@",
+                       planned.stdout, re.M)  # fmt: skip
+    assert sorted(built) == [f"c{i}" for i in range(CACHES)], planned.stdout
