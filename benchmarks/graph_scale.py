@@ -3,8 +3,8 @@
     ./pants run benchmarks/graph_scale.py -- --repo "$PWD" [--caches 100 1000 5000] [--work DIR]
 
 For each size N a copy of this workspace gets, in a temporary folder (nothing is committed),
-`scale/caches/BUILD`: N store-mode `tokenized_cache` targets, each of one small local jsonl file
-in the repository, and `scale/BUILD`: one `lm_checkpoint` mixing all of them. Then, timed as a
+`scale/caches/BUILD`: N store-mode `tokenized_cache` targets, each of one local jsonl file of one
+document (about 130 tokens) in the repository, and `scale/BUILD`: one `lm_checkpoint` mixing all of them. Then, timed as a
 user waits for each command (wall seconds, the client's start included):
 - `list scale::` and `plan scale:big` in a fresh Pants (`--no-pantsd`: nothing memoized, and no
   wait for a daemon to start, which a loaded machine can stretch past the client's 60 s);
@@ -88,8 +88,8 @@ def workspace(repo: Path, root: Path, caches: int) -> Path:
     texts = root / "scale/caches/texts"
     texts.mkdir(parents=True)
     for i in range(caches):
-        lines = (json.dumps({"text": f"Document {j} of cache {i}."}) for j in range(5))
-        (texts / f"c{i}.jsonl").write_text("\n".join(lines) + "\n")
+        text = f"Cache {i}. " + "The quick brown fox jumps over the lazy dog. " * 12
+        (texts / f"c{i}.jsonl").write_text(json.dumps({"text": text}) + "\n")  # one document
     build = "\n".join(CACHE.format(i=i, version=VERSION) for i in range(caches))
     (root / "scale/caches/BUILD").write_text(build)
     datasets = "{" + ", ".join(f'"//scale/caches:c{i}": 1.0' for i in range(caches)) + "}"
