@@ -1,11 +1,12 @@
-"""Pants goals on graphs of a hundred to thousands of artifacts: list, plan, build and a no-op build.
+"""Pants goals on graphs of a hundred to thousands of artifacts: list, plan, build, no-op build.
 
     ./pants run benchmarks/graph_scale.py -- --repo "$PWD" [--caches 100 1000 5000] [--work DIR]
 
 For each size N a copy of this workspace gets, in a temporary folder (nothing is committed),
 `scale/caches/BUILD`: N store-mode `tokenized_cache` targets, each of one local jsonl file of one
-document (about 130 tokens) in the repository, and `scale/BUILD`: one `lm_checkpoint` mixing all of them. Then, timed as a
-user waits for each command (wall seconds, the client's start included):
+document (about 130 tokens) in the repository, and `scale/BUILD`: one `lm_checkpoint` mixing all
+of them. Then, timed as a user waits for each command (wall seconds, the client's start
+included):
 - `list scale::` and `plan scale:big` in a fresh Pants (`--no-pantsd`: nothing memoized, and no
   wait for a daemon to start, which a loaded machine can stretch past the client's 60 s);
 - `list scale::` with pantsd up, then `plan scale:big` with the plan not yet computed ("cold"),
