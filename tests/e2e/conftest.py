@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kiln_testing.buckets import s3_server
+from kiln_testing.bucket_fixtures import s3_server
 
 from tests.e2e.ray_nodes import Cluster, make_node_venv, started_cluster
 from tests.e2e.workspace import copy_workspace, stop_pantsd

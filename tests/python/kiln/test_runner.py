@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kiln_testing.buckets import fresh_url, gcs_server, s3_server
+from kiln_testing.bucket_fixtures import gcs_server, s3_server
+from kiln_testing.buckets import fresh_url
 from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache
 
 from kiln import artifacts

@@ -1,6 +1,6 @@
-"""Buckets on real servers on loopback, for tests and benchmarks: pytest fixtures that a test
-folder's conftest.py imports (`from kiln_testing.buckets import s3_server, gcs_server`), and the
-context managers they wrap (`s3_endpoint`, `gcs_endpoint`).
+"""Buckets on real servers on loopback, for tests and benchmarks: context managers that run one
+(`s3_endpoint`, `gcs_endpoint`); the pytest fixtures that wrap them are in
+kiln_testing.bucket_fixtures.
 
 - S3: moto's standalone server (ThreadedMotoServer on 127.0.0.1, a free port), reached through
   AWS_ENDPOINT_URL with made-up credentials, as any S3-compatible store is.
@@ -8,7 +8,7 @@ context managers they wrap (`s3_endpoint`, `gcs_endpoint`).
   through STORAGE_EMULATOR_HOST. It honours ifGenerationMatch on uploads (create, replace);
   it ignores it on delete, which real GCS honours.
 
-Each fixture's server runs once per test session and is stopped after it; tests give each use a
+A fixture's server runs once per test session and is stopped after it; tests give each use a
 path of its own in the bucket (`fresh_url`). The environment variables are set while a server
 runs (subprocesses started then inherit them) and restored after.
 """
@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 
 BUCKET = "kiln-test"
@@ -120,20 +119,6 @@ def gcs_endpoint(scratch: Path) -> Iterator[str]:
         server.terminate()
         server.wait(10)
         log.close()
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The S3 endpoint URL (`s3_endpoint`), for the test session."""
-    with s3_endpoint(tmp_path_factory.mktemp("aws")) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="session")
-def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The GCS emulator's URL (`gcs_endpoint`), for the test session."""
-    with gcs_endpoint(tmp_path_factory.mktemp("gcs")) as endpoint:
-        yield endpoint
 
 
 @contextlib.contextmanager

@@ -18,6 +18,6 @@ def tokenizer() -> LoadedTokenizer:
     return load_tokenizer(STDLIB_TOKENIZER)
 
 
-from kiln_testing.buckets import gcs_server, s3_server  # noqa: E402
+from kiln_testing.bucket_fixtures import gcs_server, s3_server  # noqa: E402
 
 __all__ = ["gcs_server", "s3_server"]  # fixtures: the bucket servers on loopback

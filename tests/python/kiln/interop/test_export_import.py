@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from kiln_testing.buckets import fresh_url, s3_server  # noqa: F401 - a fixture
+from kiln_testing.bucket_fixtures import s3_server  # noqa: F401 - a fixture
+from kiln_testing.buckets import fresh_url
 from kiln_testing.data import STDLIB_TOKENIZER
 from kiln_testing.training import (
     EVAL_TASK,

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln_testing.buckets import fresh_url, s3_server  # noqa: F401 - a fixture
+from kiln_testing.bucket_fixtures import s3_server  # noqa: F401 - a fixture
+from kiln_testing.buckets import fresh_url
 
 from kiln.artifacts.store import copy_folder_into, open_store
 from kiln.report.compare import read_run, table, varied_fields

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kiln_testing.buckets import fresh_url, gcs_server, s3_server
+from kiln_testing.bucket_fixtures import gcs_server, s3_server
+from kiln_testing.buckets import fresh_url
 
 from kiln.artifacts.store import ObjectStore, open_store
 
