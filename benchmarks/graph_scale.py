@@ -104,6 +104,7 @@ def pants(root: Path, *args: str, env: dict[str, str] | None = None) -> tuple[fl
     result = subprocess.run(["./pants", *args], cwd=root, capture_output=True, text=True,
                             env=env or clean_environment())  # fmt: skip
     seconds = time.perf_counter() - started
+    print(f"./pants {' '.join(args)}: {seconds:.2f} s", file=sys.stderr, flush=True)  # as it goes
     if result.returncode != 0:
         raise RuntimeError(f"./pants {' '.join(args)} failed:\n{result.stderr[-3000:]}")
     return seconds, result.stdout
