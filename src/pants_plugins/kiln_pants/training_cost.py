@@ -278,7 +278,7 @@ class Vocabulary:
     size: Optional[int]  # None: not known before the cache is built
 
 
-@rule(desc="Reading a tokenizer's vocabulary size")
+@rule(desc="Finding a cache's tokenizer vocabulary")
 async def tokenizer_vocabulary(request: VocabularyRequest) -> Vocabulary:
     """From the tokenizer's files in the repository (tokenizer.json), or a known tokenizer."""
     wrapped = await Get(
@@ -290,6 +290,12 @@ async def tokenizer_vocabulary(request: VocabularyRequest) -> Vocabulary:
             "hf", "", tokenizer)  # fmt: skip
         return Vocabulary(KNOWN_VOCABULARIES.get((kind, name)))
     files = await Get(TokenizerFiles, TokenizerFilesRequest(request.cache, tokenizer))
+    return await Get(Vocabulary, TokenizerFiles, files)
+
+
+@rule(desc="Reading a tokenizer's vocabulary size")
+async def vocabulary_of_files(files: TokenizerFiles) -> Vocabulary:
+    """Once per tokenizer: the caches that share it (a thousand, in an ablation) share this."""
     contents = await Get(DigestContents, Digest, files.digest)
     for content in contents:
         if content.path == f"{files.directory}/tokenizer.json":
