@@ -30,6 +30,7 @@ from kiln.data.cache import TokenCache
 from kiln.lifetime import POLL_SECONDS
 from kiln.train.spec import parse_spec
 from kiln.train.trainer import train
+from kiln_contract.processes import is_running
 
 SEED = int(os.environ.get("KILN_FAULT_SEED", "31"))
 # Starts argv in a new session (like Pants), prints its pid, waits for it.
@@ -55,15 +56,6 @@ def start_under_parent(argv: list[str], log: Path) -> tuple[subprocess.Popen[str
         )  # fmt: skip
     assert parent.stdout is not None
     return parent, int(parent.stdout.readline())
-
-
-def is_running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's exit is reaped by init, maybe late)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def seconds_to_stop(pid: int, limit: float) -> float:

@@ -18,6 +18,7 @@ import pytest
 
 from kiln.artifacts.lease import Lease, LeaseHeld, LeaseRecord, lease_key
 from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
+from kiln_contract.processes import is_running
 
 HOLDER = Path(__file__).with_name("lease_holder.py")
 KEY = lease_key("artifact")  # the lease of the folder "artifact" at the store's root
@@ -261,3 +262,22 @@ def test_contending_processes_hold_it_one_at_a_time(store_location: str, tmp_pat
     assert len(lines) == 2 * workers * rounds
     for enter, leave in zip(lines[::2], lines[1::2]):  # strictly alternating, same process
         assert enter.startswith("in ") and leave == "out " + enter.split()[1]
+
+
+def test_an_ended_process_not_yet_reaped_is_not_running() -> None:
+    """A zombie (ended, its exit not yet reaped: an orphan in a container whose first process
+    reaps nothing) holds no lease and owns no temporaries."""
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{ended.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child never ended"
+        time.sleep(0.05)
+    assert not is_running(ended.pid)  # a zombie, not reaped yet
+    ended.wait()
+    assert not is_running(ended.pid)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert is_running(alive.pid)
+    finally:
+        alive.kill()
+        alive.wait()
