@@ -10,9 +10,18 @@ from typing import Any, Optional
 
 from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
 from pants.engine.addresses import Address, Addresses
-from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent, MergeDigests
+from pants.engine.fs import (
+    EMPTY_DIGEST,
+    CreateDigest,
+    Digest,
+    DigestEntries,
+    FileContent,
+    FileEntry,
+    MergeDigests,
+)
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.util.frozendict import FrozenDict
 
 from kiln_contract.tokenize import (
     CacheSpec,
@@ -159,6 +168,38 @@ async def cache_spec_inputs(request: CacheSpecRequest) -> CacheSpecInputs:
     )
     digest = await Get(Digest, MergeDigests([spec_digest, files]))
     return CacheSpecInputs(artifact, spec, spec_digest, files, digest, tokenizer_files)
+
+
+@dataclass(frozen=True)
+class RepoFileSizesRequest:
+    address: Address
+
+
+@dataclass(frozen=True)
+class RepoFileSizes:
+    """A cache's repository files (its `sources` field) and their bytes, from Pants' digests;
+    empty for a cache of another source."""
+
+    sizes: FrozenDict[str, int]
+
+
+@rule(desc="Sizing a cache's repository files")
+async def repo_file_sizes(request: RepoFileSizesRequest) -> RepoFileSizes:
+    wrapped = await Get(
+        WrappedTarget, WrappedTargetRequest(request.address, description_of_origin="<kiln cache>")
+    )
+    field = wrapped.target[CacheSourcesField]
+    if not field.value:
+        return RepoFileSizes(FrozenDict())
+    files = await Get(SourceFiles, SourceFilesRequest([field]))
+    entries = await Get(DigestEntries, Digest, files.snapshot.digest)
+    return RepoFileSizes(
+        FrozenDict(
+            (entry.path, entry.file_digest.serialized_bytes_length)
+            for entry in entries
+            if isinstance(entry, FileEntry)
+        )
+    )
 
 
 def rules():

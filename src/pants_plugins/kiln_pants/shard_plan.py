@@ -23,15 +23,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
 from pants.engine.addresses import Address
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import (
     CreateDigest,
     Digest,
-    DigestEntries,
     FileContent,
-    FileEntry,
     MergeDigests,
 )
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
@@ -48,10 +45,15 @@ from kiln_contract.tokenize import (
     UrlFilesSource,
 )
 from kiln_pants.artifact_store import STORE_ENVIRONMENT
-from kiln_pants.cache_spec import CacheSpecInputs, CacheSpecRequest
+from kiln_pants.cache_spec import (
+    CacheSpecInputs,
+    CacheSpecRequest,
+    RepoFileSizes,
+    RepoFileSizesRequest,
+)
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
-from kiln_pants.target_types import CacheSourceField, CacheSourcesField, NumShardsField
+from kiln_pants.target_types import CacheSourceField, NumShardsField
 
 SHOWN_SHARDS = 3  # shards listed under the summary line (`--plan-shards`: all of them)
 SHOWN_FILES = 2  # file names on each listed shard's line
@@ -199,22 +201,17 @@ def _files_plan(sizes: dict[str, int], num_shards: int) -> Optional[ShardPlan]:
 @rule(desc="Planning a cache's shards from its files")
 async def plan_repo_files(request: RepoFilesPlanRequest) -> PlannedHere:
     """A cache of repository files, planned from their sizes in Pants' digests."""
-    wrapped = await Get(
-        WrappedTarget, WrappedTargetRequest(request.address, description_of_origin="<kiln plan>")
+    wrapped, repo_files = await MultiGet(
+        Get(
+            WrappedTarget,
+            WrappedTargetRequest(request.address, description_of_origin="<kiln plan>"),
+        ),
+        Get(RepoFileSizes, RepoFileSizesRequest(request.address)),
     )
-    target = wrapped.target
-    if not target[CacheSourcesField].value:
-        return PlannedHere(None)
-    files = await Get(SourceFiles, SourceFilesRequest([target[CacheSourcesField]]))
-    entries = await Get(DigestEntries, Digest, files.snapshot.digest)
-    sizes = {
-        entry.path: entry.file_digest.serialized_bytes_length
-        for entry in entries
-        if isinstance(entry, FileEntry)
-    }
+    sizes = dict(repo_files.sizes)
     if not sizes or not all(sizes.values()):
-        return PlannedHere(None)  # the runtime names the empty file
-    return PlannedHere(_files_plan(sizes, target[NumShardsField].value))
+        return PlannedHere(None)  # no repository files, or the runtime names the empty one
+    return PlannedHere(_files_plan(sizes, wrapped.target[NumShardsField].value))
 
 
 @rule(desc="Planning caches' shards in the runtime")

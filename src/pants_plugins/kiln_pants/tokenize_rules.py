@@ -42,9 +42,7 @@ from pants.engine.fs import (
     AddPrefix,
     CreateDigest,
     Digest,
-    DigestEntries,
     FileContent,
-    FileEntry,
     MergeDigests,
     RemovePrefix,
 )
@@ -69,7 +67,7 @@ from kiln_pants.cache_layout import (
     CacheProcessRequest,
     CacheTokenizationFailed,
 )
-from kiln_pants.cache_spec import RECORD_INPUT, SPEC_FILE
+from kiln_pants.cache_spec import RECORD_INPUT, SPEC_FILE, RepoFileSizes, RepoFileSizesRequest
 from kiln_pants.runtime import FAN_OUT
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import TokenizerField, tokenizer_address
@@ -301,27 +299,19 @@ def _may_batch(build: CacheBuild) -> bool:
     return local and spec.num_shards == 1 and isinstance(spec.source, FilesSource)
 
 
-def _source_bytes(build: CacheBuild, entries: DigestEntries) -> Optional[int]:
-    """The bytes of the cache's source files; None if one is not a repo file Pants holds."""
-    source = build.inputs.spec.source
-    assert isinstance(source, FilesSource)
-    sizes = {e.path: e.file_digest.serialized_bytes_length for e in entries if isinstance(e, FileEntry)}
-    if any(path not in sizes for path in source.paths):
-        return None
-    return sum(sizes[path] for path in source.paths)
-
-
 @rule(desc="Grouping small caches into batches")
 async def small_cache_batches(request: SmallCachesRequest) -> CacheBatches:
     builds = await MultiGet(
         Get(CacheBuild, CacheBuildRequest(address)) for address in request.addresses
     )
-    candidates = [b for b in builds if _may_batch(b)]
-    entries = await MultiGet(Get(DigestEntries, Digest, b.inputs.files) for b in candidates)
-    small = sorted(
-        b.artifact.address
-        for b, listed in zip(candidates, entries)
-        if (size := _source_bytes(b, listed)) is not None and size <= SMALL_CACHE_BYTES
+    candidates = [b.artifact.address for b in builds if _may_batch(b)]
+    repo_files = await MultiGet(
+        Get(RepoFileSizes, RepoFileSizesRequest(address)) for address in candidates
+    )
+    small = sorted(  # repository files only: a file outside it has no size in Pants' digests
+        address
+        for address, files in zip(candidates, repo_files)
+        if files.sizes and sum(files.sizes.values()) <= SMALL_CACHE_BYTES
     )
     return CacheBatches(
         tuple(
