@@ -263,13 +263,14 @@ async def build(
         return Build(exit_code=1)
     slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
     to_build = steps_to_build(roots, graph, states)
+    decided = {a: _decided(graph.get(a), states[a]) for a in to_build}
     caches = Addresses(
         a for a in to_build
-        if graph.get(a).kind == TokenizedCacheTarget.alias and _decided(graph.get(a), states[a]) is None
+        if graph.get(a).kind == TokenizedCacheTarget.alias and decided[a] is None
     )  # fmt: skip
     batches = await Get(CacheBatches, SmallCachesRequest(caches))
     batch_of = {address: batch for batch in batches.batches for address in batch.addresses}
-    pipeline = _pipeline(graph, to_build, states, dist, slots, batch_of)
+    pipeline = _pipeline(graph, to_build, decided, dist, slots, batch_of)
     steps = [p.step for p in pipeline.values()]
     marked_before = [  # this run decides again
         graph.get(s.address).folder for s in steps
@@ -298,23 +299,24 @@ async def build(
 def _pipeline(
     graph: ArtifactGraph,
     steps: dict[Address, tuple[Address, ...]],
-    states: dict[Address, StoredState],
+    decided: dict[Address, Optional[StepOutcome]],
     dist: str,
     slots: Optional[TrainingSlots],
     batch_of: dict[Address, CacheBatch],
 ) -> dict[Address, PipelineStep]:
     """Every step (in build order, inputs first) with the steps it waits for and its outcome
-    if known now; the folders of the steps' logs made."""
+    if known now (`decided`); the folders of the steps' logs made."""
     pipeline: dict[Address, PipelineStep] = {}
     for address, waits_for in steps.items():
         artifact = graph.get(address)
         log = log_path(dist, artifact.name, artifact.version)
-        decided = _decided(artifact, states[address])
-        if decided is None:
+        if decided[address] is None:
             os.makedirs(os.path.dirname(log), exist_ok=True)
             with open(log, "w"):
                 pass  # a training's output as it runs; another step's error if it fails
-        step = PlannedStep(address, artifact.kind, artifact.ref, log, decided, batch_of.get(address))
+        step = PlannedStep(
+            address, artifact.kind, artifact.ref, log, decided[address], batch_of.get(address)
+        )
         inputs = tuple(pipeline[a] for a in waits_for)
         pipeline[address] = PipelineStep(step, inputs, slots)
     return pipeline
