@@ -1,8 +1,9 @@
-"""End to end: small store caches, the shape of a data-ablation study's thousands, through real
+"""End to end: small caches, the shape of a data-ablation study's thousands, through real
 ./pants in the e2e tests' workspace (conftest.py). `build` tokenizes them many to a process, yet
-each is its own artifact: a cache whose file is bad fails alone, the others are built with the
-documents of their own files; fixed, only that cache is tokenized again; `plan` then says what
-`build` did.
+each is its own artifact: a store cache whose file is bad fails alone, the others are built with
+the documents of their own files; fixed, only that cache is tokenized again; `plan` then says
+what `build` did. Inline caches go in their directory's batch, which Pants' cache serves to any
+goal asking for one of them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from kiln.data.cache import TokenCache
 from kiln.data.tokenizer import load_tokenizer
@@ -27,8 +29,18 @@ tokenized_cache(
     storage="store",
 )
 """
+INLINE_CACHE = """
+tokenized_cache(
+    name="i{i}",
+    artifact_name="tokenized/many/i{i}",
+    sources=["texts/i{i}.jsonl"],
+    tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+    version="{version}",
+)
+"""
 CACHES = 4
 BAD = 2  # its file has no "text" field
+INLINE = 2
 
 
 def _texts(i: int) -> list[str]:
@@ -42,23 +54,40 @@ def _write_files(folder: Path, bad: int | None) -> None:
         key = "body" if i == bad else "text"
         lines = [json.dumps({key: text}) for text in _texts(i)]
         (texts / f"c{i}.jsonl").write_text("\n".join(lines) + "\n")
+    for i in range(INLINE):
+        lines = [json.dumps({"text": text}) for text in _texts(10 + i)]
+        (texts / f"i{i}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _decoded(cache_folder: Path, tokenizer: Any) -> list[str]:
+    cache = TokenCache.open(cache_folder)
+    documents = [cache.document(j) for j in range(cache.num_documents)]
+    decoded = [tokenizer.hf_tokenizer.decode(d, skip_special_tokens=True) for d in documents]
+    return [text.strip() for text in decoded]
 
 
 def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) -> None:
     repo = workspace
     folder = repo / "experiments/many"
     _write_files(folder, bad=BAD)
-    (folder / "BUILD").write_text("".join(CACHE.format(i=i, version=VERSION)
-                                          for i in range(CACHES)))  # fmt: skip
+    (folder / "BUILD").write_text(
+        "".join(CACHE.format(i=i, version=VERSION) for i in range(CACHES))
+        + "".join(INLINE_CACHE.format(i=i, version=VERSION) for i in range(INLINE))
+    )
     env = dict(os.environ)
 
     first = run_pants(repo, "build", "experiments/many:", env=env, check=False)
     assert first.returncode == 1, first.stderr[-4000:]
     # One process tokenized all four; the bad one failed alone, naming its file.
     assert f"Tokenizing {CACHES} small cache(s), tokenized/many/c0@{VERSION} to " in first.stderr
+    # The inline ones in one process of their own.
+    assert f"Tokenizing {INLINE} small cache(s), tokenized/many/i0@{VERSION} to " in first.stderr
     summary = {name: status for status, name in re.findall(
-        r"^(SUCCESS|FAILED)\s+tokenized/many/(c\d)@", first.stderr, re.M)}  # fmt: skip
-    assert summary == {f"c{i}": "FAILED" if i == BAD else "SUCCESS" for i in range(CACHES)}
+        r"^(SUCCESS|FAILED)\s+tokenized/many/([ci]\d)@", first.stderr, re.M)}  # fmt: skip
+    assert summary == {
+        **{f"c{i}": "FAILED" if i == BAD else "SUCCESS" for i in range(CACHES)},
+        **{f"i{i}": "SUCCESS" for i in range(INLINE)},
+    }
     assert f"experiments/many/texts/c{BAD}.jsonl:1: no field 'text'" in first.stderr
 
     store = repo / "artifacts/tokenized/many"
@@ -69,10 +98,7 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
         if i == BAD:
             assert not (store / f"c{i}/{VERSION}/STATUS").exists()
             continue
-        cache = TokenCache.open(store / f"c{i}/{VERSION}")
-        documents = [cache.document(j) for j in range(cache.num_documents)]
-        decoded = [tokenizer.hf_tokenizer.decode(d, skip_special_tokens=True) for d in documents]
-        assert [text.strip() for text in decoded] == _texts(i)
+        assert _decoded(store / f"c{i}/{VERSION}", tokenizer) == _texts(i)
         record = json.loads((store / f"c{i}/{VERSION}/artifact.json").read_text())
         assert record["name"] == f"tokenized/many/c{i}"  # its own record, its own fingerprint
 
@@ -82,8 +108,19 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
     served = re.findall(r"kiln: served\s+tokenized/many/(c\d)@", second.stderr)
     assert sorted(served) == [f"c{i}" for i in range(CACHES) if i != BAD]
     assert not list(store.glob(f"*/.{VERSION}.shards"))  # each cache's shard moved into it
+    assert "tokenized/many/i0" not in "".join(  # the inline batch: served by Pants' cache
+        line for line in second.stderr.splitlines() if "Tokenizing" in line
+    )
+
+    # One inline cache asked for alone: the same batch, served; its own documents.
+    packaged = run_pants(repo, "package", "experiments/many:i1", env=env)
+    assert "Tokenizing" not in packaged.stderr, packaged.stderr[-2000:]
+    assert _decoded(repo / f"dist/tokenized/many/i1/{VERSION}", tokenizer) == _texts(11)
 
     planned = run_pants(repo, "plan", "experiments/many:", env=env)
     built = re.findall(r"^\s+built\s+\w+\s+tokenized_cache\s+tokenized/many/(c\d)@",
                        planned.stdout, re.M)  # fmt: skip
     assert sorted(built) == [f"c{i}" for i in range(CACHES)], planned.stdout
+    inline = re.findall(r"^\s+inline\s+\w+\s+tokenized_cache\s+tokenized/many/(i\d)@",
+                        planned.stdout, re.M)  # fmt: skip
+    assert sorted(inline) == [f"i{i}" for i in range(INLINE)], planned.stdout

@@ -46,7 +46,7 @@ def test_store_caches_under_a_bucket_prefix_are_built_at_their_final_keys() -> N
     layout = CacheLayout.for_storage("store", 2, cache, "s3://kiln-artifacts/team")
     assert layout.shards == (f"{cache}/shards/shard-00000", f"{cache}/shards/shard-00001")
     assert (layout.cache, layout.skip, layout.confined) == (cache, ("--unless-built", cache), ())
-    assert layout.outputs(cache) == () and layout.cache_scope == ProcessCacheScope.PER_SESSION
+    assert layout.in_store and layout.cache_scope == ProcessCacheScope.PER_SESSION  # no outputs
     local = CacheLayout.for_storage("store", 1, "/store/tokenized/x/v1", "/store")
     assert local.shards == ("/store/tokenized/x/.v1.shards/shard-0",)
     assert local.confined == ("--root", "/store")

@@ -77,9 +77,6 @@ class CacheLayout:
         """Local store writes are checked (symlinks resolved) to stay in the prefix."""
         return ("--root", self.root) if self.root else ()
 
-    def outputs(self, path: str) -> tuple[str, ...]:
-        return () if self.in_store else (path,)
-
 
 @dataclass(frozen=True)
 class CacheBuildRequest:
@@ -127,12 +124,12 @@ async def cache_build(
 @dataclass(frozen=True)
 class CacheProcessRequest:
     """One runtime process of a cache's build: `entry`'s command line, reading the cache's
-    inputs (or `input_digest`), writing `output` when the cache is inline."""
+    inputs (or `input_digest`), writing `outputs` (folders) when the cache is inline."""
 
     build: CacheBuild
     argv: tuple[str, ...]
     description: str
-    output: Optional[str] = None
+    outputs: tuple[str, ...] = ()
     input_digest: Optional[Digest] = None
     entry: tuple = TOKENIZE
     env: FrozenDict[str, str] = FrozenDict()  # beyond the store's
@@ -143,7 +140,7 @@ class CacheProcessRequest:
 async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> Process:
     build = request.build
     runtime = await Get(Runtime, RuntimeRequest(*request.entry))
-    output = () if request.output is None else build.layout.outputs(request.output)
+    outputs = () if build.layout.in_store else request.outputs
     shipped = shipped_to_nodes(runtime) if request.ships_runtime else {}
     return await Get(
         Process,
@@ -152,7 +149,7 @@ async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> 
             argv=request.argv,
             description=request.description,
             input_digest=request.input_digest or build.inputs.digest,
-            output_directories=output,
+            output_directories=outputs,
             cache_scope=build.layout.cache_scope,
             env=FrozenDict({**build.env, **request.env, **shipped}),
             append_only_caches=hub.append_only_caches,

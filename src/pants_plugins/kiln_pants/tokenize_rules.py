@@ -3,11 +3,13 @@ parallel), the merge of the shards (one process), an import (a `levanter_cache(.
 one process, nothing is tokenized), a fan-out (a store-mode cache with `[kiln] cluster` set: one
 process that runs the shards and the merge as Ray tasks, kiln.cluster.fanout, docs/clusters.md).
 `tokenize_cache` picks among them; `cache_process` is the one place a cache's runtime process is
-made. Small store-mode caches (one shard of a few repo files: a data-ablation study's thousand
+made. Small caches (one shard of a few repo files: a data-ablation study's thousand
 one-document caches) are tokenized many to a process instead, `python -m kiln.data.tokenize
 many` (`small_cache_batches`): starting a process with its tokenizer costs seconds, tokenizing
-such a cache milliseconds. Each cache is still its own artifact, fingerprinted and skipped on
-its own in the store, and one that fails fails alone.
+such a cache milliseconds. Each cache is still its own artifact with its own fingerprint, and
+one that fails fails alone. A store batch holds the caches a goal asks for that the store lacks;
+an inline batch is a Pants-cached process, so it is fixed by the BUILD directory (its small
+inline caches, in order), whichever of them a goal asks for.
 
 Each process runs `python -m kiln.data.tokenize` from the tokenize runtime PEX, whose sources are
 kiln.data's closure only, so trainer edits never re-tokenize. Two storage modes (the `storage`
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pants.base.build_root import BuildRoot
+from pants.base.specs import DirLiteralSpec, RawSpecs
 from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import (
@@ -42,13 +45,15 @@ from pants.engine.fs import (
     AddPrefix,
     CreateDigest,
     Digest,
+    DigestSubset,
     FileContent,
     MergeDigests,
+    PathGlobs,
     RemovePrefix,
 )
 from pants.engine.process import FallibleProcessResult, Process, ProcessResult
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
-from pants.engine.target import WrappedTarget, WrappedTargetRequest
+from pants.engine.target import Targets, WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.tokenize import FilesSource, LevanterCacheSource
@@ -70,7 +75,7 @@ from kiln_pants.cache_layout import (
 from kiln_pants.cache_spec import RECORD_INPUT, SPEC_FILE, RepoFileSizes, RepoFileSizesRequest
 from kiln_pants.runtime import FAN_OUT
 from kiln_pants.subsystem import KilnSubsystem
-from kiln_pants.target_types import TokenizerField, tokenizer_address
+from kiln_pants.target_types import TokenizedCacheTarget, TokenizerField, tokenizer_address
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ async def import_cache(request: ImportRequest) -> BuiltCache:
             argv=("import", SPEC_FILE, "--out", layout.cache, "--record", RECORD_INPUT,
                   *layout.confined),  # fmt: skip
             description=f"Importing the Levanter cache {source.location} as {build.artifact.ref}",
-            output=layout.cache,
+            outputs=(layout.cache,),
         ),
     )
     return await _finished(build, await Get(ProcessResult, Process, process))
@@ -162,7 +167,7 @@ async def tokenize_shard(request: ShardRequest) -> TokenizedShard:
             argv=("shard", SPEC_FILE, "--index", str(index), "--out", shard, *layout.skip,
                   *layout.confined),  # fmt: skip
             description=f"Tokenizing {build.artifact.ref} shard {index + 1}/{len(layout.shards)}",
-            output=shard,
+            outputs=(shard,),
         ),
     )
     result = await Get(ProcessResult, Process, process)
@@ -198,7 +203,7 @@ async def _shards_then_merge(build: CacheBuild) -> BuiltCache:
             argv=("merge", SPEC_FILE, "--shards", *layout.shards, "--out", layout.cache,
                   "--record", RECORD_INPUT, *layout.confined),  # fmt: skip
             description=f"Merging {len(layout.shards)} shard(s) of {build.artifact.ref}",
-            output=layout.cache,
+            outputs=(layout.cache,),
             input_digest=merge_input,
         ),
     )
@@ -265,18 +270,18 @@ async def tokenize_cache(request: TokenizeCacheRequest) -> BuiltCache:
     return await Get(BuiltCache, MergeRequest(build))
 
 
-# A store cache of one shard whose files weigh at most SMALL_CACHE_BYTES is tokenized in a batch,
+# A cache of one shard whose repo files weigh at most SMALL_CACHE_BYTES is tokenized in a batch,
 # up to CACHES_PER_BATCH to a process: a few seconds of start-up shared by all of them, and enough
 # batches for a thousand caches to keep every core busy.
 SMALL_CACHE_BYTES = 1 << 20
 CACHES_PER_BATCH = 50
-BATCH_FOLDER = "caches"  # each cache's spec and record in BATCH_FOLDER/{i}/ of the sandbox
+BATCH_FOLDER = "caches"  # each cache's spec, record (and inline outputs) in BATCH_FOLDER/{i}/
 BATCH_MANIFEST = "many.json"
 
 
 @dataclass(frozen=True)
 class CacheBatch:
-    """Store caches tokenized in one process, in this order."""
+    """Caches of one storage tokenized in one process, in this order."""
 
     addresses: tuple[Address, ...]
 
@@ -286,6 +291,14 @@ class CacheBatches:
     batches: tuple[CacheBatch, ...]
 
 
+def _in_batches(addresses: list[Address]) -> tuple[CacheBatch, ...]:
+    ordered = sorted(addresses)
+    return tuple(
+        CacheBatch(tuple(ordered[start : start + CACHES_PER_BATCH]))
+        for start in range(0, len(ordered), CACHES_PER_BATCH)
+    )
+
+
 @dataclass(frozen=True)
 class SmallCachesRequest:
     """Of these caches, the small ones, in batches (the others are left out)."""
@@ -293,32 +306,92 @@ class SmallCachesRequest:
     addresses: Addresses
 
 
-def _may_batch(build: CacheBuild) -> bool:
+@dataclass(frozen=True)
+class SmallCaches:
+    store: tuple[Address, ...]
+    inline: tuple[Address, ...]
+
+
+@dataclass(frozen=True)
+class SmallCacheRequest:
+    address: Address
+
+
+@dataclass(frozen=True)
+class SmallCache:
+    """Whether a cache may be tokenized in a batch, and in which storage."""
+
+    small: bool
+    in_store: bool = False
+
+
+@rule(desc="Sizing a cache")
+async def small_cache(request: SmallCacheRequest) -> SmallCache:
+    try:  # a sibling's bad field is its own build's error, not its directory's batch's
+        build = await Get(CacheBuild, CacheBuildRequest(request.address))
+    except Exception:  # noqa: BLE001
+        return SmallCache(False)
     spec = build.inputs.spec
-    local = build.layout.in_store and build.cluster == "local"
-    return local and spec.num_shards == 1 and isinstance(spec.source, FilesSource)
+    if build.cluster != "local" or spec.num_shards != 1 or not isinstance(spec.source, FilesSource):
+        return SmallCache(False)
+    # Repository files only: a file outside it has no size in Pants' digests.
+    files = await Get(RepoFileSizes, RepoFileSizesRequest(request.address))
+    small = bool(files.sizes) and sum(files.sizes.values()) <= SMALL_CACHE_BYTES
+    return SmallCache(small, build.layout.in_store)
+
+
+@rule(desc="Finding small caches")
+async def small_caches(request: SmallCachesRequest) -> SmallCaches:
+    sized = await MultiGet(
+        Get(SmallCache, SmallCacheRequest(address)) for address in request.addresses
+    )
+    pairs = list(zip(request.addresses, sized))
+    return SmallCaches(
+        store=tuple(a for a, s in pairs if s.small and s.in_store),
+        inline=tuple(a for a, s in pairs if s.small and not s.in_store),
+    )
+
+
+@dataclass(frozen=True)
+class DirectoryBatchesRequest:
+    directory: str
+
+
+@rule(desc="Grouping a directory's small inline caches")
+async def directory_batches(request: DirectoryBatchesRequest) -> CacheBatches:
+    """An inline batch is a process served from Pants' cache by its inputs, so it must be the
+    same whichever of its caches a goal asks for: every small inline cache of the BUILD
+    directory, in order. A change to one cache reruns its batch (one process)."""
+    addresses = await Get(
+        Addresses,
+        RawSpecs(
+            dir_literals=(DirLiteralSpec(request.directory),),
+            description_of_origin="<kiln small caches>",
+        ),
+    )
+    targets = await Get(Targets, Addresses, addresses)
+    caches = Addresses(t.address for t in targets if t.alias == TokenizedCacheTarget.alias)
+    small = await Get(SmallCaches, SmallCachesRequest(caches))
+    return CacheBatches(_in_batches(list(small.inline)))
 
 
 @rule(desc="Grouping small caches into batches")
 async def small_cache_batches(request: SmallCachesRequest) -> CacheBatches:
-    builds = await MultiGet(
-        Get(CacheBuild, CacheBuildRequest(address)) for address in request.addresses
+    """Store caches: the ones asked for (the store skips a built one by itself). Inline caches:
+    their directories' batches."""
+    small = await Get(SmallCaches, SmallCachesRequest, request)
+    directories = sorted({address.spec_path for address in small.inline})
+    by_directory = await MultiGet(
+        Get(CacheBatches, DirectoryBatchesRequest(directory)) for directory in directories
     )
-    candidates = [b.artifact.address for b in builds if _may_batch(b)]
-    repo_files = await MultiGet(
-        Get(RepoFileSizes, RepoFileSizesRequest(address)) for address in candidates
+    wanted = set(small.inline)
+    inline = tuple(
+        batch
+        for batches in by_directory
+        for batch in batches.batches
+        if wanted.intersection(batch.addresses)
     )
-    small = sorted(  # repository files only: a file outside it has no size in Pants' digests
-        address
-        for address, files in zip(candidates, repo_files)
-        if files.sizes and sum(files.sizes.values()) <= SMALL_CACHE_BYTES
-    )
-    return CacheBatches(
-        tuple(
-            CacheBatch(tuple(small[start : start + CACHES_PER_BATCH]))
-            for start in range(0, len(small), CACHES_PER_BATCH)
-        )
-    )
+    return CacheBatches(_in_batches(list(small.store)) + inline)
 
 
 @dataclass(frozen=True)
@@ -327,15 +400,23 @@ class CacheBatchOutcome:
     errors: FrozenDict[Address, str]  # the caches that failed: their error lines
 
 
+def _batch_paths(build: CacheBuild, folder: str) -> tuple[str, str]:
+    """A cache's shard and cache folders: in the store, or its own outputs in the sandbox."""
+    layout = build.layout
+    if layout.in_store:
+        return layout.shards[0], layout.cache
+    return f"{folder}/{layout.shards[0]}", f"{folder}/{layout.cache}"
+
+
 def _batch_commands(build: CacheBuild, folder: str) -> list[list[str]]:
     """A cache's `shard` and `merge` command lines, as its own processes would run them."""
     layout = build.layout
     spec, record = f"{folder}/{SPEC_FILE}", f"{folder}/{RECORD_INPUT}"
+    shard, cache = _batch_paths(build, folder)
     return [
-        ["shard", spec, "--index", "0", "--out", layout.shards[0], *layout.skip, *layout.confined],
-        ["merge", spec, "--shards", *layout.shards, "--out", layout.cache, "--record", record,
-         *layout.confined],
-    ]  # fmt: skip
+        ["shard", spec, "--index", "0", "--out", shard, *layout.skip, *layout.confined],
+        ["merge", spec, "--shards", shard, "--out", cache, "--record", record, *layout.confined],
+    ]
 
 
 def _errors_by_cache(stderr: str, builds: tuple[CacheBuild, ...]) -> dict[Address, str]:
@@ -351,6 +432,26 @@ def _errors_by_cache(stderr: str, builds: tuple[CacheBuild, ...]) -> dict[Addres
         elif line.startswith("error: "):
             pending.append(line.removeprefix("error: "))
     return errors
+
+
+@dataclass(frozen=True)
+class BatchOutputRequest:
+    """One cache that a batch's process built: its folder of the sandbox."""
+
+    build: CacheBuild
+    folder: str
+    output: Digest  # the batch's process's outputs
+
+
+@rule
+async def batch_output(request: BatchOutputRequest) -> BuiltCache:
+    build = request.build
+    if build.layout.in_store:
+        return _in_store(build)
+    cache = _batch_paths(build, request.folder)[1]
+    subset = await Get(Digest, DigestSubset(request.output, PathGlobs([f"{cache}/**"])))
+    files = await Get(Digest, RemovePrefix(subset, cache))
+    return BuiltCache(build.artifact, files, build.inputs.tokenizer_digest)
 
 
 @rule(desc="Tokenizing small caches in one process")
@@ -374,9 +475,10 @@ async def tokenize_cache_batch(batch: CacheBatch) -> CacheBatchOutcome:
     process = await Get(
         Process,
         CacheProcessRequest(
-            builds[0],  # every cache of a batch has the same store, so the same environment
+            builds[0],  # a batch's caches share their storage and store, so their environment
             argv=("many", BATCH_MANIFEST),
             description=f"Tokenizing {len(builds)} small cache(s), {first} to {last}",
+            outputs=tuple(_batch_paths(b, folder)[1] for b, folder in zip(builds, folders)),
             input_digest=digest,
         ),
     )
@@ -385,8 +487,13 @@ async def tokenize_cache_batch(batch: CacheBatch) -> CacheBatchOutcome:
     if result.exit_code != 0 and not errors:  # it died before reporting a cache
         why = result.stderr.decode(errors="replace").strip()[-2000:]
         errors = {b.artifact.address: why or f"exit {result.exit_code}" for b in builds}
-    built = {b.artifact.address: _in_store(b) for b in builds if b.artifact.address not in errors}
-    return CacheBatchOutcome(FrozenDict(built), FrozenDict(errors))
+    done = [(b, folder) for b, folder in zip(builds, folders) if b.artifact.address not in errors]
+    built = await MultiGet(
+        Get(BuiltCache, BatchOutputRequest(b, folder, result.output_digest)) for b, folder in done
+    )
+    return CacheBatchOutcome(
+        FrozenDict((cache.artifact.address, cache) for cache in built), FrozenDict(errors)
+    )
 
 
 @dataclass(frozen=True)
@@ -454,8 +561,9 @@ async def built_or_tokenized_caches(
     if stored:
         read = await Get(StoredStates, StoredStatesRequest(prefix, ArtifactGraph(stored)))
         built = {a.address for a, state in read.states.items() if state.status == "built"}
-    unbuilt = Addresses(c.address for c in stored if c.address not in built)
-    batches = await Get(CacheBatches, SmallCachesRequest(unbuilt))
+    unbuilt = [c.address for c in stored if c.address not in built]
+    inline = [c.address for c in caches if not c.in_store]
+    batches = await Get(CacheBatches, SmallCachesRequest(Addresses([*unbuilt, *inline])))
     batch_of = {address: b for b in batches.batches for address in b.addresses}
     return BuiltCaches(
         await MultiGet(
