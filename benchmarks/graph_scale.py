@@ -1,11 +1,13 @@
 """Pants goals on graphs of a hundred to thousands of artifacts: list, plan, build, no-op build.
 
-    ./pants run benchmarks/graph_scale.py -- --repo "$PWD" [--caches 100 1000 5000] [--work DIR]
+    ./pants run benchmarks/graph_scale.py -- --repo "$PWD" [--caches 100 1000 5000]
+        [--storage store|inline] [--work DIR]
 
 For each size N a copy of this workspace gets, in a temporary folder (nothing is committed),
-`scale/caches/BUILD`: N store-mode `tokenized_cache` targets, each of one local jsonl file of one
-document (about 130 tokens) in the repository, and `scale/BUILD`: one `lm_checkpoint` mixing all
-of them. Then, timed as a user waits for each command (wall seconds, the client's start
+`scale/caches/BUILD`: N `tokenized_cache` targets (`storage="store"`, or the default `inline`),
+each of one local jsonl file of one document (about 130 tokens) in the repository, and
+`scale/BUILD`: one `lm_checkpoint` mixing all of them. The documents carry a token of the run,
+so no earlier run's results in Pants' cache serve them. Then, timed as a user waits for each command (wall seconds, the client's start
 included):
 - `list scale::` and `plan scale:big` in a fresh Pants (`--no-pantsd`: nothing memoized, and no
   wait for a daemon to start, which a loaded machine can stretch past the client's 60 s);
@@ -14,7 +16,7 @@ included):
 - `build scale/caches:` from nothing (every cache tokenized into the store), then `build
   scale:big` (the checkpoint trained on all of them), then `build scale/caches:` again: the
   no-op of a built graph;
-- the same caches built in a bucket (`--kiln-prefix=s3://...` on moto, `gs://...` on
+- with store caches, the same caches built in a bucket (`--kiln-prefix=s3://...` on moto, `gs://...` on
   fake-gcs-server, both on loopback: kiln_testing.buckets): `plan scale:big`, once warm; and the
   same record reads made in this process, without Pants or a process to start: the server's
   floor (moto is Python and answers a few hundred requests a second).
@@ -52,8 +54,7 @@ CACHE = """tokenized_cache(
     artifact_name="scale/c{i}",
     sources=["texts/c{i}.jsonl"],
     tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
-    version="{version}",
-    storage="store",
+    version="{version}",{storage}
 )
 """
 CHECKPOINT = """lm_checkpoint(
@@ -77,7 +78,7 @@ HEADER = ["caches", "command", "s", "s per 1,000 targets", "vs list (same daemon
 PLANNED = re.compile(r"^\s+\S.*?\s([0-9a-f]{16})\s+tokenized_cache\s+(\S+)@(\S+)\s", re.MULTILINE)
 
 
-def workspace(repo: Path, root: Path, caches: int) -> Path:
+def workspace(repo: Path, root: Path, caches: int, storage: str) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     for name in WORKSPACE:
@@ -88,10 +89,12 @@ def workspace(repo: Path, root: Path, caches: int) -> Path:
             shutil.copy2(source, root / name)
     texts = root / "scale/caches/texts"
     texts.mkdir(parents=True)
+    run = os.urandom(4).hex()
     for i in range(caches):
-        text = f"Cache {i}. " + "The quick brown fox jumps over the lazy dog. " * 12
+        text = f"Cache {i} of run {run}. " + "The quick brown fox jumps over the lazy dog. " * 12
         (texts / f"c{i}.jsonl").write_text(json.dumps({"text": text}) + "\n")  # one document
-    build = "\n".join(CACHE.format(i=i, version=VERSION) for i in range(caches))
+    field = '\n    storage="store",' if storage == "store" else ""
+    build = "\n".join(CACHE.format(i=i, version=VERSION, storage=field) for i in range(caches))
     (root / "scale/caches/BUILD").write_text(build)
     datasets = "{" + ", ".join(f'"//scale/caches:c{i}": 1.0' for i in range(caches)) + "}"
     (root / "scale/BUILD").write_text(CHECKPOINT.format(version=VERSION, datasets=datasets))
@@ -151,7 +154,7 @@ def mark_built(plan_output: str, store: ObjectStore) -> int:
     return marked
 
 
-def measure(root: Path, caches: int) -> dict[str, float]:
+def measure(root: Path, caches: int, storage: str) -> dict[str, float]:
     times: dict[str, float] = {}
     stop_pantsd(root)
     times["list, fresh (no daemon)"], _ = pants(root, "--no-pantsd", "list", "scale::")
@@ -163,7 +166,8 @@ def measure(root: Path, caches: int) -> dict[str, float]:
     times["build of the caches, from nothing"], _ = pants(root, "build", "scale/caches:")
     times["build of the checkpoint, caches built"], _ = pants(root, "build", "scale:big")
     times["build of built caches, no-op"], _ = pants(root, "build", "scale/caches:")
-    times.update(bucket_plans(root, planned, caches))
+    if storage == "store":
+        times.update(bucket_plans(root, planned, caches))
     stop_pantsd(root)
     return times
 
@@ -201,17 +205,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", type=Path, required=True, help="this workspace (`pants run` "
                         "runs the benchmark in a sandbox)")  # fmt: skip
     parser.add_argument("--caches", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--storage", choices=["store", "inline"], default="store")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kiln-graphs"))
     args = parser.parse_args(argv)
     rows = []
     for caches in args.caches:
-        root = workspace(args.repo, args.work / f"graph-{caches}", caches)
-        times = measure(root, caches)
+        root = workspace(args.repo, args.work / f"graph-{caches}", caches, args.storage)
+        times = measure(root, caches, args.storage)
         targets = caches + 1
         for command, seconds in times.items():
             floor = times["list, fresh (no daemon)" if "fresh" in command else "list, warm"]
             per_thousand = seconds / targets * 1000
-            rows.append([f"{caches:,}", command, f"{seconds:.2f}", f"{per_thousand:.2f}",
+            rows.append([f"{caches:,} {args.storage}", command, f"{seconds:.2f}", f"{per_thousand:.2f}",
                          f"{seconds / floor:.2f}x"])  # fmt: skip
         print(markdown_table(HEADER, rows[-len(times):]), file=sys.stderr, flush=True)
         shutil.rmtree(root)
