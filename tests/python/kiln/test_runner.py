@@ -98,7 +98,7 @@ def built(directory: Path, rec: ArtifactRecord, code_digest: str = "a" * 64) -> 
         {**rec.to_json(), "provenance": {"code_digest": code_digest}},
     )
     artifacts.atomic_write_text(directory / artifacts.SUMMARY_TEXT_FILE, "the summary\n")
-    artifacts.write_status(directory, artifacts.SUCCESS)
+    ArtifactFolder.at(directory).write_status(artifacts.SUCCESS)
     return directory
 
 
@@ -142,7 +142,7 @@ def test_a_reused_version_with_another_config_is_refused(tmp_path: Path) -> None
         run_step(step(), tmp_path, at(output))
     message = str(error.value)
     assert "differs in: batch_size" in message and "Bump `version`" in message
-    assert artifacts.read_status(output) == artifacts.SUCCESS  # the old artifact is untouched
+    assert ArtifactFolder.at(output).status() == artifacts.SUCCESS  # the old artifact is untouched
 
 
 def test_a_second_concurrent_run_is_refused_with_no_wait_or_force(tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_a_second_concurrent_run_is_refused_with_no_wait_or_force(tmp_path: Path
         for how in ({"wait": False}, {"force": True}):
             with pytest.raises(StepError, match="A second run of checkpoints/x@2026.11.29 is"):
                 run_step(step(), tmp_path, at(output, tmp_path / "store"), **how)
-    assert artifacts.read_status(output) is None
+    assert ArtifactFolder.at(output).status() is None
 
 
 def hold_then(output: Path, finish: Callable[[], object], seconds: float = 0.3) -> Lease:
@@ -215,17 +215,17 @@ def test_a_second_run_waits_for_the_holder_in_any_store_then_serves_its_result(
 
 def test_a_waiter_reports_a_holder_that_failed(tmp_path: Path) -> None:
     output = tmp_path / "out"
-    hold_then(output, lambda: artifacts.mark_failed(built(output, record()), "it broke"))
+    hold_then(output, lambda: ArtifactFolder.at(built(output, record())).mark_failed("it broke"))
     with pytest.raises(StepError, match=r"the run this one waited for, train .* failed .*: it broke\)"):
         run_step(step(), tmp_path, at(output))
-    assert artifacts.read_status(output) == artifacts.FAILED  # left for the rerun to resume
+    assert ArtifactFolder.at(output).status() == artifacts.FAILED  # left for the rerun to resume
 
 
 def test_a_waiter_goes_on_with_a_build_its_holder_left_unfinished(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     output = tmp_path / "out"
-    hold_then(output, lambda: artifacts.write_status(output, artifacts.RUNNING))
+    hold_then(output, lambda: ArtifactFolder.at(output).write_status(artifacts.RUNNING))
     with contextlib.ExitStack() as held:
         lease = hold(step(), folder_of(output), held, wait=True)
         assert lease is not None and (tmp_path / ".out.lease").exists()
@@ -280,12 +280,12 @@ def test_a_run_goes_on_with_a_stopped_forced_rebuild(
     begin(step(), folder_of(output), force=True)
     aside = replaced_folder(output)
     assert f"kiln: --force: moved {output} aside to {aside}" in capsys.readouterr().out
-    artifacts.write_status(output, artifacts.RUNNING)  # stopped mid-way (killed, --max-steps)
+    ArtifactFolder.at(output).write_status(artifacts.RUNNING)  # stopped mid-way (killed, --max-steps)
     begin(step(), folder_of(output), force=False)
     assert "going on with the forced rebuild of checkpoints/x@2026.11.29; the replaced " in (
         capsys.readouterr().out
     )
-    assert artifacts.is_built(aside)  # kept until the rebuild succeeds
+    assert ArtifactFolder.at(aside).is_built()  # kept until the rebuild succeeds
 
 
 def test_force_needs_the_artifact_store(
@@ -454,7 +454,7 @@ def test_a_dev_rerun_deletes_only_its_own_checkpoints(tmp_path: Path) -> None:
     (output / "checkpoints/step-4").mkdir(parents=True)
     _restart_dev_run(dev, at(output, tmp_path / "store"))
     assert not (output / "checkpoints").exists()
-    assert artifacts.is_built(output)  # the rest is the runner's to overwrite, in order
+    assert ArtifactFolder.at(output).is_built()  # the rest is the runner's to overwrite, in order
 
     outside = outside_folder(tmp_path)
     (output / "checkpoints").symlink_to(outside / "checkpoints")

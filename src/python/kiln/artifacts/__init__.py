@@ -5,8 +5,8 @@ Layout of one artifact (see docs/artifacts.md):
     {prefix}/{name}/{version}/
         artifact.json     the record: name, version, fingerprint, config, inputs, provenance
         summary.txt       what `pants run` prints for a built artifact
-        failure.txt       why the last run failed or stopped, one line (`mark_failed`,
-                          `record_stop`); removed when a run starts
+        failure.txt       why the last run failed or stopped, one line
+                          (`folder.ArtifactFolder.mark_failed`, `record_stop`); removed when a run starts
         STATUS            one of SUCCESS, FAILED, RUNNING; written last, so a record
                           without SUCCESS is never served
         ...               the artifact's own files (cache splits, checkpoints/, metrics.jsonl)
@@ -18,7 +18,8 @@ Layout of one artifact (see docs/artifacts.md):
 Every write is temp-file + fsync + rename: a process killed at any moment leaves either the
 old file or the new one, never half of one.
 
-The package's modules: `store` (the object-store interface and `open_store`), `local` (a
+The package's modules: `folder` (an artifact's folder: the one way to read and write its
+STATUS, stop reason and record), `store` (the object-store interface and `open_store`), `local` (a
 directory as a store), `lease` (leases as conditionally created objects), `content` (file sizes
 and digests, and their checks), `replacement` (a forced rebuild's old artifact, kept aside),
 `storage_errors` (storage failures as one line).
@@ -37,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from kiln_contract.layout import (  # noqa: F401 - the folder's names, re-exported for the runtime
     FAILED,
@@ -49,9 +50,6 @@ from kiln_contract.layout import (  # noqa: F401 - the folder's names, re-export
     SUMMARY_TEXT_FILE,
     TRAIN_SPEC_FILE,
 )
-
-if TYPE_CHECKING:
-    from kiln.artifacts.store import ObjectStore
 
 # A reason longer than this is cut: the file is one line for `plan` and messages, not a log.
 MAX_REASON_CHARS = 2000
@@ -112,59 +110,10 @@ def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> None:
     atomic_write_bytes(path, json_bytes(obj))
 
 
-def read_status(artifact_dir: str | os.PathLike[str]) -> str | None:
-    try:
-        return (Path(artifact_dir) / STATUS_FILE).read_text().strip()
-    except FileNotFoundError:
-        return None
-
-
-def write_status(artifact_dir: str | os.PathLike[str], status: str) -> None:
-    atomic_write_text(Path(artifact_dir) / STATUS_FILE, status + "\n")
-
-
-def mark_failed(artifact_dir: str | os.PathLike[str], reason: str) -> None:
-    """Writes why the build failed (FAILURE_FILE, one line), then STATUS FAILED, even on a full
-    disk: when the atomic write finds no space for its temp file, an existing STATUS is
-    overwritten in place (its blocks are already allocated); the reason is then lost unless
-    its own write found room. A write torn by a crash reads as neither SUCCESS nor anything
-    else Kiln serves, so it is as safe as FAILED: the next run resumes or rebuilds either way."""
-    with contextlib.suppress(OSError):
-        record_stop(_local_store(artifact_dir), "", reason)
-    try:
-        write_status(artifact_dir, FAILED)
-    except OSError:
-        path = Path(artifact_dir) / STATUS_FILE
-        with contextlib.suppress(OSError), open(path, "r+b") as f:
-            f.write(f"{FAILED}\n".encode())
-            f.truncate()
-            f.flush()
-            os.fsync(f.fileno())
-
-
 def one_line(reason: str) -> str:
     """`reason` as the one line FAILURE_FILE holds: whitespace runs joined, cut if long."""
     line = " ".join(reason.split()) or "no reason was given"
     return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 3] + "..."
-
-
-def record_stop(store: ObjectStore, key: str, reason: str) -> None:
-    """Writes why the run at `key` of `store` failed or stopped (FAILURE_FILE), leaving STATUS
-    as it is: FAILED is `mark_failed`'s, and an interrupted run stays RUNNING (resumable)."""
-    store.write(_failure_key(key), (one_line(reason) + "\n").encode())
-
-
-def read_stop_reason(store: ObjectStore, key: str) -> str | None:
-    """The reason the last run at `key` failed or stopped, or None."""
-    from kiln.artifacts.store import read_text
-
-    text = read_text(store, _failure_key(key))
-    return None if text is None else text.strip()
-
-
-def clear_stop_reason(store: ObjectStore, key: str) -> None:
-    """Removes an earlier run's reason: a run starting at `key` has none yet."""
-    store.remove(_failure_key(key))
 
 
 def failure_reason(error: BaseException) -> str:
@@ -182,17 +131,3 @@ def failure_reason(error: BaseException) -> str:
     # `__main__`: a Kiln entry point run as `python -m kiln.runner` defines its errors there.
     own = type(error).__module__.split(".")[0] in ("kiln", "kiln_contract", "__main__")
     return text if own else f"{type(error).__name__}: {text}"
-
-
-def _failure_key(key: str) -> str:
-    return f"{key}/{FAILURE_FILE}" if key else FAILURE_FILE
-
-
-def _local_store(folder: str | os.PathLike[str]) -> ObjectStore:
-    from kiln.artifacts.local import LocalStore  # kiln.artifacts.local imports this module
-
-    return LocalStore(folder)
-
-
-def is_built(artifact_dir: str | os.PathLike[str]) -> bool:
-    return read_status(artifact_dir) == SUCCESS

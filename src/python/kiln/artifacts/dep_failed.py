@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 
-from kiln.artifacts import record_stop
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.store import ObjectStore, run_on_store
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RUNNING, STATUS_FILE, SUCCESS
@@ -27,7 +26,7 @@ def mark(store: ObjectStore, key: str, reason: str) -> bool:
     folder = ArtifactFolder(store, key)
     if folder.status() in (SUCCESS, RUNNING):
         return False
-    record_stop(store, key, reason)
+    folder.record_stop(reason)
     folder.write_status(DEP_FAILED)
     return True
 

@@ -1,5 +1,6 @@
 """An artifact's folder in the artifact store, read and written over the object-store
-interface (kiln.artifacts.store): a directory and a bucket take the same code.
+interface (kiln.artifacts.store): a directory and a bucket take the same code. The one way to
+read and write an artifact's state (STATUS, the stop reason, the record).
 
     {name}/{version}/              the folder: record, STATUS (last), summary, the artifact's files
     {name}/.{version}.lease        its lease (kiln.artifacts.lease)
@@ -8,13 +9,24 @@ interface (kiln.artifacts.store): a directory and a bucket take the same code.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from kiln.artifacts import json_bytes, one_line
 from kiln.artifacts.lease import Lease, lease_key
 from kiln.artifacts.store import ObjectStore, open_store, read_text
-from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUCCESS, SUMMARY_TEXT_FILE
+from kiln_contract.layout import (
+    FAILED,
+    FAILURE_FILE,
+    RECORD_FILE,
+    STATUS_FILE,
+    SUCCESS,
+    SUMMARY_TEXT_FILE,
+)
 from kiln_contract.record import ArtifactRecord, fingerprint_drift
 
 
@@ -24,7 +36,7 @@ class ArtifactFolder:
     key: str  # "{name}/{version}" under the store's root
 
     @classmethod
-    def at(cls, location: str) -> ArtifactFolder:
+    def at(cls, location: str | os.PathLike[str]) -> ArtifactFolder:
         """The folder at a path or a URL, as a store of its own."""
         return cls(open_store(location), "")
 
@@ -65,10 +77,44 @@ class ArtifactFolder:
         return None if stored is None else fingerprint_drift(stored, record)
 
     def write_json(self, name: str, obj: Any) -> None:
-        self.store.write(self.child(name), (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+        self.store.write(self.child(name), json_bytes(obj))
 
     def write_status(self, status: str) -> None:
         self.store.write(self.child(STATUS_FILE), f"{status}\n".encode())
+
+    def stop_reason(self) -> str | None:
+        """Why the last run here failed or stopped (FAILURE_FILE), or None."""
+        text = self.text(FAILURE_FILE)
+        return None if text is None else text.strip()
+
+    def record_stop(self, reason: str) -> None:
+        """Writes why the run here failed or stopped, leaving STATUS as it is: FAILED is
+        `mark_failed`'s, and an interrupted run stays RUNNING (resumable)."""
+        self.store.write(self.child(FAILURE_FILE), (one_line(reason) + "\n").encode())
+
+    def clear_stop_reason(self) -> None:
+        """Removes an earlier run's reason: a run starting here has none yet."""
+        self.store.remove(self.child(FAILURE_FILE))
+
+    def mark_failed(self, reason: str) -> None:
+        """Writes why the build failed, then STATUS FAILED, even on a full local disk: when the
+        atomic write finds no space for its temp file, an existing STATUS is overwritten in place
+        (its blocks are already allocated); the reason is then lost unless its own write found
+        room. A write torn by a crash reads as neither SUCCESS nor anything else Kiln serves, so
+        it is as safe as FAILED: the next run resumes or rebuilds either way."""
+        with contextlib.suppress(OSError):
+            self.record_stop(reason)
+        try:
+            self.write_status(FAILED)
+        except OSError:
+            if self.store.local_root is None:
+                raise
+            status = Path(self.store.local_root) / self.child(STATUS_FILE)
+            with contextlib.suppress(OSError), open(status, "r+b") as f:
+                f.write(f"{FAILED}\n".encode())
+                f.truncate()
+                f.flush()
+                os.fsync(f.fileno())
 
     def lease(self, what: str, *, job: str | None = None) -> Lease:
         """The folder's lease, taken for `what` (by a host of cluster job `job`)."""

@@ -53,10 +53,11 @@ from typing import Any, Protocol
 import numpy as np
 import tensorstore as ts
 
-from kiln.artifacts import FAILED, STATUS_FILE, SUCCESS, read_stop_reason
+from kiln.artifacts import FAILED, SUCCESS
 from kiln.artifacts.content import Damage, check_object_sizes
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.storage_errors import as_storage_error
-from kiln.artifacts.store import ObjectStore, open_store, read_text
+from kiln.artifacts.store import ObjectStore, open_store
 from kiln.data.document_ends import OFFSETS_INDEX_FILE, read_ends
 from kiln.data.errors import CacheDamaged, CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo
@@ -135,11 +136,11 @@ def read_cache_records(location: str | Path) -> tuple[dict[str, Any], dict[str, 
     """(cache.json, ledger.json) of a finished cache of a format this Kiln reads, in a folder
     or a bucket; CacheNotReady otherwise. Reads no array."""
     store = open_store(location)
-    status = read_text(store, STATUS_FILE)
-    status = None if status is None else status.strip()
+    folder = ArtifactFolder(store, "")
+    status = folder.status()
     if status != SUCCESS:
         found = "no STATUS file" if status is None else f"STATUS {status}"
-        reason = read_stop_reason(store, "") if status == FAILED else None
+        reason = folder.stop_reason() if status == FAILED else None
         found += f": {reason}" if reason else ""
         raise CacheNotReady(
             f"{location} is not a finished token cache ({found}); build it with "

@@ -37,19 +37,14 @@ import numpy as np
 import tensorstore as ts
 
 from kiln.artifacts import (
-    FAILED,
     RECORD_FILE,
     RUNNING,
     STATUS_FILE,
     SUCCESS,
     atomic_write_bytes,
     atomic_write_json,
-    clear_stop_reason,
     failure_reason,
     json_bytes,
-    mark_failed,
-    record_stop,
-    write_status,
 )
 from kiln.artifacts.content import (
     check_digests,
@@ -58,6 +53,7 @@ from kiln.artifacts.content import (
     record_bytes,
     record_files,
 )
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.store import ObjectStore, copy_folder_into, open_store, read_text
 from kiln.data import document_ends
 from kiln.data.cache import (
@@ -145,7 +141,7 @@ class ShardWriter:
             "files": record_files(self.tmp_dir, files_under(self.tmp_dir)),
         }
         atomic_write_json(self.tmp_dir / SHARD_FILE, record)
-        write_status(self.tmp_dir, SUCCESS)
+        ArtifactFolder.at(self.tmp_dir).write_status(SUCCESS)
         _replace_dir(self.tmp_dir, self.out_dir)
         return record
 
@@ -294,25 +290,16 @@ def write_imported_cache(
 @contextlib.contextmanager
 def _writing(cache: ObjectStore) -> Iterator[None]:
     """STATUS RUNNING while the body writes the cache, SUCCESS after it, FAILED if it fails."""
-    cache.write(STATUS_FILE, f"{RUNNING}\n".encode())
-    clear_stop_reason(cache, "")
+    folder = ArtifactFolder(cache, "")
+    folder.write_status(RUNNING)
+    folder.clear_stop_reason()
     try:
         yield
     except BaseException as e:
-        _mark_failed(cache, failure_reason(e))
+        with contextlib.suppress(Exception):  # as far as the store allows; the error goes on
+            folder.mark_failed(failure_reason(e))
         raise
-    cache.write(STATUS_FILE, f"{SUCCESS}\n".encode())
-
-
-def _mark_failed(cache: ObjectStore, reason: str) -> None:
-    """The reason, then STATUS FAILED, as far as the store allows: a full local disk is written
-    in place."""
-    if cache.local_root is not None:
-        mark_failed(cache.local_root, reason)
-        return
-    with contextlib.suppress(Exception):
-        record_stop(cache, "", reason)
-        cache.write(STATUS_FILE, f"{FAILED}\n".encode())
+    folder.write_status(SUCCESS)
 
 
 def _ledger_shards(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln import lifetime  # before the slow imports: it notes the parent process
-from kiln.artifacts import RECORD_FILE, atomic_write_bytes, is_built
+from kiln.artifacts import RECORD_FILE, atomic_write_bytes
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.artifacts.store import open_store
@@ -251,7 +252,7 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
         if args.unless_built is None or not served(spec, args.unless_built):
             tokenizer = _tokenizer(spec)
             write_shard_unless_done(spec, args.index, shard, cache, tokenizer)
-    if cache is not None and shard.local_root is not None and is_built(cache.location("")):
+    if cache is not None and shard.local_root is not None and ArtifactFolder(cache, "").is_built():
         _remove_if_empty(Path(shard.local_root).parent)  # merged while this waited
 
 

@@ -66,7 +66,7 @@ def evaluate_artifact(
         results = {"model": model.label, "metrics": metrics}
         artifacts.atomic_write_json(local / EVAL_RESULTS_FILE, results)
         artifacts.atomic_write_json(local / artifacts.RECORD_FILE, full_record)
-        artifacts.write_status(local, artifacts.SUCCESS)  # last
+        ArtifactFolder.at(local).write_status(artifacts.SUCCESS)  # last
     lines = [f"  {name}: {value:.4f}" for name, value in sorted(metrics.items())]
     return "\n".join([f"kiln: built {record.ref} at {target.location()}", *lines])
 

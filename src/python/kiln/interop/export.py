@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_json, write_status
+from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_json
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.interop.errors import InteropError
 from kiln.interop.llama_config import (
     SpecialTokens,
@@ -99,7 +100,7 @@ def write_hf_llama(
         _write_json(staging / "generation_config.json", generation_config(tokens))
         if record is not None:
             atomic_write_json(staging / RECORD_FILE, record)
-            write_status(staging, SUCCESS)
+            ArtifactFolder.at(staging).write_status(SUCCESS)
         _flush_files(staging)
         os.rename(staging, out)
     except BaseException:

@@ -11,7 +11,7 @@ from typing import Any
 from kiln import artifacts
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.store import ObjectStore
 from kiln.containment import OutsideRoot, within
 from kiln.runner import leasing, replacing
 from kiln.runner.decision import serve_if_built
@@ -151,7 +151,7 @@ def _start(
         if is_mutable_version(step.version) and folder.is_built():
             _restart_dev_run(step, target)
         workspace.pull(checkpoints=True)
-        artifacts.clear_stop_reason(target.store, folder.key)
+        folder.clear_stop_reason()
         _begin(step, spec, workspace, cluster_job)
         workspace.publish(status=True, final=False)
 
@@ -258,8 +258,9 @@ def _begin(
     it is one) and, for people, the train spec into the workspace."""
     output = workspace.local
     output.mkdir(parents=True, exist_ok=True)
-    artifacts.write_status(output, RUNNING)
-    artifacts.clear_stop_reason(open_store(output), "")  # a reason of an earlier run
+    written = ArtifactFolder.at(output)
+    written.write_status(RUNNING)
+    written.clear_stop_reason()  # a reason of an earlier run
     job = {"cluster_job": cluster_job} if cluster_job else {}
     provenance = {**dataclasses.asdict(step.provenance), **job, **artifacts.built_here()}
     record = {**step.record.to_json(), "provenance": provenance}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import time
 
-from kiln.artifacts import read_stop_reason
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease, LeaseHeld, LeaseRecord
 from kiln.runner.decision import same_artifact, serve
@@ -62,7 +61,7 @@ def _after_waiting(
         serve(step, stored, folder)
         return None
     if status == FAILED:
-        why = read_stop_reason(folder.store, folder.key) or "its output says why"
+        why = folder.stop_reason() or "its output says why"
         raise StepError(
             f"{step.ref}: the run this one waited for, {holder.describe()}, failed (STATUS "
             f"FAILED in {folder.location()}: {why}). Rerun to resume the build from its newest "

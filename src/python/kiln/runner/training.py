@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from kiln import artifacts
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.storage_errors import as_storage_error
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.store import ObjectStore
 from kiln.runner.errors import LeaseLost
 from kiln.runner.leasing import check_still_held
 from kiln.runner.workspace import Workspace
@@ -55,12 +56,12 @@ def train(
             summary = write_run_summary(spec, shown_at=shown_at)
             if lease is not None:
                 check_still_held(lease, step)
-                artifacts.write_status(output, artifacts.SUCCESS)
+                ArtifactFolder.at(output).write_status(artifacts.SUCCESS)
                 print(f"kiln: built {step.ref} at {shown_at}\n{summary}")
         elif lease is not None:  # failed (1, 2): FAILED; stopped: RUNNING, resumable
             reason = stops[-1] if stops else f"the trainer exited with status {exit_code}"
             if exit_code in (1, 2):
-                artifacts.mark_failed(output, reason)
+                ArtifactFolder.at(output).mark_failed(reason)
             else:
                 _record_stop(output, reason)
         return exit_code
@@ -110,7 +111,7 @@ def failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
     except Exception as e:
         failure = as_storage_error(e, output)
         if writer:
-            artifacts.mark_failed(output, artifacts.failure_reason(failure or e))
+            ArtifactFolder.at(output).mark_failed(artifacts.failure_reason(failure or e))
         if failure is not None:
             raise failure from None
         raise
@@ -122,4 +123,4 @@ def failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
 
 def _record_stop(output: Path, reason: str) -> None:
     with contextlib.suppress(OSError):
-        artifacts.record_stop(open_store(output), "", reason)
+        ArtifactFolder.at(output).record_stop(reason)

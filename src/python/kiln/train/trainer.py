@@ -27,8 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from kiln.artifacts import atomic_write_json, atomic_write_text, record_stop
-from kiln.artifacts.store import open_store
+from kiln.artifacts import atomic_write_json, atomic_write_text
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.data.cache import open_caches, shared_tokenizer
 from kiln.data.mixture import (
     MixtureDataset,
@@ -624,7 +624,7 @@ class Trainer:
         )
         if self.is_main:  # beside STATUS before the way out (W&B, orbax), which may be cut short
             with contextlib.suppress(OSError):
-                record_stop(open_store(self.output), "", message)
+                ArtifactFolder.at(self.output).record_stop(message)
         raise TrainingInterrupted(message, point.signum)
 
     def _save(self, step: int, *, temporary: bool, wait: bool) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from kiln_testing.data import make_spec, write_corpus, write_jsonl
 
-from kiln.artifacts import read_status
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.data import cache_build, cache_writer, document_ends, hub_datasets
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.cache_writer import ShardWriter
@@ -61,7 +61,7 @@ def test_round_trip_documents_and_windows(tmp_path: Path, tokenizer: LoadedToken
 def test_cache_records(tmp_path: Path, tokenizer: LoadedTokenizer):
     spec, texts = _corpus_spec(tmp_path)
     cache_dir = build_cache(spec, tmp_path / "cache")
-    assert read_status(cache_dir) == "SUCCESS"
+    assert ArtifactFolder.at(cache_dir).status() == "SUCCESS"
     assert not (cache_dir / ".building").exists()
     ledger = json.loads((cache_dir / "ledger.json").read_text())
     assert ledger["finished"] is True
@@ -138,7 +138,7 @@ def test_merge_refuses_incomplete_missing_and_foreign_shards(tmp_path: Path, tok
     (s1 / "STATUS").unlink()  # as if the shard's process was killed before its marker
     with pytest.raises(CacheError, match=r"s1: the shard is incomplete"):
         merge_cache(parsed, [s0, s1], out, tokenizer)
-    assert read_status(out) is None
+    assert ArtifactFolder.at(out).status() is None
     with pytest.raises(CacheNotReady, match="not a finished token cache"):
         TokenCache.open(out)
 
@@ -169,13 +169,13 @@ def test_a_failed_re_merge_ends_failed_not_success(tmp_path: Path, tokenizer: Lo
     (tmp_path / "s0").mkdir()  # an empty, unfinished shard folder
     with pytest.raises(CacheError):
         merge_cache(parsed, [tmp_path / "s0"], out, tokenizer)
-    assert read_status(out) == "SUCCESS"  # refused before touching the old cache
+    assert ArtifactFolder.at(out).status() == "SUCCESS"  # refused before touching the old cache
     tokenize_shard(parsed, 0, tmp_path / "s0", tokenizer)
     shutil.rmtree(out / "shards")
     (out / "shards").write_text("in the way")  # assembling fails after it has started
     with pytest.raises(OSError):
         merge_cache(parsed, [tmp_path / "s0"], out, tokenizer)
-    assert read_status(out) == "FAILED"
+    assert ArtifactFolder.at(out).status() == "FAILED"
     reason = (out / "failure.txt").read_text()
     assert re.match(r"\w+Error: ", reason) and reason.count("\n") == 1, reason  # one line
     with pytest.raises(CacheNotReady, match=r"\(STATUS FAILED: \w+Error: .*\); build it"):
@@ -191,12 +191,12 @@ def test_bad_documents(tmp_path: Path):
         SourceError, match=r"long\.jsonl:2: the document has 101 characters.*max_document_chars=100"
     ):
         build_cache(spec, tmp_path / "cache")
-    assert read_status(tmp_path / "cache") is None
+    assert ArtifactFolder.at(tmp_path / "cache").status() is None
     write_jsonl(tmp_path / "blank.jsonl", ["", "  \n"])
     spec = make_spec({"kind": "files", "paths": [str(tmp_path / "blank.jsonl")]})
     with pytest.raises(SourceError, match="the dataset is empty"):
         build_cache(spec, tmp_path / "cache")
-    assert read_status(tmp_path / "cache") is None
+    assert ArtifactFolder.at(tmp_path / "cache").status() is None
 
 
 def _first_documents_reaching(
@@ -237,7 +237,7 @@ def test_max_tokens_beyond_the_source_fails_naming_the_field(tmp_path: Path):
     spec, _ = _corpus_spec(tmp_path, num_shards=1, max_tokens=10**9)
     with pytest.raises(SourceError, match=r"tokenized/test@2026.11.29: shard 0 of 1 .* `max_tokens`"):
         build_cache(spec, tmp_path / "cache")
-    assert read_status(tmp_path / "cache") is None
+    assert ArtifactFolder.at(tmp_path / "cache").status() is None
     assert not list((tmp_path / "cache").rglob("shard.json"))  # nothing that passes as a shard
 
 
@@ -255,7 +255,7 @@ def test_a_hub_file_list_that_changed_under_its_revision_is_refused(tmp_path: Pa
     hub_datasets.hf_file_sizes.cache_clear()  # a new process lists the files again
     with pytest.raises(CacheError, match=r"file list changed under revision 'main'.*Pin"):
         merge_cache(spec, shards, tmp_path / "cache", tokenizer)
-    assert read_status(tmp_path / "cache") is None
+    assert ArtifactFolder.at(tmp_path / "cache").status() is None
 
 
 def test_empty_shards_in_the_middle(tmp_path: Path, tokenizer: LoadedTokenizer):

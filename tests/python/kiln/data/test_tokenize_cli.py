@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kiln_testing.data import make_spec, write_corpus
 
-from kiln.artifacts import read_status
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.data.cache import TokenCache
 from kiln.data.tokenize import main
 from kiln_contract import sharding
@@ -29,7 +29,7 @@ def test_shard_and_merge_commands(tmp_path: Path, monkeypatch, capsys):
     )
     assert main(["shard", spec, "--index", "1", "--out", "out/s1"]) == 0
     assert main(["shard", spec, "--index", "0", "--out", "out/s0"]) == 0
-    assert read_status(tmp_path / "out/s0") == "SUCCESS"
+    assert ArtifactFolder.at(tmp_path / "out/s0").status() == "SUCCESS"
     assert main(["merge", spec, "--shards", "out/s0", "out/s1", "--out", "cache"]) == 0
     assert TokenCache.open(tmp_path / "cache").num_documents == len(texts)
     assert "cache ready at cache" in capsys.readouterr().err
@@ -56,7 +56,7 @@ def test_many_builds_each_cache_and_a_failed_one_fails_alone(tmp_path, monkeypat
     assert main(["many", "many.json"]) == 2
     err = capsys.readouterr().err
     assert "corpus/bad.jsonl:1: no field 'text'" in err and "error: //data:bad failed" in err
-    assert read_status(tmp_path / "caches/good") == read_status(tmp_path / "caches/also") == "SUCCESS"
+    assert ArtifactFolder.at(tmp_path / "caches/good").status() == ArtifactFolder.at(tmp_path / "caches/also").status() == "SUCCESS"
     assert not (tmp_path / "caches/bad").exists()
 
 
@@ -230,5 +230,5 @@ def test_a_killed_builds_temporaries_are_removed_when_the_cache_is_next_built(tm
     assert sorted(p.name for p in building.iterdir()) == [live.name, "shard-0"]
     live.rmdir()
     assert main(["merge", spec_file, "--shards", str(shard), "--out", str(cache), *root]) == 0
-    assert read_status(cache) == "SUCCESS"
+    assert ArtifactFolder.at(cache).status() == "SUCCESS"
     assert not building.exists()  # emptied by the merge, then removed

@@ -15,7 +15,7 @@ import pytest
 from kiln_testing.data import make_spec, sample_texts, write_jsonl
 from kiln_testing.small_disk import FULL_DISK, SmallDisk
 
-from kiln.artifacts import read_status
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
 from kiln.data.cache import TokenCache
 from kiln.data.spec import parse_cache_spec
@@ -128,7 +128,7 @@ def test_a_killed_shard_builder_is_taken_over_and_its_temp_folder_removed(tmp_pa
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 60  # not the lease's two minutes
     assert f"pid {killed.pid} on this host, has ended" in result.stderr
-    assert read_status(shards[0]) == "SUCCESS"
+    assert ArtifactFolder.at(shards[0]).status() == "SUCCESS"
     assert sorted(p.name for p in shards[0].parent.iterdir()) == ["shard-0"]
 
 
@@ -147,7 +147,7 @@ def test_a_full_disk_fails_in_one_line_and_the_build_resumes(small_disk, tmp_pat
     [line] = full.stderr.splitlines()[-1:]
     assert line.startswith(f"error: {small_disk.folder}/") and line.endswith(FULL_DISK), line
     assert "Traceback" not in full.stderr
-    assert read_status(cache) is None
+    assert ArtifactFolder.at(cache).status() is None
     small_disk.grow()
     resumed = small_disk.run(tokenize("build", spec, "--out", cache))
     assert resumed.returncode == 0, resumed.stderr

@@ -21,8 +21,8 @@ import tensorstore as ts
 from kiln_testing.small_disk import FULL_DISK, SmallDisk
 from kiln_testing.training import write_runner_step
 
-from kiln.artifacts import read_status
 from kiln.artifacts.content import record_files
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import LeaseRecord, lease_key
 from kiln.artifacts.local import LocalStore
 from kiln.data.cache import zarr_spec
@@ -73,7 +73,7 @@ def error_lines(stderr: str) -> list[str]:
 def assert_failed_saying(prefix: Path, line: str) -> None:
     """STATUS FAILED, and beside it the line the run printed: a run whose terminal is gone
     still says why."""
-    assert read_status(output(prefix)) == "FAILED"
+    assert ArtifactFolder.at(output(prefix)).status() == "FAILED"
     assert (output(prefix) / "failure.txt").read_text() == line.removeprefix("kiln: error: ") + "\n"
 
 
@@ -194,7 +194,7 @@ def test_a_damaged_checkpoint_never_displaces_the_last_good_one(tmp_path: Path) 
     finished = run_steps()
     assert finished.returncode == 0
     assert f"resumed from {checkpoints / 'step-2'}" in finished.stdout + finished.stderr
-    assert read_status(output(prefix)) == "SUCCESS"
+    assert ArtifactFolder.at(output(prefix)).status() == "SUCCESS"
     assert sorted(p.name for p in checkpoints.iterdir()) == [
         "step-10", "step-4.damaged", "step-6.damaged"
     ]
@@ -308,7 +308,7 @@ def test_a_waiting_run_takes_over_from_a_killed_holder_and_serves_a_forced_rebui
     taken_over = log.with_suffix(".err").read_text()
     assert f"its holder, pid {first.pid} on this host, has ended" in taken_over
     assert f"ended without finishing {REF} (STATUS RUNNING): this run goes on with it" in said
-    assert read_status(output(prefix)) == "SUCCESS"
+    assert ArtifactFolder.at(output(prefix)).status() == "SUCCESS"
     assert not (output(prefix).parent / ".2026.11.29.lease").exists()
 
     # A forced rebuild, of an artifact an export was built from, with a run waiting for it.
@@ -318,8 +318,8 @@ def test_a_waiting_run_takes_over_from_a_killed_holder_and_serves_a_forced_rebui
     forced = start(started, step, prefix, log := tmp_path / "forced.out", "--force")
     wait_for(lambda: aside.exists() or forced.poll() is not None, "the forced run to begin")
     stopped_at_first_checkpoint(forced, prefix)  # the rebuild's own step 3
-    assert read_status(aside) == "SUCCESS" and (aside / "artifact.json").read_text() == old_record
-    assert read_status(output(prefix)) == "RUNNING"  # the old artifact is whole beside it
+    assert ArtifactFolder.at(aside).status() == "SUCCESS" and (aside / "artifact.json").read_text() == old_record
+    assert ArtifactFolder.at(output(prefix)).status() == "RUNNING"  # the old artifact is whole beside it
     served = waiting(started, step, prefix, served_log := tmp_path / "served.out")
     forced.send_signal(signal.SIGCONT)
     said = finished(forced, log)
@@ -327,7 +327,7 @@ def test_a_waiting_run_takes_over_from_a_killed_holder_and_serves_a_forced_rebui
     assert f"kiln: deleted the replaced {REF} ({aside})" in said
     assert f"  hf/tiny@2026.11.29 (hf_model) at {export}: delete {export} and build" in said
     assert f"kiln: {REF} is already built at {output(prefix)}" in finished(served, served_log)
-    assert read_status(output(prefix)) == "SUCCESS" and not aside.exists()
+    assert ArtifactFolder.at(output(prefix)).status() == "SUCCESS" and not aside.exists()
     assert (output(prefix) / "artifact.json").read_text() != old_record  # the rebuild's own
 
 
@@ -341,11 +341,11 @@ def test_a_full_disk_ends_the_run_failed_and_it_resumes(step: Path, tmp_path: Pa
         [line] = error_lines(full.stderr)
         assert line.startswith(f"kiln: error: {disk.folder}/") and line.endswith(FULL_DISK), line
         assert "Traceback" not in full.stderr, full.stderr[-3000:]
-        assert read_status(output(prefix)) == "FAILED"
+        assert ArtifactFolder.at(output(prefix)).status() == "FAILED"
         disk.grow()
         resumed = disk.run(runner(step, prefix), env={"JAX_PLATFORMS": "cpu"})
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        assert read_status(output(prefix)) == "SUCCESS"
+        assert ArtifactFolder.at(output(prefix)).status() == "SUCCESS"
         if disk.mounted:  # the first checkpoint fitted: the run went on from it
             assert "resumed from" in resumed.stderr + resumed.stdout
     finally:
