@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
 
-from kiln.artifacts import atomic_write_json
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.kernels.block_sizes import BlockSizes, LaunchParams, default_block_sizes
 from kiln.kernels.flash_attention import flash_attention
 from kiln.kernels.reference import reference_attention

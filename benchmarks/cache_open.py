@@ -52,7 +52,7 @@ def _layout() -> tuple[int, int, int, int]:
 
 def synthesise(folder: Path, documents: int, legacy: bool) -> None:
     """A finished one-shard cache at `folder`; `legacy`: in the format-3 layout."""
-    from kiln.artifacts.store import open_store
+    from kiln.artifacts.locations import open_store
     from kiln.data import document_ends
     from kiln.data.cache_writer import ShardWriter, write_cache
     from kiln.data.tokenizer import EncodedDocuments

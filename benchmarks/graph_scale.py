@@ -177,7 +177,8 @@ def bucket_plans(root: Path, planned: str, caches: int) -> dict[str, float]:
     and, as the server's floor, the same record reads in this process without Pants."""
     from kiln_testing.buckets import BUCKET, gcs_endpoint, s3_endpoint
 
-    from kiln.artifacts.store import open_store, read_texts
+    from kiln.artifacts.locations import open_store
+    from kiln.artifacts.store import read_texts
 
     times: dict[str, float] = {}
     for scheme, server, endpoint in (("s3", "moto", s3_endpoint), ("gs", "fake-gcs-server", gcs_endpoint)):  # fmt: skip

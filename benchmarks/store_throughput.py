@@ -115,7 +115,8 @@ def timed(action) -> tuple[float, object]:
 def checkpoint_seconds(state: dict, work: Path, url: str) -> dict[str, tuple[float, float]]:
     import orbax.checkpoint as ocp
 
-    from kiln.artifacts.store import copy_folder_into, open_store
+    from kiln.artifacts.locations import open_store
+    from kiln.artifacts.store import copy_folder_into
 
     checkpointer = ocp.StandardCheckpointer()
 
@@ -162,7 +163,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     server = start_s3_server()
-    from kiln.artifacts.store import copy_folder_into, open_store
+    from kiln.artifacts.locations import open_store
+    from kiln.artifacts.store import copy_folder_into
 
     print(f"{platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}")
     with tempfile.TemporaryDirectory() as folder:

@@ -49,7 +49,7 @@ from attention import (  # benchmarks/attention.py
     relative_error,
 )
 
-from kiln.artifacts import atomic_write_json
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.kernels import flash_attention as fa
 from kiln.kernels.block_sizes import default_block_sizes
 from kiln.kernels.reference import reference_attention

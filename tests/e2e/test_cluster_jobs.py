@@ -32,7 +32,8 @@ from kiln_testing.buckets import BUCKET
 from kiln_testing.data import write_corpus
 from kiln_testing.multihost import free_port
 
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectStore
 from kiln.cluster import host
 from kiln.cluster.connection import connect
 from kiln.cluster.placement import (

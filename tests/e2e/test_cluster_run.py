@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 from kiln_testing.buckets import BUCKET
 
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectStore
 from tests.e2e.ray_nodes import Cluster, processes
 from tests.e2e.workspace import run_pants, store_rows
 

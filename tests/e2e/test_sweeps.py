@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from kiln.artifacts.lease import Lease, lease_key
-from kiln.artifacts.store import open_store
+from kiln.artifacts.locations import open_store
 from tests.e2e.test_pants_e2e import pants, pants_command
 
 SWEEP = """

@@ -19,10 +19,12 @@ from kiln_testing.buckets import fresh_url
 from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache
 
 from kiln import artifacts
+from kiln.artifacts.atomic import atomic_write_json, atomic_write_text
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease, LeaseRecord
 from kiln.artifacts.local import LocalStore
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectStore
 from kiln.runner.__main__ import main
 from kiln.runner.build import Target, _restart_dev_run, check_write_paths, run_step, train_spec
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
@@ -93,11 +95,11 @@ def step(code_digest: str = "a" * 64, **identity: Any) -> StepSpec:
 
 def built(directory: Path, rec: ArtifactRecord, code_digest: str = "a" * 64) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    artifacts.atomic_write_json(
+    atomic_write_json(
         directory / artifacts.RECORD_FILE,
         {**rec.to_json(), "provenance": {"code_digest": code_digest}},
     )
-    artifacts.atomic_write_text(directory / artifacts.SUMMARY_TEXT_FILE, "the summary\n")
+    atomic_write_text(directory / artifacts.SUMMARY_TEXT_FILE, "the summary\n")
     ArtifactFolder.at(directory).write_status(artifacts.SUCCESS)
     return directory
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectMissing, ObjectStore
 
 FileRecords = dict[str, dict[str, Any]]  # relative path -> {"bytes": int, "sha256": str}
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 
 from kiln.artifacts.folder import ArtifactFolder
-from kiln.artifacts.store import ObjectStore, run_on_store
+from kiln.artifacts.locations import run_on_store
+from kiln.artifacts.store import ObjectStore
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RUNNING, STATUS_FILE, SUCCESS
 
 USAGE = "usage: python -m kiln.artifacts.dep_failed STORE [--clear KEY]... [--mark KEY REASON]..."

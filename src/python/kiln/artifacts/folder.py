@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts import json_bytes, one_line
+from kiln.artifacts import one_line
+from kiln.artifacts.atomic import json_bytes
 from kiln.artifacts.lease import Lease, lease_key
-from kiln.artifacts.store import ObjectStore, open_store, read_text
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectStore, read_text
 from kiln_contract.layout import (
     FAILED,
     FAILURE_FILE,

@@ -29,7 +29,7 @@ from urllib.parse import quote
 import requests
 from requests.exceptions import ChunkedEncodingError
 
-from kiln.artifacts import atomic_write_with
+from kiln.artifacts.atomic import atomic_write_with
 from kiln.artifacts.bucket import (
     CONNECT_TIMEOUT_SECONDS,
     READ_TIMEOUT_SECONDS,

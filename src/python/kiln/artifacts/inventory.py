@@ -26,7 +26,8 @@ from collections import defaultdict
 
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import LeaseHeld, LeaseRecord, lease_key
-from kiln.artifacts.store import ListedObject, ObjectStore, read_texts, run_on_store
+from kiln.artifacts.locations import run_on_store
+from kiln.artifacts.store import ListedObject, ObjectStore, read_texts
 from kiln_contract.inventory import Inventory, StoredArtifact
 from kiln_contract.layout import (
     RECORD_FILE,

@@ -43,14 +43,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import StorageError
-from kiln.artifacts.store import (
-    ObjectExists,
-    ObjectMissing,
-    ObjectStore,
-    PreconditionFailed,
-    open_store,
-)
+from kiln.artifacts.store import ObjectExists, ObjectMissing, ObjectStore, PreconditionFailed
 from kiln_contract.layout import LEASE_SIBLING, sibling_key
 from kiln_contract.processes import is_running
 

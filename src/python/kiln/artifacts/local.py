@@ -1,6 +1,6 @@
 """A local directory as an object store (kiln.artifacts.store).
 
-- write, upload: temp file + fsync + rename (kiln.artifacts.atomic_write_with); download too.
+- write, upload: temp file + fsync + rename (kiln.artifacts.atomic.atomic_write_with); download too.
 - create: the bytes go to a temp file first, then `link(temp, key)`, which fails if the key
   exists: the exclusive create of `O_CREAT|O_EXCL`, with the object's bytes complete the moment
   it appears (and atomic on NFS, where O_EXCL has not always been).
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts import atomic_write_bytes, atomic_write_with
+from kiln.artifacts.atomic import atomic_write_bytes, atomic_write_with
 from kiln.artifacts.store import (
     ListedObject,
     ObjectExists,

@@ -13,7 +13,8 @@ import json
 import sys
 
 from kiln.artifacts import FAILURE_FILE, RECORD_FILE, STATUS_FILE
-from kiln.artifacts.store import ObjectStore, read_texts, run_on_store
+from kiln.artifacts.locations import run_on_store
+from kiln.artifacts.store import ObjectStore, read_texts
 
 
 def peek(store: ObjectStore, folders: list[str]) -> dict[str, dict[str, str | None]]:

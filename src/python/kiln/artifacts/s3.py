@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from kiln.artifacts import atomic_write_with
+from kiln.artifacts.atomic import atomic_write_with
 from kiln.artifacts.bucket import (
     ATTEMPTS,
     CONNECT_TIMEOUT_SECONDS,

@@ -8,21 +8,20 @@ and a conditional replace or delete fails unless the object is still the generat
 read (S3 `If-Match: ETag`, GCS `ifGenerationMatch=N`). There is no rename of folders and no
 lock: everything that must be exclusive is built from these operations (kiln.artifacts.lease).
 
-`open_store` is the one place that maps a store location to its implementation.
+A location (a path or URL) becomes a store in kiln.artifacts.locations.
 """
 
 from __future__ import annotations
 
 import abc
 import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kiln.artifacts.bucket import ATTEMPTS
-from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
+from kiln.artifacts.storage_errors import StorageError
 
 
 class ObjectMissing(Exception):
@@ -196,33 +195,6 @@ def _text(result: Any) -> str | None:
     return bytes(result.value).decode() if result.state == "value" else None
 
 
-class UnsupportedStore(ValueError):
-    """A store location this Kiln cannot open."""
-
-
-def open_store(location: str | os.PathLike[str]) -> ObjectStore:
-    """The store at `location`: `s3://BUCKET/PATH`, `gs://BUCKET/PATH`, or a local directory
-    (absolute or relative path)."""
-    text = os.fspath(location)
-    scheme, sep, _ = text.partition("://")
-    if not sep:
-        from kiln.artifacts.local import LocalStore
-
-        return LocalStore(text)
-    if scheme == "s3":
-        from kiln.artifacts.s3 import S3Store
-
-        return S3Store(text)
-    if scheme == "gs":
-        from kiln.artifacts.gcs import GCSStore
-
-        return GCSStore(text)
-    raise UnsupportedStore(
-        f"{text}: Kiln stores artifacts in s3://, gs:// or local directories; for another "
-        "store, mount it and give its mount point as the prefix."
-    )
-
-
 def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str]) -> int:
     """Uploads every file below the local `folder` to `key/...` in `store`, its STATUS (if any)
     last, so the copy is never read as complete before it is; returns the bytes copied."""
@@ -240,17 +212,3 @@ def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str
     with ThreadPoolExecutor(8) as pool:  # objects upload independently: overlap the requests
         copied = sum(pool.map(upload, first))
     return copied + sum(map(upload, last))
-
-
-def run_on_store(location: str, action: Callable[[ObjectStore], None]) -> int:
-    """The body of a `python -m kiln.artifacts.X STORE ...` command: `action` on the store at
-    `location`, checked first; a StorageError is one line `error: ...` naming the store on stderr
-    and exit EXIT_STORAGE, which the Pants backend shows as it is."""
-    try:
-        store = open_store(location)
-        store.check()
-        action(store)
-    except StorageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_STORAGE
-    return 0

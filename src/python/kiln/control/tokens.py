@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiln.artifacts import atomic_write_bytes, atomic_write_json
+from kiln.artifacts.atomic import atomic_write_bytes, atomic_write_json
 from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES
 
 CONTROL_DIR = "control"

@@ -56,8 +56,9 @@ import tensorstore as ts
 from kiln.artifacts import FAILED, SUCCESS
 from kiln.artifacts.content import Damage, check_object_sizes
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import as_storage_error
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.store import ObjectStore
 from kiln.data.document_ends import OFFSETS_INDEX_FILE, read_ends
 from kiln.data.errors import CacheDamaged, CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo

@@ -18,7 +18,8 @@ from typing import Any
 
 from kiln.artifacts import STATUS_FILE, SUCCESS
 from kiln.artifacts.lease import Lease
-from kiln.artifacts.store import ObjectStore, open_store, read_text
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectStore, read_text
 from kiln.data import sources
 from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, SHARD_FORMAT_VERSIONS, SHARDS_DIR
 from kiln.data.cache_writer import (

@@ -36,16 +36,8 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from kiln.artifacts import (
-    RECORD_FILE,
-    RUNNING,
-    STATUS_FILE,
-    SUCCESS,
-    atomic_write_bytes,
-    atomic_write_json,
-    failure_reason,
-    json_bytes,
-)
+from kiln.artifacts import RECORD_FILE, RUNNING, STATUS_FILE, SUCCESS, failure_reason
+from kiln.artifacts.atomic import atomic_write_bytes, atomic_write_json, json_bytes
 from kiln.artifacts.content import (
     check_digests,
     check_object_sizes,
@@ -54,7 +46,8 @@ from kiln.artifacts.content import (
     record_files,
 )
 from kiln.artifacts.folder import ArtifactFolder
-from kiln.artifacts.store import ObjectStore, copy_folder_into, open_store, read_text
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
 from kiln.data import document_ends
 from kiln.data.cache import (
     BYTE_LENGTHS_FILE,

@@ -17,7 +17,7 @@ import numpy as np
 import tensorstore as ts
 
 from kiln.artifacts.content import Damage
-from kiln.artifacts.store import open_store
+from kiln.artifacts.locations import open_store
 from kiln.data.cache import DATA_ARRAY, TokenCache, zarr_spec_in
 from kiln.data.levanter_cache import LEDGER_FILE, read_ledger
 

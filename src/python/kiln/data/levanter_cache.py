@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import as_storage_error
-from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
+from kiln.artifacts.store import ObjectMissing, ObjectStore
 from kiln.data.cache import DATA_ARRAY, FORMAT_VERSION, OFFSETS_ARRAY, records_digest, zarr_spec_in
 from kiln.data.cache_writer import write_imported_cache
 from kiln.data.errors import SourceError

@@ -51,11 +51,12 @@ from pathlib import Path
 from typing import Any
 
 from kiln import lifetime  # before the slow imports: it notes the parent process
-from kiln.artifacts import RECORD_FILE, atomic_write_bytes
+from kiln.artifacts import RECORD_FILE
+from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
-from kiln.artifacts.store import open_store
 from kiln.containment import OutsideRoot, within
 from kiln.data import sources
 from kiln.data.cache_build import (  # noqa: F401 - ENCODE_BATCH_DOCUMENTS: for benchmarks

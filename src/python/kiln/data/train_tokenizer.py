@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from kiln.artifacts import atomic_write_text
+from kiln.artifacts.atomic import atomic_write_text
 from kiln.data import stdlib_corpus
 from kiln.data.spec import STDLIB_PARTS
 

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifacts.content import check_object_digests
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
-from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store, read_text
+from kiln.artifacts.store import ObjectMissing, ObjectStore, read_text
 from kiln.data.cache import (
     CACHE_FILE,
     LEDGER_FILE,

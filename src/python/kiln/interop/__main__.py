@@ -208,7 +208,7 @@ def _add_eval_artifact_parser(commands: Any) -> None:
 
 
 def _eval_artifact(args: argparse.Namespace) -> int:
-    from kiln.artifacts.store import open_store
+    from kiln.artifacts.locations import open_store
     from kiln.interop.eval_artifact import evaluate_artifact
 
     task_paths = tuple(str(folder.resolve()) for folder in args.task_files)
@@ -273,7 +273,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from kiln.artifacts import atomic_write_json
+    from kiln.artifacts.atomic import atomic_write_json
     from kiln.interop.errors import InteropError
     from kiln.interop.evaluate import EvalRequest, evaluate_hf_llama
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import artifacts
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.store import ObjectStore
 from kiln.interop.errors import InteropError
@@ -64,8 +65,8 @@ def evaluate_artifact(
     with writing(target) as local:
         local.mkdir(parents=True, exist_ok=True)
         results = {"model": model.label, "metrics": metrics}
-        artifacts.atomic_write_json(local / EVAL_RESULTS_FILE, results)
-        artifacts.atomic_write_json(local / artifacts.RECORD_FILE, full_record)
+        atomic_write_json(local / EVAL_RESULTS_FILE, results)
+        atomic_write_json(local / artifacts.RECORD_FILE, full_record)
         ArtifactFolder.at(local).write_status(artifacts.SUCCESS)  # last
     lines = [f"  {name}: {value:.4f}" for name, value in sorted(metrics.items())]
     return "\n".join([f"kiln: built {record.ref} at {target.location()}", *lines])

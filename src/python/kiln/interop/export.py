@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.artifacts import RECORD_FILE, SUCCESS, atomic_write_json
+from kiln.artifacts import RECORD_FILE, SUCCESS
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.interop.errors import InteropError
 from kiln.interop.llama_config import (

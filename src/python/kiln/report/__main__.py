@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from kiln.artifacts import atomic_write_bytes
+from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.report.compare import (
     CSV_FILE,

@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kiln.artifacts import atomic_write_bytes
+from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.report.compare import RunRow, flat, varied_fields
 
 PLOT_FILE = "compare.png"

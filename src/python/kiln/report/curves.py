@@ -13,7 +13,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kiln.artifacts import atomic_write_bytes
+from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.report.compare import RunRow
 from kiln.report.metrics_log import TRAIN_LOSS, Record, by_step, parse_metrics

@@ -13,7 +13,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from kiln.artifacts import atomic_write_bytes
+from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.report.metrics_log import (
     LEARNING_RATE,
     TOKENS_PER_SECOND,

@@ -29,7 +29,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from kiln.artifacts import SUMMARY_TEXT_FILE, atomic_write_text
+from kiln.artifacts import SUMMARY_TEXT_FILE
+from kiln.artifacts.atomic import atomic_write_text
 from kiln.data.cache import TokenCache, open_caches
 from kiln.data.errors import KilnDataError
 from kiln.eval.metadata import eval_summary_lines

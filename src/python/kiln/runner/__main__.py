@@ -12,8 +12,9 @@ from pathlib import Path
 from kiln import lifetime  # before the slow imports: it notes the parent
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.local import LocalStore
+from kiln.artifacts.locations import UnsupportedStore, open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
-from kiln.artifacts.store import ObjectStore, UnsupportedStore, open_store
+from kiln.artifacts.store import ObjectStore
 from kiln.cluster import connection
 from kiln.cluster.placement import PlacementError
 from kiln.data.errors import KilnDataError

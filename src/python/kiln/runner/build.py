@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import artifacts
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.store import ObjectStore
@@ -264,5 +265,5 @@ def _begin(
     job = {"cluster_job": cluster_job} if cluster_job else {}
     provenance = {**dataclasses.asdict(step.provenance), **job, **artifacts.built_here()}
     record = {**step.record.to_json(), "provenance": provenance}
-    artifacts.atomic_write_json(output / RECORD_FILE, record)
-    artifacts.atomic_write_json(output / TRAIN_SPEC_FILE, spec.to_json())
+    atomic_write_json(output / RECORD_FILE, record)
+    atomic_write_json(output / TRAIN_SPEC_FILE, spec.to_json())

@@ -62,7 +62,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh
 
-from kiln.artifacts import atomic_write_json
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.artifacts.content import (
     FileRecords,
     check_digests,

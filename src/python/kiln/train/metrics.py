@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from kiln.artifacts import atomic_write_text
+from kiln.artifacts.atomic import atomic_write_text
 from kiln_contract.train import WandbSpec
 from kiln_contract.vocabulary import WANDB_MODES
 

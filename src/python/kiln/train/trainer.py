@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from kiln.artifacts import atomic_write_json, atomic_write_text
+from kiln.artifacts.atomic import atomic_write_json, atomic_write_text
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.data.cache import open_caches, shared_tokenizer
 from kiln.data.mixture import (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.artifacts import atomic_write_json
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.control.server import ControlServer
 
 

@@ -18,7 +18,8 @@ from kiln_testing.data import STDLIB_TOKENIZER, sample_texts, write_jsonl
 from kiln_testing.levanter import LevanterCache, write_levanter_caches
 from kiln_testing.training import make_spec, read_jsonl
 
-from kiln.artifacts.store import copy_folder_into, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import copy_folder_into
 from kiln.data.cache import TokenCache, zarr_spec
 from kiln.data.errors import CacheDamaged, SourceError
 from kiln.data.tokenize import build_cache, main

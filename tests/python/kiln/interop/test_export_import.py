@@ -27,8 +27,9 @@ from kiln_testing.training import (
     write_eval_task,
 )
 
-from kiln.artifacts import atomic_write_json
-from kiln.artifacts.store import copy_folder_into, open_store
+from kiln.artifacts.atomic import atomic_write_json
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import copy_folder_into
 from kiln.data.tokenizer import load_tokenizer
 from kiln.interop.__main__ import main, parse_size
 from kiln.interop.errors import InteropError

@@ -16,7 +16,8 @@ import pytest
 from kiln_testing.bucket_fixtures import s3_server  # noqa: F401 - a fixture
 from kiln_testing.buckets import fresh_url
 
-from kiln.artifacts.store import copy_folder_into, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import copy_folder_into
 from kiln.report.compare import read_run, table, varied_fields
 from kiln.report.compare_plot import fit_power_law, frontier
 from kiln_contract.llama import LlamaArchitecture, flops_per_token

@@ -12,7 +12,8 @@ import pytest
 # The trainer tests' helpers: real caches with the committed tokenizer, a tiny-model spec.
 from kiln_testing.training import build_tiny_cache, make_spec
 
-from kiln.artifacts import SUMMARY_TEXT_FILE, TRAIN_SPEC_FILE, atomic_write_json
+from kiln.artifacts import SUMMARY_TEXT_FILE, TRAIN_SPEC_FILE
+from kiln.artifacts.atomic import atomic_write_json
 from kiln.data.cache import TokenCache
 from kiln.report.baseline import unigram_baseline
 from kiln.report.plots import plot_run

@@ -8,7 +8,8 @@ import pytest
 from kiln_testing.bucket_fixtures import gcs_server, s3_server
 from kiln_testing.buckets import fresh_url
 
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectStore
 
 __all__ = ["gcs_server", "s3_server"]  # fixtures, for the tests of this folder
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 from kiln.artifacts.lease import Lease, lease_key
-from kiln.artifacts.store import open_store
+from kiln.artifacts.locations import open_store
 
 if __name__ == "__main__":
     store = open_store(sys.argv[1])

@@ -17,7 +17,8 @@ from urllib.parse import parse_qs
 import pytest
 from kiln_testing.buckets import BucketGate, fresh_url
 
-from kiln.artifacts.store import ObjectExists, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectExists
 
 ACCESS_TOKEN = "ya29.kiln-test-access-token"
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from kiln.artifacts.lease import Lease, LeaseHeld, LeaseRecord, lease_key
-from kiln.artifacts.store import ObjectMissing, ObjectStore, open_store
+from kiln.artifacts.locations import open_store
+from kiln.artifacts.store import ObjectMissing, ObjectStore
 from kiln_contract.processes import is_running
 
 HOLDER = Path(__file__).with_name("lease_holder.py")

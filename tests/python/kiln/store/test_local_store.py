@@ -9,14 +9,9 @@ import pytest
 
 from kiln.artifacts.gcs import GCSStore
 from kiln.artifacts.local import LocalStore
+from kiln.artifacts.locations import UnsupportedStore, open_store
 from kiln.artifacts.s3 import S3Store
-from kiln.artifacts.store import (
-    ObjectExists,
-    ObjectMissing,
-    PreconditionFailed,
-    UnsupportedStore,
-    open_store,
-)
+from kiln.artifacts.store import ObjectExists, ObjectMissing, PreconditionFailed
 
 
 def test_whole_objects_and_generations(tmp_path: Path) -> None:

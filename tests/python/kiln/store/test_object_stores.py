@@ -13,15 +13,9 @@ import pytest
 from kiln.artifacts import dep_failed
 from kiln.artifacts.bucket import Transient, with_retries
 from kiln.artifacts.local import LocalStore
+from kiln.artifacts.locations import UnsupportedStore, open_store
 from kiln.artifacts.storage_errors import StorageError
-from kiln.artifacts.store import (
-    ObjectExists,
-    ObjectMissing,
-    ObjectStore,
-    PreconditionFailed,
-    UnsupportedStore,
-    open_store,
-)
+from kiln.artifacts.store import ObjectExists, ObjectMissing, ObjectStore, PreconditionFailed
 
 
 def test_open_store_maps_locations_to_implementations(tmp_path: Path) -> None:

@@ -23,8 +23,9 @@ from kiln_testing.training import write_runner_step
 
 from kiln.artifacts import peek
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import StorageError
-from kiln.artifacts.store import ObjectStore, open_store
+from kiln.artifacts.store import ObjectStore
 from kiln.runner.build import Target, run_step
 from kiln.runner.command_line import read_step
 from kiln.runner.errors import StepError
