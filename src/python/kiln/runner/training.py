@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,34 +38,37 @@ def train(
     run `init_from` names, if it names one (the artifact store; None for a scratch run)."""
     from kiln.report.plots import plot_run
     from kiln.report.run_summary import write_run_summary
-    from kiln.train import compilation_cache
-    from kiln.train.__main__ import run_training
+    from kiln.train import compilation_cache, progress
+    from kiln.train.trainer import TrainingError, TrainingStopped, train_to_end
 
     compilation_cache.use(compile_cache)
+    progress.configure_logging()
     output = spec.output_path
-    with failure_recorded(output, writer=lease is not None):
-        stops: list[str] = []
-        start_from = functools.partial(_start_from, parents)
-        exit_code = run_training(spec, quiet=True, metrics_observer=plot_run,
-                                 start_from=start_from, on_stop=stops.append)  # fmt: skip
-        if exit_code == 0:
-            # The final checkpoint in the store, whole on every host: the summary samples from
-            # its parameters, a collective.
-            workspace.publish(status=False, final=True)
-            multihost.barrier("kiln: the final checkpoint is in the store")
-            workspace.complete()
-            summary = write_run_summary(spec, shown_at=shown_at)
-            if lease is not None:
-                check_still_held(lease, step)
-                ArtifactFolder.at(output).write_status(artifacts.SUCCESS)
-                print(f"kiln: built {step.ref} at {shown_at}\n{summary}")
-        elif lease is not None:  # failed (1, 2): FAILED; stopped: RUNNING, resumable
-            reason = stops[-1] if stops else f"the trainer exited with status {exit_code}"
-            if exit_code in (1, 2):
-                ArtifactFolder.at(output).mark_failed(reason)
-            else:
-                _record_stop(output, reason)
-        return exit_code
+    writer = lease is not None
+    with failure_recorded(output, writer=writer):
+        try:
+            train_to_end(spec, plot_run, functools.partial(_start_from, parents))
+        except TrainingError as e:
+            print(f"kiln.train: error: {e}", file=sys.stderr)
+            if writer:
+                ArtifactFolder.at(output).mark_failed(str(e))
+            return e.exit_code
+        except TrainingStopped as e:  # RUNNING, resumable
+            print(f"kiln.train: {e}", file=sys.stderr)
+            if writer:
+                _record_stop(output, str(e))
+            return e.exit_code
+        # The final checkpoint in the store, whole on every host: the summary samples from its
+        # parameters, a collective.
+        workspace.publish(status=False, final=True)
+        multihost.barrier("kiln: the final checkpoint is in the store")
+        workspace.complete()
+        summary = write_run_summary(spec, shown_at=shown_at)
+        if lease is not None:
+            check_still_held(lease, step)
+            ArtifactFolder.at(output).write_status(artifacts.SUCCESS)
+            print(f"kiln: built {step.ref} at {shown_at}\n{summary}")
+        return 0
 
 
 def _start_from(

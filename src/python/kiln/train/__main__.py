@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from kiln import lifetime  # before the slow imports: it notes the parent process
-from kiln.train import multihost
+from kiln.train import multihost, progress
 from kiln.train.spec import SpecError, TrainSpec, load_spec
 
-EXIT_STOPPED_EARLY = 3
 # How long a trainer whose parent process died has to save a checkpoint before it is killed.
 ORPHAN_GRACE_SECONDS = 30.0
 
@@ -52,58 +48,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def run_training(
-    spec: TrainSpec,
-    *,
-    quiet: bool,
-    metrics_observer: Callable[[Path], None] | None = None,
-    start_from: Callable[..., Any] | None = None,
-    on_stop: Callable[[str], None] | None = None,
-) -> int:
+def run_training(spec: TrainSpec, *, quiet: bool) -> int:
     """Trains the run `spec` describes (on every process of a multi-host run); returns the exit
-    code, with expected failures printed as one paragraph, which `on_stop` is also given when
-    the run did not complete (the runner records it beside STATUS). `metrics_observer` and
-    `start_from`: see kiln.train.trainer.MetricsObserver and StartFrom."""
-    exit_code, message = _train(spec, quiet, metrics_observer, start_from)
-    if message is not None:
-        print(f"kiln.train: {message}", file=sys.stderr)
-        if on_stop is not None:
-            on_stop(message.removeprefix("error: "))
-    return exit_code
-
-
-def _train(
-    spec: TrainSpec,
-    quiet: bool,
-    metrics_observer: Callable[[Path], None] | None,
-    start_from: Callable[..., Any] | None,
-) -> tuple[int, str | None]:
-    """(exit code, the message of a run that did not complete)."""
-    # Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kiln").setLevel(logging.INFO)
+    code, with a run that did not complete said in one paragraph."""
+    progress.configure_logging()
     # Heavy imports (jax) after argument parsing, so `--help` is instant.
-    from kiln.data.errors import KilnDataError
-    from kiln.data.mixture import MixtureError
-    from kiln.train.trainer import TrainingError, TrainingInterrupted, train
+    from kiln.train.trainer import TrainingError, TrainingStopped, train_to_end
 
     try:
-        summary = train(spec, metrics_observer, start_from)
-    except (KilnDataError, MixtureError) as e:
-        return 1, f"error: {e}"
+        summary = train_to_end(spec)
     except TrainingError as e:
-        kind = "" if isinstance(e, TrainingInterrupted) else "error: "
-        return e.exit_code, f"{kind}{e}"
-    except KeyboardInterrupt:
-        return 130, "interrupted before a checkpoint could be saved"
+        print(f"kiln.train: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except TrainingStopped as e:
+        print(f"kiln.train: {e}", file=sys.stderr)
+        return e.exit_code
     if not quiet:
         print(json.dumps(summary, indent=2, sort_keys=True))
-    if not summary["complete"]:
-        return EXIT_STOPPED_EARLY, (
-            f"stopped early at step {summary['step']} of {summary['num_train_steps']} "
-            "(runtime.max_steps_this_run); rerun without it to finish"
-        )
-    return 0, None
+    return 0
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Log lines go to stdout, one per `log_every` steps (about 50 per run) and at leas
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import sys
 import time
@@ -24,6 +25,12 @@ def quiet_libraries() -> None:
     they are imported (they read these variables then). A variable already set wins."""
     for name, value in LIBRARY_PROGRESS_OFF.items():
         os.environ.setdefault(name, value)
+
+
+def configure_logging() -> None:
+    """Kiln's own notes at INFO; libraries (orbax/absl log every save at INFO) at WARNING."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kiln").setLevel(logging.INFO)
 
 
 class Progress(Protocol):

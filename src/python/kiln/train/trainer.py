@@ -3,10 +3,11 @@
 The loop is a generator of steps (`Trainer.training_steps`: batch, a pure function of the step
 -> train_step, queued on the device) and hooks run at its sync points (kiln.train.hooks):
 [validation] -> [evals] -> [checkpoint] -> control endpoint -> stop on a signal. Resumes from
-the newest complete checkpoint. Stops with a
-TrainingError (a clear message, no traceback from `python -m kiln.train`) on a non-finite loss,
-on SIGINT/SIGTERM (after saving a temporary checkpoint) and on bad run-time settings; caches that
-cannot be read raise kiln.data's errors. See docs/training.md.
+the newest complete checkpoint. Fails with a
+TrainingError (a clear message, no traceback) on a non-finite loss and on bad run-time settings,
+and stops with TrainingStopped on SIGINT/SIGTERM (after saving a temporary checkpoint); caches
+that cannot be read raise kiln.data's errors. `train_to_end` says how a run ended in these two
+exceptions alone, for the callers that report it. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import numpy as np
 from kiln.artifacts.atomic import atomic_write_json, atomic_write_text
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.data.cache import open_caches, shared_tokenizer
+from kiln.data.errors import KilnDataError
 from kiln.data.mixture import (
     MixtureDataset,
+    MixtureError,
     fixed_batches,
     mixture_block_size,
     staged_block_size,
@@ -82,10 +85,22 @@ class TrainingDiverged(TrainingError):
     exit_code = 2
 
 
-class TrainingInterrupted(TrainingError):
-    def __init__(self, message: str, signum: int):
+class TrainingStopped(RuntimeError):
+    """A run that stopped before its last step, resumable from its last checkpoint: STATUS stays
+    RUNNING. The message says where it stopped and how to go on."""
+
+    def __init__(self, message: str, exit_code: int):
         super().__init__(message)
-        self.exit_code = 128 + signum
+        self.exit_code = exit_code
+
+
+class TrainingInterrupted(TrainingStopped):
+    def __init__(self, message: str, signum: int):
+        super().__init__(message, 128 + signum)
+
+
+# runtime.max_steps_this_run reached: a checkpoint was saved.
+EXIT_STOPPED_EARLY = 3
 
 
 @dataclass(frozen=True)
@@ -750,3 +765,28 @@ def train(
 ) -> dict[str, Any]:
     """Trains (or resumes) the run described by `spec`; returns the summary dict."""
     return Trainer(spec, metrics_observer, start_from).run()
+
+
+def train_to_end(
+    spec: TrainSpec,
+    metrics_observer: MetricsObserver | None = None,
+    start_from: StartFrom | None = None,
+) -> dict[str, Any]:
+    """`train`, for the callers that report how a run ended (`python -m kiln.train`, kiln.runner):
+    the summary of a complete run; else TrainingError (failed: bad input, unreadable data, a
+    diverged loss) or TrainingStopped (resumable: a signal, runtime.max_steps_this_run), each
+    with its process exit code."""
+    try:
+        summary = train(spec, metrics_observer, start_from)
+    except (KilnDataError, MixtureError) as e:
+        raise TrainingError(str(e)) from None
+    except KeyboardInterrupt:
+        raise TrainingStopped("interrupted before a checkpoint could be saved", 130) from None
+    if not summary["complete"]:
+        raise TrainingStopped(
+            f"stopped early at step {summary['step']} of {summary['num_train_steps']} "
+            "(runtime.max_steps_this_run); rerun without it to finish",
+            EXIT_STOPPED_EARLY,
+        )
+    return summary
+
