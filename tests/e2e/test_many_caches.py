@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,12 @@ BAD = 2  # its file has no "text" field
 INLINE = 2
 
 
+# This machine's Pants cache may hold an earlier run's inline batch: texts of this run alone.
+RUN = uuid.uuid4().hex[:8]
+
+
 def _texts(i: int) -> list[str]:
-    return [f"Document {j} of cache {i}: {'word ' * (i + j)}".strip() for j in range(3)]
+    return [f"Document {j} of cache {i} ({RUN}): {'word ' * (i + j)}".strip() for j in range(3)]
 
 
 def _write_files(folder: Path, bad: int | None) -> None:

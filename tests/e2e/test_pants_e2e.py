@@ -53,7 +53,7 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     repo = copy_workspace(tmp_path)
     # This machine's Pants cache may already hold this exact training process (an earlier run of
     # this test): make the runner's code unique to this run so the first build really builds.
-    main = repo / "src/python/kiln/train/__main__.py"
+    main = repo / "src/python/kiln/runner/__main__.py"
     main.write_text(main.read_text() + f"\n# e2e run {uuid.uuid4()}\n")
     artifact = repo / "dist/checkpoints/ci_tiny/2026.11.29"
 
