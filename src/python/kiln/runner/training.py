@@ -44,6 +44,7 @@ def train(
     compilation_cache.use(compile_cache)
     progress.configure_logging()
     output = spec.output_path
+    folder = ArtifactFolder.at(output)
     writer = lease is not None
     with failure_recorded(output, writer=writer):
         try:
@@ -51,7 +52,7 @@ def train(
         except TrainingError as e:
             print(f"kiln.train: error: {e}", file=sys.stderr)
             if writer:
-                ArtifactFolder.at(output).mark_failed(str(e))
+                folder.mark_failed(str(e))
             return e.exit_code
         except TrainingStopped as e:  # RUNNING, resumable
             print(f"kiln.train: {e}", file=sys.stderr)
@@ -66,7 +67,7 @@ def train(
         summary = write_run_summary(spec, shown_at=shown_at)
         if lease is not None:
             check_still_held(lease, step)
-            ArtifactFolder.at(output).write_status(artifacts.SUCCESS)
+            folder.write_status(artifacts.SUCCESS)
             print(f"kiln: built {step.ref} at {shown_at}\n{summary}")
         return 0
 
