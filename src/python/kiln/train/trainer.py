@@ -67,12 +67,15 @@ PREFETCH_BATCHES = 2
 SYNC_EVERY_STEPS = 10
 
 MetricsObserver = Callable[[Path], None]
+"""Called on process 0 with the run's metrics file after a validation, at most every
+OBSERVE_EVERY_SECONDS, and when the run ends (kiln.runner draws the training plot with it: ~0.3 s
+a drawing on a CPU, too much to repeat at every validation of a short run). Its failures are
+logged: they never stop a run."""
+OBSERVE_EVERY_SECONDS = 30.0
 # The state a run starts from when `config.init_from` names weights: given by the runner (which
 # reads published weights or a parent run), called with init_from and the freshly initialised
 # state, only when a run starts without a checkpoint of its own.
 StartFrom = Callable[[Any, Any, LlamaConfig, TokenizerInfo], Any]
-"""Called on process 0 with the run's metrics file after each validation and when the run ends
-(kiln.runner draws the training plot with it). Its failures are logged: they never stop a run."""
 
 
 class TrainingError(RuntimeError):
@@ -273,6 +276,7 @@ class Trainer:
                 "STEP.json), which reads them from the Hugging Face hub"
             )
         self._observed_step: int | None = None
+        self._observed_at = time.monotonic()  # the first drawing comes after a while, or at the end
         self.train_step, self.eval_step = self._step_functions()
         self.evals = self._eval_suite()
         self.state, self.start_step = self._restore_or_initialise()
@@ -696,10 +700,12 @@ class Trainer:
         logprobs = self.logprobs
         self.metrics.log(step, self.evals(lambda tokens: logprobs(self.state, tokens), step))
 
-    def _observe_metrics(self, step: int) -> None:
+    def _observe_metrics(self, step: int, *, final: bool = False) -> None:
         if self.metrics_observer is None or not self.is_main or self._observed_step == step:
             return
-        self._observed_step = step
+        if not final and time.monotonic() - self._observed_at < OBSERVE_EVERY_SECONDS:
+            return
+        self._observed_step, self._observed_at = step, time.monotonic()
         try:
             self.metrics_observer(self.metrics.path)
         except Exception as e:  # an observer (a plot) is a convenience: never stop training
@@ -713,7 +719,7 @@ class Trainer:
         self._commit_save()
         if complete:  # a no-op when the last step already saved it (the usual case)
             self.last_checkpoint = self.checkpointer.save(end_step, self.state, temporary=False)
-        self._observe_metrics(end_step)
+        self._observe_metrics(end_step, final=True)
         summary = self._summary(started, end_step, complete)
         if self.is_main:
             atomic_write_json(self.output / RUN_SUMMARY_FILE, summary)

@@ -21,6 +21,7 @@ from kiln_testing.training import (
 
 from kiln.data.errors import CacheError
 from kiln.train.metrics import WANDB_VARIABLES
+from kiln.train import trainer
 from kiln.train.spec import parse_spec
 from kiln.train.trainer import (
     TrainingDiverged,
@@ -92,6 +93,8 @@ def finished_run(caches: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
         for variable in WANDB_VARIABLES.values():
             env.delenv(variable, raising=False)
         env.setenv("WANDB_API_KEY", PLANTED_API_KEY)
+        # After every validation (a run of seconds is otherwise observed at its end only).
+        env.setattr(trainer, "OBSERVE_EVERY_SECONDS", 0.0)
         summary = train(spec, observe)
     assert [step for _, step in observed] == [0, 12, 24]
     return output, spec, summary
