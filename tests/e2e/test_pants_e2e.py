@@ -192,14 +192,15 @@ def test_built_store_caches_are_served_without_a_process(workspace: Path) -> Non
 @pytest.fixture(scope="module")
 def trained_in_store(workspace: Path) -> tuple[Path, list[tuple[str, str]]]:
     """`pants run X -- --coordinator ...` on each "host" (here: two at once on one machine, one CPU
-    device each, each a Pants of its own, as on two machines): the workspace, with ci_tiny in its
-    artifact store, and each run's output."""
+    device each, each a Pants of its own, as on two machines: host 0's the workspace's daemon,
+    host 1's a Pants without one): the workspace, with ci_tiny in its artifact store, and each
+    run's output."""
     repo = workspace
     coordinator = f"127.0.0.1:{unused_port()}"
     runs = [
         subprocess.Popen(
             pants_command("run", TARGET, "--", "--coordinator", coordinator,
-                          "--num-processes", "2", "--process-id", str(i), daemon=False),
+                          "--num-processes", "2", "--process-id", str(i), daemon=i == 0),
             cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         for i in (0, 1)
