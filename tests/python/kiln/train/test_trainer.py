@@ -20,8 +20,8 @@ from kiln_testing.training import (
 )
 
 from kiln.data.errors import CacheError
-from kiln.train.metrics import WANDB_VARIABLES
 from kiln.train import trainer
+from kiln.train.metrics import WANDB_VARIABLES
 from kiln.train.spec import parse_spec
 from kiln.train.trainer import (
     TrainingDiverged,
