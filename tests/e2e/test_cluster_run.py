@@ -65,7 +65,7 @@ hf_model(
 )
 """
 # Two runs of one sweep, long enough that two runs started together overlap: 300 steps trained
-# in 22 s on a loaded 2-core machine, where one job's start came 34 s after the other's.
+# in 22 s on a loaded 2-core machine, where one run's first step came 34 s after the other's.
 SWEEP = """
 lm_sweep(
     name="pair",
