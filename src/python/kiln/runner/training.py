@@ -39,7 +39,8 @@ def train(
     from kiln.report.plots import plot_run
     from kiln.report.run_summary import write_run_summary
     from kiln.train import compilation_cache, progress
-    from kiln.train.trainer import TrainingError, TrainingStopped, train_to_end
+    from kiln.train.errors import TrainingError, TrainingStopped
+    from kiln.train.trainer import train_to_end
 
     compilation_cache.use(compile_cache)
     progress.configure_logging()
@@ -50,12 +51,12 @@ def train(
         try:
             train_to_end(spec, plot_run, functools.partial(_start_from, parents))
         except TrainingError as e:
-            print(f"kiln.train: error: {e}", file=sys.stderr)
+            print(e.line, file=sys.stderr)
             if writer:
                 folder.mark_failed(str(e))
             return e.exit_code
         except TrainingStopped as e:  # RUNNING, resumable
-            print(f"kiln.train: {e}", file=sys.stderr)
+            print(e.line, file=sys.stderr)
             if writer:
                 _record_stop(output, str(e))
             return e.exit_code
@@ -85,8 +86,8 @@ def _start_from(
     from kiln.interop.errors import InteropError
     from kiln.interop.hub import initial_params
     from kiln.interop.parent_run import parent_params, parent_state
+    from kiln.train.errors import TrainingError
     from kiln.train.step import with_params
-    from kiln.train.trainer import TrainingError
 
     try:
         if isinstance(source, HfModelSource):

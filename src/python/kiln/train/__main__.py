@@ -53,15 +53,13 @@ def run_training(spec: TrainSpec, *, quiet: bool) -> int:
     code, with a run that did not complete said in one paragraph."""
     progress.configure_logging()
     # Heavy imports (jax) after argument parsing, so `--help` is instant.
-    from kiln.train.trainer import TrainingError, TrainingStopped, train_to_end
+    from kiln.train.errors import TrainingError, TrainingStopped
+    from kiln.train.trainer import train_to_end
 
     try:
         summary = train_to_end(spec)
-    except TrainingError as e:
-        print(f"kiln.train: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except TrainingStopped as e:
-        print(f"kiln.train: {e}", file=sys.stderr)
+    except (TrainingError, TrainingStopped) as e:
+        print(e.line, file=sys.stderr)
         return e.exit_code
     if not quiet:
         print(json.dumps(summary, indent=2, sort_keys=True))

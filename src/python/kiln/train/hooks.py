@@ -1,11 +1,12 @@
 """What the training loop runs at its sync points, as Levanter's `TrainerHooks`.
 
 The loop (kiln.train.trainer) reads the device's results only at sync points (docs/training.md,
-"Sync points"); there it runs its hooks in the order they were added: validation, lm-eval,
-checkpoints, the control endpoint, signal handling. A hook added with `every=N` runs at the
-steps that are multiples of N and at the run's last step, and makes those steps sync points; a
-hook added without `every` runs at every sync point. `StopSignals` turns SIGINT/SIGTERM into the
-flag the signal hook acts on.
+"Sync points"); there it runs its hooks in the order they were added, each handed the step and
+the state after it: the trainer's own (validation, lm-eval, checkpoints, the control endpoint),
+then any added from outside with `trainer.hooks.add_hook(fn, every=N)`. A hook added with
+`every=N` runs at the steps that are multiples of N and at the run's last step, and makes those
+steps sync points; a hook added without `every` runs at every sync point. `StopSignals` turns
+SIGINT/SIGTERM into the flag the loop stops on after the hooks.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ from typing import Any
 
 @dataclass(frozen=True)
 class StepInfo:
-    """One trained step, as the loop's step generator yields it."""
+    """One step queued on the device, as the loop's step generator yields it."""
 
     step: int
+    state: Any  # kiln.train.step.TrainState after the step (its arrays may still be computing)
+    metrics: Any  # the step's metrics, on the device
+    began: float  # time.monotonic() when the step asked for its batch
+    data_wait: float  # seconds it waited for the batch
     signum: int | None  # a stop signal this process received by now
     stopping_early: bool  # the invocation ends here before the run does (--max-steps)
 
@@ -32,6 +37,7 @@ class SyncPoint:
     checkpoint hook agrees with the other processes on `signum` before the hooks after it."""
 
     step: int
+    state: Any  # kiln.train.step.TrainState after the step
     final: bool  # the run's last step
     ending: bool  # this invocation's last step: the run's, or --max-steps'
     save: str | None  # the save this process finds due: "permanent", "temporary" or None

@@ -29,9 +29,10 @@ from kiln.interop.hub import check_architecture, hf_model_folder
 from kiln.interop.read import read_hf_llama
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
+from kiln.train.errors import TrainingError
 from kiln.train.spec import parse_spec
 from kiln.train.step import with_params
-from kiln.train.trainer import Trainer, TrainingError
+from kiln.train.trainer import Trainer
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.train import HfModelSource, ParentRun
 
@@ -74,17 +75,17 @@ def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoi
         loads.append(source)
         return with_params(fresh, read_hf_llama(folder, tokenizer=tok).params)
 
-    state, step = Trainer(spec, start_from=weights).initial_state()
-    assert step == 0 and loads == [SOURCE]
+    start = Trainer(spec, start_from=weights).initial_state()
+    assert start.step == 0 and start.checkpoint is None and loads == [SOURCE]
     expected = leaves(read_hf_llama(folder).params)
-    started = leaves(nnx.to_pure_dict(state.params))
+    started = leaves(nnx.to_pure_dict(start.state.params))
     assert started.keys() == expected.keys()
     for name, value in expected.items():
         assert np.array_equal(started[name], value), name  # float32: bit for bit
 
     Trainer(spec, start_from=weights).run()
-    _, step = Trainer(spec, start_from=weights).initial_state()
-    assert step == 4 and loads == [SOURCE, SOURCE]  # the resumed run read no weights
+    resumed = Trainer(spec, start_from=weights).initial_state()
+    assert resumed.step == 4 and loads == [SOURCE, SOURCE]  # the resumed run read no weights
 
 
 def test_a_run_without_the_runner_is_refused(tmp_path: Path) -> None:

@@ -21,15 +21,11 @@ from kiln_testing.training import (
 
 from kiln.data.errors import CacheError
 from kiln.train import trainer
+from kiln.train.errors import TrainingDiverged, TrainingError, TrainingInterrupted
 from kiln.train.metrics import WANDB_VARIABLES
+from kiln.train.setup import open_data
 from kiln.train.spec import parse_spec
-from kiln.train.trainer import (
-    TrainingDiverged,
-    TrainingError,
-    TrainingInterrupted,
-    open_data,
-    train,
-)
+from kiln.train.trainer import Trainer, train
 
 NUM_STEPS = 24  # enough that a signal sent after step 1 arrives before the end
 
@@ -212,13 +208,22 @@ def test_stopping_early_then_resuming_matches_the_uninterrupted_run(
     def broken_observer(metrics_file: Path) -> None:
         raise OSError("disk full")
 
-    spec = spec_for(output, caches, **{"runtime.max_steps_this_run": 2})
-    first = train(spec, broken_observer)  # an observer's failure is logged, never fatal
-    assert first["complete"] is False and first["step"] == 2
-    assert json.loads((output / "checkpoints/step-2/metadata.json").read_text())["is_temporary"]
+    trainer = Trainer(spec_for(output, caches, **{"runtime.max_steps_this_run": 3}),
+                      broken_observer)  # fmt: skip
+    # Hooks added from outside run after the trainer's own, handed the step and the state.
+    seen: dict[str, list[tuple[int, int]]] = {"every 2": [], "every sync point": []}
+    for name, every in (("every 2", 2), ("every sync point", None)):
+        trainer.hooks.add_hook(
+            lambda point, name=name: seen[name].append((point.step, int(point.state.step))),
+            every=every,
+        )
+    first = trainer.run()  # an observer's failure is logged, never fatal
+    assert seen == {"every 2": [(2, 2)], "every sync point": [(2, 2), (3, 3)]}
+    assert first["complete"] is False and first["step"] == 3
+    assert json.loads((output / "checkpoints/step-3/metadata.json").read_text())["is_temporary"]
     assert not (output / "tracker_metrics.jsonl").exists()
     second = train(spec_for(output, caches))
-    assert second["complete"] is True and second["steps_this_run"] == NUM_STEPS - 2
+    assert second["complete"] is True and second["steps_this_run"] == NUM_STEPS - 3
     # Bit-for-bit: same batches (a pure function of the step), same restored state, same XLA.
     assert train_losses(output) == train_losses(reference_output)
     assert second["eval/val/loss"] == reference["eval/heldout/val/loss"]  # same set, windows

@@ -1,0 +1,275 @@
+"""What a run trains with, set up from its spec before any step (as Levanter's `Trainer`
+set-up): the opened data, the model's config, the mesh, the trackers' settings, the
+checkpointer, the step functions (jitted, compiled at their first call) and the lm-eval suite;
+and the state the run starts from, restored from its newest intact complete checkpoint or
+freshly initialised (`TrainerSetup.initial_state`). Bad run-time settings fail here, at step 0,
+with a TrainingError naming the field.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from kiln.data.cache import open_caches, shared_tokenizer
+from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size, staged_block_size
+from kiln.data.tokenizer import TokenizerInfo
+from kiln.eval.validation import ValidationSet
+from kiln.model.config import LlamaConfig
+from kiln.train.checkpoints import CheckpointDamaged, Checkpointer, CheckpointInfo
+from kiln.train.errors import TrainingError
+from kiln.train.metrics import Throughput, WandbSettings, peak_flops_per_device
+from kiln.train.spec import Resources, RuntimeSpec, TrainConfig, TrainSpec
+
+log = logging.getLogger(__name__)
+
+# The state a run starts from when `config.init_from` names weights: given by the runner (which
+# reads published weights or a parent run), called with init_from and the freshly initialised
+# state, only when a run starts without a checkpoint of its own.
+StartFrom = Callable[[Any, Any, LlamaConfig, TokenizerInfo], Any]
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The opened inputs: training mixture, validation sets and their shared tokenizer."""
+
+    mixture: MixtureDataset
+    validation: tuple[ValidationSet, ...]
+    tokenizer: TokenizerInfo
+    tokenizer_spec: Any  # what kiln.data.tokenizer.load_tokenizer takes (for evals)
+
+
+def open_data(spec: TrainSpec) -> RunData:
+    cfg, runtime = spec.config, spec.runtime
+    inputs = [*cfg.datasets, *cfg.validation]
+    caches = open_caches(inputs)
+    tokenizer = shared_tokenizer(inputs, caches)
+    train_caches = caches[: len(cfg.datasets)]
+    stage_starts = [stage.start_step * cfg.batch_size for stage in cfg.stages]
+    block_size = mixture_block_size(cfg.batch_size, cfg.num_train_steps)
+    mixture = MixtureDataset(
+        [(c, d.weight) for c, d in zip(train_caches, cfg.datasets)],
+        cfg.seq_len,
+        cfg.seed,
+        block_size=staged_block_size(block_size, stage_starts),
+        loss_positions=cfg.loss_positions,
+        stages=[(start, stage.weights) for start, stage in zip(stage_starts, cfg.stages)],
+    )
+    validation = tuple(
+        ValidationSet.build(
+            name,
+            fixed_batches(
+                c, cfg.seq_len, cfg.batch_size, eval_batches(runtime, c, cfg), cfg.loss_positions
+            ),
+            tokenizer.token_byte_lengths,
+        )
+        for name, c in zip(runtime.eval_names(cfg.validation), caches[len(cfg.datasets) :])
+    )
+    return RunData(mixture, validation, tokenizer, caches[0].info["tokenizer"].get("spec"))
+
+
+def eval_batches(runtime: RuntimeSpec, cache: Any, cfg: TrainConfig) -> int:
+    """Validation batches of one set: runtime.max_eval_batches, or all of the set's windows."""
+    whole_set = -(-cache.num_windows(cfg.seq_len) // cfg.batch_size)
+    return min(whole_set, runtime.max_eval_batches or whole_set)
+
+
+def microbatch_count(batch_size: int, per_device_parallelism: int | None, ways: int) -> int:
+    """Gradient-accumulation steps per optimizer step (Levanter's per_device_parallelism): each
+    microbatch holds per_device_parallelism sequences on each of the `ways` batch shards."""
+    if per_device_parallelism is None:
+        return 1
+    microbatch = per_device_parallelism * ways
+    if batch_size % microbatch:
+        raise TrainingError(
+            f"runtime.per_device_parallelism={per_device_parallelism} on {ways} data-parallel "
+            f"device(s) makes microbatches of {microbatch} sequences, which do not divide "
+            f"batch_size={batch_size}; pick a per_device_parallelism that does"
+        )
+    return batch_size // microbatch
+
+
+def check_devices(resources: Resources) -> None:
+    """The devices jax sees must be of the kind the spec asks for: a GPU run silently falling back
+    to the CPU (jax without CUDA) would take months, not hours."""
+    backend = jax.default_backend()
+    if resources.kind != "cpu" and backend != resources.kind:
+        raise TrainingError(
+            f"runtime.resources asks for {resources.kind} but jax found only {backend} devices "
+            f"(its log above says why: no driver or device here, or no jax {resources.kind} "
+            "plugin installed); run it where one is, or with resources cpu()"
+        )
+    if resources.count is not None and resources.count != jax.device_count():
+        log.warning(
+            "runtime.resources asks for %d %s devices; jax sees %d: the mesh uses what it sees",
+            resources.count, resources.kind, jax.device_count(),
+        )  # fmt: skip
+
+
+class EvalSuite:
+    """The lm-eval suite (kiln.eval.harness), checked when the trainer is made so that a task
+    that cannot load fails at step 0, not after hours of training."""
+
+    def __init__(self, suite: Any, tokenizer_spec: Any, max_length: int):
+        try:
+            from kiln.eval import harness
+        except ImportError as e:
+            raise TrainingError(
+                f"config.evals is set but the lm-eval harness cannot be imported ({e}); install "
+                "lm-eval (3rdparty/python/runtime-requirements.txt) or set evals to null"
+            ) from None
+        from kiln.data.tokenizer import load_tokenizer
+
+        try:
+            harness.load_suite_tasks(suite, model_max_length=max_length)
+            self.tokenizer = load_tokenizer(tokenizer_spec)
+        except Exception as e:  # any failure to set evals up is a bad input, reported at once
+            raise TrainingError(f"config.evals: {e}") from None
+        self.run_suite = harness.run_eval_suite
+        self.suite = suite.to_json()
+        self.max_length = max_length
+
+    def __call__(self, logprob_fn: Callable[[Any], Any], step: int) -> dict[str, float]:
+        return self.run_suite(
+            logprob_fn, self.tokenizer, self.suite, step, model_max_length=self.max_length
+        )
+
+
+@dataclass(frozen=True)
+class TrainStart:
+    """The state a run starts from: after `step` (0: fresh), restored from `checkpoint`."""
+
+    state: Any  # kiln.train.step.TrainState
+    step: int
+    checkpoint: CheckpointInfo | None
+
+
+class TrainerSetup:
+    """Everything a run trains with, from its spec; nothing here has trained or restored."""
+
+    def __init__(self, spec: TrainSpec, start_from: StartFrom | None = None):
+        from kiln.train.mesh import batch_parallelism, make_mesh
+        from kiln.train.step import make_eval_step, make_train_step
+
+        self.spec, self.cfg, self.runtime = spec, spec.config, spec.runtime
+        if self.cfg.init_from is not None and start_from is None:
+            raise TrainingError(
+                "config.init_from needs the weights loaded by kiln.runner (python -m kiln.runner "
+                "STEP.json), which reads them from the Hugging Face hub"
+            )
+        self.start_from = start_from
+        check_devices(self.runtime.resources)
+        self.data = open_data(spec)
+        vocab_size = self.data.tokenizer.vocab_size
+        self.model_config = LlamaConfig.for_vocabulary(self.cfg.model, vocab_size)
+        try:
+            self.mesh = make_mesh(self.runtime.mesh)
+        except ValueError as e:  # e.g. sizes that do not cover this machine's devices
+            raise TrainingError(f"runtime.mesh: {e}") from None
+        self.microbatches = microbatch_count(
+            self.cfg.batch_size, self.runtime.per_device_parallelism, batch_parallelism(self.mesh)
+        )
+        try:
+            self.wandb = WandbSettings.resolve(self.runtime.wandb, spec.name, spec.version)
+        except ValueError as e:
+            raise TrainingError(f"runtime.wandb: {e}") from None
+        self.checkpointer = Checkpointer.from_spec(
+            spec.output_path, self.runtime.checkpointer, name=spec.name, version=spec.version
+        )
+        self.throughput = self._throughput()
+        self.train_step = make_train_step(
+            self.cfg.optimizer,
+            self.cfg.num_train_steps,
+            z_loss_weight=self.cfg.z_loss_weight,
+            mesh=self.mesh,
+            microbatches=self.microbatches,
+        )
+        self.eval_step = make_eval_step(mesh=self.mesh)
+        self.evals = None
+        if self.cfg.evals is not None:
+            self.evals = EvalSuite(
+                self.cfg.evals, self.data.tokenizer_spec, self.model_config.max_seq_len
+            )
+
+    def resolved_config(self) -> dict[str, Any]:
+        devices = jax.devices()
+        return {
+            "spec": self.spec.to_json(),
+            "run_id": self.wandb.run_id,
+            "wandb": self.wandb.to_json(),  # as resolved: the spec, then WANDB_* variables
+            "model": self.model_config.to_json(),
+            "tokenizer": self.data.tokenizer.to_json(),
+            "mixture": {
+                "block_size": self.data.mixture.block_size,
+                "sequences_per_block": self.data.mixture.sequences_per_block(
+                    [d.name for d in self.cfg.datasets]
+                ),
+            },
+            "mesh": dict(self.mesh.shape),
+            "microbatches": self.microbatches,
+            "devices": {"count": len(devices), "kind": devices[0].device_kind},
+            "process_count": jax.process_count(),
+        }
+
+    def shown(self, path: Path) -> str:
+        """A path of the run's output as people and records name it: the artifact's own location
+        (a bucket URL) when the trainer writes a local staging copy of it."""
+        location, output = self.spec.location, self.spec.output_path
+        if location is None or not path.is_relative_to(output):
+            return str(path)
+        relative = path.relative_to(output).as_posix()
+        return location if relative == "." else f"{location}/{relative}"
+
+    def _throughput(self) -> Throughput:
+        from kiln.model.config import flops_per_token
+
+        devices = jax.devices()
+        peak = peak_flops_per_device(devices[0].device_kind, self.cfg.compute_dtype)
+        return Throughput(
+            tokens_per_step=self.cfg.batch_size * self.cfg.seq_len,
+            flops_per_token=flops_per_token(self.model_config, self.cfg.seq_len),
+            peak_flops=peak * len(devices) if peak else None,
+        )
+
+    def _model_options(self) -> dict[str, Any]:
+        return {
+            "mesh": self.mesh,
+            "compute_dtype": self.cfg.compute_dtype,
+            "param_dtype": self.cfg.param_dtype,
+            "attention": self.runtime.attention,
+            "remat": self.runtime.gradient_checkpointing,
+        }
+
+    def initial_state(self) -> TrainStart:
+        """Restored from the newest intact complete checkpoint (damaged ones are skipped,
+        kiln.train.checkpoints; incomplete ones removed), else freshly initialised, from
+        `config.init_from`'s weights when it names some."""
+        from kiln.train.step import abstract_train_state, init_train_state
+
+        self.checkpointer.remove_incomplete()
+        args = (self.model_config, self.cfg.optimizer, self.cfg.num_train_steps)
+        try:
+            restored = self.checkpointer.restore_latest(
+                abstract_train_state(*args, **self._model_options())
+            )
+        except CheckpointDamaged as e:
+            raise TrainingError(str(e)) from None
+        if restored is None:
+            state = init_train_state(*args, seed=self.cfg.seed, **self._model_options())
+            if self.cfg.init_from is not None and self.start_from is not None:
+                state = self.start_from(
+                    self.cfg.init_from, state, self.model_config, self.data.tokenizer
+                )
+            return TrainStart(state, 0, None)
+        state, latest = restored
+        if int(state.step) != latest.step:
+            raise TrainingError(
+                f"checkpoint {latest.path} says step {latest.step} but holds a state at step "
+                f"{int(state.step)}; delete it to resume from an earlier one"
+            )
+        return TrainStart(state, latest.step, latest)
