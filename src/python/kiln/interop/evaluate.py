@@ -24,7 +24,7 @@ from flax import nnx
 from kiln.interop.errors import InteropError
 from kiln.interop.read import ImportedLlama, read_hf_config, read_hf_llama
 from kiln.model.config import LlamaConfig
-from kiln.model.llama import Llama
+from kiln.model.llama import abstract_llama
 
 DEFAULT_BATCH_SIZE = 8
 
@@ -206,15 +206,7 @@ def placed_model(
     """(graphdef, float32 parameters laid out on `mesh` as the trainer shards them)."""
     from kiln.train.mesh import state_shardings
 
-    abstract_model = nnx.eval_shape(
-        lambda: Llama(
-            model.config,
-            rngs=nnx.Rngs(params=jax.random.key(0)),
-            compute_dtype=jnp.dtype(compute_dtype),
-            param_dtype=jnp.dtype(jnp.float32),
-        )
-    )
-    graphdef, params = nnx.split(abstract_model)
+    graphdef, params = abstract_llama(model.config, compute_dtype=compute_dtype)
     shardings = nnx.to_pure_dict(state_shardings(params, mesh))
     placed = jax.tree.map(
         lambda value, sharding: jax.device_put(np.asarray(value, np.float32), sharding),

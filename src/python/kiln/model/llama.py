@@ -186,6 +186,29 @@ class Llama(nnx.Module):
         return jnp.einsum("btd,dv->btv", hidden, weights, preferred_element_type=jnp.float32)
 
 
+def abstract_llama(
+    config: LlamaConfig,
+    *,
+    compute_dtype: str = "bfloat16",
+    param_dtype: str = "float32",
+    attention: str = "xla",
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """The model's structure without values: (graphdef, parameters as ShapeDtypeStructs), to
+    read saved or imported parameters into or to merge with a trained state's (nothing is
+    initialised). XLA attention by default: a reader's short inputs need not suit a kernel's
+    block sizes."""
+    model = nnx.eval_shape(
+        lambda: Llama(
+            config,
+            rngs=nnx.Rngs(params=jax.random.key(0)),
+            compute_dtype=jnp.dtype(compute_dtype),
+            param_dtype=jnp.dtype(param_dtype),
+            attention=attention,
+        )
+    )
+    return nnx.split(model)
+
+
 def rope_tables(seq_len: int, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
     """cos and sin, float32 [T, D/2], for positions 0..T-1."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))

@@ -12,14 +12,13 @@ model or reading the caches again. It shows, in this order:
 - the last lm-eval scores, each with its shots and documents, under the harness version and
   conventions they were computed with (kiln.eval.metadata).
 
-Everything else comes from the artifact's own files: summary.json (the trainer's), the loss
-curve and the newest checkpoint's parameters; the train spec (config and input caches) is the
-run's own object.
+It is made from what the trainer ends with (kiln.train.trainer.FinishedRun: its summary, its
+opened caches and the final parameters, still on the trainer's mesh) and the artifact's loss
+curve: nothing is restored or reopened.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,15 +30,14 @@ from flax import nnx
 
 from kiln.artifacts import SUMMARY_TEXT_FILE
 from kiln.artifacts.atomic import atomic_write_text
-from kiln.data.cache import TokenCache, open_caches
+from kiln.data.cache import TokenCache
 from kiln.data.errors import KilnDataError
 from kiln.eval.metadata import eval_summary_lines
-from kiln.model.config import LlamaConfig
+from kiln.model.llama import abstract_llama
 from kiln.report.plots import PLOT_FILE
-from kiln.train.checkpoints import Checkpointer, CheckpointInfo, restore_params
-from kiln.train.mesh import make_mesh
+from kiln.train.checkpoints import CheckpointInfo
 from kiln.train.spec import TrainSpec
-from kiln_contract.layout import RUN_SUMMARY_FILE
+from kiln.train.trainer import FinishedRun
 
 NUM_SAMPLES = 3
 PROMPT_TOKENS = 24
@@ -48,38 +46,26 @@ TEMPERATURE = 0.8
 SAMPLE_SEED = 0
 
 
-def write_run_summary(spec: TrainSpec, *, shown_at: str | None = None) -> str:
-    """Computes the summary of the finished run `spec` describes, writes it atomically to
-    {output_path}/summary.txt and returns it. In a multi-host run every process computes it (the
-    restore and the sampling are collectives) and process 0 writes it. `shown_at`: where people
-    find the artifact, when not at output_path (a bucket URL, for a run staged locally)."""
-    text = format_run_summary(spec, shown_at=shown_at)
+def write_run_summary(run: FinishedRun, *, shown_at: str | None = None) -> str:
+    """Computes the summary of the finished run, writes it atomically to {output_path}/summary.txt
+    and returns it. In a multi-host run every process computes it (the sampling is a
+    collective) and process 0 writes it. `shown_at`: where people find the artifact, when not at
+    output_path (a bucket URL, for a run staged locally)."""
+    text = format_run_summary(run, shown_at=shown_at)
     if jax.process_index() == 0:
-        atomic_write_text(spec.output_path / SUMMARY_TEXT_FILE, text)
+        atomic_write_text(run.spec.output_path / SUMMARY_TEXT_FILE, text)
     return text
 
 
-def format_run_summary(spec: TrainSpec, *, shown_at: str | None = None) -> str:
-    output_path = spec.output_path
-    summary = json.loads((output_path / RUN_SUMMARY_FILE).read_text())
-    checkpointer = Checkpointer.from_spec(
-        output_path, spec.runtime.checkpointer, name=spec.name, version=spec.version
-    )
-    try:
-        checkpoint = checkpointer.latest()
-        sections = [_run_lines(spec, summary) + _location_lines(output_path, checkpoint, shown_at)]
-        try:
-            caches = open_caches([*spec.config.datasets, *spec.config.validation])
-        except KilnDataError as e:
-            sections += [_loss_lines(spec, summary, None), [f"No baseline or samples: {e}"]]
-        else:
-            validation = caches[len(spec.config.datasets) :]
-            sections.append(_loss_lines(spec, summary, caches))
-            sections.append(_sample_lines(spec, checkpoint, validation))
-        sections += [eval_lines] if (eval_lines := eval_summary_lines(summary)) else []
-        return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
-    finally:
-        checkpointer.close()
+def format_run_summary(run: FinishedRun, *, shown_at: str | None = None) -> str:
+    spec, summary = run.spec, run.summary
+    sections = [
+        _run_lines(spec, summary) + _location_lines(spec.output_path, run.checkpoint, shown_at),
+        _loss_lines(spec, summary, run.caches),
+        _sample_lines(run),
+    ]
+    sections += [eval_lines] if (eval_lines := eval_summary_lines(summary)) else []
+    return "\n\n".join("\n".join(lines) for lines in sections) + "\n"
 
 
 # --- what ran and where it is -----------------------------------------------------------------
@@ -116,9 +102,7 @@ def _location_lines(
 # --- losses -------------------------------------------------------------------------------------
 
 
-def _loss_lines(
-    spec: TrainSpec, summary: dict[str, Any], caches: Sequence[TokenCache] | None
-) -> list[str]:
+def _loss_lines(spec: TrainSpec, summary: dict[str, Any], caches: Sequence[TokenCache]) -> list[str]:
     """Final losses; each validation loss against the unigram baseline on the same positions."""
     cfg = spec.config
     set_names = spec.runtime.eval_names(cfg.validation)
@@ -128,13 +112,12 @@ def _loss_lines(
         "Final loss, nats/token (unigram: training-token frequencies alone, same positions)",
         f"  {names[0]:<{width}}  {_number(summary.get('train/loss'))}",
     ]
-    baselines = [None] * len(cfg.validation) if caches is None else _unigram_losses(spec, caches)
-    for name, unigram in zip(set_names, baselines):
+    for name, unigram in zip(set_names, _unigram_losses(spec, caches)):
         loss = summary.get(f"eval/{name}/loss")
         line = f"  {name:<{width}}  {_number(loss)}"
         if isinstance(unigram, str):
             line += f"  (no unigram baseline: {unigram})"
-        elif unigram is not None:
+        else:
             line += f"  vs unigram {unigram:.3f}"
             if loss is not None:
                 line += f": {loss - unigram:+.3f}"
@@ -173,15 +156,13 @@ def _number(value: float | None) -> str:
 # --- samples ------------------------------------------------------------------------------------
 
 
-def _sample_lines(
-    spec: TrainSpec,
-    checkpoint: CheckpointInfo | None,
-    validation: Sequence[TokenCache],
-) -> list[str]:
+def _sample_lines(run: FinishedRun) -> list[str]:
     """Continuations of the first validation documents by the final model, or why there are
-    none: samples are a convenience, so a missing tokenizer or checkpoint is a note, not an error."""
+    none: samples are a convenience, so a missing tokenizer is a note, not an error."""
     from kiln.data.tokenizer import load_tokenizer, resolve_tokenizer_spec
 
+    cfg, checkpoint = run.spec.config, run.checkpoint
+    validation = run.caches[len(cfg.datasets) :]
     if not validation or checkpoint is None:
         return ["Samples: skipped (no validation set to take prompts from, or no checkpoint)"]
     cache = validation[0]
@@ -193,19 +174,15 @@ def _sample_lines(
         tokenizer = load_tokenizer(tokenizer_spec)
     except (KilnDataError, OSError, ValueError) as e:
         return [f"Samples: skipped (cannot load the tokenizer {tokenizer_spec}: {e})"]
-    model_config = LlamaConfig.for_vocabulary(spec.config.model, cache.tokenizer.vocab_size)
-    try:
-        graphdef, params = restore_params(
-            checkpoint, model_config, mesh=make_mesh(spec.runtime.mesh),
-            compute_dtype=spec.config.compute_dtype, param_dtype=spec.config.param_dtype,
-        )  # fmt: skip
-    except Exception as e:  # orbax raises many types; all mean "cannot sample from this one"
-        return [f"Samples: skipped (cannot restore {checkpoint.path}: {e})"]
-    prompts = sample_prompts(cache, max_length=model_config.max_seq_len // 2)
-    tokens = _generate(graphdef, params, prompts, model_config.max_seq_len)
+    max_seq_len = run.model_config.max_seq_len
+    graphdef, _ = abstract_llama(
+        run.model_config, compute_dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype
+    )
+    prompts = sample_prompts(cache, max_length=max_seq_len // 2)
+    tokens = _generate(graphdef, run.params, prompts, max_seq_len)
     lines = [
         f"Samples from {checkpoint.path.name} (temperature {TEMPERATURE}, seed {SAMPLE_SEED}; "
-        f"prompts: the first documents of {spec.config.validation[0].name})"
+        f"prompts: the first documents of {cfg.validation[0].name})"
     ]
     for i, row in enumerate(tokens, 1):
         continuation = up_to_eos(row[prompts.shape[1] :], cache.tokenizer.eos_id)

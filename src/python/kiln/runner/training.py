@@ -49,7 +49,7 @@ def train(
     writer = lease is not None
     with failure_recorded(output, writer=writer):
         try:
-            train_to_end(spec, plot_run, functools.partial(_start_from, parents))
+            finished = train_to_end(spec, plot_run, functools.partial(_start_from, parents))
         except TrainingError as e:
             print(e.line, file=sys.stderr)
             if writer:
@@ -60,12 +60,11 @@ def train(
             if writer:
                 _record_stop(output, str(e))
             return e.exit_code
-        # The final checkpoint in the store, whole on every host: the summary samples from its
-        # parameters, a collective.
+        # The final checkpoint in the store, whole, before any host reports or writes STATUS.
         workspace.publish(status=False, final=True)
         multihost.barrier("kiln: the final checkpoint is in the store")
         workspace.complete()
-        summary = write_run_summary(spec, shown_at=shown_at)
+        summary = write_run_summary(finished, shown_at=shown_at)  # a collective: every host
         if lease is not None:
             check_still_held(lease, step)
             folder.write_status(artifacts.SUCCESS)

@@ -57,12 +57,12 @@ def run_training(spec: TrainSpec, *, quiet: bool) -> int:
     from kiln.train.trainer import train_to_end
 
     try:
-        summary = train_to_end(spec)
+        finished = train_to_end(spec)
     except (TrainingError, TrainingStopped) as e:
         print(e.line, file=sys.stderr)
         return e.exit_code
     if not quiet:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print(json.dumps(finished.summary, indent=2, sort_keys=True))
     return 0
 
 

@@ -13,7 +13,7 @@ metadata.json is in, so a step folder is complete or absent whenever the process
 
 The data position is the step itself (the mixture is a pure function of the step) and the model
 has no RNG state to carry, so the state pytree plus N is everything a resume needs. Readers of
-the model alone (samples, the run summary, export) use `restore_params`, which reads the
+the model alone (export, evaluating a trained run) use `restore_params`, which reads the
 parameters without the optimizer state.
 A `.step-N.saving` folder (or a step-N folder without metadata.json, from older Kiln) is a save
 that was killed: ignored, and deleted on start.
@@ -36,7 +36,7 @@ resumed from again, and a new save of their step does not see them. Older checkp
 only once a newer one is complete (its files written and digested, metadata.json last), so the
 newest intact checkpoint is never deleted before its successor exists. When every complete
 checkpoint is damaged, the run stops (CheckpointDamaged) and leaves them where they are, rather
-than start over silently. `restore_params` (samples, export) refuses a damaged checkpoint the
+than start over silently. `restore_params` (export, evaluation) refuses a damaged checkpoint the
 same way. Checkpoints saved before digests were
 recorded (sizes alone) are checked by their sizes.
 """
@@ -57,7 +57,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh
@@ -71,7 +70,7 @@ from kiln.artifacts.content import (
     record_files,
 )
 from kiln.model.config import LlamaConfig
-from kiln.model.llama import Llama
+from kiln.model.llama import abstract_llama
 from kiln.train.mesh import state_shardings
 from kiln.train.multihost import barrier
 from kiln.train.spec import CheckpointerSpec
@@ -512,17 +511,9 @@ def restore_params(
     process calls it (the restore is a collective). CheckpointDamaged when a state file is not
     what was saved."""
     check_intact(checkpoint)
-    abstract_model = nnx.eval_shape(
-        lambda: Llama(
-            model_config,
-            rngs=nnx.Rngs(params=jax.random.key(0)),
-            compute_dtype=jnp.dtype(compute_dtype),
-            param_dtype=jnp.dtype(param_dtype),
-            attention=attention,
-            remat="none",
-        )
+    graphdef, abstract = abstract_llama(
+        model_config, compute_dtype=compute_dtype, param_dtype=param_dtype, attention=attention
     )
-    graphdef, abstract = nnx.split(abstract_model)
     target = {
         PARAMS_KEY: jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),

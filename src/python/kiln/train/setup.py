@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from kiln.data.cache import open_caches, shared_tokenizer
+from kiln.data.cache import TokenCache, open_caches, shared_tokenizer
 from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size, staged_block_size
 from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet
@@ -38,6 +38,7 @@ StartFrom = Callable[[Any, Any, LlamaConfig, TokenizerInfo], Any]
 class RunData:
     """The opened inputs: training mixture, validation sets and their shared tokenizer."""
 
+    caches: tuple[TokenCache, ...]  # config.datasets', then config.validation's
     mixture: MixtureDataset
     validation: tuple[ValidationSet, ...]
     tokenizer: TokenizerInfo
@@ -70,7 +71,8 @@ def open_data(spec: TrainSpec) -> RunData:
         )
         for name, c in zip(runtime.eval_names(cfg.validation), caches[len(cfg.datasets) :])
     )
-    return RunData(mixture, validation, tokenizer, caches[0].info["tokenizer"].get("spec"))
+    tokenizer_spec = caches[0].info["tokenizer"].get("spec")
+    return RunData(tuple(caches), mixture, validation, tokenizer, tokenizer_spec)
 
 
 def eval_batches(runtime: RuntimeSpec, cache: Any, cfg: TrainConfig) -> int:
@@ -133,11 +135,19 @@ class EvalSuite:
         self.run_suite = harness.run_eval_suite
         self.suite = suite.to_json()
         self.max_length = max_length
+        self._logprobs: Any = None  # the model's log-probability function, made at first use
 
-    def __call__(self, logprob_fn: Callable[[Any], Any], step: int) -> dict[str, float]:
+    def __call__(self, state: Any, step: int) -> dict[str, float]:
+        """The suite's scores of the model in `state` (a TrainState) after `step`."""
+        from kiln.train.step import make_logprob_fn
+
+        if self._logprobs is None:
+            self._logprobs = make_logprob_fn(state.graphdef, with_is_argmax=True)
+        logprobs = self._logprobs
         return self.run_suite(
-            logprob_fn, self.tokenizer, self.suite, step, model_max_length=self.max_length
-        )
+            lambda tokens: logprobs(state, tokens), self.tokenizer, self.suite, step,
+            model_max_length=self.max_length,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

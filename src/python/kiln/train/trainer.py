@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,13 @@ import jax
 
 from kiln.artifacts.atomic import atomic_write_json, atomic_write_text
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.data.cache import TokenCache
 from kiln.data.errors import KilnDataError
 from kiln.data.mixture import MixtureError
 from kiln.eval.validation import validation_metrics
+from kiln.model.config import LlamaConfig
 from kiln.train import compilation_cache
+from kiln.train.checkpoints import CheckpointInfo
 from kiln.train.compilation_cache import Compilations
 from kiln.train.control_hook import ControlHook
 from kiln.train.errors import (
@@ -67,6 +71,19 @@ OBSERVE_EVERY_SECONDS, and when the run ends (kiln.runner draws the training plo
 a drawing on a CPU, too much to repeat at every validation of a short run). Its failures are
 logged: they never stop a run."""
 OBSERVE_EVERY_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """What an invocation ends with, for what runs after the trainer on every process (the
+    end-of-run report samples from `params`, a collective on a multi-host run)."""
+
+    spec: TrainSpec
+    summary: dict[str, Any]  # as written to summary.json
+    caches: tuple[TokenCache, ...]  # config.datasets', then config.validation's, opened
+    model_config: LlamaConfig
+    params: Any  # nnx.State: the parameters after the last step, on the trainer's mesh
+    checkpoint: CheckpointInfo | None  # the newest committed one
 
 
 def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Generator[Any, None, None]:
@@ -118,7 +135,6 @@ class Trainer:
         self.metrics_observer = metrics_observer
         self.hooks = self._own_hooks()
         self.first_step: dict[str, Any] = {}  # seconds, program source, compilation cache
-        self._logprobs: Callable[..., Any] | None = None  # the evals', made at their first use
         self._observed_step: int | None = None
         self._observed_at = time.monotonic()  # the first drawing comes after a while, or at the end
         # The run's outputs, opened by `run` (their files, display and server live as long as it):
@@ -143,7 +159,7 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> FinishedRun:
         started = time.monotonic()
         start = self.initial_state()
         self.output.mkdir(parents=True, exist_ok=True)
@@ -171,7 +187,11 @@ class Trainer:
                 if info.step == start.step + 1:
                     self._time_first_step(info.step, compilations)
                 self._after_step(info)
-            return self._finish(started, end_step, state)
+            summary = self._finish(started, end_step, state)
+        setup = self.setup
+        return FinishedRun(
+            self.spec, summary, setup.data.caches, setup.model_config, state.params, self.saves.last
+        )
 
     def _open_outputs(self, cleanup: contextlib.ExitStack, start: TrainStart) -> None:
         """Opens what the loop writes to (closed by `cleanup`): the metrics log, the progress
@@ -302,14 +322,8 @@ class Trainer:
         self._observe_metrics(step)
 
     def _evals_hook(self, point: SyncPoint) -> None:
-        from kiln.train.step import make_logprob_fn
-
         assert self.setup.evals is not None  # added only with evals
-        if self._logprobs is None:
-            self._logprobs = make_logprob_fn(point.state.graphdef, with_is_argmax=True)
-        logprobs = self._logprobs
-        scores = self.setup.evals(lambda tokens: logprobs(point.state, tokens), point.step)
-        self.metrics.log(point.step, scores)
+        self.metrics.log(point.step, self.setup.evals(point.state, point.step))
 
     def _observe_metrics(self, step: int, *, final: bool = False) -> None:
         if self.metrics_observer is None or not self.is_main or self._observed_step == step:
@@ -369,29 +383,30 @@ def train(
     start_from: StartFrom | None = None,
 ) -> dict[str, Any]:
     """Trains (or resumes) the run described by `spec`; returns the summary dict."""
-    return Trainer(spec, metrics_observer, start_from).run()
+    return Trainer(spec, metrics_observer, start_from).run().summary
 
 
 def train_to_end(
     spec: TrainSpec,
     metrics_observer: MetricsObserver | None = None,
     start_from: StartFrom | None = None,
-) -> dict[str, Any]:
+) -> FinishedRun:
     """`train`, for the callers that report how a run ended (`python -m kiln.train`, kiln.runner):
-    the summary of a complete run; else TrainingError (failed: bad input, unreadable data, a
+    a complete run; else TrainingError (failed: bad input, unreadable data, a
     diverged loss) or TrainingStopped (resumable: a signal, runtime.max_steps_this_run), each
     with its process exit code."""
     try:
-        summary = train(spec, metrics_observer, start_from)
+        finished = Trainer(spec, metrics_observer, start_from).run()
     except (KilnDataError, MixtureError) as e:
         raise TrainingError(str(e)) from None
     except KeyboardInterrupt:
         raise TrainingStopped("interrupted before a checkpoint could be saved", 130) from None
+    summary = finished.summary
     if not summary["complete"]:
         raise TrainingStopped(
             f"stopped early at step {summary['step']} of {summary['num_train_steps']} "
             "(runtime.max_steps_this_run); rerun without it to finish",
             EXIT_STOPPED_EARLY,
         )
-    return summary
+    return finished
 

@@ -1,7 +1,8 @@
-"""write_run_summary on a real (tiny) finished training run."""
+"""write_run_summary on what a real (tiny) training run ends with."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -19,13 +20,13 @@ from kiln.report.baseline import unigram_baseline
 from kiln.report.plots import plot_run
 from kiln.report.run_summary import write_run_summary
 from kiln.train.spec import parse_spec
-from kiln.train.trainer import train
+from kiln.train.trainer import FinishedRun, Trainer
 
 SEQ_LEN = 32
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def finished(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     folder = tmp_path_factory.mktemp("run")
     train_cache = build_tiny_cache(folder, "tokenized/a", 60, seed=0)
     val_cache = build_tiny_cache(folder, "tokenized/val", 12, seed=1)
@@ -35,19 +36,15 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                         "runtime.checkpointer.every": None})  # fmt: skip
     output.mkdir()
     atomic_write_json(output / "train_spec.json", spec)  # the record kiln.runner writes
-    train(parse_spec(spec), plot_run)
-    return output
+    return Trainer(parse_spec(spec), plot_run).run()
 
 
-def summary_of(run: Path) -> str:
-    spec = json.loads((run / "train_spec.json").read_text())
-    return write_run_summary(parse_spec({**spec, "output_path": str(run)}))
-
-
-def test_summary_shows_losses_baseline_locations_and_samples(finished_run: Path) -> None:
-    text = summary_of(finished_run)
+def test_summary_shows_losses_baseline_locations_and_samples(finished: FinishedRun) -> None:
+    text = write_run_summary(finished)
+    finished_run = finished.spec.output_path
     assert (finished_run / SUMMARY_TEXT_FILE).read_text() == text
     summary = json.loads((finished_run / "summary.json").read_text())
+    assert summary == finished.summary
     assert re.search(rf"^  train \(last step\) +{summary['train/loss']:.3f}$", text, re.MULTILINE)
     spec = json.loads((finished_run / TRAIN_SPEC_FILE).read_text())["config"]
     train_cache = TokenCache.open(spec["datasets"][0]["path"])
@@ -63,14 +60,14 @@ def test_summary_shows_losses_baseline_locations_and_samples(finished_run: Path)
     assert f"loss curve  {finished_run / 'plots/training.png'}\n" in text
     samples = re.findall(r"\[(\d)\] prompt: '.+'\n +model: +['\"]", text)
     assert samples == ["1", "2", "3"]
-    assert summary_of(finished_run) == text  # a fixed seed: the same samples again
+    assert write_run_summary(finished) == text  # a fixed seed: the same samples again
 
 
 def test_a_missing_plot_and_unloadable_tokenizer_are_notes(
-    finished_run: Path, tmp_path: Path
+    finished: FinishedRun, tmp_path: Path
 ) -> None:
     run = tmp_path / "run"
-    shutil.copytree(finished_run, run)
+    shutil.copytree(finished.spec.output_path, run)
     (run / "plots/training.png").unlink()
     spec = json.loads((run / TRAIN_SPEC_FILE).read_text())
     spec["output_path"] = str(run)
@@ -81,8 +78,12 @@ def test_a_missing_plot_and_unloadable_tokenizer_are_notes(
     info["tokenizer"]["spec"]["path"] = "no/such/tokenizer"
     (moved / "cache.json").write_text(json.dumps(info))
     spec["config"]["validation"][0]["path"] = str(moved)
-    (run / "train_spec.json").write_text(json.dumps(spec))
-    text = summary_of(run)
+    train_cache = finished.caches[0]
+    text = write_run_summary(
+        dataclasses.replace(
+            finished, spec=parse_spec(spec), caches=(train_cache, TokenCache.open(moved))
+        )
+    )
     assert "training.png  (missing" in text
     assert "Samples: skipped (cannot load the tokenizer" in text
     assert "vs unigram" in text

@@ -217,7 +217,7 @@ def test_stopping_early_then_resuming_matches_the_uninterrupted_run(
             lambda point, name=name: seen[name].append((point.step, int(point.state.step))),
             every=every,
         )
-    first = trainer.run()  # an observer's failure is logged, never fatal
+    first = trainer.run().summary  # an observer's failure is logged, never fatal
     assert seen == {"every 2": [(2, 2)], "every sync point": [(2, 2), (3, 3)]}
     assert first["complete"] is False and first["step"] == 3
     assert json.loads((output / "checkpoints/step-3/metadata.json").read_text())["is_temporary"]
