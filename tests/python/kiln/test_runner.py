@@ -26,13 +26,14 @@ from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore
 from kiln.runner.__main__ import main
-from kiln.runner.build import Target, _restart_dev_run, check_write_paths, run_step, train_spec
+from kiln.runner.build import _restart_dev_run, check_write_paths, run_step, train_spec
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.decision import same_artifact
 from kiln.runner.errors import StepError
 from kiln.runner.inputs import place_cache, place_inputs
 from kiln.runner.leasing import HolderWatch, hold
 from kiln.runner.replacing import begin
+from kiln.runner.step_run import Destination
 from kiln.runner.workspace import Workspace
 from kiln_contract.record import ArtifactRecord, InputRef
 from kiln_contract.step import StepSpec
@@ -110,10 +111,10 @@ def folder_of(output: Path, prefix: Path | None = None) -> ArtifactFolder:
     return ArtifactFolder(LocalStore(root), output.relative_to(root).as_posix())
 
 
-def at(output: Path, prefix: Path | None = None) -> Target:
+def at(output: Path, prefix: Path | None = None) -> Destination:
     """The runner's target: `output` in the artifact store at `prefix`, or (None) a scratch
     folder (`--output`)."""
-    return Target(folder_of(output, prefix), artifact_store=prefix is not None)
+    return Destination(folder_of(output, prefix), artifact_store=prefix is not None)
 
 
 def replaced_folder(output: Path) -> Path:
@@ -207,7 +208,7 @@ def test_a_second_run_waits_for_the_holder_in_any_store_then_serves_its_result(
         holder.release()
 
     threading.Timer(3.0, finish).start()  # while the run waits
-    assert run_step(step(), tmp_path, Target(folder)) == 0
+    assert run_step(step(), tmp_path, Destination(folder)) == 0
     printed = capsys.readouterr().out
     assert "kiln: waiting for checkpoints/x@2026.11.29: train checkpoints/x@2026.11.29" in printed
     assert f"is already built at {folder.location()}" in printed and "the summary" in printed

@@ -18,10 +18,11 @@ from kiln.artifacts.store import ObjectStore
 from kiln.cluster import connection
 from kiln.cluster.placement import PlacementError
 from kiln.data.errors import KilnDataError
-from kiln.runner.build import Target, run_step
+from kiln.runner.build import run_step
 from kiln.runner.cluster import submit
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.errors import StepError
+from kiln.runner.step_run import Destination
 from kiln.train import multihost
 from kiln.train.progress import quiet_libraries
 from kiln_contract.step import StepSpec
@@ -80,16 +81,16 @@ def _run(
     if args.force and args.output is not None:
         parser.error("--force replaces an artifact in the store: give --prefix, not --output")
     job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
-    return run_step(step, args.inputs, _target(args, step), cluster, job,
+    return run_step(step, args.inputs, _destination(args, step), cluster, job,
                     force=args.force, wait=not args.no_wait)  # fmt: skip
 
 
-def _target(args: argparse.Namespace, step: StepSpec) -> Target:
+def _destination(args: argparse.Namespace, step: StepSpec) -> Destination:
     if args.output is not None:  # a scratch folder: a hermetic run's sandbox
         output = args.output.absolute()
-        return Target(ArtifactFolder(LocalStore(output.parent), output.name), artifact_store=False)
+        return Destination(ArtifactFolder(LocalStore(output.parent), output.name), artifact_store=False)
     folder = ArtifactFolder(artifact_store(args.prefix), f"{step.name}/{step.version}")
-    return Target(folder, staging=args.staging)
+    return Destination(folder, staging=args.staging)
 
 
 def artifact_store(prefix: str) -> ObjectStore:

@@ -12,12 +12,12 @@ from kiln import artifacts
 from kiln.artifacts.atomic import atomic_write_json
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
-from kiln.artifacts.store import ObjectStore
 from kiln.containment import OutsideRoot, within
 from kiln.runner import leasing, replacing
 from kiln.runner.decision import serve_if_built
 from kiln.runner.errors import StepError
 from kiln.runner.inputs import check_in_place, input_locations, place_inputs
+from kiln.runner.step_run import Destination, StepRun
 from kiln.runner.training import failure_recorded, train
 from kiln.runner.workspace import Workspace, opened
 from kiln.train import multihost
@@ -27,25 +27,10 @@ from kiln_contract.train import TrainSpec
 from kiln_contract.vocabulary import is_mutable_version
 
 
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """Where a step is built: its folder in a store, and whether that store is the artifact
-    store (its inputs are placed there, `--force` replaces, a compilation cache is kept) or a
-    scratch folder of a hermetic run (`--output`: the inputs are read where they are)."""
-
-    folder: ArtifactFolder
-    artifact_store: bool = True
-    staging: Path | None = None  # where a run in a bucket stages (default: a temporary folder)
-
-    @property
-    def store(self) -> ObjectStore:
-        return self.folder.store
-
-
 def run_step(
     step: StepSpec,
     inputs_root: Path,
-    target: Target,
+    destination: Destination,
     cluster: multihost.Cluster = multihost.ALONE,
     cluster_job: dict[str, Any] | None = None,
     *,
@@ -60,31 +45,32 @@ def run_step(
     succeeds). `wait`: a single-host run that finds another run building the artifact waits for
     it and serves its result; otherwise (and always with `force` or multi-host) it is refused
     at once."""
-    target.store.check()  # a missing bucket or an unreachable endpoint fails here, in seconds
-    if not force and serve_if_built(step, target.folder):
+    destination.store.check()  # a missing bucket or an unreachable endpoint fails here, in seconds
+    if not force and serve_if_built(step, destination.folder):
         return 0
     wait = wait and not force and not cluster.is_multihost
     with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
         workspace = held.enter_context(
-            opened(target.folder, process_index=process_index,
-                   process_count=_processes(cluster), staging=target.staging)
+            opened(destination.folder, process_index=process_index,
+                   process_count=_processes(cluster), staging=destination.staging)
         )  # fmt: skip
-        spec = train_spec(step, inputs_root, workspace, target)
-        check_write_paths(spec, _write_root(target, workspace))
-        lease = _start_on_process_0(step, spec, inputs_root, target, workspace, cluster_job, held,
-                                    process_index, cluster.is_multihost, force=force, wait=wait)  # fmt: skip
+        spec = train_spec(step, inputs_root, workspace, destination)
+        check_write_paths(spec, _write_root(destination, workspace))
+        run = StepRun(step, spec, inputs_root, destination, workspace, cluster, process_index,
+                      cluster_job, force)  # fmt: skip
+        lease = _start_on_process_0(run, held, wait=wait)
         if process_index == 0 and lease is None:
             return 0  # the run it waited for built it (single-host only: no one else trains)
         if process_index != 0:
             workspace.pull(checkpoints=True)  # process 0 has cleaned up the bucket's leftovers
-        return _train_and_publish(step, spec, lease, target, workspace)
+        return _train_and_publish(run, lease)
 
 
-def _write_root(target: Target, workspace: Workspace) -> Path:
+def _write_root(destination: Destination, workspace: Workspace) -> Path:
     """What every write of the run stays in: the local artifact store, else the workspace (a
     staging folder, or the scratch folder of a hermetic run)."""
-    root = target.store.local_root
-    return Path(root) if target.artifact_store and root is not None else workspace.local
+    root = destination.store.local_root
+    return Path(root) if destination.artifact_store and root is not None else workspace.local
 
 
 def _processes(cluster: multihost.Cluster) -> int:
@@ -95,79 +81,57 @@ def _processes(cluster: multihost.Cluster) -> int:
     return jax.process_count()
 
 
-def _start_on_process_0(
-    step: StepSpec,
-    spec: TrainSpec,
-    inputs_root: Path,
-    target: Target,
-    workspace: Workspace,
-    cluster_job: dict[str, Any] | None,
-    held: contextlib.ExitStack,
-    process_index: int,
-    multihost_run: bool,
-    *,
-    force: bool,
-    wait: bool,
-) -> Lease | None:
+def _start_on_process_0(run: StepRun, held: contextlib.ExitStack, *, wait: bool) -> Lease | None:
     """Process 0 takes the lease and starts the run; every process learns whether it could
     (a collective in a multi-host run), and all raise its failure."""
     failure: Exception | None = None
     lease = None
-    if process_index == 0:
+    if run.process_index == 0:
         try:
-            job = cluster_job["id"] if cluster_job else None
-            lease = leasing.hold(step, target.folder, held, wait=wait, job=job)
+            job = run.cluster_job["id"] if run.cluster_job else None
+            lease = leasing.hold(run.step, run.destination.folder, held, wait=wait, job=job)
             if lease is not None:
-                _start(step, spec, inputs_root, target, workspace, cluster_job, force=force)
+                _start(run)
         except Exception as e:  # noqa: BLE001 - raised below, once the others know
             failure = e
-    if multihost_run and multihost.agree_max([failure is not None])[0]:
-        failure = failure or StepError(f"process 0 could not start {step.ref}; its output says why")
+    if run.cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
+        failure = failure or StepError(
+            f"process 0 could not start {run.step.ref}; its output says why"
+        )
     if failure is not None:
         raise failure
     return lease
 
 
-def _start(
-    step: StepSpec,
-    spec: TrainSpec,
-    inputs_root: Path,
-    target: Target,
-    workspace: Workspace,
-    cluster_job: dict[str, Any] | None,
-    *,
-    force: bool,
-) -> None:
+def _start(run: StepRun) -> None:
     """Under the artifact's lease: goes on with (or, forced, begins) the replacement of a built
     artifact, places the inputs, brings the run's newest checkpoint here and writes STATUS
     RUNNING, the record and, for people, the train spec."""
-    folder = target.folder
-    if target.artifact_store:
-        replacing.begin(step, folder, force=force)
+    step, destination, workspace = run.step, run.destination, run.workspace
+    if destination.artifact_store:
+        replacing.begin(step, destination.folder, force=run.force)
     with failure_recorded(workspace.local, writer=True):
-        if target.artifact_store:
-            place_inputs(step, inputs_root, target.store)
+        if destination.artifact_store:
+            place_inputs(step, run.inputs_root, destination.store)
         else:
-            check_in_place(step, inputs_root)
-        if is_mutable_version(step.version) and folder.is_built():
-            _restart_dev_run(step, target)
+            check_in_place(step, run.inputs_root)
+        if is_mutable_version(step.version) and destination.folder.is_built():
+            _restart_dev_run(step, destination)
         workspace.pull(checkpoints=True)
-        folder.clear_stop_reason()
-        _begin(step, spec, workspace, cluster_job)
+        destination.folder.clear_stop_reason()
+        _begin(run)
         workspace.publish(status=True, final=False)
 
 
-def _train_and_publish(
-    step: StepSpec, spec: TrainSpec, lease: Lease | None, target: Target, workspace: Workspace
-) -> int:
+def _train_and_publish(run: StepRun, lease: Lease | None) -> int:
     """Trains with the workspace mirrored into the store; STATUS last. A forced rebuild that
     succeeded deletes the artifact it replaced."""
-    compile_cache = _compile_cache(target)
+    destination, workspace = run.destination, run.workspace
+    compile_cache = _compile_cache(destination)
     try:
         with workspace.uploading():
-            parents = target.store if target.artifact_store else None
-            exit_code = train(step, spec, lease, workspace, shown_at=target.folder.location(),
-                              compile_cache=compile_cache, parents=parents)  # fmt: skip
+            parents = destination.store if destination.artifact_store else None
+            exit_code = train(run, lease, compile_cache=compile_cache, parents=parents)
     except BaseException:
         if lease is not None and lease.lost is None:  # else the run that took it owns the folder
             with contextlib.suppress(Exception):  # the store itself may be what failed
@@ -175,31 +139,31 @@ def _train_and_publish(
         raise
     if lease is not None:
         workspace.publish(status=True, final=False)  # STATUS last
-        if exit_code == 0 and target.artifact_store:
-            replacing.finish(step, target.folder)
+        if exit_code == 0 and destination.artifact_store:
+            replacing.finish(run.step, destination.folder)
     return exit_code
 
 
-def _compile_cache(target: Target) -> Path | None:
+def _compile_cache(destination: Destination) -> Path | None:
     """Where a run keeps jax's compiled programs (kiln.train.compilation_cache): in a local
     artifact store, shared by its runs; for a bucket's runs, on this machine; none for a
     scratch run (`--output`: a hermetic `pants package`)."""
     from kiln.train.compilation_cache import cache_folder
 
-    if not target.artifact_store:
+    if not destination.artifact_store:
         return None
-    root = target.store.local_root
+    root = destination.store.local_root
     return cache_folder(Path(root) if root is not None else None)
 
 
-def train_spec(step: StepSpec, inputs_root: Path, workspace: Workspace, target: Target) -> TrainSpec:
+def train_spec(step: StepSpec, inputs_root: Path, workspace: Workspace, destination: Destination) -> TrainSpec:
     """The trainer's spec: the step's config with every input where the trainer reads it, the
     output in the workspace."""
-    store = target.store if target.artifact_store else None
+    store = destination.store if destination.artifact_store else None
     paths = {ref: _path(where) for ref, where in input_locations(step, inputs_root, store).items()}
     spec = step.train_spec(workspace.local, paths, inputs_root)
     if workspace.mirror is not None:  # records and messages name the bucket, not the staging
-        spec = dataclasses.replace(spec, location=target.folder.location())
+        spec = dataclasses.replace(spec, location=destination.folder.location())
     if not workspace.per_host_folders:
         return spec
     checkpointer = dataclasses.replace(spec.runtime.checkpointer, per_host_folders=True)
@@ -233,11 +197,11 @@ def _contained(path: Path, root: Path, what: str) -> Path:
         raise StepError(str(e)) from None
 
 
-def _restart_dev_run(step: StepSpec, target: Target) -> None:
+def _restart_dev_run(step: StepSpec, destination: Destination) -> None:
     """A built dev artifact trains again from scratch: its own checkpoints are deleted, and
     nothing else (the folder's record must name this artifact, the folder must be the
     artifact's own)."""
-    folder = target.folder
+    folder = destination.folder
     stored = folder.record() or {}
     if (stored.get("name"), stored.get("version")) != (step.name, step.version):
         raise StepError(
@@ -246,18 +210,17 @@ def _restart_dev_run(step: StepSpec, target: Target) -> None:
             "it away and rerun."
         )
     checkpoints = folder.child("checkpoints")
-    if target.store.local_root is not None:
+    if destination.store.local_root is not None:
         output = Path(folder.location())
         _contained(output / "checkpoints", output, "the checkpoint folder")
-    target.store.remove_folder(checkpoints)
+    destination.store.remove_folder(checkpoints)
 
 
-def _begin(
-    step: StepSpec, spec: TrainSpec, workspace: Workspace, cluster_job: dict[str, Any] | None
-) -> None:
-    """Writes STATUS RUNNING, the record (with `cluster_job`, the Ray job's id and retries, when
-    it is one) and, for people, the train spec into the workspace."""
-    output = workspace.local
+def _begin(run: StepRun) -> None:
+    """Writes STATUS RUNNING, the record (with the cluster job's id and retries, when it is one)
+    and, for people, the train spec into the workspace."""
+    step, cluster_job = run.step, run.cluster_job
+    output = run.workspace.local
     output.mkdir(parents=True, exist_ok=True)
     written = ArtifactFolder.at(output)
     written.write_status(RUNNING)
@@ -266,4 +229,4 @@ def _begin(
     provenance = {**dataclasses.asdict(step.provenance), **job, **artifacts.built_here()}
     record = {**step.record.to_json(), "provenance": provenance}
     atomic_write_json(output / RECORD_FILE, record)
-    atomic_write_json(output / TRAIN_SPEC_FILE, spec.to_json())
+    atomic_write_json(output / TRAIN_SPEC_FILE, run.spec.to_json())

@@ -16,26 +16,18 @@ from kiln.artifacts.storage_errors import as_storage_error
 from kiln.artifacts.store import ObjectStore
 from kiln.runner.errors import LeaseLost
 from kiln.runner.leasing import check_still_held
-from kiln.runner.workspace import Workspace
+from kiln.runner.step_run import StepRun
 from kiln.train import multihost
-from kiln_contract.step import StepSpec
-from kiln_contract.train import HfModelSource, ParentRun, TrainSpec
+from kiln_contract.train import HfModelSource, ParentRun
 
 
 def train(
-    step: StepSpec,
-    spec: TrainSpec,
-    lease: Lease | None,
-    workspace: Workspace,
-    *,
-    shown_at: str,
-    compile_cache: Path | None,
-    parents: ObjectStore | None,
+    run: StepRun, lease: Lease | None, *, compile_cache: Path | None, parents: ObjectStore | None
 ) -> int:
     """Trains and reports on every process; the lease holder (process 0) writes STATUS.
-    `shown_at`: where the artifact is, for people. `compile_cache`: jax's persistent
-    compilation cache folder ($JAX_COMPILATION_CACHE_DIR wins). `parents`: the store holding the
-    run `init_from` names, if it names one (the artifact store; None for a scratch run)."""
+    `compile_cache`: jax's persistent compilation cache folder ($JAX_COMPILATION_CACHE_DIR
+    wins). `parents`: the store holding the run `init_from` names, if it names one (the artifact
+    store; None for a scratch run)."""
     from kiln.report.plots import plot_run
     from kiln.report.run_summary import write_run_summary
     from kiln.train import compilation_cache, progress
@@ -44,6 +36,7 @@ def train(
 
     compilation_cache.use(compile_cache)
     progress.configure_logging()
+    spec, workspace = run.spec, run.workspace
     output = spec.output_path
     folder = ArtifactFolder.at(output)
     writer = lease is not None
@@ -64,11 +57,11 @@ def train(
         workspace.publish(status=False, final=True)
         multihost.barrier("kiln: the final checkpoint is in the store")
         workspace.complete()
-        summary = write_run_summary(finished, shown_at=shown_at)  # a collective: every host
+        summary = write_run_summary(finished, shown_at=run.shown_at)  # a collective: every host
         if lease is not None:
-            check_still_held(lease, step)
+            check_still_held(lease, run.step)
             folder.write_status(artifacts.SUCCESS)
-            print(f"kiln: built {step.ref} at {shown_at}\n{summary}")
+            print(f"kiln: built {run.step.ref} at {run.shown_at}\n{summary}")
         return 0
 
 

@@ -26,10 +26,11 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectStore
-from kiln.runner.build import Target, run_step
+from kiln.runner.build import run_step
 from kiln.runner.command_line import read_step
 from kiln.runner.errors import StepError
 from kiln.runner.inputs import place_inputs
+from kiln.runner.step_run import Destination
 from kiln_contract.step import StepSpec
 
 REF = "checkpoints/tiny@2026.11.29"
@@ -63,7 +64,7 @@ def run(command: list[str], **extra: str) -> subprocess.CompletedProcess:
 
 def run_in_bucket(step: StepSpec, inputs: Path, store: ObjectStore, *, wait: bool = True) -> int:
     """The runner's one path, with its artifact store in the bucket."""
-    return run_step(step, inputs, Target(ArtifactFolder(store, RUN)), wait=wait)
+    return run_step(step, inputs, Destination(ArtifactFolder(store, RUN)), wait=wait)
 
 
 def text(store: ObjectStore, key: str) -> str:
@@ -248,7 +249,7 @@ def test_force_rebuilds_in_the_bucket_then_deletes_the_replaced_artifact(
     """Last in this file: it rebuilds the artifact the tests above read (to the same values)."""
     store = open_store(uninterrupted)
     before = losses(store)
-    target = Target(ArtifactFolder(store, RUN))
+    target = Destination(ArtifactFolder(store, RUN))
     assert run_step(read_step(step), step.parent, target, force=True) == 0
     said = capsys.readouterr().out
     aside = f"{uninterrupted}/checkpoints/tiny/.2026.11.29.replaced"
