@@ -115,7 +115,7 @@ def _restore_params(
     import jax
     from flax import nnx
 
-    from kiln.train.checkpoints import restore_params
+    from kiln.train.checkpoint_params import restore_params
     from kiln.train.mesh import make_mesh
 
     cfg = spec.config

@@ -13,8 +13,8 @@ metadata.json is in, so a step folder is complete or absent whenever the process
 
 The data position is the step itself (the mixture is a pure function of the step) and the model
 has no RNG state to carry, so the state pytree plus N is everything a resume needs. Readers of
-the model alone (export, evaluating a trained run) use `restore_params`, which reads the
-parameters without the optimizer state.
+the model alone (export, evaluating a trained run) use `checkpoint_params.restore_params`, which
+reads the parameters without the optimizer state. Orbax's side of a save is `orbax_saves`.
 A `.step-N.saving` folder (or a step-N folder without metadata.json, from older Kiln) is a save
 that was killed: ignored, and deleted on start.
 Older checkpoints are deleted only after a newer one is complete.
@@ -48,8 +48,6 @@ import json
 import logging
 import re
 import shutil
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,21 +56,15 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
-from flax import nnx
-from jax.sharding import Mesh
 
 from kiln.artifacts.atomic import atomic_write_json
 from kiln.artifacts.content import (
     FileRecords,
     check_digests,
     check_sizes,
-    files_under,
-    record_files,
 )
-from kiln.model.config import LlamaConfig
-from kiln.model.llama import abstract_llama
-from kiln.train.mesh import state_shardings
 from kiln.train.multihost import barrier
+from kiln.train.orbax_saves import OrbaxFailuresQuieted, SaveInProgress, orbax_checkpointer
 from kiln.train.spec import CheckpointerSpec
 
 log = logging.getLogger(__name__)
@@ -137,11 +129,11 @@ class Checkpointer:
         self.every = every
         self._clock = clock
         self._last_save_time = clock()
-        self._orbax = _orbax_checkpointer(per_host_folders)
+        self._orbax = orbax_checkpointer(per_host_folders)
         # In a folder every host shares, process 0 writes the metadata and prunes; in folders of
         # their own, every host does so in its own.
         self._is_writer = per_host_folders or jax.process_index() == 0
-        self._in_progress: _SaveInProgress | None = None
+        self._in_progress: SaveInProgress | None = None
 
     @classmethod
     def from_spec(
@@ -274,14 +266,14 @@ class Checkpointer:
         if self._is_writer:
             for leftover in (path, staging):  # a killed save of this very step
                 shutil.rmtree(leftover, ignore_errors=True)
-        quiet = _OrbaxFailuresQuieted()
+        quiet = OrbaxFailuresQuieted()
         try:
             self._orbax.save(staging / STATE_DIR, state)
         except BaseException:
             quiet.end(succeeded=False)
             raise
-        self._in_progress = _SaveInProgress(
-            staging, step, temporary, quiet, self._orbax, record_digests=self._is_writer
+        self._in_progress = SaveInProgress(
+            staging, STATE_DIR, step, temporary, quiet, self._orbax, record_digests=self._is_writer
         )
         return None
 
@@ -310,7 +302,7 @@ class Checkpointer:
         matches = [c for c in self.complete() if c.step == step]
         return matches[-1] if matches else None
 
-    def _complete(self, saving: _SaveInProgress) -> CheckpointInfo:
+    def _complete(self, saving: SaveInProgress) -> CheckpointInfo:
         """A finished save made a checkpoint: metadata.json into its staging folder, which is
         then renamed to step-N (process 0)."""
         staged = self._write_metadata(
@@ -363,105 +355,6 @@ class Checkpointer:
         self._orbax.close()
 
 
-def _orbax_checkpointer(per_host_folders: bool) -> ocp.AsyncCheckpointer:
-    """Orbax's checkpointer. With a folder per host, every host is orbax's primary (it writes the
-    checkpoint's metadata into its own folder) and arrays are plain zarr, each host writing the
-    chunks of its own shards: OCDBT merges the processes' files on the primary host, which only a
-    folder every host sees allows. The union of the hosts' folders is then the checkpoint, and
-    any host restores it from a folder that holds the union."""
-    if not per_host_folders:
-        return ocp.StandardCheckpointer()
-    options = ocp.options.MultiprocessingOptions(primary_host=None)
-    handler = ocp.StandardCheckpointHandler(use_ocdbt=False, multiprocessing_options=options)
-    return ocp.AsyncCheckpointer(handler, multiprocessing_options=options)
-
-
-class _SaveInProgress:
-    """An orbax save writing its files; a thread waits for it, then (on the process that
-    records them) digests the files it wrote, so that the training loop can ask, without
-    blocking, whether it is done."""
-
-    def __init__(
-        self,
-        path: Path,
-        step: int,
-        temporary: bool,
-        quiet: _OrbaxFailuresQuieted,
-        writer: ocp.AsyncCheckpointer,
-        *,
-        record_digests: bool,
-    ) -> None:
-        self.path = path  # the staging folder (.step-N.saving)
-        self.step = step
-        self.temporary = temporary
-        self.files: FileRecords | None = None  # once done: sizes and digests (process 0)
-        self._record_digests = record_digests
-        self._quiet = quiet
-        self._error: BaseException | None = None
-        self.done = threading.Event()
-        self._writer = writer
-        threading.Thread(target=self._wait, name="kiln-checkpoint", daemon=True).start()
-
-    def _wait(self) -> None:
-        try:
-            self._writer.wait_until_finished()
-            if self._record_digests:  # orbax has finalized the folder: every host's files are in
-                state = self.path / STATE_DIR
-                self.files = record_files(state, files_under(state))
-        except BaseException as e:  # noqa: BLE001 - raised by finish(), on the training thread
-            self._error = e
-        finally:
-            self.done.set()
-
-    def finish(self) -> None:
-        """Waits for the files to be written; raises the save's error, if any."""
-        self.done.wait()
-        self._quiet.end(succeeded=self._error is None)
-        if self._error is not None:
-            raise self._error
-
-
-class _OrbaxFailuresQuieted:
-    """From a save's start to its end: orbax logs a failed background save with its traceback
-    (on the `absl` logger) and raises the same error from wait_until_finished: the raised one is
-    reported (a storage error as one line, kiln.artifacts.storage_errors), so the logged copies
-    are held back. After a failure, TensorStore still completes the writes in flight and reports
-    each to orbax's event loop, closed by then: Python would print each as an unraisable "Event
-    loop is closed", which says nothing the raised error does not, so those are dropped from
-    then on; so are asyncio's "Task (or _GatheringFuture) exception was never retrieved" reports
-    of the sibling writes that failed with the same error after the first one ended the save."""
-
-    def __init__(self) -> None:
-        self._log = logging.getLogger("absl")
-        self._level, self._hook = self._log.level, sys.unraisablehook
-        self._log.setLevel(logging.CRITICAL)
-        sys.unraisablehook = _without_closed_loop_reports(self._hook)
-        self._unretrieved = _UnretrievedTaskErrors()
-        logging.getLogger("asyncio").addFilter(self._unretrieved)
-
-    def end(self, *, succeeded: bool) -> None:
-        self._log.setLevel(self._level)
-        if succeeded:  # a save that succeeded leaves no write in flight
-            sys.unraisablehook = self._hook
-            logging.getLogger("asyncio").removeFilter(self._unretrieved)
-
-
-class _UnretrievedTaskErrors(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        # asyncio's report is "Task exception was never retrieved" then a line per detail.
-        first_line = record.getMessage().split("\n", 1)[0]
-        return not first_line.endswith("exception was never retrieved")
-
-
-def _without_closed_loop_reports(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def report(unraisable: Any) -> None:
-        error = unraisable.exc_value
-        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
-            hook(unraisable)
-
-    return report
-
-
 def _unused(path: Path) -> Path:
     """`path`, or `path.1`, `path.2`, ... : the first name nothing holds yet."""
     candidate, n = path, 0
@@ -493,44 +386,3 @@ def check_intact(info: CheckpointInfo) -> None:
             f"checkpoint {info.path} is damaged: {problem}; restore it from a good copy or use "
             "another checkpoint of the run"
         )
-
-
-def restore_params(
-    checkpoint: CheckpointInfo,
-    model_config: LlamaConfig,
-    *,
-    mesh: Mesh,
-    compute_dtype: str,
-    param_dtype: str,
-    attention: str = "xla",
-) -> tuple[nnx.GraphDef, nnx.State]:
-    """The model saved at `checkpoint`: (graphdef, parameters) laid out on `mesh` as the trainer
-    shards them, for nnx.merge or kiln.model.sample. Only the parameters are read, not the
-    optimizer state (twice their size). `attention` is the graphdef's kernel: XLA by default,
-    since a short sampling buffer need not suit a kernel's block sizes. Multi-host: every
-    process calls it (the restore is a collective). CheckpointDamaged when a state file is not
-    what was saved."""
-    check_intact(checkpoint)
-    graphdef, abstract = abstract_llama(
-        model_config, compute_dtype=compute_dtype, param_dtype=param_dtype, attention=attention
-    )
-    target = {
-        PARAMS_KEY: jax.tree.map(
-            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-            abstract,
-            state_shardings(abstract, mesh),
-        )
-    }
-    reader = ocp.PyTreeCheckpointer()
-    try:
-        restored = reader.restore(
-            checkpoint.path / STATE_DIR,
-            args=ocp.args.PyTreeRestore(
-                item=target,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                partial_restore=True,  # the parameters alone
-            ),
-        )
-    finally:
-        reader.close()
-    return graphdef, restored[PARAMS_KEY]

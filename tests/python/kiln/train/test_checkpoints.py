@@ -13,13 +13,13 @@ import pytest
 from flax import nnx
 
 from kiln.model.config import LlamaConfig
+from kiln.train.checkpoint_params import restore_params
 from kiln.train.checkpoints import (
     METADATA_FILE,
     CheckpointDamaged,
     Checkpointer,
     damage,
     read_checkpoint,
-    restore_params,
 )
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
