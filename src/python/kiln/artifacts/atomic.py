@@ -18,16 +18,23 @@ def _current_umask() -> int:
     return mask
 
 
+def temp_suffix() -> str:
+    """`.tmp-PID`: how Kiln's temporaries end, so that a later build removes those whose process
+    has ended (kiln.data.cache_writer.remove_dead_temporaries)."""
+    return f".tmp-{os.getpid()}"
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     atomic_write_with(path, lambda f: f.write(data))
 
 
 def atomic_write_with(path: str | os.PathLike[str], write: Callable[[BinaryIO], object]) -> None:
     """The file at `path` as `write` writes it into an open temp file (streamed, in pieces),
-    renamed into place once complete."""
+    renamed into place once complete. The temp file's name ends in its writer's pid
+    (`temp_suffix`), so that what a killed writer left is known for its own."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=temp_suffix())
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts.atomic import atomic_write_bytes, atomic_write_with
+from kiln.artifacts.atomic import atomic_write_bytes, atomic_write_with, temp_suffix
 from kiln.artifacts.store import (
     ListedObject,
     ObjectExists,
@@ -90,7 +90,7 @@ class LocalStore(ObjectStore):
     def create(self, key: str, data: bytes) -> str:
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".new")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=temp_suffix())
         with os.fdopen(fd, "wb") as f:
             try:
                 f.write(data)

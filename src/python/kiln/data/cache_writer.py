@@ -389,14 +389,19 @@ def _write_at(array: ts.TensorStore, start: int, values: np.ndarray) -> None:
 
 
 def remove_dead_temporaries(folder: Path) -> None:
-    """Removes the temp folders (`.NAME.tmp-PID`) in `folder` whose process has ended: what a
-    killed build left behind. A live process's temporaries are its own to finish or remove."""
+    """Removes the temporaries (`.NAME.tmp-PID` folders and files, kiln.artifacts.atomic) in
+    `folder` whose process has ended: what a killed build left behind. A live process's
+    temporaries are its own to finish or remove."""
     if not folder.is_dir():
         return
     for entry in folder.iterdir():
         pid = _temporary_owner(entry.name)
-        if pid is not None and not is_running(pid):
+        if pid is None or is_running(pid):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def _temporary_owner(name: str) -> int | None:

@@ -222,12 +222,14 @@ def test_a_killed_builds_temporaries_are_removed_when_the_cache_is_next_built(tm
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     (building / f".shard-0.tmp-{dead}/data").mkdir(parents=True)  # a shard killed mid-write
+    lease_write = building / f"..shard-0.lease.x1y2.tmp-{dead}"  # a lease killed mid-write
+    lease_write.write_text("{}")
     live = building / f".shard-1.tmp-{os.getpid()}"  # a live process's temporary: kept
     live.mkdir()
     shard, cache = building / "shard-0", store / "tokenized/c"
     root = ["--root", str(store)]
     assert main(["shard", spec_file, "--index", "0", "--out", str(shard), *root]) == 0
-    assert sorted(p.name for p in building.iterdir()) == [live.name, "shard-0"]
+    assert sorted(p.name for p in building.iterdir()) == [lease_write.name, live.name, "shard-0"]
     live.rmdir()
     assert main(["merge", spec_file, "--shards", str(shard), "--out", str(cache), *root]) == 0
     assert ArtifactFolder.at(cache).status() == "SUCCESS"
