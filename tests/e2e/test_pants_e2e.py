@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.workspace import copy_workspace, store_rows
+from tests.e2e.workspace import copy_workspace, stop_pantsd, store_rows
 
 TARGET = "experiments:ci_tiny"
 HF_TARGET = "experiments:ci_tiny_hf"
@@ -51,13 +51,23 @@ def counter(result: subprocess.CompletedProcess[str], name: str) -> int:
 
 def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     repo = copy_workspace(tmp_path)
+    try:
+        _build_hit_and_rebuild(repo)
+    finally:
+        stop_pantsd(repo)
+
+
+def _build_hit_and_rebuild(repo: Path) -> None:
+    """Built through the workspace's daemon, served from Pants' persistent cache by a Pants
+    without it (the daemon's memory would serve it otherwise), rebuilt by the daemon after an
+    edit of the BUILD file and of Kiln's code."""
     # This machine's Pants cache may already hold this exact training process (an earlier run of
     # this test): make the runner's code unique to this run so the first build really builds.
     main = repo / "src/python/kiln/runner/__main__.py"
     main.write_text(main.read_text() + f"\n# e2e run {uuid.uuid4()}\n")
     artifact = repo / "dist/checkpoints/ci_tiny/2026.11.29"
 
-    first = pants(repo, "package", TARGET, daemon=False)
+    first = pants(repo, "package", TARGET)
     assert (artifact / "STATUS").read_text().strip() == "SUCCESS"
     record = json.loads((artifact / "artifact.json").read_text())
     assert record["name"] == "checkpoints/ci_tiny"
@@ -82,7 +92,7 @@ def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
     build.write_text(text.replace("num_train_steps=20,", "num_train_steps=22,"))
     trainer = repo / "src/python/kiln/train/trainer.py"
     trainer.write_text(trainer.read_text() + "\n# An edit to the trainer's code.\n")
-    third = pants(repo, "package", TARGET, daemon=False)
+    third = pants(repo, "package", TARGET)
     assert TRAINING in third.stderr
     assert TOKENIZING not in third.stderr
     record = json.loads((artifact / "artifact.json").read_text())
