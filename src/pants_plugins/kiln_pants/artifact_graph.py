@@ -165,8 +165,16 @@ class ReferencedFilesRequest:
     field_alias: str
 
 
+@dataclass(frozen=True)
+class ReferencedFiles:
+    """Its own type, not `SourceFiles`: a rule returning a type the Python backend asks for
+    joins every one of that backend's `Get`s of the type in the rule graph."""
+
+    sources: SourceFiles
+
+
 @rule(desc="Collecting referenced files")
-async def referenced_files(request: ReferencedFilesRequest) -> SourceFiles:
+async def referenced_files(request: ReferencedFilesRequest) -> ReferencedFiles:
     addresses = await Get(
         Addresses,
         UnparsedAddressInputs(
@@ -176,17 +184,18 @@ async def referenced_files(request: ReferencedFilesRequest) -> SourceFiles:
         ),
     )
     closure = await Get(TransitiveTargets, TransitiveTargetsRequest(addresses))
-    return await Get(
+    sources = await Get(
         SourceFiles,
         SourceFilesRequest([t[SourcesField] for t in closure.closure if t.has_field(SourcesField)]),
     )
+    return ReferencedFiles(sources)
 
 
 @rule(desc="Collecting a tokenizer's files")
 async def tokenizer_files(request: TokenizerFilesRequest) -> TokenizerFiles:
-    sources = await Get(
-        SourceFiles, ReferencedFilesRequest(request.cache, request.tokenizer, "tokenizer")
-    )
+    sources = (await Get(
+        ReferencedFiles, ReferencedFilesRequest(request.cache, request.tokenizer, "tokenizer")
+    )).sources
     directories = {f.rsplit("/", 1)[0] for f in sources.files if f.endswith("/tokenizer.json")}
     if len(directories) != 1:
         raise InvalidFieldException(
@@ -353,9 +362,9 @@ async def _evals_identity(target: Target, evals: Optional[EvalSuite]) -> Optiona
         return None
     evals_json: dict[str, Any] = evals.to_json()
     if evals.task_files:  # local task files count by content, not by address
-        files = await Get(
-            SourceFiles, ReferencedFilesRequest(target.address, evals.task_files, "evals")
-        )
+        files = (await Get(
+            ReferencedFiles, ReferencedFilesRequest(target.address, evals.task_files, "evals")
+        )).sources
         evals_json["task_files"] = files.snapshot.digest.fingerprint
     return evals_json
 

@@ -32,6 +32,7 @@ from kiln_pants.runtime import (
     DEP_FAILED_MARKS,
     INVENTORY,
     PEEK,
+    KilnProcess,
     Runtime,
     RuntimeProcess,
     RuntimeRequest,
@@ -172,8 +173,8 @@ async def _store_process(
         Get(Runtime, RuntimeRequest(*entry)),
         Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
     )
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         RuntimeProcess(
             runtime,
             argv=argv,
@@ -183,7 +184,7 @@ async def _store_process(
             cache_scope=ProcessCacheScope.PER_SESSION,
             env=FrozenDict(environment),
         ),
-    )
+    )).process
     return await Get(FallibleProcessResult, Process, process)
 
 

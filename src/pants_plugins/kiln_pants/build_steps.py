@@ -29,7 +29,7 @@ from kiln_pants.artifact_store import STORE_ENVIRONMENT
 from kiln_pants.eval_rules import LmEvalRunPackageFieldSet
 from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_rules import HfModelPackageFieldSet
-from kiln_pants.runtime import RuntimeProcess, shipped_to_nodes
+from kiln_pants.runtime import KilnProcess, RuntimeProcess, shipped_to_nodes
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, ResourcesField, TokenizedCacheTarget
 from kiln_pants.tokenize_rules import (
@@ -218,8 +218,8 @@ async def build_training_step(
         **(await Get(EnvironmentVars, EnvironmentVarsRequest(TRAINING_ENVIRONMENT))),
         **(shipped_to_nodes(prepared.runtime, prepared.plugin_lock) if kiln.cluster else {}),
     }
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         RuntimeProcess(
             prepared.runtime,
             argv=(
@@ -237,7 +237,7 @@ async def build_training_step(
             cache_scope=ProcessCacheScope.PER_SESSION,
             env=FrozenDict(environment),
         ),
-    )
+    )).process
     if step.slots is None:
         wrapper: tuple[str, ...] = ("/bin/sh", "-c", _TO_LOG, "kiln-build", step.log)
     else:

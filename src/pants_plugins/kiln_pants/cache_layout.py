@@ -12,7 +12,7 @@ from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Address
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import Digest
-from pants.engine.process import Process, ProcessCacheScope
+from pants.engine.process import ProcessCacheScope
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
@@ -25,6 +25,7 @@ from kiln_pants.cache_spec import CacheSpecInputs, CacheSpecRequest
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import (
     TOKENIZE,
+    KilnProcess,
     Runtime,
     RuntimeProcess,
     RuntimeRequest,
@@ -137,13 +138,13 @@ class CacheProcessRequest:
 
 
 @rule
-async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> Process:
+async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> KilnProcess:
     build = request.build
     runtime = await Get(Runtime, RuntimeRequest(*request.entry))
     outputs = () if build.layout.in_store else request.outputs
     shipped = shipped_to_nodes(runtime) if request.ships_runtime else {}
     return await Get(
-        Process,
+        KilnProcess,
         RuntimeProcess(
             runtime,
             argv=request.argv,

@@ -29,7 +29,7 @@ from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
 from kiln_pants.build import BuildRoots, BuildRootsRequest
 from kiln_pants.eval_targets import LmEvalRunTarget
-from kiln_pants.runtime import REPORT, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import REPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget
 
@@ -86,8 +86,8 @@ async def compare(
     environment = await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT))
     runs_file = await Get(Digest, CreateDigest([FileContent(RUNS_FILE, json.dumps(listed).encode())]))
     metric = ("--metric", subsystem.metric) if subsystem.metric else ()
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         RuntimeProcess(
             runtime,
             argv=("compare", "--runs", RUNS_FILE, "--out", OUT_DIR, *metric),
@@ -97,7 +97,7 @@ async def compare(
             cache_scope=ProcessCacheScope.PER_SESSION,  # the runs' folders change as they train
             env=FrozenDict(environment),  # a bucket's credentials
         ),
-    )
+    )).process
     result = await Get(FallibleProcessResult, Process, process)
     if result.exit_code != 0:
         console.print_stderr(result.stderr.decode(errors="replace").strip())

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
-from pants.core.util_rules.source_files import SourceFiles
 from pants.engine.addresses import Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
@@ -30,7 +29,12 @@ from pants.engine.unions import UnionRule
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.step import Provenance
-from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest, ReferencedFilesRequest
+from kiln_pants.artifact_graph import (
+    ArtifactGraph,
+    ArtifactGraphRequest,
+    ReferencedFiles,
+    ReferencedFilesRequest,
+)
 from kiln_pants.artifact_store import (
     STORE_ENVIRONMENT,
     DepFailedMarked,
@@ -41,7 +45,7 @@ from kiln_pants.artifact_store import (
 from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
 from kiln_pants.hf_model_rules import RECORD_INPUT, StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.package import MANIFEST_FILE
-from kiln_pants.runtime import EXPORT, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import CacheStorageField, EvalNameField
 from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cache_location
@@ -84,11 +88,10 @@ async def package_lm_eval_run(
         Get(CachesAsInputs, CachesAsInputsRequest(Addresses(artifact.cache_inputs))),
     )
     suite = field_set.evals.value
-    task_files = (
-        await Get(SourceFiles, ReferencedFilesRequest(field_set.address, suite.task_files, "evals"))
-        if suite and suite.task_files
-        else None
-    )
+    task_files = None
+    if suite and suite.task_files:
+        files_request = ReferencedFilesRequest(field_set.address, suite.task_files, "evals")
+        task_files = (await Get(ReferencedFiles, ReferencedFilesRequest, files_request)).sources
     provenance = Provenance(
         code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
     )
@@ -112,8 +115,8 @@ async def package_lm_eval_run(
     if in_bucket or os.path.exists(out):  # a `pants build` whose model failed marked it
         await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
     digests = [record_digest, placed.digest, *([task_files.snapshot.digest] if task_files else [])]
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         RuntimeProcess(
             runtime,
             argv=(
@@ -129,7 +132,7 @@ async def package_lm_eval_run(
             # A bucket's clients find their credentials and endpoint in the caller's environment.
             env=FrozenDict(environment if in_bucket else {}),
         ),
-    )  # fmt: skip
+    )).process  # fmt: skip
     await Get(ProcessResult, Process, process)
     manifest = {"store_path": out, "fingerprint": artifact.fingerprint}
     digest = await Get(

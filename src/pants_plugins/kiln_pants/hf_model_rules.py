@@ -63,7 +63,7 @@ from kiln_pants.hf_model_targets import (
     HfModelDependencies,
 )
 from kiln_pants.package import MANIFEST_FILE
-from kiln_pants.runtime import EXPORT, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
 
@@ -219,8 +219,8 @@ async def package_hf_model(
     in_bucket = "://" in prefix
     if in_bucket or os.path.exists(out):  # a `pants build` whose checkpoint failed marked it
         await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         RuntimeProcess(
             runtime,
             argv=(
@@ -244,7 +244,7 @@ async def package_hf_model(
             # A bucket's clients find their credentials and endpoint in the caller's environment.
             env=FrozenDict(environment if in_bucket else {}),
         ),
-    )
+    )).process
     exported = await Get(ProcessResult, Process, process)
     # Pants shows no output of its processes: pass on the note that other code built it.
     for line in exported.stdout.decode().splitlines():

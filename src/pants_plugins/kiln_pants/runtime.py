@@ -107,13 +107,22 @@ def _as_internal(pex_request: PexRequest) -> PexRequest:
     return dataclasses.replace(pex_request, internal_only=True)
 
 
+@dataclass(frozen=True)
+class AcceleratorPluginsPex:
+    """Its own type, not a `PexRequest`: a rule returning a type the Python backend asks for
+    joins every one of that backend's `Get`s of the type in the rule graph."""
+
+    pex_request: PexRequest
+
+
 @rule(desc="Resolving accelerator plugins for the Kiln runtime")
-async def accelerator_plugins(request: AcceleratorPluginsRequest) -> PexRequest:
+async def accelerator_plugins(request: AcceleratorPluginsRequest) -> AcceleratorPluginsPex:
     addresses = ACCELERATOR_PLUGINS[request.accelerator].addresses
     name = f"kiln-{request.accelerator}-plugins.pex"
-    return _as_internal(
-        await Get(PexRequest, PexFromTargetsRequest, _exact_subset(addresses, output_filename=name))
+    pex_request = await Get(
+        PexRequest, PexFromTargetsRequest, _exact_subset(addresses, output_filename=name)
     )
+    return AcceleratorPluginsPex(_as_internal(pex_request))
 
 
 @dataclass(frozen=True)
@@ -147,8 +156,8 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
     )
     pex_request = _as_internal(pex_request)
     if request.accelerator in ACCELERATOR_PLUGINS:
-        plugins_request = await Get(PexRequest, AcceleratorPluginsRequest(request.accelerator))
-        plugins = await Get(Pex, PexRequest, plugins_request)
+        wanted = await Get(AcceleratorPluginsPex, AcceleratorPluginsRequest(request.accelerator))
+        plugins = await Get(Pex, PexRequest, wanted.pex_request)
         pex_request = dataclasses.replace(pex_request, pex_path=(*pex_request.pex_path, plugins))
     pex = await Get(VenvPex, PexRequest, pex_request)
     return Runtime(
@@ -190,10 +199,18 @@ class RuntimeProcess:
             raise ValueError("a runtime process given the caller's environment is PER_SESSION")
 
 
+@dataclass(frozen=True)
+class KilnProcess:
+    """A runtime process. Its own type, not a `Process`: a rule returning `Process` joins every
+    `Get(Process, ...)` of the Python backend in the rule graph, which slows its building."""
+
+    process: Process
+
+
 @rule
-async def runtime_process(request: RuntimeProcess) -> Process:
+async def runtime_process(request: RuntimeProcess) -> KilnProcess:
     input_digest = await Get(Digest, MergeDigests([request.input_digest, request.runtime.sources]))
-    return await Get(
+    process = await Get(
         Process,
         VenvPexProcess(
             request.runtime.pex,
@@ -208,6 +225,7 @@ async def runtime_process(request: RuntimeProcess) -> Process:
             append_only_caches=request.append_only_caches,
         ),
     )
+    return KilnProcess(process)
 
 
 def rules():

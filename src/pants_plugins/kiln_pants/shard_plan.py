@@ -52,7 +52,7 @@ from kiln_pants.cache_spec import (
     RepoFileSizesRequest,
 )
 from kiln_pants.hub_settings import HubSettingsCache
-from kiln_pants.runtime import TOKENIZE, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import TOKENIZE, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.target_types import CacheSourceField, NumShardsField
 
 SHOWN_SHARDS = 3  # shards listed under the summary line (`--plan-shards`: all of them)
@@ -273,8 +273,8 @@ async def plan_process(request: PlanProcessRequest, hub: HubSettingsCache) -> Sh
     env = FrozenDict[str, str]()
     if _reads_bucket(caches[0].spec.source):
         env = FrozenDict(await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)))
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         RuntimeProcess(
             request.runtime,
             argv=("plan", *names, "--json"),
@@ -288,7 +288,7 @@ async def plan_process(request: PlanProcessRequest, hub: HubSettingsCache) -> Sh
             env=env,
             append_only_caches=hub.append_only_caches if reads_hub else FrozenDict(),
         ),
-    )
+    )).process
     result = await Get(FallibleProcessResult, Process, process)
     if result.exit_code != 0:
         lines = result.stderr.decode(errors="replace").strip().splitlines()

@@ -73,7 +73,7 @@ from kiln_pants.cache_layout import (
     CacheTokenizationFailed,
 )
 from kiln_pants.cache_spec import RECORD_INPUT, SPEC_FILE, RepoFileSizes, RepoFileSizesRequest
-from kiln_pants.runtime import FAN_OUT
+from kiln_pants.runtime import FAN_OUT, KilnProcess
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import TokenizedCacheTarget, TokenizerField, tokenizer_address
 
@@ -131,8 +131,8 @@ async def import_cache(request: ImportRequest) -> BuiltCache:
     build = request.build
     layout, source = build.layout, build.inputs.spec.source
     assert isinstance(source, LevanterCacheSource)
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         CacheProcessRequest(
             build,
             argv=("import", SPEC_FILE, "--out", layout.cache, "--record", RECORD_INPUT,
@@ -140,7 +140,7 @@ async def import_cache(request: ImportRequest) -> BuiltCache:
             description=f"Importing the Levanter cache {source.location} as {build.artifact.ref}",
             outputs=(layout.cache,),
         ),
-    )
+    )).process
     return await _finished(build, await Get(ProcessResult, Process, process))
 
 
@@ -160,8 +160,8 @@ async def tokenize_shard(request: ShardRequest) -> TokenizedShard:
     build, index = request.build, request.index
     layout = build.layout
     shard = layout.shards[index]
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         CacheProcessRequest(
             build,
             argv=("shard", SPEC_FILE, "--index", str(index), "--out", shard, *layout.skip,
@@ -169,7 +169,7 @@ async def tokenize_shard(request: ShardRequest) -> TokenizedShard:
             description=f"Tokenizing {build.artifact.ref} shard {index + 1}/{len(layout.shards)}",
             outputs=(shard,),
         ),
-    )
+    )).process
     result = await Get(ProcessResult, Process, process)
     return TokenizedShard(result.output_digest)
 
@@ -196,8 +196,8 @@ async def _shards_then_merge(build: CacheBuild) -> BuiltCache:
     merge_input = await Get(
         Digest, MergeDigests([build.inputs.digest, *(shard.digest for shard in shards)])
     )
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         CacheProcessRequest(
             build,
             argv=("merge", SPEC_FILE, "--shards", *layout.shards, "--out", layout.cache,
@@ -206,7 +206,7 @@ async def _shards_then_merge(build: CacheBuild) -> BuiltCache:
             outputs=(layout.cache,),
             input_digest=merge_input,
         ),
-    )
+    )).process
     return await _finished(build, await Get(ProcessResult, Process, process))
 
 
@@ -232,8 +232,8 @@ async def fan_out_cache(request: FanOutRequest) -> BuiltCache:
     build = request.build
     layout = build.layout
     environment = await Get(EnvironmentVars, EnvironmentVarsRequest(("RAY_ADDRESS",)))  # `auto`
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         CacheProcessRequest(
             build,
             argv=(SPEC_FILE, "--cluster", build.cluster, "--prefix", layout.root or build.prefix,
@@ -246,7 +246,7 @@ async def fan_out_cache(request: FanOutRequest) -> BuiltCache:
             env=FrozenDict(environment),
             ships_runtime=True,
         ),
-    )
+    )).process
     result = await Get(FallibleProcessResult, Process, process)
     if result.exit_code != 0:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
@@ -472,8 +472,8 @@ async def tokenize_cache_batch(batch: CacheBatch) -> CacheBatchOutcome:
     )
     digest = await Get(Digest, MergeDigests([listed, *specs, *(b.inputs.files for b in builds)]))
     first, last = builds[0].artifact.ref, builds[-1].artifact.ref
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         CacheProcessRequest(
             builds[0],  # a batch's caches share their storage and store, so their environment
             argv=("many", BATCH_MANIFEST),
@@ -481,7 +481,7 @@ async def tokenize_cache_batch(batch: CacheBatch) -> CacheBatchOutcome:
             outputs=tuple(_batch_paths(b, folder)[1] for b, folder in zip(builds, folders)),
             input_digest=digest,
         ),
-    )
+    )).process
     result = await Get(FallibleProcessResult, Process, process)
     errors = _errors_by_cache(result.stderr.decode(errors="replace"), builds)
     if result.exit_code != 0 and not errors:  # it died before reporting a cache

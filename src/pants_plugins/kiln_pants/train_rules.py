@@ -23,7 +23,6 @@ from pants.backend.python.util_rules.pex_environment import PexEnvironment, Pyth
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
 from pants.core.goals.run import RunFieldSet, RunInSandboxBehavior, RunRequest, RunSubsystem
-from pants.core.util_rules.source_files import SourceFiles
 from pants.engine.addresses import Address, Addresses
 from pants.engine.fs import (
     EMPTY_DIGEST,
@@ -66,6 +65,7 @@ from kiln_pants.artifact_graph import (
     Artifact,
     ArtifactGraph,
     ArtifactGraphRequest,
+    ReferencedFiles,
     ReferencedFilesRequest,
     parent_run,
 )
@@ -81,6 +81,7 @@ from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.runtime import (
     ACCELERATOR_PLUGINS,
     RUN_STEP,
+    KilnProcess,
     Runtime,
     RuntimeProcess,
     RuntimeRequest,
@@ -310,11 +311,10 @@ async def step_json(
         for a in artifact.cache_inputs
     )
     evals = wrapped.target[EvalsField].value
-    task_files = (
-        await Get(SourceFiles, ReferencedFilesRequest(address, evals.task_files, "evals"))
-        if evals and evals.task_files
-        else None
-    )
+    task_files = None
+    if evals and evals.task_files:
+        files_request = ReferencedFilesRequest(address, evals.task_files, "evals")
+        task_files = (await Get(ReferencedFiles, ReferencedFilesRequest, files_request)).sources
     task_dirs = tuple(
         sorted({os.path.dirname(f) for f in task_files.files if f.endswith(".yaml")})
         if task_files
@@ -552,8 +552,8 @@ async def run_lm_checkpoint(
 async def package_lm_checkpoint(field_set: LmCheckpointFieldSet) -> BuiltPackage:
     prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address))
     artifact = prepared.artifact
-    process = await Get(
-        Process,
+    process = (await Get(
+        KilnProcess,
         RuntimeProcess(
             prepared.runtime,
             argv=(STEP_FILE, "--inputs", ".", "--output", OUTPUT_DIR),
@@ -561,7 +561,7 @@ async def package_lm_checkpoint(field_set: LmCheckpointFieldSet) -> BuiltPackage
             input_digest=prepared.digest,
             output_directories=(OUTPUT_DIR,),
         ),
-    )
+    )).process
     result = await Get(ProcessResult, Process, process)
     location = artifact.folder
     digest = await Get(Digest, RemovePrefix(result.output_digest, OUTPUT_DIR))
