@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+DROPPED_VARIABLES = ("PANTS_", "KILN_", "PEX_", "XDG_", "JAX_", "HF_", "WANDB_")
 PANTS_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d\d \[(?:INFO|WARN|ERROR)\] (.*)$")
 
 
@@ -46,12 +47,11 @@ class Line:
 def run_cold(repo: Path, home: Path, target: str) -> tuple[list[Line], float, int]:
     """`./pants run TARGET` in `repo` with HOME at `home`: its timestamped lines, its wall
     seconds and its exit code."""
-    env = {
-        "HOME": str(home),
-        "PATH": os.environ["PATH"],
-        "PYENV_ROOT": os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv")),
-        "LANG": os.environ.get("LANG", "C.UTF-8"),
-    }
+    # The machine's settings (PATH, the package index and its certificates) stay; what would
+    # point at caches or settings under the old HOME goes.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED_VARIABLES)}
+    env["HOME"] = str(home)
+    env.setdefault("PYENV_ROOT", os.path.expanduser("~/.pyenv"))  # interpreters, not caches
     started = time.monotonic()
     process = subprocess.Popen(
         ["./pants", "run", target], cwd=repo, env=env, text=True,
