@@ -104,7 +104,7 @@ def phases(lines: list[Line], wall: float) -> list[tuple[str, float, float]]:
         rows.append(("  of which the rule graph", scheduler.seconds,
                      scheduled.seconds - scheduler.seconds))  # fmt: skip
     processes = pants_processes(lines)
-    rows += [(f"  {what}", start, seconds) for what, start, seconds in processes]
+    rows += [(f"  {_short(what)}", start, seconds) for what, start, seconds in processes]
     pants_done = max((start + seconds for _, start, seconds in processes), default=0.0)
     run_pattern = r"^(kiln|training control|first step|started from|resumed from)"
     milestones = [
@@ -119,6 +119,11 @@ def phases(lines: list[Line], wall: float) -> list[tuple[str, float, float]]:
     ends = [line.seconds for _, line in present[1:]] + [wall]
     rows += [(name, line.seconds, end - line.seconds) for (name, line), end in zip(present, ends)]
     return rows
+
+
+def _short(what: str) -> str:
+    """A Pants process's description without its list of requirements."""
+    return what.split(" from the ")[0]
 
 
 def main() -> int:
