@@ -609,6 +609,14 @@ class TrainSpec:
         except SpecError as e:
             raise e.within("runtime") from None
 
+    def shown(self, path: Path) -> str:
+        """A path of the run's output as people and records name it: under `location` when
+        the output is a local staging copy of the artifact."""
+        if self.location is None or not path.is_relative_to(self.output_path):
+            return str(path)
+        relative = path.relative_to(self.output_path).as_posix()
+        return self.location if relative == "." else f"{self.location}/{relative}"
+
     @classmethod
     def from_json(cls, obj: Any) -> TrainSpec:
         values = json_fields(cls, obj, "", header=("spec_version", "kind"))

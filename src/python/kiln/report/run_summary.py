@@ -46,21 +46,21 @@ TEMPERATURE = 0.8
 SAMPLE_SEED = 0
 
 
-def write_run_summary(run: FinishedRun, *, shown_at: str | None = None) -> str:
+def write_run_summary(run: FinishedRun) -> str:
     """Computes the summary of the finished run, writes it atomically to {output_path}/summary.txt
     and returns it. In a multi-host run every process computes it (the sampling is a
-    collective) and process 0 writes it. `shown_at`: where people find the artifact, when not at
-    output_path (a bucket URL, for a run staged locally)."""
-    text = format_run_summary(run, shown_at=shown_at)
+    collective) and process 0 writes it. Paths are shown where people find them (a bucket URL,
+    for a run staged locally: TrainSpec.shown)."""
+    text = format_run_summary(run)
     if jax.process_index() == 0:
         atomic_write_text(run.spec.output_path / SUMMARY_TEXT_FILE, text)
     return text
 
 
-def format_run_summary(run: FinishedRun, *, shown_at: str | None = None) -> str:
+def format_run_summary(run: FinishedRun) -> str:
     spec, summary = run.spec, run.summary
     sections = [
-        _run_lines(spec, summary) + _location_lines(spec.output_path, run.checkpoint, shown_at),
+        _run_lines(spec, summary) + _location_lines(spec, run.checkpoint),
         _loss_lines(spec, summary, run.caches),
         _sample_lines(run),
     ]
@@ -82,14 +82,8 @@ def _run_lines(spec: TrainSpec, summary: dict[str, Any]) -> list[str]:
     return [f"{spec.name} {spec.version}: {', '.join(facts)}"]
 
 
-def _location_lines(
-    output_path: Path, checkpoint: CheckpointInfo | None, shown_at: str | None
-) -> list[str]:
-    def shown(path: Path) -> str:
-        if shown_at is None or not path.is_relative_to(output_path):
-            return str(path)
-        return "/".join([shown_at, *path.relative_to(output_path).parts])
-
+def _location_lines(spec: TrainSpec, checkpoint: CheckpointInfo | None) -> list[str]:
+    shown, output_path = spec.shown, spec.output_path
     plot = output_path / PLOT_FILE
     missing = "" if plot.is_file() else "  (missing: no plot was written)"
     return [

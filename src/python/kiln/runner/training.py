@@ -57,7 +57,7 @@ def train(
         workspace.publish(status=False, final=True)
         multihost.barrier("kiln: the final checkpoint is in the store")
         workspace.complete()
-        summary = write_run_summary(finished, shown_at=run.shown_at)  # a collective: every host
+        summary = write_run_summary(finished)  # a collective: every host
         if lease is not None:
             check_still_held(lease, run.step)
             folder.write_status(artifacts.SUCCESS)

@@ -63,7 +63,7 @@ class ControlHook:
             loss=self.metrics.latest.get("train/loss"),
             tokens_per_second=self.metrics.latest.get("throughput/tokens_per_second"),
             eta_seconds=self.steps.eta_seconds(total - point.step),
-            last_checkpoint=self.setup.shown(last.path) if last else None,
+            last_checkpoint=self.setup.spec.shown(last.path) if last else None,
         )  # fmt: skip
 
     def stop(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -225,15 +224,6 @@ class TrainerSetup:
             "devices": {"count": len(devices), "kind": devices[0].device_kind},
             "process_count": jax.process_count(),
         }
-
-    def shown(self, path: Path) -> str:
-        """A path of the run's output as people and records name it: the artifact's own location
-        (a bucket URL) when the trainer writes a local staging copy of it."""
-        location, output = self.spec.location, self.spec.output_path
-        if location is None or not path.is_relative_to(output):
-            return str(path)
-        relative = path.relative_to(output).as_posix()
-        return location if relative == "." else f"{location}/{relative}"
 
     def _throughput(self) -> Throughput:
         from kiln.model.config import flops_per_token

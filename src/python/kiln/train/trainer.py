@@ -216,10 +216,10 @@ class Trainer:
         cleanup.callback(self.progress.close)
         self.steps = StepLog(self.setup.throughput, self.metrics, self.progress)
         self.saves = Saves(
-            self.setup.checkpointer, start.checkpoint, self.metrics, self.progress, self.setup.shown
+            self.setup.checkpointer, start.checkpoint, self.metrics, self.progress, self.spec.shown
         )
         if start.step and start.checkpoint is not None:
-            self.progress.message(f"resumed from {self.setup.shown(start.checkpoint.path)}")
+            self.progress.message(f"resumed from {self.spec.shown(start.checkpoint.path)}")
         elif self.cfg.init_from is not None:
             self.progress.message(f"started from {self.cfg.init_from.label}")
         self.control = ControlHook.start(
@@ -247,7 +247,7 @@ class Trainer:
             return
         step, values = diverged
         self.saves.commit()  # a save begun at an earlier step holds a good state
-        last = self.setup.shown(self.saves.last.path) if self.saves.last else "none yet"
+        last = self.spec.shown(self.saves.last.path) if self.saves.last else "none yet"
         raise TrainingDiverged(
             f"non-finite training loss at step {step} (loss {values['loss']}, grad_norm "
             f"{values['grad_norm']}); stopped without saving this state. Last good checkpoint: "
@@ -294,7 +294,7 @@ class Trainer:
         assert point.signum is not None and self.saves.last is not None  # saved by its hook
         message = (
             f"interrupted by {signal.Signals(point.signum).name} after step {point.step}; "
-            f"saved {self.setup.shown(self.saves.last.path)}. Rerun to resume."
+            f"saved {self.spec.shown(self.saves.last.path)}. Rerun to resume."
         )
         if self.is_main:  # beside STATUS before the way out (W&B, orbax), which may be cut short
             with contextlib.suppress(OSError):
@@ -368,8 +368,8 @@ class Trainer:
             "first_step_program": self.first_step.get("program"),  # cache | compiled | ...
             "compilation_cache": self.first_step.get("cache"),
             "wall_time_seconds": time.monotonic() - started,
-            "output_path": self.setup.shown(self.output),
-            "checkpoint": self.setup.shown(last.path) if last else None,
+            "output_path": self.spec.shown(self.output),
+            "checkpoint": self.spec.shown(last.path) if last else None,
             "metrics_file": str(self.metrics.path),
         }
 
