@@ -1,10 +1,10 @@
 """End to end: real ./pants on a copy of this workspace, building the tiny CI checkpoint.
 
-Build it, build it again (every process a cache hit of Pants' local cache: without pantsd, whose
-memory would answer first), then change one identity field and edit the trainer's code: training
-reruns, tokenization (whose processes never see trainer code) stays a cache hit; this test edits
-code, so it has a workspace of its own. In the e2e tests' shared workspace (conftest.py), through
-its pantsd: `store` caches build in the artifact store, and once built start no process; two
+In the e2e tests' shared workspace (conftest.py): build a copy of it, build it again (every
+process a cache hit of Pants' local cache: without pantsd, whose memory would answer first), then
+change one identity field and edit the trainer's code: training reruns, tokenization (whose
+processes never see trainer code) stays a cache hit; the edits are undone when it ends. Through
+the workspace's pantsd: `store` caches build in the artifact store, and once built start no process; two
 `pants run`s, one per "host", train the checkpoint as one multi-host run into the artifact store,
 and its `hf_model` exports it from there; `pants build` of several roots goes on past a failed
 step, marks its dependents DEP_FAILED, and `plan` says why the step failed; `pants store` lists
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.workspace import copy_workspace, stop_pantsd, store_rows
+from tests.e2e.workspace import store_rows
 
 TARGET = "experiments:ci_tiny"
-HF_TARGET = "experiments:ci_tiny_hf"
 TRAINING = "Training checkpoints/ci_tiny@2026.11.29"
+HF_TARGET = "experiments:ci_tiny_hf"
 TOKENIZING = "Tokenizing tokenized/quickstart/stdlib_validation@2026.11.29"
 
 
@@ -49,12 +49,20 @@ def counter(result: subprocess.CompletedProcess[str], name: str) -> int:
     return int(match.group(1))
 
 
-def test_build_hit_and_rebuild_on_change(tmp_path: Path) -> None:
-    repo = copy_workspace(tmp_path)
+# What the test edits, put back when it ends: the shared workspace's other tests build ci_tiny.
+EDITED = (
+    "experiments/BUILD", "src/python/kiln/runner/__main__.py", "src/python/kiln/train/trainer.py"
+)
+
+
+def test_build_hit_and_rebuild_on_change(workspace: Path) -> None:
+    repo = workspace
+    originals = {name: (repo / name).read_text() for name in EDITED}
     try:
         _build_hit_and_rebuild(repo)
-    finally:
-        stop_pantsd(repo)
+    finally:  # the shared workspace's files as they were, for the tests after this one
+        for name, text in originals.items():
+            (repo / name).write_text(text)
 
 
 def _build_hit_and_rebuild(repo: Path) -> None:
