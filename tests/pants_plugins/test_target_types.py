@@ -8,7 +8,7 @@ from pants.engine.internals.scheduler import ExecutionError
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.build_symbols import CORE_TASKS
+from kiln_pants.field_values import CORE_TASKS
 
 CACHE = """
 tokenized_cache(name="cache", source="org/data", revision="abc1234", tokenizer="package:gpt2", version="2026.06.28")
@@ -217,7 +217,7 @@ def test_non_finite_and_out_of_range_helper_values_fail_at_load(
         ),
     ],
 )
-def test_build_symbols_validate_at_parse_time(
+def test_field_values_validate_at_parse_time(
     rule_runner: RuleRunner, model: str, expected: str
 ) -> None:
     message = load_error(rule_runner, checkpoint(model=model))

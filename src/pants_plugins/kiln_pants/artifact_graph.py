@@ -31,7 +31,6 @@ from kiln_contract.llama import weights_differences
 from kiln_contract.tokenize import DEFAULT_FRAMING, LevanterCacheSource, UrlFilesSource
 from kiln_contract.train import HfModelSource, ParentRun
 from kiln_contract.vocabulary import is_mutable_version
-from kiln_pants.build_symbols import CheckpointInit, EvalSuite
 from kiln_pants.eval_targets import (
     EvalBatchesField,
     EvalBatchSizeField,
@@ -42,6 +41,7 @@ from kiln_pants.eval_targets import (
     EvalValidationField,
     LmEvalRunTarget,
 )
+from kiln_pants.field_values import CheckpointInit, EvalSuite
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.hf_model_targets import (
     CheckpointField,

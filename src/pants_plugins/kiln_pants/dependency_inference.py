@@ -23,13 +23,13 @@ from pants.engine.target import (
 )
 from pants.engine.unions import UnionRule
 
-from kiln_pants.build_symbols import CheckpointInit, EvalSuite
 from kiln_pants.eval_targets import (
     EvalModelField,
     EvalSuiteField,
     EvalValidationField,
     LmEvalRunDependencies,
 )
+from kiln_pants.field_values import CheckpointInit, EvalSuite
 from kiln_pants.target_types import (
     DatasetsField,
     EvalsField,

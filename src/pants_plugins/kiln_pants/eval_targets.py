@@ -18,7 +18,7 @@ from pants.engine.target import (
 )
 
 from kiln_contract.train import HfModelSource
-from kiln_pants.build_symbols import CheckpointInit
+from kiln_pants.field_values import CheckpointInit
 from kiln_pants.target_types import (
     ArtifactNameField,
     ArtifactVersionField,

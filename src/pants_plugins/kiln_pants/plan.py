@@ -2,7 +2,7 @@
 
 Lists every artifact in the transitive closure, inputs first, with its fingerprint, its output
 path `{prefix}/{name}/{version}`, what `pants run` would do with it and, for an unbuilt cache,
-what building it takes (kiln_pants.build_estimate) and its shard plan (kiln_pants.shard_plan);
+what building it takes (kiln_pants.cache_estimate) and its shard plan (kiln_pants.shard_plan);
 then, for each checkpoint, the tokens its run reads from each mixture component against what that
 cache holds (kiln_pants.mixture_budget), and what its training costs: parameters, tokens, FLOPs,
 device-hours from measured throughput (kiln_pants.training_cost), with a total over the runs.
@@ -36,7 +36,7 @@ from kiln_pants.artifact_store import (
     StoredStatesRequest,
     artifact_path,
 )
-from kiln_pants.build_estimate import BuildEstimate, estimate_build
+from kiln_pants.cache_estimate import CacheEstimate, estimate_cache
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -228,8 +228,8 @@ async def plan(
         if artifact.kind == "tokenized_cache" and state.status != "built":
             imported = shard_plan[artifact].imported_tokens
             estimate = (
-                BuildEstimate(imported, "its shard_ledger.json") if imported is not None
-                else estimate_build(artifact, build_root.path)
+                CacheEstimate(imported, "its shard_ledger.json") if imported is not None
+                else estimate_cache(artifact, build_root.path)
             )  # fmt: skip
             console.print_stdout(f"  {'':<11} {'':<16}  {estimate.describe(vocabulary[artifact])}")
             for line in shard_plan[artifact].describe(plan_subsystem.shards):

@@ -24,8 +24,8 @@ from kiln_pants import (
     train_rules,
     training_cost,
 )
-from kiln_pants.build_symbols import BUILD_FILE_OBJECTS
 from kiln_pants.eval_targets import LmEvalRunTarget
+from kiln_pants.field_values import BUILD_FILE_OBJECTS
 from kiln_pants.hf_model_targets import HfModelTarget
 from kiln_pants.sweeps import LmSweepMacro
 from kiln_pants.target_types import ARTIFACT_TARGET_TYPES

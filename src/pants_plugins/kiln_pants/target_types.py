@@ -66,7 +66,7 @@ from kiln_contract.vocabulary import (
     check_version,
     mesh_sizes,
 )
-from kiln_pants.build_symbols import CheckpointInit, EvalSuite, InvalidHelperCall
+from kiln_pants.field_values import CheckpointInit, EvalSuite, InvalidHelperCall
 
 # ---------------------------------------------------------------------------------------------
 # Shared by both artifact types

@@ -76,7 +76,7 @@ from kiln_pants.artifact_store import (
     artifact_record,
     recorded_state,
 )
-from kiln_pants.build_symbols import CheckpointInit
+from kiln_pants.field_values import CheckpointInit
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.runtime import (
     ACCELERATOR_PLUGINS,

@@ -26,7 +26,7 @@ from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore
 from kiln.runner.__main__ import main
-from kiln.runner.build import _restart_dev_run, check_write_paths, run_step, train_spec
+from kiln.runner.checkpoint_step import _restart_dev_run, check_write_paths, run_step, train_spec
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.decision import same_artifact
 from kiln.runner.errors import StepError

@@ -2,7 +2,7 @@
 `config.evals`, defined by the contract (kiln_contract.evals) the Pants backend writes it with.
 
 The reference CORE_TASKS list lives where experiments name it, in the BUILD-file symbols
-(src/pants_plugins/kiln_pants/build_symbols.py); the runtime runs whatever suite the spec gives.
+(src/pants_plugins/kiln_pants/field_values.py); the runtime runs whatever suite the spec gives.
 See docs/evals.md.
 """
 

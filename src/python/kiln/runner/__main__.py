@@ -18,7 +18,7 @@ from kiln.artifacts.store import ObjectStore
 from kiln.cluster import connection
 from kiln.cluster.placement import PlacementError
 from kiln.data.errors import KilnDataError
-from kiln.runner.build import run_step
+from kiln.runner.checkpoint_step import run_step
 from kiln.runner.cluster import submit
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.errors import StepError
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.output is None and args.prefix is None:
         parser.error("give --prefix (artifact store) or --output")
-    cluster = multihost.cluster_from_flags(parser, args)
+    group = multihost.process_group_from_flags(parser, args)
     try:
-        return _run(parser, args, apply_overrides(step, args), cluster)
+        return _run(parser, args, apply_overrides(step, args), group)
     except (StepError, KilnDataError, multihost.JoinError, connection.ClusterError,
             PlacementError) as e:  # fmt: skip
         print(f"kiln: error: {e}", file=sys.stderr)
@@ -68,11 +68,11 @@ def _run(
     parser: argparse.ArgumentParser,
     args: argparse.Namespace,
     step: StepSpec,
-    cluster: multihost.Cluster,
+    group: multihost.ProcessGroup,
 ) -> int:
     address = None if args.output else connection.resolve_address(args.cluster)
     if address is not None:
-        _check_cluster_flags(parser, args, cluster)
+        _check_cluster_flags(parser, args, group)
         store = artifact_store(args.prefix)
         return submit(step, args.inputs.absolute(), store, address, args.max_retries,
                       detach=args.detach, force=args.force)  # fmt: skip
@@ -81,7 +81,7 @@ def _run(
     if args.force and args.output is not None:
         parser.error("--force replaces an artifact in the store: give --prefix, not --output")
     job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
-    return run_step(step, args.inputs, _destination(args, step), cluster, job,
+    return run_step(step, args.inputs, _destination(args, step), group, job,
                     force=args.force, wait=not args.no_wait)  # fmt: skip
 
 
@@ -103,9 +103,9 @@ def artifact_store(prefix: str) -> ObjectStore:
 
 
 def _check_cluster_flags(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, cluster: multihost.Cluster
+    parser: argparse.ArgumentParser, args: argparse.Namespace, group: multihost.ProcessGroup
 ) -> None:
-    if cluster.is_multihost:
+    if group.is_multihost:
         parser.error(
             "--cluster starts every host itself: drop --coordinator (or give --cluster local)"
         )

@@ -40,7 +40,7 @@ class StepRun:
     inputs_root: Path  # where the step's relative input paths are
     destination: Destination
     workspace: Workspace
-    cluster: multihost.Cluster
+    process_group: multihost.ProcessGroup
     process_index: int
     cluster_job: dict[str, Any] | None = None  # the Ray job's id and retries, when it is one
     force: bool = False  # replacing a built artifact

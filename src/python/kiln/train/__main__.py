@@ -36,12 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     multihost.add_flags(parser)
     args = parser.parse_args(argv)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)  # SIGTERM: a checkpoint, then exit
-    cluster = multihost.cluster_from_flags(parser, args)
+    group = multihost.process_group_from_flags(parser, args)
     from kiln.train import compilation_cache
 
     compilation_cache.use(None)  # $JAX_COMPILATION_CACHE_DIR's folder, for every program
     try:
-        with multihost.joined(cluster):
+        with multihost.joined(group):
             return run_training(load_spec(args.spec), quiet=args.quiet)
     except (SpecError, multihost.JoinError) as e:
         print(f"kiln.train: error: {e}", file=sys.stderr)

@@ -25,7 +25,7 @@ class JoinError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class Cluster:
+class ProcessGroup:
     """How this process joins a run; no coordinator: it runs alone."""
 
     coordinator: str | None = None
@@ -37,7 +37,7 @@ class Cluster:
         return self.coordinator is not None
 
 
-ALONE = Cluster()
+ALONE = ProcessGroup()
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -51,21 +51,24 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--process-id", type=int, help="this process, 0-based")
 
 
-def cluster_from_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Cluster:
-    """The Cluster the flags of `add_flags` describe; a parser error when they are incomplete."""
+def process_group_from_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> ProcessGroup:
+    """The ProcessGroup the flags of `add_flags` describe; a parser error when they are
+    incomplete."""
     explicit = (args.num_processes, args.process_id)
     if args.coordinator not in (None, "auto") and None in explicit:
         parser.error("--coordinator HOST:PORT needs --num-processes and --process-id")
     if args.coordinator in (None, "auto") and explicit != (None, None):
         parser.error("--num-processes and --process-id go with --coordinator HOST:PORT")
-    return Cluster(args.coordinator, args.num_processes, args.process_id)
+    return ProcessGroup(args.coordinator, args.num_processes, args.process_id)
 
 
 @contextmanager
-def joined(cluster: Cluster) -> Iterator[int]:
+def joined(group: ProcessGroup) -> Iterator[int]:
     """Joins the run (nothing to do alone) and yields this process's index; on the way out,
     every process leaves together, so none tears down a collective another is still in."""
-    if not cluster.is_multihost:
+    if not group.is_multihost:
         yield 0
         return
     import jax
@@ -73,12 +76,10 @@ def joined(cluster: Cluster) -> Iterator[int]:
     # CPU hosts need a collectives backend across processes; GPUs and TPUs bring their own.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     try:
-        if cluster.coordinator == "auto":
+        if group.coordinator == "auto":
             jax.distributed.initialize()
         else:
-            jax.distributed.initialize(
-                cluster.coordinator, cluster.num_processes, cluster.process_id
-            )
+            jax.distributed.initialize(group.coordinator, group.num_processes, group.process_id)
     except (ValueError, RuntimeError) as e:  # no cluster found, coordinator unreachable, ...
         raise JoinError(
             f"cannot join the multi-host run ({str(e).splitlines()[0]}); give --coordinator "

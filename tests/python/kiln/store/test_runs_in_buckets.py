@@ -26,7 +26,7 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectStore
-from kiln.runner.build import run_step
+from kiln.runner.checkpoint_step import run_step
 from kiln.runner.command_line import read_step
 from kiln.runner.errors import StepError
 from kiln.runner.inputs import place_inputs

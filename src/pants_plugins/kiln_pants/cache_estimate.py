@@ -28,7 +28,7 @@ COMPRESSED_SUFFIXES = (".gz", ".zst", ".parquet")
 
 
 @dataclass(frozen=True)
-class BuildEstimate:
+class CacheEstimate:
     tokens: Optional[int]
     basis: str  # where the token count comes from
 
@@ -46,18 +46,18 @@ class BuildEstimate:
         )
 
 
-def estimate_build(artifact: Artifact, build_root: str) -> BuildEstimate:
+def estimate_cache(artifact: Artifact, build_root: str) -> CacheEstimate:
     identity = artifact.identity
     if identity.get("max_tokens") is not None:
-        return BuildEstimate(identity["max_tokens"], "max_tokens")
+        return CacheEstimate(identity["max_tokens"], "max_tokens")
     source = identity["source"]
     sizes = _local_file_sizes(source, build_root)
     if sizes is None:
-        return BuildEstimate(None, f"a {source['kind']} source is sized when it is read")
+        return CacheEstimate(None, f"a {source['kind']} source is sized when it is read")
     if any(path.endswith(COMPRESSED_SUFFIXES) for path in sizes):
-        return BuildEstimate(None, "compressed files: their text is sized when it is read")
+        return CacheEstimate(None, "compressed files: their text is sized when it is read")
     text_bytes = sum(sizes.values())
-    return BuildEstimate(
+    return CacheEstimate(
         round(text_bytes / TEXT_BYTES_PER_TOKEN),
         f"{text_bytes / 1e6:.1f} MB of text / {TEXT_BYTES_PER_TOKEN} bytes per token",
     )

@@ -31,7 +31,7 @@ def run_step(
     step: StepSpec,
     inputs_root: Path,
     destination: Destination,
-    cluster: multihost.Cluster = multihost.ALONE,
+    group: multihost.ProcessGroup = multihost.ALONE,
     cluster_job: dict[str, Any] | None = None,
     *,
     force: bool = False,
@@ -48,15 +48,15 @@ def run_step(
     destination.store.check()  # a missing bucket or an unreachable endpoint fails here, in seconds
     if not force and serve_if_built(step, destination.folder):
         return 0
-    wait = wait and not force and not cluster.is_multihost
-    with multihost.joined(cluster) as process_index, contextlib.ExitStack() as held:
+    wait = wait and not force and not group.is_multihost
+    with multihost.joined(group) as process_index, contextlib.ExitStack() as held:
         workspace = held.enter_context(
             opened(destination.folder, process_index=process_index,
-                   process_count=_processes(cluster), staging=destination.staging)
+                   process_count=_processes(group), staging=destination.staging)
         )  # fmt: skip
         spec = train_spec(step, inputs_root, workspace, destination)
         check_write_paths(spec, _write_root(destination, workspace))
-        run = StepRun(step, spec, inputs_root, destination, workspace, cluster, process_index,
+        run = StepRun(step, spec, inputs_root, destination, workspace, group, process_index,
                       cluster_job, force)  # fmt: skip
         lease = _start_on_process_0(run, held, wait=wait)
         if process_index == 0 and lease is None:
@@ -73,8 +73,8 @@ def _write_root(destination: Destination, workspace: Workspace) -> Path:
     return Path(root) if destination.artifact_store and root is not None else workspace.local
 
 
-def _processes(cluster: multihost.Cluster) -> int:
-    if not cluster.is_multihost:
+def _processes(group: multihost.ProcessGroup) -> int:
+    if not group.is_multihost:
         return 1
     import jax
 
@@ -94,7 +94,7 @@ def _start_on_process_0(run: StepRun, held: contextlib.ExitStack, *, wait: bool)
                 _start(run)
         except Exception as e:  # noqa: BLE001 - raised below, once the others know
             failure = e
-    if run.cluster.is_multihost and multihost.agree_max([failure is not None])[0]:
+    if run.process_group.is_multihost and multihost.agree_max([failure is not None])[0]:
         failure = failure or StepError(
             f"process 0 could not start {run.step.ref}; its output says why"
         )
