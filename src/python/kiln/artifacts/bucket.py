@@ -46,6 +46,10 @@ class BucketURL:
         name = self.name(key).strip("/")
         return f"{name}/" if name else ""
 
+    def under(self, key: str) -> BucketURL:
+        """The URL of the folder `key`, as a root of its own."""
+        return BucketURL(self.scheme, self.bucket, self.name(key).strip("/"))
+
     def url(self, key: str = "") -> str:
         name = self.name(key) if key else self.path
         return f"{self.scheme}://{self.bucket}/{name}"

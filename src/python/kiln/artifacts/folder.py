@@ -42,6 +42,10 @@ class ArtifactFolder:
         """The folder at a path or a URL, as a store of its own."""
         return cls(open_store(location), "")
 
+    def as_store(self) -> ObjectStore:
+        """The folder as a store of its own (its keys relative to it), on the same connection."""
+        return self.store.under(self.key) if self.key else self.store
+
     def child(self, name: str) -> str:
         """The key of the object `name` in the folder (key "": a store rooted at the folder)."""
         return f"{self.key}/{name}" if self.key else name

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import json
 import os
@@ -79,6 +80,11 @@ class GCSStore(ObjectStore):
 
     def location(self, key: str) -> str:
         return self.url.url(key)
+
+    def under(self, key: str) -> GCSStore:
+        folder = copy.copy(self)  # the same client and credentials
+        folder.url = self.url.under(key)
+        return folder
 
     def check(self) -> None:
         self._request("", "GET", f"/storage/v1/b/{self.url.bucket}")

@@ -46,6 +46,9 @@ class LocalStore(ObjectStore):
     def location(self, key: str) -> str:
         return str(self.path(key))
 
+    def under(self, key: str) -> LocalStore:
+        return LocalStore(self.path(key))
+
     def check(self) -> None:
         """Nothing to reach: the directory is made on the first write."""
 

@@ -16,6 +16,7 @@ store's users write objects that differ on every write (leases carry an owner an
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from pathlib import Path
@@ -102,6 +103,11 @@ class S3Store(ObjectStore):
 
     def location(self, key: str) -> str:
         return self.url.url(key)
+
+    def under(self, key: str) -> S3Store:
+        folder = copy.copy(self)  # the same client and credentials
+        folder.url = self.url.under(key)
+        return folder
 
     def check(self) -> None:
         self._call("", "head_bucket")

@@ -57,6 +57,11 @@ class ObjectStore(abc.ABC):
         """Where the object is, for messages: a path or a URL."""
 
     @abc.abstractmethod
+    def under(self, key: str) -> ObjectStore:
+        """The store rooted at `key` of this one, on this one's connection: a folder of it
+        handed to code that reads from a store's root (a cache's reader, its verifier)."""
+
+    @abc.abstractmethod
     def check(self) -> None:
         """Fails fast (StorageError naming the store and what to check) when the store cannot
         be reached or its bucket does not exist."""

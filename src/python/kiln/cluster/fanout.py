@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.cluster import tokenize_task
 from kiln.cluster.connection import ClusterError, connect, resolve_address
@@ -205,7 +206,7 @@ def _command(args: argparse.Namespace) -> int:
         raise SpecError(f"{spec.name}: a levanter_cache source is imported, not tokenized.")
     if len(args.shards) != spec.num_shards:
         raise SpecError(f"--shards names {len(args.shards)} folders for {spec.num_shards} shards.")
-    if already_built(spec, args.out):  # no cluster needed to see it
+    if already_built(spec, open_store(args.out)):  # no cluster needed to see it
         print(f"{spec.name}@{spec.version}: already built at {args.out}", file=sys.stderr)
         return 0
     files = task_files(spec, spec_bytes, args.record)

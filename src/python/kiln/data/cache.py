@@ -56,6 +56,7 @@ import tensorstore as ts
 from kiln.artifacts import FAILED, SUCCESS
 from kiln.artifacts.content import Damage, check_object_sizes
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import as_storage_error
 from kiln.artifacts.store import ObjectStore
@@ -86,7 +87,7 @@ TOKENS_PER_CHECK = 1 << 22  # tokens read at a time when every id of a cache is 
 
 def zarr_spec(path: Path) -> dict[str, Any]:
     """The spec of a zarr3 array in a local folder."""
-    return zarr_spec_in(open_store(path), "")
+    return zarr_spec_in(LocalStore(path), "")
 
 
 def zarr_spec_in(store: ObjectStore, key: str) -> dict[str, Any]:
@@ -133,10 +134,10 @@ class _SliceRead:
     future: ts.Future
 
 
-def read_cache_records(location: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(cache.json, ledger.json) of a finished cache of a format this Kiln reads, in a folder
-    or a bucket; CacheNotReady otherwise. Reads no array."""
-    store = open_store(location)
+def read_cache_records(store: ObjectStore) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(cache.json, ledger.json) of the finished cache at the root of `store` (a folder or a
+    bucket), of a format this Kiln reads; CacheNotReady otherwise. Reads no array."""
+    location = store.location("")
     folder = ArtifactFolder(store, "")
     status = folder.status()
     if status != SUCCESS:
@@ -180,9 +181,10 @@ class TokenCache:
     """A finished cache in a local folder or a bucket (`s3://`, `gs://`): its records are read
     through the object store, its arrays through TensorStore's matching kvstore driver."""
 
-    def __init__(self, location: str | Path, info: dict[str, Any], ledger: dict[str, Any]) -> None:
-        self.path = location  # where it is, for messages
-        self.store = open_store(location)
+    def __init__(self, store: ObjectStore, info: dict[str, Any], ledger: dict[str, Any]) -> None:
+        root = store.local_root
+        self.path: Path | str = store.location("") if root is None else Path(root)  # for people
+        self.store = store
         self.info = info
         self.ledger = ledger
         self.verified = info.get("format_version") in VERIFIED_FORMAT_VERSIONS
@@ -219,8 +221,8 @@ class TokenCache:
     @classmethod
     def open(cls, location: str | Path) -> TokenCache:
         """The cache at a local path or a bucket URL; CacheNotReady unless it is finished."""
-        path = location if "://" in str(location) else Path(location)
-        return cls(path, *read_cache_records(path))
+        store = open_store(location)
+        return cls(store, *read_cache_records(store))
 
     @property
     def token_byte_lengths(self) -> np.ndarray:

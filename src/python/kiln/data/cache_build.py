@@ -18,7 +18,7 @@ from typing import Any
 
 from kiln.artifacts import STATUS_FILE, SUCCESS
 from kiln.artifacts.lease import Lease
-from kiln.artifacts.locations import open_store
+from kiln.artifacts.local import LocalStore
 from kiln.artifacts.store import ObjectStore, read_text
 from kiln.data import sources
 from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, SHARD_FORMAT_VERSIONS, SHARDS_DIR
@@ -46,28 +46,27 @@ def ref(spec: CacheSpec) -> str:
     return f"{spec.name}@{spec.version}"
 
 
-def already_built(spec: CacheSpec, location: str | Path) -> bool:
-    """A finished cache of this spec (in a folder or a bucket) is served as is (the artifact
-    store resumes, not Pants); a finished cache of another fingerprint under the same name and
-    version is refused."""
-    store = open_store(location)
+def already_built(spec: CacheSpec, store: ObjectStore) -> bool:
+    """A finished cache of this spec at the root of `store` (a folder or a bucket) is served as
+    is (the artifact store resumes, not Pants); a finished cache of another fingerprint under the
+    same name and version is refused."""
     if (read_text(store, STATUS_FILE) or "").strip() != SUCCESS:
         return False
     built = json.loads(store.read(CACHE_FILE).data).get("fingerprint")
     if built != spec.fingerprint:
         raise CacheError(
-            f"{location} already holds {ref(spec)} with fingerprint {built}, not "
+            f"{store.location('')} already holds {ref(spec)} with fingerprint {built}, not "
             f"{spec.fingerprint}: the target's configuration changed. Bump its `version`."
         )
     return True
 
 
-def served(spec: CacheSpec, location: str | Path) -> bool:
-    """Whether the cache at `location` is built already (and says so): then there is nothing
-    to do."""
-    if not already_built(spec, location):
+def served(spec: CacheSpec, store: ObjectStore) -> bool:
+    """Whether the cache at the root of `store` is built already (and says so): then there is
+    nothing to do."""
+    if not already_built(spec, store):
         return False
-    print(f"{ref(spec)}: already built at {location}", file=sys.stderr)
+    print(f"{ref(spec)}: already built at {store.location('')}", file=sys.stderr)
     return True
 
 
@@ -77,7 +76,7 @@ def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
     cache_spec = parse_cache_spec(spec)
     out_dir = Path(out_dir)
     with Lease.beside(out_dir, what=f"build {ref(cache_spec)}").acquire(wait=True):
-        if already_built(cache_spec, out_dir):
+        if already_built(cache_spec, LocalStore(out_dir)):
             return out_dir
         tokenizer = load_tokenizer(cache_spec.tokenizer)
         if isinstance(cache_spec.source, LevanterCacheSource):
@@ -85,7 +84,7 @@ def build_cache(spec: dict[str, Any], out_dir: Path) -> Path:
         staging = out_dir / BUILD_SHARDS_DIR
         shard_dirs = [staging / shard_dir_name(i) for i in range(cache_spec.num_shards)]
         for index, shard_dir in enumerate(shard_dirs):
-            write_shard_unless_done(cache_spec, index, open_store(shard_dir), None, tokenizer)
+            write_shard_unless_done(cache_spec, index, LocalStore(shard_dir), None, tokenizer)
         merge_cache(cache_spec, shard_dirs, out_dir, tokenizer)
         shutil.rmtree(staging)
     return out_dir
@@ -100,7 +99,7 @@ def write_shard_unless_done(
 ) -> None:
     """Tokenizes shard `index` into `shard` unless that folder, or the cache's own shard folder
     (where an interrupted merge moved it), holds it complete already."""
-    done = [shard] + ([open_store(cache.location(_shard_key(index)))] if cache else [])
+    done = [shard] + ([cache.under(_shard_key(index))] if cache else [])
     for store in done:
         record = shard_record(store)
         if record is not None and is_shard_of(store, record, spec, index, tokenizer):
@@ -177,7 +176,7 @@ def merge_cache(
     tokenizer: LoadedTokenizer | None = None,
 ) -> Path:
     """merge_shards of local shard folders into the local folder out_dir."""
-    merge_shards(spec, [open_store(d) for d in shard_dirs], open_store(out_dir), tokenizer)
+    merge_shards(spec, [LocalStore(d) for d in shard_dirs], LocalStore(out_dir), tokenizer)
     return Path(out_dir)
 
 
@@ -195,7 +194,7 @@ def merge_shards(
     tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
     by_index = _given_shards(spec, list(shards), cache, tokenizer)
     for index in sorted(set(range(spec.num_shards)) - set(by_index)):
-        merged = open_store(cache.location(_shard_key(index)))
+        merged = cache.under(_shard_key(index))
         record = shard_record(merged)
         if record is not None and is_shard_of(merged, record, spec, index, tokenizer):
             by_index[index] = (merged, record)

@@ -46,7 +46,7 @@ from kiln.artifacts.content import (
     record_files,
 )
 from kiln.artifacts.folder import ArtifactFolder
-from kiln.artifacts.locations import open_store
+from kiln.artifacts.local import LocalStore
 from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
 from kiln.data import document_ends
 from kiln.data.cache import (
@@ -157,16 +157,6 @@ def shard_record(store: ObjectStore) -> dict[str, Any] | None:
     return None if text is None else json.loads(text)
 
 
-def read_shard_record(location: str | Path) -> dict[str, Any]:
-    """The shard.json of a complete shard (a folder or a bucket URL); CacheError if the shard is
-    missing or unfinished."""
-    store = open_store(location)
-    record = shard_record(store)
-    if record is None:
-        raise missing_shard(store)
-    return record
-
-
 def folder_exists(store: ObjectStore) -> bool:
     """Whether the root of `store` is there: a local folder (even empty), or any object under a
     bucket's prefix (a bucket has no empty folders)."""
@@ -269,7 +259,7 @@ def write_imported_cache(
 ) -> None:
     """A cache of imported shards (their arrays stay where they are: each shard's `location`),
     written like an assembled one: STATUS RUNNING, the records, STATUS SUCCESS last."""
-    cache = open_store(cache_dir)
+    cache = LocalStore(cache_dir)
     with _writing(cache):
         documents = sum(shard["documents"] for shard in shards)
         tokens = sum(shard["tokens"] for shard in shards)

@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
         finished = args.out if args.command != "shard" else args.unless_built
-        if finished is not None and served(spec, finished):  # no lease needed to see it
+        if finished is not None and served(spec, open_store(finished)):  # no lease needed to see it
             return 0
         _check_command_fits_source(spec, args.command)
         if args.command == "shard":
@@ -250,7 +250,7 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
         cache.check()
     what = f"tokenize {ref(spec)} shard {args.index}"
     with Lease.beside(args.out, what=what).acquire(wait=True):
-        if args.unless_built is None or not served(spec, args.unless_built):
+        if cache is None or not served(spec, cache):
             tokenizer = _tokenizer(spec)
             write_shard_unless_done(spec, args.index, shard, cache, tokenizer)
     if cache is not None and shard.local_root is not None and ArtifactFolder(cache, "").is_built():
@@ -264,7 +264,7 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     cache.check()
     with contextlib.ExitStack() as leases:
         leases.enter_context(Lease.beside(args.out, what=f"merge {ref(spec)}").acquire(wait=True))
-        if served(spec, args.out):
+        if served(spec, cache):
             return
         for shard in args.shards:
             what = f"merge {ref(spec)} (shard {os.fspath(shard).rpartition('/')[2]})"
@@ -290,7 +290,7 @@ def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
     cache = open_store(args.out)
     cache.check()
     with Lease.beside(args.out, what=f"import {ref(spec)}").acquire(wait=True):
-        if served(spec, args.out):
+        if served(spec, cache):
             return
         tokenizer = _tokenizer(spec)
         with local_folder_of(cache) as folder:

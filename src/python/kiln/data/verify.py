@@ -33,7 +33,6 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kiln.artifacts.content import check_object_digests
@@ -85,7 +84,7 @@ class Verification:
 
 
 def verify_cache(
-    location: Path | str, *, digests: bool = True, token_data: bool = False
+    store: ObjectStore, *, digests: bool = True, token_data: bool = False
 ) -> Verification:
     """With `digests` (the full check), compares every file's sha256 with the ledger (before any
     array is decoded, so that altered bytes are named as such), opens the cache as a reader
@@ -93,14 +92,16 @@ def verify_cache(
     opens it only. With `token_data`, reads an imported cache's token data whole
     (kiln.data.import_check: the command does, the runner does not, an import's terabytes being
     read where they are). CacheDamaged names the first damaged file; CacheNotReady an
-    unfinished cache; StorageError a file the storage cannot read."""
-    path = location if "://" in str(location) else Path(location)
+    unfinished cache; StorageError a file the storage cannot read. The cache is at the root of
+    `store` (ArtifactFolder.as_store, for one in a folder of a store)."""
     try:
-        info, ledger = read_cache_records(path)
-        files, size = _compare_digests(path, info, ledger) if digests else (0, 0)
-        cache = TokenCache(path, info, ledger)
+        info, ledger = read_cache_records(store)
+        files, size = _compare_digests(store, info, ledger) if digests else (0, 0)
+        cache = TokenCache(store, info, ledger)
     except (ValueError, KeyError) as e:  # cache.json or ledger.json are not what was written
-        raise KilnDataError(f"{path}: the cache's records cannot be read ({e})") from None
+        raise KilnDataError(
+            f"{store.location('')}: the cache's records cannot be read ({e})"
+        ) from None
     token_ids = 0
     if digests and not is_import(cache):
         cache.check_every_token_id()
@@ -109,23 +110,22 @@ def verify_cache(
     return Verification(cache, files, size, token_ids, imported=imported)
 
 
-def verify_once(path: Path | str, *, record: bool = True) -> Verification:
+def verify_once(store: ObjectStore, *, record: bool = True) -> Verification:
     """The full check of `verify_cache`, unless VERIFIED_FILE says the cache passed it with
     every file as it is now (then it is only opened); with `record`, a cache that passes is
     marked so (a cache whose folder is not the caller's to write, such as a Pants sandbox's
     output, is checked in full every time)."""
-    store = open_store(path)
     if _marked_unchanged(store):
-        return Verification(verify_cache(path, digests=False).cache, 0, 0, earlier=True)
-    verification = verify_cache(path)
+        return Verification(verify_cache(store, digests=False).cache, 0, 0, earlier=True)
+    verification = verify_cache(store)
     if record and verification.cache.verified:
-        mark_verified(path)
+        mark_verified(store)
     return verification
 
 
-def mark_verified(path: Path | str) -> None:
-    """Writes VERIFIED_FILE: the generation of every file of the (checked) cache at `path`."""
-    store = open_store(path)
+def mark_verified(store: ObjectStore) -> None:
+    """Writes VERIFIED_FILE: the generation of every file of the (checked) cache at the root
+    of `store`."""
     mark = {"format": VERIFIED_FORMAT, "generations": _generations(store, _cache_keys(store))}
     store.write(VERIFIED_FILE, (json.dumps(mark, sort_keys=True) + "\n").encode())
 
@@ -165,13 +165,12 @@ def _generations(store: ObjectStore, keys: list[str]) -> dict[str, str | None]:
 
 
 def _compare_digests(
-    path: Path | str, info: dict[str, Any], ledger: dict[str, Any]
+    store: ObjectStore, info: dict[str, Any], ledger: dict[str, Any]
 ) -> tuple[int, int]:
     """(files, bytes) whose digests match; CacheDamaged at the first that does not. A cache
     of the unverified format has no digests: (0, 0)."""
     if info.get("format_version") == UNVERIFIED_FORMAT_VERSION:
         return 0, 0
-    store = open_store(path)
     folders = [(None, "", ledger["files"])] + [
         (shard["name"], f"{SHARDS_DIR}/{shard['name']}", shard["files"])
         for shard in ledger["shards"]
@@ -179,7 +178,7 @@ def _compare_digests(
     files = size = 0
     for shard, folder, records in folders:
         for damage in check_object_digests(store, folder, records):
-            raise cache_damaged(path, info, shard, damage)
+            raise cache_damaged(store.location(""), info, shard, damage)
         files += len(records)
         size += sum(int(record["bytes"]) for record in records.values())
     return files, size
@@ -189,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m kiln.data.verify", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("caches", type=Path, nargs="+", metavar="CACHE_DIR")
+    parser.add_argument("caches", nargs="+", metavar="CACHE_DIR", help="a folder or a bucket URL")
     args = parser.parse_args(argv)
     codes = set()
     for path in args.caches:
@@ -200,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     return next((c for c in (EXIT_DAMAGED, EXIT_STORAGE, EXIT_UNVERIFIED) if c in codes), 0)
 
 
-def _verify_one(path: Path) -> tuple[int, str]:
+def _verify_one(path: str) -> tuple[int, str]:
     try:
-        verification = verify_cache(path, token_data=True)
+        verification = verify_cache(open_store(path), token_data=True)
     except KilnDataError as e:
         return EXIT_DAMAGED, f"error: {e}"
     except (StorageError, OSError) as e:

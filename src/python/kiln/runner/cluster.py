@@ -79,11 +79,12 @@ def _tokenizer_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:
     """The repository's tokenizer folders that the step's caches name by a relative path (the
     trainer loads them for evals and samples, from the folder it runs in): they travel to the
     hosts at those paths."""
+    from kiln.artifacts.locations import open_store
     from kiln.data.cache import read_cache_records
 
     folders = set()
     for location in input_locations(step, inputs_root, None).values():  # the built caches
-        info, _ = read_cache_records(location)
+        info, _ = read_cache_records(open_store(location))
         spec = info["tokenizer"].get("spec") or {}
         if spec.get("kind") == "local" and not Path(spec["path"]).is_absolute():
             folders.add(Path(spec["path"]))

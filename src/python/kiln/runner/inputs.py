@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.local import LocalStore
+from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore, copy_folder_into
 from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
@@ -58,14 +60,15 @@ def place_cache(store: ObjectStore, key: str, source: Path, record: ArtifactReco
     _contained(store, key, f"input cache {record.ref} at")
     if _check_placed(folder, record, missing_ok=True):
         return folder.location()
-    if not ArtifactFolder.at(str(source)).is_built():
+    built = LocalStore(source)
+    if not ArtifactFolder(built, "").is_built():
         raise StepError(f"input cache {source} is not complete (no STATUS SUCCESS)")
     with folder.lease(f"place {record.ref}").acquire(wait=True):
         if not _check_placed(folder, record, missing_ok=True):  # or another run placed it
-            _check_cache(str(source), record, mark=False)
+            _check_cache(built, record, mark=False)
             store.remove_folder(key)
             copy_folder_into(store, key, source)
-            mark_verified(folder.location())  # the bytes just checked
+            mark_verified(folder.as_store())  # the bytes just checked
     return folder.location()
 
 
@@ -73,7 +76,7 @@ def _check_placed(folder: ArtifactFolder, record: ArtifactRecord, *, missing_ok:
     """Whether the folder holds this cache, finished (its files present with their sizes);
     StepError when it holds another, or (unless `missing_ok`) no finished one."""
     if same_artifact(folder, record) is not None and folder.is_built():
-        _check_cache(folder.location(), record)
+        _check_cache(folder.as_store(), record)
         return True
     if missing_ok:
         return False
@@ -88,15 +91,16 @@ def check_in_place(step: StepSpec, inputs_root: Path) -> None:
     """Checks the input caches of a run without a store (`--output`) where Pants built them: in
     full, every run (a sandbox's folders are not the run's to mark)."""
     for entry in step.inputs:
-        _check_cache(_location(entry, inputs_root, None), entry.record, mark=False)
+        # Where the step spec says the cache is: a location entering the runtime.
+        _check_cache(open_store(_location(entry, inputs_root, None)), entry.record, mark=False)
 
 
-def _check_cache(location: str, record: ArtifactRecord, *, mark: bool = True) -> None:
+def _check_cache(store: ObjectStore, record: ArtifactRecord, *, mark: bool = True) -> None:
     """kiln.data.verify's full check of an input cache, unless it passed it before and is
     unchanged since (`mark`: record that it passed, in its folder): StepError if it is
     damaged."""
     try:
-        verification = verify_once(location, record=mark)
+        verification = verify_once(store, record=mark)
     except KilnDataError as e:
         raise StepError(f"input {record.ref}: {e}") from None
     if not verification.cache.verified:

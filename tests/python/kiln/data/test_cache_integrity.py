@@ -19,6 +19,7 @@ import tensorstore as ts
 from kiln_testing.data import make_spec, write_corpus
 
 from kiln.artifacts.content import record_files, record_sizes
+from kiln.artifacts.locations import open_store
 from kiln.data.cache import TokenCache, zarr_spec
 from kiln.data.errors import CacheDamaged
 from kiln.data.tokenize import build_cache
@@ -66,7 +67,7 @@ def test_an_intact_cache_records_and_verifies_every_file(cache_dir: Path) -> Non
         "data/c/0", "data/zarr.json", "offsets/c/0", "offsets/zarr.json", "offsets_index.npy"
     ]  # fmt: skip
     assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in files.values())
-    verification = verify_cache(cache_dir)
+    verification = verify_cache(open_store(cache_dir))
     assert verification.cache.verified and verification.files == 11
     assert verification.describe().startswith(f"tokenized/test@2026.11.29 at {cache_dir}: verified")
 
@@ -95,7 +96,7 @@ def test_altered_bytes_fail_their_digest(cache_dir: Path) -> None:
     with pytest.raises(
         CacheDamaged, match=rf"shard {SHARD}, file data/c/0 does not match its sha256"
     ):
-        verify_cache(cache_dir)
+        verify_cache(open_store(cache_dir))
 
 
 def test_ids_beyond_the_vocabulary_are_refused_when_read(cache_dir: Path) -> None:
@@ -109,7 +110,7 @@ def test_ids_beyond_the_vocabulary_are_refused_when_read(cache_dir: Path) -> Non
     assert f"shard {SHARD}, file data/c/0 holds token id 65000 at position 3" in message
     assert "not in the tokenizer's vocabulary of 8192" in message
     with pytest.raises(CacheDamaged, match="does not match its sha256 digest"):
-        verify_cache(cache_dir)
+        verify_cache(open_store(cache_dir))
 
 
 def test_the_full_check_reads_every_token_id(cache_dir: Path) -> None:
@@ -117,7 +118,7 @@ def test_the_full_check_reads_every_token_id(cache_dir: Path) -> None:
     full check still finds the id, before any training reads it."""
     rewrite(cache_dir, "data", 7, 9000, digests=True)
     with pytest.raises(CacheDamaged) as error:
-        verify_cache(cache_dir)
+        verify_cache(open_store(cache_dir))
     message = str(error.value)
     assert f"at {cache_dir}: shard {SHARD}, file data/c/0 holds token id 9000 at position 7" in (
         message
@@ -129,14 +130,14 @@ def test_the_full_check_reads_every_token_id(cache_dir: Path) -> None:
 def test_a_cache_verified_once_is_not_read_again_until_a_file_changes(
     cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = verify_once(cache_dir)
+    first = verify_once(open_store(cache_dir))
     assert not first.earlier and first.token_ids == first.cache.num_tokens > 0
     assert (cache_dir / VERIFIED_FILE).exists()
     import kiln.data.verify as verify
 
     full_checks: list[object] = []
     monkeypatch.setattr(verify, "_compare_digests", lambda *a: full_checks.append(a) or (0, 0))
-    again = verify_once(cache_dir)
+    again = verify_once(open_store(cache_dir))
     assert again.earlier and not full_checks
     assert again.describe().endswith(": verified when placed, every file unchanged since")
     monkeypatch.undo()
@@ -145,13 +146,13 @@ def test_a_cache_verified_once_is_not_read_again_until_a_file_changes(
     data[len(data) // 2] ^= 0xFF  # rewritten in place: same inode and size, another mtime
     chunk.write_bytes(bytes(data))
     with pytest.raises(CacheDamaged, match=rf"shard {SHARD}, file data/c/0 does not match"):
-        verify_once(cache_dir)
+        verify_once(open_store(cache_dir))
 
 
 def test_a_cache_not_ours_to_mark_is_checked_every_time(cache_dir: Path) -> None:
-    assert not verify_once(cache_dir, record=False).earlier
+    assert not verify_once(open_store(cache_dir), record=False).earlier
     assert not (cache_dir / VERIFIED_FILE).exists()
-    assert not verify_once(cache_dir).earlier  # nothing marked it before
+    assert not verify_once(open_store(cache_dir)).earlier  # nothing marked it before
 
 
 def test_damaged_offsets_are_refused_when_read(cache_dir: Path) -> None:

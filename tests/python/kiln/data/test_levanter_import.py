@@ -239,8 +239,8 @@ def test_verify_reads_an_imports_token_data(written, tmp_path: Path, capsys) -> 
     folder = copy_of(written["sharded"], tmp_path)
     out = build_cache(import_spec(folder), tmp_path / "imported")
     tokens = written["sharded"].ledger["field_counts"]["input_ids"]
-    assert verify_cache(out).imported is None  # the runner's placement check reads no data
-    described = verify_cache(out, token_data=True).describe()
+    assert verify_cache(open_store(out)).imported is None  # the runner's placement check reads no data
+    described = verify_cache(open_store(out), token_data=True).describe()
     assert f"the Levanter cache at {folder} (sharded, 3 part(s)): " in described
     assert f"{tokens:,} token ids read, each in [0, 8192), offsets increasing, rows" in described
     # An id beyond the vocabulary, written into a part's data: the ledger and the array

@@ -17,6 +17,7 @@ from kiln_testing.small_disk import FULL_DISK, SmallDisk
 
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
+from kiln.artifacts.locations import open_store
 from kiln.data.cache import TokenCache
 from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import merge_cache, tokenize_shard
@@ -77,7 +78,7 @@ def test_two_concurrent_builders_build_a_store_cache_once(tmp_path: Path) -> Non
     assert both.count("cache ready at") == 1 and both.count("already built at") >= 1, both
     assert "no such shard folder" not in both and "Traceback" not in both
     cache, shards = layout(prefix)
-    assert verify_cache(cache).files == 1 + 5 * NUM_SHARDS
+    assert verify_cache(open_store(cache)).files == 1 + 5 * NUM_SHARDS
     assert not shards[0].parent.exists()  # the staging folder is gone
     assert sorted(p.name for p in cache.parent.iterdir()) == [VERSION]  # no lease, no temp
 
@@ -151,4 +152,4 @@ def test_a_full_disk_fails_in_one_line_and_the_build_resumes(small_disk, tmp_pat
     small_disk.grow()
     resumed = small_disk.run(tokenize("build", spec, "--out", cache))
     assert resumed.returncode == 0, resumed.stderr
-    assert verify_cache(cache).files == 1 + 5 * NUM_SHARDS
+    assert verify_cache(open_store(cache)).files == 1 + 5 * NUM_SHARDS

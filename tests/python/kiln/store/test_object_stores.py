@@ -49,6 +49,18 @@ def test_a_folder_is_listed_and_its_objects_removed(store: ObjectStore) -> None:
     assert store.keys("nothing") == []
 
 
+def test_a_folder_is_a_store_of_its_own_on_the_same_connection(
+    store: ObjectStore, store_location: str
+) -> None:
+    store.write("caches/a/cache.json", b"{}")
+    folder = store.under("caches/a")
+    assert folder.location("") == f"{store_location}/caches/a"
+    assert folder.read("cache.json").data == b"{}"
+    folder.under("shards").write("s0/STATUS", b"SUCCESS")
+    assert store.read("caches/a/shards/s0/STATUS").data == b"SUCCESS"
+    assert store.keys("caches") == ["a/cache.json", "a/shards/s0/STATUS"]  # the root unchanged
+
+
 def test_create_refuses_an_existing_key(store: ObjectStore) -> None:
     generation = store.create("lease", b"mine")
     with pytest.raises(ObjectExists):

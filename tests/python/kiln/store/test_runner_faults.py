@@ -25,6 +25,7 @@ from kiln.artifacts.content import record_files
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import LeaseRecord, lease_key
 from kiln.artifacts.local import LocalStore
+from kiln.artifacts.locations import open_store
 from kiln.data.cache import zarr_spec
 from kiln.data.verify import verify_once
 from kiln.runner.command_line import read_step
@@ -137,7 +138,7 @@ def test_a_verified_cache_altered_with_its_times_put_back_is_refused(tmp_path: P
     step = write_runner_step(tmp_path / "inputs", **STEPS)
     prefix = tmp_path / "store"
     shard = placed(step, prefix)
-    verify_once(shard.parents[1])  # marked verified, as a run marks the caches it checked
+    verify_once(open_store(shard.parents[1]))  # marked verified, as a run marks the caches it checked
     chunk = shard / "data/c/0"
     before = chunk.stat()
     data = bytearray(chunk.read_bytes())
