@@ -291,6 +291,17 @@ def test_what_cannot_run_is_one_line_at_once(
     host_port = cluster.address.removeprefix("ray://")  # a Ray Client port given as a GCS one
     assert run_on(host_port) == (f"kiln: error: {host_port} is a Ray Client port, not the "
                                  f"cluster's GCS port: give ray://{host_port}")  # fmt: skip
+    # An artifact store whose bucket is missing: one line from `plan` and `build` alike.
+    missing = "s3://kiln-no-such-bucket/store"
+    for goal in ("plan", "build"):
+        result = run_pants(repo, f"--kiln-prefix={missing}", goal, target, env=env, check=False)
+        assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+        assert "Exception encountered" not in result.stderr, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"kiln: error: cannot read the artifact store: {missing}: the bucket "
+            "kiln-no-such-bucket does not exist (or is not visible to these credentials): "
+            "check the bucket name in the prefix"
+        ), result.stderr[-3000:]
     address = f"ray://127.0.0.1:{free_port()}"
     assert run_on(address) == (
         f"kiln: error: cannot reach the Ray cluster at {address} (Connection refused); check the "

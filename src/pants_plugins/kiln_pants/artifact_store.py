@@ -210,7 +210,8 @@ async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
 
 
 class BucketUnreadable(Exception):
-    pass
+    """The store's bucket cannot be read: one line naming it and what to check, which the goals
+    reading the store (plan, build) print as their error."""
 
 
 @dataclass(frozen=True)

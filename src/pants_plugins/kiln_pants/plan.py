@@ -31,6 +31,7 @@ from kiln_contract.llama import weights_differences
 from kiln_contract.train import HfModelSource
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
+    BucketUnreadable,
     StoredState,
     StoredStates,
     StoredStatesRequest,
@@ -203,7 +204,11 @@ async def plan(
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
     prefix = kiln.prefix_location(build_root.path)
     counts: dict[str, int] = {}
-    stored = (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
+    try:
+        stored = (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
+    except BucketUnreadable as e:  # one line naming the bucket, not the engine's traceback
+        console.print_stderr(f"kiln: error: {e}")
+        return Plan(exit_code=1)
     states = {artifact: shown_state(artifact, state) for artifact, state in stored.items()}
     if plan_subsystem.json:
         problems = await _init_from_problems(graph)
