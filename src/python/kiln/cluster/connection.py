@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: a
 # still starting from one that never will by nothing, and a working but busy head has taken
 # over 30 s (the e2e test's, on two cores).
 SESSION_TIMEOUT_S = 180.0
+# A session not started by then is said to be waited for, in one line: never a silent wait.
+SESSION_NOTICE_S = 10.0
 
 
 class ClusterError(RuntimeError):
@@ -114,7 +117,17 @@ def _init_within(ray: Any, address: str, seconds: float) -> None:
             done.set()
 
     threading.Thread(target=init, name="kiln-ray-connect", daemon=True).start()
-    if not done.wait(seconds):
+    notice = min(SESSION_NOTICE_S, seconds)
+    if not done.wait(notice):
+        print(
+            f"kiln: the Ray cluster at {address} answers but has started no session in "
+            f"{notice:.0f} s; waiting up to {seconds:.0f} s (a busy head takes tens of "
+            "seconds; one whose Ray Client server cannot reach its own GCS never starts one: "
+            "its ray_client_server logs say why)",
+            file=sys.stderr,
+            flush=True,
+        )
+    if not done.wait(seconds - notice):
         raise ClusterError(
             f"the Ray cluster at {address} answers but started no session within {seconds:.0f} "
             "s; its head's ray_client_server logs (in its session's logs folder) say why: "

@@ -55,10 +55,13 @@ def stuck_head() -> Iterator[tuple[str, StuckHead]]:
 
 
 def test_a_head_that_starts_no_session_is_one_line_within_the_limit(
-    stuck_head: tuple[str, StuckHead], monkeypatch: pytest.MonkeyPatch
+    stuck_head: tuple[str, StuckHead],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     address, head = stuck_head
     monkeypatch.setattr(connection, "SESSION_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(connection, "SESSION_NOTICE_S", 1.0)
     began = time.monotonic()
     with pytest.raises(connection.ClusterError) as raised:
         connection.connect(address)
@@ -70,3 +73,9 @@ def test_a_head_that_starts_no_session_is_one_line_within_the_limit(
         f"the Ray cluster at {address} answers but started no session within 3 s; "
     )
     assert "ray_client_server" in message
+    # Said while it waited, in one line: the wait is never silent.
+    [notice] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kiln:")]
+    assert notice.startswith(
+        f"kiln: the Ray cluster at {address} answers but has started no session in 1 s; "
+        "waiting up to 3 s ("
+    ), notice
