@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -33,9 +34,20 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+
+def _launcher_version(name: str) -> str:
+    """A version the launcher pins (`readonly NAME="..."` in ./pants)."""
+    launcher = Path(__file__).resolve().parents[1] / "pants"
+    match = re.search(rf'^readonly {name}="([^"]+)"$', launcher.read_text(), re.M)
+    if match is None:
+        raise SystemExit(f"./pants no longer pins {name}: update noop_run.py")
+    return match.group(1)
+
+
+PEX_VERSION = _launcher_version("PEX_VERSION")
 BOOTSTRAP = os.path.join(
     os.environ.get("KILN_BOOTSTRAP_DIR", os.path.expanduser("~/.cache/kiln/bootstrap")),
-    "pants-2.17.1-pex-2.1.148",
+    f"pants-{_launcher_version('PANTS_VERSION')}-pex-{PEX_VERSION}",
 )
 
 
@@ -65,7 +77,7 @@ def launcher_seconds(target: str, repeat: int) -> float:
 
 def python_client() -> tuple[list[str], dict[str, str]]:
     """Pants' Python client, with the environment `./pants` gives it."""
-    env = {**os.environ, "KILN_PEX_TOOL": os.path.join(BOOTSTRAP, "pex-2.1.148.pex"),
+    env = {**os.environ, "KILN_PEX_TOOL": os.path.join(BOOTSTRAP, f"pex-{PEX_VERSION}.pex"),
            "NO_SCIE_WARNING": "1", "PIP_CONFIG_FILE": "/dev/null"}  # fmt: skip
     return [os.path.join(BOOTSTRAP, "venv", "bin", "pants")], env
 
