@@ -69,7 +69,9 @@ def test_sigterm_without_pantsd_during_a_save_stops_the_run_cleanly(repo: Path) 
         output = finish(run)
         seconds = time.monotonic() - signalled
     assert run.returncode == 143, output  # 128 + SIGTERM, as a shell reports it
-    assert seconds <= 10, f"{seconds:.1f} s from SIGTERM to exit"
+    # The run stops itself, in seconds (3-5 s idle, up to 11.5 s beside the cluster's tests on two
+    # cores), long before Pants would kill it (process_execution_graceful_shutdown_timeout, 120 s).
+    assert seconds <= 30, f"{seconds:.1f} s from SIGTERM to exit"
     assert "kiln: stopped by SIGTERM" in output
     # A run's console holds Kiln's lines: no library's progress bar (its eval task loads here).
     assert "Generating test split" not in output and "examples/s]" not in output, output
