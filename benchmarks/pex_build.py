@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,10 +62,7 @@ def plain_lock(folder: Path) -> Path:
 
 def build(pex_tool: str, requirements: list[str], lock: Path, folder: Path) -> dict[str, float]:
     """Seconds per phase of one build into an empty pex root, and the whole build's."""
-    python = subprocess.run(
-        ["python3.12", "-c", "import sys; print(sys.executable)"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+    python = runtime_python()
     command = [
         sys.executable if pex_tool.endswith(".pex") else pex_tool,
         *([pex_tool] if pex_tool.endswith(".pex") else []),
@@ -83,6 +81,17 @@ def build(pex_tool: str, requirements: list[str], lock: Path, folder: Path) -> d
         seconds[phase] = float(match.group(1)) / 1000 if match else float("nan")
     seconds["pack"] = whole - seconds["resolve"]
     return seconds
+
+
+def runtime_python() -> str:
+    """The runtime's CPython 3.12, found as Pants finds it (pyenv first, then PATH)."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    found = sorted(root.glob("versions/3.12*/bin/python3.12")) or [
+        Path(p) for p in [shutil.which("python3.12")] if p
+    ]
+    if not found:
+        raise SystemExit("no CPython 3.12 found (pyenv or PATH)")
+    return str(found[-1])
 
 
 def launcher_tool(version: str) -> str:
