@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import datetime
 import json
 import os
@@ -42,10 +41,10 @@ from kiln.artifacts.bucket import (
 )
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import (
+    BucketStore,
     ListedObject,
     ObjectExists,
     ObjectMissing,
-    ObjectStore,
     PreconditionFailed,
     StoredObject,
 )
@@ -69,7 +68,7 @@ def gcs_endpoint() -> str:
     return endpoint.rstrip("/") if "://" in endpoint else f"http://{endpoint.rstrip('/')}"
 
 
-class GCSStore(ObjectStore):
+class GCSStore(BucketStore):
     def __init__(self, url: str) -> None:
         self.url = BucketURL.parse(url)
         self.endpoint = gcs_endpoint()
@@ -77,14 +76,6 @@ class GCSStore(ObjectStore):
         self._session = requests.Session()
         self._credentials: Any = None
         self._credentials_lock = threading.Lock()
-
-    def location(self, key: str) -> str:
-        return self.url.url(key)
-
-    def under(self, key: str) -> GCSStore:
-        folder = copy.copy(self)  # the same client and credentials
-        folder.url = self.url.under(key)
-        return folder
 
     def check(self) -> None:
         self._request("", "GET", f"/storage/v1/b/{self.url.bucket}")

@@ -16,7 +16,6 @@ store's users write objects that differ on every write (leases carry an owner an
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 from pathlib import Path
@@ -33,10 +32,10 @@ from kiln.artifacts.bucket import (
 )
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import (
+    BucketStore,
     ListedObject,
     ObjectExists,
     ObjectMissing,
-    ObjectStore,
     PreconditionFailed,
     StoredObject,
 )
@@ -77,7 +76,7 @@ def _botocore_session() -> Any:
         return session
 
 
-class S3Store(ObjectStore):
+class S3Store(BucketStore):
     def __init__(self, url: str) -> None:
         import boto3
         from boto3.s3.transfer import TransferConfig
@@ -100,14 +99,6 @@ class S3Store(ObjectStore):
     @property
     def endpoint(self) -> str:
         return str(self._client.meta.endpoint_url)
-
-    def location(self, key: str) -> str:
-        return self.url.url(key)
-
-    def under(self, key: str) -> S3Store:
-        folder = copy.copy(self)  # the same client and credentials
-        folder.url = self.url.under(key)
-        return folder
 
     def check(self) -> None:
         self._call("", "head_bucket")

@@ -14,13 +14,14 @@ A location (a path or URL) becomes a store in kiln.artifacts.locations.
 from __future__ import annotations
 
 import abc
+import copy
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from kiln.artifacts.bucket import ATTEMPTS
+from kiln.artifacts.bucket import ATTEMPTS, BucketURL
 from kiln.artifacts.storage_errors import StorageError
 
 
@@ -159,6 +160,20 @@ class ObjectStore(abc.ABC):
     def local_root(self) -> str | None:
         """The directory of a store on the local file system; None for a bucket."""
         return None
+
+
+class BucketStore(ObjectStore):
+    """A store in a bucket (S3, GCS): its keys live under `url`'s path."""
+
+    url: BucketURL
+
+    def location(self, key: str) -> str:
+        return self.url.url(key)
+
+    def under(self, key: str) -> Self:
+        folder = copy.copy(self)  # the same client and credentials
+        folder.url = self.url.under(key)
+        return folder
 
 
 def read_text(store: ObjectStore, key: str) -> str | None:
