@@ -148,8 +148,10 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
                 output_filename=f"{request.module}.pex",
                 include_source_files=False,
                 main=EntryPoint(request.module),
-                # The sources join through PEX_EXTRA_SYS_PATH: keep it.
-                additional_args=("--no-strip-pex-env",),
+                # The sources join through PEX_EXTRA_SYS_PATH: keep it. The wheels go in as
+                # downloaded and are installed once, when the venv is made: packing installed
+                # wheels into the PEX costs more than installing them.
+                additional_args=("--no-strip-pex-env", "--no-pre-install-wheels"),
             ),
         ),
         Get(PythonSourceFiles, PythonSourceFilesRequest(closure.closure, include_files=True)),
