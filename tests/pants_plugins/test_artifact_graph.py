@@ -121,13 +121,15 @@ def test_levanter_behaviours_are_in_the_fingerprint_only_when_set(rule_runner: R
     variants = {
         "initialization": graph(rule_runner, build=levanter_init),
         "loss_positions": graph(rule_runner, resources="cpu(), loss_positions='all'"),
+        "data_order": graph(rule_runner, resources="cpu(), data_order='levanter'"),
     }
-    assert len({plain, *(fingerprints(g)["ckpt"] for g in variants.values())}) == 3
+    assert len({plain, *(fingerprints(g)["ckpt"] for g in variants.values())}) == 4
     ckpt = Address("exp", target_name="ckpt")
     assert variants["initialization"].get(ckpt).identity["model"]["initialization"] == "levanter"
     assert variants["loss_positions"].get(ckpt).identity["loss_positions"] == "all"
+    assert variants["data_order"].get(ckpt).identity["data_order"] == "levanter"
     plain_identity = graph(rule_runner).get(ckpt).identity
-    assert "loss_positions" not in plain_identity
+    assert "loss_positions" not in plain_identity and "data_order" not in plain_identity
     assert "initialization" not in plain_identity["model"]
 
 

@@ -216,6 +216,17 @@ def test_bad_stages_are_refused_naming_the_target(
             STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
 
 
+def test_levanters_data_order_starts_each_stage_on_its_block(rule_runner: RuleRunner) -> None:
+    build = CACHE + HQ + RUN.format(name="staged", model=MODEL, lr="1e-3", datasets=STAGES,
+                                    extra="data_order='levanter',")  # fmt: skip
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    message = (r"stages\[0\].start_step: Levanter's data order starts a stage on a block of 2048 "
+               r"sequences: start_step x batch_size \(60 x 8\)")  # fmt: skip
+    with pytest.raises(ExecutionError, match=message):
+        rule_runner.request(StepJson, [StepJsonRequest(
+            STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
+
+
 def test_plan_reads_each_stage_by_its_weights(plan_rule_runner: RuleRunner, tmp_path) -> None:
     plan_rule_runner.write_files({"exp/BUILD": staged(), "exp/train.jsonl": '{"text": "hi"}\n'})
     result = plan_rule_runner.run_goal_rule(Plan, args=[f"--kiln-prefix={tmp_path}", "exp:staged"])

@@ -98,6 +98,7 @@ def test_valid_checkpoint_loads(rule_runner: RuleRunner) -> None:
         ({"temporary_base_path": '"scratch"'}, "expects an absolute path, got 'scratch'"),
         ({"checkpoint_interval_minutes": "0"}, "`checkpoint_interval_minutes` field in target"),
         ({"loss_positions": '"every"'}, "'loss_positions' field in target exp:ckpt must be one of"),
+        ({"data_order": '"marin"'}, "'data_order' field in target exp:ckpt must be one of"),
     ],
 )
 def test_invalid_checkpoint_fields(rule_runner: RuleRunner, overrides: dict, expected: str) -> None:

@@ -39,8 +39,10 @@ from kiln_contract.parsing import (
 )
 from kiln_contract.vocabulary import (
     ATTENTION_IMPLS,
+    DATA_ORDERS,
     DTYPES,
     HF_REPO_ID,
+    LEVANTER_MIXTURE_BLOCK,
     LOSS_POSITIONS,
     PROGRESS_MODES,
     REMAT_POLICIES,
@@ -290,6 +292,8 @@ class TrainConfig(Generic[Dataset]):
     loss_positions: str | None = None
     # Later stages of the mixture (Levanter's varying mixture); none: one stage all run long.
     stages: tuple[MixtureStage, ...] = ()
+    # The order the training windows are read in (DATA_ORDERS); None: kiln.
+    data_order: str | None = None
 
     def __post_init__(self) -> None:
         _check_instance("model", self.model, LlamaArchitecture)
@@ -313,6 +317,8 @@ class TrainConfig(Generic[Dataset]):
             _check_instance("init_from", self.init_from, (HfModelSource, ParentRun))
         if self.loss_positions is not None:
             check_choice("loss_positions", self.loss_positions, LOSS_POSITIONS)
+        if self.data_order is not None:
+            check_choice("data_order", self.data_order, DATA_ORDERS)
         self._check_stages()
 
     def _check_stages(self) -> None:
@@ -331,6 +337,14 @@ class TrainConfig(Generic[Dataset]):
                 )
         if starts != sorted(set(starts)):
             raise SpecError("stages", f"stages must start at increasing steps, got {starts}")
+        for i, start in enumerate(starts):
+            if self.data_order == "levanter" and start * self.batch_size % LEVANTER_MIXTURE_BLOCK:
+                raise SpecError(
+                    f"stages[{i}].start_step",
+                    f"Levanter's data order starts a stage on a block of {LEVANTER_MIXTURE_BLOCK} "
+                    f"sequences: start_step x batch_size ({start} x {self.batch_size}) must be a "
+                    "multiple of it",
+                )
 
     @classmethod
     def from_json(cls, obj: Any, where: str, dataset: type[Dataset]) -> TrainConfig[Dataset]:
@@ -358,13 +372,14 @@ class TrainConfig(Generic[Dataset]):
     def to_json(self) -> dict[str, Any]:
         init_from = {"init_from": self.init_from.to_json()} if self.init_from else {}
         stages = {"stages": [stage.to_json() for stage in self.stages]} if self.stages else {}
-        optional = ("init_from", "loss_positions", "stages")
+        optional = ("init_from", "loss_positions", "stages", "data_order")
         return {
             **{k: v for k, v in scalar_json(self).items() if k not in optional},
             # only when set: the JSON of a run without them is unchanged
             **init_from,
             **stages,
             **({"loss_positions": self.loss_positions} if self.loss_positions else {}),
+            **({"data_order": self.data_order} if self.data_order else {}),
             "model": self.model.to_json(),
             "optimizer": self.optimizer.to_json(),
             "datasets": [_dataset_json(d, weighted=True) for d in self.datasets],

@@ -31,6 +31,11 @@ COMPUTE_DTYPES = DTYPES[:2]
 # Which positions of a window the loss counts: `same_document`, those that predict a token of
 # their own document (Kiln's default); `all`, every position but the window's last, as Levanter.
 LOSS_POSITIONS = ("same_document", "all")
+# The order a run reads its training windows in: `kiln` (the default), a fresh shuffle of each
+# dataset per epoch; `levanter`, Levanter's block shuffle, the same every epoch
+# (kiln.data.levanter_order).
+DATA_ORDERS = ("kiln", "levanter")
+LEVANTER_MIXTURE_BLOCK = 2048  # sequences in a block of Levanter's mixture (mixture_block_size)
 WANDB_MODES = ("online", "offline", "disabled")
 PROGRESS_MODES = ("auto", "bar", "log", "none")
 # The W&B settings a BUILD file's `wandb={...}` may give (runtime.wandb's fields).

@@ -57,6 +57,7 @@ from kiln_pants.target_types import (
     CacheSourcesField,
     CacheStorageField,
     ComputeDtypeField,
+    DataOrderField,
     DatasetsField,
     EvalsField,
     FramingField,
@@ -348,6 +349,9 @@ async def _checkpoint_identity(
     loss_positions = target[LossPositionsField].value
     if loss_positions is not None:  # likewise
         identity["loss_positions"] = loss_positions
+    data_order = target[DataOrderField].value
+    if data_order is not None:  # likewise
+        identity["data_order"] = data_order
     if mixture.stages:  # likewise
         identity["stages"] = [
             {"start_step": step, "datasets": weighted(weights)} for step, weights in mixture.stages

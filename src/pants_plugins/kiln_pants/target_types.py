@@ -52,6 +52,7 @@ from kiln_contract.tokenize import (
 from kiln_contract.train import HfModelSource, Resources, check_run_shape
 from kiln_contract.vocabulary import (
     COMPUTE_DTYPES,
+    DATA_ORDERS,
     HF_REPO_ID,
     LOSS_POSITIONS,
     MESH_AXES,
@@ -891,6 +892,19 @@ class LossPositionsField(StringField):
     )
 
 
+class DataOrderField(StringField):
+    alias = "data_order"
+    default = None
+    valid_choices = DATA_ORDERS
+    help = (
+        "The order the run reads its training windows in: `kiln` (the default) shuffles each "
+        "dataset afresh every epoch; `levanter` reads them in Levanter's order (its block "
+        "shuffle, the same every epoch, and its mixture blocks of 2048 sequences), window for "
+        "window what Levanter's `train_lm` reads with the same `seed` as its `trainer.seed`. "
+        "In the fingerprint when set (docs/training.md, \"Kiln and Levanter\")."
+    )
+
+
 class LmCheckpointDependencies(Dependencies):
     pass
 
@@ -924,6 +938,7 @@ class LmCheckpointTarget(Target):
         CheckpointIntervalField,
         InitFromField,
         LossPositionsField,
+        DataOrderField,
         LmCheckpointDependencies,
     )
     help = (

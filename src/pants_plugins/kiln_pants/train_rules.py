@@ -94,6 +94,7 @@ from kiln_pants.target_types import (
     CheckpointEveryField,
     CheckpointIntervalField,
     ComputeDtypeField,
+    DataOrderField,
     DatasetsField,
     EvalNameField,
     EvalsField,
@@ -245,6 +246,7 @@ def _step(
             param_dtype="float32",
             init_from=_init_from(target[InitFromField].value, artifact, graph),
             loss_positions=target[LossPositionsField].value,
+            data_order=target[DataOrderField].value,
             stages=tuple(
                 MixtureStage(step, tuple(stage.get(key, 0.0) for key in weights))
                 for step, stage in mixture.stages

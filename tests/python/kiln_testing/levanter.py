@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kiln_testing.data import STDLIB_TOKENIZER
 
 # Where Pants puts tests/python/kiln/data:levanter-writer for the tests that depend on it.
 WRITER_PEX = Path("tests.python.kiln.data/levanter-writer.pex")
@@ -34,8 +35,23 @@ class LevanterCache:
     rows: list[np.ndarray]
 
 
+def spec_of(source: dict, tokenizer: dict = STDLIB_TOKENIZER, **config: Any) -> dict:
+    """The step spec of a tokenized_cache of `source`, for kiln.data.tokenize.build_cache."""
+    return {
+        "spec_version": 1, "kind": "tokenized_cache", "name": "tokenized/levanter-import",
+        "version": "2026.12.01", "fingerprint": "levanter1",
+        "config": {"source": source, "tokenizer": tokenizer, **config},
+    }  # fmt: skip
+
+
+def import_spec(location: Path | str, tokenizer: dict = STDLIB_TOKENIZER) -> dict:
+    """The step spec of a tokenized_cache importing the Levanter cache at `location`."""
+    return spec_of({"kind": "levanter_cache", "location": str(location)}, tokenizer)
+
+
 def write_levanter_caches(jobs: list[dict[str, Any]], folder: Path) -> dict[str, LevanterCache]:
-    """Runs the writer's jobs (levanter_writer.py's docstring) in one process; by `out`."""
+    """Runs the writer's jobs (levanter_writer.py's docstring) in one process; the caches by
+    `out` (other jobs leave their files at theirs)."""
     if not WRITER_PEX.exists():
         pytest.fail(f"{WRITER_PEX} is missing: run this test with `./pants test` (BUILD)")
     jobs_file = folder / "levanter-jobs.json"

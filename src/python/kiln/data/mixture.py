@@ -7,6 +7,9 @@ contributes overall is its window `feistel_permutation(k mod W, key(seed, datase
 is its number of windows and epoch = k // W: each dataset is shuffled without materialising a
 permutation (a 3.8T-token cache has ~1e9 windows) and wraps around into a fresh shuffle per epoch.
 
+That is Kiln's order (KilnOrder); `data_order="levanter"` reads Levanter's instead
+(kiln.data.levanter_order): the same blocks and stages, its counts, block order and shuffle.
+
 Everything is a pure function of (seed, step), so a run resumed at step k reads exactly the
 batches an uninterrupted run would. See docs/training.md.
 """
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from kiln_contract.vocabulary import LEVANTER_MIXTURE_BLOCK
 
 DEFAULT_BLOCK_SIZE = 2048
 FEISTEL_ROUNDS = 4
@@ -39,6 +44,19 @@ class WindowSource(Protocol):
     def num_windows(self, seq_len: int) -> int: ...
 
     def windows(self, indices: Sequence[int], seq_len: int) -> Any: ...
+
+
+class WindowOrder(Protocol):
+    """How a mixture orders its sequences: how many of each dataset a block holds, in which
+    order, and which window a dataset's k-th sequence reads."""
+
+    def block_counts(self, weights: Sequence[float], block_size: int) -> np.ndarray: ...
+
+    def block_layout(self, block: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each position in the block: which dataset, and its rank among that dataset's."""
+        ...
+
+    def window_indices(self, d: int, sequence_numbers: np.ndarray) -> np.ndarray: ...
 
 
 class MixtureError(ValueError):
@@ -92,10 +110,60 @@ def feistel_permutation(indices: np.ndarray, n: int, round_keys: np.ndarray) -> 
     return x.astype(np.int64)
 
 
-def mixture_block_size(batch_size: int, num_train_steps: int) -> int:
-    """Marin's 2048 sequences per block, or the whole run when it is shorter than one block,
-    so a small run sees its mixture weights exactly."""
-    return min(DEFAULT_BLOCK_SIZE, batch_size * num_train_steps)
+def mixture_block_size(
+    batch_size: int,
+    num_train_steps: int,
+    stage_starts: Sequence[int] = (),
+    data_order: str | None = None,
+) -> int:
+    """Kiln's order: Marin's 2048 sequences per block, or the whole run when it is shorter than
+    one block, so a small run sees its mixture weights exactly; then the largest size that also
+    divides every stage's first sequence. Levanter's order: its 2048, always."""
+    if data_order == "levanter":
+        return LEVANTER_MIXTURE_BLOCK
+    return staged_block_size(min(DEFAULT_BLOCK_SIZE, batch_size * num_train_steps), stage_starts)
+
+
+class KilnOrder:
+    """Largest-remainder counts, blocks ordered by PCG64 streams, and a fresh Feistel shuffle of
+    each dataset per epoch."""
+
+    block_counts = staticmethod(block_counts)
+
+    def __init__(self, seed: int, block_size: int, dataset_keys: Sequence[int],
+                 num_windows: Sequence[int]):  # fmt: skip
+        self.seed = seed
+        self.block_size = block_size
+        # The position in the mixture's components (not among active ones) keys each dataset's
+        # shuffle, so adding a zero-weight entry does not reshuffle the others.
+        self._dataset_keys = list(dataset_keys)
+        self._num_windows = list(num_windows)
+
+    def block_layout(self, block: int, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assignment = np.repeat(np.arange(len(counts)), counts)
+        rng = np.random.Generator(np.random.PCG64([self.seed, _BLOCK_ORDER_STREAM, block]))
+        dataset_at = assignment[rng.permutation(self.block_size)]
+        rank_at = np.empty(self.block_size, dtype=np.int64)
+        for d in range(len(counts)):
+            positions = np.flatnonzero(dataset_at == d)
+            rank_at[positions] = np.arange(len(positions))
+        return dataset_at, rank_at
+
+    def window_indices(self, d: int, sequence_numbers: np.ndarray) -> np.ndarray:
+        """Shuffled, a new shuffle per epoch."""
+        n = self._num_windows[d]
+        epochs, offsets = np.divmod(sequence_numbers, n)
+        windows = np.empty_like(sequence_numbers)
+        for epoch in np.unique(epochs):
+            in_epoch = epochs == epoch
+            windows[in_epoch] = feistel_permutation(
+                offsets[in_epoch], n, self._round_keys(d, epoch)
+            )
+        return windows
+
+    def _round_keys(self, d: int, epoch: int) -> np.ndarray:
+        entropy = [self.seed, _DATASET_SHUFFLE_STREAM, self._dataset_keys[d], int(epoch)]
+        return np.random.SeedSequence(entropy).generate_state(FEISTEL_ROUNDS, dtype=np.uint64)
 
 
 class MixtureDataset:
@@ -121,6 +189,7 @@ class MixtureDataset:
         block_size: int = DEFAULT_BLOCK_SIZE,
         loss_positions: str | None = None,
         stages: Sequence[tuple[int, Sequence[float]]] = (),
+        data_order: str | None = None,
     ):
         if seed < 0:
             raise MixtureError(f"the mixture seed must be >= 0, got {seed}")
@@ -137,15 +206,31 @@ class MixtureDataset:
         self.seed = seed
         self.block_size = block_size
         self.loss_positions = loss_positions
-        # The position in `components` (not among active ones) keys each dataset's shuffle, so
-        # adding a zero-weight entry does not reshuffle the others.
-        self._dataset_keys = active
+        self._active = active
         self._caches = [components[i][0] for i in active]
         self._num_windows = [self._windows_in(cache) for cache in self._caches]
+        self._order = self._window_order(data_order)
         self._stages = self._stage_table([(0, weights[0]), *((s, w) for (s, _), w in
                                                              zip(stages, weights[1:]))], active)  # fmt: skip
         self.counts = self._stages[0].counts
-        self._block_layout = functools.lru_cache(maxsize=4)(self._compute_block_layout)
+        self._block_layout = functools.lru_cache(maxsize=4)(self._layout_of_block)
+
+    def _window_order(self, data_order: str | None) -> WindowOrder:
+        if data_order in (None, "kiln"):
+            return KilnOrder(self.seed, self.block_size, self._active, self._num_windows)
+        if data_order != "levanter":
+            raise MixtureError(f"data_order must be kiln or levanter, got {data_order!r}")
+        if self.block_size != LEVANTER_MIXTURE_BLOCK:
+            raise MixtureError(
+                f"Levanter's data order reads blocks of {LEVANTER_MIXTURE_BLOCK} sequences, "
+                f"not {self.block_size}"
+            )
+        from kiln.data.levanter_order import LevanterOrder  # imports jax: only when asked
+
+        return LevanterOrder(self._num_windows, self.seed)
+
+    def _layout_of_block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._order.block_layout(block, self._stage_of(block).counts)
 
     def _stage_table(
         self, stages: list[tuple[int, Sequence[float]]], active: list[int]
@@ -157,7 +242,7 @@ class MixtureDataset:
                     f"a mixture stage starts at sequence {start}: stages must start in order, "
                     f"at multiples of the block size ({self.block_size} sequences)"
                 )
-            counts = block_counts([weights[i] for i in active], self.block_size)
+            counts = self._order.block_counts([weights[i] for i in active], self.block_size)
             base = np.zeros(len(active), np.int64)
             if table:
                 last = table[-1]
@@ -170,7 +255,7 @@ class MixtureDataset:
         order of `components`); with stages, a list of them by the sequence each stage starts
         at."""
         per_stage = [
-            {names[key]: int(n) for key, n in zip(self._dataset_keys, stage.counts) if n}
+            {names[key]: int(n) for key, n in zip(self._active, stage.counts) if n}
             for stage in self._stages
         ]
         if len(per_stage) == 1:
@@ -192,34 +277,6 @@ class MixtureDataset:
             )
         return n
 
-    def _compute_block_layout(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """For each position in the block: which dataset, and its rank among that dataset's."""
-        counts = self._stage_of(block).counts
-        assignment = np.repeat(np.arange(len(counts)), counts)
-        rng = np.random.Generator(np.random.PCG64([self.seed, _BLOCK_ORDER_STREAM, block]))
-        dataset_at = assignment[rng.permutation(self.block_size)]
-        rank_at = np.empty(self.block_size, dtype=np.int64)
-        for d in range(len(counts)):
-            positions = np.flatnonzero(dataset_at == d)
-            rank_at[positions] = np.arange(len(positions))
-        return dataset_at, rank_at
-
-    def _window_indices(self, d: int, sequence_numbers: np.ndarray) -> np.ndarray:
-        """The window each of dataset d's k-th sequences reads: shuffled, a new shuffle per epoch."""
-        n = self._num_windows[d]
-        epochs, offsets = np.divmod(sequence_numbers, n)
-        windows = np.empty_like(sequence_numbers)
-        for epoch in np.unique(epochs):
-            in_epoch = epochs == epoch
-            windows[in_epoch] = feistel_permutation(
-                offsets[in_epoch], n, self._round_keys(d, epoch)
-            )
-        return windows
-
-    def _round_keys(self, d: int, epoch: int) -> np.ndarray:
-        entropy = [self.seed, _DATASET_SHUFFLE_STREAM, self._dataset_keys[d], int(epoch)]
-        return np.random.SeedSequence(entropy).generate_state(FEISTEL_ROUNDS, dtype=np.uint64)
-
     def sources(self, step: int, batch_size: int) -> list[tuple[int, int]]:
         """(dataset position among active ones, window index) for each row of batch `step`."""
         sequence = step * batch_size + np.arange(batch_size, dtype=np.int64)
@@ -239,7 +296,7 @@ class MixtureDataset:
         window_of_row = np.empty(batch_size, dtype=np.int64)
         for d in np.unique(dataset_of_row):
             rows = dataset_of_row == d
-            window_of_row[rows] = self._window_indices(int(d), number_of_row[rows])
+            window_of_row[rows] = self._order.window_indices(int(d), number_of_row[rows])
         return list(zip(dataset_of_row.tolist(), window_of_row.tolist()))
 
     def batch(self, step: int, batch_size: int) -> Batch:

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from kiln.data.cache import TokenCache, open_caches, shared_tokenizer
-from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size, staged_block_size
+from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
 from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet
 from kiln.model.config import LlamaConfig
@@ -51,14 +51,16 @@ def open_data(spec: TrainSpec) -> RunData:
     tokenizer = shared_tokenizer(inputs, caches)
     train_caches = caches[: len(cfg.datasets)]
     stage_starts = [stage.start_step * cfg.batch_size for stage in cfg.stages]
-    block_size = mixture_block_size(cfg.batch_size, cfg.num_train_steps)
     mixture = MixtureDataset(
         [(c, d.weight) for c, d in zip(train_caches, cfg.datasets)],
         cfg.seq_len,
         cfg.seed,
-        block_size=staged_block_size(block_size, stage_starts),
+        block_size=mixture_block_size(
+            cfg.batch_size, cfg.num_train_steps, stage_starts, cfg.data_order
+        ),
         loss_positions=cfg.loss_positions,
         stages=[(start, stage.weights) for start, stage in zip(stage_starts, cfg.stages)],
+        data_order=cfg.data_order,
     )
     validation = tuple(
         ValidationSet.build(

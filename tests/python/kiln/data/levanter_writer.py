@@ -21,6 +21,15 @@ JOBS.json`. JOBS.json is a list; each job is one of
 Every job then reads its cache back with Levanter's reader (`TreeCache.load`) into
 `{out}.ids.npz` (`ids`: every row's ids concatenated, `lengths`: each row's length) and prints
 one JSON line: the ledger and the arrays' dtype.
+
+A job may also read caches written before it, as training does:
+
+  {"kind": "train_windows", "caches": {NAME: SPLIT_DIR, ...}, "weights": {NAME: W, ...},
+   "tokenizer": DIR, "seq_len": L, "seed": S, "batch_size": B, "steps": N, "out": NPY}
+      The token windows of each step's batch, [N, B, L] into NPY: the data key as
+      `levanter.main.train_lm` derives it from `trainer.seed`, then `LmDataConfig.train_mixture`
+      with Levanter's data defaults (block shuffle, mixture blocks, restart at the end), step s
+      reading the indices its `BatchSchedule` gives.
 """
 
 from __future__ import annotations
@@ -31,11 +40,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import haliax  # pants: no-infer-dep (haliax and jax come with marin-levanter)
+import jax  # pants: no-infer-dep
 import numpy as np  # pants: no-infer-dep (numpy comes with marin-levanter)
 from levanter.data.text._batch_tokenizer import BatchTokenizer
 from levanter.data.text.cache import build_lm_dataset_cache
-from levanter.data.text.datasets import UrlDatasetSourceConfig
+from levanter.data.text.datasets import DatasetComponent, LmDataConfig, UrlDatasetSourceConfig
 from levanter.data.text.formats import TextLmDatasetFormat
+from levanter.schedule import BatchSchedule
 from levanter.store.cache import TreeCache, consolidate_shard_cache_ledgers, write_levanter_cache
 from levanter.tokenizers import load_tokenizer
 
@@ -67,6 +79,29 @@ def sharded(job: dict[str, Any]) -> None:
     consolidate_shard_cache_ledgers(parts, job["out"], exemplar=EXEMPLAR)
 
 
+def train_windows(job: dict[str, Any]) -> None:
+    jax.config.update("jax_threefry_partitionable", True)  # levanter.trainer.DEFAULT_JAX_CONFIG
+    # levanter.main.train_lm: data_key, loader_key, model_key, training_key = split(PRNGKey(seed), 4)
+    data_key = jax.random.split(jax.random.PRNGKey(job["seed"]), 4)[0]
+    components = {
+        name: DatasetComponent(cache_dir=path, flat_cache=True, format=TextLmDatasetFormat())
+        for name, path in job["caches"].items()
+    }
+    config = LmDataConfig(
+        tokenizer=job["tokenizer"], components=components, train_weights=job["weights"],
+        auto_build_caches=False,
+    )  # fmt: skip
+    schedule = BatchSchedule(job["batch_size"])
+    position = haliax.Axis("position", job["seq_len"])
+    mixture = config.train_mixture(position, schedule, key=data_key).as_sync_dataset()
+    steps = [
+        np.stack([np.asarray(example.tokens) for example in
+                  mixture.get_batch(list(schedule.batch_indices_at_step(step)))])
+        for step in range(job["steps"])
+    ]  # fmt: skip
+    np.save(job["out"], np.stack(steps))
+
+
 def read_back(job: dict[str, Any]) -> dict[str, Any]:
     cache = TreeCache.load(job["out"], EXEMPLAR)
     rows = cache.get_batch_sync(list(range(len(cache))))
@@ -84,6 +119,9 @@ def main(jobs_file: str) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     writers = {"consolidated": consolidated, "sharded": sharded}
     for job in json.loads(Path(jobs_file).read_text()):
+        if job["kind"] == "train_windows":
+            train_windows(job)
+            continue
         writers[job["kind"]](job)
         print(json.dumps(read_back(job)), flush=True)
 

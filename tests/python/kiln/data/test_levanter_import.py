@@ -15,7 +15,7 @@ import pytest
 import tensorstore as ts
 from kiln_testing.buckets import fresh_url
 from kiln_testing.data import STDLIB_TOKENIZER, sample_texts, write_jsonl
-from kiln_testing.levanter import LevanterCache, write_levanter_caches
+from kiln_testing.levanter import LevanterCache, import_spec, spec_of, write_levanter_caches
 from kiln_testing.training import make_spec, read_jsonl
 
 from kiln.artifacts.locations import open_store
@@ -28,19 +28,6 @@ from kiln.data.verify import main as verify_main
 from kiln.data.verify import verify_cache
 from kiln.train.spec import parse_spec
 from kiln.train.trainer import train
-
-
-def spec_of(source: dict, tokenizer: dict = STDLIB_TOKENIZER, **config) -> dict:
-    return {
-        "spec_version": 1, "kind": "tokenized_cache", "name": "tokenized/levanter-import",
-        "version": "2026.12.01", "fingerprint": "levanter1",
-        "config": {"source": source, "tokenizer": tokenizer, **config},
-    }  # fmt: skip
-
-
-def import_spec(location: Path | str, tokenizer: dict = STDLIB_TOKENIZER) -> dict:
-    return spec_of({"kind": "levanter_cache", "location": str(location)}, tokenizer)
-
 
 # Longer than Marin's 10,000 characters: cut at its first whitespace from the 10,000th on,
 # which falls inside a run of three spaces, so the cut pieces encode differently ("  " is one

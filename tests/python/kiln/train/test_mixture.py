@@ -13,6 +13,7 @@ from kiln.data.mixture import (
     block_counts,
     feistel_permutation,
     fixed_batches,
+    mixture_block_size,
     staged_block_size,
 )
 
@@ -180,3 +181,12 @@ def test_a_stage_must_start_on_a_block(caches: dict[str, TokenCache]) -> None:
                        stages=[(24, [0.0, 1.0])])  # fmt: skip
     assert staged_block_size(80, [40, 120]) == 40  # a short run: its 80 sequences
     assert staged_block_size(2048, [5_120_000]) == 2048  # dclm_1b at step 20000
+
+
+def test_levanters_order_reads_levanters_blocks(caches: dict[str, TokenCache]) -> None:
+    assert mixture_block_size(16, 5, stage_starts=[40]) == 40  # Kiln's: the run's, its stages'
+    assert mixture_block_size(16, 5, stage_starts=[40], data_order="levanter") == 2048
+    with pytest.raises(MixtureError, match="Levanter's data order reads blocks of 2048"):
+        MixtureDataset([(caches["a"], 1.0)], SEQ_LEN, seed=3, block_size=80, data_order="levanter")
+    with pytest.raises(MixtureError, match="data_order must be kiln or levanter, got 'marin'"):
+        MixtureDataset([(caches["a"], 1.0)], SEQ_LEN, seed=3, data_order="marin")
