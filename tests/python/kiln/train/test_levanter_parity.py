@@ -4,8 +4,10 @@ Levanter runs in its own process from the levanter-tests resolve (levanter_refer
 beside this test: BUILD, runtime_package_dependencies); one process runs every job, and the
 numbers cross as npz files. Levanter's side is its own code throughout: `AdamConfig.build` and
 `lr_scheduler`, `LlamaConfig.build`, `TrainerState.take_step`, `compute_next_token_loss` on
-`LmExample.causal` and, for the 50 steps, `Trainer.train_step`. Kiln's side is what a run with
-`initialization="levanter"`, `loss_positions="all"` and float32 compute executes.
+`LmExample.causal` and, for the whole run, `LmDataConfig.train_mixture` (levanter_writer.py, on a
+cache Levanter wrote) feeding `Trainer.train_step`. Kiln's side is what a run with
+`initialization="levanter"`, `loss_positions="all"`, `data_order="levanter"` and float32 compute
+executes, its batches from its own data layer on the cache it imports.
 
 The model is 2 layers, d=64, 4/2 heads, on real token ids (Python's own docs in the quickstart's
 8k tokenizer), documents packed into windows with EOS between them, so attention and the loss
@@ -27,8 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from kiln_testing.data import STDLIB_TOKENIZER
+from kiln_testing.data import STDLIB_TOKENIZER, write_jsonl
+from kiln_testing.levanter import import_spec, write_levanter_caches
 
+from kiln.data.cache import TokenCache
+from kiln.data.mixture import MixtureDataset
+from kiln.data.tokenize import build_cache
 from kiln.data.tokenizer import load_tokenizer
 from kiln.model.config import LlamaConfig
 from kiln.train.loss import next_token_loss
@@ -40,7 +46,8 @@ from kiln.train.step import init_train_state, make_train_step, shard_batch
 REFERENCE_PEX = Path("tests.python.kiln.train/levanter-reference.pex")
 ARCHITECTURE = dict(max_seq_len=64, hidden_dim=64, intermediate_dim=160, num_heads=4,
                     num_kv_heads=2, num_layers=2, rope_theta=500000.0, norm_eps=1e-5)  # fmt: skip
-BATCH, SEQ_LEN, STEPS = 4, 64, 50
+BATCH, SEQ_LEN, STEPS = 4, 64, 120
+CACHE_WINDOWS = 300  # the run reads 480 windows: its second epoch too
 Z_LOSS = 1e-4
 # The run's optimizer: the quickstart's, Levanter's beta2/epsilon/clipping defaults.
 OPTIMIZER = dict(learning_rate=3e-3, weight_decay=0.033, warmup=10, min_lr_ratio=0.1)
@@ -88,19 +95,21 @@ def nested(arrays: Any, like: Any) -> Any:
     )
 
 
-def packed_documents(tokenizer: Any, rows: int) -> np.ndarray:
-    """int32 [rows, SEQ_LEN]: the paragraphs of Python's pydoc topics as documents, each
-    followed by EOS, packed end to end."""
+def pydoc_paragraphs(tokenizer: Any, rows: int) -> tuple[list[str], np.ndarray]:
+    """The paragraphs of Python's pydoc topics that fill `rows` windows, and int32
+    [rows, SEQ_LEN]: them as documents, each followed by EOS, packed end to end."""
     from pydoc_data.topics import topics
 
     eos = tokenizer.info.eos_id
+    texts: list[str] = []
     stream: list[int] = []
     paragraphs = (p for name in sorted(topics) for p in topics[name].split("\n\n") if p.strip())
     for paragraph in paragraphs:
+        texts.append(paragraph)
         stream += tokenizer.encode(paragraph) + [eos]
         if len(stream) >= rows * SEQ_LEN:
             break
-    return np.asarray(stream[: rows * SEQ_LEN], np.int32).reshape(rows, SEQ_LEN)
+    return texts, np.asarray(stream[: rows * SEQ_LEN], np.int32).reshape(rows, SEQ_LEN)
 
 
 def kiln_batch(tokens: np.ndarray, eos: int) -> dict[str, np.ndarray]:
@@ -148,9 +157,21 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     state = fresh_state(config)
     params = nnx.to_pure_dict(state.params)
     np.savez(folder / "params.npz", **flat(params))
-    tokens = packed_documents(tokenizer, (STEPS + 1) * BATCH).reshape(STEPS + 1, BATCH, SEQ_LEN)
-    np.save(folder / "batch.npy", tokens[0])
-    np.save(folder / "batches.npy", tokens[1:])
+    texts, windows = pydoc_paragraphs(tokenizer, CACHE_WINDOWS)
+    np.save(folder / "batch.npy", windows[:BATCH])
+    # The run's data: Levanter's cache of the paragraphs and the windows its data layer feeds
+    # each step; Kiln imports the same cache and reads it in Levanter's order.
+    cache = folder / "pydoc" / "train"
+    write_levanter_caches([
+        {"kind": "consolidated", "docs": [str(write_jsonl(folder / "pydoc.jsonl", texts))],
+         "tokenizer": STDLIB_TOKENIZER["path"], "out": str(cache)},
+        {"kind": "train_windows", "caches": {"pydoc": str(cache)}, "weights": {"pydoc": 1.0},
+         "tokenizer": STDLIB_TOKENIZER["path"], "seq_len": SEQ_LEN, "seed": 0,
+         "batch_size": BATCH, "steps": STEPS, "out": str(folder / "batches.npy")},
+    ], folder)  # fmt: skip
+    imported = TokenCache.open(build_cache(import_spec(cache), folder / "kiln-pydoc"))
+    data = MixtureDataset([(imported, 1.0)], SEQ_LEN, seed=0, loss_positions="all",
+                          data_order="levanter")  # fmt: skip
     rng = np.random.default_rng(0)
     for i in range(UPDATE_STEPS):  # gradient-like trees of global norm 3 (clipped to 1)
         grads = flat(jax.tree.map(lambda x: rng.standard_normal(x.shape), params))
@@ -174,7 +195,8 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     reports = run_reference(jobs, folder)
     assert [r["kind"] for r in reports] == [job["kind"] for job in jobs]
     outputs = {Path(job["out"]).stem: dict(np.load(job["out"])) for job in jobs}
-    return {"config": config, "state": state, "params": params, "tokens": tokens, "eos": eos,
+    return {"config": config, "state": state, "params": params, "batch": windows[:BATCH],
+            "data": data, "batches": np.load(folder / "batches.npy"), "eos": eos,
             "folder": folder, "reports": reports, **outputs}  # fmt: skip
 
 
@@ -223,7 +245,7 @@ def test_an_update_on_the_same_parameters_and_gradients_is_levanters(parity: dic
 
 def test_loss_and_gradients_of_one_batch_are_levanters(parity: dict) -> None:
     state = parity["state"]
-    batch = {k: jnp.asarray(v) for k, v in kiln_batch(parity["tokens"][0], parity["eos"]).items()}
+    batch = {k: jnp.asarray(v) for k, v in kiln_batch(parity["batch"], parity["eos"]).items()}
 
     def loss(params: nnx.State) -> jax.Array:
         model = nnx.merge(state.graphdef, params)
@@ -244,15 +266,15 @@ def test_loss_and_gradients_of_one_batch_are_levanters(parity: dict) -> None:
           f"gradients {max(errors.values()):.1e} (largest relative difference)")  # fmt: skip
 
 
-def test_fifty_steps_from_the_same_weights_on_the_same_batches_are_levanters(
-    parity: dict,
-) -> None:
+def test_a_whole_run_in_levanters_data_order_is_levanters_run(parity: dict) -> None:
     mesh = make_mesh({"data": -1})
     state = fresh_state(parity["config"])  # its own: the train step donates the state it gets
     train_step = make_train_step(AdamConfig(**OPTIMIZER), STEPS, z_loss_weight=Z_LOSS, mesh=mesh)
     losses = []
-    for tokens in parity["tokens"][1:]:
-        state, metrics = train_step(state, shard_batch(kiln_batch(tokens, parity["eos"]), mesh))
+    for step in range(STEPS):
+        batch = parity["data"].batch(step, BATCH)  # Kiln's data layer, Levanter's order
+        np.testing.assert_array_equal(batch["tokens"], parity["batches"][step])
+        state, metrics = train_step(state, shard_batch(batch, mesh))
         losses.append(float(metrics["loss"]))
     theirs = parity["train"]
     np.testing.assert_allclose(losses, theirs["losses"], rtol=1e-4)
@@ -265,5 +287,5 @@ def test_fifty_steps_from_the_same_weights_on_the_same_batches_are_levanters(
         differences[name] = np.linalg.norm(value - theirs[name]) / np.linalg.norm(theirs[name])
         assert differences[name] <= 1e-4, name
     loss_difference = np.max(np.abs(np.asarray(losses) - theirs["losses"]) / theirs["losses"])
-    print(f"measured: 50 steps, losses {loss_difference:.1e}, parameters by norm "
+    print(f"measured: {STEPS} steps, losses {loss_difference:.1e}, parameters by norm "
           f"{max(differences.values()):.1e}; loss {losses[0]:.3f} -> {losses[-1]:.3f}")
