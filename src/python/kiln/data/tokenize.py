@@ -57,6 +57,7 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
+from kiln.artifacts.store import ObjectStore
 from kiln.containment import OutsideRoot, within
 from kiln.data import sources
 from kiln.data.cache_build import (  # noqa: F401 - ENCODE_BATCH_DOCUMENTS: for benchmarks
@@ -111,19 +112,20 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
+        # The finished cache's store, opened once: a shard's --unless-built, else --out.
         finished = args.out if args.command != "shard" else args.unless_built
-        if finished is not None and served(spec, open_store(finished)):  # no lease needed to see it
+        cache = None if finished is None else open_store(finished)
+        if cache is not None and served(spec, cache):  # no lease needed to see it
             return 0
         _check_command_fits_source(spec, args.command)
         if args.command == "shard":
-            _shard_command(spec, args)
-        elif args.command == "merge":
-            _merge_command(spec, args)
-        elif args.command == "import":
-            _import_command(spec, args)
-        else:
+            _shard_command(spec, args, cache)
+        elif args.command == "build":
             build_cache(raw_spec, args.out)
             print(f"{ref(spec)}: cache ready at {args.out}", file=sys.stderr)
+        else:
+            assert cache is not None  # merge and import name the cache as --out
+            {"merge": _merge_command, "import": _import_command}[args.command](spec, args, cache)
     except KilnDataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -229,7 +231,7 @@ def _shard_plan_json(spec: CacheSpec, index: int) -> dict[str, Any]:
     return {"files": sizes}
 
 
-def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
+def _shard_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore | None) -> None:
     """Tokenizes shard --index into --out unless it is done: that folder complete, or (store
     mode) the cache built or holding the shard already. The stores are checked first (a missing
     bucket or an unreachable endpoint fails here), then the lease is taken (a denied write fails
@@ -239,7 +241,6 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
             f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
         )
     shard = open_store(args.out)
-    cache = None if args.unless_built is None else open_store(args.unless_built)
     if cache is None and shard.local_root is None:
         raise SpecError(
             f"shard --out {args.out}: a shard in a bucket is built at its place in the cache; "
@@ -257,10 +258,9 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace) -> None:
         _remove_if_empty(Path(shard.local_root).parent)  # merged while this waited
 
 
-def _merge_command(spec: CacheSpec, args: argparse.Namespace) -> None:
+def _merge_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore) -> None:
     """Merges under the cache's lease and each shard's (none is being written meanwhile); a
     cache another builder finished while this one waited is served."""
-    cache = open_store(args.out)
     cache.check()
     with contextlib.ExitStack() as leases:
         leases.enter_context(Lease.beside(args.out, what=f"merge {ref(spec)}").acquire(wait=True))
@@ -284,10 +284,9 @@ def _remove_if_empty(folder: Path) -> None:
         folder.rmdir()
 
 
-def _import_command(spec: CacheSpec, args: argparse.Namespace) -> None:
+def _import_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore) -> None:
     """Imports under the cache's lease, the artifact record placed before STATUS (the imported
     arrays stay where they are)."""
-    cache = open_store(args.out)
     cache.check()
     with Lease.beside(args.out, what=f"import {ref(spec)}").acquire(wait=True):
         if served(spec, cache):
