@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, ClassVar, Mapping, Optional, Union
 
 from pants.base.build_environment import get_buildroot
 from pants.engine.addresses import Address
@@ -74,17 +74,39 @@ from kiln_pants.field_values import CheckpointInit, EvalSuite, InvalidHelperCall
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_field(
-    alias: str, address: Address, check: Callable[..., None], value: Any, **bounds: Any
-) -> None:
-    """Runs one of kiln_contract's checks (the rules the runtime applies too) on a field's value;
-    a failure names the target and the field."""
-    try:
-        check(alias, value, **bounds)
-    except SpecError as e:
-        raise InvalidFieldException(
-            f"The `{alias}` field in target {address} {_problem(e.problem)}."
-        ) from None
+class _ContractCheckedField(Field):
+    """A field whose value passes one of kiln_contract's checks, the rules the runtime applies
+    too; a failure names the target and the field. A subclass names the check and its bounds;
+    `unchecked_values` (by default only an unset field's None) are kept as they are."""
+
+    contract_check: ClassVar[Callable[..., None]]
+    check_bounds: ClassVar[Mapping[str, Any]] = FrozenDict()
+    unchecked_values: ClassVar[tuple[Any, ...]] = (None,)
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Any:
+        value = super().compute_value(raw_value, address)
+        if value in cls.unchecked_values:
+            return value
+        try:
+            cls.contract_check(cls.alias, value, **cls.check_bounds)
+        except SpecError as e:
+            raise InvalidFieldException(
+                f"The `{cls.alias}` field in target {address} {_problem(e.problem)}."
+            ) from None
+        return value
+
+
+class _NumberField(_ContractCheckedField):
+    """A number checked by kiln_contract, held as a float (a BUILD file may write an int)."""
+
+    value: Optional[float]
+    contract_check = check_number
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[float]:
+        value = super().compute_value(raw_value, address)
+        return None if value is None else float(value)
 
 
 def _problem(problem: str) -> str:
@@ -92,10 +114,11 @@ def _problem(problem: str) -> str:
     return "expects" + problem[len("expected") :] if problem.startswith("expected") else problem
 
 
-class ArtifactVersionField(StringField):
+class ArtifactVersionField(_ContractCheckedField, StringField):
     value: str
     alias = "version"
     required = True
+    contract_check = check_version
     help = (
         "The artifact's version: a calendar version `YYYY.MM.DD` or `YYYY.MM.DD.N` (e.g. "
         "`2026.06.28`), or a mutable `dev` / `NAME-dev`. Bump it to produce a new artifact; "
@@ -103,28 +126,15 @@ class ArtifactVersionField(StringField):
         "different configuration is an error."
     )
 
-    @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
-        value = super().compute_value(raw_value, address)
-        assert value is not None
-        _check_field(cls.alias, address, check_version, value)
-        return value
 
-
-class ArtifactNameField(StringField):
+class ArtifactNameField(_ContractCheckedField, StringField):
     alias = "artifact_name"
+    contract_check = check_artifact_name
     help = (
         "The artifact's name in the artifact store, e.g. `checkpoints/dclm_1b_1x`; it may contain "
         "`/`. Defaults to `tokenized/<target name>` for caches and `checkpoints/<target name>` for "
         "checkpoints."
     )
-
-    @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
-        value = super().compute_value(raw_value, address)
-        if value is not None:
-            _check_field(cls.alias, address, check_artifact_name, value)
-        return value
 
 
 class PositiveIntField(IntField):
@@ -142,15 +152,10 @@ class PositiveIntField(IntField):
         return value
 
 
-class _NameField(StringField):
+class _NameField(_ContractCheckedField, StringField):
     """A string that names something (a record key, a split, a revision): never empty."""
 
-    @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
-        value = super().compute_value(raw_value, address)
-        if value is not None:
-            _check_field(cls.alias, address, check_str, value)
-        return value
+    contract_check = check_str
 
 
 def refuse_invalid_call(alias: str, address: Address, value: Any) -> None:
@@ -392,9 +397,10 @@ class CacheStorageField(StringField):
     )
 
 
-class EvalNameField(StringField):
+class EvalNameField(_ContractCheckedField, StringField):
     value: str
     alias = "eval_name"
+    contract_check = check_eval_name
     help = (
         "The name a checkpoint's validation metrics give this cache: `GROUP/NAME` or `NAME`, e.g. "
         "`paloma/c4_en` logs `eval/paloma/c4_en/loss` and `.../bpb`, and counts towards group "
@@ -404,10 +410,9 @@ class EvalNameField(StringField):
 
     @classmethod
     def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
-        value = super().compute_value(raw_value, address)
-        value = address.target_name if value is None else value
-        _check_field(cls.alias, address, check_eval_name, value)
-        return value
+        # The default, the target's name, must be a valid eval name too.
+        default = address.target_name
+        return super().compute_value(default if raw_value is None else raw_value, address)
 
 
 class TokenizedCacheDependencies(Dependencies):
@@ -621,20 +626,12 @@ class NumTrainStepsField(PositiveIntField):
     help = "Total number of optimizer steps."
 
 
-class ZLossWeightField(Field):
+class ZLossWeightField(_NumberField):
     alias = "z_loss_weight"
     required = True
     none_is_valid_value = True
+    check_bounds = FrozenDict(minimum=0)
     help = "Weight of the auxiliary z-loss (logsumexp(logits)^2); `None` omits it."
-    value: Optional[float]
-
-    @classmethod
-    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[float]:
-        value = super().compute_value(raw_value, address)
-        if value is None:
-            return None
-        _check_field(cls.alias, address, check_number, value, minimum=0)
-        return float(value)
 
 
 class EvalsField(_SymbolField):
@@ -721,21 +718,15 @@ class ComputeDtypeField(StringField):
     help = "The dtype of activations and matmuls (parameters stay float32)."
 
 
-class SeedField(IntField):
+class SeedField(_ContractCheckedField, IntField):
     value: int
     alias = "seed"
     default = 0
+    contract_check = check_seed
     help = "Seed for initialisation and the data mixture's order: 0 to 2**32 - 1."
 
-    @classmethod
-    def compute_value(cls, raw_value: Optional[int], address: Address) -> int:
-        value = super().compute_value(raw_value, address)
-        assert value is not None  # the field has a default
-        _check_field(cls.alias, address, check_seed, value)
-        return value
 
-
-class MaxEvalBatchesField(Field):
+class MaxEvalBatchesField(_ContractCheckedField):
     alias = "max_eval_batches"
     help = (
         "Validation batches (of `batch_size` sequences) per validation set: a number, or `'all'` "
@@ -745,14 +736,9 @@ class MaxEvalBatchesField(Field):
     )
     default = None
     value: Optional[Any]  # None: Kiln's budget; "all"; or a positive int
-
-    @classmethod
-    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[Any]:
-        value = super().compute_value(raw_value, address)
-        if value is None or value == "all":
-            return value
-        _check_field(cls.alias, address, check_int, value, minimum=1)
-        return value
+    contract_check = check_int
+    check_bounds = FrozenDict(minimum=1)
+    unchecked_values = (None, "all")
 
 
 class ValidateAtStartField(BoolField):
@@ -795,20 +781,19 @@ class WandbField(DictStringToStringField):
         return value
 
 
-class TemporaryBasePathField(StringField):
+def _check_absolute_path_string(alias: str, value: str) -> None:
+    # A BUILD file writes a path as a string; the contract checks Paths.
+    check_absolute_path(alias, Path(value))
+
+
+class TemporaryBasePathField(_ContractCheckedField, StringField):
     alias = "temporary_base_path"
+    contract_check = _check_absolute_path_string
     help = (
         "Where temporary (time-based) checkpoints go instead of beside the permanent ones: "
         "`{it}/{artifact_name}/{version}/checkpoints/`, e.g. fast local or cheaper storage. An "
         "absolute path. A run-time choice, excluded from the fingerprint."
     )
-
-    @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> Optional[str]:
-        value = super().compute_value(raw_value, address)
-        if value is not None:
-            _check_field(cls.alias, address, check_absolute_path, Path(value))
-        return value
 
 
 class CheckpointEveryField(PositiveIntField):
@@ -821,22 +806,14 @@ class CheckpointEveryField(PositiveIntField):
     )
 
 
-class CheckpointIntervalField(Field):
+class CheckpointIntervalField(_NumberField):
     alias = "checkpoint_interval_minutes"
     default = None
-    value: Optional[float]
+    check_bounds = FrozenDict(positive=True)
     help = (
         "A temporary checkpoint when this many minutes passed since the last save. Default: 10, "
         "or 1 on `cpu()` runs. A run-time choice, excluded from the fingerprint."
     )
-
-    @classmethod
-    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[float]:
-        value = super().compute_value(raw_value, address)
-        if value is None:
-            return None
-        _check_field(cls.alias, address, check_number, value, positive=True)
-        return float(value)
 
 
 class InitFromField(Field):
