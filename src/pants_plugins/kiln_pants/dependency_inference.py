@@ -9,6 +9,7 @@ of target is caught.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -19,6 +20,7 @@ from pants.engine.target import (
     InferDependenciesRequest,
     InferredDependencies,
     InvalidFieldException,
+    Target,
     UnexpandedTargets,
 )
 from pants.engine.unions import UnionRule
@@ -43,6 +45,32 @@ from kiln_pants.target_types import (
 )
 
 
+def field_address_inputs(
+    owner: Address, alias: str, values: Iterable[str]
+) -> UnparsedAddressInputs:
+    """The addresses a field of `owner` gives, relative to it; a bad one is reported as the
+    field's."""
+    return UnparsedAddressInputs(
+        values, owning_address=owner, description_of_origin=f"the `{alias}` field of {owner}"
+    )
+
+
+async def addresses_of_kind(
+    owner: Address, alias: str, values: Iterable[str], kind: type[Target], kind_phrase: str
+) -> Addresses:
+    """The addresses a field of `owner` gives, each of which must be a `kind` target
+    (`kind_phrase`: "a `tokenized_cache`")."""
+    addresses = await Get(Addresses, field_address_inputs(owner, alias, values))
+    # Unexpanded: a `files` generator must be reported as itself, not as its first file.
+    for target in await Get(UnexpandedTargets, Addresses, addresses):
+        if not isinstance(target, kind):
+            raise InvalidFieldException(
+                f"The `{alias}` field in target {owner} refers to "
+                f"{target.address}, a `{target.alias}` target; it must be {kind_phrase}."
+            )
+    return addresses
+
+
 async def _inferred(
     owner: Address,
     *,
@@ -52,41 +80,19 @@ async def _inferred(
 ) -> InferredDependencies:
     """The caches (each must be a `tokenized_cache`), the suite's local task files and the run a
     model field names by address, as dependencies of `owner`."""
-    addresses = []
+    addresses: list[Address] = []
     for alias, values in caches:
-        field_addresses = await Get(
-            Addresses,
-            UnparsedAddressInputs(
-                values,
-                owning_address=owner,
-                description_of_origin=f"the `{alias}` field of {owner}",
-            ),
+        addresses.extend(
+            await addresses_of_kind(
+                owner, alias, values, TokenizedCacheTarget, "a `tokenized_cache`"
+            )
         )
-        # Unexpanded: a `files` generator must be reported as itself, not as its first file.
-        targets = await Get(UnexpandedTargets, Addresses, field_addresses)
-        for target in targets:
-            if not isinstance(target, TokenizedCacheTarget):
-                raise InvalidFieldException(
-                    f"The `{alias}` field in target {owner} refers to "
-                    f"{target.address}, a `{target.alias}` target; it must be a "
-                    "`tokenized_cache`."
-                )
-            addresses.append(target.address)
     named = [(EvalsField.alias, evals.task_files)] if evals and evals.task_files else []
     model_alias, model_value = model
     if isinstance(model_value, CheckpointInit):  # the run it starts from or scores: built first
         named.append((model_alias, model_value.address))
     for alias, address in named:
-        addresses.extend(
-            await Get(
-                Addresses,
-                UnparsedAddressInputs(
-                    [address],
-                    owning_address=owner,
-                    description_of_origin=f"the `{alias}` field of {owner}",
-                ),
-            )
-        )
+        addresses.extend(await Get(Addresses, field_address_inputs(owner, alias, [address])))
     return InferredDependencies(addresses)
 
 
@@ -161,15 +167,8 @@ async def infer_tokenizer_target(request: InferTokenizerTarget) -> InferredDepen
     address = tokenizer_address(request.field_set.tokenizer.value)
     if address is None:
         return InferredDependencies([])
-    addresses = await Get(
-        Addresses,
-        UnparsedAddressInputs(
-            [address],
-            owning_address=request.field_set.address,
-            description_of_origin=f"the `tokenizer` field of {request.field_set.address}",
-        ),
-    )
-    return InferredDependencies(addresses)
+    inputs = field_address_inputs(request.field_set.address, TokenizerField.alias, [address])
+    return InferredDependencies(await Get(Addresses, inputs))
 
 
 def rules():

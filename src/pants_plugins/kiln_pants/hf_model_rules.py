@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
-from pants.engine.addresses import Address, Addresses, UnparsedAddressInputs
+from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
@@ -27,8 +27,6 @@ from pants.engine.target import (
     FieldSet,
     InferDependenciesRequest,
     InferredDependencies,
-    InvalidFieldException,
-    UnexpandedTargets,
     WrappedTarget,
     WrappedTargetRequest,
 )
@@ -56,6 +54,7 @@ from kiln_pants.artifact_store import (
     artifact_record,
     recorded_state,
 )
+from kiln_pants.dependency_inference import addresses_of_kind
 from kiln_pants.hf_model_targets import (
     CheckpointField,
     ExportDtypeField,
@@ -87,20 +86,10 @@ class InferHfModelCheckpoint(InferDependenciesRequest):
 @rule(desc="Inferring the checkpoint of an hf_model")
 async def infer_hf_model_checkpoint(request: InferHfModelCheckpoint) -> InferredDependencies:
     field_set = request.field_set
-    addresses = await Get(
-        Addresses,
-        UnparsedAddressInputs(
-            [field_set.checkpoint.value],
-            owning_address=field_set.address,
-            description_of_origin=f"the `checkpoint` field of {field_set.address}",
-        ),
-    )
-    for target in await Get(UnexpandedTargets, Addresses, addresses):
-        if not isinstance(target, LmCheckpointTarget):
-            raise InvalidFieldException(
-                f"The `checkpoint` field in target {field_set.address} refers to "
-                f"{target.address}, a `{target.alias}` target; it must be an `lm_checkpoint`."
-            )
+    addresses = await addresses_of_kind(
+        field_set.address, CheckpointField.alias, [field_set.checkpoint.value],
+        LmCheckpointTarget, "an `lm_checkpoint`",
+    )  # fmt: skip
     return InferredDependencies(addresses)
 
 
