@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
-from pants.engine.addresses import Address, Addresses, UnparsedAddressInputs
+from pants.engine.addresses import Address, Addresses
 from pants.engine.collection import Collection
 from pants.engine.fs import Digest
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
@@ -31,6 +31,7 @@ from kiln_contract.llama import weights_differences
 from kiln_contract.tokenize import DEFAULT_FRAMING, LevanterCacheSource, UrlFilesSource
 from kiln_contract.train import HfModelSource, ParentRun
 from kiln_contract.vocabulary import is_mutable_version
+from kiln_pants.dependency_inference import field_address_inputs
 from kiln_pants.eval_targets import (
     EvalBatchesField,
     EvalBatchSizeField,
@@ -177,12 +178,7 @@ class ReferencedFiles:
 @rule(desc="Collecting referenced files")
 async def referenced_files(request: ReferencedFilesRequest) -> ReferencedFiles:
     addresses = await Get(
-        Addresses,
-        UnparsedAddressInputs(
-            [request.address],
-            owning_address=request.owner,
-            description_of_origin=f"the `{request.field_alias}` field of {request.owner}",
-        ),
+        Addresses, field_address_inputs(request.owner, request.field_alias, [request.address])
     )
     closure = await Get(TransitiveTargets, TransitiveTargetsRequest(addresses))
     sources = await Get(
@@ -285,14 +281,7 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
 
 async def _resolve(target: Target, field_alias: str, values: tuple[str, ...]) -> list[Address]:
     resolved = await MultiGet(
-        Get(
-            Addresses,
-            UnparsedAddressInputs(
-                [value],
-                owning_address=target.address,
-                description_of_origin=f"the `{field_alias}` field of {target.address}",
-            ),
-        )
+        Get(Addresses, field_address_inputs(target.address, field_alias, [value]))
         for value in values
     )
     return [addresses[0] for addresses in resolved]
