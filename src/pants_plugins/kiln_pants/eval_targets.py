@@ -18,7 +18,7 @@ from pants.engine.target import (
 )
 
 from kiln_contract.train import HfModelSource
-from kiln_pants.field_values import CheckpointInit
+from kiln_pants.field_values import CheckpointInit, is_whole_number
 from kiln_pants.target_types import (
     ArtifactNameField,
     ArtifactVersionField,
@@ -84,7 +84,7 @@ class EvalBatchesField(Field):
     @classmethod
     def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[int]:
         value = super().compute_value(raw_value, address)
-        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        if value is None or is_whole_number(value, minimum=1):
             return value
         raise InvalidFieldException(
             f"The `max_eval_batches` field in target {address} must be a whole number > 0 or "

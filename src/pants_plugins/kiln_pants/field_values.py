@@ -33,6 +33,12 @@ class BuildSymbolError(ValueError):
     pass
 
 
+def is_whole_number(value: Any, minimum: int = 0) -> bool:
+    """An int >= minimum. bool is an int in Python: `True` where a count belongs is a typo, not
+    a 1."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 @dataclass(frozen=True)
 class InvalidHelperCall:
     """A helper call that failed, held until a target's field reads it (see the module doc)."""
@@ -161,7 +167,7 @@ def from_checkpoint(
             "from_checkpoint(): the run to start from is the address of an lm_checkpoint or "
             f"hf_model target, e.g. ':dclm_1b'; got {address!r}."
         )
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+    if step is not None and not is_whole_number(step):
         raise BuildSymbolError(f"from_checkpoint(): `step` must be a saved step >= 0, got {step!r}.")
     if not isinstance(optimizer_state, bool):
         raise BuildSymbolError(

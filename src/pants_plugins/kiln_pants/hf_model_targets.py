@@ -17,6 +17,7 @@ from pants.engine.target import (
     Target,
 )
 
+from kiln_pants.field_values import is_whole_number
 from kiln_pants.target_types import (
     ArtifactNameField,
     ArtifactVersionField,
@@ -66,9 +67,7 @@ class ExportStepField(Field):
     @classmethod
     def compute_value(cls, raw_value: Optional[Any], address: Address) -> Union[int, str]:
         value = super().compute_value(raw_value, address)
-        if value == "last" or (
-            isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        ):
+        if value == "last" or is_whole_number(value):
             return value
         raise InvalidFieldException(
             f"The `step` field in target {address} must be `last` or a step number >= 0; "

@@ -67,7 +67,7 @@ from kiln_contract.vocabulary import (
     check_version,
     mesh_sizes,
 )
-from kiln_pants.field_values import CheckpointInit, EvalSuite, InvalidHelperCall
+from kiln_pants.field_values import CheckpointInit, EvalSuite, InvalidHelperCall, is_whole_number
 
 # ---------------------------------------------------------------------------------------------
 # Shared by both artifact types
@@ -144,8 +144,7 @@ class PositiveIntField(IntField):
     @classmethod
     def compute_value(cls, raw_value: Optional[int], address: Address) -> Optional[int]:
         value = super().compute_value(raw_value, address)
-        # bool is an int in Python: `True` where a count belongs is a typo, not a 1.
-        if value is not None and (isinstance(value, bool) or value <= 0):
+        if value is not None and not is_whole_number(value, minimum=1):
             raise InvalidFieldException(
                 f"The `{cls.alias}` field in target {address} must be > 0, got {value}."
             )
@@ -568,8 +567,7 @@ class DatasetsField(Field):
                 "stages",
             )  # fmt: skip
         steps = [stage[0] for stage in value]
-        if steps[0] != 0 or any(not isinstance(s, int) or isinstance(s, bool) for s in steps) \
-                or steps != sorted(set(steps)):  # fmt: skip
+        if steps[0] != 0 or not all(map(is_whole_number, steps)) or steps != sorted(set(steps)):
             raise InvalidFieldException(
                 f"The `datasets` field in target {address} has stages starting at steps {steps}: "
                 "the first starts at 0, the others at increasing whole steps."
