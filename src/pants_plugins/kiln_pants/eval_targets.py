@@ -24,6 +24,7 @@ from kiln_pants.target_types import (
     ArtifactVersionField,
     ComputeDtypeField,
     EvalsField,
+    FormCheckedField,
     PositiveIntField,
     SeqLenField,
     ValidationField,
@@ -72,9 +73,10 @@ class EvalBatchSizeField(PositiveIntField):
     help = "Validation windows per batch (a run reports what it scores with its own batch size)."
 
 
-class EvalBatchesField(Field):
+class EvalBatchesField(FormCheckedField):
     alias = "max_eval_batches"
     default = None
+    expected = "a whole number > 0 or None"
     value: Optional[int]
     help = (
         "Validation batches per cache: a number, or None for each whole cache. Part of the "
@@ -82,14 +84,8 @@ class EvalBatchesField(Field):
     )
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[int]:
-        value = super().compute_value(raw_value, address)
-        if value is None or is_whole_number(value, minimum=1):
-            return value
-        raise InvalidFieldException(
-            f"The `max_eval_batches` field in target {address} must be a whole number > 0 or "
-            f"None; got {value!r}."
-        )
+    def accepts(cls, value: Any) -> bool:
+        return value is None or is_whole_number(value, minimum=1)
 
 
 class EvalComputeDtypeField(ComputeDtypeField):

@@ -5,14 +5,11 @@ folder (docs/interop.md). Its identity is the checkpoint's fingerprint, the step
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Any, Union
 
-from pants.engine.addresses import Address
 from pants.engine.target import (
     COMMON_TARGET_FIELDS,
     Dependencies,
-    Field,
-    InvalidFieldException,
     StringField,
     Target,
 )
@@ -21,6 +18,7 @@ from kiln_pants.field_values import is_whole_number
 from kiln_pants.target_types import (
     ArtifactNameField,
     ArtifactVersionField,
+    FormCheckedField,
     check_default_artifact_name,
 )
 
@@ -34,30 +32,25 @@ class HfModelArtifactNameField(ArtifactNameField):
     )
 
 
-class CheckpointField(StringField):
+class CheckpointField(FormCheckedField, StringField):
     value: str
     alias = "checkpoint"
     required = True
+    expected = "the address of an `lm_checkpoint` target (`:name` or `//path:name`)"
     help = (
         "The address of the `lm_checkpoint` to export, e.g. `:quickstart`. It must be built in the "
         "artifact store (`pants run` it first)."
     )
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
-        value = super().compute_value(raw_value, address)
-        assert value is not None
-        if not value.startswith(("//", ":")) and ":" not in value:
-            raise InvalidFieldException(
-                f"The `checkpoint` field in target {address} must be the address of an "
-                f"`lm_checkpoint` target (`:name` or `//path:name`); got {value!r}."
-            )
-        return value
+    def accepts(cls, value: str) -> bool:
+        return value.startswith(("//", ":")) or ":" in value
 
 
-class ExportStepField(Field):
+class ExportStepField(FormCheckedField):
     alias = "step"
     default = "last"
+    expected = "`last` or a step number >= 0"
     help = (
         "Which of the checkpoint's saved steps to export: `last` (the newest complete one, the "
         "final step of a finished run) or a step number."
@@ -65,14 +58,8 @@ class ExportStepField(Field):
     value: Union[int, str]
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Union[int, str]:
-        value = super().compute_value(raw_value, address)
-        if value == "last" or is_whole_number(value):
-            return value
-        raise InvalidFieldException(
-            f"The `step` field in target {address} must be `last` or a step number >= 0; "
-            f"got {value!r}."
-        )
+    def accepts(cls, value: Any) -> bool:
+        return value == "last" or is_whole_number(value)
 
 
 class ExportDtypeField(StringField):

