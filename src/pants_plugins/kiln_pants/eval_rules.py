@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.base.build_root import BuildRoot
-from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
+from pants.core.goals.package import BuiltPackage, PackageFieldSet
 from pants.engine.addresses import Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
@@ -44,7 +44,7 @@ from kiln_pants.artifact_store import (
 )
 from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
 from kiln_pants.hf_model_rules import RECORD_INPUT, StoredCheckpoint, StoredCheckpointRequest
-from kiln_pants.package import MANIFEST_FILE
+from kiln_pants.package import store_pointer_package
 from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import CacheStorageField, EvalNameField
@@ -134,14 +134,7 @@ async def package_lm_eval_run(
         ),
     )).process  # fmt: skip
     await Get(ProcessResult, Process, process)
-    manifest = {"store_path": out, "fingerprint": artifact.fingerprint}
-    digest = await Get(
-        Digest,
-        CreateDigest(
-            [FileContent(f"{artifact.folder}/{MANIFEST_FILE}", json.dumps(manifest).encode())]
-        ),
-    )
-    return BuiltPackage(digest, (BuiltPackageArtifact(artifact.folder),))
+    return await store_pointer_package(artifact, out)
 
 
 def rules():

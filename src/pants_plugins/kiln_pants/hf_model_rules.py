@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.base.build_root import BuildRoot
-from pants.core.goals.package import BuiltPackage, BuiltPackageArtifact, PackageFieldSet
+from pants.core.goals.package import BuiltPackage, PackageFieldSet
 from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
@@ -61,7 +61,7 @@ from kiln_pants.hf_model_targets import (
     ExportStepField,
     HfModelDependencies,
 )
-from kiln_pants.package import MANIFEST_FILE
+from kiln_pants.package import store_pointer_package
 from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
@@ -239,13 +239,7 @@ async def package_hf_model(
     for line in exported.stdout.decode().splitlines():
         if line.startswith("kiln: note:"):
             logger.warning(line)
-    location = artifact.folder
-    manifest = {"store_path": out, "fingerprint": artifact.fingerprint}
-    digest = await Get(
-        Digest,
-        CreateDigest([FileContent(f"{location}/{MANIFEST_FILE}", json.dumps(manifest).encode())]),
-    )
-    return BuiltPackage(digest, (BuiltPackageArtifact(location),))
+    return await store_pointer_package(artifact, out)
 
 
 def rules():

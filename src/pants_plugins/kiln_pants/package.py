@@ -12,10 +12,22 @@ from pants.engine.fs import AddPrefix, CreateDigest, Digest, FileContent
 from pants.engine.rules import Get, collect_rules, rule
 from pants.engine.unions import UnionRule
 
+from kiln_pants.artifact_graph import Artifact
 from kiln_pants.target_types import NumShardsField, TokenizerField
 from kiln_pants.tokenize_rules import BuildCachesRequest, BuiltCaches
 
 MANIFEST_FILE = "manifest.json"
+
+
+async def store_pointer_package(artifact: Artifact, store_path: str) -> BuiltPackage:
+    """The package of an artifact built into the store: a manifest pointing at it."""
+    location = artifact.folder
+    manifest = {"store_path": store_path, "fingerprint": artifact.fingerprint}
+    digest = await Get(
+        Digest,
+        CreateDigest([FileContent(f"{location}/{MANIFEST_FILE}", json.dumps(manifest).encode())]),
+    )
+    return BuiltPackage(digest, (BuiltPackageArtifact(location),))
 
 
 @dataclass(frozen=True)
@@ -29,17 +41,10 @@ class TokenizedCachePackageFieldSet(PackageFieldSet):
 async def package_tokenized_cache(field_set: TokenizedCachePackageFieldSet) -> BuiltPackage:
     request = BuildCachesRequest(Addresses([field_set.address]))
     [built] = (await Get(BuiltCaches, BuildCachesRequest, request)).caches
-    location = built.artifact.folder
     if built.store_path is not None:  # storage="store": the package is a pointer to it
-        manifest = {"store_path": built.store_path, "fingerprint": built.artifact.fingerprint}
-        digest = await Get(
-            Digest,
-            CreateDigest(
-                [FileContent(f"{location}/{MANIFEST_FILE}", json.dumps(manifest).encode())]
-            ),
-        )
-    else:
-        digest = await Get(Digest, AddPrefix(built.digest, location))
+        return await store_pointer_package(built.artifact, built.store_path)
+    location = built.artifact.folder
+    digest = await Get(Digest, AddPrefix(built.digest, location))
     return BuiltPackage(digest, (BuiltPackageArtifact(location),))
 
 
