@@ -11,8 +11,6 @@ process, store ones are read where they are).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 from dataclasses import dataclass
 
@@ -21,14 +19,13 @@ from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, PackageFieldSet
 from pants.engine.addresses import Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.fs import CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
+from pants.engine.fs import Digest, MergeDigests, PathGlobs
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.engine.unions import UnionRule
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import (
     ArtifactGraph,
     ArtifactGraphRequest,
@@ -40,10 +37,14 @@ from kiln_pants.artifact_store import (
     DepFailedMarked,
     DepFailedMarks,
     artifact_path,
-    artifact_record,
 )
 from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
-from kiln_pants.hf_model_rules import RECORD_INPUT, StoredCheckpoint, StoredCheckpointRequest
+from kiln_pants.hf_model_rules import (
+    RECORD_INPUT,
+    StoredCheckpoint,
+    StoredCheckpointRequest,
+    record_input,
+)
 from kiln_pants.package import store_pointer_package
 from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -92,17 +93,8 @@ async def package_lm_eval_run(
     if suite and suite.task_files:
         files_request = ReferencedFilesRequest(field_set.address, suite.task_files, "evals")
         task_files = (await Get(ReferencedFiles, ReferencedFilesRequest, files_request)).sources
-    provenance = Provenance(
-        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
-    )
     inputs = caches + ([graph.get(artifact.parent)] if artifact.parent is not None else [])
-    record = {
-        **artifact_record(artifact, inputs).to_json(),
-        "provenance": dataclasses.asdict(provenance),
-    }
-    record_digest = await Get(
-        Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
-    )
+    record_digest = await record_input(artifact, inputs, runtime, lockfile)
     validation = []
     for cache, wrapped in zip(caches, wrapped_caches):
         in_store = wrapped.target[CacheStorageField].value == "store"

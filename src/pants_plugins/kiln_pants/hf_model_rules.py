@@ -176,6 +176,23 @@ async def _run_tokenizer(checkpoint: Artifact) -> RunTokenizer:
     return RunTokenizer(files.digest, ("--tokenizer", files.directory))
 
 
+async def record_input(
+    artifact: Artifact, inputs: list[Artifact], runtime: Runtime, lockfile: Digest
+) -> Digest:
+    """The artifact's record as RECORD_INPUT, with the provenance of the runtime process that
+    builds it: its code and its lockfile."""
+    provenance = Provenance(
+        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
+    )
+    record = {
+        **artifact_record(artifact, inputs).to_json(),
+        "provenance": dataclasses.asdict(provenance),
+    }
+    return await Get(
+        Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
+    )
+
+
 @rule(desc="Packaging an hf_model")
 async def package_hf_model(
     field_set: HfModelPackageFieldSet,
@@ -194,16 +211,7 @@ async def package_hf_model(
         Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
     )
     tokenizer = await _run_tokenizer(checkpoint)
-    provenance = Provenance(
-        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
-    )
-    record = {
-        **artifact_record(artifact, [checkpoint]).to_json(),
-        "provenance": dataclasses.asdict(provenance),
-    }
-    record_digest = await Get(
-        Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
-    )
+    record_digest = await record_input(artifact, [checkpoint], runtime, lockfile)
     out = artifact_path(prefix, artifact)
     in_bucket = "://" in prefix
     if in_bucket or os.path.exists(out):  # a `pants build` whose checkpoint failed marked it
