@@ -14,6 +14,8 @@ BUILDGRID_VENV="${KILN_BUILDGRID_VENV:-${HOME}/.cache/kiln/buildgrid-${BUILDGRID
 WORK="$(mktemp -d)"
 trap 'kill "${BGD_PID:-}" 2>/dev/null || true; [[ -n "${KILN_KEEP_CACHE_CHECK:-}" ]] || rm -rf "${WORK}"' EXIT
 
+say() { echo "remote_cache_check: [${SECONDS} s] $*"; }  # seconds since the check started
+
 find_python311() {
   local candidate
   for candidate in "${PYENV_ROOT:-${HOME}/.pyenv}"/versions/3.11*/bin/python3.11 \
@@ -25,7 +27,7 @@ find_python311() {
 }
 
 if [[ ! -x "${BUILDGRID_VENV}/bin/bgd" ]]; then
-  echo "remote_cache_check: installing BuildGrid (.ci/buildgrid-requirements.txt) into ${BUILDGRID_VENV}"
+  say "installing BuildGrid (.ci/buildgrid-requirements.txt) into ${BUILDGRID_VENV}"
   rm -rf "${BUILDGRID_VENV}"
   "$(find_python311)" -m venv "${BUILDGRID_VENV}"
   PIP_CONFIG_FILE=/dev/null "${BUILDGRID_VENV}/bin/pip" install --quiet \
@@ -49,17 +51,17 @@ pants_with_remote_cache() {
     --stats-log "$@"
 }
 
-echo "remote_cache_check: packaging ${TARGET} with remote cache writes"
+say "packaging ${TARGET} with remote cache writes"
 pants_with_remote_cache "${WORK}/store-writer" package "${TARGET}" >"${WORK}/writer.log" 2>&1 ||
   { cat "${WORK}/writer.log"; exit 1; }
-echo "remote_cache_check: packaging it again from an empty local store"
+say "packaging it again from an empty local store"
 pants_with_remote_cache "${WORK}/store-reader" package "${TARGET}" >"${WORK}/reader.log" 2>&1 ||
   { cat "${WORK}/reader.log"; exit 1; }
 
 counter() { grep -E "^\s+$1: [0-9]+" "${WORK}/reader.log" | awk '{print $2}' | tail -1; }
 served="$(counter remote_cache_requests_cached)"
 executed="$(counter local_execution_requests)"
-echo "remote_cache_check: remote cache hits ${served:-0}, local executions ${executed:-0}"
+say "remote cache hits ${served:-0}, local executions ${executed:-0}"
 # With a remote cache Pants starts a process while it looks the key up and cancels it on a hit:
 # only a "Completed" training line means it ran.
 if [[ "${served:-0}" -lt 1 ]] || grep -q "Completed: ${TRAINING}" "${WORK}/reader.log"; then
@@ -69,4 +71,4 @@ if [[ "${served:-0}" -lt 1 ]] || grep -q "Completed: ${TRAINING}" "${WORK}/reade
 fi
 [[ -f dist/checkpoints/ci_tiny/2026.11.29/STATUS ]] ||
   { echo "remote_cache_check: FAILED: no packaged checkpoint in dist/" >&2; exit 1; }
-echo "remote_cache_check: OK"
+say "OK"
