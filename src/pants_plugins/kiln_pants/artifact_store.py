@@ -50,6 +50,10 @@ STORE_ENVIRONMENT = (
 )  # fmt: skip
 
 
+# The artifact's record (artifact_record's JSON) in the inputs of the process that builds it.
+RECORD_INPUT = "artifact_record.json"
+
+
 def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> ArtifactRecord:
     """The identity part of `artifact.json`; the runtime adds provenance when it builds."""
     return ArtifactRecord(

@@ -40,7 +40,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import artifact_record
+from kiln_pants.artifact_store import RECORD_INPUT, artifact_record
 from kiln_pants.target_types import (
     STDLIB_SOURCES,
     CacheSourceField,
@@ -61,7 +61,6 @@ from kiln_pants.target_types import (
 )
 
 SPEC_FILE = "tokenize_spec.json"
-RECORD_INPUT = "artifact_record.json"
 
 
 @dataclass(frozen=True)

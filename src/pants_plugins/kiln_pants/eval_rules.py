@@ -33,6 +33,7 @@ from kiln_pants.artifact_graph import (
     ReferencedFilesRequest,
 )
 from kiln_pants.artifact_store import (
+    RECORD_INPUT,
     STORE_ENVIRONMENT,
     DepFailedMarked,
     DepFailedMarks,
@@ -40,7 +41,6 @@ from kiln_pants.artifact_store import (
 )
 from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
 from kiln_pants.hf_model_rules import (
-    RECORD_INPUT,
     StoredCheckpoint,
     StoredCheckpointRequest,
     record_input,

@@ -43,6 +43,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFilesRequest,
 )
 from kiln_pants.artifact_store import (
+    RECORD_INPUT,
     STORE_ENVIRONMENT,
     BucketRecords,
     BucketRecordsRequest,
@@ -65,8 +66,6 @@ from kiln_pants.package import store_pointer_package
 from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
-
-RECORD_INPUT = "artifact_record.json"
 
 logger = logging.getLogger(__name__)
 

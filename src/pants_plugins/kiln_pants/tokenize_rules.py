@@ -64,7 +64,7 @@ from kiln_pants.artifact_graph import (
     TokenizerFiles,
     TokenizerFilesRequest,
 )
-from kiln_pants.artifact_store import StoredStates, StoredStatesRequest, artifact_path
+from kiln_pants.artifact_store import RECORD_INPUT, StoredStates, StoredStatesRequest, artifact_path
 from kiln_pants.cache_layout import (
     CACHE_DIR,
     CacheBuild,
@@ -72,7 +72,7 @@ from kiln_pants.cache_layout import (
     CacheProcessRequest,
     CacheTokenizationFailed,
 )
-from kiln_pants.cache_spec import RECORD_INPUT, SPEC_FILE, RepoFileSizes, RepoFileSizesRequest
+from kiln_pants.cache_spec import SPEC_FILE, RepoFileSizes, RepoFileSizesRequest
 from kiln_pants.runtime import FAN_OUT, KilnProcess
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import TokenizedCacheTarget, TokenizerField, tokenizer_address
