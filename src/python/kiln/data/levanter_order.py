@@ -77,7 +77,7 @@ class LevanterFeistel:
 
     def __init__(self, length: int, key: jax.Array):
         self.length = length
-        bits = (1 << (length - 1).bit_length()).bit_length() - 1
+        bits = (length - 1).bit_length()  # of the next power of two's domain
         self.right_bits = np.uint64(bits - bits // 2)
         self.mask = np.uint64((1 << int(self.right_bits)) - 1)
         rng = np.random.Generator(np.random.PCG64(_pcg_seed(key)))
