@@ -5,7 +5,8 @@ run by vs_levanter.py, never imported by it:
 
     python levanter-train.pex build-cache --corpus C.jsonl --tokenizer DIR --cache DIR
     python levanter-train.pex train --corpus C.jsonl --tokenizer DIR --cache DIR --out DIR
-        [--steps 300 --batch 16 --seq-len 128 --seed 0 --data-seed N --scan-layers]
+        [--steps 300 --batch 16 --seq-len 128 --seed 0 --data-seed N --scan-layers
+         --hf-out DIR]
 
 `build-cache` tokenizes the corpus into `DIR/stdlib/train`, the folder `train_lm` reads for its
 component `stdlib` (levanter.data.text.cache.build_lm_dataset_cache, EOS appended). `train`
@@ -14,7 +15,8 @@ runs `levanter.main.train_lm.main` with the quickstart's model and optimizer: 2 
 min_lr_ratio 0.1) with Levanter's beta2 0.95, epsilon 1e-8, clipping 1.0, cosine; z-loss 1e-4;
 float32 (Levanter's default policy); Levanter's defaults for the rest (gradient checkpointing;
 `scan_layers` as given). Its tracker writes one JSON line per log call, with the time, to
-`OUT/metrics.jsonl`.
+`OUT/metrics.jsonl`. With `--hf-out`, train_lm's own HF export writes the final weights to
+`DIR/step-N` (a transformers Llama folder).
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def train(args: argparse.Namespace) -> None:
         optimizer=AdamConfig(learning_rate=3e-3, weight_decay=0.033, warmup=50, min_lr_ratio=0.1),
         z_loss_weight=1e-4,
         data_seed=args.data_seed,
+        hf_save_path=None if args.hf_out is None else str(args.hf_out),
+        hf_save_steps=args.steps,
     )
     main(config)
 
@@ -111,6 +115,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-seed", type=int)
+    parser.add_argument("--hf-out", type=Path, help="train_lm's HF export of the final weights")
     parser.add_argument("--scan-layers", action=argparse.BooleanOptionalAction, default=True)
     return parser.parse_args()
 

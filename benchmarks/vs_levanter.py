@@ -1,29 +1,39 @@
-"""Kiln against Levanter's own trainer: one cache, one config, runs interleaved.
+"""Kiln against Levanter's own trainer on one cache: train loss by window, held-out loss, speed.
 
-    ./pants package benchmarks:levanter-train          # Levanter's side, a PEX (levanter-tests)
-    PYTHONPATH=src/python:src/contract python3 benchmarks/vs_levanter.py \\
-        --levanter dist/benchmarks/levanter-train.pex [--work DIR --rounds 2 --steps 300]
+    ./pants package benchmarks:levanter-train      # Levanter's side, a PEX (levanter-tests)
+    ./pants export --resolve=runtime               # Kiln's side, the runtime's virtualenv
+    PYTHONPATH=src/python:src/contract dist/export/python/virtualenvs/runtime/*/bin/python \\
+        benchmarks/vs_levanter.py --levanter dist/benchmarks/levanter-train.pex --work DIR \\
+        [--corpus quickstart pydoc_topics] [--seeds 0 1] [--steps 300] [--attribution]
 
-Run in the runtime's environment (3rdparty/python/runtime.lock). The corpus is the
-quickstart's (the stdlib's docstrings and pydoc topics, train split) as JSONL; Levanter's cache
-builder tokenizes it with the quickstart's tokenizer (kiln-stdlib-8k), and Kiln imports that very
-cache (a `levanter_cache` source), so both read the same token ids. Each round runs, one after
-the other:
+Corpora, each tokenized once by Levanter's cache builder with the quickstart's tokenizer
+(kiln-stdlib-8k) and imported by Kiln (a `levanter_cache` source), so both read the same ids:
 
-    levanter                    `levanter.main.train_lm` (benchmarks/levanter_train_lm.py)
-    kiln, levanter settings     `python -m kiln.train` with initialization="levanter" and
-                                loss_positions="all": Levanter's initial weights (the same seed)
-    kiln, defaults              the same with Kiln's own initialisation and loss positions
+    quickstart      the quickstart's training split (stdlib docstrings and pydoc topics):
+                    300 steps of 16 x 128 read ~1.3 epochs
+    pydoc_topics    the pydoc topics alone: 300 steps read ~6 epochs
 
-and, once, Levanter with another data seed (its initial weights unchanged), which measures what
-the order of the windows alone does to the curve. The model and optimizer are experiments:
-quickstart's with rope theta 5e5, batch 16 x 128, z-loss 1e-4, float32, no validation.
+Each corpus's validation split (never trained on) is its held-out cache. Per corpus and seed,
+one after the other (a seed's runs side by side in time, so speed ratios are of neighbours):
 
-Per run: tokens/s over steps 2..N (from each trainer's own log times of step 1 and step N: the
-same definition on both sides), the first step's seconds (compilation included), peak RSS
-(/usr/bin/time), the mean train loss over the last 30 steps, and the speed ratio against the
-same round's Levanter run. It writes the loss curves to `WORK/curves.png` and the numbers to
-`WORK/results.json`.
+    levanter                    `levanter.main.train_lm` (benchmarks/levanter_train_lm.py),
+                                `trainer.seed` = SEED (its initial weights and data order)
+    kiln, levanter settings     `python -m kiln.train`, seed = SEED, initialization="levanter",
+                                loss_positions="all", data_order="levanter": Levanter's initial
+                                weights and windows
+    kiln, defaults              Kiln's own initialisation, loss positions and order
+
+and with --attribution the levanter settings with one of Kiln's defaults each (`kiln init`,
+`kiln positions`, `kiln order`): what each default costs or gains. Model and optimizer:
+experiments:quickstart's with rope theta 5e5; batch 16 x 128, z-loss 1e-4, float32.
+
+Every run's final weights become a transformers folder (Levanter's own HF export, Kiln's
+`python -m kiln.interop export`) and one `python -m kiln.interop eval` scores them all on the
+held-out cache: the same windows and the same positions (Kiln's validation positions) for every
+run. Per run: mean train loss over windows of `--window` steps, held-out loss, tokens/s over
+steps 2..N and per CPU-second of the trainer process (ratios against the same seed's Levanter
+run), the first step's seconds, peak RSS. A finished run is kept and not rerun; `--report`
+only prints WORK's table. Numbers go to `WORK/results.json`, curves to `WORK/curves.png`.
 """
 
 from __future__ import annotations
@@ -31,16 +41,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = REPO_ROOT / "experiments/tokenizers/kiln-stdlib-8k"
-BATCH, SEQ_LEN, TAIL = 16, 128, 30
+CORPORA = {"quickstart": "all", "pydoc_topics": "pydoc_topics"}  # kiln.data.stdlib_corpus parts
+BATCH, SEQ_LEN = 16, 128
 CPU_SAMPLE_SECONDS = 0.5
 MODEL = {"max_seq_len": 256, "hidden_dim": 128, "intermediate_dim": 512, "num_heads": 4,
          "num_kv_heads": 2, "num_layers": 2, "rope_theta": 500000.0, "norm_eps": 1e-5,
@@ -48,150 +61,170 @@ MODEL = {"max_seq_len": 256, "hidden_dim": 128, "intermediate_dim": 512, "num_he
 OPTIMIZER = {"learning_rate": 3e-3, "weight_decay": 0.033, "beta1": 0.9, "beta2": 0.95,
              "epsilon": 1e-8, "max_grad_norm": 1.0, "warmup": 50, "decay": None,
              "min_lr_ratio": 0.1, "lr_schedule": "cosine"}  # fmt: skip
+LEVANTER_SETTINGS = {"initialization": "levanter", "loss_positions": "all", "data_order": "levanter"}
 KILN_RUNS = {
-    "kiln, levanter settings": {"initialization": "levanter", "loss_positions": "all"},
+    "kiln, levanter settings": LEVANTER_SETTINGS,
     "kiln, defaults": {},
 }
+ATTRIBUTION_RUNS = {  # Levanter's settings with one of Kiln's defaults
+    f"kiln, levanter settings but kiln {short}": {
+        k: v for k, v in LEVANTER_SETTINGS.items() if k != field
+    }
+    for short, field in (("init", "initialization"), ("positions", "loss_positions"),
+                         ("order", "data_order"))
+}  # fmt: skip
+LEVANTER = "levanter"
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class Run:
+    corpus: str
+    seed: int
+    label: str
+
+    @property
+    def folder(self) -> str:
+        return f"{self.corpus}/seed-{self.seed}/{self.label.replace(', ', '-').replace(' ', '-')}"
+
+    @property
+    def kiln_options(self) -> dict[str, str]:
+        return {**KILN_RUNS, **ATTRIBUTION_RUNS}[self.label]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--levanter", type=Path, help="levanter-train.pex (not for --report)")
     parser.add_argument("--work", type=Path, help="default: a temporary folder")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--corpus", nargs="+", choices=sorted(CORPORA), default=list(CORPORA))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--window", type=int, default=100, help="steps per train-loss window")
+    parser.add_argument("--attribution", action="store_true", help="one Kiln default at a time")
     parser.add_argument("--report", action="store_true", help="only print WORK's finished runs")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="kiln-vs-levanter-"))
     work.mkdir(parents=True, exist_ok=True)
-    runs = planned_runs(work, args.rounds)
+    labels = [LEVANTER, *KILN_RUNS, *(ATTRIBUTION_RUNS if args.attribution else ())]
+    runs = [Run(c, s, label) for c in args.corpus for s in args.seeds for label in labels]
     if not args.report:
         if args.levanter is None:
             parser.error("--levanter is required: ./pants package benchmarks:levanter-train")
-        run_all(runs, args.levanter, work, args.steps)
-    rows = [(levanter_row if label.startswith("levanter") else kiln_row)(out, label, round_index)
-            for label, round_index, out in runs]  # fmt: skip
+        for corpus in args.corpus:
+            train_and_score(corpus, [r for r in runs if r.corpus == corpus], args, work)
+    rows = [run_row(run, work, args.window) for run in runs if (work / run.folder).exists()]
     (work / "results.json").write_text(json.dumps(rows, indent=1))
-    print_table(rows)
+    for corpus in args.corpus:
+        print_table(corpus, [r for r in rows if r["corpus"] == corpus], args.window)
     plot_curves(rows, work / "curves.png")
     print(f"\ncurves: {work / 'curves.png'}; numbers: {work / 'results.json'}")
 
 
-def run_all(runs: list[tuple[str, int, Path]], pex: Path, work: Path, steps: int) -> None:
-    corpus = write_corpus(work / "stdlib_train.jsonl")
-    levanter = LevanterSide(pex, corpus, work / "levanter-cache")
-    levanter.build_cache()
-    kiln_cache = import_cache(levanter.split_dir, work / "kiln-cache")
-    for label, _, out in runs:
-        if label.startswith("levanter"):
-            levanter.train(out, steps, data_seed=1 if "data seed" in label else None)
+def train_and_score(corpus: str, runs: list[Run], args: argparse.Namespace, work: Path) -> None:
+    place = work / corpus
+    levanter = LevanterSide(args.levanter)
+    texts = {split: write_corpus(corpus, split, place) for split in SPLITS}
+    caches = {split: place / split for split in SPLITS}  # Levanter's, each with one component
+    imported = {
+        split: import_cache(levanter.build_cache(texts[split], caches[split]), corpus, split)
+        for split in SPLITS
+    }
+    for run in runs:
+        out = work / run.folder
+        if (out / "hf").exists():
+            continue
+        if run.label == LEVANTER:
+            levanter.train(out, args.steps, run.seed, texts["train"], caches["train"])
         else:
-            kiln_train(out, kiln_cache, steps, KILN_RUNS[label])
+            kiln_train(out, imported["train"], args.steps, run.seed, run.kiln_options)
+    score_held_out([work / run.folder for run in runs], imported["validation"], place)
 
 
-def planned_runs(work: Path, rounds: int) -> list[tuple[str, int, Path]]:
-    """(label, round, output folder) of every run, in the order they run: the trainers
-    interleaved round by round, then Levanter with another data seed."""
-    runs = []
-    for round_index in range(rounds):
-        for label in ("levanter", *KILN_RUNS):
-            folder = label.replace(", ", "-").replace(" ", "-")
-            runs.append((label, round_index, work / f"round-{round_index}" / folder))
-    runs.append(("levanter, data seed 1", 0, work / "levanter-data-seed-1"))
-    return runs
-
-
-def write_corpus(path: Path) -> Path:
-    """The quickstart's training documents (experiments:stdlib_train) as JSONL lines."""
+def write_corpus(corpus: str, split: str, place: Path) -> Path:
+    """The corpus's documents of `split` as JSONL lines."""
     from kiln.data.stdlib_corpus import documents, units
 
+    path = place / f"{split}.jsonl"
     if not path.exists():
+        place.mkdir(parents=True, exist_ok=True)
         lines = [json.dumps({"text": doc.text}) + "\n"
-                 for unit in units("all") for doc in documents(unit.key, "train")]  # fmt: skip
+                 for unit in units(CORPORA[corpus]) for doc in documents(unit.key, split)]  # fmt: skip
         path.write_text("".join(lines))
     return path
 
 
 class LevanterSide:
-    def __init__(self, pex: Path, corpus: Path, cache: Path) -> None:
-        self.pex, self.corpus, self.cache = pex, corpus, cache
-        self.split_dir = cache / "stdlib" / "train"
+    def __init__(self, pex: Path) -> None:
+        self.pex = pex
 
-    def _command(self, *args: str) -> list[str]:
-        return [sys.executable, str(self.pex), *args, "--corpus", str(self.corpus),
-                "--tokenizer", str(TOKENIZER_DIR), "--cache", str(self.cache)]  # fmt: skip
+    def _command(self, command: str, corpus: Path, cache: Path, *args: str) -> list[str]:
+        return [sys.executable, str(self.pex), command, "--corpus", str(corpus),
+                "--tokenizer", str(TOKENIZER_DIR), "--cache", str(cache), *args]  # fmt: skip
 
-    def build_cache(self) -> None:
-        if not (self.split_dir / "shard_ledger.json").exists():
-            run_measured(self._command("build-cache"), self.cache.parent / "levanter-cache.log")
+    def build_cache(self, corpus: Path, cache: Path) -> Path:
+        """Levanter's cache of `corpus`: the folder `train_lm` reads for its one component."""
+        split_dir = cache / "stdlib" / "train"
+        if not (split_dir / "shard_ledger.json").exists():
+            run_measured(self._command("build-cache", corpus, cache), cache.parent / f"{cache.name}.log")
+        return split_dir
 
-    def train(self, out: Path, steps: int, data_seed: int | None = None) -> None:
-        extra = [] if data_seed is None else ["--data-seed", str(data_seed)]
-        command = self._command("train", "--out", str(out), "--steps", str(steps), *extra)
+    def train(self, out: Path, steps: int, seed: int, corpus: Path, cache: Path) -> None:
+        """train_lm's run into `out`, its final weights exported to `out/hf` by its own hook."""
+        command = self._command("train", corpus, cache, "--out", str(out), "--steps", str(steps),
+                                "--seed", str(seed), "--hf-out", str(out / "hf-steps"))  # fmt: skip
         run_measured(command, out.parent / f"{out.name}.log")
+        exported = sorted((out / "hf-steps").glob("*/step-*"))  # hf-steps/RUN_ID/step-N
+        if not exported:
+            raise SystemExit(f"Levanter wrote no HF export under {out / 'hf-steps'}")
+        exported[-1].rename(out / "hf")
 
 
-def levanter_row(out: Path, label: str, round_index: int) -> dict[str, Any]:
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    logged = [r for r in lines if r.get("event") == "log" and "train/loss" in r["metrics"]]
-    times: dict[int, float] = {}
-    losses: dict[int, float] = {}
-    for r in logged:  # the last step is logged twice, the second time after the final save
-        times.setdefault(r["step"], r["time"])
-        losses.setdefault(r["step"], r["metrics"]["train/loss"])
-    first_step = next(r["metrics"]["throughput/duration"] for r in lines
-                      if r.get("event") == "log" and "throughput/duration" in r["metrics"])
-    return row(label, round_index, losses, times, first_step, out)
-
-
-def import_cache(levanter_split: Path, folder: Path) -> Path:
-    """The Levanter cache as a Kiln cache that reads its arrays in place."""
+def import_cache(levanter_split: Path, corpus: str, split: str) -> Path:
+    """A Levanter cache as a Kiln cache beside it that reads its arrays in place."""
     from kiln.data.tokenize import build_cache
 
     spec = {
-        "spec_version": 1, "kind": "tokenized_cache", "name": "tokenized/vs_levanter/stdlib",
-        "version": "2026.12.01", "fingerprint": "vs-levanter",
+        "spec_version": 1, "kind": "tokenized_cache", "name": f"tokenized/vs_levanter/{corpus}_{split}",
+        "version": "2026.12.04", "fingerprint": f"vs-levanter-{corpus}-{split}",
         "config": {"source": {"kind": "levanter_cache", "location": str(levanter_split)},
                    "tokenizer": {"kind": "local", "path": str(TOKENIZER_DIR)},
                    "text_key": "text", "num_shards": 1},
     }  # fmt: skip
-    return build_cache(spec, folder)
+    return build_cache(spec, levanter_split.parents[2] / f"kiln-{split}-cache")
 
 
-def kiln_train(out: Path, cache: Path, steps: int, options: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    spec_path = out.parent / f"{out.name}.json"
-    spec_path.write_text(json.dumps(kiln_spec(out, cache, steps, options)))
-    command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
+def kiln_train(out: Path, cache: Path, steps: int, seed: int, options: dict[str, str]) -> None:
+    """`python -m kiln.train` into `out/run`, its last checkpoint exported to `out/hf`."""
+    run_dir = out / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = run_dir / "train_spec.json"  # where the runner keeps it; export reads it
+    spec_path.write_text(json.dumps(kiln_spec(run_dir, cache, steps, seed, options)))
     python_path = os.pathsep.join(p for p in sys.path if p)  # this runtime, for kiln.train
+    command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
     run_measured(command, out.parent / f"{out.name}.log", PYTHONPATH=python_path)
+    export = [sys.executable, "-m", "kiln.interop", "export", str(run_dir), str(out / "hf"),
+              "--tokenizer", str(TOKENIZER_DIR)]  # fmt: skip
+    subprocess.run(export, check=True, env={**os.environ, "PYTHONPATH": python_path},
+                   stdout=subprocess.DEVNULL)  # fmt: skip
 
 
-def kiln_row(out: Path, label: str, round_index: int) -> dict[str, Any]:
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    logged = [r for r in lines if "train/loss" in r]
-    times = {r["step"]: r["timestamp"] for r in logged}
-    losses = {r["step"]: r["train/loss"] for r in logged}
-    summary = json.loads((out / "summary.json").read_text())
-    return row(label, round_index, losses, times, summary["first_step_seconds"], out)
-
-
-def kiln_spec(out: Path, cache: Path, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+def kiln_spec(
+    run_dir: Path, cache: Path, steps: int, seed: int, options: dict[str, str]
+) -> dict[str, Any]:
     """experiments:quickstart's train spec on the imported cache, without validation or evals."""
     model = dict(MODEL)
     if "initialization" in options:
         model["initialization"] = options["initialization"]
-    dataset = {"name": "tokenized/vs_levanter/stdlib", "version": "2026.12.01",
+    dataset = {"name": "tokenized/vs_levanter/train", "version": "2026.12.04",
                "fingerprint": "vs-levanter", "path": str(cache), "weight": 1.0}  # fmt: skip
     config = {"model": model, "optimizer": OPTIMIZER, "datasets": [dataset], "validation": [],
               "batch_size": BATCH, "seq_len": SEQ_LEN, "num_train_steps": steps,
-              "z_loss_weight": 1e-4, "evals": None, "seed": 0, "compute_dtype": "float32",
+              "z_loss_weight": 1e-4, "evals": None, "seed": seed, "compute_dtype": "float32",
               "param_dtype": "float32"}  # fmt: skip
-    if "loss_positions" in options:
-        config["loss_positions"] = options["loss_positions"]
+    config.update({k: v for k, v in options.items() if k in ("loss_positions", "data_order")})
     return {
         "spec_version": 1, "kind": "lm_checkpoint", "name": "checkpoints/vs_levanter",
-        "version": "vs-levanter-dev", "fingerprint": "vs-levanter", "output_path": str(out),
+        "version": "vs-levanter-dev", "fingerprint": "vs-levanter", "output_path": str(run_dir),
         "config": config,
         "runtime": {
             "resources": {"kind": "cpu"}, "mesh": {"data": -1, "fsdp": 1, "tensor": 1},
@@ -209,16 +242,31 @@ def kiln_spec(out: Path, cache: Path, steps: int, options: dict[str, Any]) -> di
     }  # fmt: skip
 
 
+def score_held_out(outs: list[Path], held_out: Path, place: Path) -> None:
+    """One `kiln.interop eval` of every run's HF folder on the held-out cache, into
+    `place/held_out.json` (the same windows and positions for every run)."""
+    results = place / "held_out.json"
+    folders = [str(out / "hf") for out in outs]
+    if results.exists() and set(json.loads(results.read_text())["models"]) >= set(folders):
+        return
+    python_path = os.pathsep.join(p for p in sys.path if p)
+    command = [sys.executable, "-m", "kiln.interop", "eval", *folders,
+               "--validation", f"held_out={held_out}", "--seq-len", str(SEQ_LEN),
+               "--tokenizer", str(TOKENIZER_DIR), "--out", str(results)]  # fmt: skip
+    subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": python_path},
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+
+
 def run_measured(command: list[str], log: Path, **env_extra: str) -> None:
     """Runs `command` under /usr/bin/time (its peak RSS and wall time into LOG.time), its
-    output into `log`."""
+    output into `log`, sampling the trainer's CPU seconds into LOG.cpu.json."""
     log.parent.mkdir(parents=True, exist_ok=True)
     usage = log.with_suffix(".time")
     # Levanter's PEX gets its own environment, not this process's (PEX_*, PYTHONPATH).
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEX") and k != "PYTHONPATH"}
     env.update({"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 **env_extra})  # fmt: skip
-    print(f"running {log.stem} ...", flush=True)
+    print(f"running {log.parent.name}/{log.stem} ...", flush=True)
     samples = []
     with log.open("w") as output:
         process = subprocess.Popen(["/usr/bin/time", "-f", "%M %e", "-o", str(usage), *command],
@@ -258,59 +306,104 @@ def cpu_between(out: Path, start: float, end: float) -> float | None:
     return None if first is None or last is None else last - first
 
 
-def row(
-    label: str, round_index: int, losses: dict[int, float], times: dict[int, float],
-    first_step: float, out: Path,
-) -> dict[str, Any]:  # fmt: skip
-    """One run's numbers (Kiln numbers steps from 1, Levanter from 0: only differences of
-    steps are used). Peak RSS and wall time come from /usr/bin/time's record of the run."""
+def run_row(run: Run, work: Path, window: int) -> dict[str, Any]:
+    """One run's numbers. Kiln numbers steps from 1, Levanter from 0: only the order of steps
+    is used. Peak RSS and wall time come from /usr/bin/time's record of the run."""
+    out = work / run.folder
+    losses, times, first_step = (levanter_log if run.label == LEVANTER else kiln_log)(out)
     peak_kb, wall = (out.parent / f"{out.name}.time").read_text().split()[-2:]
-    peak_rss = int(peak_kb) / 1024
     steps = sorted(losses)
     first, last = steps[0], steps[-1]
     tokens = (last - first) * BATCH * SEQ_LEN
-    tokens_per_second = tokens / (times[last] - times[first])
     cpu = cpu_between(out, times[first], times[last])
-    tail = [losses[s] for s in steps[-TAIL:]]
-    return {"label": label, "round": round_index, "tokens_per_second": tokens_per_second,
+    curve = [losses[s] for s in steps]
+    held_out = json.loads((work / run.corpus / "held_out.json").read_text())["models"]
+    return {"corpus": run.corpus, "seed": run.seed, "label": run.label,
+            "tokens_per_second": tokens / (times[last] - times[first]),
             "tokens_per_cpu_second": tokens / cpu if cpu else None,
-            "first_step_seconds": first_step, "peak_rss_mb": peak_rss, "wall_seconds": float(wall),
-            "loss_first": losses[first], "loss_tail_mean": sum(tail) / len(tail),
-            "losses": [losses[s] for s in steps]}  # fmt: skip
+            "first_step_seconds": first_step, "peak_rss_mb": int(peak_kb) / 1024,
+            "wall_seconds": float(wall),
+            "windows": [statistics.fmean(curve[i:i + window])
+                        for i in range(0, len(curve) - window + 1, window)],
+            "held_out_loss": held_out[str(out / "hf")]["eval/held_out/loss"],
+            "losses": curve}  # fmt: skip
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    """Speed ratios are against the same round's Levanter run: per wall second and, steadier on
-    a shared machine, per CPU-second of the trainer process over the same steps."""
-    levanter = {r["round"]: r for r in rows if r["label"] == "levanter"}
-    print(f"\n| run | round | tokens/s | vs Levanter | tokens/CPU-s | vs Levanter | first step s "
-          f"| peak RSS MB | step-1 loss | mean loss, last {TAIL} steps |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        base = levanter[r["round"]]
-        per_cpu, base_cpu = r["tokens_per_cpu_second"], base["tokens_per_cpu_second"]
-        cpu = "n/a | n/a" if not (per_cpu and base_cpu) else f"{per_cpu:,.0f} | {per_cpu / base_cpu:.2f}"
-        print(f"| {r['label']} | {r['round']} | {r['tokens_per_second']:,.0f} | "
-              f"{r['tokens_per_second'] / base['tokens_per_second']:.2f} | {cpu} | "
-              f"{r['first_step_seconds']:.1f} | {r['peak_rss_mb']:,.0f} | {r['loss_first']:.2f} | "
-              f"{r['loss_tail_mean']:.3f} |")  # fmt: skip
+def levanter_log(out: Path) -> tuple[dict[int, float], dict[int, float], float]:
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    times: dict[int, float] = {}
+    losses: dict[int, float] = {}
+    for r in lines:  # the last step is logged twice, the second time after the final save
+        if r.get("event") == "log" and "train/loss" in r["metrics"]:
+            times.setdefault(r["step"], r["time"])
+            losses.setdefault(r["step"], r["metrics"]["train/loss"])
+    first_step = next(r["metrics"]["throughput/duration"] for r in lines
+                      if r.get("event") == "log" and "throughput/duration" in r["metrics"])  # fmt: skip
+    return losses, times, first_step
+
+
+def kiln_log(out: Path) -> tuple[dict[int, float], dict[int, float], float]:
+    run_dir = out / "run"
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in lines if "train/loss" in r]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return ({r["step"]: r["train/loss"] for r in logged},
+            {r["step"]: r["timestamp"] for r in logged}, summary["first_step_seconds"])  # fmt: skip
+
+
+def print_table(corpus: str, rows: list[dict[str, Any]], window: int) -> None:
+    """Per configuration, the mean over seeds and each seed's value (in seed order). Speed
+    ratios are of each seed's run against the same seed's Levanter run, run beside it: per wall
+    second and, steadier on a shared machine, per CPU-second of the trainer process."""
+    levanter = {r["seed"]: r for r in rows if r["label"] == LEVANTER}
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    windows = len(rows[0]["windows"]) if rows else 0
+    spans = [f"train {i * window + 1}-{(i + 1) * window}" for i in range(windows)]
+    print(f"\n{corpus}: mean over seeds (each seed)")
+    print(f"| run | {' | '.join(spans)} | held-out | tokens/s vs Levanter | "
+          "tokens/CPU-s vs Levanter | first step s | peak RSS MB |")
+    print("| --- " * (windows + 6) + "|")
+    for label in labels:
+        mine = sorted((r for r in rows if r["label"] == label), key=lambda r: r["seed"])
+        cells = [spread([r["windows"][i] for r in mine]) for i in range(windows)]
+        cells.append(spread([r["held_out_loss"] for r in mine]))
+        for key in ("tokens_per_second", "tokens_per_cpu_second"):
+            ratios = [r[key] / levanter[r["seed"]][key] for r in mine
+                      if r[key] and r["seed"] in levanter and levanter[r["seed"]][key]]  # fmt: skip
+            cells.append(spread(ratios, digits=2) if ratios else "n/a")
+        cells.append(f"{statistics.fmean(r['first_step_seconds'] for r in mine):.1f}")
+        cells.append(f"{statistics.fmean(r['peak_rss_mb'] for r in mine):,.0f}")
+        print(f"| {label} | {' | '.join(cells)} |")
+
+
+def spread(values: list[float], digits: int = 3) -> str:
+    each = " / ".join(f"{v:.{digits}f}" for v in values)
+    return f"{statistics.fmean(values):.{digits}f} ({each})"
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
+    """Each corpus's curves (every seed), smoothed over 10 steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(8, 5))
-    for r in rows:
-        if r["round"] == 0:
-            axis.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["label"], lw=1)
-    axis.set_xlabel("step")
-    axis.set_ylabel("train loss (nats/token, z-loss included)")
-    axis.set_ylim(top=10)
-    axis.legend()
-    axis.set_title("Kiln and Levanter, one cache, one config (round 0)")
+    corpora = list(dict.fromkeys(r["corpus"] for r in rows))
+    if not corpora:
+        return
+    figure, axes = plt.subplots(1, len(corpora), figsize=(7 * len(corpora), 5), squeeze=False)
+    colours = {}
+    for axis, corpus in zip(axes[0], corpora, strict=True):
+        for r in (r for r in rows if r["corpus"] == corpus):
+            colour = colours.setdefault(r["label"], f"C{len(colours)}")
+            smooth = [statistics.fmean(r["losses"][max(0, i - 9):i + 1]) for i in range(len(r["losses"]))]
+            label = r["label"] if r["seed"] == min(x["seed"] for x in rows) else None
+            axis.plot(range(1, len(smooth) + 1), smooth, color=colour, lw=1, label=label)
+        axis.set_xlabel("step")
+        axis.set_ylabel("train loss, 10-step mean (nats/token, z-loss included)")
+        axis.set_ylim(top=8)
+        axis.set_title(f"{corpus}: Kiln and Levanter, every seed")
+        axis.legend(fontsize=8)
     figure.savefig(path, dpi=110, bbox_inches="tight")
 
 
