@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     (work / "results.json").write_text(json.dumps(rows, indent=1))
     for corpus in args.corpus:
         print_table(corpus, [r for r in rows if r["corpus"] == corpus], args.window)
+        print_parity(corpus, [r for r in rows if r["corpus"] == corpus])
     plot_curves(rows, work / "curves.png")
     print(f"\ncurves: {work / 'curves.png'}; numbers: {work / 'results.json'}")
 
@@ -317,7 +318,8 @@ def run_row(run: Run, work: Path, window: int) -> dict[str, Any]:
     tokens = (last - first) * BATCH * SEQ_LEN
     cpu = cpu_between(out, times[first], times[last])
     curve = [losses[s] for s in steps]
-    held_out = json.loads((work / run.corpus / "held_out.json").read_text())["models"]
+    scored = work / run.corpus / "held_out.json"
+    held_out = json.loads(scored.read_text())["models"] if scored.exists() else {}
     return {"corpus": run.corpus, "seed": run.seed, "label": run.label,
             "tokens_per_second": tokens / (times[last] - times[first]),
             "tokens_per_cpu_second": tokens / cpu if cpu else None,
@@ -325,7 +327,7 @@ def run_row(run: Run, work: Path, window: int) -> dict[str, Any]:
             "wall_seconds": float(wall),
             "windows": [statistics.fmean(curve[i:i + window])
                         for i in range(0, len(curve) - window + 1, window)],
-            "held_out_loss": held_out[str(out / "hf")]["eval/held_out/loss"],
+            "held_out_loss": held_out.get(str(out / "hf"), {}).get("eval/held_out/loss"),
             "losses": curve}  # fmt: skip
 
 
@@ -366,7 +368,8 @@ def print_table(corpus: str, rows: list[dict[str, Any]], window: int) -> None:
     for label in labels:
         mine = sorted((r for r in rows if r["label"] == label), key=lambda r: r["seed"])
         cells = [spread([r["windows"][i] for r in mine]) for i in range(windows)]
-        cells.append(spread([r["held_out_loss"] for r in mine]))
+        scored = [r["held_out_loss"] for r in mine if r["held_out_loss"] is not None]
+        cells.append(spread(scored) if scored else "n/a")
         for key in ("tokens_per_second", "tokens_per_cpu_second"):
             ratios = [r[key] / levanter[r["seed"]][key] for r in mine
                       if r[key] and r["seed"] in levanter and levanter[r["seed"]][key]]  # fmt: skip
@@ -374,6 +377,17 @@ def print_table(corpus: str, rows: list[dict[str, Any]], window: int) -> None:
         cells.append(f"{statistics.fmean(r['first_step_seconds'] for r in mine):.1f}")
         cells.append(f"{statistics.fmean(r['peak_rss_mb'] for r in mine):,.0f}")
         print(f"| {label} | {' | '.join(cells)} |")
+
+
+def print_parity(corpus: str, rows: list[dict[str, Any]]) -> None:
+    """How far Kiln with Levanter's settings is from Levanter, step by step, for each seed."""
+    by_key = {(r["label"], r["seed"]): r for r in rows}
+    for seed in sorted({r["seed"] for r in rows}):
+        ours, theirs = by_key.get(("kiln, levanter settings", seed)), by_key.get((LEVANTER, seed))
+        if ours and theirs and len(ours["losses"]) == len(theirs["losses"]):
+            gaps = [abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True)]
+            print(f"{corpus}, seed {seed}: Kiln with Levanter's settings vs Levanter, train loss "
+                  f"at every step: largest difference {max(gaps):.2e}, mean {statistics.fmean(gaps):.2e}")  # fmt: skip
 
 
 def spread(values: list[float], digits: int = 3) -> str:
