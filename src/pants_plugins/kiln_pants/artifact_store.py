@@ -12,6 +12,7 @@ directory and a bucket alike.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.fs import EMPTY_DIGEST
+from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.util.frozendict import FrozenDict
@@ -27,6 +28,7 @@ from pants.util.frozendict import FrozenDict
 from kiln_contract.inventory import Inventory
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
+from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
 from kiln_pants.runtime import (
     DEP_FAILED_MARKS,
@@ -63,6 +65,25 @@ def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> ArtifactRecor
         fingerprint=artifact.fingerprint,
         identity=artifact.identity,
         inputs=tuple(InputRef(i.ref, i.fingerprint) for i in inputs),
+    )
+
+
+def runtime_provenance(runtime: Runtime, lockfile: Digest) -> Provenance:
+    """What a runtime process that builds an artifact is made of: its code and its lockfile."""
+    return Provenance(code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint)
+
+
+async def record_input(
+    artifact: Artifact, inputs: list[Artifact], runtime: Runtime, lockfile: Digest
+) -> Digest:
+    """The artifact's record as RECORD_INPUT, with the provenance of the runtime process that
+    builds it."""
+    record = {
+        **artifact_record(artifact, inputs).to_json(),
+        "provenance": dataclasses.asdict(runtime_provenance(runtime, lockfile)),
+    }
+    return await Get(
+        Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
     )
 
 

@@ -38,13 +38,10 @@ from kiln_pants.artifact_store import (
     DepFailedMarked,
     DepFailedMarks,
     artifact_path,
-)
-from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
-from kiln_pants.hf_model_rules import (
-    StoredCheckpoint,
-    StoredCheckpointRequest,
     record_input,
 )
+from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
+from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.package import store_pointer_package
 from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
 from kiln_pants.subsystem import KilnSubsystem

@@ -9,8 +9,6 @@ first (`pants run` it): training is interactive and long, so packaging an export
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -20,7 +18,7 @@ from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, PackageFieldSet
 from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent, MergeDigests, PathGlobs
+from pants.engine.fs import EMPTY_DIGEST, Digest, MergeDigests, PathGlobs
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import (
@@ -34,7 +32,6 @@ from pants.engine.unions import UnionRule
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import FAILURE_FILE, RECORD_FILE, STATUS_FILE
-from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import (
     Artifact,
     ArtifactGraph,
@@ -52,7 +49,7 @@ from kiln_pants.artifact_store import (
     StoredFiles,
     StoredFilesRequest,
     artifact_path,
-    artifact_record,
+    record_input,
     recorded_state,
 )
 from kiln_pants.dependency_inference import addresses_of_kind
@@ -173,23 +170,6 @@ async def _run_tokenizer(checkpoint: Artifact) -> RunTokenizer:
         return RunTokenizer(EMPTY_DIGEST, ())
     files = await Get(TokenizerFiles, TokenizerFilesRequest(first_cache, tokenizer))
     return RunTokenizer(files.digest, ("--tokenizer", files.directory))
-
-
-async def record_input(
-    artifact: Artifact, inputs: list[Artifact], runtime: Runtime, lockfile: Digest
-) -> Digest:
-    """The artifact's record as RECORD_INPUT, with the provenance of the runtime process that
-    builds it: its code and its lockfile."""
-    provenance = Provenance(
-        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
-    )
-    record = {
-        **artifact_record(artifact, inputs).to_json(),
-        "provenance": dataclasses.asdict(provenance),
-    }
-    return await Get(
-        Digest, CreateDigest([FileContent(RECORD_INPUT, json.dumps(record, indent=2).encode())])
-    )
 
 
 @rule(desc="Packaging an hf_model")

@@ -75,6 +75,7 @@ from kiln_pants.artifact_store import (
     artifact_path,
     artifact_record,
     recorded_state,
+    runtime_provenance,
 )
 from kiln_pants.field_values import CheckpointInit
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
@@ -375,10 +376,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=here)),
         Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.cache_inputs)))),
     )
-    provenance = Provenance(
-        code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint
-    )
-    step = await Get(StepJson, StepJsonRequest(address, provenance))
+    step = await Get(StepJson, StepJsonRequest(address, runtime_provenance(runtime, lockfile)))
     step_digest = await Get(Digest, CreateDigest([FileContent(STEP_FILE, step.content)]))
     plugin_lock = python_setup.resolves[resolves[-1]] if len(resolves) > 1 else None
     return PreparedStep(
