@@ -75,6 +75,7 @@ ATTRIBUTION_RUNS = {  # Levanter's settings with one of Kiln's defaults
 }  # fmt: skip
 LEVANTER = "levanter"
 SPLITS = ("train", "validation")
+RUNTIME_PATH = os.pathsep.join(p for p in sys.path if p)  # this runtime, for Kiln's commands
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ def train_and_score(corpus: str, runs: list[Run], args: argparse.Namespace, work
     texts = {split: write_corpus(corpus, split, place) for split in SPLITS}
     caches = {split: place / split for split in SPLITS}  # Levanter's, each with one component
     imported = {
-        split: import_cache(levanter.build_cache(texts[split], caches[split]), corpus, split)
+        split: import_cache(levanter.build_cache(texts[split], caches[split]),
+                            place / f"kiln-{split}-cache", corpus, split)  # fmt: skip
         for split in SPLITS
     }
     for run in runs:
@@ -180,8 +182,8 @@ class LevanterSide:
         exported[-1].rename(out / "hf")
 
 
-def import_cache(levanter_split: Path, corpus: str, split: str) -> Path:
-    """A Levanter cache as a Kiln cache beside it that reads its arrays in place."""
+def import_cache(levanter_split: Path, folder: Path, corpus: str, split: str) -> Path:
+    """A Levanter cache as a Kiln cache in `folder` that reads its arrays in place."""
     from kiln.data.tokenize import build_cache
 
     spec = {
@@ -191,7 +193,7 @@ def import_cache(levanter_split: Path, corpus: str, split: str) -> Path:
                    "tokenizer": {"kind": "local", "path": str(TOKENIZER_DIR)},
                    "text_key": "text", "num_shards": 1},
     }  # fmt: skip
-    return build_cache(spec, levanter_split.parents[2] / f"kiln-{split}-cache")
+    return build_cache(spec, folder)
 
 
 def kiln_train(out: Path, cache: Path, steps: int, seed: int, options: dict[str, str]) -> None:
@@ -200,12 +202,15 @@ def kiln_train(out: Path, cache: Path, steps: int, seed: int, options: dict[str,
     run_dir.mkdir(parents=True, exist_ok=True)
     spec_path = run_dir / "train_spec.json"  # where the runner keeps it; export reads it
     spec_path.write_text(json.dumps(kiln_spec(run_dir, cache, steps, seed, options)))
-    python_path = os.pathsep.join(p for p in sys.path if p)  # this runtime, for kiln.train
     command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
-    run_measured(command, out.parent / f"{out.name}.log", PYTHONPATH=python_path)
-    export = [sys.executable, "-m", "kiln.interop", "export", str(run_dir), str(out / "hf"),
-              "--tokenizer", str(TOKENIZER_DIR)]  # fmt: skip
-    subprocess.run(export, check=True, env={**os.environ, "PYTHONPATH": python_path},
+    run_measured(command, out.parent / f"{out.name}.log", PYTHONPATH=RUNTIME_PATH)
+    run_interop("export", str(run_dir), str(out / "hf"), "--tokenizer", str(TOKENIZER_DIR))
+
+
+def run_interop(*args: str) -> None:
+    """`python -m kiln.interop ARGS` in this runtime, its table not shown."""
+    command = [sys.executable, "-m", "kiln.interop", *args]
+    subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": RUNTIME_PATH},
                    stdout=subprocess.DEVNULL)  # fmt: skip
 
 
@@ -250,12 +255,8 @@ def score_held_out(outs: list[Path], held_out: Path, place: Path) -> None:
     folders = [str(out / "hf") for out in outs]
     if results.exists() and set(json.loads(results.read_text())["models"]) >= set(folders):
         return
-    python_path = os.pathsep.join(p for p in sys.path if p)
-    command = [sys.executable, "-m", "kiln.interop", "eval", *folders,
-               "--validation", f"held_out={held_out}", "--seq-len", str(SEQ_LEN),
-               "--tokenizer", str(TOKENIZER_DIR), "--out", str(results)]  # fmt: skip
-    subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": python_path},
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    run_interop("eval", *folders, "--validation", f"held_out={held_out}", "--seq-len",
+                str(SEQ_LEN), "--tokenizer", str(TOKENIZER_DIR), "--out", str(results))  # fmt: skip
 
 
 def run_measured(command: list[str], log: Path, **env_extra: str) -> None:
