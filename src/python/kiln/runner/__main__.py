@@ -114,4 +114,5 @@ def _check_cluster_flags(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with multihost.exiting():
+        sys.exit(main())

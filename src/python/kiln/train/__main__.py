@@ -67,4 +67,5 @@ def run_training(spec: TrainSpec, *, quiet: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with multihost.exiting():
+        sys.exit(main())

@@ -4,6 +4,13 @@ Joining: every host runs the same command with `--coordinator HOST:PORT --num-pr
 --process-id I` (process 0's address and a free port), or `--coordinator auto` where jax detects
 the cluster itself (TPU pods, SLURM, ...); `joined` starts jax.distributed and leaves it.
 
+Leaving on an error: jax's shutdown waits at a barrier (up to its shutdown timeout, 300 s) for
+every process, then aborts the ones still waiting. Processes that fail together (an error they
+agreed on) meet there at once; a process that fails alone would wait for peers held in a
+collective it has left, and be aborted before its error is printed. So a process leaving on an
+error waits LEAVE_ON_ERROR_S for the others, and if they do not come `exiting` ends it once its
+error is said; its peers' coordination clients then see it gone and end them.
+
 Agreeing: every process runs the same program, and every collective (a train step, an orbax
 save) must be entered by all of them. Decisions that read per-process state (a clock, a signal, a
 control request, the file system) are therefore agreed on before they start a collective. With
@@ -16,6 +23,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
+import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -38,6 +49,8 @@ class ProcessGroup:
 
 
 ALONE = ProcessGroup()
+LEAVE_ON_ERROR_S = 10.0
+_left_alone = False  # this process left a multi-host run on an error, without its peers
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -88,8 +101,51 @@ def joined(group: ProcessGroup) -> Iterator[int]:
         ) from None
     try:
         yield jax.process_index()
-    finally:
+    except BaseException:
+        if not _shut_down_within(LEAVE_ON_ERROR_S):
+            global _left_alone
+            _left_alone = True  # `exiting` ends the process once the error is said
+        raise
+    jax.distributed.shutdown()
+
+
+def _shut_down_within(seconds: float) -> bool:
+    """jax's shutdown, waited for up to `seconds`: whether every process reached it. Else it
+    is left waiting, in a thread that ends with the process."""
+    import jax
+
+    done = threading.Event()
+
+    def shut_down() -> None:
         jax.distributed.shutdown()
+        done.set()
+
+    threading.Thread(target=shut_down, name="kiln-shutdown", daemon=True).start()
+    return done.wait(seconds)
+
+
+@contextmanager
+def exiting() -> Iterator[None]:
+    """Around a command's whole run (its `sys.exit(main())`): a process that left a multi-host
+    run on an error alone exits as soon as the error is said, with its exit status (1 for an
+    exception no one caught, its traceback printed)."""
+    try:
+        yield
+    except SystemExit as e:
+        if _left_alone:
+            _exit_now(0 if e.code is None else e.code if isinstance(e.code, int) else 1)
+        raise
+    except BaseException:
+        if _left_alone:
+            traceback.print_exc()
+            _exit_now(1)
+        raise
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def barrier(name: str) -> None:

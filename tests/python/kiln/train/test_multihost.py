@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +48,20 @@ np.testing.assert_array_equal(multihost_utils.process_allgather(placed, tiled=Tr
 jax.distributed.shutdown()
 """
 
+# Process 0 meets an error alone, while process 1 waits in a collective it never completes.
+LONE_ERROR_SCRIPT = """
+import sys
+from jax.experimental import multihost_utils
+from kiln.train import multihost
+group = multihost.ProcessGroup(sys.argv[1], 2, int(sys.argv[2]))
+with multihost.exiting():
+    with multihost.joined(group) as index:
+        multihost_utils.sync_global_devices("joined")
+        if index == 0:
+            raise RuntimeError("an error only process 0 met")
+        multihost_utils.sync_global_devices("never completed")
+"""
+
 
 def run_processes(spec_path: Path, num_processes: int) -> list[subprocess.CompletedProcess]:
     command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
@@ -63,6 +78,19 @@ def test_each_process_places_its_rows_of_one_global_batch() -> None:
     commands = [[sys.executable, "-c", SHARD_BATCH_SCRIPT, coordinator, str(i)] for i in (0, 1)]
     results = run_each(commands, devices=2)
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
+
+
+def test_a_process_that_fails_alone_says_why_and_the_run_ends_in_seconds() -> None:
+    """Not after jax's shutdown barrier gives up (300 s), and not aborted before its error is
+    printed (kiln.train.multihost)."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    commands = [[sys.executable, "-c", LONE_ERROR_SCRIPT, coordinator, str(i)] for i in (0, 1)]
+    began = time.monotonic()
+    failed, waiting = run_each(commands, devices=1)
+    assert time.monotonic() - began < 150, "the processes waited for the shutdown barrier"
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert "RuntimeError: an error only process 0 met" in failed.stderr, failed.stderr[-3000:]
+    assert waiting.returncode != 0  # ended by its coordination client, process 0 gone
 
 
 @pytest.fixture(scope="module")
