@@ -6,13 +6,15 @@ ClusterError line naming the address and what to do.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kiln.cluster import driver, node_runtime
@@ -100,7 +102,9 @@ def connect(address: str) -> Any:
 def _init_within(ray: Any, address: str, seconds: float) -> None:
     """`ray.init` of the cluster, or ClusterError after `seconds`. Ray Client waits without
     limit for a session whose server never starts (a head whose client server cannot reach its
-    own GCS), printing only the server's retries; the waiting thread is left behind."""
+    own GCS), printing only the server's retries; such a server says so in Ray Client's log
+    stream (about 40 s in: its GCS client's connect timeout), which ends the wait at once. The
+    waiting thread is left behind."""
     done, failures = threading.Event(), []
 
     def init() -> None:
@@ -116,26 +120,66 @@ def _init_within(ray: Any, address: str, seconds: float) -> None:
         finally:
             done.set()
 
-    threading.Thread(target=init, name="kiln-ray-connect", daemon=True).start()
-    notice = min(SESSION_NOTICE_S, seconds)
-    if not done.wait(notice):
-        print(
-            f"kiln: the Ray cluster at {address} answers but has started no session in "
-            f"{notice:.0f} s; waiting up to {seconds:.0f} s (a busy head takes tens of "
-            "seconds; one whose Ray Client server cannot reach its own GCS never starts one: "
-            "its ray_client_server logs say why)",
-            file=sys.stderr,
-            flush=True,
-        )
-    if not done.wait(seconds - notice):
-        raise ClusterError(
-            f"the Ray cluster at {address} answers but started no session within {seconds:.0f} "
-            "s; its head's ray_client_server logs (in its session's logs folder) say why: "
-            "often the head cannot reach its own GCS at the address it advertises "
-            "(ray start --node-ip-address)"
-        )
+    began = time.monotonic()
+    with _GcsUnreachable.watching() as unreachable:
+        threading.Thread(target=init, name="kiln-ray-connect", daemon=True).start()
+        notice, noticed = min(SESSION_NOTICE_S, seconds), False
+        while not done.wait(0.25):
+            waited = time.monotonic() - began
+            if unreachable.gcs is not None:
+                raise ClusterError(
+                    f"the Ray cluster at {address} answers, but its Ray Client server cannot "
+                    f"reach the cluster's GCS at {unreachable.gcs}: check that the head's GCS "
+                    "is up and reachable from the head at that address (the head's "
+                    "ray start --node-ip-address)"
+                )
+            if waited >= seconds:
+                raise ClusterError(
+                    f"the Ray cluster at {address} answers but started no session within "
+                    f"{seconds:.0f} s; its head's ray_client_server logs (in its session's "
+                    "logs folder) say why: often the head cannot reach its own GCS at the "
+                    "address it advertises (ray start --node-ip-address)"
+                )
+            if not noticed and waited >= notice:
+                noticed = True
+                print(
+                    f"kiln: the Ray cluster at {address} answers but has started no session in "
+                    f"{notice:.0f} s; waiting up to {seconds:.0f} s (a busy head "
+                    "takes tens of seconds; one whose Ray Client server cannot reach its own "
+                    "GCS says so in about 40 s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     if failures:
         raise failures[0]
+
+
+class _GcsUnreachable(logging.Handler):
+    """Watches Ray Client's log stream (the session's server's own log lines, on the
+    `ray.util.client.logsclient` logger) for the line Ray's client server logs when it cannot
+    reach the cluster's GCS; `gcs` is the address it tried."""
+
+    LINE = re.compile(r"Failed to put health check on (\S+)")
+    LOGGER = "ray.util.client.logsclient"
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.gcs: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = self.LINE.search(record.getMessage())
+        if found:
+            self.gcs = found.group(1)
+
+    @classmethod
+    @contextlib.contextmanager
+    def watching(cls) -> Iterator[_GcsUnreachable]:
+        handler, logger = cls(), logging.getLogger(cls.LOGGER)
+        logger.addHandler(handler)
+        try:
+            yield handler
+        finally:
+            logger.removeHandler(handler)
 
 
 def _probe(address: str) -> None:
