@@ -151,10 +151,6 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     status = run_pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "status",
                    job.group(1), env=env)  # fmt: skip
     assert "\nretries: 1\nmax_retries: 3\n" in status.stdout, status.stdout  # the lost node's
-    # Ray killed the first attempt's host on the node that survived, leaving its folder; the
-    # retry's host on that node removed it, and each host of the last attempt its own.
-    leftovers = [p for node in ("a", "c") for p in (cluster.root / node / "tmp").glob("kiln-host-*")]
-    assert not leftovers, leftovers
 
     served = run_pants(repo, *options, "run", TARGET, env=env)
     assert f"is already built at {prefix}/{RUN}" in served.stdout

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,8 +21,6 @@ from typing import Any
 from kiln.cluster import node_runtime
 
 INPUTS = "{inputs}"  # replaced in the runner's argv by this host's inputs folder
-FOLDER_PREFIX = "kiln-host-"  # a host's folder in its node's temp folder
-OWNERS = ".owners"  # in a host's folder: the pids of its actor and trainer
 _PR_SET_PDEATHSIG = 1
 FLUSH_LINES = 200  # a host sends its trainer's output to the driver in batches of at most this
 FLUSH_SECONDS = 0.25  # ... or of what came within this long
@@ -97,9 +94,7 @@ class TrainerHost:
         # A trainer that prints a key by mistake does not put it in the job's output either.
         secrets = [value for name, value in environment.items() if is_secret_name(name)]
 
-        with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as inputs:
-            _write_owners(Path(inputs), os.getpid())
-            remove_abandoned_folders(Path(inputs).parent)
+        with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
             _write(files, Path(inputs))
             self._run_dir = self._run_dir.replace(INPUTS, inputs)
             env = {
@@ -121,7 +116,6 @@ class TrainerHost:
                 errors="replace",
                 preexec_fn=_die_with_parent,
             )
-            _write_owners(Path(inputs), os.getpid(), self._process.pid)
             assert self._process.stdout is not None
             with _OrderedOutput(ray, driver, index) as output:
                 for line in self._process.stdout:
@@ -150,29 +144,6 @@ class TrainerHost:
         """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally."""
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
-
-
-def _write_owners(folder: Path, *pids: int) -> None:
-    """Names the processes that may still use `folder`, atomically: a half-written list would
-    name another process."""
-    partial = folder / f"{OWNERS}.new"
-    partial.write_text(" ".join(map(str, pids)))
-    os.replace(partial, folder / OWNERS)
-
-
-def remove_abandoned_folders(temp: Path) -> None:
-    """Removes the folders in `temp` of this node's earlier hosts whose actor and trainer have
-    both ended. A host killed outright (a retry after another node was lost, a job stopped by
-    Ray) cannot remove its own; one whose owners are not yet written is left alone."""
-    from kiln_contract.processes import is_running
-
-    for folder in temp.glob(f"{FOLDER_PREFIX}*"):
-        try:
-            pids = [int(pid) for pid in (folder / OWNERS).read_text().split()]
-        except (OSError, ValueError):
-            continue
-        if pids and not any(is_running(pid) for pid in pids):
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write(files: dict[str, bytes], folder: Path) -> None:
