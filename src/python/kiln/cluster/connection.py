@@ -120,38 +120,45 @@ def _init_within(ray: Any, address: str, seconds: float) -> None:
         finally:
             done.set()
 
-    began = time.monotonic()
     with _GcsUnreachable.watching() as unreachable:
         threading.Thread(target=init, name="kiln-ray-connect", daemon=True).start()
-        notice, noticed = min(SESSION_NOTICE_S, seconds), False
-        while not done.wait(0.25):
-            waited = time.monotonic() - began
-            if unreachable.gcs is not None:
-                raise ClusterError(
-                    f"the Ray cluster at {address} answers, but its Ray Client server cannot "
-                    f"reach the cluster's GCS at {unreachable.gcs}: check that the head's GCS "
-                    "is up and reachable from the head at that address (the head's "
-                    "ray start --node-ip-address)"
-                )
-            if waited >= seconds:
-                raise ClusterError(
-                    f"the Ray cluster at {address} answers but started no session within "
-                    f"{seconds:.0f} s; its head's ray_client_server logs (in its session's "
-                    "logs folder) say why: often the head cannot reach its own GCS at the "
-                    "address it advertises (ray start --node-ip-address)"
-                )
-            if not noticed and waited >= notice:
-                noticed = True
-                print(
-                    f"kiln: the Ray cluster at {address} answers but has started no session in "
-                    f"{notice:.0f} s; waiting up to {seconds:.0f} s (a busy head "
-                    "takes tens of seconds; one whose Ray Client server cannot reach its own "
-                    "GCS says so in about 40 s)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        _wait_for_session(done, unreachable, address, seconds)
     if failures:
         raise failures[0]
+
+
+def _wait_for_session(
+    done: threading.Event, unreachable: _GcsUnreachable, address: str, seconds: float
+) -> None:
+    """Until `done`: ClusterError once the session's server says it cannot reach the GCS, or
+    after `seconds`; the wait said in one line after SESSION_NOTICE_S."""
+    began, notice, noticed = time.monotonic(), min(SESSION_NOTICE_S, seconds), False
+    while not done.wait(0.25):
+        waited = time.monotonic() - began
+        if unreachable.gcs is not None:
+            raise ClusterError(
+                f"the Ray cluster at {address} answers, but its Ray Client server cannot "
+                f"reach the cluster's GCS at {unreachable.gcs}: check that the head's GCS "
+                "is up and reachable from the head at that address (the head's "
+                "ray start --node-ip-address)"
+            )
+        if waited >= seconds:
+            raise ClusterError(
+                f"the Ray cluster at {address} answers but started no session within "
+                f"{seconds:.0f} s; its head's ray_client_server logs (in its session's "
+                "logs folder) say why: often the head cannot reach its own GCS at the "
+                "address it advertises (ray start --node-ip-address)"
+            )
+        if not noticed and waited >= notice:
+            noticed = True
+            print(
+                f"kiln: the Ray cluster at {address} answers but has started no session in "
+                f"{notice:.0f} s; waiting up to {seconds:.0f} s (a busy head takes tens of "
+                "seconds; one whose Ray Client server cannot reach its own GCS says so in "
+                "about 40 s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 class _GcsUnreachable(logging.Handler):
