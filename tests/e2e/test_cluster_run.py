@@ -106,6 +106,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     store = open_store(prefix)
     env = {**os.environ, **PLANTED, "WANDB_MODE": "offline"}
     options = [f"--kiln-prefix={prefix}", f"--kiln-cluster={cluster.address}"]
+    earlier_folders = _host_folders(cluster)
     run = subprocess.Popen(["./pants", *options, "run", TARGET], cwd=repo, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     trainers = _kill_node_b_after_a_checkpoint(store, cluster, run)
@@ -151,6 +152,9 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     status = run_pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "status",
                    job.group(1), env=env)  # fmt: skip
     assert "\nretries: 1\nmax_retries: 3\n" in status.stdout, status.stdout  # the lost node's
+    # The first attempt's host on the node that survived ended its trainer and removed its
+    # folder before Ray killed its actor; each host of the retry removed its own.
+    assert _host_folders(cluster) == earlier_folders
 
     served = run_pants(repo, *options, "run", TARGET, env=env)
     assert f"is already built at {prefix}/{RUN}" in served.stdout
@@ -170,6 +174,11 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
                     [cluster.root, cluster.ray_root])  # fmt: skip
 
     _a_sweep_submits_its_trainings_at_once(repo, options, cluster, store, env)
+
+
+def _host_folders(cluster: Cluster) -> set[Path]:
+    """The host folders on the nodes that stay up (a, and c, which replaces the killed b)."""
+    return {p for node in ("a", "c") for p in (cluster.root / node / "tmp").glob("kiln-host-*")}
 
 
 def _a_sweep_submits_its_trainings_at_once(

@@ -47,6 +47,7 @@ STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a chec
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train
 RETRY_PAUSE_S = 10.0  # before the first retry after a lost host; doubled for each one after
 RETRY_PAUSE_MAX_S = 120.0
+ABANDON_TIMEOUT_S = 10.0  # how long a lost attempt's hosts get to end and remove their folders
 
 
 # What every host's trainer gets from the submitting machine's environment: the tracker's and the
@@ -184,6 +185,7 @@ def _attempt(
 
     groups: list[Any] = []  # every placement group reserved, released at the end
     hosts: list[Any] = []
+    runs: list[Any] = []
     try:
         wanted, first_node = bundle(job.resources), None
         if job.resources.kind == "tpu":
@@ -214,10 +216,21 @@ def _attempt(
         return _wait(ray, hosts, runs, nodes, stopping)
     finally:
         process_0(None)
-        for h in hosts:
-            ray.kill(h)  # a trainer dies with its actor
+        _end_hosts(ray, hosts, runs)
         for reserved in groups:
             remove_placement_group(reserved)
+
+
+def _end_hosts(ray: Any, hosts: list[Any], runs: list[Any]) -> None:
+    """Ends an attempt's hosts. One whose trainer still runs (a host was lost elsewhere) ends it
+    and removes its folder before Ray kills its actor: a killed actor leaves its folder on its
+    node, and a trainer dies with its actor."""
+    for h in hosts:
+        h.abandon.remote()
+    if runs:
+        ray.wait(runs, num_returns=len(runs), timeout=ABANDON_TIMEOUT_S)
+    for h in hosts:
+        ray.kill(h)
 
 
 def _wait(

@@ -145,6 +145,12 @@ class TrainerHost:
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGTERM)
 
+    def abandon(self) -> None:
+        """Ends the trainer at once (SIGKILL): its attempt is over (a host was lost elsewhere).
+        `run` then returns and removes this host's folder, which a killed actor leaves."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+
 
 def _write(files: dict[str, bytes], folder: Path) -> None:
     for name, content in files.items():
