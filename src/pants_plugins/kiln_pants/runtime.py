@@ -1,8 +1,12 @@
-"""The Kiln runtime as Pants builds it: a venv PEX of one entry point's third-party closure (from
-the runtime lockfile, CPython 3.12) plus that entry point's first-party sources.
+"""The Kiln runtime as Pants builds it: one venv PEX of the third-party closure of every entry
+point (from the runtime lockfile, CPython 3.12) plus the first-party sources of the entry point a
+process runs (its module: `PEX_MODULE`).
 
 Each entry point gets only its own transitive sources, so a process's cache key covers exactly the
-code it runs: editing the trainer does not invalidate tokenization processes.
+code it runs: editing the trainer does not invalidate tokenization processes. The requirements are
+shared: a first run builds and installs one PEX, not one per entry point, and pex's cold build
+is a `pip download` process per distribution (benchmarks/RESULTS.md), so PEXes of overlapping
+subsets only add to it.
 
 The runtime lockfile pins jax[cpu]. A step that trains on gpu(...) also gets jax's CUDA plugin and
 NVIDIA's libraries from the `cuda` resolve (tpu(...): libtpu from the `tpu` resolve), as a second
@@ -17,7 +21,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from pants.backend.python.target_types import EntryPoint
 from pants.backend.python.util_rules.pex import (
     Pex,
     PexLayout,
@@ -57,6 +60,8 @@ DEP_FAILED_MARKS = (
 )
 REPORT = ("kiln.report", Address("src/python/kiln/report", relative_file_path="__main__.py"))
 FAN_OUT = ("kiln.cluster.fanout", Address("src/python/kiln/cluster", relative_file_path="fanout.py"))
+ENTRY_POINTS = (TOKENIZE, RUN_STEP, EXPORT, PEEK, INVENTORY, DEP_FAILED_MARKS, REPORT, FAN_OUT)
+RUNTIME_PEX = "kiln-runtime.pex"
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ ACCELERATOR_PLUGINS = {
 
 @dataclass(frozen=True)
 class RuntimeRequest:
-    module: str
+    module: str  # one of ENTRY_POINTS
     address: Address
     accelerator: str = "cpu"  # A resources kind; gpu and tpu layer their ACCELERATOR_PLUGINS on.
 
@@ -127,13 +132,17 @@ async def accelerator_plugins(request: AcceleratorPluginsRequest) -> Accelerator
 
 @dataclass(frozen=True)
 class Runtime:
+    module: str  # the entry point its processes run
     pex_request: PexRequest
     pex: VenvPex
     sources: Digest
     source_roots: tuple[str, ...]
 
-    def sys_path(self, root: str = ".") -> str:
-        return os.pathsep.join(os.path.join(root, source_root) for source_root in self.source_roots)
+    def process_env(self, root: str = ".") -> dict[str, str]:
+        """What a process running the entry point from the runtime PEX in `root` needs: its
+        module, and its sources on the PEX's path."""
+        sys_path = os.pathsep.join(os.path.join(root, r) for r in self.source_roots)
+        return {"PEX_MODULE": self.module, "PEX_EXTRA_SYS_PATH": sys_path}
 
 
 @rule(desc="Building a Kiln runtime PEX")
@@ -144,13 +153,13 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
             PexRequest,
             PexFromTargetsRequest,
             _exact_subset(
-                [request.address],
-                output_filename=f"{request.module}.pex",
+                [address for _, address in ENTRY_POINTS],  # the same PEX for every entry point
+                output_filename=RUNTIME_PEX,
                 include_source_files=False,
-                main=EntryPoint(request.module),
-                # The sources join through PEX_EXTRA_SYS_PATH: keep it. The wheels go in as
-                # downloaded and are installed once, when the venv is made: packing installed
-                # wheels into the PEX costs more than installing them.
+                # The module (PEX_MODULE) and the sources (PEX_EXTRA_SYS_PATH) come with each
+                # process: keep them. The wheels go in as downloaded and are installed once,
+                # when the venv is made: packing installed wheels into the PEX costs more than
+                # installing them.
                 additional_args=("--no-strip-pex-env", "--no-pre-install-wheels"),
             ),
         ),
@@ -163,7 +172,11 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
         pex_request = dataclasses.replace(pex_request, pex_path=(*pex_request.pex_path, plugins))
     pex = await Get(VenvPex, PexRequest, pex_request)
     return Runtime(
-        pex_request, pex, sources.source_files.snapshot.digest, tuple(sources.source_roots)
+        request.module,
+        pex_request,
+        pex,
+        sources.source_files.snapshot.digest,
+        tuple(sources.source_roots),
     )
 
 
@@ -220,7 +233,7 @@ async def runtime_process(request: RuntimeProcess) -> KilnProcess:
             description=request.description,
             level=LogLevel.INFO,
             input_digest=input_digest,
-            extra_env={**request.env, "PEX_EXTRA_SYS_PATH": request.runtime.sys_path()},
+            extra_env={**request.env, **request.runtime.process_env()},
             output_directories=request.output_directories,
             cache_scope=request.cache_scope,
             timeout_seconds=request.timeout_seconds,

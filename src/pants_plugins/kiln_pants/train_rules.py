@@ -538,7 +538,7 @@ async def run_lm_checkpoint(
         ),
         extra_env={
             **environment.environment_dict(python=python),
-            "PEX_EXTRA_SYS_PATH": runtime.sys_path(chroot),
+            **runtime.process_env(chroot),
             **shipped_to_nodes(runtime, prepared.plugin_lock, root=chroot),
         },
         append_only_caches={
