@@ -18,11 +18,18 @@ prints the median wall time of each (the whole command, as a user waits for it):
   the runtime PEX's venv starts, `kiln.runner` imports, reads the store.
 
 and the differences between them.
+
+With --trace, one more served run is traced with Pants' own `workunit_logger` backend at trace
+level (Pants restarts its scheduler for those options, and again for the next plain command) and
+the rule's share is split: the run goal, the BUILD files Pants parsed again in that session (and
+the time from the first parse's start to the last one's end), the store read (STATUS, record,
+summary), the interactive process that prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -82,10 +89,53 @@ def python_client() -> tuple[list[str], dict[str, str]]:
     return [os.path.join(BOOTSTRAP, "venv", "bin", "pants")], env
 
 
+TRACE_OPTIONS = (
+    '--backend-packages=+["pants.backend.experimental.tools.workunit_logger"]',
+    "--workunit-logger-enabled",
+    "--streaming-workunits-level=trace",
+)
+
+
+def traced_run(target: str) -> list[dict]:
+    """The workunits of one served `pants run`, after two with the same options (the first
+    restarts Pants' scheduler for them)."""
+    with tempfile.TemporaryDirectory() as folder:
+        argv = ["./pants", *TRACE_OPTIONS, f"--workunit-logger-logdir={folder}", "run", target]
+        for _ in range(3):
+            for old in Path(folder).glob("*.json"):
+                old.unlink()
+            subprocess.run(argv, check=True, capture_output=True)
+        [log] = Path(folder).glob("*.json")
+        return json.loads(log.read_text())
+
+
+def trace_rows(workunits: list[dict]) -> list[tuple[str, float]]:
+    """(part, seconds) of a served run's workunits."""
+
+    def start(w: dict) -> float:
+        return w["start_secs"] + w["start_nanos"] / 1e9
+
+    def seconds(w: dict) -> float:
+        return w["duration_secs"] + w["duration_nanos"] / 1e9
+
+    def named(suffix: str) -> list[dict]:
+        return [w for w in workunits if w["name"].endswith(suffix)]
+
+    parses = named("parse_address_family")
+    rows = [("the `run` goal", sum(seconds(w) for w in named("core.goals.run.run")))]
+    if parses:
+        span = max(start(w) + seconds(w) for w in parses) - min(start(w) for w in parses)
+        rows.append((f"BUILD files parsed again: {len(parses)}, first start to last end", span))
+    rows.append(("the store read", sum(seconds(w) for w in named("read_stored_files"))))
+    rows.append(("the process that prints", sum(seconds(w) for w in named("interactive_process"))))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("target", nargs="?", default="experiments:ci_tiny")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--trace", action="store_true", help="split the served run's rule time")
     args = parser.parse_args(argv)
     if not os.path.exists("pants.toml"):
         parser.error("run it from the build root")
@@ -111,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| = the run rule, the store read, printing (run - list) | {served - listed:.2f} |")
     print(f"| = the Python client's start-up (Python client - run) | {python_served - served:.2f} |")
     print(f"| = the runtime: venv, imports, store read (runner - run) | {runner - served:.2f} |")
+    if args.trace:
+        print()
+        print("| one served run, traced | s |")
+        print("|---|---|")
+        for part, seconds in trace_rows(traced_run(target)):
+            print(f"| {part} | {seconds:.3f} |")
     return 0
 
 

@@ -145,9 +145,31 @@ class Runtime:
         return {"PEX_MODULE": self.module, "PEX_EXTRA_SYS_PATH": sys_path}
 
 
+@dataclass(frozen=True)
+class EntryPointSourcesRequest:
+    address: Address  # of one of ENTRY_POINTS
+
+
+@dataclass(frozen=True)
+class EntryPointSources:
+    """An entry point's first-party closure: what its processes run of Kiln's code (its digest is
+    the code digest of what they build)."""
+
+    digest: Digest
+    source_roots: tuple[str, ...]
+
+
+@rule(desc="Collecting an entry point's sources")
+async def entry_point_sources(request: EntryPointSourcesRequest) -> EntryPointSources:
+    closure = await Get(TransitiveTargets, TransitiveTargetsRequest([request.address]))
+    sources = await Get(
+        PythonSourceFiles, PythonSourceFilesRequest(closure.closure, include_files=True)
+    )
+    return EntryPointSources(sources.source_files.snapshot.digest, tuple(sources.source_roots))
+
+
 @rule(desc="Building a Kiln runtime PEX")
 async def kiln_runtime(request: RuntimeRequest) -> Runtime:
-    closure = await Get(TransitiveTargets, TransitiveTargetsRequest([request.address]))
     pex_request, sources = await MultiGet(
         Get(
             PexRequest,
@@ -163,7 +185,7 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
                 additional_args=("--no-strip-pex-env", "--no-pre-install-wheels"),
             ),
         ),
-        Get(PythonSourceFiles, PythonSourceFilesRequest(closure.closure, include_files=True)),
+        Get(EntryPointSources, EntryPointSourcesRequest(request.address)),
     )
     pex_request = _as_internal(pex_request)
     if request.accelerator in ACCELERATOR_PLUGINS:
@@ -171,13 +193,7 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
         plugins = await Get(Pex, PexRequest, wanted.pex_request)
         pex_request = dataclasses.replace(pex_request, pex_path=(*pex_request.pex_path, plugins))
     pex = await Get(VenvPex, PexRequest, pex_request)
-    return Runtime(
-        request.module,
-        pex_request,
-        pex,
-        sources.source_files.snapshot.digest,
-        tuple(sources.source_roots),
-    )
+    return Runtime(request.module, pex_request, pex, sources.digest, sources.source_roots)
 
 
 def shipped_to_nodes(

@@ -82,6 +82,8 @@ from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.runtime import (
     ACCELERATOR_PLUGINS,
     RUN_STEP,
+    EntryPointSources,
+    EntryPointSourcesRequest,
     KilnProcess,
     Runtime,
     RuntimeProcess,
@@ -439,7 +441,6 @@ async def check_accelerators(request: CheckAcceleratorsRequest) -> AcceleratorsP
 @dataclass(frozen=True)
 class ServedRunRequest:
     address: Address
-    accelerator: str  # the step's resources kind: the runtime whose code digest is "now"
     prefix: str
 
 
@@ -466,8 +467,10 @@ async def served_run(request: ServedRunRequest) -> ServedRun:
     status, record, summary = files.texts
     if record is None or recorded_state(artifact, status, record).status != "built":
         return ServedRun(None)
-    runtime = await Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=request.accelerator))
-    return ServedRun(served_text(artifact, folder, record, summary, runtime.sources.fingerprint))
+    # The runner's sources now, not its PEX: the PEX's requirements would have Pants check every
+    # entry point's closure on each run.
+    runner = await Get(EntryPointSources, EntryPointSourcesRequest(RUN_STEP[1]))
+    return ServedRun(served_text(artifact, folder, record, summary, runner.digest.fingerprint))
 
 
 def served_text(
@@ -511,7 +514,7 @@ async def run_lm_checkpoint(
         await Get(AcceleratorsPresent, CheckAcceleratorsRequest(field_set.address, resources))
     prefix = kiln.prefix_location(build_root.path)
     if not run.args:  # `-- ...` options (another prefix, --output) are the runner's to read
-        served = await Get(ServedRun, ServedRunRequest(field_set.address, resources.kind, prefix))
+        served = await Get(ServedRun, ServedRunRequest(field_set.address, prefix))
         if served.message is not None:
             return RunRequest(digest=EMPTY_DIGEST, args=("/bin/sh", "-c", _PRINT, served.message))
     prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address, bool(cluster)))
