@@ -21,12 +21,21 @@ def orbax_checkpointer(per_host_folders: bool) -> ocp.AsyncCheckpointer:
     checkpoint's metadata into its own folder) and arrays are plain zarr, each host writing the
     chunks of its own shards: OCDBT merges the processes' files on the primary host, which only a
     folder every host sees allows. The union of the hosts' folders is then the checkpoint, and
-    any host restores it from a folder that holds the union."""
+    any host restores it from a folder that holds the union.
+
+    Each host creates its save's folder before any host writes (between two barriers): orbax's
+    asynchronous creation signals "created" under one key for all processes, so a host slower to
+    create its own folder would start writing on another host's signal, and then fail to create
+    the folder its writes had made (EEXIST)."""
     if not per_host_folders:
         return ocp.StandardCheckpointer()
     options = ocp.options.MultiprocessingOptions(primary_host=None)
     handler = ocp.StandardCheckpointHandler(use_ocdbt=False, multiprocessing_options=options)
-    return ocp.AsyncCheckpointer(handler, multiprocessing_options=options)
+    return ocp.AsyncCheckpointer(
+        handler,
+        multiprocessing_options=options,
+        async_options=ocp.options.AsyncOptions(create_directories_asynchronously=False),
+    )
 
 
 class SaveInProgress:

@@ -63,6 +63,53 @@ with multihost.exiting():
 """
 
 
+# Two processes save one sharded array, each into a folder of its own (kiln.train.orbax_saves),
+# process 0 slow to create its folder: it must not write before it has.
+SLOW_FOLDER_SAVE_SCRIPT = """
+import sys, time
+import jax, numpy as np
+from pathlib import Path
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+from jax.sharding import NamedSharding, PartitionSpec
+from orbax.checkpoint._src.path import atomicity
+from kiln.train.mesh import make_mesh
+from kiln.train.orbax_saves import orbax_checkpointer
+create = atomicity._create_tmp_directory
+async def slow_on_process_0(*args, **kwargs):
+    if jax.process_index() == 0:
+        time.sleep(3)
+    return await create(*args, **kwargs)
+atomicity._create_tmp_directory = slow_on_process_0
+mesh = make_mesh({"data": 2, "fsdp": 1})
+values = np.arange(16, dtype=np.float32).reshape(4, 4)
+sharding = NamedSharding(mesh, PartitionSpec("data"))
+array = jax.make_array_from_callback(values.shape, sharding, lambda index: values[index])
+checkpointer = orbax_checkpointer(per_host_folders=True)
+checkpointer.save(Path(sys.argv[3]) / f"host-{jax.process_index()}" / "state", {"w": array})
+checkpointer.wait_until_finished()
+print("saved")
+jax.distributed.shutdown()
+"""
+
+
+def test_a_host_slow_to_create_its_save_folder_keeps_what_it_saved(tmp_path: Path) -> None:
+    """Each host's folder is created before any host writes. With orbax's asynchronous creation,
+    a host whose creation lagged wrote on another host's "created" signal, then either failed
+    (EEXIST: seen in the cluster test's retried runs) or removed what it had written as an
+    unfinished folder, leaving a checkpoint without its shards."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    commands = [[sys.executable, "-c", SLOW_FOLDER_SAVE_SCRIPT, coordinator, str(i), str(tmp_path)]
+                for i in (0, 1)]  # fmt: skip
+    for result in run_each(commands, devices=1):
+        assert result.returncode == 0 and "saved" in result.stdout, result.stderr[-3000:]
+    # Each host's rows of "w" (zarr chunk "row.column"), and process 0's metadata.
+    for host, written in ((0, ["_METADATA", "w/.zarray", "w/0.0"]), (1, ["w/1.0"])):
+        state = tmp_path / f"host-{host}" / "state"
+        missing = [name for name in written if not (state / name).is_file()]
+        assert not missing, (host, missing, sorted(str(p) for p in state.rglob("*")))
+
+
 def run_processes(spec_path: Path, num_processes: int) -> list[subprocess.CompletedProcess]:
     command = [sys.executable, "-m", "kiln.train", str(spec_path), "--quiet"]
     if num_processes == 1:
