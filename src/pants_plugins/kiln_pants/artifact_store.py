@@ -70,7 +70,9 @@ def artifact_record(artifact: Artifact, inputs: list[Artifact]) -> ArtifactRecor
 
 def runtime_provenance(runtime: Runtime, lockfile: Digest) -> Provenance:
     """What a runtime process that builds an artifact is made of: its code and its lockfile."""
-    return Provenance(code_digest=runtime.sources.fingerprint, lockfile_digest=lockfile.fingerprint)
+    return Provenance(
+        code_digest=runtime.sources.digest.fingerprint, lockfile_digest=lockfile.fingerprint
+    )
 
 
 async def record_input(

@@ -131,21 +131,6 @@ async def accelerator_plugins(request: AcceleratorPluginsRequest) -> Accelerator
 
 
 @dataclass(frozen=True)
-class Runtime:
-    module: str  # the entry point its processes run
-    pex_request: PexRequest
-    pex: VenvPex
-    sources: Digest
-    source_roots: tuple[str, ...]
-
-    def process_env(self, root: str = ".") -> dict[str, str]:
-        """What a process running the entry point from the runtime PEX in `root` needs: its
-        module, and its sources on the PEX's path."""
-        sys_path = os.pathsep.join(os.path.join(root, r) for r in self.source_roots)
-        return {"PEX_MODULE": self.module, "PEX_EXTRA_SYS_PATH": sys_path}
-
-
-@dataclass(frozen=True)
 class EntryPointSourcesRequest:
     address: Address  # of one of ENTRY_POINTS
 
@@ -157,6 +142,20 @@ class EntryPointSources:
 
     digest: Digest
     source_roots: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    module: str  # the entry point its processes run
+    pex_request: PexRequest
+    pex: VenvPex
+    sources: EntryPointSources
+
+    def process_env(self, root: str = ".") -> dict[str, str]:
+        """What a process running the entry point from the runtime PEX in `root` needs: its
+        module, and its sources on the PEX's path."""
+        sys_path = os.pathsep.join(os.path.join(root, r) for r in self.sources.source_roots)
+        return {"PEX_MODULE": self.module, "PEX_EXTRA_SYS_PATH": sys_path}
 
 
 @rule(desc="Collecting an entry point's sources")
@@ -193,7 +192,7 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
         plugins = await Get(Pex, PexRequest, wanted.pex_request)
         pex_request = dataclasses.replace(pex_request, pex_path=(*pex_request.pex_path, plugins))
     pex = await Get(VenvPex, PexRequest, pex_request)
-    return Runtime(request.module, pex_request, pex, sources.digest, sources.source_roots)
+    return Runtime(request.module, pex_request, pex, sources)
 
 
 def shipped_to_nodes(
@@ -240,7 +239,9 @@ class KilnProcess:
 
 @rule
 async def runtime_process(request: RuntimeProcess) -> KilnProcess:
-    input_digest = await Get(Digest, MergeDigests([request.input_digest, request.runtime.sources]))
+    input_digest = await Get(
+        Digest, MergeDigests([request.input_digest, request.runtime.sources.digest])
+    )
     process = await Get(
         Process,
         VenvPexProcess(

@@ -525,7 +525,9 @@ async def run_lm_checkpoint(
     python = await Get(
         PythonExecutable, InterpreterConstraints, runtime.pex_request.interpreter_constraints
     )
-    digest = await Get(Digest, MergeDigests([prepared.digest, venv_pex.digest, runtime.sources]))
+    digest = await Get(
+        Digest, MergeDigests([prepared.digest, venv_pex.digest, runtime.sources.digest])
+    )
     chroot = "{chroot}"
     return RunRequest(
         digest=digest,

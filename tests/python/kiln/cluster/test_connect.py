@@ -3,8 +3,9 @@
 The stand-in head is a gRPC server that answers the runner's probe (an empty `ClusterInfo`) and
 Ray's PING as a Ray Client proxy does, and holds every other call of Ray's own client (its
 session's start) unanswered: a head whose client server cannot reach its own GCS behaves so, and
-Ray's `ray.init` waits on it without limit. Its log stream is Ray's own (`LogstreamServicer`, which streams the server's
-`ray` loggers to the client): such a server logs, every 40 s or so, that it cannot reach the GCS.
+Ray's `ray.init` waits on it without limit. Its log stream is Ray's own (`LogstreamServicer`,
+which streams the server's `ray` loggers to the client): such a server logs, every 40 s or so,
+that it cannot reach the GCS.
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ def stuck_head() -> Iterator[tuple[str, StuckHead]]:
     finally:
         head.released.set()
         server.stop(grace=None)
-
 
 
 def test_a_head_that_starts_no_session_is_one_line_within_the_limit(
