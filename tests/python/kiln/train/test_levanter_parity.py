@@ -279,11 +279,19 @@ def test_a_whole_run_in_levanters_data_order_is_levanters_run(parity: dict) -> N
     theirs = parity["train"]
     np.testing.assert_allclose(losses, theirs["losses"], rtol=1e-4)
     assert losses[-1] < losses[0] - 1.0  # it learned: the comparison covers a moving model
-    # Parameters by norm: Adam turns a gradient of ~0 (the embedding rows of tokens seen once or
-    # twice) into a step of +-lr whose sign float32 rounding decides, so single elements of
-    # those rows may differ by lr while the losses agree to 1e-7.
+    # Parameters by norm, but for the embedding rows of tokens the run reads once or twice:
+    # there Adam turns a gradient of ~0 into a step of +-lr whose sign float32 rounding
+    # decides, so an element of such a row may differ by one step's flip (2 lr) while the
+    # losses agree to 1e-7 (seen: one element of a token read once, by 3.3e-3).
+    params = flat(nnx.to_pure_dict(state.params))
+    seen = np.bincount(np.ravel(parity["batches"]), minlength=len(params["embed/embedding"]))
+    rare = (seen > 0) & (seen < 3)
+    rows = params["embed/embedding"] - theirs["embed/embedding"]
+    assert np.abs(rows[rare]).max() <= 2 * OPTIMIZER["learning_rate"]
+    params["embed/embedding"] = params["embed/embedding"][~rare]
+    theirs = {**theirs, "embed/embedding": theirs["embed/embedding"][~rare]}
     differences = {}
-    for name, value in flat(nnx.to_pure_dict(state.params)).items():
+    for name, value in params.items():
         differences[name] = np.linalg.norm(value - theirs[name]) / np.linalg.norm(theirs[name])
         assert differences[name] <= 1e-4, name
     loss_difference = np.max(np.abs(np.asarray(losses) - theirs["losses"]) / theirs["losses"])
