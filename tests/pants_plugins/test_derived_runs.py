@@ -14,7 +14,7 @@ from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.step import Provenance, StepSpec
 from kiln_contract.train import ParentRun
-from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.plan import Plan
 from kiln_pants.train_rules import StepJson, StepJsonRequest
 
@@ -276,6 +276,23 @@ def test_an_evaluation_is_an_artifact_of_its_model_and_caches(rule_runner: RuleR
     assert final.fingerprint != evaluation.fingerprint  # another step is another evaluation
     published = eval_graph(rule_runner, 'hf_model_source("/models/llama")').get(BASE_EVAL)
     assert published.identity["model"] == {"model": "/models/llama"} and published.parent is None
+
+
+def test_an_evaluation_of_all_windows_says_all_as_a_run_does(rule_runner: RuleRunner) -> None:
+    def evaluation(max_eval_batches: str) -> Artifact:
+        build = build_file('":base"') + EVALS.replace("MODEL_OF_EVAL", '":base"').replace(
+            "max_eval_batches=2", f"max_eval_batches={max_eval_batches}")  # fmt: skip
+        rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+        graph = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([BASE_EVAL]))])
+        return graph.get(BASE_EVAL)
+
+    whole = evaluation('"all"')
+    assert whole.identity["max_eval_batches"] is None
+    assert whole.fingerprint == evaluation("None").fingerprint
+    assert whole.fingerprint != evaluation("2").fingerprint
+    with pytest.raises(ExecutionError, match=r"The `max_eval_batches` field in target "
+                       r"exp:base_eval must be a whole number > 0, or 'all'; got 'some'"):
+        evaluation('"some"')
 
 
 def test_an_evaluation_of_nothing_or_of_a_cache_is_refused(rule_runner: RuleRunner) -> None:

@@ -76,16 +76,21 @@ class EvalBatchSizeField(PositiveIntField):
 class EvalBatchesField(FormCheckedField):
     alias = "max_eval_batches"
     default = None
-    expected = "a whole number > 0 or None"
-    value: Optional[int]
+    expected = "a whole number > 0, or 'all'"
+    value: Optional[int]  # None: each whole cache ('all', as lm_checkpoint's field says it)
     help = (
-        "Validation batches per cache: a number, or None for each whole cache. Part of the "
-        "identity: it decides which windows are scored."
+        "Validation batches per cache: a number, or `'all'` (the default) for each whole cache. "
+        "Part of the identity: it decides which windows are scored."
     )
 
     @classmethod
     def accepts(cls, value: Any) -> bool:
-        return value is None or is_whole_number(value, minimum=1)
+        return value is None or value == "all" or is_whole_number(value, minimum=1)
+
+    @classmethod
+    def compute_value(cls, raw_value: Optional[Any], address: Address) -> Optional[int]:
+        value = super().compute_value(raw_value, address)
+        return None if value == "all" else value  # one identity for the whole cache
 
 
 class EvalComputeDtypeField(ComputeDtypeField):
