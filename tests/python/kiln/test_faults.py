@@ -24,6 +24,7 @@ import orbax.checkpoint as ocp
 import pytest
 from kiln_testing.data import make_spec as make_cache_spec
 from kiln_testing.data import write_corpus
+from kiln_testing.processes import python_env
 from kiln_testing.training import build_tiny_cache, make_spec, read_jsonl
 
 from kiln.data.cache import TokenCache
@@ -43,8 +44,7 @@ PARENT = (
 
 
 def environment() -> dict[str, str]:
-    pythonpath = os.pathsep.join(p for p in sys.path if p)
-    return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu"}
+    return python_env(JAX_PLATFORMS="cpu")
 
 
 def start_under_parent(argv: list[str], log: Path) -> tuple[subprocess.Popen[str], int]:

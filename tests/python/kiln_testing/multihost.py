@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
+
+from kiln_testing.processes import python_env
 
 
 def free_port() -> int:
@@ -17,12 +17,9 @@ def free_port() -> int:
 def run_each(commands: list[list[str]], devices: int) -> list[subprocess.CompletedProcess]:
     """Starts every command at once (one process each, `devices` CPU devices in each), then waits
     for all of them."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    }
+    env = python_env(
+        JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
+    )
     processes = [
         subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for command in commands

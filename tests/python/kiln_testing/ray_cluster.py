@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kiln_testing.multihost import free_port
+from kiln_testing.processes import python_env
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 OBJECT_STORE_BYTES = 200 * 2**20
@@ -36,15 +37,13 @@ def ray_cluster(
     the nodes started."""
     # Ray's socket paths must stay under 108 bytes: a short folder of the test's own.
     root = Path(tempfile.mkdtemp(prefix="kray", dir="/tmp"))
-    env = {
-        **os.environ,
-        "RAY_TMPDIR": str(root),
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "RAY_USAGE_STATS_ENABLED": "0",
+    env = python_env(
+        RAY_TMPDIR=str(root),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+        RAY_USAGE_STATS_ENABLED="0",
         **(node_env or {}),
-    }
+    )
     gcs_port, client_port = free_port(), free_port()
     node = ["--node-ip-address", "127.0.0.1", "--num-cpus", "1", "--num-gpus", str(num_gpus),
             "--object-store-memory", str(OBJECT_STORE_BYTES), "--temp-dir", str(root),

@@ -8,13 +8,13 @@ ignored): writing a file past it fails with EFBIG, and `grow` lifts the limit.
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from kiln_testing.processes import python_env
 
 # What a full disk reads like in a Kiln error line, in the two forms above.
 FULL_DISK = ("No space left on device (ENOSPC)", "File too large (EFBIG)")
@@ -32,9 +32,8 @@ class SmallDisk:
 
     def run(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
         """Runs `command` (its output captured as text) against the small disk."""
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         return subprocess.run(
-            command, env={**env, **kwargs.pop("env", {})}, capture_output=True, text=True,
+            command, env=python_env(**kwargs.pop("env", {})), capture_output=True, text=True,
             preexec_fn=self._limit() if self._limited else None, **kwargs,
         )  # fmt: skip
 

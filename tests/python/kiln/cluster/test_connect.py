@@ -11,7 +11,6 @@ that it cannot reach the GCS.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from concurrent import futures
 import grpc  # pants: no-infer-dep (grpcio comes with ray[client], which the test imports)
 import pytest
 from kiln_testing.multihost import free_port
+from kiln_testing.processes import python_env
 from ray.core.generated import ray_client_pb2_grpc
 from ray.core.generated.ray_client_pb2 import (
     ClusterInfoRequest,
@@ -125,7 +125,7 @@ def test_a_head_whose_server_cannot_reach_its_gcs_is_named_as_soon_as_it_says_so
     """The line Ray's client server logs (ray.util.client.server.server, each pass of its health
     check) reaches the client through the log stream and ends its wait at once."""
     address, _ = stuck_head
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = python_env()
     client = subprocess.Popen([sys.executable, "-c", CONNECT_SCRIPT, address], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     began = time.monotonic()

@@ -19,6 +19,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from kiln_testing.processes import python_env  # noqa: E402
 from kiln_testing.training import build_tiny_cache, make_spec  # noqa: E402
 
 HEADER = {"X-Levanter-Training-Control": "request-checkpoint"}
@@ -100,11 +101,7 @@ def test_checkpoint_requested_over_http_is_saved_once(tmp_path: Path) -> None:
     output = tmp_path / "run"
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(_train_spec(tmp_path, output)))
-    env = {
-        **os.environ,
-        **PLANTED_SECRETS,
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
+    env = python_env(**PLANTED_SECRETS)
     trainer = subprocess.Popen(
         [sys.executable, "-m", "kiln.train", str(spec_path)],
         stdout=subprocess.PIPE,

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from kiln_testing.processes import python_env
 
 TOY_LOOP = Path(__file__).parent / "toy_training_loop.py"
 HEADER = {"X-Levanter-Training-Control": "request-checkpoint"}
@@ -27,7 +28,7 @@ def _status(url: str, method: str = "GET", headers: dict[str, str] | None = None
 
 def _child_env() -> dict[str, str]:
     # The child must import kiln exactly as this test does (a dev checkout or a Pants sandbox).
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return python_env()
 
 
 def test_checkpoint_request_reaches_a_running_loop(tmp_path: Path) -> None:

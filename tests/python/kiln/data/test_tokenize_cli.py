@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from kiln_testing.data import make_spec, write_corpus
+from kiln_testing.processes import python_env
 
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.data.cache import TokenCache
@@ -121,12 +122,7 @@ def test_plan_json_plans_many_specs_a_line_each_an_unplannable_one_too(
 
 def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):
     spec = make_spec({"kind": "hf", "id": "kiln-test/missing", "split": "train"})
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(path for path in sys.path if path),  # as this process sees
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
+    env = python_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     result = subprocess.run(
         [
             sys.executable,

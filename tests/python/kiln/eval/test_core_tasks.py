@@ -4,7 +4,6 @@ cache, offline, and DCLM CORE's centered accuracy as the reference computes it."
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import lm_eval.tasks
 import pytest
 from kiln_testing.lm_eval_tasks import VOCAB, WORDS, write_hub_dataset_cache
+from kiln_testing.processes import python_env
 
 from kiln.eval.dclm_core import DCLM_CORE_TASKS, dclm_core_metrics
 from kiln.eval.tasks import EvalSuiteConfig, EvalTask
@@ -75,14 +75,12 @@ def test_a_core_task_runs_its_real_yaml_on_cached_data_offline(tmp_path: Path):
         print(json.dumps(metrics))
         """
     )
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HOME": str(tmp_path / "hf_home"),
-        "HF_DATASETS_CACHE": str(cache),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
+    env = python_env(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_DATASETS_CACHE=str(cache),
+    )
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from kiln_testing.lm_eval_tasks import (
     bigram_sequence_logprob,
     make_bigram_logprob_fn,
 )
+from kiln_testing.processes import python_env
 from lm_eval.tasks import TaskManager
 
 from kiln.eval.adapter import default_bucket_lengths
@@ -256,13 +256,9 @@ def test_hub_tasks_fail_fast_and_clearly_offline(tmp_path: Path):
             print(error)
         """
     )
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HOME": str(tmp_path / "hf_home"),
-        "PYTHONPATH": os.pathsep.join(sys.path),
-    }
+    env = python_env(
+        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home")
+    )
     result = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )

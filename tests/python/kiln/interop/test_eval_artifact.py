@@ -5,21 +5,19 @@ tasks and validation windows; it is served once built and refused under another 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from kiln_testing.processes import python_env
 from kiln_testing.training import EVAL_TASK, write_eval_task, write_runner_step
 
 RUN = "checkpoints/tiny/2026.11.29"
 
 
 def python_command(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-           "JAX_PLATFORMS": "cpu"}  # fmt: skip
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, *args], env=python_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
                           timeout=600)  # fmt: skip
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from kiln_testing.processes import python_env
 
 from kiln.report.metrics_log import MetricsError, read_metrics
 from kiln.report.plots import eval_loss_keys, write_training_plot
@@ -119,7 +119,7 @@ def test_report_table_holds_the_numbers(tmp_path: Path) -> None:
 
 def test_report_cli(tmp_path: Path) -> None:
     _write_run(tmp_path)
-    env_path = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env_path = python_env()
     done = subprocess.run(
         [sys.executable, "-m", "kiln.report", str(tmp_path)],
         capture_output=True,

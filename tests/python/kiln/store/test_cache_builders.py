@@ -4,7 +4,6 @@ the Pants backend lays them out: concurrent builders, a killed builder, a full d
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from kiln_testing.data import make_spec, sample_texts, write_jsonl
+from kiln_testing.processes import python_env
 from kiln_testing.small_disk import FULL_DISK, SmallDisk
 
 from kiln.artifacts.folder import ArtifactFolder
@@ -50,7 +50,7 @@ def tokenize(*args: object) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return python_env()
 
 
 def builder(spec: Path, prefix: Path) -> subprocess.Popen:

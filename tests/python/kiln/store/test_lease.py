@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kiln_testing.processes import python_env
 
 from kiln.artifacts.lease import Lease, LeaseHeld, LeaseRecord, lease_key
 from kiln.artifacts.locations import open_store
@@ -186,7 +187,7 @@ def test_of_two_takers_of_a_stale_lease_exactly_one_wins(store: ObjectStore) -> 
 def test_a_killed_holder_on_this_host_is_taken_over_at_once(
     store: ObjectStore, store_location: str
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    env = python_env()
     holder = subprocess.Popen(
         [sys.executable, str(HOLDER), store_location, "artifact"],
         env=env, stdout=subprocess.PIPE, text=True,

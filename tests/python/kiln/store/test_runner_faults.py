@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import tensorstore as ts
+from kiln_testing.processes import python_env
 from kiln_testing.small_disk import FULL_DISK, SmallDisk
 from kiln_testing.training import write_runner_step
 
@@ -46,11 +47,7 @@ def runner(step: Path, prefix: Path) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-        "JAX_PLATFORMS": "cpu",
-    }
+    return python_env(JAX_PLATFORMS="cpu")
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kiln_testing.buckets import ENDPOINT_VARIABLES, BucketGate, fresh_url
+from kiln_testing.processes import python_env
 from kiln_testing.training import write_runner_step
 
 from kiln.artifacts import peek
@@ -49,12 +50,7 @@ def runner(step: Path, prefix: str) -> list[str]:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-        "JAX_PLATFORMS": "cpu",
-        **extra,
-    }
+    return python_env(JAX_PLATFORMS="cpu", **extra)
 
 
 def run(command: list[str], **extra: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ deterministic for a given program.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from kiln_testing.processes import python_env
 from kiln_testing.training import build_tiny_cache, make_spec, read_jsonl
 
 from kiln.train.spec import parse_spec
@@ -35,9 +35,7 @@ def train_command(spec_path: Path) -> list[str]:
 
 
 def subprocess_env() -> dict[str, str]:
-    # This process's import path (source roots, and under Pants the PEX's dependencies too).
-    pythonpath = os.pathsep.join(p for p in sys.path if p)
-    return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu"}
+    return python_env(JAX_PLATFORMS="cpu")
 
 
 def kill_mid_save(spec_path: Path, saving: Path) -> int:
