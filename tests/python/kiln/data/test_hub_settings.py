@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kiln_testing.processes import python_env
 
 import kiln.data.tokenize  # noqa: F401 (the entry point the subprocess runs)
 from kiln.data.hub_settings import apply_hub_settings
@@ -46,8 +47,8 @@ def test_the_tokenize_entry_point_reads_them_before_huggingface_hub(tmp_path: Pa
         "from huggingface_hub import constants\n"
         "print(constants.ENDPOINT)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "HF_ENDPOINT"}
-    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
+    env = python_env()
+    env.pop("HF_ENDPOINT", None)
     result = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
     )

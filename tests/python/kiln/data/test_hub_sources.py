@@ -10,7 +10,6 @@ offline switches once, at import, and this test process is offline (conftest.py)
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from kiln_testing.data import STDLIB_TOKENIZER, sample_texts
 from kiln_testing.hub_server import PAGE_SIZE, HubDataset, HubServer
+from kiln_testing.processes import python_env
 
 import kiln.data.tokenize  # noqa: F401 (the entry point the subprocesses run)
 from kiln.data.cache import TokenCache
@@ -63,10 +63,9 @@ def tokenize(
     tmp_path.mkdir(parents=True, exist_ok=True)
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(spec))
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN")}  # fmt: skip
-    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf-home"))
-    env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p)
+    env = python_env(HF_ENDPOINT=hub.endpoint, HF_HOME=str(tmp_path / "hf-home"))
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN"):
+        env.pop(name, None)
     if token is not None:
         env["HF_TOKEN"] = token
     return subprocess.run(
