@@ -9,6 +9,7 @@ its raylet can be found and killed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -66,6 +67,7 @@ class Cluster:
             "PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(tmp),
             "RAY_TMPDIR": str(self.ray_root), "RAY_USAGE_STATS_ENABLED": "0",
             "JAX_PLATFORMS": "cpu", "TPU_NAME": SLICE,
+            **({"GRPC_ENABLE_FORK_SUPPORT": "0"} if head else {}),
         }  # fmt: skip
         result = subprocess.run(command, env=environment, cwd=home, capture_output=True,
                                 text=True, timeout=180)  # fmt: skip
@@ -74,6 +76,17 @@ class Cluster:
     def kill_raylet(self, name: str) -> None:
         [pid] = [pid for pid, line in processes() if "raylet" in line and f"node-{name}" in line]
         os.kill(pid, signal.SIGKILL)
+
+    @contextlib.contextmanager
+    def gcs_paused(self) -> Iterator[None]:
+        """The head's GCS stopped (SIGSTOP) while the block runs: its Ray Client server answers,
+        and the sessions it starts cannot reach the GCS."""
+        [pid] = [pid for pid, line in processes() if "gcs_server" in line and str(self.ray_root) in line]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     def stop(self) -> None:
         # The nodes' processes name their temp folder; Ray Client's servers name only the venv.

@@ -7,7 +7,8 @@
 - a run followed, detached by Ctrl-C, its control endpoint listed and used through the job, a
   checkpoint asked for, stopped from a second command, its log followed to the end (no
   capability token in it) and listed;
-- a run the cluster can never hold, and addresses that are wrong: one line each, at once.
+- a run the cluster can never hold, addresses that are wrong and a head whose GCS its Ray
+  Client server cannot reach: one line each, in seconds.
 
 Last, Kiln's TPU-slice reservation on the nodes' stand-in TPU resources (its trainers need
 real TPUs).
@@ -302,6 +303,15 @@ def test_what_cannot_run_is_one_line_at_once(
             "kiln-no-such-bucket does not exist (or is not visible to these credentials): "
             "check the bucket name in the prefix"
         ), result.stderr[-3000:]
+    # A head whose Ray Client server cannot reach the GCS: one line naming it, in seconds (Ray's
+    # own GCS timeouts take about 40 s to say so; docs/clusters.md, "Failure behaviour").
+    with cluster.gcs_paused():
+        began = time.monotonic()
+        error = run_on(cluster.address)
+        waited = time.monotonic() - began
+    assert error.startswith(f"kiln: error: the Ray cluster at {cluster.address} answers, but its "
+                            "Ray Client server cannot reach the cluster's GCS at "), error  # fmt: skip
+    assert waited < 30, f"the error came after {waited:.0f} s"
     address = f"ray://127.0.0.1:{free_port()}"
     assert run_on(address) == (
         f"kiln: error: cannot reach the Ray cluster at {address} (Connection refused); check the "

@@ -20,13 +20,17 @@ from typing import Any
 from kiln.cluster import driver, node_runtime
 
 CONNECT_TIMEOUT_S = 5.0
-CONNECT_ATTEMPTS = 3  # Ray Client on a busy head may fail to start a session: ask again
+CONNECT_ATTEMPTS = 3  # Ray Client may fail to start a session's server: ask again
 # A head that answers but starts no session: Ray would wait forever. Ray Client tells a session
-# still starting from one that never will by nothing, and a working but busy head has taken
-# over 30 s (the e2e test's, on two cores).
+# still starting from one that never will by nothing, and a working head takes over 30 s when
+# the session's server fails to start (Ray Client asks again after 30 s; docs/clusters.md,
+# GRPC_ENABLE_FORK_SUPPORT).
 SESSION_TIMEOUT_S = 180.0
 # A session not started by then is said to be waited for, in one line: never a silent wait.
 SESSION_NOTICE_S = 10.0
+# A session's server says it cannot reach the GCS only when its GCS client gives up: about 40 s
+# in with Ray's connect timeouts, about 7 s with these (node_runtime.GCS_CONNECT_TIMEOUTS).
+SESSION_RUNTIME_ENV = {"env_vars": dict.fromkeys(node_runtime.GCS_CONNECT_TIMEOUTS, "2")}
 
 
 class ClusterError(RuntimeError):
@@ -84,7 +88,7 @@ def connect(address: str) -> Any:
         except ClusterError:
             raise
         except Exception as e:  # noqa: BLE001 - Ray raises many kinds; all mean "not connected"
-            # Ray Client's server sometimes fails to start a session on a busy head: ask again.
+            # Ray Client's server sometimes fails to start a session's server: ask again.
             if attempt + 1 < CONNECT_ATTEMPTS and "Initialization failure" in str(e):
                 time.sleep(2.0)
                 continue
@@ -103,7 +107,7 @@ def _init_within(ray: Any, address: str, seconds: float) -> None:
     """`ray.init` of the cluster, or ClusterError after `seconds`. Ray Client waits without
     limit for a session whose server never starts (a head whose client server cannot reach its
     own GCS), printing only the server's retries; such a server says so in Ray Client's log
-    stream (about 40 s in: its GCS client's connect timeout), which ends the wait at once. The
+    stream when its GCS client gives up (SESSION_RUNTIME_ENV), which ends the wait at once. The
     waiting thread is left behind."""
     done, failures = threading.Event(), []
 
@@ -114,6 +118,7 @@ def _init_within(ray: Any, address: str, seconds: float) -> None:
                 namespace=driver.JOB_NAMESPACE,
                 logging_level=logging.ERROR,
                 log_to_driver=False,  # a job's output comes through its driver (jobs.follow)
+                runtime_env=SESSION_RUNTIME_ENV,
             )
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             failures.append(e)
@@ -153,9 +158,8 @@ def _wait_for_session(
             noticed = True
             print(
                 f"kiln: the Ray cluster at {address} answers but has started no session in "
-                f"{notice:.0f} s; waiting up to {seconds:.0f} s (a busy head takes tens of "
-                "seconds; one whose Ray Client server cannot reach its own GCS says so in "
-                "about 40 s)",
+                f"{notice:.0f} s; waiting up to {seconds:.0f} s (Ray Client asks again 30 s "
+                "after a session's server fails to start)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -32,7 +32,7 @@ from typing import Any
 
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
-from kiln.cluster import tokenize_task
+from kiln.cluster import node_runtime, tokenize_task
 from kiln.cluster.connection import ClusterError, connect, resolve_address
 from kiln.cluster.dispatch import host_environment
 from kiln.cluster.placement import fits
@@ -136,7 +136,9 @@ def build(ray: Any, fan_out: FanOut, files: dict[str, bytes]) -> None:
     check_cpus(ray.nodes(), fan_out.address)
     runtime = ship_runtime(ray, Resources(kind="cpu")).to_json()
     ray.cloudpickle.register_pickle_by_value(tokenize_task)  # nodes need no Kiln to run it
-    task = ray.remote(tokenize_task.run_tokenize).options(num_cpus=TASK_CPUS)
+    task = ray.remote(tokenize_task.run_tokenize).options(
+        num_cpus=TASK_CPUS, runtime_env=node_runtime.worker_env()
+    )
     inputs = ray.put(files)  # sent once; each node fetches it once
     secrets = {**hub_environment(), **host_environment()}  # the Hub's, a bucket's
     pending = {

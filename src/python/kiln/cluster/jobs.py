@@ -82,6 +82,7 @@ def _start(ray: Any, job: ClusterJob) -> Any:
             num_cpus=0,  # the hosts' bundles hold the cluster's CPUs
             resources=node_runtime.ON_HEAD,  # it lives as long as the cluster, not a worker
             max_concurrency=8,  # status, read and stop answer while the job runs
+            runtime_env=node_runtime.worker_env(),
         )
         .remote(job.job_id, job.to_json(), summary)
     )
@@ -146,7 +147,10 @@ def job(ray: Any, job_id: str, address: str) -> Any:
 
 def list_jobs(ray: Any) -> list[dict[str, Any]]:
     """Every job's status, oldest first."""
-    names = ray.get(ray.remote(driver.job_names).options(num_cpus=0).remote())
+    job_names = ray.remote(driver.job_names).options(
+        num_cpus=0, runtime_env=node_runtime.worker_env()
+    )
+    names = ray.get(job_names.remote())
     statuses = [_call(ray, ray.get_actor(name).status.remote(), name) for name in names]
     return sorted(statuses, key=lambda status: status["started_at"])
 

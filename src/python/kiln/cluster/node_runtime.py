@@ -46,6 +46,11 @@ CHUNK_BYTES = 32 << 20  # one call carries this much of a bundle
 # A sliver of the resource Ray gives the head node alone: what must outlive a lost worker node
 # (a job's driver, a depot) lives there.
 ON_HEAD = {"node:__internal_head__": 0.001}
+# Ray's GCS client connect timeouts and their defaults. A Ray Client session's runtime_env goes
+# to every worker of its job, and Kiln's session shortens these for its own server's sake
+# (kiln.cluster.connection): what Kiln starts from the session gets them back (worker_env).
+GCS_CONNECT_TIMEOUTS = {"RAY_py_gcs_connect_timeout_s": "30",
+                        "RAY_gcs_rpc_server_connect_timeout_s": "5"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,14 @@ class Depot:
 # --- on the submitting machine ----------------------------------------------------------------
 
 
+def worker_env() -> dict[str, Any]:
+    """The runtime_env of an actor or task Kiln starts from its Ray Client session: the GCS
+    connect timeouts this machine sets, else Ray's defaults."""
+    timeouts = {name: os.environ.get(name, ray_default)
+                for name, ray_default in GCS_CONNECT_TIMEOUTS.items()}  # fmt: skip
+    return {"env_vars": timeouts}
+
+
 def ship(ray: Any, kind: str, digest: str, files: list[tuple[str, Path]]) -> Bundle:
     """The bundle of `files` (name in the bundle, local path), in a depot on the cluster: made
     and filled unless a depot of the same digest has it already."""
@@ -141,7 +154,8 @@ def _depot(ray: Any, bundle: Bundle) -> tuple[Any, int]:
         depot = (
             ray.remote(Depot)
             .options(name=bundle.depot, namespace=RUNTIME_NAMESPACE, lifetime="detached",
-                     num_cpus=0, resources=ON_HEAD, get_if_exists=True)  # fmt: skip
+                     num_cpus=0, resources=ON_HEAD, get_if_exists=True,
+                     runtime_env=worker_env())  # fmt: skip
             .remote(bundle.depot)
         )
         return depot, ray.get(depot.chunks.remote())

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kiln.cluster import host
+from kiln.cluster import host, node_runtime
 from kiln.cluster.connection import ClusterError
 from kiln_contract.train import Resources
 
@@ -181,7 +181,9 @@ def reserve_slice(
     head = tpu_slice(resources).head_resource
     group = reserve(ray, address, [{head: 1.0}], "PACK", groups)
     on_head = PlacementGroupSchedulingStrategy(group, 0)
-    probe = ray.remote(host.slice_of_node).options(num_cpus=0, scheduling_strategy=on_head)
+    probe = ray.remote(host.slice_of_node).options(
+        num_cpus=0, scheduling_strategy=on_head, runtime_env=node_runtime.worker_env()
+    )
     name, node = ray.get(probe.remote())
     if not name:
         raise ClusterError(
