@@ -236,23 +236,38 @@ def _dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return plgpu.dot(a, b, precision=precision)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tile:
+    """`size` rows of the sequence from `start`: their slice, positions, segment ids and the
+    ids' (smallest, largest) (None without segment ids)."""
+
+    start: jax.Array
+    slice: pl.Slice
+    positions: jax.Array
+    segments: jax.Array | None
+    segment_range: tuple[jax.Array, jax.Array] | None
+
+
+def _tile(index, size: int, segment_ids_ref) -> _Tile:
+    """The `index`-th tile of `size` rows."""
+    start = index * size
+    segments = None if segment_ids_ref is None else segment_ids_ref[pl.ds(start, size)]
+    segment_range = None if segments is None else (segments.min(), segments.max())
+    return _Tile(start, pl.ds(start, size), start + jnp.arange(size), segments, segment_range)
+
+
 def _tile_mask(
-    config: _KernelConfig,
-    q_positions: jax.Array,
-    kv_positions: jax.Array,
-    q_segments: jax.Array | None,
-    kv_segments: jax.Array | None,
-    on_diagonal: bool,
+    config: _KernelConfig, q_tile: _Tile, kv_tile: _Tile, on_diagonal: bool
 ) -> jax.Array | None:
     """[q tile, kv tile] bool mask (True = attend), or None when nothing is masked. Causal
     masking is only needed on tiles that straddle the diagonal."""
     masks = []
     if config.causal and on_diagonal:
-        masks.append(q_positions[:, None] >= kv_positions[None, :])
+        masks.append(q_tile.positions[:, None] >= kv_tile.positions[None, :])
     if config.masks_padded_keys:
-        masks.append((kv_positions < config.seq_len)[None, :])
-    if q_segments is not None and kv_segments is not None:
-        masks.append(q_segments[:, None] == kv_segments[None, :])
+        masks.append((kv_tile.positions < config.seq_len)[None, :])
+    if q_tile.segments is not None and kv_tile.segments is not None:
+        masks.append(q_tile.segments[:, None] == kv_tile.segments[None, :])
     return functools.reduce(jnp.logical_and, masks) if masks else None
 
 
@@ -260,15 +275,13 @@ def _scaled_logits(
     config: _KernelConfig,
     q: jax.Array,
     k: jax.Array,
-    q_positions: jax.Array,
-    kv_positions: jax.Array,
-    q_segments: jax.Array | None,
-    kv_segments: jax.Array | None,
+    q_tile: _Tile,
+    kv_tile: _Tile,
     on_diagonal: bool,
 ) -> jax.Array:
     """Masked q k^T * sm_scale * log2(e): fp32 [q tile, kv tile] logits in base 2."""
     logits = _dot(q, k.T) * config.logit_scale
-    mask = _tile_mask(config, q_positions, kv_positions, q_segments, kv_segments, on_diagonal)
+    mask = _tile_mask(config, q_tile, kv_tile, on_diagonal)
     return logits if mask is None else jnp.where(mask, logits, MASK_VALUE)
 
 
@@ -302,20 +315,12 @@ def _loop_over_tiles(ranges, visit_tile, carry):
     return carry
 
 
-def _segments(segment_ids_ref, start, size: int) -> jax.Array | None:
-    return None if segment_ids_ref is None else segment_ids_ref[pl.ds(start, size)]
-
-
-def _segment_range(segments: jax.Array | None) -> tuple[jax.Array, jax.Array] | None:
-    """(smallest, largest) segment id of a tile, or None without segment ids."""
-    return None if segments is None else (segments.min(), segments.max())
-
-
-def _unless_segments_apart(q_range, kv_range, visit, carry):
+def _unless_segments_apart(q_tile: _Tile, kv_tile: _Tile, visit, carry):
     """visit(carry), or carry unchanged when the q and kv tiles' segment id ranges do not overlap:
     then no query of the one shares a segment with a key of the other (a tile pair across
     document boundaries), every logit is masked and the tile adds exactly nothing. Any ids work
     (equal ids lie in both ranges); packed documents, numbered in order, skip most pairs."""
+    q_range, kv_range = q_tile.segment_range, kv_tile.segment_range
     if q_range is None or kv_range is None:
         return visit(carry)
     meet = jnp.logical_and(q_range[0] <= kv_range[1], kv_range[0] <= q_range[1])
@@ -350,45 +355,32 @@ def _compiler_params(num_warps: int, num_stages: int) -> plgpu.CompilerParams:
 
 def _forward_kernel(q_ref, k_ref, v_ref, segment_ids_ref, out_ref, lse_ref, *, config):
     block_q, block_kv = config.block_sizes.block_q, config.block_sizes.block_kv
-    q_start = pl.program_id(0) * block_q
+    q_tile = _tile(pl.program_id(0), block_q, segment_ids_ref)
     q = q_ref[...]
-    q_positions = q_start + jnp.arange(block_q)
-    q_segments = _segments(segment_ids_ref, q_start, block_q)
-    q_range = _segment_range(q_segments)
 
-    def visit_kv_tile(kv_tile, carry, on_diagonal):
-        kv_start = kv_tile * block_kv
-        kv_slice = pl.ds(kv_start, block_kv)
-        kv_segments = _segments(segment_ids_ref, kv_start, block_kv)
+    def visit_kv_tile(index, carry, on_diagonal):
+        kv_tile = _tile(index, block_kv, segment_ids_ref)
 
         def visit(carry):
             acc, row_max, row_sum = carry
-            logits = _scaled_logits(
-                config,
-                q,
-                k_ref[kv_slice, :],
-                q_positions,
-                kv_start + jnp.arange(block_kv),
-                q_segments,
-                kv_segments,
-                on_diagonal,
-            )
+            k = k_ref[kv_tile.slice, :]
+            logits = _scaled_logits(config, q, k, q_tile, kv_tile, on_diagonal)
             new_max = jnp.maximum(row_max, logits.max(axis=-1))
             correction = jnp.exp2(row_max - new_max)
             probs = jnp.exp2(logits - new_max[:, None])
             row_sum = row_sum * correction + probs.sum(axis=-1)
-            v = v_ref[kv_slice, :]
+            v = v_ref[kv_tile.slice, :]
             acc = acc * correction[:, None] + _dot(probs.astype(v.dtype), v)
             return acc, new_max, row_sum
 
-        return _unless_segments_apart(q_range, _segment_range(kv_segments), visit, carry)
+        return _unless_segments_apart(q_tile, kv_tile, visit, carry)
 
     init = (
         jnp.zeros(q.shape, jnp.float32),
         jnp.full((block_q,), -jnp.inf, jnp.float32),
         jnp.zeros((block_q,), jnp.float32),
     )
-    ranges = _kv_tile_ranges(config, q_start, block_q, block_kv)
+    ranges = _kv_tile_ranges(config, q_tile.start, block_q, block_kv)
     acc, row_max, row_sum = _loop_over_tiles(ranges, visit_kv_tile, init)
     out_ref[...] = (acc / row_sum[:, None]).astype(out_ref.dtype)
     lse_ref[...] = row_max + jnp.log2(row_sum)
@@ -433,32 +425,19 @@ def _backward_dkv_kernel(
     dq_ref = out_refs[1] if config.launch.fused_dq else None
     dk_ref, dv_ref = out_refs[-2:]
     block_q, block_kv = config.block_sizes.block_q_dkv, config.block_sizes.block_kv_dkv
-    kv_start = pl.program_id(0) * block_kv
+    kv_tile = _tile(pl.program_id(0), block_kv, segment_ids_ref)
     k, v = k_ref[...], v_ref[...]
-    kv_positions = kv_start + jnp.arange(block_kv)
-    kv_segments = _segments(segment_ids_ref, kv_start, block_kv)
-    kv_range = _segment_range(kv_segments)
     group = q_ref.shape[1]
-    ranges = _q_tile_ranges(config, kv_start, block_q, block_kv)
+    ranges = _q_tile_ranges(config, kv_tile.start, block_q, block_kv)
 
-    def visit_q_tile(q_tile, carry, on_diagonal, head):
-        q_start = q_tile * block_q
-        q_slice = pl.ds(q_start, block_q)
-        q_segments = _segments(segment_ids_ref, q_start, block_q)
+    def visit_q_tile(index, carry, on_diagonal, head):
+        q_tile = _tile(index, block_q, segment_ids_ref)
+        q_slice = q_tile.slice
 
         def visit(carry):
             dk, dv = carry
             q = q_ref[q_slice, head, :]
-            logits = _scaled_logits(
-                config,
-                q,
-                k,
-                q_start + jnp.arange(block_q),
-                kv_positions,
-                q_segments,
-                kv_segments,
-                on_diagonal,
-            )
+            logits = _scaled_logits(config, q, k, q_tile, kv_tile, on_diagonal)
             probs = jnp.exp2(logits - lse_ref[head, q_slice][:, None])
             d_out = d_out_ref[q_slice, head, :]
             dv = dv + _dot(probs.astype(d_out.dtype).T, d_out)
@@ -471,7 +450,7 @@ def _backward_dkv_kernel(
                 )
             return dk, dv
 
-        return _unless_segments_apart(_segment_range(q_segments), kv_range, visit, carry)
+        return _unless_segments_apart(q_tile, kv_tile, visit, carry)
 
     def visit_head(head, carry):
         # The q heads of this kv head's group: GQA gradients are summed here, in registers.
@@ -528,38 +507,24 @@ def _backward_dq_kernel(
     q_ref, k_ref, v_ref, segment_ids_ref, d_out_ref, lse_ref, delta_ref, dq_ref, *, config
 ):
     block_q, block_kv = config.block_sizes.block_q_dq, config.block_sizes.block_kv_dq
-    q_start = pl.program_id(0) * block_q
+    q_tile = _tile(pl.program_id(0), block_q, segment_ids_ref)
     q, d_out = q_ref[...], d_out_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
-    q_positions = q_start + jnp.arange(block_q)
-    q_segments = _segments(segment_ids_ref, q_start, block_q)
-    q_range = _segment_range(q_segments)
 
-    def visit_kv_tile(kv_tile, dq, on_diagonal):
-        kv_start = kv_tile * block_kv
-        kv_slice = pl.ds(kv_start, block_kv)
-        kv_segments = _segments(segment_ids_ref, kv_start, block_kv)
+    def visit_kv_tile(index, dq, on_diagonal):
+        kv_tile = _tile(index, block_kv, segment_ids_ref)
 
         def visit(dq):
-            k = k_ref[kv_slice, :]
-            logits = _scaled_logits(
-                config,
-                q,
-                k,
-                q_positions,
-                kv_start + jnp.arange(block_kv),
-                q_segments,
-                kv_segments,
-                on_diagonal,
-            )
+            k = k_ref[kv_tile.slice, :]
+            logits = _scaled_logits(config, q, k, q_tile, kv_tile, on_diagonal)
             probs = jnp.exp2(logits - lse[:, None])
-            d_probs = _dot(d_out, v_ref[kv_slice, :].T)
+            d_probs = _dot(d_out, v_ref[kv_tile.slice, :].T)
             d_logits = probs * (d_probs - delta[:, None])
             return dq + _dot(d_logits.astype(k.dtype), k)
 
-        return _unless_segments_apart(q_range, _segment_range(kv_segments), visit, dq)
+        return _unless_segments_apart(q_tile, kv_tile, visit, dq)
 
-    ranges = _kv_tile_ranges(config, q_start, block_q, block_kv)
+    ranges = _kv_tile_ranges(config, q_tile.start, block_q, block_kv)
     dq = _loop_over_tiles(ranges, visit_kv_tile, jnp.zeros(q.shape, jnp.float32))
     dq_ref[...] = (dq * config.sm_scale).astype(dq_ref.dtype)
 
