@@ -74,14 +74,13 @@ class Cluster:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
 
     def kill_raylet(self, name: str) -> None:
-        [pid] = [pid for pid, line in processes() if "raylet" in line and f"node-{name}" in line]
-        os.kill(pid, signal.SIGKILL)
+        os.kill(_pid_naming("raylet", f"node-{name}"), signal.SIGKILL)
 
     @contextlib.contextmanager
     def gcs_paused(self) -> Iterator[None]:
         """The head's GCS stopped (SIGSTOP) while the block runs: its Ray Client server answers,
         and the sessions it starts cannot reach the GCS."""
-        [pid] = [pid for pid, line in processes() if "gcs_server" in line and str(self.ray_root) in line]
+        pid = _pid_naming("gcs_server", str(self.ray_root))
         os.kill(pid, signal.SIGSTOP)
         try:
             yield
@@ -104,6 +103,12 @@ def started_cluster(venv: Path, root: Path) -> Iterator[Cluster]:
         yield nodes
     finally:
         nodes.stop()
+
+
+def _pid_naming(*words: str) -> int:
+    """The one process whose command line has every word."""
+    [pid] = [pid for pid, line in processes() if all(word in line for word in words)]
+    return pid
 
 
 def processes() -> Iterator[tuple[int, str]]:
