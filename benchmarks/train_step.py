@@ -50,7 +50,7 @@ from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
-from kiln.train.step import init_train_state, make_train_step, shard_batch
+from kiln.train.step import ModelOptions, init_train_state, make_train_step, shard_batch
 
 MODELS = {
     "tiny": LlamaConfig(
@@ -181,9 +181,7 @@ def measure(
         num_train_steps,
         seed=0,
         mesh=mesh,
-        compute_dtype=args.compute_dtype,
-        attention=attention,
-        remat=remat,
+        options=ModelOptions(compute_dtype=args.compute_dtype, attention=attention, remat=remat),
     )
 
     def new_train_step():

@@ -132,7 +132,7 @@ def compile_step(device: Any, model: str, batch: int, seq_len: int, remat: str) 
 
     from kiln.train.mesh import batch_sharding, make_mesh
     from kiln.train.optimizer import AdamConfig
-    from kiln.train.step import BATCH_FIELDS, abstract_train_state, train_step_fn
+    from kiln.train.step import BATCH_FIELDS, ModelOptions, abstract_train_state, train_step_fn
 
     mesh = make_mesh({"data": -1}, devices=[device])
     adam, num_train_steps = AdamConfig(), 1000
@@ -141,9 +141,7 @@ def compile_step(device: Any, model: str, batch: int, seq_len: int, remat: str) 
         adam,
         num_train_steps,
         mesh=mesh,
-        compute_dtype=jnp.bfloat16,
-        attention="pallas",
-        remat=remat,
+        options=ModelOptions(compute_dtype=jnp.bfloat16, attention="pallas", remat=remat),
     )
     rows = batch_sharding(mesh)
     batch_shapes = {

@@ -360,7 +360,7 @@ def _compile_small_train_step(device, head_dim: int) -> int:
     from kiln.model.config import LlamaConfig
     from kiln.train.mesh import make_mesh
     from kiln.train.optimizer import AdamConfig
-    from kiln.train.step import abstract_train_state, train_step_fn
+    from kiln.train.step import ModelOptions, abstract_train_state, train_step_fn
 
     seq_len, adam = 256, AdamConfig()
     model = LlamaConfig(
@@ -377,9 +377,7 @@ def _compile_small_train_step(device, head_dim: int) -> int:
         adam,
         100,
         mesh=make_mesh(),
-        compute_dtype="bfloat16",
-        attention="pallas",
-        remat="save_dots",
+        options=ModelOptions(compute_dtype="bfloat16", attention="pallas", remat="save_dots"),
     )
     batch = {
         "tokens": jax.ShapeDtypeStruct((2, seq_len), jnp.int32),

@@ -157,11 +157,12 @@ def json_keys(
 
 
 def json_fields(
-    cls: type, obj: Any, where: str, header: tuple[str, ...] = ()
+    cls: type, obj: Any, where: str, header: Mapping[str, Any] | None = None, advice: str = ""
 ) -> dict[str, Any]:
     """`obj` as keyword arguments for the dataclass `cls`: its fields, those without a default
-    required. `header` names required keys that are not fields (a format version), returned
-    too for the caller to check."""
+    required. `header` maps required keys that are not fields (a format version, a kind) to the
+    one value each must have: checked (see check_header) and left out."""
+    header = header or {}
     fields = [f for f in dataclasses.fields(cls) if f.init]
     required = [
         f.name
@@ -169,7 +170,9 @@ def json_fields(
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     known = (*header, *(f.name for f in fields))
-    return json_keys(obj, where, known, (*header, *required))
+    values = json_keys(obj, where, known, (*header, *required))
+    check_header(where, values, header, advice)
+    return values
 
 
 def json_list(value: Any, where: str) -> list[Any]:
@@ -213,7 +216,12 @@ def _scalar(value: Any) -> Any:
     return str(value) if isinstance(value, Path) else value
 
 
-def check_header(where: str, key: str, value: Any, expected: Any, advice: str) -> None:
-    """A format key (`spec_version`, `kind`) that must have one value."""
-    if value != expected:
-        raise SpecError(field_path(where, key), f"expected {expected!r}, got {value!r}; {advice}")
+def check_header(
+    where: str, values: dict[str, Any], header: Mapping[str, Any], advice: str
+) -> None:
+    """Pops each format key of `header` (`spec_version`, `kind`) from `values`: each must have
+    its one value, else the error names the key and says `advice`."""
+    for key, expected in header.items():
+        value = values.pop(key)
+        if value != expected:
+            raise SpecError(field_path(where, key), f"expected {expected!r}, got {value!r}; {advice}")

@@ -13,7 +13,6 @@ from typing import Any
 from kiln_contract.parsing import (
     SpecError,
     build,
-    check_header,
     check_str,
     check_tuple_of,
     field_path,
@@ -60,9 +59,7 @@ class ArtifactRecord:
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "record") -> ArtifactRecord:
-        values = json_fields(cls, obj, where, header=("record_version",))
-        version = values.pop("record_version")
-        check_header(where, "record_version", version, RECORD_VERSION, _OTHER_KILN)
+        values = json_fields(cls, obj, where, {"record_version": RECORD_VERSION}, _OTHER_KILN)
         inputs = json_list(values.get("inputs", []), field_path(where, "inputs"))
         values["inputs"] = tuple(
             read_json(InputRef, item, field_path(where, f"inputs[{i}]"))

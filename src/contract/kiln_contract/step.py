@@ -17,7 +17,6 @@ from kiln_contract.parsing import (
     SpecError,
     build,
     check_absolute_path,
-    check_header,
     check_relative_path,
     check_str,
     field_path,
@@ -125,10 +124,9 @@ class StepSpec:
 
     @classmethod
     def from_json(cls, obj: Any) -> StepSpec:
-        values = json_fields(cls, obj, "", header=("step_version", "kind"))
+        header = {"step_version": STEP_VERSION, "kind": SPEC_KIND}
         advice = "build the step with a matching Kiln (rerun it through Pants)"
-        check_header("", "step_version", values.pop("step_version"), STEP_VERSION, advice)
-        check_header("", "kind", values.pop("kind"), SPEC_KIND, advice)
+        values = json_fields(cls, obj, "", header, advice)
         values["record"] = ArtifactRecord.from_json(values["record"])
         values["config"] = TrainConfig.from_json(values["config"], "config", DatasetRef)
         values["runtime"] = RuntimeSpec.from_json(values["runtime"])

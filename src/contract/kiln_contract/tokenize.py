@@ -334,9 +334,8 @@ class CacheSpec:
     def from_json(cls, obj: Any) -> CacheSpec:
         header = ("spec_version", "kind", "name", "version", "fingerprint", "config")
         top = json_keys(obj, "", header, header)
-        advice = "write the spec with a matching Kiln"
-        check_header("", "spec_version", top.pop("spec_version"), SPEC_VERSION, advice)
-        check_header("", "kind", top.pop("kind"), SPEC_KIND, advice)
+        format_keys = {"spec_version": SPEC_VERSION, "kind": SPEC_KIND}
+        check_header("", top, format_keys, "write the spec with a matching Kiln")
         config = json_keys(top.pop("config"), "config", _CONFIG_KEYS, ("source", "tokenizer"))
         config["source"] = source_from_json(config["source"], "config.source")
         config["tokenizer"] = TokenizerSpec.from_json(config["tokenizer"], "config.tokenizer")

@@ -22,7 +22,6 @@ from kiln_contract.parsing import (
     check_absolute_path,
     check_bool,
     check_choice,
-    check_header,
     check_int,
     check_location,
     check_number,
@@ -634,10 +633,8 @@ class TrainSpec:
 
     @classmethod
     def from_json(cls, obj: Any) -> TrainSpec:
-        values = json_fields(cls, obj, "", header=("spec_version", "kind"))
-        advice = "write the spec with a matching Kiln"
-        check_header("", "spec_version", values.pop("spec_version"), SPEC_VERSION, advice)
-        check_header("", "kind", values.pop("kind"), SPEC_KIND, advice)
+        header = {"spec_version": SPEC_VERSION, "kind": SPEC_KIND}
+        values = json_fields(cls, obj, "", header, "write the spec with a matching Kiln")
         values["output_path"] = json_path(values["output_path"])
         values["config"] = TrainConfig.from_json(values["config"], "config", DatasetInput)
         values["runtime"] = RuntimeSpec.from_json(values["runtime"])

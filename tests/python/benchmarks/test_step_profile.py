@@ -24,7 +24,7 @@ from step_profile import (
 
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
-from kiln.train.step import init_train_state, make_train_step, shard_batch
+from kiln.train.step import ModelOptions, init_train_state, make_train_step, shard_batch
 
 # The benchmark's tiny model with one layer: the interpreted kernel's compile dominates the test.
 CONFIG = dataclasses.replace(train_step.MODELS["tiny"], num_layers=1)
@@ -32,9 +32,8 @@ CONFIG = dataclasses.replace(train_step.MODELS["tiny"], num_layers=1)
 
 def test_a_cpu_trace_of_the_tiny_step_is_split_by_named_scope(tmp_path):
     mesh, adam = make_mesh({"data": -1}), AdamConfig()
-    state = init_train_state(
-        CONFIG, adam, 2, seed=0, mesh=mesh, attention="pallas", remat="full"
-    )
+    options = ModelOptions(attention="pallas", remat="full")
+    state = init_train_state(CONFIG, adam, 2, seed=0, mesh=mesh, options=options)
     tokens = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 32), dtype=np.int32)
     segments = np.repeat(np.array([[0] * 20 + [1] * 12]), 2, axis=0).astype(np.int32)
     batch = {"tokens": tokens, "loss_mask": np.ones((2, 32), np.float32), "segment_ids": segments}

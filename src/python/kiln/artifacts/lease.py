@@ -41,7 +41,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from types import TracebackType
 
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import StorageError
@@ -227,12 +226,7 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def _record(self) -> LeaseRecord:

@@ -40,9 +40,9 @@ from kiln.cluster.runtime_shipping import ship_runtime
 from kiln.data.errors import KilnDataError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.sources import expand_paths
-from kiln.data.spec import CacheSpec, FilesSource, LevanterCacheSource, parse_cache_spec
+from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import already_built
-from kiln_contract.tokenize import HUB_VARIABLES
+from kiln_contract.tokenize import HUB_VARIABLES, CacheSpec, FilesSource, LevanterCacheSource
 from kiln_contract.train import Resources
 
 TASK_SPEC = "tokenize_spec.json"  # the names the spec and the record have in a task's folder

@@ -34,9 +34,15 @@ from kiln.data.cache_writer import (
 )
 from kiln.data.errors import CacheError, SourceError, SpecError
 from kiln.data.levanter_cache import import_levanter_cache
-from kiln.data.spec import CacheSpec, HfSource, LevanterCacheSource, parse_cache_spec
+from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenizer import EncodedDocuments, LoadedTokenizer, load_tokenizer
-from kiln_contract.tokenize import DEFAULT_FRAMING, shard_dir_name
+from kiln_contract.tokenize import (
+    DEFAULT_FRAMING,
+    CacheSpec,
+    HfSource,
+    LevanterCacheSource,
+    shard_dir_name,
+)
 
 ENCODE_BATCH_DOCUMENTS = 1000
 BUILD_SHARDS_DIR = ".building"  # inside CACHE_DIR while `build` runs; removed by merge

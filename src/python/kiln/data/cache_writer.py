@@ -30,7 +30,6 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -96,12 +95,7 @@ class ShardWriter:
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)  # a no-op after finish()
 
     def append(self, encoded: EncodedDocuments) -> None:

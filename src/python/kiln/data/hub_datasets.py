@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.data.errors import SourceError
-from kiln.data.spec import HfSource
+from kiln_contract.tokenize import HfSource
 
 # Hub file names that put a file in a split (datasets' own convention), by split.
 SPLIT_WORDS = {

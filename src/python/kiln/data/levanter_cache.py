@@ -38,8 +38,8 @@ from kiln.artifacts.store import ObjectMissing, ObjectStore
 from kiln.data.cache import DATA_ARRAY, FORMAT_VERSION, OFFSETS_ARRAY, records_digest, zarr_spec_in
 from kiln.data.cache_writer import write_imported_cache
 from kiln.data.errors import SourceError
-from kiln.data.spec import CacheSpec, LevanterCacheSource
 from kiln.data.tokenizer import LoadedTokenizer
+from kiln_contract.tokenize import CacheSpec, LevanterCacheSource
 
 LEDGER_FILE = "shard_ledger.json"
 TOKENS_FIELD = "input_ids"

@@ -40,7 +40,9 @@ from typing import IO, Any, Protocol, cast
 
 from kiln.data import downloads, hub_datasets, stdlib_corpus
 from kiln.data.errors import SourceError
-from kiln.data.spec import (
+from kiln_contract import sharding
+from kiln_contract.sharding import assign_to_shards
+from kiln_contract.tokenize import (
     FilesSource,
     HfSource,
     LevanterCacheSource,
@@ -48,8 +50,6 @@ from kiln.data.spec import (
     StdlibSource,
     UrlFilesSource,
 )
-from kiln_contract import sharding
-from kiln_contract.sharding import assign_to_shards
 
 PARQUET_BATCH_ROWS = 4096
 

@@ -8,31 +8,7 @@ from typing import Any
 
 import kiln_contract.parsing
 from kiln.data.errors import SpecError
-from kiln_contract.tokenize import (
-    CacheSpec,
-    FilesSource,
-    HfSource,
-    LevanterCacheSource,
-    Source,
-    StdlibSource,
-    TokenizerSpec,
-    UrlFilesSource,
-)
-from kiln_contract.vocabulary import STDLIB_PARTS
-
-__all__ = [
-    "STDLIB_PARTS",
-    "CacheSpec",
-    "FilesSource",
-    "HfSource",
-    "LevanterCacheSource",
-    "Source",
-    "StdlibSource",
-    "TokenizerSpec",
-    "UrlFilesSource",
-    "parse_cache_spec",
-    "parse_tokenizer_spec",
-]
+from kiln_contract.tokenize import CacheSpec, TokenizerSpec
 
 
 def parse_cache_spec(obj: Any) -> CacheSpec:

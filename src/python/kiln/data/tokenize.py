@@ -76,8 +76,9 @@ from kiln.data.cache_writer import local_folder_of, remove_dead_temporaries
 from kiln.data.errors import KilnDataError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache, plan_import
-from kiln.data.spec import CacheSpec, LevanterCacheSource, TokenizerSpec, parse_cache_spec
+from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
+from kiln_contract.tokenize import CacheSpec, LevanterCacheSource, TokenizerSpec
 
 __all__ = ["already_built", "build_cache", "main", "merge_cache", "tokenize_shard"]
 

@@ -1,6 +1,6 @@
 """Tokenizers: load one from a spec, encode documents fast, describe it for caches and bits-per-byte.
 
-Kinds (see kiln.data.spec.TokenizerSpec):
+Kinds (see kiln_contract.tokenize.TokenizerSpec):
   - "hf":      a Hugging Face hub id: its tokenizer files are fetched with `snapshot_download`
                (served from the local HF cache when offline), then loaded as a local folder.
   - "local":   a folder holding tokenizer.json (plus tokenizer_config.json naming the special tokens).
@@ -32,8 +32,8 @@ import numpy as np
 
 from kiln.data.errors import TokenizerError
 from kiln.data.framing import LevanterFraming
-from kiln.data.spec import TokenizerSpec, parse_tokenizer_spec
-from kiln_contract.tokenize import DEFAULT_FRAMING
+from kiln.data.spec import parse_tokenizer_spec
+from kiln_contract.tokenize import DEFAULT_FRAMING, TokenizerSpec
 
 # The files that define a tokenizer in a Hugging Face folder: what the digest covers.
 TOKENIZER_FILES = (

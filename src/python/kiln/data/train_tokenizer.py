@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kiln.artifacts.atomic import atomic_write_text
 from kiln.data import stdlib_corpus
-from kiln.data.spec import STDLIB_PARTS
+from kiln_contract.vocabulary import STDLIB_PARTS
 
 EOS_TOKEN = "<|endoftext|>"
 

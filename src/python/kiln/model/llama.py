@@ -20,6 +20,8 @@ from kiln.model.config import LlamaConfig
 from kiln.model.partitioning import constrain_batch_sharding, param_sharding
 from kiln_contract.vocabulary import REMAT_POLICIES
 
+LinearFactory = Callable[[int, int, tuple[str, str]], nnx.Linear]
+
 
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, *, param_dtype: jnp.dtype) -> None:
@@ -33,17 +35,8 @@ class RMSNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-    def __init__(
-        self,
-        config: LlamaConfig,
-        *,
-        rngs: nnx.Rngs,
-        compute_dtype: jnp.dtype,
-        param_dtype: jnp.dtype,
-        attention_impl: str,
-    ) -> None:
+    def __init__(self, config: LlamaConfig, linear: LinearFactory, attention_impl: str) -> None:
         d, head_dim = config.hidden_dim, config.head_dim
-        linear = _linear_factory(config, rngs, compute_dtype, param_dtype)
         self.q_proj = linear(d, config.num_heads * head_dim, ("fsdp", "tensor"))
         self.k_proj = linear(d, config.num_kv_heads * head_dim, ("fsdp", "tensor"))
         self.v_proj = linear(d, config.num_kv_heads * head_dim, ("fsdp", "tensor"))
@@ -66,16 +59,8 @@ class Attention(nnx.Module):
 
 
 class SwiGLU(nnx.Module):
-    def __init__(
-        self,
-        config: LlamaConfig,
-        *,
-        rngs: nnx.Rngs,
-        compute_dtype: jnp.dtype,
-        param_dtype: jnp.dtype,
-    ) -> None:
+    def __init__(self, config: LlamaConfig, linear: LinearFactory) -> None:
         d, hidden = config.hidden_dim, config.intermediate_dim
-        linear = _linear_factory(config, rngs, compute_dtype, param_dtype)
         self.gate_proj = linear(d, hidden, ("fsdp", "tensor"))
         self.up_proj = linear(d, hidden, ("fsdp", "tensor"))
         self.down_proj = linear(hidden, d, ("tensor", "fsdp"))
@@ -90,17 +75,14 @@ class Block(nnx.Module):
     def __init__(
         self,
         config: LlamaConfig,
-        *,
-        rngs: nnx.Rngs,
-        compute_dtype: jnp.dtype,
+        linear: LinearFactory,
         param_dtype: jnp.dtype,
         attention_impl: str,
     ) -> None:
-        dtypes = {"compute_dtype": compute_dtype, "param_dtype": param_dtype}
         self.attention_norm = RMSNorm(config.hidden_dim, config.norm_eps, param_dtype=param_dtype)
-        self.attention = Attention(config, rngs=rngs, attention_impl=attention_impl, **dtypes)
+        self.attention = Attention(config, linear, attention_impl)
         self.mlp_norm = RMSNorm(config.hidden_dim, config.norm_eps, param_dtype=param_dtype)
-        self.mlp = SwiGLU(config, rngs=rngs, **dtypes)
+        self.mlp = SwiGLU(config, linear)
 
     def __call__(
         self, x: jax.Array, segment_ids: jax.Array | None, cos: jax.Array, sin: jax.Array
@@ -124,7 +106,7 @@ class Llama(nnx.Module):
         if remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {REMAT_POLICIES}, got {remat!r}")
         attention_impl = resolve_attention_impl(attention)
-        dtypes = {"compute_dtype": compute_dtype, "param_dtype": param_dtype}
+        linear = _linear_factory(config, rngs, compute_dtype, param_dtype)
         self.config = config
         self.remat = remat
         self.compute_dtype = compute_dtype
@@ -138,13 +120,9 @@ class Llama(nnx.Module):
             rngs=rngs,
         )
         self.blocks = nnx.List(
-            [
-                Block(config, rngs=rngs, attention_impl=attention_impl, **dtypes)
-                for _ in range(config.num_layers)
-            ]
+            [Block(config, linear, param_dtype, attention_impl) for _ in range(config.num_layers)]
         )
         self.final_norm = RMSNorm(config.hidden_dim, config.norm_eps, param_dtype=param_dtype)
-        linear = _linear_factory(config, rngs, compute_dtype, param_dtype)
         self.lm_head = (
             None
             if config.tie_embeddings
@@ -258,7 +236,9 @@ def _remat_policy(policy: str) -> Callable:
 
 def _linear_factory(
     config: LlamaConfig, rngs: nnx.Rngs, compute_dtype: jnp.dtype, param_dtype: jnp.dtype
-) -> Callable[..., nnx.Linear]:
+) -> LinearFactory:
+    """Bias-free linear layers of the model's dtypes and initialisation: (in, out, sharding)."""
+
     def linear(in_features: int, out_features: int, sharding: tuple[str, str]) -> nnx.Linear:
         return nnx.Linear(
             in_features,

@@ -14,11 +14,12 @@ import csv
 import io
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.report.table import clock_duration
 from kiln_contract.layout import (
     EVAL_RESULTS_FILE,
     RECORD_FILE,
@@ -175,27 +176,21 @@ def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
             *(_cell(row.metric(key)) for key in metrics),
             _cell(row.tokens),
             _cell(row.flops),
-            _duration(row.metric("wall_time_seconds")),
+            _cell(row.metric("wall_time_seconds"), clock_duration),
         ])  # fmt: skip
     return header, cells
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, number_format: Callable[[float], str] | None = None) -> str:
     if value is None:
         return ""
+    if number_format is not None:
+        return number_format(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
     if isinstance(value, int):
         return str(value)
     return f"{value:.4g}".replace("e+", "e")
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    minutes, secs = divmod(int(round(seconds)), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def format_table(header: list[str], cells: list[list[str]]) -> str:

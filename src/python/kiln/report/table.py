@@ -37,7 +37,8 @@ def _number(value: float) -> str:
     return f"{value:.3e}" if 0 < abs(value) < 1e-3 else f"{value:.4f}"
 
 
-def _duration(seconds: float) -> str:
+def clock_duration(seconds: float) -> str:
+    """H:MM:SS."""
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
@@ -68,9 +69,9 @@ def _run_title(run_dir: Path) -> str:
 
 def _wall_time(records: list[Record], summary: Record) -> str:
     if isinstance(summary.get(WALL_TIME_KEY), (int, float)):
-        return _duration(summary[WALL_TIME_KEY])
+        return clock_duration(summary[WALL_TIME_KEY])
     stamps = [r["timestamp"] for r in records if isinstance(r.get("timestamp"), (int, float))]
-    return _duration(stamps[-1] - stamps[0]) if len(stamps) > 1 else "-"
+    return clock_duration(stamps[-1] - stamps[0]) if len(stamps) > 1 else "-"
 
 
 def _training_lines(records: list[Record], summary: Record) -> list[str]:

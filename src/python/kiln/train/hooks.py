@@ -96,6 +96,6 @@ class StopSignals:
             signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
         )
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)

@@ -238,31 +238,28 @@ class TrainerSetup:
             peak_flops=peak * len(devices) if peak else None,
         )
 
-    def _model_options(self) -> dict[str, Any]:
-        return {
-            "mesh": self.mesh,
-            "compute_dtype": self.cfg.compute_dtype,
-            "param_dtype": self.cfg.param_dtype,
-            "attention": self.runtime.attention,
-            "remat": self.runtime.gradient_checkpointing,
-        }
-
     def initial_state(self) -> TrainStart:
         """Restored from the newest intact complete checkpoint (damaged ones are skipped,
         kiln.train.checkpoints; incomplete ones removed), else freshly initialised, from
         `config.init_from`'s weights when it names some."""
-        from kiln.train.step import abstract_train_state, init_train_state
+        from kiln.train.step import ModelOptions, abstract_train_state, init_train_state
 
         self.checkpointer.remove_incomplete()
         args = (self.model_config, self.cfg.optimizer, self.cfg.num_train_steps)
+        options = ModelOptions(
+            compute_dtype=self.cfg.compute_dtype,
+            param_dtype=self.cfg.param_dtype,
+            attention=self.runtime.attention,
+            remat=self.runtime.gradient_checkpointing,
+        )
         try:
             restored = self.checkpointer.restore_latest(
-                abstract_train_state(*args, **self._model_options())
+                abstract_train_state(*args, mesh=self.mesh, options=options)
             )
         except CheckpointDamaged as e:
             raise TrainingError(str(e)) from None
         if restored is None:
-            state = init_train_state(*args, seed=self.cfg.seed, **self._model_options())
+            state = init_train_state(*args, seed=self.cfg.seed, mesh=self.mesh, options=options)
             if self.cfg.init_from is not None and self.start_from is not None:
                 state = self.start_from(
                     self.cfg.init_from, state, self.model_config, self.data.tokenizer

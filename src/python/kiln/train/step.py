@@ -45,6 +45,24 @@ class TrainState:
     step: jax.Array  # int32 scalar: optimizer steps taken
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """How the state's Llama computes, beside what it is (LlamaConfig): its keyword options."""
+
+    compute_dtype: str | jnp.dtype = "bfloat16"
+    param_dtype: str | jnp.dtype = "float32"
+    attention: str = "auto"
+    remat: str = "none"
+
+    def llama_kwargs(self) -> dict[str, Any]:
+        return {
+            "compute_dtype": jnp.dtype(self.compute_dtype),
+            "param_dtype": jnp.dtype(self.param_dtype),
+            "attention": self.attention,
+            "remat": self.remat,
+        }
+
+
 def init_train_state(
     model_config: LlamaConfig,
     adam_config: AdamConfig,
@@ -52,13 +70,9 @@ def init_train_state(
     *,
     seed: int,
     mesh: Mesh,
-    compute_dtype: str | jnp.dtype = "bfloat16",
-    param_dtype: str | jnp.dtype = "float32",
-    attention: str = "auto",
-    remat: str = "none",
+    options: ModelOptions,
 ) -> TrainState:
     """A fresh state, created directly in its sharded layout on `mesh` (same seed, same values)."""
-    options = _model_options(compute_dtype, param_dtype, attention, remat)
     init = _sharded_initializer(model_config, adam_config, num_train_steps, options, mesh)
     with jax.set_mesh(mesh):
         return init(jax.random.key(seed))
@@ -99,18 +113,10 @@ def with_fresh_schedule(state: TrainState) -> TrainState:
 
 
 def abstract_train_state(
-    model_config: LlamaConfig,
-    adam_config: AdamConfig,
-    num_train_steps: int,
-    *,
-    mesh: Mesh,
-    compute_dtype: str | jnp.dtype = "bfloat16",
-    param_dtype: str | jnp.dtype = "float32",
-    attention: str = "auto",
-    remat: str = "none",
-) -> TrainState:
+    model_config: LlamaConfig, adam_config: AdamConfig, num_train_steps: int, *, mesh: Mesh,
+    options: ModelOptions,
+) -> TrainState:  # fmt: skip
     """init_train_state's result as jax.ShapeDtypeStructs with shardings: an orbax restore target."""
-    options = _model_options(compute_dtype, param_dtype, attention, remat)
     init = _initializer(model_config, adam_config, num_train_steps, options)
     abstract = jax.eval_shape(init, jax.random.key(0))
     return jax.tree.map(
@@ -307,31 +313,19 @@ def shard_batch(batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Ar
     }
 
 
-def _model_options(
-    compute_dtype: str | jnp.dtype, param_dtype: str | jnp.dtype, attention: str, remat: str
-) -> tuple[tuple[str, Any], ...]:
-    """Llama's keyword options, as a hashable tuple of items."""
-    return (
-        ("compute_dtype", jnp.dtype(compute_dtype)),
-        ("param_dtype", jnp.dtype(param_dtype)),
-        ("attention", attention),
-        ("remat", remat),
-    )
-
-
 def _initializer(
     model_config: LlamaConfig,
     adam_config: AdamConfig,
     num_train_steps: int,
-    model_options: tuple[tuple[str, Any], ...],
+    options: ModelOptions,
 ) -> Callable[[jax.Array], TrainState]:
     optimizer = build_optimizer(adam_config, num_train_steps)
 
     def init(key: jax.Array) -> TrainState:
-        model = Llama(model_config, rngs=nnx.Rngs(params=key), **dict(model_options))
+        model = Llama(model_config, rngs=nnx.Rngs(params=key), **options.llama_kwargs())
         graphdef, params = nnx.split(model)
         if model_config.initialization == "levanter":
-            dtype = dict(model_options)["param_dtype"]
+            dtype = jnp.dtype(options.param_dtype)
             nnx.replace_by_pure_dict(params, levanter_parameters(model_config, key, dtype))
         return TrainState(
             graphdef=graphdef,
@@ -348,11 +342,11 @@ def _sharded_initializer(
     model_config: LlamaConfig,
     adam_config: AdamConfig,
     num_train_steps: int,
-    model_options: tuple[tuple[str, Any], ...],
+    options: ModelOptions,
     mesh: Mesh,
 ) -> Callable[[jax.Array], TrainState]:
     """The jitted initializer, cached so that another seed (or a second run) does not recompile."""
-    init = _initializer(model_config, adam_config, num_train_steps, model_options)
+    init = _initializer(model_config, adam_config, num_train_steps, options)
     shardings = state_shardings(jax.eval_shape(init, jax.random.key(0)), mesh)
     return jax.jit(init, out_shardings=shardings)
 

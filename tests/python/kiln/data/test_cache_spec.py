@@ -6,15 +6,16 @@ import pytest
 from kiln_testing.data import make_spec
 
 from kiln.data.errors import SpecError
-from kiln.data.spec import (
+from kiln.data.spec import parse_cache_spec
+from kiln_contract.tokenize import (
     FilesSource,
     HfSource,
     StdlibSource,
     TokenizerSpec,
     UrlFilesSource,
-    parse_cache_spec,
+    source_from_json,
+    source_to_json,
 )
-from kiln_contract.tokenize import source_from_json, source_to_json
 
 
 def test_parses_a_full_spec():

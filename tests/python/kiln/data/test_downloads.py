@@ -15,7 +15,7 @@ import pytest
 
 from kiln.data import downloads, sources
 from kiln.data.errors import SourceError
-from kiln.data.spec import UrlFilesSource
+from kiln_contract.tokenize import UrlFilesSource
 
 DOCS = ["First document.", "Second document, with \u00e9."]
 PAYLOAD = json.dumps(DOCS).encode("utf-8")

@@ -14,9 +14,9 @@ from kiln_testing.data import sample_texts, write_corpus, write_jsonl
 from kiln.data import hub_datasets, sources
 from kiln.data.errors import SourceError
 from kiln.data.sources import expand_paths, shard_documents
-from kiln.data.spec import FilesSource, HfSource
 from kiln_contract import sharding
 from kiln_contract.sharding import assign_to_shards
+from kiln_contract.tokenize import FilesSource, HfSource
 
 
 def _texts(source, num_shards=1, text_key="text") -> list[str]:

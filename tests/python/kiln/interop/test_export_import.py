@@ -281,15 +281,14 @@ def checkpoint_params(run: Path, step: int) -> dict[str, np.ndarray]:
     from kiln.train.checkpoints import Checkpointer
     from kiln.train.mesh import make_mesh
     from kiln.train.spec import load_spec
-    from kiln.train.step import abstract_train_state
+    from kiln.train.step import ModelOptions, abstract_train_state
 
     spec = load_spec(run / "train_spec.json")
     model = LlamaConfig.from_json(json.loads((run / "config.json").read_text())["model"])
     cfg = spec.config
     target = abstract_train_state(
         model, cfg.optimizer, cfg.num_train_steps, mesh=make_mesh({"data": -1}),
-        compute_dtype=cfg.compute_dtype, param_dtype=cfg.param_dtype, attention="xla",
-        remat="none",
+        options=ModelOptions(cfg.compute_dtype, cfg.param_dtype, attention="xla"),
     )  # fmt: skip
     checkpointer = Checkpointer.from_spec(run, spec.runtime.checkpointer, name=spec.name,
                                           version=spec.version)  # fmt: skip

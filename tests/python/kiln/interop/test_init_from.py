@@ -228,7 +228,7 @@ def test_the_optimizer_state_comes_along_on_request_with_a_fresh_schedule(tmp_pa
     from kiln.interop.parent_run import parent_state
     from kiln.interop.trained_run import TrainedRun
     from kiln.train.mesh import make_mesh
-    from kiln.train.step import init_train_state
+    from kiln.train.step import ModelOptions, init_train_state
 
     parent_step = write_runner_step(tmp_path, **{"config.num_train_steps": 4,
                                                  "runtime.checkpointer.every": 2})  # fmt: skip
@@ -241,7 +241,7 @@ def test_the_optimizer_state_comes_along_on_request_with_a_fresh_schedule(tmp_pa
     config, cfg = run.model_config, run.spec.config
     tokenizer = shared_tokenizer(cfg.datasets, open_caches(cfg.datasets))
     fresh = init_train_state(config, cfg.optimizer, cfg.num_train_steps, seed=5, mesh=make_mesh({"data": -1}),
-                             compute_dtype="float32")  # fmt: skip
+                             options=ModelOptions(compute_dtype="float32"))  # fmt: skip
     started = parent_state(store, parent, fresh, config, tokenizer)
     saved = run.checkpointer.restore(run.checkpoint(2), fresh)
     assert int(started.step) == 0 and int(saved.step) == 2

@@ -23,7 +23,7 @@ from kiln.train.checkpoints import (
 )
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
-from kiln.train.step import abstract_train_state, init_train_state
+from kiln.train.step import ModelOptions, abstract_train_state, init_train_state
 
 
 class FakeClock:
@@ -294,11 +294,12 @@ def test_restore_params_reads_the_model_alone_as_the_trainer_restores_it(tmp_pat
     adam = AdamConfig(learning_rate=1e-2, warmup=2)
     options = {"compute_dtype": "bfloat16", "param_dtype": "float32"}
     mesh = make_mesh()
-    state = init_train_state(model, adam, 10, seed=3, mesh=mesh, attention="xla", **options)
+    state_options = ModelOptions(**options, attention="xla")
+    state = init_train_state(model, adam, 10, seed=3, mesh=mesh, options=state_options)
     checkpointer = make_checkpointer(tmp_path, FakeClock())
     info = checkpointer.save(7, state, temporary=False)
     resumed = checkpointer.restore(
-        info, abstract_train_state(model, adam, 10, mesh=mesh, attention="xla", **options)
+        info, abstract_train_state(model, adam, 10, mesh=mesh, options=state_options)
     )
     checkpointer.close()
 
@@ -326,8 +327,8 @@ def test_restore_params_refuses_a_damaged_checkpoint(tmp_path: Path) -> None:
     options = {"compute_dtype": "float32", "param_dtype": "float32"}
     mesh = make_mesh()
     state = init_train_state(
-        model, AdamConfig(learning_rate=1e-2, warmup=2), 10, seed=3, mesh=mesh, attention="xla",
-        **options,
+        model, AdamConfig(learning_rate=1e-2, warmup=2), 10, seed=3, mesh=mesh,
+        options=ModelOptions(**options, attention="xla"),
     )  # fmt: skip
     checkpointer = make_checkpointer(tmp_path, FakeClock())
     info = checkpointer.save(7, state, temporary=False)

@@ -40,7 +40,7 @@ from kiln.model.config import LlamaConfig
 from kiln.train.loss import next_token_loss
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
-from kiln.train.step import init_train_state, make_train_step, shard_batch
+from kiln.train.step import ModelOptions, init_train_state, make_train_step, shard_batch
 
 # Where Pants puts :levanter-reference for this test (BUILD: runtime_package_dependencies).
 REFERENCE_PEX = Path("tests.python.kiln.train/levanter-reference.pex")
@@ -141,8 +141,8 @@ def run_reference(jobs: list[dict[str, Any]], folder: Path) -> list[dict[str, An
 def fresh_state(config: LlamaConfig) -> Any:
     """The run's initial state (seed 0), float32 compute, on one device."""
     return init_train_state(config, AdamConfig(**OPTIMIZER), STEPS, seed=0,
-                            mesh=make_mesh({"data": -1}), compute_dtype="float32",
-                            attention="xla")  # fmt: skip
+                            mesh=make_mesh({"data": -1}),
+                            options=ModelOptions(compute_dtype="float32", attention="xla"))  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from kiln.kernels.h200_export import TRITON_CUSTOM_CALL, export_for_h200
 from kiln.model.config import LlamaConfig
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
-from kiln.train.step import abstract_train_state, train_step_fn
+from kiln.train.step import ModelOptions, abstract_train_state, train_step_fn
 
 MODEL = LlamaConfig(
     max_seq_len=128,
@@ -53,9 +53,7 @@ def test_bf16_train_step_with_pallas_lowers_for_h200(
         ADAM,
         100,
         mesh=make_mesh(),
-        compute_dtype="bfloat16",
-        attention="pallas",
-        remat=remat,
+        options=ModelOptions(compute_dtype="bfloat16", attention="pallas", remat=remat),
     )
     state = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), state)
     batch = {

@@ -20,6 +20,7 @@ from kiln.model.config import LlamaConfig
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig, learning_rate_schedule
 from kiln.train.step import (
+    ModelOptions,
     abstract_train_state,
     init_train_state,
     make_eval_step,
@@ -40,7 +41,7 @@ MODEL = LlamaConfig(
 )
 ADAM = AdamConfig(learning_rate=1e-2, warmup=2)
 STEPS = 10
-OPTIONS = dict(compute_dtype="float32", attention="xla")
+OPTIONS = ModelOptions(compute_dtype="float32", attention="xla")
 
 
 def make_batch(seed: int, batch_size: int = 4, seq_len: int = 16) -> dict[str, np.ndarray]:
@@ -65,7 +66,7 @@ def train_step(mesh):
 
 
 def new_state(mesh, seed: int = 0):
-    return init_train_state(MODEL, ADAM, STEPS, seed=seed, mesh=mesh, **OPTIONS)
+    return init_train_state(MODEL, ADAM, STEPS, seed=seed, mesh=mesh, options=OPTIONS)
 
 
 def assert_trees_equal(a, b) -> None:
@@ -132,7 +133,7 @@ def test_state_round_trips_through_orbax(mesh, train_step, tmp_path) -> None:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(tmp_path / "state", state)
     checkpointer.wait_until_finished()
-    target = abstract_train_state(MODEL, ADAM, STEPS, mesh=mesh, **OPTIONS)
+    target = abstract_train_state(MODEL, ADAM, STEPS, mesh=mesh, options=OPTIONS)
     restored = checkpointer.restore(tmp_path / "state", target)
     assert_trees_equal(restored, state)
     assert restored.graphdef == state.graphdef
@@ -172,8 +173,10 @@ FORWARD_KERNEL_LOOP = re.compile(r' while\(.*op_name="[^"]*kiln_flash_attention_
 def compiled_forward_kernel_runs(remat: str, mesh) -> int:
     """How often the compiled bf16 train step (Pallas attention) runs the forward kernel."""
     model = dataclasses.replace(MODEL, num_layers=2)
-    options = {**OPTIONS, "compute_dtype": "bfloat16", "attention": "pallas", "remat": remat}
-    state = abstract_train_state(model, ADAM, STEPS, mesh=mesh, **options)
+    options = dataclasses.replace(
+        OPTIONS, compute_dtype="bfloat16", attention="pallas", remat=remat
+    )
+    state = abstract_train_state(model, ADAM, STEPS, mesh=mesh, options=options)
     batch = shard_batch(make_batch(0), mesh)
     step = jax.jit(train_step_fn(ADAM, STEPS, z_loss_weight=1e-4, mesh=mesh), donate_argnums=0)
     with jax.set_mesh(mesh):
@@ -200,7 +203,7 @@ def test_shard_batch_rejects_bad_batches(mesh) -> None:
 
 MULTI_DEVICE_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import dataclasses, json, sys
     import jax, numpy as np
     from test_step import ADAM, MODEL, OPTIONS, STEPS, make_batch
     from kiln.train.mesh import make_mesh
@@ -208,8 +211,8 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent(
 
     def losses(mesh_config, devices, attention="xla", microbatches=1):
         mesh = make_mesh(mesh_config, devices)
-        options = {**OPTIONS, "attention": attention}
-        state = init_train_state(MODEL, ADAM, STEPS, seed=0, mesh=mesh, **options)
+        options = dataclasses.replace(OPTIONS, attention=attention)
+        state = init_train_state(MODEL, ADAM, STEPS, seed=0, mesh=mesh, options=options)
         step = make_train_step(
             ADAM, STEPS, z_loss_weight=1e-4, mesh=mesh, microbatches=microbatches
         )
