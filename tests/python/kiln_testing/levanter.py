@@ -1,8 +1,8 @@
 """Levanter caches written by Levanter's own code, for the import and framing tests.
 
-The writer is tests/python/kiln/data/levanter_writer.py, a PEX from the `levanter-tests` resolve
-(marin-levanter from PyPI) that Pants builds beside the tests naming it in
-`runtime_package_dependencies` (tests/python/kiln/data/BUILD). One process writes every cache a
+The writer is tests/python/kiln/data/levanter_writer.py, the entry point of a PEX from the
+`levanter-tests` resolve (marin-levanter from PyPI) that Pants builds beside the tests naming it
+in `runtime_package_dependencies` (tests/python/kiln/data/BUILD: `:levanter`). One process writes every cache a
 test module asks for and reads each back with Levanter's reader.
 """
 
@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from kiln_testing.data import STDLIB_TOKENIZER
 
-# Where Pants puts tests/python/kiln/data:levanter-writer for the tests that depend on it.
-WRITER_PEX = Path("tests.python.kiln.data/levanter-writer.pex")
+# Where Pants puts tests/python/kiln/data:levanter for the tests that depend on it.
+LEVANTER_PEX = Path("tests.python.kiln.data/levanter.pex")
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ def import_spec(location: Path | str, tokenizer: dict = STDLIB_TOKENIZER) -> dic
 def write_levanter_caches(jobs: list[dict[str, Any]], folder: Path) -> dict[str, LevanterCache]:
     """Runs the writer's jobs (levanter_writer.py's docstring) in one process; the caches by
     `out` (other jobs leave their files at theirs)."""
-    if not WRITER_PEX.exists():
-        pytest.fail(f"{WRITER_PEX} is missing: run this test with `./pants test` (BUILD)")
+    if not LEVANTER_PEX.exists():
+        pytest.fail(f"{LEVANTER_PEX} is missing: run this test with `./pants test` (BUILD)")
     jobs_file = folder / "levanter-jobs.json"
     jobs_file.write_text(json.dumps(jobs))
     # The PEX's own environment, not this test's (Pants sets PEX_* for the test's PEX); a shared
@@ -63,7 +63,7 @@ def write_levanter_caches(jobs: list[dict[str, Any]], folder: Path) -> dict[str,
     env["PEX_ROOT"] = str(Path(tempfile.gettempdir()) / "kiln-tests-pex-root")
     env["MARIN_PREFIX"] = str(folder / "marin")
     result = subprocess.run(
-        [sys.executable, str(WRITER_PEX), str(jobs_file)],
+        [sys.executable, str(LEVANTER_PEX), str(jobs_file)],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, f"Levanter's writer failed:\n{result.stderr[-4000:]}"

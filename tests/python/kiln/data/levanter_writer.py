@@ -1,7 +1,7 @@
 """The reference side of the Levanter import tests: caches written, and read back, by Levanter's
 own code (marin-levanter from PyPI, the `levanter-tests` resolve), never by an imitation.
 
-Runs as its own process, built as a PEX that the tests run: `python levanter-writer.pex
+Runs as its own process, the entry point of a PEX that the tests run: `python levanter.pex
 JOBS.json`. JOBS.json is a list; each job is one of
 
   {"kind": "consolidated", "docs": [JSONL, ...], "tokenizer": DIR, "out": SPLIT_DIR,

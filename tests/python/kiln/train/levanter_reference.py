@@ -2,7 +2,7 @@
 
 Runs as its own process, from the `levanter-tests` resolve (Levanter pins its own jax, optax and
 transformers; none of it enters the runtime), built as a PEX that test_levanter_parity.py runs:
-`python levanter-reference.pex JOBS.json`. Parameters cross the process boundary in Kiln's
+`PEX_MODULE=kiln.train.levanter_reference python levanter.pex JOBS.json`. Parameters cross the process boundary in Kiln's
 layout (npz files keyed like `blocks/0/attention/q_proj/kernel`, kernels `[in, out]`); this file
 maps them to and from Levanter's `LlamaLMHeadModel` (haliax named arrays, `out_first` weights,
 layers stacked for its scan). JOBS.json is a list; each job has a `kind`:

@@ -1,6 +1,6 @@
 """Training parity with Levanter itself (marin-levanter from PyPI), not with an imitation of it.
 
-Levanter runs in its own process from the levanter-tests resolve (levanter_reference.py, a PEX
+Levanter runs in its own process from the levanter-tests resolve (levanter_reference.py, in a PEX
 beside this test: BUILD, runtime_package_dependencies); one process runs every job, and the
 numbers cross as npz files. Levanter's side is its own code throughout: `AdamConfig.build` and
 `lr_scheduler`, `LlamaConfig.build`, `TrainerState.take_step`, `compute_next_token_loss` on
@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from flax import nnx
 from kiln_testing.data import STDLIB_TOKENIZER, write_jsonl
-from kiln_testing.levanter import import_spec, write_levanter_caches
+from kiln_testing.levanter import LEVANTER_PEX, import_spec, write_levanter_caches
 
 from kiln.data.cache import TokenCache
 from kiln.data.mixture import MixtureDataset
@@ -42,8 +42,8 @@ from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig, build_optimizer, learning_rate_schedule
 from kiln.train.step import ModelOptions, init_train_state, make_train_step, shard_batch
 
-# Where Pants puts :levanter-reference for this test (BUILD: runtime_package_dependencies).
-REFERENCE_PEX = Path("tests.python.kiln.train/levanter-reference.pex")
+# The reference runs as a module of the Levanter PEX (BUILD: runtime_package_dependencies).
+REFERENCE_MODULE = "kiln.train.levanter_reference"
 ARCHITECTURE = dict(max_seq_len=64, hidden_dim=64, intermediate_dim=160, num_heads=4,
                     num_kv_heads=2, num_layers=2, rope_theta=500000.0, norm_eps=1e-5)  # fmt: skip
 BATCH, SEQ_LEN, STEPS = 4, 64, 120
@@ -129,9 +129,10 @@ def run_reference(jobs: list[dict[str, Any]], folder: Path) -> list[dict[str, An
     # The PEX's own environment, not this test's (Pants sets PEX_* for the test's PEX).
     env = {k: v for k, v in os.environ.items() if not k.startswith("PEX")}
     env["PEX_ROOT"] = str(Path(tempfile.gettempdir()) / "kiln-tests-pex-root")
+    env["PEX_MODULE"] = REFERENCE_MODULE
     env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(
-        [sys.executable, str(REFERENCE_PEX), str(jobs_file)],
+        [sys.executable, str(LEVANTER_PEX), str(jobs_file)],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, f"the Levanter reference failed:\n{result.stderr[-4000:]}"
@@ -148,8 +149,8 @@ def fresh_state(config: LlamaConfig) -> Any:
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Kiln's initial state and batches, and every Levanter job's output."""
-    if not REFERENCE_PEX.exists():
-        pytest.fail(f"{REFERENCE_PEX} is missing: run this test with `./pants test` (BUILD)")
+    if not LEVANTER_PEX.exists():
+        pytest.fail(f"{LEVANTER_PEX} is missing: run this test with `./pants test` (BUILD)")
     folder = tmp_path_factory.mktemp("levanter-parity")
     tokenizer = load_tokenizer(STDLIB_TOKENIZER)
     vocab, eos = tokenizer.info.vocab_size, tokenizer.info.eos_id
