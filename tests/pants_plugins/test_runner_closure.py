@@ -75,7 +75,7 @@ def workspace_files() -> dict[str, str]:
 
 def runner_sources(rule_runner: RuleRunner) -> tuple[Digest, set[str]]:
     """Runtime.sources for RUN_STEP, and the paths of its files."""
-    _, address = RUN_STEP
+    address = RUN_STEP.address
     closure = rule_runner.request(TransitiveTargets, [TransitiveTargetsRequest([address])])
     sources = rule_runner.request(
         PythonSourceFiles, [PythonSourceFilesRequest(closure.closure, include_files=True)]

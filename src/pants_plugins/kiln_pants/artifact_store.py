@@ -34,6 +34,7 @@ from kiln_pants.runtime import (
     DEP_FAILED_MARKS,
     INVENTORY,
     PEEK,
+    EntryPoint,
     KilnProcess,
     Runtime,
     RuntimeProcess,
@@ -190,14 +191,14 @@ class DepFailedMarked:
 
 
 async def _store_process(
-    entry: tuple, argv: tuple[str, ...], description: str
+    entry: EntryPoint, argv: tuple[str, ...], description: str
 ) -> FallibleProcessResult:
     """A runtime process that reads or writes the artifact store, with the store clients'
     credentials from the caller's environment; never kept beyond its session (the store
     changes behind Pants' back). Defined above the rules that call it: Pants finds a helper's
     Gets when it reads the rule."""
     runtime, environment = await MultiGet(
-        Get(Runtime, RuntimeRequest(*entry)),
+        Get(Runtime, RuntimeRequest(entry)),
         Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
     )
     process = (await Get(

@@ -25,6 +25,7 @@ from kiln_pants.cache_spec import CacheSpecInputs, CacheSpecRequest
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import (
     TOKENIZE,
+    EntryPoint,
     KilnProcess,
     Runtime,
     RuntimeProcess,
@@ -132,7 +133,7 @@ class CacheProcessRequest:
     description: str
     outputs: tuple[str, ...] = ()
     input_digest: Optional[Digest] = None
-    entry: tuple = TOKENIZE
+    entry: EntryPoint = TOKENIZE
     env: FrozenDict[str, str] = FrozenDict()  # beyond the store's
     ships_runtime: bool = False  # a fan-out: its runtime PEX goes to the cluster's nodes
 
@@ -140,7 +141,7 @@ class CacheProcessRequest:
 @rule
 async def cache_process(request: CacheProcessRequest, hub: HubSettingsCache) -> KilnProcess:
     build = request.build
-    runtime = await Get(Runtime, RuntimeRequest(*request.entry))
+    runtime = await Get(Runtime, RuntimeRequest(request.entry))
     outputs = () if build.layout.in_store else request.outputs
     shipped = shipped_to_nodes(runtime) if request.ships_runtime else {}
     return await Get(

@@ -82,7 +82,7 @@ async def compare(
     prefix = kiln.prefix_location(build_root.path)  # a folder or a bucket: read by the runtime
     listed = [{"name": a.ref, "folder": artifact_path(prefix, a), "identity": a.identity}
               for a in runs]  # fmt: skip
-    runtime = await Get(Runtime, RuntimeRequest(*REPORT))
+    runtime = await Get(Runtime, RuntimeRequest(REPORT))
     environment = await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT))
     runs_file = await Get(Digest, CreateDigest([FileContent(RUNS_FILE, json.dumps(listed).encode())]))
     metric = ("--metric", subsystem.metric) if subsystem.metric else ()

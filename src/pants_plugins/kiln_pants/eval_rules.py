@@ -80,7 +80,7 @@ async def package_lm_eval_run(
         for c in caches
     )
     runtime, lockfile, environment, placed = await MultiGet(
-        Get(Runtime, RuntimeRequest(*EXPORT)),
+        Get(Runtime, RuntimeRequest(EXPORT)),
         Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
         Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
         Get(CachesAsInputs, CachesAsInputsRequest(Addresses(artifact.cache_inputs))),

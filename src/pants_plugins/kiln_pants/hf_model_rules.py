@@ -185,7 +185,7 @@ async def package_hf_model(
     prefix = kiln.prefix_location(build_root.path)
     stored = await Get(StoredCheckpoint, StoredCheckpointRequest(field_set.address, checkpoint, prefix))
     runtime, lockfile, environment = await MultiGet(
-        Get(Runtime, RuntimeRequest(*EXPORT)),
+        Get(Runtime, RuntimeRequest(EXPORT)),
         Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
         Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
     )

@@ -43,23 +43,31 @@ from pants.util.logging import LogLevel
 
 from kiln_contract.shipping import PLUGIN_LOCK_VARIABLE, RUNTIME_PEX_VARIABLE
 
-# The runtime's entry points, as modules and the files that own them.
-TOKENIZE = ("kiln.data.tokenize", Address("src/python/kiln/data", relative_file_path="tokenize.py"))
-RUN_STEP = (
-    "kiln.runner", Address("src/python/kiln/runner", relative_file_path="__main__.py")
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """A runtime entry point: the module its processes run and the file that owns it."""
+
+    module: str
+    address: Address
+
+    @classmethod
+    def of(cls, module: str, path: str) -> EntryPoint:
+        """`path`: the owning file, relative to the repository root."""
+        directory, file = os.path.split(path)
+        return cls(module, Address(directory, relative_file_path=file))
+
+
+TOKENIZE = EntryPoint.of("kiln.data.tokenize", "src/python/kiln/data/tokenize.py")
+RUN_STEP = EntryPoint.of("kiln.runner", "src/python/kiln/runner/__main__.py")
+EXPORT = EntryPoint.of("kiln.interop", "src/python/kiln/interop/__main__.py")
+PEEK = EntryPoint.of("kiln.artifacts.peek", "src/python/kiln/artifacts/peek.py")
+INVENTORY = EntryPoint.of("kiln.artifacts.inventory", "src/python/kiln/artifacts/inventory.py")
+DEP_FAILED_MARKS = EntryPoint.of(
+    "kiln.artifacts.dep_failed", "src/python/kiln/artifacts/dep_failed.py"
 )
-EXPORT = ("kiln.interop", Address("src/python/kiln/interop", relative_file_path="__main__.py"))
-PEEK = ("kiln.artifacts.peek", Address("src/python/kiln/artifacts", relative_file_path="peek.py"))
-INVENTORY = (
-    "kiln.artifacts.inventory",
-    Address("src/python/kiln/artifacts", relative_file_path="inventory.py"),
-)
-DEP_FAILED_MARKS = (
-    "kiln.artifacts.dep_failed",
-    Address("src/python/kiln/artifacts", relative_file_path="dep_failed.py"),
-)
-REPORT = ("kiln.report", Address("src/python/kiln/report", relative_file_path="__main__.py"))
-FAN_OUT = ("kiln.cluster.fanout", Address("src/python/kiln/cluster", relative_file_path="fanout.py"))
+REPORT = EntryPoint.of("kiln.report", "src/python/kiln/report/__main__.py")
+FAN_OUT = EntryPoint.of("kiln.cluster.fanout", "src/python/kiln/cluster/fanout.py")
 ENTRY_POINTS = (TOKENIZE, RUN_STEP, EXPORT, PEEK, INVENTORY, DEP_FAILED_MARKS, REPORT, FAN_OUT)
 RUNTIME_PEX = "kiln-runtime.pex"
 
@@ -87,8 +95,7 @@ ACCELERATOR_PLUGINS = {
 
 @dataclass(frozen=True)
 class RuntimeRequest:
-    module: str  # one of ENTRY_POINTS
-    address: Address
+    entry: EntryPoint  # one of ENTRY_POINTS
     accelerator: str = "cpu"  # A resources kind; gpu and tpu layer their ACCELERATOR_PLUGINS on.
 
 
@@ -132,7 +139,7 @@ async def accelerator_plugins(request: AcceleratorPluginsRequest) -> Accelerator
 
 @dataclass(frozen=True)
 class EntryPointSourcesRequest:
-    address: Address  # of one of ENTRY_POINTS
+    entry: EntryPoint  # one of ENTRY_POINTS
 
 
 @dataclass(frozen=True)
@@ -160,7 +167,7 @@ class Runtime:
 
 @rule(desc="Collecting an entry point's sources")
 async def entry_point_sources(request: EntryPointSourcesRequest) -> EntryPointSources:
-    closure = await Get(TransitiveTargets, TransitiveTargetsRequest([request.address]))
+    closure = await Get(TransitiveTargets, TransitiveTargetsRequest([request.entry.address]))
     sources = await Get(
         PythonSourceFiles, PythonSourceFilesRequest(closure.closure, include_files=True)
     )
@@ -174,7 +181,7 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
             PexRequest,
             PexFromTargetsRequest,
             _exact_subset(
-                [address for _, address in ENTRY_POINTS],  # the same PEX for every entry point
+                [entry.address for entry in ENTRY_POINTS],  # the same PEX for every entry point
                 output_filename=RUNTIME_PEX,
                 include_source_files=False,
                 # The module (PEX_MODULE) and the sources (PEX_EXTRA_SYS_PATH) come with each
@@ -184,7 +191,7 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
                 additional_args=("--no-strip-pex-env", "--no-pre-install-wheels"),
             ),
         ),
-        Get(EntryPointSources, EntryPointSourcesRequest(request.address)),
+        Get(EntryPointSources, EntryPointSourcesRequest(request.entry)),
     )
     pex_request = _as_internal(pex_request)
     if request.accelerator in ACCELERATOR_PLUGINS:
@@ -192,7 +199,7 @@ async def kiln_runtime(request: RuntimeRequest) -> Runtime:
         plugins = await Get(Pex, PexRequest, wanted.pex_request)
         pex_request = dataclasses.replace(pex_request, pex_path=(*pex_request.pex_path, plugins))
     pex = await Get(VenvPex, PexRequest, pex_request)
-    return Runtime(request.module, pex_request, pex, sources)
+    return Runtime(request.entry.module, pex_request, pex, sources)
 
 
 def shipped_to_nodes(

@@ -223,7 +223,7 @@ async def plan_in_runtime(request: RuntimePlansRequest) -> ShardPlans:
         return ShardPlans(())
     inputs = await MultiGet(Get(CacheSpecInputs, CacheSpecRequest(a)) for a in request.addresses)
     try:
-        runtime = await Get(Runtime, RuntimeRequest(*TOKENIZE))
+        runtime = await Get(Runtime, RuntimeRequest(TOKENIZE))
     except Exception as e:  # e.g. offline, its lockfile's wheels not yet downloaded
         error = str(e).strip().splitlines() or [type(e).__name__]
         unavailable = ShardPlan(unavailable=f"shard plan: no tokenize runtime: {error[-1]}")

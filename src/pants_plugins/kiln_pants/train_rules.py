@@ -375,7 +375,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
     # The caches build (their own, smaller PEX, then tokenizing) while the runtime's PEX does.
     lockfile, runtime, caches = await MultiGet(
         Get(Digest, PathGlobs([python_setup.resolves[name] for name in resolves])),
-        Get(Runtime, RuntimeRequest(*RUN_STEP, accelerator=here)),
+        Get(Runtime, RuntimeRequest(RUN_STEP, accelerator=here)),
         Get(CachesAsInputs, CachesAsInputsRequest(Addresses(set(artifact.cache_inputs)))),
     )
     step = await Get(StepJson, StepJsonRequest(address, runtime_provenance(runtime, lockfile)))
@@ -469,7 +469,7 @@ async def served_run(request: ServedRunRequest) -> ServedRun:
         return ServedRun(None)
     # The runner's sources now, not its PEX: the PEX's requirements would have Pants check every
     # entry point's closure on each run.
-    runner = await Get(EntryPointSources, EntryPointSourcesRequest(RUN_STEP[1]))
+    runner = await Get(EntryPointSources, EntryPointSourcesRequest(RUN_STEP))
     return ServedRun(served_text(artifact, folder, record, summary, runner.digest.fingerprint))
 
 
