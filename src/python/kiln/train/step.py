@@ -54,13 +54,13 @@ class ModelOptions:
     attention: str = "auto"
     remat: str = "none"
 
+    def __post_init__(self) -> None:
+        # As dtypes: "float32" and jnp.float32 are one option (one cached initializer, not two).
+        object.__setattr__(self, "compute_dtype", jnp.dtype(self.compute_dtype))
+        object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype))
+
     def llama_kwargs(self) -> dict[str, Any]:
-        return {
-            "compute_dtype": jnp.dtype(self.compute_dtype),
-            "param_dtype": jnp.dtype(self.param_dtype),
-            "attention": self.attention,
-            "remat": self.remat,
-        }
+        return dataclasses.asdict(self)
 
 
 def init_train_state(
@@ -325,7 +325,7 @@ def _initializer(
         model = Llama(model_config, rngs=nnx.Rngs(params=key), **options.llama_kwargs())
         graphdef, params = nnx.split(model)
         if model_config.initialization == "levanter":
-            dtype = jnp.dtype(options.param_dtype)
+            dtype = options.param_dtype
             nnx.replace_by_pure_dict(params, levanter_parameters(model_config, key, dtype))
         return TrainState(
             graphdef=graphdef,
