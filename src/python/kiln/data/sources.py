@@ -41,7 +41,6 @@ from typing import IO, Any, Protocol, cast
 from kiln.data import downloads, hub_datasets, stdlib_corpus
 from kiln.data.errors import SourceError
 from kiln_contract import sharding
-from kiln_contract.sharding import assign_to_shards
 from kiln_contract.tokenize import (
     FilesSource,
     HfSource,
@@ -119,7 +118,7 @@ def reader(source: Source) -> SourceReader:
 
 def _assigned(sizes: dict[str, int], num_shards: int, index: int) -> dict[str, int]:
     """Shard `index`'s part of `sizes` (key -> bytes), in read order."""
-    return {key: sizes[key] for key in assign_to_shards(sizes, num_shards)[index]}
+    return {key: sizes[key] for key in sharding.assign_to_shards(sizes, num_shards)[index]}
 
 
 class FilesReader:
