@@ -28,6 +28,7 @@ the whole run, so that the trace names every kernel's HLO op.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -87,6 +88,8 @@ PEAK_BF16_FLOPS = {  # dense, no sparsity
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = MODELS[args.model]
+    if args.vocab_size:
+        config = dataclasses.replace(config, vocab_size=args.vocab_size)
     batch_size, seq_len, remat = DEFAULTS[args.model]
     batch_size, seq_len = args.batch_size or batch_size, args.seq_len or seq_len
     remat = args.remat or remat
@@ -144,6 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--batch-size", type=int, help="global batch (default per model)")
     parser.add_argument("--seq-len", type=int, help="default per model")
+    parser.add_argument("--vocab-size", type=int, help="default per model (the quickstart: 8192)")
     parser.add_argument("--remat", choices=["none", "full", "save_dots", "offload"])
     parser.add_argument("--compute-dtype", default="bfloat16")
     parser.add_argument(

@@ -417,6 +417,16 @@ def _check_unique_names(field: str, datasets: tuple[Any, ...]) -> None:
 
 # --- runtime: run-time choices, not in the fingerprint --------------------------------------------
 
+# glibc's malloc in a process that trains on CPUs: one arena, no mmap, no trimming. XLA's CPU
+# executables allocate their buffers afresh at every step (the lm head's logits alone are
+# tokens x vocabulary x 4 bytes: 64 MiB for the quickstart); by default glibc serves each thread's
+# large ones with fresh pages and hands them back when they are freed, so every step faults its
+# memory in again. Kept, the quickstart's step is about a fifth faster; the first step takes ~1 s
+# longer (benchmarks/RESULTS.md, "The CPU trainer's allocator").
+CPU_MALLOC_TUNABLES = (
+    "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+)
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -437,6 +447,10 @@ class Resources:
     @classmethod
     def from_json(cls, obj: Any, where: str = "resources") -> Resources:
         return read_json(cls, obj, where)
+
+    def process_env(self) -> dict[str, str]:
+        """Variables a training process on these resources starts with (read at its start)."""
+        return {"GLIBC_TUNABLES": CPU_MALLOC_TUNABLES} if self.kind == "cpu" else {}
 
     def to_json(self) -> dict[str, Any]:
         return {key: value for key, value in scalar_json(self).items() if value is not None}

@@ -236,6 +236,7 @@ async def build_training_step(
             # The store is the cache: the runner serves a built artifact itself.
             cache_scope=ProcessCacheScope.PER_SESSION,
             env=FrozenDict(environment),
+            settings=prepared.training_env,
         ),
     )).process
     if step.slots is None:

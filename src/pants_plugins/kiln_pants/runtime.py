@@ -228,6 +228,8 @@ class RuntimeProcess:
     # Variables of the caller's environment (credentials): only for PER_SESSION processes, whose
     # keys are never persisted.
     env: FrozenDict[str, str] = FrozenDict()
+    # Fixed variables of the process (no secrets): they enter its cache key.
+    settings: FrozenDict[str, str] = FrozenDict()
     # Named caches to mount: their names enter the cache key, their contents do not.
     append_only_caches: FrozenDict[str, str] = FrozenDict()
 
@@ -257,7 +259,7 @@ async def runtime_process(request: RuntimeProcess) -> KilnProcess:
             description=request.description,
             level=LogLevel.INFO,
             input_digest=input_digest,
-            extra_env={**request.env, **request.runtime.process_env()},
+            extra_env={**request.settings, **request.env, **request.runtime.process_env()},
             output_directories=request.output_directories,
             cache_scope=request.cache_scope,
             timeout_seconds=request.timeout_seconds,

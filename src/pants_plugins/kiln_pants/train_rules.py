@@ -44,6 +44,7 @@ from pants.engine.target import (
     WrappedTargetRequest,
 )
 from pants.engine.unions import UnionRule
+from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUMMARY_TEXT_FILE
 from kiln_contract.parsing import SpecError
@@ -195,6 +196,9 @@ class PreparedStep:
     runtime: Runtime
     digest: Digest  # step.json, the input caches under inputs/ and the lockfiles
     plugin_lock: Optional[str]  # the accelerator plugins' lockfile, for a cluster's nodes
+    # What the training process starts with (Resources.process_env); a cluster's hosts get it
+    # from the step, so its submitter gets none.
+    training_env: FrozenDict[str, str]
 
 
 def _dataset(artifact: Artifact, weight: float = 0.0) -> DatasetRef:
@@ -366,13 +370,14 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
     )
     await Get(MixtureFits, MixtureBudgetRequest(address))  # before any cache is built
-    accelerator = wrapped.target[ResourcesField].value.kind
+    resources = wrapped.target[ResourcesField].value
+    accelerator = resources.kind
     resolves = [python_setup.default_resolve]
     if accelerator in ACCELERATOR_PLUGINS:
         resolves.append(ACCELERATOR_PLUGINS[accelerator].resolve)
     here = "cpu" if request.on_cluster else accelerator
     artifact = graph.get(address)
-    # The caches build (their own, smaller PEX, then tokenizing) while the runtime's PEX does.
+    # The caches tokenize with the runtime PEX, once it is built.
     lockfile, runtime, caches = await MultiGet(
         Get(Digest, PathGlobs([python_setup.resolves[name] for name in resolves])),
         Get(Runtime, RuntimeRequest(RUN_STEP, accelerator=here)),
@@ -386,6 +391,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         runtime,
         await Get(Digest, MergeDigests([step_digest, caches.digest, step.eval_task_files, lockfile])),
         plugin_lock,
+        FrozenDict() if request.on_cluster else FrozenDict(resources.process_env()),
     )
 
 
@@ -545,6 +551,7 @@ async def run_lm_checkpoint(
             **environment.environment_dict(python=python),
             **runtime.process_env(chroot),
             **shipped_to_nodes(runtime, prepared.plugin_lock, root=chroot),
+            **prepared.training_env,
         },
         append_only_caches={
             **environment.append_only_caches,
@@ -565,6 +572,7 @@ async def package_lm_checkpoint(field_set: LmCheckpointFieldSet) -> BuiltPackage
             description=f"Training {artifact.ref}",
             input_digest=prepared.digest,
             output_directories=(OUTPUT_DIR,),
+            settings=prepared.training_env,
         ),
     )).process
     result = await Get(ProcessResult, Process, process)

@@ -208,9 +208,10 @@ def _attempt(
         process_0(hosts[0])
         tpu = job.resources.kind == "tpu"
         coordinator = "auto" if tpu else ray.get(hosts[0].coordinator_address.remote())
+        trainer_environment = {**job.resources.process_env(), **environment}
         runs = [
             h.run.remote(dict(job.files), job.runner_argv(coordinator, i), job.runtime,
-                         environment, driver_actor, i)  # fmt: skip
+                         trainer_environment, driver_actor, i)  # fmt: skip
             for i, h in enumerate(hosts)
         ]
         return _wait(ray, hosts, runs, nodes, stopping)

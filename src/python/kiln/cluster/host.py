@@ -80,8 +80,8 @@ class TrainerHost:
     ) -> int:
         """Writes `files` (the step and its eval tasks) into a fresh folder and runs
         `python -m kiln.runner` there, with Kiln's runtime (node_runtime) and `environment` (the
-        submitter's secrets) added to its own; each line of its output goes to the job's
-        `driver`, in order. Returns its exit code."""
+        trainer's settings and the submitter's secrets) added to its own; each line of its output
+        goes to the job's `driver`, in order. Returns its exit code."""
         import ray
 
         node = node_runtime.NodeRuntime.from_json(runtime)
