@@ -1,7 +1,8 @@
 """Artifact inputs are real Pants dependencies.
 
-An `lm_checkpoint`'s `datasets` and `validation` addresses and the run its `init_from` names, and
-a `tokenized_cache`'s tokenizer target, are inferred as dependencies, so `pants dependencies`,
+An `lm_checkpoint`'s `datasets` and `validation` addresses and the run its `init_from` names, an
+`lm_eval_run`'s model and validation caches, an `hf_model`'s checkpoint and a
+`tokenized_cache`'s tokenizer target are inferred as dependencies, so `pants dependencies`,
 `dependents` and `peek` answer graph questions ("which checkpoints depend on this tokenizer?",
 "which cooldowns start from this run?"). Inference is also where a reference to the wrong kind
 of target is caught.
@@ -32,11 +33,13 @@ from kiln_pants.eval_targets import (
     LmEvalRunDependencies,
 )
 from kiln_pants.field_values import CheckpointInit, EvalSuite
+from kiln_pants.hf_model_targets import CheckpointField, HfModelDependencies
 from kiln_pants.target_types import (
     DatasetsField,
     EvalsField,
     InitFromField,
     LmCheckpointDependencies,
+    LmCheckpointTarget,
     TokenizedCacheDependencies,
     TokenizedCacheTarget,
     TokenizerField,
@@ -171,10 +174,33 @@ async def infer_tokenizer_target(request: InferTokenizerTarget) -> InferredDepen
     return InferredDependencies(await Get(Addresses, inputs))
 
 
+@dataclass(frozen=True)
+class HfModelCheckpointFieldSet(FieldSet):
+    required_fields = (CheckpointField, HfModelDependencies)
+
+    checkpoint: CheckpointField
+    dependencies: HfModelDependencies
+
+
+class InferHfModelCheckpoint(InferDependenciesRequest):
+    infer_from = HfModelCheckpointFieldSet
+
+
+@rule(desc="Inferring the checkpoint of an hf_model")
+async def infer_hf_model_checkpoint(request: InferHfModelCheckpoint) -> InferredDependencies:
+    field_set = request.field_set
+    addresses = await addresses_of_kind(
+        field_set.address, CheckpointField.alias, [field_set.checkpoint.value],
+        LmCheckpointTarget, "an `lm_checkpoint`",
+    )  # fmt: skip
+    return InferredDependencies(addresses)
+
+
 def rules():
     return [
         *collect_rules(),
         UnionRule(InferDependenciesRequest, InferLmCheckpointInputs),
         UnionRule(InferDependenciesRequest, InferLmEvalRunInputs),
         UnionRule(InferDependenciesRequest, InferTokenizerTarget),
+        UnionRule(InferDependenciesRequest, InferHfModelCheckpoint),
     ]

@@ -21,13 +21,7 @@ from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST, Digest, MergeDigests, PathGlobs
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
-from pants.engine.target import (
-    FieldSet,
-    InferDependenciesRequest,
-    InferredDependencies,
-    WrappedTarget,
-    WrappedTargetRequest,
-)
+from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.engine.unions import UnionRule
 from pants.util.frozendict import FrozenDict
 
@@ -52,12 +46,10 @@ from kiln_pants.artifact_store import (
     record_input,
     recorded_state,
 )
-from kiln_pants.dependency_inference import addresses_of_kind
 from kiln_pants.hf_model_targets import (
     CheckpointField,
     ExportDtypeField,
     ExportStepField,
-    HfModelDependencies,
 )
 from kiln_pants.package import store_pointer_package
 from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
@@ -65,28 +57,6 @@ from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HfModelCheckpointFieldSet(FieldSet):
-    required_fields = (CheckpointField, HfModelDependencies)
-
-    checkpoint: CheckpointField
-    dependencies: HfModelDependencies
-
-
-class InferHfModelCheckpoint(InferDependenciesRequest):
-    infer_from = HfModelCheckpointFieldSet
-
-
-@rule(desc="Inferring the checkpoint of an hf_model")
-async def infer_hf_model_checkpoint(request: InferHfModelCheckpoint) -> InferredDependencies:
-    field_set = request.field_set
-    addresses = await addresses_of_kind(
-        field_set.address, CheckpointField.alias, [field_set.checkpoint.value],
-        LmCheckpointTarget, "an `lm_checkpoint`",
-    )  # fmt: skip
-    return InferredDependencies(addresses)
 
 
 class CheckpointNotBuilt(Exception):
@@ -232,6 +202,5 @@ async def package_hf_model(
 def rules():
     return [
         *collect_rules(),
-        UnionRule(InferDependenciesRequest, InferHfModelCheckpoint),
         UnionRule(PackageFieldSet, HfModelPackageFieldSet),
     ]
