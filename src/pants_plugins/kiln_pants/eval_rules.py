@@ -14,12 +14,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pants.backend.python.subsystems.setup import PythonSetup
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, PackageFieldSet
 from pants.engine.addresses import Addresses
-from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.fs import Digest, MergeDigests, PathGlobs
+from pants.engine.fs import Digest, MergeDigests
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
@@ -34,16 +32,15 @@ from kiln_pants.artifact_graph import (
 )
 from kiln_pants.artifact_store import (
     RECORD_INPUT,
-    STORE_ENVIRONMENT,
     DepFailedMarked,
     DepFailedMarks,
     artifact_path,
     record_input,
 )
 from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
-from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
+from kiln_pants.hf_model_rules import ExportRuntime, StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.package import store_pointer_package
-from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.runtime import KilnProcess, RuntimeProcess
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import CacheStorageField, EvalNameField
 from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cache_location
@@ -62,7 +59,7 @@ async def package_lm_eval_run(
     field_set: LmEvalRunPackageFieldSet,
     kiln: KilnSubsystem,
     build_root: BuildRoot,
-    python_setup: PythonSetup,
+    export: ExportRuntime,
 ) -> BuiltPackage:
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
     artifact = graph.get(field_set.address)
@@ -79,19 +76,14 @@ async def package_lm_eval_run(
         Get(WrappedTarget, WrappedTargetRequest(c.address, description_of_origin="<kiln eval>"))
         for c in caches
     )
-    runtime, lockfile, environment, placed = await MultiGet(
-        Get(Runtime, RuntimeRequest(EXPORT)),
-        Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
-        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
-        Get(CachesAsInputs, CachesAsInputsRequest(Addresses(artifact.cache_inputs))),
-    )
+    placed = await Get(CachesAsInputs, CachesAsInputsRequest(Addresses(artifact.cache_inputs)))
     suite = field_set.evals.value
     task_files = None
     if suite and suite.task_files:
         files_request = ReferencedFilesRequest(field_set.address, suite.task_files, "evals")
         task_files = (await Get(ReferencedFiles, ReferencedFilesRequest, files_request)).sources
     inputs = caches + ([graph.get(artifact.parent)] if artifact.parent is not None else [])
-    record_digest = await record_input(artifact, inputs, runtime, lockfile)
+    record_digest = await record_input(artifact, inputs, export.runtime, export.lockfile)
     validation = []
     for cache, wrapped in zip(caches, wrapped_caches):
         in_store = wrapped.target[CacheStorageField].value == "store"
@@ -107,7 +99,7 @@ async def package_lm_eval_run(
     process = (await Get(
         KilnProcess,
         RuntimeProcess(
-            runtime,
+            export.runtime,
             argv=(
                 "eval-artifact", out, "--record", RECORD_INPUT, "--prefix", prefix, *validation,
                 *(arg for folder in task_dirs for arg in ("--task-files", folder)),
@@ -119,7 +111,7 @@ async def package_lm_eval_run(
             # behind Pants' back, so a cached "done" could point at nothing.
             cache_scope=ProcessCacheScope.PER_SESSION,
             # A bucket's clients find their credentials and endpoint in the caller's environment.
-            env=FrozenDict(environment if in_bucket else {}),
+            env=FrozenDict(export.environment if in_bucket else {}),
         ),
     )).process  # fmt: skip
     await Get(ProcessResult, Process, process)

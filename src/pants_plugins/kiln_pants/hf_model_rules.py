@@ -81,6 +81,27 @@ class StoredCheckpoint:
     path: str
 
 
+@dataclass(frozen=True)
+class ExportRuntime:
+    """What a process reading a stored checkpoint (an export, an evaluation) runs with: the
+    runtime at its `export` entry point, the lockfile its record's provenance names, and the
+    store's credentials (for a bucket)."""
+
+    runtime: Runtime
+    lockfile: Digest
+    environment: EnvironmentVars
+
+
+@rule(desc="Preparing the runtime's export entry point")
+async def export_runtime(python_setup: PythonSetup) -> ExportRuntime:
+    runtime, lockfile, environment = await MultiGet(
+        Get(Runtime, RuntimeRequest(EXPORT)),
+        Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
+        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
+    )
+    return ExportRuntime(runtime, lockfile, environment)
+
+
 @rule(desc="Looking for a checkpoint in the artifact store")
 async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoint:
     """Fails in seconds, with the command that builds it, when the checkpoint is not built (or
@@ -147,20 +168,15 @@ async def package_hf_model(
     field_set: HfModelPackageFieldSet,
     kiln: KilnSubsystem,
     build_root: BuildRoot,
-    python_setup: PythonSetup,
+    export: ExportRuntime,
 ) -> BuiltPackage:
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
     artifact = graph.get(field_set.address)
     checkpoint = graph.get(artifact.inputs[0])
     prefix = kiln.prefix_location(build_root.path)
     stored = await Get(StoredCheckpoint, StoredCheckpointRequest(field_set.address, checkpoint, prefix))
-    runtime, lockfile, environment = await MultiGet(
-        Get(Runtime, RuntimeRequest(EXPORT)),
-        Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
-        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
-    )
     tokenizer = await _run_tokenizer(checkpoint)
-    record_digest = await record_input(artifact, [checkpoint], runtime, lockfile)
+    record_digest = await record_input(artifact, [checkpoint], export.runtime, export.lockfile)
     out = artifact_path(prefix, artifact)
     in_bucket = "://" in prefix
     if in_bucket or os.path.exists(out):  # a `pants build` whose checkpoint failed marked it
@@ -168,7 +184,7 @@ async def package_hf_model(
     process = (await Get(
         KilnProcess,
         RuntimeProcess(
-            runtime,
+            export.runtime,
             argv=(
                 "export",
                 stored.path,
@@ -188,7 +204,7 @@ async def package_hf_model(
             # behind Pants' back, so a cached "done" could point at nothing.
             cache_scope=ProcessCacheScope.PER_SESSION,
             # A bucket's clients find their credentials and endpoint in the caller's environment.
-            env=FrozenDict(environment if in_bucket else {}),
+            env=FrozenDict(export.environment if in_bucket else {}),
         ),
     )).process
     exported = await Get(ProcessResult, Process, process)
