@@ -205,11 +205,11 @@ def read_json(cls: type[T], obj: Any, where: str) -> T:
     return build(cls, where, json_fields(cls, obj, where))
 
 
-def scalar_json(value: Any) -> dict[str, Any]:
-    """A dataclass of JSON scalars as a JSON object (Paths as strings)."""
-    return {
-        f.name: _scalar(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init
-    }
+def scalar_json(value: Any, *, omit_none: bool = False) -> dict[str, Any]:
+    """A dataclass of JSON scalars as a JSON object (Paths as strings); `omit_none`: without the
+    fields that are None (optional ones a reader defaults)."""
+    fields = ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value) if f.init)
+    return {name: _scalar(v) for name, v in fields if not (omit_none and v is None)}
 
 
 def _scalar(value: Any) -> Any:

@@ -71,8 +71,7 @@ class StepInput:
         return build(cls, where, values)
 
     def to_json(self) -> dict[str, Any]:
-        values = {**scalar_json(self), "record": self.record.to_json()}
-        return {key: value for key, value in values.items() if value is not None}
+        return {**scalar_json(self, omit_none=True), "record": self.record.to_json()}
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,7 @@ class HfModelSource:
         return read_json(cls, obj, where)
 
     def to_json(self) -> dict[str, Any]:
-        return {key: value for key, value in scalar_json(self).items() if value is not None}
+        return scalar_json(self, omit_none=True)
 
 
 @dataclass(frozen=True)
@@ -453,7 +453,7 @@ class Resources:
         return {"GLIBC_TUNABLES": CPU_MALLOC_TUNABLES} if self.kind == "cpu" else {}
 
     def to_json(self) -> dict[str, Any]:
-        return {key: value for key, value in scalar_json(self).items() if value is not None}
+        return scalar_json(self, omit_none=True)
 
 
 @dataclass(frozen=True)
