@@ -2,11 +2,14 @@
 persistent compilation cache and a profile per row; the docs layout packs the corpus's documents
 as training does."""
 
+import dataclasses
 import os
 
 import numpy as np
 import segment_layouts
 import train_step
+
+from kiln.model.config import num_parameters
 
 
 def test_every_layout_gets_a_row_a_profile_and_the_cache_fills(tmp_path, capsys, monkeypatch):
@@ -14,11 +17,13 @@ def test_every_layout_gets_a_row_a_profile_and_the_cache_fills(tmp_path, capsys,
     cache, profile = tmp_path / "jax-cache", tmp_path / "profile"
     train_step.main(
         ["--model", "tiny", "--attention", "xla", "--batch-size", "2", "--seq-len", "64",
-         "--steps", "1", "--warmup-steps", "1", "--compile-cache", str(cache),
+         "--vocab-size", "512", "--steps", "1", "--warmup-steps", "1", "--compile-cache", str(cache),
          "--profile", str(profile), "--profile-steps", "1"]
     )  # fmt: skip
     out = capsys.readouterr().out
     assert "failed" not in out, out
+    small_vocabulary = dataclasses.replace(train_step.MODELS["tiny"], vocab_size=512)
+    assert f"model tiny: {num_parameters(small_vocabulary) / 1e6:.1f}M params" in out, out
     rows = [line.split() for line in out.splitlines() if line.split()[:2] in
             (["none", "xla"], ["ones", "xla"], ["docs", "xla"])]  # fmt: skip
     assert [row[0] for row in rows] == ["none", "ones", "docs"], out
