@@ -169,8 +169,7 @@ class ReferencedFilesRequest:
 
 @dataclass(frozen=True)
 class ReferencedFiles:
-    """Its own type, not `SourceFiles`: a rule returning a type the Python backend asks for
-    joins every one of that backend's `Get`s of the type in the rule graph."""
+    """The `SourceFiles` a field names, in a result type of its own (docs/architecture.md)."""
 
     sources: SourceFiles
 

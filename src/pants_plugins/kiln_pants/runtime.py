@@ -121,8 +121,7 @@ def _as_internal(pex_request: PexRequest) -> PexRequest:
 
 @dataclass(frozen=True)
 class AcceleratorPluginsPex:
-    """Its own type, not a `PexRequest`: a rule returning a type the Python backend asks for
-    joins every one of that backend's `Get`s of the type in the rule graph."""
+    """A `PexRequest`, in a result type of its own (docs/architecture.md)."""
 
     pex_request: PexRequest
 
@@ -240,8 +239,7 @@ class RuntimeProcess:
 
 @dataclass(frozen=True)
 class KilnProcess:
-    """A runtime process. Its own type, not a `Process`: a rule returning `Process` joins every
-    `Get(Process, ...)` of the Python backend in the rule graph, which slows its building."""
+    """A runtime process, in a result type of its own (docs/architecture.md)."""
 
     process: Process
 
