@@ -25,6 +25,8 @@ from pants.engine.target import (
     Target,
     TransitiveTargets,
     TransitiveTargetsRequest,
+    WrappedTarget,
+    WrappedTargetRequest,
 )
 
 from kiln_contract.llama import weights_differences
@@ -518,6 +520,16 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
             identity, inputs = await _checkpoint_identity(target, caches, parent_artifact)
         built[target.address] = _artifact(target, identity, inputs, parent)
     return ArtifactGraph([*caches.values(), *built.values()])
+
+
+async def target_and_graph(address: Address, origin: str) -> tuple[Target, ArtifactGraph]:
+    """The artifact target at `address` and the artifact graph of its closure, fetched together
+    (`origin`: who asks, for Pants' messages)."""
+    wrapped, graph = await MultiGet(
+        Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin=origin)),
+        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
+    )
+    return wrapped.target, graph
 
 
 def _parent_artifact(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from pants.core.util_rules.source_files import SourceFiles, SourceFilesRequest
-from pants.engine.addresses import Address, Addresses
+from pants.engine.addresses import Address
 from pants.engine.fs import (
     EMPTY_DIGEST,
     CreateDigest,
@@ -35,10 +35,9 @@ from kiln_contract.tokenize import (
 )
 from kiln_pants.artifact_graph import (
     Artifact,
-    ArtifactGraph,
-    ArtifactGraphRequest,
     TokenizerFiles,
     TokenizerFilesRequest,
+    target_and_graph,
 )
 from kiln_pants.artifact_store import RECORD_INPUT, artifact_record
 from kiln_pants.target_types import (
@@ -119,14 +118,7 @@ def _tokenizer_spec(tokenizer: str, files: Optional[TokenizerFiles]) -> Tokenize
 
 @rule(desc="Assembling a cache's tokenize spec")
 async def cache_spec_inputs(request: CacheSpecRequest) -> CacheSpecInputs:
-    wrapped, graph = await MultiGet(
-        Get(
-            WrappedTarget,
-            WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
-        ),
-        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address]))),
-    )
-    target = wrapped.target
+    target, graph = await target_and_graph(request.address, "<kiln cache build>")
     artifact = graph.get(request.address)
     inputs = []
     source_files = None

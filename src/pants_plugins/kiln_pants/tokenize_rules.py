@@ -53,7 +53,7 @@ from pants.engine.fs import (
 )
 from pants.engine.process import FallibleProcessResult, Process, ProcessResult
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
-from pants.engine.target import Targets, WrappedTarget, WrappedTargetRequest
+from pants.engine.target import Targets
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.tokenize import FilesSource, LevanterCacheSource
@@ -63,6 +63,7 @@ from kiln_pants.artifact_graph import (
     ArtifactGraphRequest,
     TokenizerFiles,
     TokenizerFilesRequest,
+    target_and_graph,
 )
 from kiln_pants.artifact_store import RECORD_INPUT, StoredStates, StoredStatesRequest, artifact_path
 from kiln_pants.cache_layout import (
@@ -526,14 +527,8 @@ class StoredCacheRequest:
 async def stored_cache(
     request: StoredCacheRequest, kiln: KilnSubsystem, build_root: BuildRoot
 ) -> BuiltCache:
-    wrapped, graph = await MultiGet(
-        Get(
-            WrappedTarget,
-            WrappedTargetRequest(request.address, description_of_origin="<kiln cache build>"),
-        ),
-        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address]))),
-    )
-    tokenizer = wrapped.target[TokenizerField].value
+    target, graph = await target_and_graph(request.address, "<kiln cache build>")
+    tokenizer = target[TokenizerField].value
     tokenizer_files = EMPTY_DIGEST
     if tokenizer_address(tokenizer):
         files = await Get(TokenizerFiles, TokenizerFilesRequest(request.address, tokenizer))

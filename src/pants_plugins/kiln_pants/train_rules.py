@@ -69,6 +69,7 @@ from kiln_pants.artifact_graph import (
     ReferencedFiles,
     ReferencedFilesRequest,
     parent_run,
+    target_and_graph,
 )
 from kiln_pants.artifact_store import (
     StoredFiles,
@@ -310,16 +311,13 @@ async def step_json(
     request: StepJsonRequest, kiln: KilnSubsystem, build_root: BuildRoot
 ) -> StepJson:
     address = request.address
-    wrapped, graph = await MultiGet(
-        Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
-        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
-    )
+    target, graph = await target_and_graph(address, "<kiln run>")
     artifact = graph.get(address)
     caches = await MultiGet(
         Get(WrappedTarget, WrappedTargetRequest(a, description_of_origin="<kiln run>"))
         for a in artifact.cache_inputs
     )
-    evals = wrapped.target[EvalsField].value
+    evals = target[EvalsField].value
     task_files = None
     if evals and evals.task_files:
         files_request = ReferencedFilesRequest(address, evals.task_files, "evals")
@@ -331,7 +329,7 @@ async def step_json(
     )
     try:
         step = _step(
-            wrapped.target,
+            target,
             artifact,
             graph,
             {cache.target.address: cache.target for cache in caches},
@@ -365,12 +363,9 @@ class PrepareStepRequest:
 @rule(desc="Preparing an lm_checkpoint step")
 async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -> PreparedStep:
     address = request.address
-    wrapped, graph = await MultiGet(
-        Get(WrappedTarget, WrappedTargetRequest(address, description_of_origin="<kiln run>")),
-        Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address]))),
-    )
+    target, graph = await target_and_graph(address, "<kiln run>")
     await Get(MixtureFits, MixtureBudgetRequest(address))  # before any cache is built
-    resources = wrapped.target[ResourcesField].value
+    resources = target[ResourcesField].value
     accelerator = resources.kind
     resolves = [python_setup.default_resolve]
     if accelerator in ACCELERATOR_PLUGINS:
