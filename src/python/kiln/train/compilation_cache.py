@@ -92,10 +92,14 @@ class Compilations:
 @contextmanager
 def watching() -> Iterator[Compilations]:
     """Counts, in the block, the compilations that consulted the persistent cache and its hits
-    (jax's monitoring events; in this process, from any thread)."""
+    (jax's monitoring events; in this process, from any thread). None while no cache folder is
+    set: jax reports lookups then too, though nothing is kept."""
     from jax import monitoring
 
     compilations = Compilations()
+    if active_folder() is None:
+        yield compilations
+        return
     monitoring.register_event_listener(compilations._count)
     try:
         yield compilations

@@ -72,7 +72,6 @@ class StepLog:
         from kiln.train.compilation_cache import active_folder
 
         folder = active_folder()
-        source = source if folder else "no cache"  # jax counts lookups with no folder set
         seconds = self.step_times[-1]
         first = {"throughput/first_step_seconds": seconds}
         self.metrics.log(step, {**first, "throughput/first_step_from_cache": source == "cache"})

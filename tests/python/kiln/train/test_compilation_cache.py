@@ -40,3 +40,14 @@ def test_jax_own_variable_names_the_folder(tmp_path: Path, monkeypatch: pytest.M
 )
 def test_where_the_programs_came_from(looked_up: int, from_cache: int, source: str) -> None:
     assert Compilations(looked_up, from_cache).source == source
+
+
+def test_a_run_without_a_cache_folder_counts_no_lookups() -> None:
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        with compilation_cache.watching() as compilations:
+            jax.jit(lambda x: x * 3.25 + 1.5)(jax.numpy.ones(7)).block_until_ready()
+        assert compilations.source == "no cache"
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
