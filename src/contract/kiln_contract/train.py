@@ -421,8 +421,8 @@ def _check_unique_names(field: str, datasets: tuple[Any, ...]) -> None:
 # executables allocate their buffers afresh at every step (the lm head's logits alone are
 # tokens x vocabulary x 4 bytes: 64 MiB for the quickstart); by default glibc serves each thread's
 # large ones with fresh pages and hands them back when they are freed, so every step faults its
-# memory in again. Kept, the quickstart's step is about a fifth faster; the first step takes ~1 s
-# longer (benchmarks/RESULTS.md, "The CPU trainer's allocator").
+# memory in again. Kept, the quickstart's step takes about three quarters of the time; the first
+# step takes ~1 s longer (benchmarks/RESULTS.md, "The CPU trainer's allocator").
 CPU_MALLOC_TUNABLES = (
     "glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 )
