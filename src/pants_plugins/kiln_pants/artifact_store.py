@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from pants.engine.console import Console
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent
 from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
@@ -239,7 +240,7 @@ async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
 
 class BucketUnreadable(Exception):
     """The store's bucket cannot be read: one line naming it and what to check, which the goals
-    reading the store (plan, build) print as their error."""
+    reading the store (plan, build) print as their error (`stored_states_or_report`)."""
 
 
 @dataclass(frozen=True)
@@ -336,6 +337,18 @@ async def read_stored_states(request: StoredStatesRequest) -> StoredStates:
         return StoredStates(FrozenDict({a: stored_state(prefix, a) for a in graph}))
     records = await Get(BucketRecords, BucketRecordsRequest(prefix, bucket_folders(graph)))
     return StoredStates(FrozenDict({a: _bucket_state(a, records) for a in graph}))
+
+
+async def stored_states_or_report(
+    console: Console, prefix: str, graph: ArtifactGraph
+) -> Optional[FrozenDict[Artifact, StoredState]]:
+    """What the store holds for the graph's artifacts, for a goal; None when its bucket cannot be
+    read, after printing the one line naming it (not the engine's traceback)."""
+    try:
+        return (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
+    except BucketUnreadable as e:
+        console.print_stderr(f"kiln: error: {e}")
+        return None
 
 
 def _bucket_state(artifact: Artifact, records: BucketRecords) -> StoredState:

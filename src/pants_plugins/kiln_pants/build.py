@@ -34,13 +34,11 @@ from kiln_contract.layout import DEP_FAILED
 from kiln_pants import build_steps
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
-    BucketUnreadable,
     DepFailedMarked,
     DepFailedMarks,
     StoredState,
-    StoredStates,
-    StoredStatesRequest,
     artifact_path,
+    stored_states_or_report,
 )
 from kiln_pants.build_steps import (
     FAILED,
@@ -254,12 +252,10 @@ async def build(
         )
         return Build(exit_code=0)
     prefix = kiln.prefix_location(build_root.path)
-    try:
-        stored = await Get(StoredStates, StoredStatesRequest(prefix, graph))
-    except BucketUnreadable as e:  # one line naming the bucket, not the engine's traceback
-        console.print_stderr(f"kiln: error: {e}")
+    stored = await stored_states_or_report(console, prefix, graph)
+    if stored is None:
         return Build(exit_code=1)
-    states = {a.address: state for a, state in stored.states.items()}
+    states = {a.address: state for a, state in stored.items()}
     dist = os.path.join(build_root.path, distdir.relpath)
     if subsystem.trainings_at_once is not None and subsystem.trainings_at_once < 1:
         console.print_stderr(

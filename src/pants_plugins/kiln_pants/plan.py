@@ -31,11 +31,9 @@ from kiln_contract.llama import weights_differences
 from kiln_contract.train import HfModelSource
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.artifact_store import (
-    BucketUnreadable,
     StoredState,
-    StoredStates,
-    StoredStatesRequest,
     artifact_path,
+    stored_states_or_report,
 )
 from kiln_pants.cache_estimate import CacheEstimate, estimate_cache
 from kiln_pants.mixture_budget import local_budgets
@@ -204,10 +202,8 @@ async def plan(
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
     prefix = kiln.prefix_location(build_root.path)
     counts: dict[str, int] = {}
-    try:
-        stored = (await Get(StoredStates, StoredStatesRequest(prefix, graph))).states
-    except BucketUnreadable as e:  # one line naming the bucket, not the engine's traceback
-        console.print_stderr(f"kiln: error: {e}")
+    stored = await stored_states_or_report(console, prefix, graph)
+    if stored is None:
         return Plan(exit_code=1)
     states = {artifact: shown_state(artifact, state) for artifact, state in stored.items()}
     if plan_subsystem.json:
