@@ -331,16 +331,21 @@ def _segment_spec(padded_len: int) -> pl.BlockSpec:
     return pl.BlockSpec((None, padded_len), lambda _, b, __: (b, 0))
 
 
-def _q_tile_specs(q_shape, num_kv_heads: int, block_q: int) -> tuple[pl.BlockSpec, ...]:
+def _q_major_specs(
+    q_shape, num_kv_heads: int, block_q: int, segment_ids: jax.Array | None
+) -> tuple[pl.BlockSpec, pl.BlockSpec, list[pl.BlockSpec | None]]:
     """BlockSpecs of the kernels whose grid is (q tiles, batch, heads): the program's q-shaped
-    tile, its kv head's whole K or V (q head h reads kv head h // group), its row-stats tile."""
+    tile, its row-stats tile, and those of (q, k, v, segment_ids): the q tile, its kv head's
+    whole K and V (q head h reads kv head h // group), the batch row's segment ids."""
     _, padded_len, num_heads, head_dim = q_shape
     group = num_heads // num_kv_heads
-    return (
-        pl.BlockSpec((None, block_q, None, head_dim), lambda i, b, h: (b, i, h, 0)),
-        pl.BlockSpec((None, padded_len, None, head_dim), lambda _, b, h: (b, 0, h // group, 0)),
-        pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i)),
+    q_tile = pl.BlockSpec((None, block_q, None, head_dim), lambda i, b, h: (b, i, h, 0))
+    kv_whole = pl.BlockSpec(
+        (None, padded_len, None, head_dim), lambda _, b, h: (b, 0, h // group, 0)
     )
+    row_stats_tile = pl.BlockSpec((None, None, block_q), lambda i, b, h: (b, h, i))
+    segments = None if segment_ids is None else _segment_spec(padded_len)
+    return q_tile, row_stats_tile, [q_tile, kv_whole, kv_whole, segments]
 
 
 def _compiler_params(num_warps: int, num_stages: int) -> plgpu.CompilerParams:
@@ -391,16 +396,13 @@ def _forward(q, k, v, segment_ids, config: _KernelConfig) -> tuple[jax.Array, ja
     for remat policies (ATTENTION_RESIDUALS)."""
     batch, padded_len, num_heads, _ = q.shape
     blocks, launch = config.block_sizes, config.launch
-    q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q)
+    q_tile, row_stats_tile, attention_specs = _q_major_specs(
+        q.shape, k.shape[2], blocks.block_q, segment_ids
+    )
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, config=config),
         grid=(padded_len // blocks.block_q, batch, num_heads),
-        in_specs=[
-            q_tile,
-            kv_whole,
-            kv_whole,
-            None if segment_ids is None else _segment_spec(padded_len),
-        ],
+        in_specs=attention_specs,
         out_specs=[q_tile, row_stats_tile],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -532,19 +534,13 @@ def _backward_dq_kernel(
 def _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config: _KernelConfig):
     batch, padded_len, num_heads, _ = q.shape
     blocks, launch = config.block_sizes, config.launch
-    q_tile, kv_whole, row_stats_tile = _q_tile_specs(q.shape, k.shape[2], blocks.block_q_dq)
+    q_tile, row_stats_tile, attention_specs = _q_major_specs(
+        q.shape, k.shape[2], blocks.block_q_dq, segment_ids
+    )
     return pl.pallas_call(
         functools.partial(_backward_dq_kernel, config=config),
         grid=(padded_len // blocks.block_q_dq, batch, num_heads),
-        in_specs=[
-            q_tile,
-            kv_whole,
-            kv_whole,
-            None if segment_ids is None else _segment_spec(padded_len),
-            q_tile,
-            row_stats_tile,
-            row_stats_tile,
-        ],
+        in_specs=[*attention_specs, q_tile, row_stats_tile, row_stats_tile],  # + dout, lse, delta
         out_specs=q_tile,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=_compiler_params(launch.num_warps_dq, launch.num_stages_dq),
