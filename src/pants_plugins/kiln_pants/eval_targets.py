@@ -22,10 +22,10 @@ from kiln_pants.field_values import CheckpointInit, is_whole_number
 from kiln_pants.target_types import (
     ArtifactNameField,
     ArtifactVersionField,
+    BatchSizeField,
     ComputeDtypeField,
     EvalsField,
     FormCheckedField,
-    PositiveIntField,
     SeqLenField,
     ValidationField,
     check_default_artifact_name,
@@ -68,8 +68,7 @@ class EvalSeqLenField(SeqLenField):
     help = "The length of the validation windows; at most the model's `max_seq_len`."
 
 
-class EvalBatchSizeField(PositiveIntField):
-    alias = "batch_size"
+class EvalBatchSizeField(BatchSizeField):
     help = "Validation windows per batch (a run reports what it scores with its own batch size)."
 
 
