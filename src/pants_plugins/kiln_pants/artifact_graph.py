@@ -522,6 +522,12 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     return ArtifactGraph([*caches.values(), *built.values()])
 
 
+async def artifact_and_graph(address: Address) -> tuple[Artifact, ArtifactGraph]:
+    """The artifact at `address` and the artifact graph of its closure (its inputs' artifacts)."""
+    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([address])))
+    return graph.get(address), graph
+
+
 async def target_and_graph(address: Address, origin: str) -> tuple[Target, ArtifactGraph]:
     """The artifact target at `address` and the artifact graph of its closure, fetched together
     (`origin`: who asks, for Pants' messages)."""

@@ -14,34 +14,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, PackageFieldSet
 from pants.engine.addresses import Addresses
-from pants.engine.fs import Digest, MergeDigests
-from pants.engine.process import Process, ProcessCacheScope, ProcessResult
+from pants.engine.process import Process, ProcessResult
 from pants.engine.rules import Get, MultiGet, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.engine.unions import UnionRule
-from pants.util.frozendict import FrozenDict
 
-from kiln_pants.artifact_graph import (
-    ArtifactGraph,
-    ArtifactGraphRequest,
-    ReferencedFiles,
-    ReferencedFilesRequest,
-)
-from kiln_pants.artifact_store import (
-    RECORD_INPUT,
-    DepFailedMarked,
-    DepFailedMarks,
-    artifact_path,
-    record_input,
-)
+from kiln_pants.artifact_graph import ReferencedFiles, ReferencedFilesRequest, artifact_and_graph
+from kiln_pants.artifact_store import RECORD_INPUT, artifact_path
 from kiln_pants.eval_targets import EvalModelField, EvalSuiteField
-from kiln_pants.hf_model_rules import ExportRuntime, StoredCheckpoint, StoredCheckpointRequest
+from kiln_pants.hf_model_rules import (
+    ExportRuntime,
+    StoredCheckpoint,
+    StoredCheckpointRequest,
+    writing_into_store,
+)
 from kiln_pants.package import store_pointer_package
-from kiln_pants.runtime import KilnProcess, RuntimeProcess
-from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import CacheStorageField, EvalNameField
 from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cache_location
 
@@ -56,14 +45,10 @@ class LmEvalRunPackageFieldSet(PackageFieldSet):
 
 @rule(desc="Packaging an lm_eval_run")
 async def package_lm_eval_run(
-    field_set: LmEvalRunPackageFieldSet,
-    kiln: KilnSubsystem,
-    build_root: BuildRoot,
-    export: ExportRuntime,
+    field_set: LmEvalRunPackageFieldSet, export: ExportRuntime
 ) -> BuiltPackage:
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
-    artifact = graph.get(field_set.address)
-    prefix = kiln.prefix_location(build_root.path)
+    artifact, graph = await artifact_and_graph(field_set.address)
+    prefix = export.prefix
     if artifact.parent is not None:  # fails in seconds, saying how to build it, when it is not
         await Get(
             StoredCheckpoint,
@@ -82,8 +67,6 @@ async def package_lm_eval_run(
     if suite and suite.task_files:
         files_request = ReferencedFilesRequest(field_set.address, suite.task_files, "evals")
         task_files = (await Get(ReferencedFiles, ReferencedFilesRequest, files_request)).sources
-    inputs = caches + ([graph.get(artifact.parent)] if artifact.parent is not None else [])
-    record_digest = await record_input(artifact, inputs, export.runtime, export.lockfile)
     validation = []
     for cache, wrapped in zip(caches, wrapped_caches):
         in_store = wrapped.target[CacheStorageField].value == "store"
@@ -92,28 +75,15 @@ async def package_lm_eval_run(
     task_dirs = sorted({os.path.dirname(f) for f in task_files.files if f.endswith(".yaml")}) \
         if task_files else []  # fmt: skip
     out = artifact_path(prefix, artifact)
-    in_bucket = "://" in prefix
-    if in_bucket or os.path.exists(out):  # a `pants build` whose model failed marked it
-        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
-    digests = [record_digest, placed.digest, *([task_files.snapshot.digest] if task_files else [])]
-    process = (await Get(
-        KilnProcess,
-        RuntimeProcess(
-            export.runtime,
-            argv=(
-                "eval-artifact", out, "--record", RECORD_INPUT, "--prefix", prefix, *validation,
-                *(arg for folder in task_dirs for arg in ("--task-files", folder)),
-            ),
-            description=f"Evaluating {artifact.ref}",
-            input_digest=await Get(Digest, MergeDigests(digests)),
-            output_directories=(),
-            # The store is the cache: the evaluation skips itself when built, and can be deleted
-            # behind Pants' back, so a cached "done" could point at nothing.
-            cache_scope=ProcessCacheScope.PER_SESSION,
-            # A bucket's clients find their credentials and endpoint in the caller's environment.
-            env=FrozenDict(export.environment if in_bucket else {}),
-        ),
-    )).process  # fmt: skip
+    argv = (
+        "eval-artifact", out, "--record", RECORD_INPUT, "--prefix", prefix, *validation,
+        *(arg for folder in task_dirs for arg in ("--task-files", folder)),
+    )  # fmt: skip
+    recorded = caches + ([graph.get(artifact.parent)] if artifact.parent is not None else [])
+    digests = [placed.digest, *([task_files.snapshot.digest] if task_files else [])]
+    process = await writing_into_store(
+        export, artifact, recorded, argv, digests, f"Evaluating {artifact.ref}"
+    )
     await Get(ProcessResult, Process, process)
     return await store_pointer_package(artifact, out)
 

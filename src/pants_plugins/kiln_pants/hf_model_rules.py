@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pants.backend.python.subsystems.setup import PythonSetup
 from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage, PackageFieldSet
-from pants.engine.addresses import Address, Addresses
+from pants.engine.addresses import Address
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
 from pants.engine.fs import EMPTY_DIGEST, Digest, MergeDigests, PathGlobs
 from pants.engine.process import Process, ProcessCacheScope, ProcessResult
@@ -28,10 +28,9 @@ from pants.util.frozendict import FrozenDict
 from kiln_contract.layout import FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_pants.artifact_graph import (
     Artifact,
-    ArtifactGraph,
-    ArtifactGraphRequest,
     TokenizerFiles,
     TokenizerFilesRequest,
+    artifact_and_graph,
 )
 from kiln_pants.artifact_store import (
     RECORD_INPUT,
@@ -84,22 +83,58 @@ class StoredCheckpoint:
 @dataclass(frozen=True)
 class ExportRuntime:
     """What a process reading a stored checkpoint (an export, an evaluation) runs with: the
-    runtime at its `export` entry point, the lockfile its record's provenance names, and the
-    store's credentials (for a bucket)."""
+    runtime at its `export` entry point, the lockfile its record's provenance names, the
+    artifact store it reads and writes, and the store's credentials (for a bucket)."""
 
     runtime: Runtime
     lockfile: Digest
+    prefix: str  # the artifact store: a directory or a bucket URL
     environment: EnvironmentVars
 
 
 @rule(desc="Preparing the runtime's export entry point")
-async def export_runtime(python_setup: PythonSetup) -> ExportRuntime:
+async def export_runtime(
+    python_setup: PythonSetup, kiln: KilnSubsystem, build_root: BuildRoot
+) -> ExportRuntime:
     runtime, lockfile, environment = await MultiGet(
         Get(Runtime, RuntimeRequest(EXPORT)),
         Get(Digest, PathGlobs([python_setup.resolves[python_setup.default_resolve]])),
         Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
     )
-    return ExportRuntime(runtime, lockfile, environment)
+    return ExportRuntime(runtime, lockfile, kiln.prefix_location(build_root.path), environment)
+
+
+async def writing_into_store(
+    export: ExportRuntime,
+    artifact: Artifact,
+    recorded: list[Artifact],
+    argv: tuple[str, ...],
+    inputs: list[Digest],
+    description: str,
+) -> Process:
+    """The runtime process that writes `artifact` (an export, an evaluation) into the store, with
+    its record (of the `recorded` inputs) at RECORD_INPUT beside the `inputs`. A DEP_FAILED mark
+    that a `pants build` left on the artifact (its model failed) is cleared first."""
+    prefix = export.prefix
+    in_bucket = "://" in prefix
+    if in_bucket or os.path.exists(artifact_path(prefix, artifact)):
+        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
+    record = await record_input(artifact, recorded, export.runtime, export.lockfile)
+    return (await Get(
+        KilnProcess,
+        RuntimeProcess(
+            export.runtime,
+            argv=argv,
+            description=description,
+            input_digest=await Get(Digest, MergeDigests([record, *inputs])),
+            output_directories=(),
+            # The store is the cache: the process skips itself when built, and can be deleted
+            # behind Pants' back, so a cached "done" could point at nothing.
+            cache_scope=ProcessCacheScope.PER_SESSION,
+            # A bucket's clients find their credentials and endpoint in the caller's environment.
+            env=FrozenDict(export.environment if in_bucket else {}),
+        ),
+    )).process  # fmt: skip
 
 
 @rule(desc="Looking for a checkpoint in the artifact store")
@@ -165,48 +200,23 @@ async def _run_tokenizer(checkpoint: Artifact) -> RunTokenizer:
 
 @rule(desc="Packaging an hf_model")
 async def package_hf_model(
-    field_set: HfModelPackageFieldSet,
-    kiln: KilnSubsystem,
-    build_root: BuildRoot,
-    export: ExportRuntime,
+    field_set: HfModelPackageFieldSet, export: ExportRuntime
 ) -> BuiltPackage:
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([field_set.address])))
-    artifact = graph.get(field_set.address)
+    artifact, graph = await artifact_and_graph(field_set.address)
     checkpoint = graph.get(artifact.inputs[0])
-    prefix = kiln.prefix_location(build_root.path)
-    stored = await Get(StoredCheckpoint, StoredCheckpointRequest(field_set.address, checkpoint, prefix))
+    stored = await Get(
+        StoredCheckpoint, StoredCheckpointRequest(field_set.address, checkpoint, export.prefix)
+    )
     tokenizer = await _run_tokenizer(checkpoint)
-    record_digest = await record_input(artifact, [checkpoint], export.runtime, export.lockfile)
-    out = artifact_path(prefix, artifact)
-    in_bucket = "://" in prefix
-    if in_bucket or os.path.exists(out):  # a `pants build` whose checkpoint failed marked it
-        await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
-    process = (await Get(
-        KilnProcess,
-        RuntimeProcess(
-            export.runtime,
-            argv=(
-                "export",
-                stored.path,
-                out,
-                "--step",
-                str(field_set.step.value),
-                "--dtype",
-                field_set.dtype.value,
-                "--record",
-                RECORD_INPUT,
-                *tokenizer.argv,
-            ),
-            description=f"Exporting {checkpoint.ref} as {artifact.ref}",
-            input_digest=await Get(Digest, MergeDigests([record_digest, tokenizer.digest])),
-            output_directories=(),
-            # The store is the cache: the export skips itself when built, and can be deleted
-            # behind Pants' back, so a cached "done" could point at nothing.
-            cache_scope=ProcessCacheScope.PER_SESSION,
-            # A bucket's clients find their credentials and endpoint in the caller's environment.
-            env=FrozenDict(export.environment if in_bucket else {}),
-        ),
-    )).process
+    out = artifact_path(export.prefix, artifact)
+    argv = (
+        "export", stored.path, out, "--step", str(field_set.step.value),
+        "--dtype", field_set.dtype.value, "--record", RECORD_INPUT, *tokenizer.argv,
+    )  # fmt: skip
+    process = await writing_into_store(
+        export, artifact, [checkpoint], argv, [tokenizer.digest],
+        f"Exporting {checkpoint.ref} as {artifact.ref}",
+    )  # fmt: skip
     exported = await Get(ProcessResult, Process, process)
     # Pants shows no output of its processes: pass on the note that other code built it.
     for line in exported.stdout.decode().splitlines():

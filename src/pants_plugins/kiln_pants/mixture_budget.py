@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pants.base.build_root import BuildRoot
-from pants.engine.addresses import Address, Addresses
-from pants.engine.rules import Get, _uncacheable_rule, collect_rules
+from pants.engine.addresses import Address
+from pants.engine.rules import _uncacheable_rule, collect_rules
 
-from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_graph import Artifact, ArtifactGraph, artifact_and_graph
 from kiln_pants.artifact_store import artifact_path, stored_state
 from kiln_pants.subsystem import KilnSubsystem
 
@@ -217,8 +217,7 @@ async def check_mixture_budget(
     request: MixtureBudgetRequest, kiln: KilnSubsystem, build_root: BuildRoot
 ) -> MixtureFits:
     """Uncacheable: built caches are read from the store, which changes behind Pants' back."""
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address])))
-    checkpoint = graph.get(request.address)
+    checkpoint, graph = await artifact_and_graph(request.address)
     budgets = local_budgets(kiln.prefix_location(build_root.path), graph)
     for budget in budgets:
         if budget.checkpoint == checkpoint and budget.refusal():

@@ -65,9 +65,9 @@ from kiln_contract.train import (
 from kiln_pants.artifact_graph import (
     Artifact,
     ArtifactGraph,
-    ArtifactGraphRequest,
     ReferencedFiles,
     ReferencedFilesRequest,
+    artifact_and_graph,
     parent_run,
     target_and_graph,
 )
@@ -457,8 +457,7 @@ class ServedRun:
 async def served_run(request: ServedRunRequest) -> ServedRun:
     """Decides "already built" as the runner does, from the local store's STATUS and record,
     without building the inputs or starting the runtime: a no-op `pants run` costs Pants alone."""
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(Addresses([request.address])))
-    artifact = graph.get(request.address)
+    artifact, graph = await artifact_and_graph(request.address)
     if artifact.mutable or "://" in request.prefix:
         return ServedRun(None)
     folder = artifact_path(request.prefix, artifact)
