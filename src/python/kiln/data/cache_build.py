@@ -32,6 +32,7 @@ from kiln.data.cache_writer import (
     shard_record,
     write_cache,
 )
+from kiln.data.document import Document
 from kiln.data.errors import CacheError, SourceError, SpecError
 from kiln.data.levanter_cache import import_levanter_cache
 from kiln.data.spec import parse_cache_spec
@@ -339,7 +340,7 @@ def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]
 
 
 def _checked_batches(
-    documents: Iterator[sources.Document],
+    documents: Iterator[Document],
     max_chars: int,
     counts: dict[str, int],
     keep_empty: bool = False,

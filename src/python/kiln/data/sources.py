@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, cast
 
 from kiln.data import downloads, hub_datasets, stdlib_corpus
+from kiln.data.document import Document
 from kiln.data.errors import SourceError
 from kiln_contract import sharding
 from kiln_contract.tokenize import (
@@ -51,12 +52,6 @@ from kiln_contract.tokenize import (
 )
 
 PARQUET_BATCH_ROWS = 4096
-
-
-@dataclass(frozen=True)
-class Document:
-    text: str
-    origin: str  # where it came from, for error messages: "path:line", "org/name[row 17]"
 
 
 class SourceReader(Protocol):
@@ -253,8 +248,7 @@ class StdlibReader:
 
     def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
         for key in self.plan(num_shards, index):
-            for doc in stdlib_corpus.documents(key, self.source.split):
-                yield Document(doc.text, doc.id)
+            yield from stdlib_corpus.documents(key, self.source.split)
 
     def plan(self, num_shards: int, index: int) -> list[str]:
         return list(self.sizes(num_shards, index))

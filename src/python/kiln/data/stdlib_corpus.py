@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from kiln.data.document import Document
+
 MIN_DOCSTRING_CHARS = 80
 VALIDATION_PER_MILLE = 30
 PYDOC_TOPICS_PREFIX = "pydoc_topics:"
@@ -29,12 +31,6 @@ PYDOC_TOPICS_PREFIX = "pydoc_topics:"
 EXCLUDED_DIRS = frozenset(
     {"test", "tests", "idle_test", "idlelib", "site-packages", "dist-packages", "__pycache__"}
 )
-
-
-@dataclass(frozen=True)
-class StdlibDocument:
-    id: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -72,14 +68,14 @@ def units(part: str) -> list[StdlibUnit]:
     return sorted(found, key=lambda unit: unit.key)
 
 
-def documents(unit_key: str, split: str) -> Iterator[StdlibDocument]:
+def documents(unit_key: str, split: str) -> Iterator[Document]:
     """The documents of one unit that fall in `split` ("train" or "validation"), in order."""
     if unit_key.startswith(PYDOC_TOPICS_PREFIX):
         topic = unit_key.removeprefix(PYDOC_TOPICS_PREFIX)
-        found: Iterator[StdlibDocument] = iter([StdlibDocument(unit_key, _pydoc_topics()[topic])])
+        found: Iterator[Document] = iter([Document(_pydoc_topics()[topic], unit_key)])
     else:
         found = _docstrings(unit_key)
-    return (doc for doc in found if split_of(doc.id) == split)
+    return (doc for doc in found if split_of(doc.origin) == split)
 
 
 def split_of(document_id: str) -> str:
@@ -98,7 +94,7 @@ def _library_files() -> tuple[tuple[str, int], ...]:
     return tuple(sorted(files))
 
 
-def _docstrings(relative_path: str) -> Iterator[StdlibDocument]:
+def _docstrings(relative_path: str) -> Iterator[Document]:
     source = (stdlib_root() / relative_path).read_bytes()
     try:
         tree = ast.parse(source, filename=relative_path)
@@ -110,7 +106,7 @@ def _docstrings(relative_path: str) -> Iterator[StdlibDocument]:
             text = ast.get_docstring(node, clean=True)
             if text and len(text) > MIN_DOCSTRING_CHARS:
                 line = node.body[0].lineno
-                found.append((line, StdlibDocument(f"{relative_path}:{line}", text)))
+                found.append((line, Document(text, f"{relative_path}:{line}")))
     yield from (doc for _, doc in sorted(found, key=lambda item: item[0]))
 
 

@@ -15,9 +15,9 @@ def test_docstrings_of_one_module():
         stdlib_corpus.documents("json/__init__.py", "validation")
     )
     assert docs and all(len(d.text) > stdlib_corpus.MIN_DOCSTRING_CHARS for d in docs)
-    assert docs[0].id == "json/__init__.py:1" or docs[0].id.startswith("json/__init__.py:")
+    assert docs[0].origin == "json/__init__.py:1" or docs[0].origin.startswith("json/__init__.py:")
     lines = [
-        int(d.id.rsplit(":", 1)[1]) for d in stdlib_corpus.documents("json/__init__.py", "train")
+        int(d.origin.rsplit(":", 1)[1]) for d in stdlib_corpus.documents("json/__init__.py", "train")
     ]
     assert lines == sorted(lines)
     assert any("JSON" in d.text for d in docs)
