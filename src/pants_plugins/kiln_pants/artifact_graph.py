@@ -142,11 +142,6 @@ class ArtifactGraph(Collection[Artifact]):
 
 
 @dataclass(frozen=True)
-class ArtifactGraphRequest:
-    addresses: Addresses
-
-
-@dataclass(frozen=True)
 class TokenizerFiles:
     """A tokenizer directory from a `files`/`resources` target."""
 
@@ -482,6 +477,11 @@ def _artifact(
         in_store=not inline,
         parent=parent,
     )
+
+
+@dataclass(frozen=True)
+class ArtifactGraphRequest:
+    addresses: Addresses
 
 
 @rule(desc="Computing artifact fingerprints")
