@@ -108,6 +108,11 @@ class TrainingSlots:
     folder: str
     count: int
 
+    def command_prefix(self, python: str, log: str) -> tuple[str, ...]:
+        """The command's prefix that waits for a free slot, holds it (a lock the training
+        inherits) and then starts the training with its output in `log`."""
+        return (python, "-c", _IN_A_SLOT, self.folder, str(self.count), log)
+
 
 @dataclass(frozen=True)
 class StepRequest:
@@ -242,8 +247,7 @@ async def build_training_step(
     if step.slots is None:
         wrapper: tuple[str, ...] = ("/bin/sh", "-c", _TO_LOG, "kiln-build", step.log)
     else:
-        python = prepared.runtime.pex.python.argv0
-        wrapper = (python, "-c", _IN_A_SLOT, step.slots.folder, str(step.slots.count), step.log)
+        wrapper = step.slots.command_prefix(prepared.runtime.pex.python.argv0, step.log)
     result = await Get(
         FallibleProcessResult, Process, replace(process, argv=(*wrapper, *process.argv))
     )
