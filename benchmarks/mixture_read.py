@@ -4,7 +4,7 @@
 
 The trainer's own path: `MixtureDataset.batch(step, batch_size)` (kiln.data.mixture: block layout,
 Feistel-shuffled windows, TensorStore reads, segment ids and loss mask) on the trainer's
-background thread (`kiln.train.trainer.prefetched`, PREFETCH_BATCHES ahead), the cache freshly
+background thread (`kiln.train.setup.prefetched`, PREFETCH_BATCHES ahead), the cache freshly
 opened. The consumer takes each batch as soon as it is ready, so the wait per step is what a device
 infinitely faster than the loader would wait: the time the loader needs per batch. Goal: 10x what
 one H200 consumes at the 1.4B step, 35k tokens/s (benchmarks/RESULTS.md, "1.4B train step").
@@ -34,7 +34,7 @@ def data_waits(cache_dir: Path, seq_len: int, batch_size: int, steps: int) -> li
     """Seconds the training loop waits in next(batches) at each step, the consumer doing nothing."""
     from kiln.data.cache import TokenCache
     from kiln.data.mixture import MixtureDataset, mixture_block_size
-    from kiln.train.trainer import PREFETCH_BATCHES, prefetched
+    from kiln.train.setup import PREFETCH_BATCHES, prefetched
 
     cache = TokenCache.open(cache_dir)
     block = mixture_block_size(batch_size, num_train_steps=1_000_000)

@@ -9,7 +9,9 @@ with a TrainingError naming the field.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,8 @@ from kiln.train.metrics import Throughput, WandbSettings, peak_flops_per_device
 from kiln.train.spec import Resources, RuntimeSpec, TrainConfig, TrainSpec
 
 log = logging.getLogger(__name__)
+
+PREFETCH_BATCHES = 2
 
 # The state a run starts from when `config.init_from` names weights: given by the runner (which
 # reads published weights or a parent run), called with init_from and the freshly initialised
@@ -74,6 +78,17 @@ def open_data(spec: TrainSpec) -> RunData:
     )
     tokenizer_spec = caches[0].info["tokenizer"].get("spec")
     return RunData(tuple(caches), mixture, validation, tokenizer, tokenizer_spec)
+
+
+def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Generator[Any, None, None]:
+    """make(step) for each step, computed `depth` steps ahead on a background thread."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-data") as pool:
+        pending = deque(pool.submit(make, s) for s in steps[:depth])
+        for s in steps[depth:]:
+            pending.append(pool.submit(make, s))
+            yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def eval_batches(runtime: RuntimeSpec, cache: Any, cfg: TrainConfig) -> int:
@@ -226,6 +241,16 @@ class TrainerSetup:
             "devices": {"count": len(devices), "kind": devices[0].device_kind},
             "process_count": jax.process_count(),
         }
+
+    def batches(self, steps: range) -> Generator[dict[str, Any], None, None]:
+        """The mixture's batches of `steps` (0-based), sharded over the mesh, each made
+        PREFETCH_BATCHES steps ahead on a background thread."""
+        from kiln.train.step import shard_batch
+
+        def batch(step: int) -> dict[str, Any]:
+            return shard_batch(self.data.mixture.batch(step, self.cfg.batch_size), self.mesh)
+
+        return prefetched(batch, steps, PREFETCH_BATCHES)
 
     def _throughput(self) -> Throughput:
         from kiln.model.config import flops_per_token

@@ -19,9 +19,7 @@ import json
 import logging
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +56,6 @@ from kiln_contract.layout import RUN_CONFIG_FILE, RUN_SUMMARY_FILE
 
 log = logging.getLogger(__name__)
 
-PREFETCH_BATCHES = 2
 # The loop reads the device's results (loss, grad norm) at these steps only, so the host queues
 # the next steps while the device computes: every SYNC_EVERY_STEPS steps, and wherever the state
 # is read or a decision is taken (the first and last step of an invocation, validation, evals,
@@ -84,17 +81,6 @@ class FinishedRun:
     model_config: LlamaConfig
     params: Any  # nnx.State: the parameters after the last step, on the trainer's mesh
     checkpoint: CheckpointInfo | None  # the newest committed one
-
-
-def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Generator[Any, None, None]:
-    """make(step) for each step, computed `depth` steps ahead on a background thread."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kiln-data") as pool:
-        pending = deque(pool.submit(make, s) for s in steps[:depth])
-        for s in steps[depth:]:
-            pending.append(pool.submit(make, s))
-            yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
 
 
 def training_steps(
@@ -172,7 +158,7 @@ class Trainer:
                 end_step = min(end_step, start.step + self.runtime.max_steps_this_run)
             if start.step == 0 and self.runtime.validate_at_start:
                 self._validate(0, start.state)
-            batches = prefetched(self._batch, range(start.step, end_step), PREFETCH_BATCHES)
+            batches = self.setup.batches(range(start.step, end_step))
             cleanup.enter_context(contextlib.closing(batches))
             signals = cleanup.enter_context(StopSignals())
             compilations = cleanup.enter_context(compilation_cache.watching())
@@ -227,12 +213,6 @@ class Trainer:
         )
         if self.control is not None:
             cleanup.callback(self.control.stop)
-
-    def _batch(self, step: int) -> dict[str, Any]:
-        from kiln.train.step import shard_batch
-
-        batch = self.setup.data.mixture.batch(step, self.cfg.batch_size)
-        return shard_batch(batch, self.setup.mesh)
 
     def _time_first_step(self, step: int, compilations: Compilations) -> None:
         """The invocation's first step, timed to its metrics on the host: it includes compiling
