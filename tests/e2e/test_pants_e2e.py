@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from kiln_contract.train import CPU_MALLOC_TUNABLES
 from tests.e2e.workspace import store_rows
 
 TARGET = "experiments:ci_tiny"
@@ -84,6 +85,7 @@ def _build_hit_and_rebuild(repo: Path) -> None:
     # Run-time BUILD fields reach the trainer: per_device_parallelism=2 on 1 device, batch 4.
     config = json.loads((artifact / "config.json").read_text())
     assert config["microbatches"] == 2
+    assert config["glibc_tunables"] == CPU_MALLOC_TUNABLES  # the CPU allocator setting
     assert config["spec"]["runtime"]["mesh"] == {"data": 1, "fsdp": -1, "tensor": 1}
     # The harness ran the local lm-eval task (experiments/eval_tasks) at the last step.
     summary = json.loads((artifact / "summary.json").read_text())
@@ -239,6 +241,7 @@ def test_two_pants_runs_train_one_checkpoint_as_a_multihost_run(
     assert "kiln: built" not in outputs[1][0]
     config = json.loads((artifact / "config.json").read_text())
     assert config["process_count"] == 2 and config["devices"]["count"] == 2
+    assert config["glibc_tunables"] == CPU_MALLOC_TUNABLES  # given by `pants run` too
     argv = json.loads((artifact / "artifact.json").read_text())["provenance"]["argv"]
     assert argv[argv.index("--process-id") + 1] == "0"
     assert "Samples from step-20" in (artifact / "summary.txt").read_text()

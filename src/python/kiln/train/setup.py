@@ -9,6 +9,7 @@ with a TrainingError naming the field.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
@@ -240,6 +241,8 @@ class TrainerSetup:
             "microbatches": self.microbatches,
             "devices": {"count": len(devices), "kind": devices[0].device_kind},
             "process_count": jax.process_count(),
+            # The allocator setting the process started with (Resources.process_env), or None.
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         }
 
     def batches(self, steps: range) -> Generator[dict[str, Any], None, None]:
