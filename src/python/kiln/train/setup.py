@@ -1,9 +1,9 @@
 """What a run trains with, set up from its spec before any step (as Levanter's `Trainer`
 set-up): the opened data and its batches (prefetched on a thread), the model's config, the
 mesh, the trackers' settings, the checkpointer, the step functions (jitted, compiled at their
-first call) and the lm-eval suite; and the state the run starts from, restored from its newest intact complete checkpoint or
-freshly initialised (`TrainerSetup.initial_state`). Bad run-time settings fail here, at step 0,
-with a TrainingError naming the field.
+first call) and the lm-eval suite; and the state the run starts from, restored from its newest
+intact complete checkpoint or freshly initialised (`TrainerSetup.initial_state`). Bad run-time
+settings fail here, at step 0, with a TrainingError naming the field.
 """
 
 from __future__ import annotations
