@@ -110,7 +110,7 @@ def _start(run: StepRun) -> None:
     step, destination, workspace = run.step, run.destination, run.workspace
     if destination.artifact_store:
         replacing.begin(step, destination.folder, force=run.force)
-    with failure_recorded(workspace.local, writer=True):
+    with failure_recorded(ArtifactFolder.at(workspace.local), writer=True):
         if destination.artifact_store:
             place_inputs(step, run.inputs_root, destination.store)
         else:

@@ -37,10 +37,9 @@ def train(
     compilation_cache.use(compile_cache)
     progress.configure_logging()
     spec, workspace = run.spec, run.workspace
-    output = spec.output_path
-    folder = ArtifactFolder.at(output)
+    folder = ArtifactFolder.at(spec.output_path)
     writer = lease is not None
-    with failure_recorded(output, writer=writer):
+    with failure_recorded(folder, writer=writer):
         try:
             finished = train_to_end(spec, plot_run, functools.partial(_start_from, parents))
         except TrainingError as e:
@@ -51,7 +50,7 @@ def train(
         except TrainingStopped as e:  # RUNNING, resumable
             print(e.line, file=sys.stderr)
             if writer:
-                _record_stop(output, str(e))
+                _record_stop(folder, str(e))
             return e.exit_code
         # The final checkpoint in the store, whole, before any host reports or writes STATUS.
         workspace.publish(status=False, final=True)
@@ -97,7 +96,7 @@ def _start_from(
 
 
 @contextlib.contextmanager
-def failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
+def failure_recorded(folder: ArtifactFolder, *, writer: bool) -> Iterator[None]:
     """Ends a failing build with its reason (FAILURE_FILE) and STATUS FAILED (written by the
     lease holder) and turns a storage failure (no space, no permission, an I/O error) into a
     StorageError naming the path and the cause; an interrupted one records why and stays
@@ -107,18 +106,18 @@ def failure_recorded(output: Path, *, writer: bool) -> Iterator[None]:
     except LeaseLost:
         raise
     except Exception as e:
-        failure = as_storage_error(e, output)
+        failure = as_storage_error(e, folder.location())
         if writer:
-            ArtifactFolder.at(output).mark_failed(artifacts.failure_reason(failure or e))
+            folder.mark_failed(artifacts.failure_reason(failure or e))
         if failure is not None:
             raise failure from None
         raise
     except KeyboardInterrupt as e:
         if writer:
-            _record_stop(output, artifacts.failure_reason(e))
+            _record_stop(folder, artifacts.failure_reason(e))
         raise
 
 
-def _record_stop(output: Path, reason: str) -> None:
+def _record_stop(folder: ArtifactFolder, reason: str) -> None:
     with contextlib.suppress(OSError):
-        ArtifactFolder.at(output).record_stop(reason)
+        folder.record_stop(reason)
