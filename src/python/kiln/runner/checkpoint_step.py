@@ -110,7 +110,8 @@ def _start(run: StepRun) -> None:
     step, destination, workspace = run.step, run.destination, run.workspace
     if destination.artifact_store:
         replacing.begin(step, destination.folder, force=run.force)
-    with failure_recorded(ArtifactFolder.at(workspace.local), writer=True):
+    written = ArtifactFolder.at(workspace.local)  # the folder the trainer writes
+    with failure_recorded(written, writer=True):
         if destination.artifact_store:
             place_inputs(step, run.inputs_root, destination.store)
         else:
@@ -119,7 +120,7 @@ def _start(run: StepRun) -> None:
             _restart_dev_run(step, destination)
         workspace.pull(checkpoints=True)
         destination.folder.clear_stop_reason()
-        _begin(run)
+        _begin(run, written)
         workspace.publish(status=True, final=False)
 
 
@@ -216,13 +217,12 @@ def _restart_dev_run(step: StepSpec, destination: Destination) -> None:
     destination.store.remove_folder(checkpoints)
 
 
-def _begin(run: StepRun) -> None:
+def _begin(run: StepRun, written: ArtifactFolder) -> None:
     """Writes STATUS RUNNING, the record (with the cluster job's id and retries, when it is one)
-    and, for people, the train spec into the workspace."""
+    and, for people, the train spec into the workspace's folder (`written`)."""
     step, cluster_job = run.step, run.cluster_job
     output = run.workspace.local
     output.mkdir(parents=True, exist_ok=True)
-    written = ArtifactFolder.at(output)
     written.write_status(RUNNING)
     written.clear_stop_reason()  # a reason of an earlier run
     job = {"cluster_job": cluster_job} if cluster_job else {}
