@@ -92,8 +92,8 @@ class Compilations:
 @contextmanager
 def watching() -> Iterator[Compilations]:
     """Counts, in the block, the compilations that consulted the persistent cache and its hits
-    (jax's monitoring events; in this process, from any thread). None while no cache folder is
-    set: jax reports lookups then too, though nothing is kept."""
+    (jax's monitoring events; in this process, from any thread). Nothing is counted while no
+    cache folder is set: jax reports lookups then too, though nothing is kept."""
     from jax import monitoring
 
     compilations = Compilations()
