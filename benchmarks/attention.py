@@ -1,8 +1,15 @@
-"""Kiln's Pallas flash attention against XLA and cuDNN attention: error first, then speed.
+"""Kiln's Pallas flash attention against the device's anchors: error first, then speed.
 
     PYTHONPATH=src/python python3 benchmarks/attention.py            # full sweep (GPU)
     PYTHONPATH=src/python python3 benchmarks/attention.py --quick    # tiny sizes, CPU interpret mode
     PYTHONPATH=src/python python3 benchmarks/attention.py --layouts docs --seqs 2048 4096
+    PYTHONPATH=src/python python3 benchmarks/attention.py --tune --groups 1 4   # TPU
+
+On a GPU the others are XLA and cuDNN (the anchor); on a TPU jax's splash attention (the anchor)
+and pallas.ops.tpu.flash_attention (benchmarks/tpu_attention.py). With --tune (TPU), the tiles
+of ours and of splash are first chosen by measurement at --tune-seq on the none and docs layouts
+(forward tiles, then backward tiles with the best forward; splash's candidates whole), each
+candidate's time printed, and the sweep uses the winners (--json records them).
 
 For every config it checks each implementation's output (and, for fwd+bwd, dQ/dK/dV) against
 reference_attention in fp32 on one batch row and one kv-head group, then times forward and
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -30,6 +38,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tpu_attention  # benchmarks/tpu_attention.py
 from segment_layouts import LAYOUTS, describe, segment_ids  # benchmarks/segment_layouts.py
 
 from kiln.artifacts.atomic import atomic_write_json
@@ -38,7 +47,8 @@ from kiln.kernels.flash_attention import flash_attention
 from kiln.kernels.reference import reference_attention
 from kiln.model.attention import cudnn_packed_attention, cudnn_packed_layout
 
-IMPLEMENTATIONS = ("ours", "xla", "cudnn")
+IMPLEMENTATIONS = {"gpu": ("ours", "xla", "cudnn"), "tpu": ("ours", "splash", "jax_flash")}
+ANCHORS = {"gpu": "cudnn", "tpu": "splash"}
 PASSES = ("fwd", "fwd+bwd")
 BACKWARD_FLOPS_FACTOR = 3.5
 DTYPES = {"bf16": jnp.bfloat16, "fp32": jnp.float32}
@@ -69,14 +79,24 @@ class Measurement:
     note: str = ""
 
 
+def platform() -> str:
+    """The platform whose implementations are compared: CPU runs the GPU's list (interpret)."""
+    return "tpu" if jax.default_backend() == "tpu" else "gpu"
+
+
 def attention(
     implementation: str,
     causal: bool,
     settings: tuple[BlockSizes, LaunchParams] | None = None,
     max_segments: int = 1,
+    splash_candidate: tuple = tpu_attention.SPLASH_CANDIDATES[0],
 ) -> Callable[..., jax.Array]:
     """implementation's attention(q, k, v, segment_ids or None); ours with `settings` (None: the
-    table's); cuDNN's packed layout sized for max_segments documents per row."""
+    table's); cuDNN's packed layout sized for max_segments documents per row; splash's tiles."""
+    if implementation == "splash":
+        return tpu_attention.splash_attention(causal, splash_candidate)
+    if implementation == "jax_flash":
+        return tpu_attention.jax_flash_attention(causal)
     if implementation == "ours":
         block_sizes, launch = settings or (None, None)
         return lambda q, k, v, ids: flash_attention(
@@ -121,10 +141,11 @@ def check_error(result, reference, config: Config) -> float:
     group = config.num_heads // config.num_kv_heads
     results = result if isinstance(result, tuple) else (result,)
     references = reference if isinstance(reference, tuple) else (reference,)
-    head_counts = (group, group, 1, 1)  # out/dq carry q heads; dk, dv carry kv heads.
+    # out and dq carry q heads; dk, dv carry kv heads.
+    head_counts = (group,) if len(results) == 1 else (group, 1, 1)
     return max(
         relative_error(actual[:1, :, :heads], expected)
-        for actual, expected, heads in zip(results, references, head_counts[-len(results) :])
+        for actual, expected, heads in zip(results, references, head_counts)
     )
 
 
@@ -138,7 +159,8 @@ def reference_on_slice(q, k, v, d_out, ids, config: Config, pass_name: str):
     def fn(q, k, v, ids):
         return reference_attention(q, k, v, ids, causal=config.causal)
 
-    return as_pass(fn, pass_name)(q, k, v, d_out, ids)
+    with jax.default_matmul_precision("highest"):  # a TPU's default would round to bf16
+        return as_pass(fn, pass_name)(q, k, v, d_out, ids)
 
 
 def device_seconds(fn: Callable, args: tuple, iters: int, repeats: int = 3) -> float:
@@ -161,11 +183,14 @@ def measure(
 ) -> Measurement:
     if implementation == "cudnn" and jax.default_backend() != "gpu":
         return Measurement(implementation, None, None, "n/a")
-    settings = options.block_sizes.get(config.head_dim)
+    settings = ours_settings(options, config.head_dim)
+    splash = splash_tiles(options, config.head_dim)
     ids = args[-1]
     # cuDNN's packed layout at its tightest for this batch: its most documents in a row.
     max_segments = 1 if ids is None else int((ids[:, 1:] != ids[:, :-1]).sum(axis=1).max()) + 1
-    fn = as_pass(attention(implementation, config.causal, settings, max_segments), pass_name)
+    fn = as_pass(
+        attention(implementation, config.causal, settings, max_segments, splash), pass_name
+    )
     try:
         error = check_error(fn(*args), reference, config)
         seconds = device_seconds(fn, args, options.iters)
@@ -198,19 +223,20 @@ def sweep(options) -> list[Config]:
     for seq_len in options.seqs:
         for head_dim in options.head_dims:
             num_heads = options.num_heads or max(1, options.model_dim // head_dim)
-            for causal in options.causal:
-                for layout in options.layouts:
-                    configs.append(
-                        Config(
-                            seq_len=seq_len,
-                            head_dim=head_dim,
-                            causal=causal,
-                            batch=max(1, options.tokens // seq_len),
-                            num_heads=num_heads,
-                            num_kv_heads=num_heads // options.group,
-                            layout=layout,
+            for group in options.groups:
+                for causal in options.causal:
+                    for layout in options.layouts:
+                        configs.append(
+                            Config(
+                                seq_len=seq_len,
+                                head_dim=head_dim,
+                                causal=causal,
+                                batch=max(1, options.tokens // seq_len),
+                                num_heads=num_heads,
+                                num_kv_heads=num_heads // group,
+                                layout=layout,
+                            )
                         )
-                    )
     return configs
 
 
@@ -220,28 +246,34 @@ def format_cell(measurement: Measurement, flops: float) -> tuple[str, str]:
     return f"{flops / measurement.seconds / 1e12:.3g}", f"{measurement.error:.1e}"
 
 
-HEADER = (
-    f"{'seq':>6} {'dim':>4} {'causal':>6} {'layout':>6} {'pass':>8} {'ours ms':>9} "
-    + " ".join(f"{name + ' TF/s':>10}" for name in IMPLEMENTATIONS)
-    + f" {'ours/cuDNN':>10} "
-    + " ".join(f"{name + ' err':>10}" for name in IMPLEMENTATIONS)
-)
+def header() -> str:
+    names = IMPLEMENTATIONS[platform()]
+    return (
+        f"{'seq':>6} {'dim':>4} {'gqa':>4} {'causal':>6} {'layout':>6} {'pass':>8} {'ours ms':>9} "
+        + " ".join(f"{name + ' TF/s':>14}" for name in names)
+        + f" {'ours/' + ANCHORS[platform()]:>12} "
+        + " ".join(f"{name + ' err':>13}" for name in names)
+    )
 
 
 def table_row(config: Config, pass_name: str, measurements: list[Measurement]) -> str:
+    """The row's TF/s and errors; ours/anchor is the anchor's time over ours (> 1: ours is
+    faster)."""
     flops = config.forward_flops() * (BACKWARD_FLOPS_FACTOR if pass_name == "fwd+bwd" else 1)
     cells = [format_cell(m, flops) for m in measurements]
-    ours, cudnn = measurements[0], measurements[2]
+    ours = measurements[0]
+    anchor = measurements[IMPLEMENTATIONS[platform()].index(ANCHORS[platform()])]
     ratio = "n/a"
-    if ours.seconds is not None and cudnn.seconds is not None:
-        ratio = f"{cudnn.seconds / ours.seconds:.2f}"
+    if ours.seconds is not None and anchor.seconds is not None:
+        ratio = f"{anchor.seconds / ours.seconds:.2f}"
     ours_ms = "fail" if ours.seconds is None else f"{ours.seconds * 1e3:.3f}"
+    gqa = f"{config.num_heads // config.num_kv_heads}:1"
     return (
-        f"{config.seq_len:>6} {config.head_dim:>4} {config.causal!s:>6} {config.layout:>6} "
-        f"{pass_name:>8} {ours_ms:>9} "
-        + " ".join(f"{tflops:>10}" for tflops, _ in cells)
-        + f" {ratio:>10} "
-        + " ".join(f"{error:>10}" for _, error in cells)
+        f"{config.seq_len:>6} {config.head_dim:>4} {gqa:>4} {config.causal!s:>6} "
+        f"{config.layout:>6} {pass_name:>8} {ours_ms:>9} "
+        + " ".join(f"{tflops:>14}" for tflops, _ in cells)
+        + f" {ratio:>12} "
+        + " ".join(f"{error:>13}" for _, error in cells)
     )
 
 
@@ -259,7 +291,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--model-dim", type=int, default=2048, help="heads = model_dim / head_dim")
     parser.add_argument("--num-heads", type=int, default=0, help="overrides --model-dim")
-    parser.add_argument("--group", type=int, default=1, help="q heads per kv head (GQA)")
+    parser.add_argument(
+        "--groups", type=int, nargs="+", default=[1], help="q heads per kv head (GQA), each"
+    )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="TPU: choose ours' and splash's tiles by measurement first (module docstring)",
+    )
+    parser.add_argument("--tune-seq", type=int, default=4096)
+    parser.add_argument(
+        "--tune-json",
+        help="write the tuned tiles here: a settings file for --block-sizes, splash's under "
+        '"splash"',
+    )
     parser.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seq")
     parser.add_argument("--iters", type=int, default=10, help="calls per timed sample (3 samples)")
     parser.add_argument(
@@ -273,8 +318,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         options.seqs, options.head_dims, options.num_heads = [128], [64], 2
         options.tokens, options.iters = 256, 2
     options.causal = [value == "true" for value in options.causal]
+    options.splash_blocks = load_splash_tiles(options.block_sizes)
     options.block_sizes = load_block_sizes(options.block_sizes)
     return options
+
+
+def load_splash_tiles(path: str | None) -> dict[int, tuple]:
+    """{head_dim: splash candidate} from a settings file's "splash" entry (--tune-json's)."""
+    if path is None:
+        return {}
+    with open(path) as file:
+        entries = json.load(file).get("splash", {})
+    return {int(dim): tuple(candidate) for dim, candidate in entries.items()}
+
+
+def write_tuned(path: str, options) -> None:
+    settings: dict = {
+        str(dim): {**dataclasses.asdict(blocks), **dataclasses.asdict(launch)}
+        for dim, (blocks, launch) in options.block_sizes.items()
+    }
+    settings["splash"] = {str(dim): list(c) for dim, c in options.splash_blocks.items()}
+    atomic_write_json(path, settings)
 
 
 def load_block_sizes(path: str | None) -> dict[int, tuple[BlockSizes, LaunchParams]]:
@@ -320,24 +384,116 @@ def matmul_tflops(size: int = 8192) -> float:
     return 2.0 * size**3 / seconds / 1e12
 
 
+def tune(options) -> None:
+    """Chooses ours' and splash's tiles per head dim by measurement at --tune-seq (causal, layouts
+    none and docs, no GQA), printing each candidate's summed time: ours' forward tiles by the
+    forward's time, then its backward tiles by forward+backward's; splash's whole by
+    forward+backward's. Sets options.block_sizes and options.splash_blocks."""
+    for head_dim in options.head_dims:
+        num_heads = options.num_heads or max(1, options.model_dim // head_dim)
+        batch = max(1, options.tokens // options.tune_seq)
+        configs = [
+            Config(options.tune_seq, head_dim, True, batch, num_heads, num_heads, layout)
+            for layout in ("none", "docs")
+        ]
+        inputs = [make_inputs(config, DTYPES[options.dtype]) for config in configs]
+        seconds = functools.partial(summed_seconds, configs, inputs, options.iters)
+        blocks, splash = tuned_tiles(f"d={head_dim}", seconds)
+        options.block_sizes[head_dim] = (blocks, LaunchParams())
+        options.splash_blocks[head_dim] = splash
+
+
+def tuned_tiles(what: str, seconds: Callable) -> tuple[BlockSizes, tuple]:
+    """(ours' best tiles, splash's best candidate), with seconds(fn_of_config, pass_name)."""
+
+    def ours(blocks: BlockSizes) -> Callable:
+        return lambda config: attention("ours", True, (blocks, LaunchParams()))
+
+    def splash(candidate: tuple) -> Callable:
+        return lambda config: attention("splash", True, splash_candidate=candidate)
+
+    forward = best_of(
+        f"ours fwd {what}", tpu_attention.ours_candidates(None),
+        lambda blocks: seconds(ours(blocks), "fwd"),
+    )  # fmt: skip
+    blocks = best_of(
+        f"ours fwd+bwd {what}", tpu_attention.ours_candidates(forward),
+        lambda blocks: seconds(ours(blocks), "fwd+bwd"),
+    )  # fmt: skip
+    splash_tiles = best_of(
+        f"splash fwd+bwd {what}", tpu_attention.SPLASH_CANDIDATES,
+        lambda candidate: seconds(splash(candidate), "fwd+bwd"),
+    )  # fmt: skip
+    return blocks, splash_tiles
+
+
+def ours_settings(options, head_dim: int) -> tuple[BlockSizes, LaunchParams] | None:
+    """Ours' settings for a head dim from --block-sizes or --tune (the largest head dim's when
+    it has none, as the kernel table does); None: the table's."""
+    settings = options.block_sizes
+    return settings.get(head_dim, settings[max(settings)]) if settings else None
+
+
+def splash_tiles(options, head_dim: int) -> tuple:
+    """Splash's tiles for a head dim: tuned or loaded for it, else for the largest head dim
+    given (as the kernel table does), else its first candidate."""
+    tiles = options.splash_blocks
+    if not tiles:
+        return tpu_attention.SPLASH_CANDIDATES[0]
+    return tiles.get(head_dim, tiles[max(tiles)])
+
+
+def summed_seconds(
+    configs: list[Config], inputs: list, iters: int, fn_of_config: Callable, pass_name: str
+) -> float:
+    """The pass's device seconds summed over the configs (their inputs given)."""
+    return sum(
+        device_seconds(as_pass(fn_of_config(config), pass_name), args, iters)
+        for config, args in zip(configs, inputs)
+    )
+
+
+def best_of(what: str, candidates: list, seconds_of: Callable):
+    """The candidate with the least seconds_of(candidate); each printed, failures included."""
+    timed = []
+    for candidate in candidates:
+        try:
+            timed.append((seconds_of(candidate), candidate))
+            print(f"  tune {what}: {candidate}: {timed[-1][0] * 1e3:.3f} ms", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a candidate that does not fit is skipped
+            print(f"  tune {what}: {candidate}: {type(exc).__name__}: {exc}"[:300], flush=True)
+    if not timed:
+        raise RuntimeError(f"tune {what}: every candidate failed")
+    best = min(timed, key=lambda pair: pair[0])[1]
+    print(f"  tune {what}: best {best}", flush=True)
+    return best
+
+
 def main(argv: list[str] | None = None) -> None:
     options = parse_args(argv)
     device = jax.devices()[0]
     print(
         f"jax {jax.__version__} on {device.platform}: {device.device_kind}; dtype {options.dtype}"
     )
-    if device.platform == "gpu":
+    if device.platform in ("gpu", "tpu"):
         print(f"  bf16 8192^3 matmul (ceiling, this run): {matmul_tflops():.0f} TF/s")
+    if options.tune:
+        tune(options)
+        if options.tune_json:
+            write_tuned(options.tune_json, options)
     for head_dim in options.head_dims:
-        blocks, launch = options.block_sizes.get(head_dim) or default_block_sizes(
-            device.device_kind, head_dim
+        lowering = "mosaic" if platform() == "tpu" else "triton"
+        blocks, launch = ours_settings(options, head_dim) or default_block_sizes(
+            device.device_kind, head_dim, lowering
         )
         print(f"  settings (d={head_dim}): {blocks} {launch}")
+        if platform() == "tpu":
+            print(f"  splash tiles (d={head_dim}): {splash_tiles(options, head_dim)}")
     for layout in options.layouts:
         for seq_len in options.seqs:
             batch = max(1, options.tokens // seq_len)
             print(f"  {layout} at seq {seq_len}: {describe(segment_ids(layout, batch, seq_len))}")
-    print(HEADER)
+    print(header())
     rows = []
     for config in sweep(options):
         args = make_inputs(config, DTYPES[options.dtype])
@@ -345,15 +501,19 @@ def main(argv: list[str] | None = None) -> None:
             reference = reference_on_slice(*args, config, pass_name)
             measurements = [
                 measure(name, config, pass_name, args, reference, options)
-                for name in IMPLEMENTATIONS
+                for name in IMPLEMENTATIONS[platform()]
             ]
             print(table_row(config, pass_name, measurements), flush=True)
+            settings = ours_settings(options, config.head_dim)
             rows.append(
                 {
                     "config": dataclasses.asdict(config),
                     "pass": pass_name,
                     "dtype": options.dtype,
                     "device_kind": device.device_kind,
+                    "jax": jax.__version__,
+                    "ours_settings": None if settings is None else dataclasses.asdict(settings[0]),
+                    "splash_tiles": splash_tiles(options, config.head_dim),
                     "results": [dataclasses.asdict(m) for m in measurements],
                 }
             )

@@ -63,6 +63,34 @@ MODELS = {
         num_layers=2,
         vocab_size=1024,
     ),
+    # GPT-2-small-shaped and medium-shaped Llamas with a 32k vocabulary: what one TPU v5e trains.
+    "150m": LlamaConfig(
+        max_seq_len=2048,
+        hidden_dim=768,
+        intermediate_dim=3072,
+        num_heads=6,
+        num_kv_heads=6,
+        num_layers=12,
+        vocab_size=32000,
+    ),
+    "470m": LlamaConfig(
+        max_seq_len=2048,
+        hidden_dim=1024,
+        intermediate_dim=4096,
+        num_heads=8,
+        num_kv_heads=8,
+        num_layers=24,
+        vocab_size=32000,
+    ),
+    "760m": LlamaConfig(
+        max_seq_len=2048,
+        hidden_dim=1536,
+        intermediate_dim=6144,
+        num_heads=12,
+        num_kv_heads=12,
+        num_layers=24,
+        vocab_size=32000,
+    ),
     # The reference's 1.4B Llama with the Llama-3 vocabulary.
     "1.4b": LlamaConfig(
         max_seq_len=4096,
@@ -76,12 +104,16 @@ MODELS = {
 }
 DEFAULTS = {  # model -> (batch size, seq len, remat)
     "tiny": (8, 128, "none"),
+    "150m": (16, 2048, "save_dots"),
+    "470m": (8, 2048, "save_dots"),
+    "760m": (4, 2048, "full"),
     "1.4b": (4, 4096, "save_dots"),
 }
 PEAK_BF16_FLOPS = {  # dense, no sparsity
     "NVIDIA H200": 989e12,
     "NVIDIA H100 80GB HBM3": 989e12,
     "NVIDIA A100-SXM4-80GB": 312e12,
+    "TPU v5 lite": 197e12,  # v5e
 }
 
 
@@ -222,6 +254,7 @@ def measure(
         "mfu": mfu(config, seq_len, tokens_per_second, causal_halved=False),
         "mfu_causal": mfu(config, seq_len, tokens_per_second, causal_halved=True),
         "first_step_s": first_step_seconds,
+        "peak_gib": peak_memory_gib(),
         "warm_first_step_s": warm_first_step_seconds,
         "loss": float(metrics["loss"]),
         "profile": profile,
@@ -235,6 +268,13 @@ def make_batch(config: LlamaConfig, layout: str, batch_size: int, seq_len: int) 
     batch = {"tokens": tokens, "loss_mask": np.ones(tokens.shape, np.float32)}
     ids = segment_ids(layout, batch_size, seq_len)
     return batch if ids is None else {**batch, "segment_ids": ids}
+
+
+def peak_memory_gib() -> float | None:
+    """The device's peak bytes in use so far in this process (TPU and GPU report it)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**30
 
 
 def timed_step(train_step, state, batch) -> tuple[object, float]:
@@ -273,7 +313,7 @@ def mfu(
 
 TABLE_HEADER = (
     f"{'layout':<6} {'attention':<10} {'tokens/s':>12} {'step ms':>10} {'MFU full':>9} "
-    f"{'MFU causal':>10} {'1st step s':>11} {'warm 1st s':>11} {'loss':>8}"
+    f"{'MFU causal':>10} {'peak GiB':>9} {'1st step s':>11} {'warm 1st s':>11} {'loss':>8}"
 )
 
 
@@ -290,6 +330,7 @@ def print_row(row: dict) -> None:
     print(
         f"{row['layout']:<6} {row['attention']:<10} {row['tokens_per_second']:>12,.0f} "
         f"{row['step_ms']:>10.1f} {percent(row['mfu']):>9} {percent(row['mfu_causal']):>10} "
+        f"{'-' if row['peak_gib'] is None else format(row['peak_gib'], '.2f'):>9} "
         f"{row['first_step_s']:>11.2f} {'-' if warm is None else f'{warm:.2f}':>11} "
         f"{row['loss']:>8.4f}",
         flush=True,

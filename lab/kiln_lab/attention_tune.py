@@ -50,7 +50,7 @@ from attention import (  # benchmarks/attention.py
 )
 
 from kiln.artifacts.atomic import atomic_write_json
-from kiln.kernels import flash_attention as fa
+from kiln.kernels import triton_attention
 from kiln.kernels.block_sizes import default_block_sizes
 from kiln.kernels.reference import reference_attention
 from kiln_lab.flash_attention_hopper import hopper_forward
@@ -100,7 +100,7 @@ class KernelBench:
         shape = (problem.batch, problem.seq_len, problem.num_heads, problem.head_dim)
         self.q, self.k, self.v, self.d_out = (jax.random.normal(key, shape, dtype) for key in keys)
         base = self.config(fields_of(*default_block_sizes("", problem.head_dim)))
-        self.out, self.lse = jax.jit(lambda q, k, v: fa._forward(q, k, v, None, base.triton))(
+        self.out, self.lse = jax.jit(lambda q, k, v: triton_attention.forward(q, k, v, None, base.triton))(
             self.q, self.k, self.v
         )
         self.delta = jnp.einsum(
@@ -153,7 +153,7 @@ class KernelBench:
                 self.v,
             )
         if name == "fwd":
-            return jax.jit(lambda q, k, v: fa._forward(q, k, v, None, config.triton)[0]), (
+            return jax.jit(lambda q, k, v: triton_attention.forward(q, k, v, None, config.triton)[0]), (
                 self.q,
                 self.k,
                 self.v,
@@ -164,7 +164,11 @@ class KernelBench:
             )
             fn = jax.jit(lambda *args: hopper_kernel(*args[:3], None, *args[3:], hopper_config))
         else:
-            body = {"dkv": fa._backward_dkv, "fused": fa._backward_dkv, "dq": fa._backward_dq}[name]
+            body = {
+                "dkv": triton_attention._backward_dkv,
+                "fused": triton_attention._backward_dkv,
+                "dq": triton_attention._backward_dq,
+            }[name]
             fn = jax.jit(lambda *args: body(*args[:3], None, *args[3:], config.triton))
         return fn, (self.q, self.k, self.v, self.d_out, self.lse, self.delta)
 

@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 
 from kiln.kernels import flash_attention as product
+from kiln.kernels import triton_attention
 from kiln.kernels.block_sizes import BlockSizes, LaunchParams, default_block_sizes
+from kiln.kernels.tiles import KernelConfig
 from kiln_lab.flash_attention_hopper import (
     COMPUTE_WARPGROUPS,
     WGMMA_ROWS,
@@ -87,7 +89,7 @@ class LabConfig:
     """Everything static about one call: the product's config for the Triton kernels, and each
     Hopper kernel's config where it runs instead."""
 
-    triton: product._KernelConfig
+    triton: KernelConfig
     forward: HopperConfig | None = None
     dkv: HopperConfig | None = None
     dq: HopperConfig | None = None
@@ -154,7 +156,8 @@ def lab_config(
     hopper.check(block_sizes, launch)
     block_sizes = _fit(block_sizes, seq_len, hopper)
     unit = max([block_sizes.largest, *_program_rows(block_sizes, hopper)])
-    triton = product._KernelConfig(
+    triton = KernelConfig(
+        lowering="triton",
         causal=causal,
         sm_scale=sm_scale,
         seq_len=seq_len,
@@ -232,7 +235,7 @@ def _attention(q, k, v, segment_ids, config: LabConfig):
 def _forward(q, k, v, segment_ids, config: LabConfig) -> tuple[jax.Array, jax.Array]:
     if config.forward is not None:
         return hopper_forward(q, k, v, segment_ids, config.forward)
-    return product._forward(q, k, v, segment_ids, config.triton)
+    return triton_attention.forward(q, k, v, segment_ids, config.triton)
 
 
 def _attention_fwd(q, k, v, segment_ids, config: LabConfig):
@@ -242,21 +245,21 @@ def _attention_fwd(q, k, v, segment_ids, config: LabConfig):
 
 def _attention_bwd(config: LabConfig, residuals, d_out):
     q, k, v, segment_ids, out, lse = residuals
-    delta = product._row_delta(out, d_out)
+    delta = triton_attention._row_delta(out, d_out)
     args = (q, k, v, segment_ids, d_out, lse, delta)
     if config.dkv is not None:
         dkv = hopper_dkv(*args, config.dkv)
     else:
-        dkv = product._backward_dkv(*args, config.triton)
+        dkv = triton_attention._backward_dkv(*args, config.triton)
     if config.triton.launch.fused_dq:  # dQ came with dK/dV: fp32, not yet scaled
         dq, dk, dv = dkv
-        dq = product._scaled_fused_dq(dq, config.triton.sm_scale, q.dtype)
+        dq = triton_attention.scaled_fused_dq(dq, config.triton.sm_scale, q.dtype)
     else:
         dk, dv = dkv
         if config.dq is not None:
             dq = hopper_dq(*args, config.dq)
         else:
-            dq = product._backward_dq(*args, config.triton)
+            dq = triton_attention._backward_dq(*args, config.triton)
     return dq, dk, dv, None
 
 

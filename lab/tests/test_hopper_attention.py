@@ -29,7 +29,7 @@ from kiln_testing.attention import (
 )
 
 from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES, BlockSizes, LaunchParams
-from kiln.kernels.h200_export import export_for_h200
+from kiln.kernels.device_export import export_for_h200
 from kiln.kernels.reference import reference_attention
 from kiln_lab import flash_attention_hopper
 from kiln_lab.hopper_attention import HopperKernels, flash_attention

@@ -46,6 +46,7 @@ class Case:
     # Segment ids drawn from a few values per run of tokens instead of counting up, so that
     # equal ids recur in runs far apart (the kernel takes any ids, not only numbered documents).
     relabelled: bool = False
+    lowering: str = "triton"  # "mosaic": the TPU kernels, in TPU interpret mode
 
 
 def fresh_seed(test_name: str) -> int:
@@ -112,11 +113,13 @@ def forward_and_grads(attention, q, k, v, segment_ids, d_out, **kwargs):
 
 
 def check_against_reference(attention: Callable, case: Case, seed: int) -> None:
-    """attention(q, k, v, segment_ids, causal=, block_sizes=, launch=)'s output and gradients
-    (a random cotangent) against reference_attention's, within TOLERANCES."""
+    """attention(q, k, v, segment_ids, causal=, block_sizes=, launch=, lowering=)'s output and
+    gradients (a random cotangent) against reference_attention's, within TOLERANCES."""
     q, k, v, segment_ids = make_inputs(case, seed)
     d_out = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), case.dtype)
     settings = {"causal": case.causal, "block_sizes": case.block_sizes, "launch": case.launch}
+    if case.lowering != "triton":  # the lab's kernels take the Triton lowering's arguments only
+        settings["lowering"] = case.lowering
     ours = jax.jit(lambda *a: forward_and_grads(attention, *a, **settings))(
         q, k, v, segment_ids, d_out
     )

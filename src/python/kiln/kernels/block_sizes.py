@@ -8,6 +8,7 @@ import dataclasses
 from jax.experimental import pallas as pl
 
 MIN_BLOCK = 16  # Triton's smallest dot operand dimension.
+COMPUTE_FIELDS = ("block_kv_compute", "block_kv_dkv_compute")  # sub-tiles; 0: the whole tile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +18,8 @@ class BlockSizes:
     block_q, block_kv: forward (a program owns a q tile and loops over kv tiles).
     block_q_dkv, block_kv_dkv: dK/dV (a program owns a kv tile, loops over q tiles and heads).
     block_q_dq, block_kv_dq: dQ (a program owns a q tile and loops over kv tiles).
+    block_kv_compute, block_kv_dkv_compute (Mosaic only, as splash's): keys per product inside
+    a forward or dK/dV kv tile, 0 for the whole tile; a tile is what one copy brings to VMEM.
     """
 
     block_q: int = 64
@@ -25,17 +28,28 @@ class BlockSizes:
     block_kv_dkv: int = 64
     block_q_dq: int = 64
     block_kv_dq: int = 64
+    block_kv_compute: int = 0
+    block_kv_dkv_compute: int = 0
 
     def __post_init__(self) -> None:
         for name, size in dataclasses.asdict(self).items():
+            if name in COMPUTE_FIELDS and size == 0:
+                continue
             if size < MIN_BLOCK or size & (size - 1):
                 raise ValueError(f"BlockSizes.{name}={size} must be a power of two >= {MIN_BLOCK}")
 
-    def fit_to(self, seq_len: int) -> BlockSizes:
-        """Shrinks tiles longer than the (power-of-two rounded) sequence: no work on padding."""
-        limit = max(MIN_BLOCK, pl.next_power_of_2(seq_len))
+    def fit_to(self, seq_len: int, smallest: int = MIN_BLOCK) -> BlockSizes:
+        """Shrinks tiles longer than the (power-of-two rounded) sequence, down to `smallest`
+        (a lowering's smallest tile): no work on padding."""
+        limit = max(smallest, pl.next_power_of_2(seq_len))
         tiles = dataclasses.asdict(self)
         return BlockSizes(**{name: min(size, limit) for name, size in tiles.items()})
+
+    def compute_tile(self, name: str) -> int:
+        """Keys per product inside the tile `name` (block_kv or block_kv_dkv)."""
+        tile = getattr(self, name)
+        compute = getattr(self, name + "_compute")
+        return min(compute, tile) if compute else tile
 
     @property
     def largest(self) -> int:
@@ -110,22 +124,48 @@ _H200_SETTINGS = {
         ),
     ),
 }
+# Measured best on a TPU v5e on 2026-12-06 (jax 0.10.2): forward tiles by the forward's time,
+# then the backward's with it, causal, seq 4096, head dim 128, bf16, summed over no segment ids
+# and packed documents (benchmarks/attention.py --tune; candidates in benchmarks/RESULTS.md).
+# Head dim 64 runs the same tiles (its table row was measured with them, not tuned).
+_TPU_V5E_SETTINGS = {
+    128: (
+        BlockSizes(
+            block_q=512,
+            block_kv=1024,
+            block_q_dkv=512,
+            block_kv_dkv=1024,
+            block_q_dq=1024,
+            block_kv_dq=1024,
+            block_kv_compute=512,
+            block_kv_dkv_compute=512,
+        ),
+        LaunchParams(),  # Triton's; Mosaic takes none of them
+    ),
+}
 # device kind -> head dim -> the block sizes and launch parameters measured best on that device.
 TUNED_BLOCK_SIZES: dict[str, dict[int, tuple[BlockSizes, LaunchParams]]] = {
     "NVIDIA H200": _H200_SETTINGS,
     "NVIDIA H100 80GB HBM3": _H200_SETTINGS,
+    "TPU v5 lite": _TPU_V5E_SETTINGS,
 }
-# Any other device (CPU interpret mode included): jax's own kernel's kind of sizes.
+# Any other device (CPU interpret mode included), per lowering: for Triton jax's own kernel's
+# kind of sizes; for Mosaic splash attention's kind (tiles of whole 128-lane rows, and large:
+# a TPU grid step costs ~0.35 us however little it does).
 GENERIC_BLOCK_SIZES = {
     64: (BlockSizes(), LaunchParams()),
     128: (BlockSizes(), LaunchParams(num_warps_fwd=8)),
 }
+GENERIC_MOSAIC_BLOCK_SIZES = {128: (BlockSizes(*[512] * 6), LaunchParams())}
 
 
-def default_block_sizes(device_kind: str, head_dim: int) -> tuple[BlockSizes, LaunchParams]:
-    """(BlockSizes, LaunchParams) for a jax `device_kind` and head dim; generic ones for unknown
-    devices."""
-    by_head_dim = TUNED_BLOCK_SIZES.get(device_kind, GENERIC_BLOCK_SIZES)
+def default_block_sizes(
+    device_kind: str, head_dim: int, lowering: str = "triton"
+) -> tuple[BlockSizes, LaunchParams]:
+    """(BlockSizes, LaunchParams) for a jax `device_kind`, head dim and lowering; generic ones
+    for devices not in the table."""
+    generic = GENERIC_MOSAIC_BLOCK_SIZES if lowering == "mosaic" else GENERIC_BLOCK_SIZES
+    by_head_dim = TUNED_BLOCK_SIZES.get(device_kind, generic)
     return by_head_dim.get(head_dim, by_head_dim[max(by_head_dim)])
 
 

@@ -7,7 +7,7 @@ step's peak memory can be known before device time is spent on it (benchmarks/
 train_step_memory.py). The plugin and ptxas come from `./pants package lab:cuda-compiler`, a
 directory PEX; `cuda_compiler(pex)` puts them on this process' path before jax loads.
 
-Where `kiln.kernels.h200_export` lowers only (any machine, no toolchain), this compiles.
+Where `kiln.kernels.device_export` lowers only (any machine, no toolchain), this compiles.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def compile_on(device: Any, fn: Callable[..., Any], *args: Any) -> Any:
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from kiln.kernels.h200_export import export_for_h200
+    from kiln.kernels.device_export import export_for_h200
 
     exported = export_for_h200(fn, *args)
     on_device = SingleDeviceSharding(device)

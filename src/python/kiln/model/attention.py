@@ -24,11 +24,11 @@ CUDNN_MIN_MEAN_SEGMENT_TOKENS = 32
 
 
 def resolve_attention_impl(impl: str) -> str:
-    """Validates `impl` and turns "auto" into pallas on GPU, xla elsewhere."""
+    """Validates `impl` and turns "auto" into pallas on GPU and TPU, xla elsewhere."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "pallas" if jax.default_backend() == "gpu" else "xla"
+        return "pallas" if jax.default_backend() in ("gpu", "tpu") else "xla"
     return impl
 
 

@@ -27,13 +27,14 @@ from kiln_testing.attention import (
 
 from kiln.kernels.block_sizes import (
     GENERIC_BLOCK_SIZES,
+    GENERIC_MOSAIC_BLOCK_SIZES,
     TUNED_BLOCK_SIZES,
     BlockSizes,
     LaunchParams,
     default_block_sizes,
 )
+from kiln.kernels.device_export import TPU_V5E, export_for_device, export_for_h200
 from kiln.kernels.flash_attention import flash_attention
-from kiln.kernels.h200_export import export_for_h200
 from kiln.kernels.reference import reference_attention
 
 # Unequal tiles in every kernel exercise the causal loop-bound arithmetic.
@@ -41,6 +42,13 @@ MIXED_BLOCKS = BlockSizes(
     block_q=32, block_kv=64, block_q_dkv=64, block_kv_dkv=32, block_q_dq=32, block_kv_dq=64
 )
 FUSED_DQ = LaunchParams(fused_dq=True)
+# The TPU kernels' tiles are whole 128-lane rows; unequal tiles, and kv tiles whose products
+# take half a tile (splash's compute blocks), exercise the schedule and the chunk skipping.
+MOSAIC_BLOCKS = BlockSizes(
+    block_q=128, block_kv=256, block_q_dkv=128, block_kv_dkv=256, block_q_dq=256,
+    block_kv_dq=128, block_kv_compute=128, block_kv_dkv_compute=128,
+)  # fmt: skip
+MOSAIC_TILES = BlockSizes(*[128] * 6)
 
 # Each case covers several features at once: the whole folder must stay well under a minute.
 CASES = {
@@ -76,6 +84,21 @@ CASES = {
     "f32-d64-causal-relabelled-segments": Case(
         128, 2, 1, 64, jnp.float32, True, True, False, max_documents=12, relabelled=True
     ),
+    # The Mosaic (TPU) lowering, in TPU interpret mode.
+    "mosaic-f32-d128-causal-gqa4:2-segments-outliers-pad300": Case(
+        300, 4, 2, 128, jnp.float32, True, True, True, MOSAIC_BLOCKS, lowering="mosaic"
+    ),
+    "mosaic-bf16-d64-full-gqa4:1-many-documents-pad200": Case(
+        200, 4, 1, 64, jnp.bfloat16, False, True, False, MOSAIC_BLOCKS, max_documents=30,
+        lowering="mosaic",
+    ),  # fmt: skip
+    "mosaic-bf16-d128-causal-no-segments-outliers": Case(
+        256, 2, 2, 128, jnp.bfloat16, True, False, True, MOSAIC_TILES, batch=1, lowering="mosaic"
+    ),
+    "mosaic-f32-d64-causal-relabelled-segments": Case(
+        384, 2, 1, 64, jnp.float32, True, True, False, MOSAIC_TILES, batch=1, max_documents=12,
+        relabelled=True, lowering="mosaic",
+    ),  # fmt: skip
 }
 
 
@@ -117,22 +140,31 @@ def test_matches_jax_pallas_mha(seed: int) -> None:
         )
 
 
+KERNEL_SETTINGS = {  # lowering, its tiles, its launch parameters
+    "triton-split-dq": ("triton", SMALL_BLOCKS, LaunchParams()),
+    "triton-fused-dq": ("triton", SMALL_BLOCKS, FUSED_DQ),
+    "mosaic": ("mosaic", MOSAIC_TILES, LaunchParams()),
+}
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("launch", [LaunchParams(), FUSED_DQ], ids=["split-dq", "fused-dq"])
-def test_tiles_of_other_documents_are_never_read(causal: bool, launch: LaunchParams, seed: int):
-    """Each row holds document B (96 tokens) then document A (the last 32-token tile). B's values
+@pytest.mark.parametrize("settings", KERNEL_SETTINGS.values(), ids=KERNEL_SETTINGS.keys())
+def test_tiles_of_other_documents_are_never_read(causal: bool, settings, seed: int):
+    """Each row holds document B (three tiles) then document A (the last tile). B's values
     and output cotangents are NaN. A pair of tiles across documents is skipped, so A's output
     and gradients are finite and equal attention over A alone; were one such pair visited, its
     masked probabilities (0) times B's NaN would reach them, in every kernel."""
-    case = Case(128, 4, 2, 64, jnp.float32, causal, segments=False, outliers=False)
+    lowering, blocks, launch = settings
+    tile = blocks.block_q
+    case = Case(4 * tile, 4, 2, 64, jnp.float32, causal, segments=False, outliers=False, batch=1)
     q, k, v, _ = make_inputs(case, seed)
     d_out = jnp.asarray(np.random.default_rng(seed + 1).standard_normal(q.shape), jnp.float32)
-    a = slice(96, 128)
-    segment_ids = jnp.asarray([[0] * 96 + [1] * 32] * case.batch, jnp.int32)
-    v, d_out = v.at[:, :96].set(jnp.nan), d_out.at[:, :96].set(jnp.nan)
+    a = slice(3 * tile, 4 * tile)
+    segment_ids = jnp.asarray([[0] * 3 * tile + [1] * tile] * case.batch, jnp.int32)
+    v, d_out = v.at[:, : 3 * tile].set(jnp.nan), d_out.at[:, : 3 * tile].set(jnp.nan)
     ours = forward_and_grads(
-        flash_attention, q, k, v, segment_ids, d_out, causal=causal, block_sizes=SMALL_BLOCKS,
-        launch=launch,
+        flash_attention, q, k, v, segment_ids, d_out, causal=causal, block_sizes=blocks,
+        launch=launch, lowering=lowering,
     )  # fmt: skip
     alone = forward_and_grads(
         reference_attention, q[:, a], k[:, a], v[:, a], None, d_out[:, a], causal=causal
@@ -158,17 +190,21 @@ def pallas_call_operand_shapes(closed: ClosedJaxpr) -> list[list[tuple[int, ...]
     return shapes
 
 
-def test_grouped_query_attention_never_repeats_kv() -> None:
-    q = jnp.zeros((1, 64, 8, 64))
-    kv = jnp.zeros((1, 64, 2, 64))
+@pytest.mark.parametrize("lowering", ["triton", "mosaic"])
+def test_grouped_query_attention_never_repeats_kv(lowering: str) -> None:
+    q = jnp.zeros((1, 128, 8, 64))
+    kv = jnp.zeros((1, 128, 2, 64))
+    blocks = MOSAIC_TILES if lowering == "mosaic" else SMALL_BLOCKS
+    # K and V as the kernels take them: [batch, seq, kv heads, dim], or head-major on TPUs.
+    kv_shape = kv.shape if lowering == "triton" else (1, 2, 128, 64)
 
     def loss(q, k, v):
-        return flash_attention(q, k, v, block_sizes=SMALL_BLOCKS).sum()
+        return flash_attention(q, k, v, block_sizes=blocks, lowering=lowering).sum()
 
     calls = pallas_call_operand_shapes(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, kv, kv))
     assert len(calls) == 3, "expected forward, dK/dV and dQ kernels"
     for operands in calls:
-        assert operands[1] == operands[2] == kv.shape, operands  # k, v keep their kv heads
+        assert operands.count(kv_shape) == 2, operands  # k and v keep their kv heads
 
 
 @pytest.mark.parametrize(
@@ -202,10 +238,34 @@ def test_lowers_for_h200(with_grad: bool, fused_dq: bool) -> None:
     assert exported.platforms == ("cuda",)
 
 
+@pytest.mark.parametrize("with_grad", [False, True], ids=["forward", "forward+grad"])
+def test_lowers_for_tpu_v5e(with_grad: bool) -> None:
+    """jax.export for a TPU v5e from this machine: the Mosaic kernels lower (Pallas to Mosaic
+    MLIR, with the v5e's table entry); nothing compiles or runs."""
+    batch, seq_len, heads, kv_heads, dim = 2, 1000, 8, 2, 128  # 1000: exercises padding
+    q = jax.ShapeDtypeStruct((batch, seq_len, heads, dim), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
+    segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
+
+    def loss(q, k, v, segment_ids):
+        return flash_attention(q, k, v, segment_ids).astype(jnp.float32).sum()
+
+    fn = jax.grad(loss, argnums=(0, 1, 2)) if with_grad else flash_attention
+    exported = export_for_device(TPU_V5E, fn, q, kv, kv, segment_ids)
+    module = exported.mlir_module()
+    kernels = ["fwd", "dkv", "dq"] if with_grad else ["fwd"]
+    assert module.count("tpu_custom_call") == len(kernels)
+    for kernel in kernels:
+        assert f"kiln_flash_attention_{kernel}" in module
+    assert exported.platforms == ("tpu",)
+
+
 def test_default_block_sizes_by_device_kind() -> None:
     assert default_block_sizes("NVIDIA H200", 128) is TUNED_BLOCK_SIZES["NVIDIA H200"][128]
     assert default_block_sizes("cpu", 64) is GENERIC_BLOCK_SIZES[64]
     assert default_block_sizes("some new GPU", 256) is GENERIC_BLOCK_SIZES[128]
+    assert default_block_sizes("TPU v5 lite", 64, "mosaic") is TUNED_BLOCK_SIZES["TPU v5 lite"][128]
+    assert default_block_sizes("TPU v9", 128, "mosaic") is GENERIC_MOSAIC_BLOCK_SIZES[128]
 
 
 @pytest.mark.parametrize(
@@ -234,3 +294,8 @@ def test_rejects_bad_settings() -> None:
         LaunchParams(num_warps_dkv=3)
     with pytest.raises(ValueError, match="LaunchParams.num_stages_fwd=0 must be >= 1"):
         LaunchParams(num_stages_fwd=0)
+    q = jnp.zeros((1, 256, 2, 64))
+    with pytest.raises(ValueError, match="BlockSizes.block_q=64: the TPU .* multiples of 128"):
+        flash_attention(q, q, q, block_sizes=BlockSizes(*[64] * 6), lowering="mosaic")
+    with pytest.raises(ValueError, match="lowering must be one of"):
+        flash_attention(q, q, q, lowering="cuda")

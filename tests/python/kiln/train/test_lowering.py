@@ -1,7 +1,7 @@
 """A whole bf16 train step with the Pallas kernel lowers for an H200, checked on this CPU machine.
 
 jax.export for platform 'cuda' under an abstract H200 mesh (the kernel engineer's helper,
-kiln.kernels.h200_export): the kernel lowers to Triton as on the device. Nothing
+kiln.kernels.device_export): the kernel lowers to Triton as on the device. Nothing
 is compiled to PTX or run here.
 """
 
@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 from kiln.kernels import block_sizes
-from kiln.kernels.h200_export import TRITON_CUSTOM_CALL, export_for_h200
+from kiln.kernels.device_export import TRITON_CUSTOM_CALL, export_for_h200
 from kiln.model.config import LlamaConfig
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
