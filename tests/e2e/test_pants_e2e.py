@@ -86,6 +86,7 @@ def _build_hit_and_rebuild(repo: Path) -> None:
     config = json.loads((artifact / "config.json").read_text())
     assert config["microbatches"] == 2
     assert config["glibc_tunables"] == CPU_MALLOC_TUNABLES  # the CPU allocator setting
+    assert config["devices"]["platform"] == "cpu" and config["jax"]["version"] == "0.11.2"
     assert config["spec"]["runtime"]["mesh"] == {"data": 1, "fsdp": -1, "tensor": 1}
     # The harness ran the local lm-eval task (experiments/eval_tasks) at the last step.
     summary = json.loads((artifact / "summary.json").read_text())

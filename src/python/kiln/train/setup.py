@@ -239,7 +239,13 @@ class TrainerSetup:
             },
             "mesh": dict(self.mesh.shape),
             "microbatches": self.microbatches,
-            "devices": {"count": len(devices), "kind": devices[0].device_kind},
+            "devices": {
+                "count": len(devices),
+                "kind": devices[0].device_kind,
+                "platform": devices[0].platform,
+            },
+            # The JAX the run ran on: a TPU or GPU machine's own can differ from the lockfile's.
+            "jax": {"version": jax.__version__, "jaxlib": jax.lib.__version__},
             "process_count": jax.process_count(),
             # The allocator setting the process started with (Resources.process_env), or None.
             "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
