@@ -10,10 +10,14 @@ cache's shards: they exist before the folder does). `.kiln/` and anything else t
 no artifact is counted as one "other" entry and never removed. One listing of the store gives
 every object's size and time; the records, STATUS and leases are then read all at once.
 
-A removal takes the artifact's lease first (without waiting: a live holder keeps it, and the
-line says who), deletes STATUS before anything else (a half-removed folder never reads as
-built), then the folder, its siblings and, last, the lease. Deciding *what* to remove (no target
-names it, nothing kept was built from it) is the caller's.
+Every lease of an artifact protects it: its own `.{version}.lease` (a training, an export, an
+evaluation, a merge, placing inputs) and any lease inside its folder or siblings (a store-mode
+cache's `.{version}.shards/.shard-N.lease` while its shards tokenize). The inventory names a
+live holder of any of them, and a removal keeps the artifact while one is live: it takes the
+artifact's lease first (without waiting: a live holder keeps it, and the line says who), looks
+for live leases inside, deletes STATUS before anything else (a half-removed folder never reads
+as built), then the folder, its siblings and, last, the lease. Deciding *what* to remove (no
+target names it, nothing kept was built from it) is the caller's.
 """
 
 from __future__ import annotations
@@ -48,23 +52,51 @@ def take_inventory(store: ObjectStore, now: float | None = None) -> Inventory:
     owned, other = _by_artifact(listing)
     folders = sorted(owned)
     names = [f"{f}/{n}" for f in folders for n in (STATUS_FILE, RECORD_FILE)]
-    texts = read_texts(store, names + [lease_key(f) for f in folders])
+    leases = [key for f in folders for key in _lease_keys(f, owned[f])]
+    texts = read_texts(store, names + leases)
     now = time.time() if now is None else now
     artifacts = tuple(_artifact(folder, owned[folder], texts, now) for folder in folders)
     return Inventory(artifacts, len(other), sum(o.size for o in other))
 
 
 def remove_artifact(store: ObjectStore, folder: str) -> str | None:
-    """Removes the artifact `folder` under its lease; None when it is gone, else why it stays."""
+    """Removes the artifact `folder` under its lease; None when it is gone, else why it stays
+    (a live lease: its own, or one inside it)."""
     artifact = ArtifactFolder(store, folder)
     try:
         with artifact.lease(f"remove {folder}").acquire(wait=False):
+            inside = _live_leases_inside(store, folder)
+            if inside:
+                return f"a run holds a lease in it: {inside[0]}"
             store.remove_folder(folder, first=(STATUS_FILE,))
             for sibling in (REPLACED_SIBLING, SHARDS_SIBLING):
                 store.remove_folder(sibling_key(folder, sibling))
     except LeaseHeld as e:
         return f"a run holds its lease: {e.holder.describe()}"
     return None
+
+
+def _live_leases_inside(store: ObjectStore, folder: str) -> list[str]:
+    """The holders of live leases in the artifact's folder and siblings (not its own lease)."""
+    keys = [
+        f"{prefix}/{name}"
+        for prefix in (folder, *(sibling_key(folder, s) for s in (REPLACED_SIBLING, SHARDS_SIBLING)))
+        for name in store.keys(prefix)
+        if _is_lease(name)
+    ]
+    texts = read_texts(store, keys)
+    now = time.time()
+    return [holder for key in keys if (holder := _live_holder(texts[key], now)) is not None]
+
+
+def _lease_keys(folder: str, objects: list[ListedObject]) -> list[str]:
+    """Every lease of an artifact: its own, then any among its objects (shard leases)."""
+    own = lease_key(folder)
+    return [own, *(o.name for o in objects if _is_lease(o.name) and o.name != own)]
+
+
+def _is_lease(name: str) -> bool:
+    return name.rpartition("/")[2].endswith(".lease")
 
 
 def _by_artifact(
@@ -122,7 +154,10 @@ def _artifact(
         objects=len(objects),
         size=sum(o.size for o in objects),
         modified=max(o.modified for o in objects),
-        lease=_live_holder(texts[lease_key(folder)], now),
+        lease=next(
+            (h for key in _lease_keys(folder, objects) if (h := _live_holder(texts[key], now))),
+            None,
+        ),
     )
 
 

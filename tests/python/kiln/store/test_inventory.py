@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.inventory import main, remove_artifact, take_inventory
-from kiln.artifacts.lease import lease_key
+from kiln.artifacts.lease import Lease, lease_key
 from kiln.artifacts.store import ObjectStore
 
 
@@ -82,6 +84,54 @@ def test_an_artifact_whose_lease_a_run_holds_is_kept_and_its_holder_named(
         assert store.keys(folder) == ["STATUS", "failure.txt"]
     assert store.keys("checkpoints/bad") == ["2026.02.02/STATUS", "2026.02.02/failure.txt"]
     assert lease_key(folder) not in store.keys("")
+
+
+LEASES = {  # kind -> (artifact folder, its lease while that kind of build runs, what it says)
+    "tokenizing a shard": (
+        "tokenized/big/2026.03.03", "tokenized/big/.2026.03.03.shards/.shard-00000.lease",
+        "tokenize tokenized/big@2026.03.03 shard 0",
+    ),
+    "merging shards": (
+        "tokenized/big/2026.03.03", lease_key("tokenized/big/2026.03.03"),
+        "merge tokenized/big@2026.03.03",
+    ),
+    "training": (
+        "checkpoints/bad/2026.02.02", lease_key("checkpoints/bad/2026.02.02"),
+        "train checkpoints/bad@2026.02.02",
+    ),
+    "exporting": (
+        "exports/run/2026.01.01", lease_key("exports/run/2026.01.01"),
+        "export exports/run@2026.01.01",
+    ),
+    "evaluating": (
+        "evals/run/2026.01.01", lease_key("evals/run/2026.01.01"),
+        "evaluate evals/run@2026.01.01",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", LEASES, ids=[k.replace(" ", "-") for k in LEASES])
+def test_every_lease_of_an_artifact_keeps_it_while_its_holder_lives(
+    store: ObjectStore, kind: str
+) -> None:
+    """A build holding any lease of an artifact (its own, or one inside it: a shard's) keeps it
+    from removal, and the inventory names the holder; once released, it can go."""
+    _fill(store)
+    store.write("exports/run/2026.01.01/config.json", b"{}")  # in progress: no STATUS yet
+    store.write("exports/run/2026.01.01/artifact.json", _record("hf_model", "exports/run", "2026.01.01"))
+    store.write("evals/run/2026.01.01/artifact.json", _record("lm_eval_run", "evals/run", "2026.01.01"))
+    folder, key, what = LEASES[kind]
+    before = store.keys(folder.rpartition("/")[0])
+    with Lease(store, key, what=what).acquire(wait=False):  # the build, its lease renewed
+        [artifact] = [a for a in take_inventory(store).artifacts if a.folder == folder]
+        assert artifact.lease is not None and artifact.lease.startswith(f"{what} (host ")
+        kept = remove_artifact(store, folder)
+        assert kept is not None and what in kept, kept
+        assert [k for k in store.keys(folder.rpartition("/")[0]) if not k.endswith(".lease")] == [
+            k for k in before if not k.endswith(".lease")
+        ]  # nothing of it removed
+    assert remove_artifact(store, folder) is None
+    assert store.keys(folder.rpartition("/")[0]) == []
 
 
 def test_the_command_lists_as_json_and_removes_by_folder(
