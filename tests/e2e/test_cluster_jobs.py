@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
@@ -38,7 +39,9 @@ from kiln.artifacts.store import ObjectStore
 from kiln.cluster import host
 from kiln.cluster.connection import connect
 from kiln.cluster.placement import (
+    PLACEMENT_TIMEOUT_S,
     PlacementError,
+    Waiting,
     bundle,
     bundle_order,
     check_capacity,
@@ -51,8 +54,8 @@ from tests.e2e.workspace import run_pants
 CACHE = "tokenized/fan/2026.12.03"
 RUN = "checkpoints/endless/2026.12.03"
 # A store-mode cache of two shards from the workspace's files, one whose shards fail, a run
-# that trains until it is stopped (no save but the ones asked for) and one on more hosts than
-# the cluster has.
+# that trains until it is stopped (no save but the ones asked for), one on both nodes (which
+# waits while the first holds one) and one on more hosts than the cluster has.
 BUILD = """
 tokenized_cache(
     name="fan",
@@ -95,6 +98,15 @@ lm_checkpoint(
     num_train_steps=100_000,
     checkpoint_interval_minutes=10_000,
     resources=cpu(),
+    **TINY,
+)
+
+lm_checkpoint(
+    name="two_hosts",
+    artifact_name="checkpoints/two_hosts",
+    version="2026.12.03",
+    num_train_steps=10,
+    resources=cpu(hosts=2),
     **TINY,
 )
 
@@ -182,6 +194,7 @@ def test_a_job_is_detached_controlled_and_stopped_from_another_command(
         assert status.returncode == 0, status.stderr[-3000:]
         assert f"job: {job}\nartifact: checkpoints/endless@2026.12.03\nstate: " in status.stdout
         token = request_a_checkpoint_through_the_job(kiln_cluster, job, store)
+        a_job_waiting_for_busy_nodes_stops_at_once(repo, options, env, kiln_cluster)
     finally:
         stopped = kiln_cluster("stop", job)  # the trainer saves a checkpoint and stops
     assert stopped.returncode == 0, stopped.stdout[-3000:] + stopped.stderr[-3000:]
@@ -203,6 +216,39 @@ def test_a_job_is_detached_controlled_and_stopped_from_another_command(
     assert missing.returncode == 1
     assert f"kiln: error: no job 'no-such-job' on the Ray cluster at {cluster.address} " in \
         missing.stderr  # fmt: skip
+
+
+def a_job_waiting_for_busy_nodes_stops_at_once(
+    repo: Path,
+    options: list[str],
+    env: dict[str, str],
+    kiln_cluster: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """With the endless run holding one node, a run on both nodes waits for them, saying what it
+    waits for; stopped there it ends STOPPED with a non-zero exit, and `stop` returns at once
+    (the wait for placement would last PLACEMENT_TIMEOUT_S)."""
+    job, _ = submit_then_interrupt(repo, [*options, "run", "experiments/jobs:two_hosts"], env)
+    try:
+        waiting = wait_for(lambda: answered_logs(kiln_cluster("logs", job)), "the busy line")
+        busy = r"kiln: waiting for the Ray cluster at \S+ to place 2 host\(s\) of CPU 1 \(STRICT"
+        assert re.search(busy, waiting), waiting
+        assert " busy (CPU 0 of 1 free)" in waiting and " free (CPU 1 of 1 free)" in waiting
+    finally:
+        asked = time.monotonic()
+        stopped = kiln_cluster("stop", job)
+    assert stopped.returncode == 0, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert f"kiln: job {job} is STOPPED (exit code 143)" in stopped.stdout, stopped.stdout
+    assert time.monotonic() - asked < PLACEMENT_TIMEOUT_S / 2  # not after the placement wait
+    followed = kiln_cluster("logs", "-f", job)
+    assert followed.returncode == 143, followed.stderr[-3000:]
+    assert "kiln: stopped before the trainers ran (exit code 143)" in followed.stdout
+    assert "SUCCEEDED" not in followed.stdout and "was lost" not in followed.stdout
+
+
+def answered_logs(result: subprocess.CompletedProcess[str]) -> str | None:
+    """The job's output so far, once it says it waits for busy nodes."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout if "kiln: waiting for the Ray cluster" in result.stdout else None
 
 
 def submit_then_interrupt(
@@ -331,7 +377,8 @@ def test_a_tpu_slice_is_reserved_by_its_head_then_placed_on_its_hosts(cluster: C
             check_capacity(Resources("tpu", "v4-32"), nodes, cluster.address)
 
         v4_16 = Resources("tpu", "v4-16")
-        name, head_node = reserve_slice(ray, v4_16, cluster.address, groups)
+        waiting = Waiting(threading.Event(), print)
+        name, head_node = reserve_slice(ray, v4_16, cluster.address, groups, waiting)
         assert name == SLICE
         wanted = {**bundle(v4_16), name: 1.0}
         assert wanted == {"CPU": 1.0, "TPU": 4.0, SLICE: 1.0}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,8 @@ from kiln.cluster import driver, host, node_runtime
 from kiln.cluster.connection import ClusterError
 from kiln.cluster.placement import (
     CAPACITY_WAIT_S,
-    PlacementError,
+    Stopped,
+    Waiting,
     bundle,
     bundle_order,
     host_count,
@@ -48,6 +50,9 @@ STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts tra
 RETRY_PAUSE_S = 10.0  # before the first retry after a lost host; doubled for each one after
 RETRY_PAUSE_MAX_S = 120.0
 ABANDON_TIMEOUT_S = 10.0  # how long a lost attempt's hosts get to end and remove their folders
+# The exit code of a job stopped before its trainers ran or between attempts: an interrupted
+# trainer's (128 + SIGTERM), so that a stop never reads as success.
+STOPPED_EXIT = 128 + signal.SIGTERM
 
 
 # What every host's trainer gets from the submitting machine's environment: the tracker's and the
@@ -138,30 +143,34 @@ def run_hosts(
     actor or node died, or its trainer was killed by a signal) ends the attempt; after a pause
     the next one waits up to CAPACITY_WAIT_S for the cluster to hold the run again (a node may
     have to come back first) and resumes from the newest checkpoint, up to `max_retries` times.
-    `stopping` asks the trainers to save a checkpoint and stop; `process_0` is told each
-    attempt's host 0 actor (None once it ends), which finds the control endpoint. Returns the
-    runners' exit code."""
+    Waiting for busy nodes is not a lost host: it says what it waits for, and ends the job
+    (PlacementError) when the nodes stay busy. `stopping` asks the trainers to save a checkpoint
+    and stop, and ends any wait at once (STOPPED_EXIT); `process_0` is told each attempt's host
+    0 actor (None once it ends), which finds the control endpoint. Returns the runners' exit
+    code."""
     import ray
 
     job = ClusterJob.from_json(job_json)
     for module in (host, node_runtime):  # the hosts need no Kiln to start the actor
         ray.cloudpickle.register_pickle_by_value(module)
+    waiting = Waiting(stopping, say)
     lost = ""
     for attempt in range(job.max_retries + 1):
-        if attempt:
-            pause = min(RETRY_PAUSE_S * 2 ** (attempt - 1), RETRY_PAUSE_MAX_S)
-            say(f"{driver.RETRY_LINE} ({lost}); retry {attempt} of "
-                f"{job.max_retries} in {pause:.0f} s, from the newest checkpoint")  # fmt: skip
-            if stopping.wait(pause):
-                return 0
-        try:  # a retry waits for a lost node's place to be taken, apart from max_retries
-            wait_for_capacity(job.resources, ray.nodes, job.address, stopping=stopping, say=say,
+        try:
+            if attempt:
+                pause = min(RETRY_PAUSE_S * 2 ** (attempt - 1), RETRY_PAUSE_MAX_S)
+                say(f"{driver.RETRY_LINE} ({lost}); retry {attempt} of "
+                    f"{job.max_retries} in {pause:.0f} s, from the newest checkpoint")  # fmt: skip
+                if stopping.wait(pause):
+                    raise Stopped()
+            # A retry waits for a lost node's place to be taken, apart from max_retries; a
+            # cluster that cannot hold the run ends the job, naming what it lacks.
+            wait_for_capacity(job.resources, ray.nodes, job.address, waiting=waiting,
                               seconds=CAPACITY_WAIT_S if attempt else 0.0)  # fmt: skip
-            if attempt and stopping.is_set():  # asked to stop while it waited
-                return 0
-            outcome = _attempt(ray, job, environment, driver_actor, stopping, process_0)
-        except PlacementError as e:  # a lost node has not come back yet, or the nodes are busy
-            outcome = str(e)
+            outcome = _attempt(ray, job, environment, driver_actor, waiting, process_0)
+        except Stopped:
+            say(f"kiln: stopped before the trainers ran (exit code {STOPPED_EXIT})")
+            return STOPPED_EXIT
         if isinstance(outcome, int):
             return outcome
         lost = outcome
@@ -176,10 +185,11 @@ def _attempt(
     job: ClusterJob,
     environment: dict[str, str],
     driver_actor: Any,
-    stopping: threading.Event,
+    waiting: Waiting,
     process_0: Callable[[Any], None],
 ) -> int | str:
-    """One run of every host: the exit code, or why a host was lost."""
+    """One run of every host: the exit code, or why a host was lost. Stopped when a stop is
+    asked for before the hosts start."""
     from ray.util.placement_group import remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -189,10 +199,12 @@ def _attempt(
     try:
         wanted, first_node = bundle(job.resources), None
         if job.resources.kind == "tpu":
-            slice_name, first_node = reserve_slice(ray, job.resources, job.address, groups)
+            slice_name, first_node = reserve_slice(
+                ray, job.resources, job.address, groups, waiting
+            )
             wanted[slice_name] = 1.0
         bundles = [wanted] * host_count(job.resources)
-        group = reserve(ray, job.address, bundles, "STRICT_SPREAD", groups)
+        group = reserve(ray, job.address, bundles, "STRICT_SPREAD", groups, waiting)
         trainer_host = ray.remote(host.TrainerHost)
         hosts = [
             trainer_host.options(
@@ -214,7 +226,7 @@ def _attempt(
                          trainer_environment, driver_actor, i)  # fmt: skip
             for i, h in enumerate(hosts)
         ]
-        return _wait(ray, hosts, runs, nodes, stopping)
+        return _wait(ray, hosts, runs, nodes, waiting.stopping)
     finally:
         process_0(None)
         _end_hosts(ray, hosts, runs)

@@ -28,7 +28,21 @@ _LABEL_SHARE = 0.001
 
 
 class PlacementError(RuntimeError):
-    """The cluster can never satisfy the request (one paragraph, no traceback)."""
+    """The cluster can never satisfy the request, or did not within the wait (one paragraph,
+    no traceback)."""
+
+
+class Stopped(Exception):
+    """A stop was asked for while the run waited for the cluster."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What a wait for the cluster watches and tells: `stopping` ends it at once (Stopped), and
+    `say` reports what it waits for, every BUSY_REPORT_S."""
+
+    stopping: threading.Event
+    say: Callable[[str], None]
 
 
 def describe(resources: Resources) -> str:
@@ -136,6 +150,8 @@ def check_capacity(resources: Resources, nodes: Sequence[Mapping[str, Any]], add
 CAPACITY_WAIT_S = 600.0
 CAPACITY_POLL_S = 5.0
 PLACEMENT_TIMEOUT_S = 120.0  # the cluster has the nodes but they are busy: give up then
+PLACEMENT_POLL_S = 1.0  # how often a placement wait looks for a stop
+BUSY_REPORT_S = 10.0  # how often a placement wait says what it waits for
 
 
 def wait_for_capacity(
@@ -144,42 +160,44 @@ def wait_for_capacity(
     address: str,
     *,
     seconds: float,
-    stopping: threading.Event,
-    say: Callable[[str], None],
+    waiting: Waiting,
     poll: float = CAPACITY_POLL_S,
 ) -> None:
-    """Returns once `nodes()` (`ray.nodes`) can hold `resources`, or at once when `stopping` is
-    set; says once that it waits. PlacementError, naming the shortfall, after `seconds`."""
+    """Returns once `nodes()` (`ray.nodes`) can hold `resources`; says once that it waits.
+    Stopped as soon as a stop is asked for; PlacementError, naming the shortfall, after
+    `seconds`."""
     deadline = time.monotonic() + seconds
-    waiting = False
+    said = False
     while True:
         try:
             check_capacity(resources, nodes(), address)
             return
         except PlacementError as e:
             if time.monotonic() >= deadline:
-                if not waiting:
+                if not said:
                     raise
                 raise PlacementError(
                     f"the cluster did not hold the run again within {seconds:.0f} s ({e})"
                 ) from None
-            if not waiting:
-                say(f"kiln: waiting up to {seconds:.0f} s for the Ray cluster at {address} to "
-                    f"hold {describe(resources)} again (a lost node back, or another)")  # fmt: skip
-                waiting = True
-        if stopping.wait(poll):
-            return
+            if not said:
+                waiting.say(
+                    f"kiln: waiting up to {seconds:.0f} s for the Ray cluster at {address} to "
+                    f"hold {describe(resources)} again (a lost node back, or another)"
+                )
+                said = True
+        if waiting.stopping.wait(poll):
+            raise Stopped()
 
 
 def reserve_slice(
-    ray: Any, resources: Resources, address: str, groups: list[Any]
+    ray: Any, resources: Resources, address: str, groups: list[Any], waiting: Waiting
 ) -> tuple[str, str]:
     """Reserves a slice of `resources`' TPU type by its head resource (held until the run ends,
     so no other run takes the same slice); returns the slice's name and its head's node id."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     head = tpu_slice(resources).head_resource
-    group = reserve(ray, address, [{head: 1.0}], "PACK", groups)
+    group = reserve(ray, address, [{head: 1.0}], "PACK", groups, waiting)
     on_head = PlacementGroupSchedulingStrategy(group, 0)
     probe = ray.remote(host.slice_of_node).options(
         num_cpus=0, scheduling_strategy=on_head, runtime_env=node_runtime.worker_env()
@@ -207,21 +225,63 @@ def bundle_order(group: Any, first_node: str | None) -> list[int]:
 
 
 def reserve(
-    ray: Any, address: str, bundles: list[dict[str, float]], strategy: str, groups: list[Any]
+    ray: Any,
+    address: str,
+    bundles: list[dict[str, float]],
+    strategy: str,
+    groups: list[Any],
+    waiting: Waiting,
 ) -> Any:
     """A placement group of `bundles`, once Ray has placed it (added to `groups` at once, so it
-    is released even when it never gets placed)."""
+    is released even when it never gets placed). While the cluster's nodes are busy it says what
+    it waits for, at once and every BUSY_REPORT_S; Stopped as soon as a stop is asked for;
+    PlacementError (busy) after PLACEMENT_TIMEOUT_S."""
     from ray.util.placement_group import placement_group
 
     group = placement_group(bundles, strategy=strategy)
     groups.append(group)
-    ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
-    if not ready:
-        raise PlacementError(
-            f"the Ray cluster at {address} has nodes for this run, but they stayed busy "
-            f"for {PLACEMENT_TIMEOUT_S:.0f} s; rerun when they are free"
-        )
+    placed = group.ready()
+    start = time.monotonic()
+    reported = start - BUSY_REPORT_S  # the first look that finds the nodes busy says so
+    while not ray.wait([placed], timeout=PLACEMENT_POLL_S)[0]:
+        if waiting.stopping.is_set():
+            raise Stopped()
+        now = time.monotonic()
+        if now - start >= PLACEMENT_TIMEOUT_S:
+            raise PlacementError(
+                f"the Ray cluster at {address} has nodes for this run, but they stayed busy "
+                f"for {PLACEMENT_TIMEOUT_S:.0f} s ({_free(ray, bundles)}); rerun when they are "
+                "free"
+            )
+        if now - reported >= BUSY_REPORT_S:
+            reported = now
+            waiting.say(
+                f"kiln: waiting for the Ray cluster at {address} to place {len(bundles)} "
+                f"host(s) of {_amounts(bundles[0])} ({strategy}): {_free(ray, bundles)}; "
+                f"{now - start:.0f} of {PLACEMENT_TIMEOUT_S:.0f} s"
+            )
     return group
+
+
+def _free(ray: Any, bundles: list[dict[str, float]]) -> str:
+    """What the cluster has free of what the bundles ask for, node by node."""
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    try:  # Ray's per-node availability (its `ray status` reads it the same way)
+        from ray._private.state import available_resources_per_node
+
+        free = available_resources_per_node()
+    except (ImportError, AttributeError):
+        free = {}
+    asked = {name for bundle in bundles for name in bundle}
+    parts = []
+    for node in nodes:
+        available = free.get(node["NodeID"], {})
+        have = {name: available.get(name, 0.0) for name in asked}
+        total = {name: node.get("Resources", {}).get(name, 0.0) for name in asked}
+        busy = "busy" if any(have[n] < bundles[0].get(n, 0.0) for n in asked) else "free"
+        held = ", ".join(f"{name} {have[name]:g} of {total[name]:g}" for name in sorted(asked))
+        parts.append(f"{node.get('NodeManagerAddress', '?')} {busy} ({held} free)")
+    return "; ".join(parts) or "no alive nodes"
 
 
 def _describe_node(node: Mapping[str, Any]) -> str:

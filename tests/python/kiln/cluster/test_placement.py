@@ -11,7 +11,9 @@ from kiln.cluster.connection import ClusterError, resolve_address
 from kiln.cluster.dispatch import ClusterJob
 from kiln.cluster.placement import (
     PlacementError,
+    Stopped,
     TpuSlice,
+    Waiting,
     bundle,
     check_capacity,
     describe,
@@ -107,26 +109,25 @@ def test_a_retry_waits_for_a_lost_nodes_place_to_be_taken_within_its_own_budget(
     back = [lost[0], node("10.0.0.3", **H100_NODE)]
     answers = iter([lost, lost, back])
     said: list[str] = []
+    waiting = Waiting(threading.Event(), said.append)
     wait_for_capacity(two, lambda: next(answers), "ray://head:10001", seconds=60,
-                      stopping=threading.Event(), say=said.append, poll=0.01)  # fmt: skip
+                      waiting=waiting, poll=0.01)  # fmt: skip
     assert said == [
         "kiln: waiting up to 60 s for the Ray cluster at ray://head:10001 to hold "
         "gpu('H100', count=8, hosts=2) again (a lost node back, or another)"
     ]
     with pytest.raises(PlacementError) as raised:
         wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=0.05,
-                          stopping=threading.Event(), say=said.append, poll=0.01)  # fmt: skip
+                          waiting=waiting, poll=0.01)  # fmt: skip
     assert str(raised.value).startswith(
         "the cluster did not hold the run again within 0 s (resources=gpu('H100', count=8, "
         "hosts=2) asks for 2 host(s)"
     )
     with pytest.raises(PlacementError, match=r"^resources=gpu"):  # no budget: one look
-        wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=0,
-                          stopping=threading.Event(), say=said.append)  # fmt: skip
-    stopping = threading.Event()
-    stopping.set()
-    wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=60, stopping=stopping,
-                      say=said.append)  # returns at once: the job is being stopped  # fmt: skip
+        wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=0, waiting=waiting)
+    waiting.stopping.set()
+    with pytest.raises(Stopped):  # at once: the job is being stopped
+        wait_for_capacity(two, lambda: lost, "ray://head:10001", seconds=60, waiting=waiting)
 
 
 def test_another_accelerator_model_does_not_fit() -> None:
