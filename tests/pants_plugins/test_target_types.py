@@ -374,5 +374,15 @@ def test_an_empty_target_name_is_refused_where_a_given_one_is_kept(rule_runner: 
     build = f'\ntokenized_cache(\n    name="",\n    {fields},\n)\n'
     message = load_error(rule_runner, build, name="exp")
     assert 'The `tokenized_cache` target at exp/BUILD:2 has `name=""`, which Pants replaces' in message
+    # The value, however it is written: a variable, a macro's argument.
+    through_a_variable = f'N = ""\ntokenized_cache(name=N, {fields})\n'
+    message = load_error(rule_runner, through_a_variable, name="exp")
+    assert 'The `tokenized_cache` target at exp/BUILD:2 has `name=""`' in message
+    through_a_macro = f'def cache(n):\n    tokenized_cache(name=n, {fields})\n\ncache("")\n'
+    message = load_error(rule_runner, through_a_macro, name="exp")
+    assert 'The `tokenized_cache` target at exp/BUILD:2 has `name=""`' in message
     rule_runner.write_files({"exp/BUILD": f'tokenized_cache(name="exp", {fields})'})
+    assert rule_runner.get_target(Address("exp")).address.target_name == "exp"
+    named = f'def cache(n):\n    tokenized_cache(name=n, {fields})\n\ncache("exp")\n'
+    rule_runner.write_files({"exp/BUILD": named})
     assert rule_runner.get_target(Address("exp")).address.target_name == "exp"

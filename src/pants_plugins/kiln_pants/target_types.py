@@ -7,7 +7,9 @@ the target and field). Which fields bear identity — and so enter the fingerpri
 
 from __future__ import annotations
 
-import ast
+import builtins
+import functools
+import inspect
 import os
 import re
 from dataclasses import dataclass
@@ -979,27 +981,78 @@ def check_default_artifact_name(target: Target) -> None:
 
 def _refuse_an_empty_name(target: Target) -> None:
     """`name=""`: Pants names such a target after its directory, so an artifact would be stored
-    under a name nobody wrote. Pants keeps only that the name was given, so the call is read
-    back from the BUILD file (only for a target named after its directory, by hand)."""
+    under a name nobody wrote. Pants keeps only that a name was given, so for a target named
+    after its directory the BUILD file is run again to read the value its call was given,
+    however it was written (a literal, a variable, a macro's argument)."""
     address = target.address
     if not target.name_explicitly_set or address.target_name != os.path.basename(address.spec_path):
         return
     file, _, line = target.description_of_origin.rpartition(":")
+    path = os.path.join(get_buildroot(), file)
     try:
-        with open(os.path.join(get_buildroot(), file)) as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
+        stat = os.stat(path)
+    except OSError:
         return
-    for call in ast.walk(tree):
-        if isinstance(call, ast.Call) and call.lineno <= int(line) <= (call.end_lineno or 0):
-            for keyword in call.keywords:
-                if keyword.arg == "name" and isinstance(keyword.value, ast.Constant) and \
-                        keyword.value.value == "":  # fmt: skip
-                    raise InvalidTargetException(
-                        f"The `{target.alias}` target at {target.description_of_origin} has "
-                        f"`name=\"\"`, which Pants replaces with its directory's name "
-                        f"({address.target_name}): give it a name."
-                    )
+    if _names_given(path, stat.st_mtime_ns, stat.st_size).get((target.alias, line)) == "":
+        raise InvalidTargetException(
+            f"The `{target.alias}` target at {target.description_of_origin} has "
+            f"`name=\"\"`, which Pants replaces with its directory's name "
+            f"({address.target_name}): give it a name."
+        )
+
+
+class _AnySymbol:
+    """What every BUILD file symbol but Kiln's targets stands for while a BUILD file is run
+    again: any call, attribute or item gives another, and it unpacks to nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _AnySymbol:
+        return self
+
+    def __getattr__(self, name: str) -> _AnySymbol:
+        return self
+
+    def __getitem__(self, key: Any) -> _AnySymbol:
+        return self
+
+    def __iter__(self):
+        return iter(())
+
+    def keys(self) -> list[str]:
+        return []
+
+
+class _BuildFileSymbols(dict):
+    """A BUILD file's globals: Python's builtins, the given symbols, and _AnySymbol for the
+    rest (other targets, helper objects, Pants' own symbols)."""
+
+    def __missing__(self, name: str) -> Any:
+        return getattr(builtins, name) if hasattr(builtins, name) else _AnySymbol()
+
+
+@functools.lru_cache(maxsize=64)
+def _names_given(path: str, mtime_ns: int, size: int) -> dict[tuple[str, str], Any]:
+    """{(target alias, line): the `name` value} of every Kiln target call the BUILD file at
+    `path` makes, the line as Pants records it (the calling frame's); {} when it cannot run
+    outside Pants. mtime_ns and size key the cache."""
+    given: dict[tuple[str, str], Any] = {}
+
+    def recorder(alias: str) -> Callable[..., _AnySymbol]:
+        def record(**kwargs: Any) -> _AnySymbol:
+            frame = inspect.currentframe()
+            caller = frame.f_back if frame is not None else None
+            if "name" in kwargs and caller is not None:
+                given[(alias, str(caller.f_lineno))] = kwargs["name"]
+            return _AnySymbol()
+
+        return record
+
+    symbols = _BuildFileSymbols({alias: recorder(alias) for alias in DEFAULT_ARTIFACT_FOLDERS})
+    try:
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), symbols)
+    except Exception:  # noqa: BLE001 - Pants has parsed it; whatever this cannot run is skipped
+        return {}
+    return given
 
 
 def default_artifact_name(target: Target) -> str:
