@@ -13,8 +13,8 @@ Its `initializer_range` (0.02) is not used. The untied lm head is drawn with the
 key, so it is the embedding's draw scaled by sqrt(hidden_dim) (levanter/models/llama.py,
 `LlamaLMHeadModel.init`): reproduced here, since it is what Levanter trains.
 
-The keys follow Levanter's tree (model key -> transformer and embedding keys; one key per layer;
-per layer attention and MLP keys; q, k, v, o and gate, up, down), and the draws are made in
+The keys follow Levanter's tree (model key -> transformer and embedding keys; one key per layer,
+the transformer key itself for a one-layer model; per layer attention and MLP keys; q, k, v, o and gate, up, down), and the draws are made in
 Levanter's `out_first` shapes then laid out as Kiln's `[in, out]` kernels, so for one seed the
 parameters equal Levanter's exactly (tests/python/kiln/train/test_levanter_parity.py).
 """
@@ -43,14 +43,21 @@ def levanter_parameters(config: LlamaConfig, seed_key: jax.Array, dtype: Any) ->
     params: dict[str, Any] = {
         "embed": {"embedding": embedding_draw / d},
         "blocks": {
-            i: _block(config, key)
-            for i, key in enumerate(jax.random.split(transformer_key, config.num_layers))
+            i: _block(config, key) for i, key in enumerate(_layer_keys(transformer_key, config))
         },
         "final_norm": {"scale": jnp.ones((d,), jnp.float32)},
     }
     if not config.tie_embeddings:
         params["lm_head"] = {"kernel": (embedding_draw / math.sqrt(d)).T}
     return jax.tree.map(lambda x: x.astype(dtype), params)
+
+
+def _layer_keys(transformer_key: jax.Array, config: LlamaConfig) -> jax.Array:
+    """One key per layer as haliax's `shaped_rng_split(key, num_layers)` makes them for
+    Levanter's stacked layers: a split, except for one layer, which gets the key unsplit."""
+    if config.num_layers == 1:
+        return transformer_key[None]
+    return jax.random.split(transformer_key, config.num_layers)
 
 
 def _block(config: LlamaConfig, key: jax.Array) -> dict[str, Any]:

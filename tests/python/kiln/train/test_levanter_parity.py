@@ -16,6 +16,7 @@ both meet document boundaries.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -47,6 +48,7 @@ REFERENCE_MODULE = "kiln.train.levanter_reference"
 ARCHITECTURE = dict(max_seq_len=64, hidden_dim=64, intermediate_dim=160, num_heads=4,
                     num_kv_heads=2, num_layers=2, rope_theta=500000.0, norm_eps=1e-5)  # fmt: skip
 BATCH, SEQ_LEN, STEPS = 4, 64, 120
+OTHER_DEPTHS = (1, 3)  # Levanter's initialisation at depths beside the model's 2
 CACHE_WINDOWS = 300  # the run reads 480 windows: its second epoch too
 Z_LOSS = 1e-4
 # The run's optimizer: the quickstart's, Levanter's beta2/epsilon/clipping defaults.
@@ -184,6 +186,8 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         {"kind": "schedules", "out": str(folder / "schedules.npz"),
          "cases": [{"optimizer": o, "num_train_steps": n} for o, n in SCHEDULES]},
         {"kind": "init", **model, "seed": 0, "out": str(folder / "init.npz")},
+        *({"kind": "init", "model": {**model["model"], "num_layers": depth}, "vocab_size": vocab,
+           "seed": 0, "out": str(folder / f"init_depth{depth}.npz")} for depth in OTHER_DEPTHS),
         {"kind": "update", **common, "optimizer": UPDATE_OPTIMIZER, "num_train_steps": 100,
          "grads": [str(folder / f"grads{i}.npz") for i in range(UPDATE_STEPS)],
          "out": str(folder / "update.npz")},
@@ -222,6 +226,17 @@ def test_levanter_initialization_is_levanters_draw_value_for_value(parity: dict)
     assert ours["embed/embedding"].std() == pytest.approx(0.986 / d, rel=0.02)
     assert ours["blocks/0/mlp/down_proj/kernel"].std() == pytest.approx(0.986 / 160**0.5, rel=0.05)
     np.testing.assert_allclose(ours["lm_head/kernel"], ours["embed/embedding"].T * d**0.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("depth", OTHER_DEPTHS)
+def test_levanter_initialization_holds_at_every_depth(parity: dict, depth: int) -> None:
+    """One layer takes the transformer's key unsplit (haliax's shaped_rng_split), more split it."""
+    config = dataclasses.replace(parity["config"], num_layers=depth)
+    ours = flat(nnx.to_pure_dict(fresh_state(config).params))
+    theirs = parity[f"init_depth{depth}"]
+    assert sorted(ours) == sorted(theirs)
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
 
 
 def test_an_update_on_the_same_parameters_and_gradients_is_levanters(parity: dict) -> None:
