@@ -15,8 +15,9 @@ The data position is the step itself (the mixture is a pure function of the step
 has no RNG state to carry, so the state pytree plus N is everything a resume needs. Readers of
 the model alone (export, evaluating a trained run) use `checkpoint_params.restore_params`, which
 reads the parameters without the optimizer state. Orbax's side of a save is `orbax_saves`.
-A `.step-N.saving` folder (or a step-N folder without metadata.json, from older Kiln) is a save
-that was killed: ignored, and deleted on start.
+A `.step-N.saving` folder is a save that was killed: ignored, and deleted on start. A step-N
+folder whose metadata.json is missing or unreadable cannot be a half-finished save (saves commit
+by renaming): it is damaged, ignored, and moved aside on start (`step-N.damaged`, below).
 Older checkpoints are deleted only after a newer one is complete.
 
 Saves are asynchronous: `begin_save` returns once orbax has copied the state off the devices,
@@ -172,13 +173,19 @@ class Checkpointer:
         return infos[-1] if infos else None
 
     def remove_incomplete(self) -> list[Path]:
-        """Deletes saves that were killed midway (`.step-N.saving` folders, and step folders
-        without metadata.json); process 0 deletes, and every process waits for it."""
+        """Deletes saves that were killed midway (`.step-N.saving` folders) and moves aside step
+        folders whose metadata.json is missing or unreadable (damaged: a step folder only ever
+        appears complete); returns what it deleted. Process 0 acts, and every process waits."""
         removed = []
         if self._is_writer:
-            removed = [p for p in self._step_dirs() if read_checkpoint(p) is None]
-            removed += [p for root in self._roots() if root.is_dir()
-                        for p in sorted(root.iterdir()) if SAVING_DIR.match(p.name)]  # fmt: skip
+            for path in self._step_dirs():
+                if read_checkpoint(path) is None:
+                    aside = _unused(path.with_name(path.name + DAMAGED_SUFFIX))
+                    path.rename(aside)
+                    log.warning("moved the damaged checkpoint %s aside to %s: its %s is "
+                                "missing or unreadable", path, aside, METADATA_FILE)  # fmt: skip
+            removed = [p for root in self._roots() if root.is_dir()
+                       for p in sorted(root.iterdir()) if SAVING_DIR.match(p.name)]  # fmt: skip
             for path in removed:
                 log.warning("removing incomplete checkpoint %s (its save did not finish)", path)
                 shutil.rmtree(path, ignore_errors=True)

@@ -128,16 +128,26 @@ def test_a_permanent_save_promotes_a_temporary_of_the_same_step(tmp_path: Path) 
     checkpointer.close()
 
 
-def test_incomplete_checkpoints_are_ignored_and_removed(tmp_path: Path) -> None:
+def test_killed_saves_are_removed_and_step_folders_without_metadata_kept_aside(
+    tmp_path: Path,
+) -> None:
+    """A killed save is a `.step-N.saving` folder: removed. A step folder only ever appears
+    complete (renamed last), so one whose metadata.json is gone or torn is damaged: moved aside,
+    never deleted."""
     checkpointer = make_checkpointer(tmp_path, FakeClock())
-    checkpointer.save(4, state_at(4), temporary=True)
-    killed = checkpointer.save(8, state_at(8), temporary=True).path
-    (killed / METADATA_FILE).unlink()  # as if killed before metadata.json was written
-    (tmp_path / "checkpoints/step-9/state.orbax-checkpoint-tmp").mkdir(parents=True)
-    assert read_checkpoint(killed) is None
+    checkpointer.save(4, state_at(4), temporary=False)
+    gone = checkpointer.save(8, state_at(8), temporary=False).path
+    torn = checkpointer.save(12, state_at(12), temporary=False).path
+    (gone / METADATA_FILE).unlink()
+    (torn / METADATA_FILE).write_text((torn / METADATA_FILE).read_text()[:20])  # truncated
+    killed = tmp_path / "checkpoints/.step-16.saving"
+    (killed / "state.orbax-checkpoint-tmp").mkdir(parents=True)
+    assert read_checkpoint(gone) is None and read_checkpoint(torn) is None
     assert checkpointer.latest().step == 4
-    assert checkpointer.remove_incomplete() == [killed, tmp_path / "checkpoints/step-9"]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-4"]
+    assert checkpointer.remove_incomplete() == [killed]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step-12.damaged", "step-4", "step-8.damaged"]  # fmt: skip
+    assert (tmp_path / "checkpoints/step-12.damaged/state").is_dir()  # its files kept
     checkpointer.close()
 
 
