@@ -34,11 +34,12 @@ def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
     for folder in (BASE, COOLDOWN, *EVALS.values()):
         assert (repo / STORE / folder / "STATUS").read_text().strip() == "SUCCESS", built.stderr
 
-    # The cooldown started from the run's final weights, named by fingerprint in its identity.
+    # The cooldown started from the run's final state (weights and Adam's moments) and its data
+    # stream, the run named by fingerprint in its identity.
     base, cooldown = read(repo, BASE, "artifact.json"), read(repo, COOLDOWN, "artifact.json")
     assert cooldown["identity"]["init_from"] == {
         "kind": "lm_checkpoint", "name": "checkpoints/lifecycle/base", "version": "2026.12.02",
-        "fingerprint": base["fingerprint"],
+        "fingerprint": base["fingerprint"], "optimizer_state": True, "data_continues": True,
     }  # fmt: skip
     assert {"ref": "checkpoints/lifecycle/base@2026.12.02",
             "fingerprint": base["fingerprint"]} in cooldown["inputs"]  # fmt: skip
@@ -48,9 +49,17 @@ def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
     rates = [json.loads(line).get("optim/learning_rate")
              for line in (repo / STORE / COOLDOWN / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
     rates = [r for r in rates if r is not None]
-    assert rates[0] == pytest.approx(5e-3) and rates[-1] == pytest.approx(5e-3 / 20)
-    # Its mixture changed at step 10: only the high-quality source after it.
+    assert rates[0] == pytest.approx(1e-3) and rates[-1] == pytest.approx(1e-3 / 20)
+    # Its data continued the run's: the docstrings from the 160th sequence of the run's shuffle
+    # (40 steps of 4), the topics, new to it, from their beginning.
     config = read(repo, COOLDOWN, "config.json")
+    final = read(repo, BASE, "checkpoints/step-40/metadata.json")["data"]
+    assert config["mixture"]["continues"] == final
+    assert [d["read"] for d in final["datasets"].values()] == [160]
+    # It ends below the run it cools down, on the same validation windows.
+    base_loss = read(repo, BASE, "summary.json")[LOSS]
+    assert read(repo, COOLDOWN, "summary.json")[LOSS] < base_loss
+    # Its mixture changed at step 10: only the high-quality source after it.
     assert [stage["counts"] for stage in config["mixture"]["sequences_per_block"]] == [
         {"tokenized/lifecycle/docstrings": 20, "tokenized/lifecycle/topics": 20},
         {"tokenized/lifecycle/topics": 40},

@@ -47,7 +47,8 @@ BASE, COOLDOWN = Address("exp", target_name="base"), Address("exp", target_name=
 
 
 def build_file(child_init: str, *, base_lr: str = "3e-3", child_model: str = MODEL) -> str:
-    base = RUN.format(name="base", model=MODEL, lr=base_lr, datasets=TRAIN, extra="")
+    base = RUN.format(name="base", model=MODEL, lr=base_lr, datasets=TRAIN,
+                      extra="checkpoint_every=40,")  # fmt: skip
     child = RUN.format(name="cooldown", model=child_model, lr="1e-3", datasets=TRAIN,
                        extra=f"init_from={child_init},")  # fmt: skip
     return CACHE + base + child
@@ -65,9 +66,10 @@ def test_the_parent_is_a_dependency_built_first_and_part_of_the_identity(
     assert [a.address.target_name for a in g] == ["train", "base", "cooldown"]
     base, child = g.get(BASE), g.get(COOLDOWN)
     assert child.parent == BASE and child.cache_inputs == (Address("exp", target_name="train"),)
+    # By default a run carries its parent's optimizer state and continues its data stream.
     assert child.identity["init_from"] == {
         "kind": "lm_checkpoint", "name": "checkpoints/base", "version": "2026.12.02",
-        "fingerprint": base.fingerprint,
+        "fingerprint": base.fingerprint, "optimizer_state": True, "data_continues": True,
     }  # fmt: skip
     target = rule_runner.get_target(COOLDOWN)
     deps = rule_runner.request(Addresses, [DependenciesRequest(target[Dependencies])])
@@ -80,14 +82,44 @@ def test_the_parent_is_a_dependency_built_first_and_part_of_the_identity(
     at_step = graph(rule_runner, build_file('from_checkpoint(":base", step=40)'))
     assert at_step.get(COOLDOWN).identity["init_from"]["step"] == 40
     assert at_step.get(COOLDOWN).fingerprint != child.fingerprint
+    # Weights alone, data afresh: each choice is identity.
+    alone = graph(rule_runner, build_file(
+        'from_checkpoint(":base", optimizer_state=False, reset_data_loader_on_init=True)'))
+    assert alone.get(COOLDOWN).identity["init_from"] == {
+        "kind": "lm_checkpoint", "name": "checkpoints/base", "version": "2026.12.02",
+        "fingerprint": base.fingerprint,
+    }  # fmt: skip
 
 
 def test_an_export_is_a_parent_too(rule_runner: RuleRunner) -> None:
     g = graph(rule_runner, build_file('":base_hf"'))
     assert [a.address.target_name for a in g] == ["train", "base", "base_hf", "cooldown"]
-    assert g.get(COOLDOWN).identity["init_from"]["kind"] == "hf_model"
-    with pytest.raises(ExecutionError, match=r"gives a step or optimizer_state for exp:base_hf"):
+    assert g.get(COOLDOWN).identity["init_from"] == {  # weights alone: an export holds no more
+        "kind": "hf_model", "name": "hf/base_hf", "version": "2026.12.02",
+        "fingerprint": g.get(Address("exp", target_name="base_hf")).fingerprint,
+    }  # fmt: skip
+    with pytest.raises(ExecutionError, match=r"gives a step, optimizer_state or reset_data_"):
         graph(rule_runner, build_file('from_checkpoint(":base_hf", step=3)'))
+
+
+@pytest.mark.parametrize("step", [500, 50, 0])
+def test_a_step_the_parent_does_not_keep_is_refused_in_the_graph(
+    rule_runner: RuleRunner, step: int
+) -> None:
+    """The base saves every 40 steps (its checkpoint_every) and its last, 100."""
+    with pytest.raises(ExecutionError, match=rf"names step {step} of exp:base, which it does not "
+                       r"keep: it saves every 40 steps and its last, 100"):  # fmt: skip
+        graph(rule_runner, build_file(f'from_checkpoint(":base", step={step})'))
+    for kept in (40, 80, 100):
+        graph(rule_runner, build_file(f'from_checkpoint(":base", step={kept})'))
+
+
+def test_a_child_continuing_its_parents_data_reads_kilns_order(rule_runner: RuleRunner) -> None:
+    levanter = 'from_checkpoint(":base"), data_order="levanter"'
+    with pytest.raises(ExecutionError, match=r"a run continuing exp:base's data stream reads"):
+        graph(rule_runner, build_file(levanter))
+    afresh = 'from_checkpoint(":base", reset_data_loader_on_init=True), data_order="levanter"'
+    assert graph(rule_runner, build_file(afresh)).get(COOLDOWN).identity["data_order"] == "levanter"
 
 
 @pytest.mark.parametrize(
@@ -124,7 +156,7 @@ def test_the_step_names_the_parent_for_the_runtime(rule_runner: RuleRunner) -> N
     step = StepSpec.from_json(json.loads(written.content))
     assert step.config.init_from == ParentRun(
         "lm_checkpoint", "checkpoints/base", "2026.12.02", g.get(BASE).fingerprint,
-        step=40, optimizer_state=True,
+        step=40, optimizer_state=True, data_continues=True,
     )  # fmt: skip
     assert [i.ref for i in step.inputs] == ["tokenized/train@2026.12.02"]  # caches only
     assert [i.ref for i in step.record.inputs] == [
@@ -204,7 +236,7 @@ def test_a_mixture_with_stages_is_identity_and_reaches_the_step(
         ('[(5, {":train": 1.0})]', r"stages starting at steps \[5\]: the first starts at 0"),
         ('[(0, {":train": 1.0}), (0, {":train": 2.0})]', r"the others at increasing whole steps"),
         ('[(0, {":train": 1.0}), (50, {":train": 0})]', r"gives ':train' the weight 0"),
-        ('[(0, {":train": 1.0}), (200, {":train": 2.0})]', r"stages\[0\].start_step: 200 is not before"),
+        ('[(0, {":train": 1.0}), (200, {":train": 2.0})]', r"a stage starts at step 200, at or after"),
     ],
 )
 def test_bad_stages_are_refused_naming_the_target(

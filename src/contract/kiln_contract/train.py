@@ -205,9 +205,10 @@ INIT_KINDS = ("lm_checkpoint", "hf_model")  # the artifacts of the graph a run m
 class ParentRun:
     """`init_from=":parent"` (or `from_checkpoint(":parent", step=N)`): an artifact of the graph
     a run starts from, found by its `name/version` in the run's own store: an `lm_checkpoint` at
-    one of its saved steps (None: its final one), or an `hf_model` export. Weights only unless
-    `optimizer_state` (an lm_checkpoint's Adam moments come along; the step and the learning-rate
-    schedule still start afresh)."""
+    one of its saved steps (None: its final one), or an `hf_model` export. What comes along from
+    an lm_checkpoint: its weights; with `optimizer_state`, Adam's moments and count (the step and
+    the learning-rate schedule start afresh either way); with `data_continues`, its data stream's
+    position (each cache the two share reads on where the parent stopped)."""
 
     kind: str  # INIT_KINDS
     name: str
@@ -215,17 +216,23 @@ class ParentRun:
     fingerprint: str
     step: int | None = None
     optimizer_state: bool = False
+    data_continues: bool = False
 
     def __post_init__(self) -> None:
         check_choice("kind", self.kind, INIT_KINDS)
         check_address(self)
         check_optional(check_int, "step", self.step, minimum=0)
         check_bool("optimizer_state", self.optimizer_state)
-        if self.kind == "hf_model" and (self.step is not None or self.optimizer_state):
-            raise SpecError(
-                "step" if self.step is not None else "optimizer_state",
-                "an hf_model export holds one step's weights: give the lm_checkpoint instead",
-            )
+        check_bool("data_continues", self.data_continues)
+        if self.kind == "hf_model":
+            given = [name for name, value in (("step", self.step is not None),
+                     ("optimizer_state", self.optimizer_state),
+                     ("data_continues", self.data_continues)) if value]  # fmt: skip
+            if given:
+                raise SpecError(
+                    given[0],
+                    "an hf_model export holds one step's weights: give the lm_checkpoint instead",
+                )
 
     @property
     def ref(self) -> str:

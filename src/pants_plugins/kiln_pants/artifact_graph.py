@@ -59,6 +59,7 @@ from kiln_pants.target_types import (
     CacheSourceField,
     CacheSourcesField,
     CacheStorageField,
+    CheckpointEveryField,
     ComputeDtypeField,
     DataOrderField,
     DatasetsField,
@@ -330,7 +331,7 @@ async def _checkpoint_identity(
     }
     init_from = target[InitFromField].value
     if init_from is not None:  # only when set: fingerprints of runs without it are unchanged
-        identity["init_from"] = _model_identity(init_from, parent)
+        identity["init_from"] = _model_identity(init_from, parent, training=True)
     loss_positions = target[LossPositionsField].value
     if loss_positions is not None:  # likewise
         identity["loss_positions"] = loss_positions
@@ -368,7 +369,7 @@ async def _eval_identity(
     identity = {
         "kind": LmEvalRunTarget.alias,
         "format": IDENTITY_FORMAT,
-        "model": _model_identity(model, parent),
+        "model": _model_identity(model, parent, training=False),
         "evals": await _evals_identity(target, target[EvalSuiteField].value),
         "validation": sorted(
             (_input_ref(target, caches[a]) for a in validation), key=lambda d: d["input"]
@@ -383,21 +384,26 @@ async def _eval_identity(
 
 
 def _model_identity(
-    named: Union[HfModelSource, CheckpointInit], parent: Optional[Artifact]
+    named: Union[HfModelSource, CheckpointInit], parent: Optional[Artifact], *, training: bool
 ) -> dict[str, Any]:
-    """Weights named by a field: a run or export of the graph by its fingerprint and the step
-    taken, or published weights as given."""
+    """Weights named by a field: a run or export of the graph by its fingerprint, the step
+    taken and (`training`) what else a run carries from it, or published weights as given."""
     if isinstance(named, CheckpointInit):
         assert parent is not None  # the graph resolved the address
-        return parent_run(named, parent).to_json()
+        return parent_run(named, parent, training=training).to_json()
     return named.to_json()
 
 
-def parent_run(init_from: CheckpointInit, parent: Artifact) -> ParentRun:
-    """The run `init_from` names, as the step spec and the identity carry it."""
+def parent_run(init_from: CheckpointInit, parent: Artifact, *, training: bool) -> ParentRun:
+    """The run `init_from` names, as the step spec and the identity carry it. A run training
+    from an lm_checkpoint carries its optimizer state and continues its data stream unless told
+    otherwise (as Marin's cooldowns do); an evaluation reads weights alone."""
+    carries = training and parent.kind == LmCheckpointTarget.alias
+    optimizer_state = init_from.optimizer_state
     return ParentRun(
-        parent.kind, parent.name, parent.version, parent.fingerprint,
-        step=init_from.step, optimizer_state=init_from.optimizer_state,
+        parent.kind, parent.name, parent.version, parent.fingerprint, step=init_from.step,
+        optimizer_state=carries if optimizer_state is None else optimizer_state,
+        data_continues=carries and not init_from.reset_data_loader_on_init,
     )  # fmt: skip
 
 
@@ -488,6 +494,7 @@ class ArtifactGraphRequest:
 async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     closure = await Get(TransitiveTargets, TransitiveTargetsRequest(request.addresses))
     targets = sorted(closure.closure, key=lambda t: t.address)
+    by_address = {t.address: t for t in targets}
     caches = {}
     for cache in (t for t in targets if isinstance(t, TokenizedCacheTarget)):
         caches[cache.address] = _artifact(cache, await _cache_identity(cache), ())
@@ -513,7 +520,7 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
             identity, inputs = await _hf_model_identity(target, parent, checkpoints)
             built[target.address] = _artifact(target, identity, inputs)
             continue
-        parent_artifact = _parent_artifact(target, parent, built)
+        parent_artifact = _parent_artifact(target, parent, built, by_address)
         if isinstance(target, LmEvalRunTarget):
             identity, inputs = await _eval_identity(target, caches, parent_artifact)
         else:
@@ -539,10 +546,13 @@ async def target_and_graph(address: Address, origin: str) -> tuple[Target, Artif
 
 
 def _parent_artifact(
-    target: Target, parent: Optional[Address], built: dict[Address, Artifact]
+    target: Target,
+    parent: Optional[Address],
+    built: dict[Address, Artifact],
+    targets: Mapping[Address, Target],
 ) -> Optional[Artifact]:
     """The artifact a checkpoint starts from (an evaluation scores): an lm_checkpoint or an
-    hf_model of the graph."""
+    hf_model of the graph, at a step it saves."""
     if parent is None:
         return None
     field = _model_field(target)
@@ -555,13 +565,17 @@ def _parent_artifact(
     artifact = built[parent]
     named = target[field].value
     assert isinstance(named, CheckpointInit)  # only an address has a parent
-    takes_a_step = named.step is not None or named.optimizer_state
+    takes_a_step = (
+        named.step is not None or named.optimizer_state or named.reset_data_loader_on_init
+    )
     if artifact.kind == HfModelTarget.alias and takes_a_step:
         raise InvalidFieldException(
-            f"The `{field.alias}` field in target {target.address} gives a step or "
-            f"optimizer_state for {parent}, an `hf_model` export (one step's weights): name its "
-            "lm_checkpoint instead."
+            f"The `{field.alias}` field in target {target.address} gives a step, "
+            f"optimizer_state or reset_data_loader_on_init for {parent}, an `hf_model` export "
+            "(one step's weights): name its lm_checkpoint instead."
         )
+    if named.step is not None and artifact.kind == LmCheckpointTarget.alias:
+        _check_saved_step(target, field, targets[parent], named.step)
     if isinstance(target, LmEvalRunTarget):
         return artifact  # an evaluation reads the model as it is
     trained = built[artifact.inputs[0]] if artifact.kind == HfModelTarget.alias else artifact
@@ -572,7 +586,27 @@ def _parent_artifact(
             f"are not the architecture `model` declares ({'; '.join(differing)}): make "
             "`model=llama(...)` match the parent's."
         )
+    continues = artifact.kind == LmCheckpointTarget.alias and not named.reset_data_loader_on_init
+    if continues and target[DataOrderField].value == "levanter":
+        raise InvalidFieldException(
+            f"The `init_from` field in target {target.address}: a run continuing {parent}'s "
+            "data stream reads Kiln's order, not `data_order=\"levanter\"`; start its data "
+            "afresh with `from_checkpoint(..., reset_data_loader_on_init=True)`."
+        )
     return artifact
+
+
+def _check_saved_step(target: Target, field: type[Field], parent: Target, step: int) -> None:
+    """`step` must be one the parent keeps: a multiple of its checkpoint_every, or its end."""
+    every, end = parent[CheckpointEveryField].value, parent[NumTrainStepsField].value
+    if step == end or (0 < step < end and step % every == 0):
+        return
+    saved = f"every {every} steps and its last, {end}" if every < end else f"its last, {end}"
+    raise InvalidFieldException(
+        f"The `{field.alias}` field in target {target.address} names step {step} of "
+        f"{parent.address}, which it does not keep: it saves {saved} "
+        "(`checkpoint_every` on it saves more)."
+    )
 
 
 def rules():

@@ -56,10 +56,12 @@ class EvalModelField(Field):
         cls, raw_value: Optional[Any], address: Address
     ) -> Union[HfModelSource, CheckpointInit]:
         value = weights_named(cls.alias, address, super().compute_value(raw_value, address))
-        if isinstance(value, CheckpointInit) and value.optimizer_state:
+        if isinstance(value, CheckpointInit) and (
+            value.optimizer_state is not None or value.reset_data_loader_on_init
+        ):
             raise InvalidFieldException(
                 f"The `model` field in target {address}: an evaluation reads weights only; "
-                "remove `optimizer_state`."
+                "remove `optimizer_state` and `reset_data_loader_on_init`."
             )
         return value
 

@@ -149,18 +149,24 @@ def _eval_task(task: Any) -> EvalTask:
 
 @dataclass(frozen=True)
 class CheckpointInit:
-    """`init_from=":run"` or `from_checkpoint(":run", step=N, optimizer_state=False)`: a run
-    starts from another artifact of the graph, an `lm_checkpoint` (at a saved step; default its
-    final one) or an `hf_model`, named by address (a real dependency: kiln_contract.train's
-    ParentRun once resolved)."""
+    """`init_from=":run"` or `from_checkpoint(":run", step=N, optimizer_state=...,
+    reset_data_loader_on_init=...)`: a run starts from another artifact of the graph, an
+    `lm_checkpoint` (at a saved step; default its final one) or an `hf_model`, named by address
+    (a real dependency: kiln_contract.train's ParentRun once resolved). From an lm_checkpoint a
+    run carries the optimizer state unless `optimizer_state=False` (None: the default) and
+    continues the data stream unless `reset_data_loader_on_init=True`."""
 
     address: str
     step: Optional[int] = None
-    optimizer_state: bool = False
+    optimizer_state: Optional[bool] = None
+    reset_data_loader_on_init: bool = False
 
 
 def from_checkpoint(
-    address: str, step: Optional[int] = None, optimizer_state: bool = False
+    address: str,
+    step: Optional[int] = None,
+    optimizer_state: Optional[bool] = None,
+    reset_data_loader_on_init: bool = False,
 ) -> CheckpointInit:
     if not isinstance(address, str) or not address.startswith(("//", ":")):
         raise BuildSymbolError(
@@ -169,11 +175,16 @@ def from_checkpoint(
         )
     if step is not None and not is_whole_number(step):
         raise BuildSymbolError(f"from_checkpoint(): `step` must be a saved step >= 0, got {step!r}.")
-    if not isinstance(optimizer_state, bool):
+    if optimizer_state is not None and not isinstance(optimizer_state, bool):
         raise BuildSymbolError(
             f"from_checkpoint(): `optimizer_state` must be True or False, got {optimizer_state!r}."
         )
-    return CheckpointInit(address, step, optimizer_state)
+    if not isinstance(reset_data_loader_on_init, bool):
+        raise BuildSymbolError(
+            "from_checkpoint(): `reset_data_loader_on_init` must be True or False, got "
+            f"{reset_data_loader_on_init!r}."
+        )
+    return CheckpointInit(address, step, optimizer_state, reset_data_loader_on_init)
 
 
 def gpu(type: str, count: int = 1, hosts: Optional[int] = None) -> Resources:  # noqa: A002

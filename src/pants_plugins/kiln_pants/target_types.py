@@ -840,8 +840,10 @@ class InitFromField(Field):
     help = (
         "Weights the run starts from, instead of a random initialisation: another run of the "
         "graph by address, `init_from=':dclm_1b'` (its final checkpoint) or "
-        "`from_checkpoint(':dclm_1b', step=20000)` (a saved step; `optimizer_state=True` carries "
-        "its Adam moments too), or an `hf_model` export's address (cooldowns, continued "
+        "`from_checkpoint(':dclm_1b', step=20000)` (a saved step; from a run the child carries "
+        "its Adam moments, `optimizer_state=False` not, and continues its data stream, "
+        "`reset_data_loader_on_init=True` every dataset from its beginning), or an `hf_model` "
+        "export's address (cooldowns, continued "
         "pre-training, fine-tunes: a real dependency, built first); or published Llama weights, "
         "`hf_model_source('org/model', revision='COMMIT')` or a folder's absolute path, "
         "`hf_model_source('/models/llama')`. In the fingerprint (a parent's by its fingerprint and "
@@ -952,6 +954,14 @@ class LmCheckpointTarget(Target):
             raise InvalidFieldException(
                 f"The `{field}` field in target {self.address}{within}: {e.problem}."
             ) from None
+        num_train_steps = self[NumTrainStepsField].value
+        late = [step for step, _ in self[DatasetsField].value.stages if step >= num_train_steps]
+        if late:
+            raise InvalidFieldException(
+                f"The `datasets` field in target {self.address}: a stage starts at step "
+                f"{late[0]}, at or after the run's end (num_train_steps={num_train_steps}): "
+                "start it earlier or drop it."
+            )
         check_default_artifact_name(self)
 
 

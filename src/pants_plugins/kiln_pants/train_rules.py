@@ -287,7 +287,7 @@ def _init_from(
     """A run of the graph as the runtime finds it (name, version, fingerprint, step)."""
     if isinstance(init_from, CheckpointInit):
         assert artifact.parent is not None  # the graph resolved the address
-        return parent_run(init_from, graph.get(artifact.parent))
+        return parent_run(init_from, graph.get(artifact.parent), training=True)
     return init_from
 
 

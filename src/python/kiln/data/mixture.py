@@ -11,7 +11,10 @@ That is Kiln's order (KilnOrder); `data_order="levanter"` reads Levanter's inste
 (kiln.data.levanter_order): the same blocks and stages, its counts, block order and shuffle.
 
 Everything is a pure function of (seed, step), so a run resumed at step k reads exactly the
-batches an uninterrupted run would. See docs/training.md.
+batches an uninterrupted run would. A run derived from another continues its parent's stream
+(`StreamPosition`): each dataset the two share reads on in the parent's shuffle from the
+sequence the parent stopped at; a new dataset starts at its beginning in a shuffle of its own.
+See docs/training.md.
 """
 
 from __future__ import annotations
@@ -61,6 +64,33 @@ class WindowOrder(Protocol):
 
 class MixtureError(ValueError):
     """The mixture cannot be built from these caches/weights; the message says which."""
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a mixture's stream stood after some sequences: for each dataset (by its cache's
+    fingerprint), the key of the shuffle it is read in and the sequences it has given; and the
+    seed of the shuffles. A checkpoint records it; a derived run starts from it."""
+
+    seed: int
+    datasets: dict[str, tuple[int, int]]  # fingerprint -> (shuffle key, sequences given)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "datasets": {fp: {"key": key, "read": read}
+                         for fp, (key, read) in sorted(self.datasets.items())},  # fmt: skip
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> StreamPosition:
+        try:
+            datasets = {
+                str(fp): (int(d["key"]), int(d["read"])) for fp, d in obj["datasets"].items()
+            }
+            return cls(int(obj["seed"]), datasets)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise MixtureError(f"not a data position: {obj!r}") from None
 
 
 def block_counts(weights: Sequence[float], block_size: int) -> np.ndarray:
@@ -131,8 +161,9 @@ class KilnOrder:
     block_counts = staticmethod(block_counts)
 
     def __init__(self, seed: int, block_size: int, dataset_keys: Sequence[int],
-                 num_windows: Sequence[int]):  # fmt: skip
+                 num_windows: Sequence[int], shuffle_seed: int | None = None):  # fmt: skip
         self.seed = seed
+        self.shuffle_seed = seed if shuffle_seed is None else shuffle_seed
         self.block_size = block_size
         # The position in the mixture's components (not among active ones) keys each dataset's
         # shuffle, so adding a zero-weight entry does not reshuffle the others.
@@ -162,7 +193,7 @@ class KilnOrder:
         return windows
 
     def _round_keys(self, d: int, epoch: int) -> np.ndarray:
-        entropy = [self.seed, _DATASET_SHUFFLE_STREAM, self._dataset_keys[d], int(epoch)]
+        entropy = [self.shuffle_seed, _DATASET_SHUFFLE_STREAM, self._dataset_keys[d], int(epoch)]
         return np.random.SeedSequence(entropy).generate_state(FEISTEL_ROUNDS, dtype=np.uint64)
 
 
@@ -179,6 +210,11 @@ class MixtureDataset:
     sequence it starts at, a multiple of `block_size`; a weight per component). A dataset's
     sequences continue across stages, so a stage reads on where the last left off in the same
     shuffle; a dataset without weight in one stage sits it out.
+
+    `fingerprints` names each component's cache; with `start` (a parent run's StreamPosition,
+    Kiln's order only) a component the parent read continues the parent's shuffle of it from
+    where the parent stopped, and the others start afresh in shuffles keyed apart from the
+    parent's. `position(sequences)` is where this stream stands after so many sequences.
     """
 
     def __init__(
@@ -190,6 +226,8 @@ class MixtureDataset:
         loss_positions: str | None = None,
         stages: Sequence[tuple[int, Sequence[float]]] = (),
         data_order: str | None = None,
+        fingerprints: Sequence[str] | None = None,
+        start: StreamPosition | None = None,
     ):
         if seed < 0:
             raise MixtureError(f"the mixture seed must be >= 0, got {seed}")
@@ -209,17 +247,58 @@ class MixtureDataset:
         self._active = active
         self._caches = [components[i][0] for i in active]
         self._num_windows = [self._windows_in(cache) for cache in self._caches]
+        self._fingerprints = [None if fingerprints is None else fingerprints[i] for i in active]
+        self._start = start
+        self._keys, self._started = self._continuation(start)
         self._order = self._window_order(data_order)
         self._stages = self._stage_table([(0, weights[0]), *((s, w) for (s, _), w in
                                                              zip(stages, weights[1:]))], active)  # fmt: skip
         self.counts = self._stages[0].counts
         self._block_layout = functools.lru_cache(maxsize=4)(self._layout_of_block)
 
+    def _continuation(self, start: StreamPosition | None) -> tuple[list[int], np.ndarray]:
+        """Each active dataset's shuffle key and the sequences it gave before this stream: its
+        position among the components, or with `start` the parent's key and count for a cache
+        the parent read, and keys past the parent's for the others."""
+        if start is None:
+            return list(self._active), np.zeros(len(self._active), np.int64)
+        if None in self._fingerprints:
+            raise MixtureError("a mixture that continues a stream names its caches' fingerprints")
+        fresh = 1 + max((key for key, _ in start.datasets.values()), default=-1)
+        keys, started = [], []
+        for i, fp in zip(self._active, self._fingerprints):
+            key, read = start.datasets.get(str(fp), (fresh + i, 0))
+            keys.append(key)
+            started.append(read)
+        return keys, np.asarray(started, np.int64)
+
+    def position(self, sequences: int) -> StreamPosition:
+        """Where the stream stands after its first `sequences` sequences (a checkpoint's step x
+        batch size): what a run derived from this one continues from."""
+        read = self._started.copy()
+        block, offset = divmod(sequences, self.block_size)
+        if block or offset:
+            stage = self._stage_of(block)
+            read = stage.base + (block - stage.start // self.block_size) * stage.counts
+            if offset:
+                dataset_at, _ = self._block_layout(block)
+                read = read + np.bincount(dataset_at[:offset], minlength=len(read))
+        seed = self.seed if self._start is None else self._start.seed
+        return StreamPosition(seed, {str(fp): (key, int(n)) for fp, key, n in
+                                     zip(self._fingerprints, self._keys, read)})  # fmt: skip
+
     def _window_order(self, data_order: str | None) -> WindowOrder:
         if data_order in (None, "kiln"):
-            return KilnOrder(self.seed, self.block_size, self._active, self._num_windows)
+            shuffle_seed = None if self._start is None else self._start.seed
+            return KilnOrder(self.seed, self.block_size, self._keys, self._num_windows,
+                             shuffle_seed)  # fmt: skip
         if data_order != "levanter":
             raise MixtureError(f"data_order must be kiln or levanter, got {data_order!r}")
+        if self._start is not None:
+            raise MixtureError(
+                "a run continuing its parent's data reads Kiln's order, not Levanter's: give it "
+                "`reset_data_loader_on_init=True` (every dataset from its beginning)"
+            )
         if self.block_size != LEVANTER_MIXTURE_BLOCK:
             raise MixtureError(
                 f"Levanter's data order reads blocks of {LEVANTER_MIXTURE_BLOCK} sequences, "
@@ -243,7 +322,7 @@ class MixtureDataset:
                     f"at multiples of the block size ({self.block_size} sequences)"
                 )
             counts = self._order.block_counts([weights[i] for i in active], self.block_size)
-            base = np.zeros(len(active), np.int64)
+            base = self._started.copy()
             if table:
                 last = table[-1]
                 base = last.base + (start - last.start) // self.block_size * last.counts

@@ -13,11 +13,14 @@ checkpoint, its tokenizer the run's.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.store import ObjectStore
+from kiln.data.mixture import StreamPosition
 from kiln.interop.errors import InteropError
 from kiln.interop.hub import check_architecture
 from kiln.interop.llama_weights import Params
@@ -25,7 +28,7 @@ from kiln.interop.read import read_hf_config, read_hf_llama
 from kiln.interop.store_artifact import local_folder, local_run
 from kiln.interop.trained_run import TrainedRun
 from kiln.model.config import LlamaConfig
-from kiln.train.checkpoints import CheckpointInfo, check_intact
+from kiln.train.checkpoints import CHECKPOINTS_DIR, METADATA_FILE, CheckpointInfo, check_intact
 from kiln_contract.train import ParentRun
 
 
@@ -86,6 +89,32 @@ def _checkpoint_of(
             yield run, checkpoint
         finally:
             run.close()
+
+
+def parent_data_position(store: ObjectStore, parent: ParentRun) -> StreamPosition:
+    """Where the parent's data stream stood at the step the run starts from: the position its
+    checkpoint of that step records (kiln.train.checkpoints' metadata.json)."""
+    folder = built_parent(store, parent)
+    steps = sorted(
+        int(found[1])
+        for key in folder.store.keys(folder.child(CHECKPOINTS_DIR))
+        if (found := re.fullmatch(rf"step-(\d+)/{METADATA_FILE}", key))
+    )
+    step = parent.step if parent.step is not None else (steps[-1] if steps else None)
+    if step not in steps:
+        raise InteropError(
+            f"init_from: {parent.ref} has no checkpoint of step {step} in "
+            f"{folder.location()} (saved: {', '.join(map(str, steps)) or 'none'})"
+        )
+    text = folder.text(f"{CHECKPOINTS_DIR}/step-{step}/{METADATA_FILE}")
+    recorded = None if text is None else json.loads(text).get("data")
+    if recorded is None:
+        raise InteropError(
+            f"init_from: {parent.ref}'s checkpoint of step {step} records no data position (it "
+            "was saved before checkpoints recorded one): rebuild the parent under a new version, "
+            "or start this run's data afresh, `reset_data_loader_on_init=True`"
+        )
+    return StreamPosition.from_json(recorded)
 
 
 def built_parent(store: ObjectStore, parent: ParentRun) -> ArtifactFolder:

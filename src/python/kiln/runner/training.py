@@ -41,7 +41,7 @@ def train(
     writer = lease is not None
     with failure_recorded(folder, writer=writer):
         try:
-            finished = train_to_end(spec, plot_run, functools.partial(_start_from, parents))
+            finished = train_to_end(spec, plot_run, _run_start(parents, spec.config.init_from))
         except TrainingError as e:
             print(e.line, file=sys.stderr)
             if writer:
@@ -64,6 +64,27 @@ def train(
         return 0
 
 
+def _run_start(parents: ObjectStore | None, init_from: Any) -> Any:
+    """What the run starts from (kiln.train.setup.RunStart): `init_from`'s state, read when the
+    run starts without a checkpoint of its own, and, when it continues its parent's data, the
+    parent's data position at the step it starts from (read at every start: the run's batches
+    are a pure function of it); None without `init_from`."""
+    from kiln.interop.errors import InteropError
+    from kiln.interop.parent_run import parent_data_position
+    from kiln.train.errors import TrainingError
+    from kiln.train.setup import RunStart
+
+    if init_from is None:
+        return None
+    data = None
+    if isinstance(init_from, ParentRun) and init_from.data_continues:
+        try:
+            data = parent_data_position(_parents_store(parents, init_from), init_from)
+        except InteropError as e:
+            raise TrainingError(str(e)) from None
+    return RunStart(functools.partial(_start_from, parents), data)
+
+
 def _start_from(
     parents: ObjectStore | None,
     source: HfModelSource | ParentRun,
@@ -83,16 +104,23 @@ def _start_from(
     try:
         if isinstance(source, HfModelSource):
             return with_params(fresh, initial_params(source, model_config, tokenizer))
-        if parents is None:
-            raise InteropError(
-                f"init_from: {source.ref} is read from the artifact store: build this run there "
-                "(`pants run` or `pants build`), not as a hermetic `pants package`"
-            )
+        store = _parents_store(parents, source)
         if source.optimizer_state:
-            return parent_state(parents, source, fresh, model_config, tokenizer)
-        return with_params(fresh, parent_params(parents, source, model_config, tokenizer))
+            return parent_state(store, source, fresh, model_config, tokenizer)
+        return with_params(fresh, parent_params(store, source, model_config, tokenizer))
     except InteropError as e:
         raise TrainingError(str(e)) from None
+
+
+def _parents_store(parents: ObjectStore | None, source: ParentRun) -> ObjectStore:
+    from kiln.interop.errors import InteropError
+
+    if parents is None:
+        raise InteropError(
+            f"init_from: {source.ref} is read from the artifact store: build this run there "
+            "(`pants run` or `pants build`), not as a hermetic `pants package`"
+        )
+    return parents
 
 
 @contextlib.contextmanager

@@ -5,7 +5,9 @@ root when runtime.checkpointer.temporary_base_path is set):
 
     step-N/state/          the TrainState pytree, written by orbax (its own temp dir + rename)
     step-N/metadata.json   {"step": N, "timestamp": unix seconds, "is_temporary": bool,
-                           "files": {path under state/: {"bytes": N, "sha256": HEX}}},
+                           "files": {path under state/: {"bytes": N, "sha256": HEX}},
+                           "data": where the training data's stream stands at step N
+                           (kiln.data.mixture.StreamPosition: what a derived run continues)},
                            written LAST: its presence means the checkpoint is complete
 
 A save writes into `.step-N.saving/` beside it and renames that folder to `step-N` once
@@ -50,7 +52,7 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,7 @@ from kiln.train.spec import CheckpointerSpec
 
 log = logging.getLogger(__name__)
 
+CHECKPOINTS_DIR = "checkpoints"  # a run's permanent checkpoints, in its output folder
 METADATA_FILE = "metadata.json"
 STATE_DIR = "state"
 PARAMS_KEY = "params"  # the parameters' field of the saved TrainState (kiln.train.step)
@@ -93,10 +96,10 @@ class CheckpointInfo:
 
 def checkpoint_roots(output_path: Path, spec: CheckpointerSpec, name: str, version: str):
     """(permanent root, temporary root). Temporaries under a shared base get a per-run folder."""
-    permanent = output_path / "checkpoints"
+    permanent = output_path / CHECKPOINTS_DIR
     if spec.temporary_base_path is None:
         return permanent, permanent
-    return permanent, spec.temporary_base_path / name / version / "checkpoints"
+    return permanent, spec.temporary_base_path / name / version / CHECKPOINTS_DIR
 
 
 def read_checkpoint(path: Path) -> CheckpointInfo | None:
@@ -122,8 +125,11 @@ class Checkpointer:
         every: int | None,
         per_host_folders: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        data_at: Callable[[int], Mapping[str, Any]] | None = None,
     ):
+        """data_at(step): the data stream's position after `step` steps, for metadata.json."""
         self.permanent_root = permanent_root
+        self.data_at = data_at
         self.temporary_root = temporary_root
         self.save_interval_seconds = save_interval_seconds
         self.keep_last_temporary = keep_last_temporary
@@ -138,7 +144,13 @@ class Checkpointer:
 
     @classmethod
     def from_spec(
-        cls, output_path: Path, spec: CheckpointerSpec, *, name: str, version: str
+        cls,
+        output_path: Path,
+        spec: CheckpointerSpec,
+        *,
+        name: str,
+        version: str,
+        data_at: Callable[[int], Mapping[str, Any]] | None = None,
     ) -> Checkpointer:
         permanent, temporary = checkpoint_roots(output_path, spec, name, version)
         return cls(
@@ -148,6 +160,7 @@ class Checkpointer:
             keep_last_temporary=spec.keep_last_temporary,
             every=spec.every,
             per_host_folders=spec.per_host_folders,
+            data_at=data_at,
         )
 
     def _roots(self) -> list[Path]:
@@ -326,11 +339,11 @@ class Checkpointer:
         """metadata.json (process 0), with the state files' records made when they were saved."""
         info = CheckpointInfo(path, step, time.time(), temporary, files)
         if self._is_writer:
-            atomic_write_json(
-                path / METADATA_FILE,
-                {"step": step, "timestamp": info.timestamp, "is_temporary": temporary,
-                 "files": info.files},
-            )  # fmt: skip
+            metadata = {"step": step, "timestamp": info.timestamp, "is_temporary": temporary,
+                        "files": info.files}  # fmt: skip
+            if self.data_at is not None:
+                metadata["data"] = dict(self.data_at(step))
+            atomic_write_json(path / METADATA_FILE, metadata)
         return info
 
     def _prune(self, newest: CheckpointInfo) -> None:

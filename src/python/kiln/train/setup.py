@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from kiln.data.cache import TokenCache, open_caches, shared_tokenizer
-from kiln.data.mixture import MixtureDataset, fixed_batches, mixture_block_size
+from kiln.data.mixture import MixtureDataset, StreamPosition, fixed_batches, mixture_block_size
 from kiln.data.tokenizer import TokenizerInfo
 from kiln.eval.validation import ValidationSet
 from kiln.model.config import LlamaConfig
@@ -39,6 +39,16 @@ StartFrom = Callable[[Any, Any, LlamaConfig, TokenizerInfo], Any]
 
 
 @dataclass(frozen=True)
+class RunStart:
+    """What kiln.runner gives a run whose config names `init_from`: the state it starts from,
+    and where its data stream starts (a parent run's position, when the run continues its
+    parent's data; None: every dataset from its beginning)."""
+
+    state: StartFrom
+    data: StreamPosition | None = None
+
+
+@dataclass(frozen=True)
 class RunData:
     """The opened inputs: training mixture, validation sets and their shared tokenizer."""
 
@@ -49,7 +59,9 @@ class RunData:
     tokenizer_spec: Any  # what kiln.data.tokenizer.load_tokenizer takes (for evals)
 
 
-def open_data(spec: TrainSpec) -> RunData:
+def open_data(spec: TrainSpec, data_start: StreamPosition | None = None) -> RunData:
+    """The run's caches, its mixture (continuing `data_start`, a parent run's data position,
+    when given) and its validation sets."""
     cfg, runtime = spec.config, spec.runtime
     inputs = [*cfg.datasets, *cfg.validation]
     caches = open_caches(inputs)
@@ -66,6 +78,8 @@ def open_data(spec: TrainSpec) -> RunData:
         loss_positions=cfg.loss_positions,
         stages=[(start, stage.weights) for start, stage in zip(stage_starts, cfg.stages)],
         data_order=cfg.data_order,
+        fingerprints=[d.fingerprint for d in cfg.datasets],
+        start=data_start,
     )
     validation = tuple(
         ValidationSet.build(
@@ -179,19 +193,20 @@ class TrainStart:
 class TrainerSetup:
     """Everything a run trains with, from its spec; nothing here has trained or restored."""
 
-    def __init__(self, spec: TrainSpec, start_from: StartFrom | None = None):
+    def __init__(self, spec: TrainSpec, start: RunStart | None = None):
         from kiln.train.mesh import batch_parallelism, make_mesh
         from kiln.train.step import make_eval_step, make_train_step
 
         self.spec, self.cfg, self.runtime = spec, spec.config, spec.runtime
-        if self.cfg.init_from is not None and start_from is None:
+        if self.cfg.init_from is not None and start is None:
             raise TrainingError(
                 "config.init_from needs the weights loaded by kiln.runner (python -m kiln.runner "
                 "STEP.json), which reads them from the Hugging Face hub"
             )
-        self.start_from = start_from
+        self.start_from = None if start is None else start.state
         check_devices(self.runtime.resources)
-        self.data = open_data(spec)
+        self.data_start = None if start is None else start.data
+        self.data = open_data(spec, self.data_start)
         vocab_size = self.data.tokenizer.vocab_size
         self.model_config = LlamaConfig.for_vocabulary(self.cfg.model, vocab_size)
         try:
@@ -206,7 +221,11 @@ class TrainerSetup:
         except ValueError as e:
             raise TrainingError(f"runtime.wandb: {e}") from None
         self.checkpointer = Checkpointer.from_spec(
-            spec.output_path, self.runtime.checkpointer, name=spec.name, version=spec.version
+            spec.output_path,
+            self.runtime.checkpointer,
+            name=spec.name,
+            version=spec.version,
+            data_at=lambda step: self.data.mixture.position(step * self.cfg.batch_size).to_json(),
         )
         self.throughput = self._throughput()
         self.train_step = make_train_step(
@@ -232,6 +251,8 @@ class TrainerSetup:
             "model": self.model_config.to_json(),
             "tokenizer": self.data.tokenizer.to_json(),
             "mixture": {
+                # Where the stream started: a parent run's data position, or null.
+                "continues": None if self.data_start is None else self.data_start.to_json(),
                 "block_size": self.data.mixture.block_size,
                 "sequences_per_block": self.data.mixture.sequences_per_block(
                     [d.name for d in self.cfg.datasets]

@@ -49,7 +49,7 @@ from kiln.train.metrics import TRACKER_FILE, MetricsLogger
 from kiln.train.multihost import barrier
 from kiln.train.progress import Progress, SilentProgress, make_progress
 from kiln.train.saves import Saves
-from kiln.train.setup import StartFrom, TrainerSetup, TrainStart
+from kiln.train.setup import RunStart, TrainerSetup, TrainStart
 from kiln.train.spec import TrainSpec
 from kiln.train.step_log import StepLog
 from kiln_contract.layout import RUN_CONFIG_FILE, RUN_SUMMARY_FILE
@@ -112,9 +112,9 @@ class Trainer:
         self,
         spec: TrainSpec,
         metrics_observer: MetricsObserver | None = None,
-        start_from: StartFrom | None = None,
+        start: RunStart | None = None,
     ):
-        self.setup = TrainerSetup(spec, start_from)
+        self.setup = TrainerSetup(spec, start)
         self.spec, self.cfg, self.runtime = spec, spec.config, spec.runtime
         self.output = spec.output_path
         self.is_main = jax.process_index() == 0
@@ -360,23 +360,23 @@ def _json_line(record: dict[str, Any]) -> str:
 def train(
     spec: TrainSpec,
     metrics_observer: MetricsObserver | None = None,
-    start_from: StartFrom | None = None,
+    start: RunStart | None = None,
 ) -> dict[str, Any]:
     """Trains (or resumes) the run described by `spec`; returns the summary dict."""
-    return Trainer(spec, metrics_observer, start_from).run().summary
+    return Trainer(spec, metrics_observer, start).run().summary
 
 
 def train_to_end(
     spec: TrainSpec,
     metrics_observer: MetricsObserver | None = None,
-    start_from: StartFrom | None = None,
+    start: RunStart | None = None,
 ) -> FinishedRun:
     """`train`, for the callers that report how a run ended (`python -m kiln.train`, kiln.runner):
     a complete run; else TrainingError (failed: bad input, unreadable data, a
     diverged loss) or TrainingStopped (resumable: a signal, runtime.max_steps_this_run), each
     with its process exit code."""
     try:
-        finished = Trainer(spec, metrics_observer, start_from).run()
+        finished = Trainer(spec, metrics_observer, start).run()
     except (KilnDataError, MixtureError) as e:
         raise TrainingError(str(e)) from None
     except KeyboardInterrupt:

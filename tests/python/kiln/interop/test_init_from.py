@@ -30,6 +30,7 @@ from kiln.interop.read import read_hf_llama
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.train.errors import TrainingError
+from kiln.train.setup import RunStart
 from kiln.train.spec import parse_spec
 from kiln.train.step import with_params
 from kiln.train.trainer import Trainer
@@ -75,7 +76,7 @@ def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoi
         loads.append(source)
         return with_params(fresh, read_hf_llama(folder, tokenizer=tok).params)
 
-    start = Trainer(spec, start_from=weights).initial_state()
+    start = Trainer(spec, start=RunStart(weights)).initial_state()
     assert start.step == 0 and start.checkpoint is None and loads == [SOURCE]
     expected = leaves(read_hf_llama(folder).params)
     started = leaves(nnx.to_pure_dict(start.state.params))
@@ -83,8 +84,8 @@ def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoi
     for name, value in expected.items():
         assert np.array_equal(started[name], value), name  # float32: bit for bit
 
-    Trainer(spec, start_from=weights).run()
-    resumed = Trainer(spec, start_from=weights).initial_state()
+    Trainer(spec, start=RunStart(weights)).run()
+    resumed = Trainer(spec, start=RunStart(weights)).initial_state()
     assert resumed.step == 4 and loads == [SOURCE, SOURCE]  # the resumed run read no weights
 
 

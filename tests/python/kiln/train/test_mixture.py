@@ -190,3 +190,37 @@ def test_levanters_order_reads_levanters_blocks(caches: dict[str, TokenCache]) -
         MixtureDataset([(caches["a"], 1.0)], SEQ_LEN, seed=3, block_size=80, data_order="levanter")
     with pytest.raises(MixtureError, match="data_order must be kiln or levanter, got 'marin'"):
         MixtureDataset([(caches["a"], 1.0)], SEQ_LEN, seed=3, data_order="marin")
+
+
+def windows_read(mixture: MixtureDataset, steps: range, batch: int) -> dict[int, list[int]]:
+    """Each active dataset's windows, in the order the stream reads them."""
+    read: dict[int, list[int]] = {}
+    for step in steps:
+        for d, window in mixture.sources(step, batch):
+            read.setdefault(d, []).append(window)
+    return read
+
+
+def test_a_derived_stream_reads_on_where_its_parent_stopped(caches: dict[str, TokenCache]) -> None:
+    """A child's shared cache continues the parent's shuffle from the parent's position, also
+    across the parent's stage change and an epoch; a new cache starts at its beginning; the
+    child's own position is its start plus what it read (a grandchild's start)."""
+    parent = MixtureDataset([(caches["a"], 1.0), (caches["b"], 0.0)], SEQ_LEN, seed=3,
+                            block_size=16, stages=[(48, [0.5, 0.5])], fingerprints=["A", "B"])  # fmt: skip
+    uninterrupted = windows_read(parent, range(60), 4)  # past an epoch of b (40 windows)
+    at = parent.position(25 * 4)  # the parent's step 25: a stage and a partial block behind it
+    assert at.datasets["A"][1] + at.datasets["B"][1] == 100
+    assert at.datasets == {"A": (0, 74), "B": (1, 26)} and at.seed == 3
+    child = MixtureDataset([(caches["b"], 0.5), (caches["a"], 0.5)], SEQ_LEN, seed=9,
+                           block_size=8, fingerprints=["B", "A"], start=at)  # fmt: skip
+    continued = windows_read(child, range(10), 4)
+    assert continued[1] == uninterrupted[0][74 : 74 + len(continued[1])]  # a, in its shuffle
+    assert continued[0] == uninterrupted[1][26 : 26 + len(continued[0])]  # b, into its 2nd epoch
+    assert child.position(10 * 4).datasets == {"A": (0, 74 + 20), "B": (1, 26 + 20)}
+    # A cache the parent did not read starts afresh, in a shuffle keyed apart from the parent's.
+    fresh = MixtureDataset([(caches["tiny"], 0.0), (caches["b"], 1.0)], SEQ_LEN, seed=9,
+                           block_size=8, fingerprints=["T", "C"], start=at)  # fmt: skip
+    assert fresh.position(0).datasets == {"C": (3, 0)}
+    with pytest.raises(MixtureError, match="reset_data_loader_on_init=True"):
+        MixtureDataset([(caches["a"], 1.0)], SEQ_LEN, seed=0, block_size=2048,
+                       data_order="levanter", fingerprints=["A"], start=at)  # fmt: skip
