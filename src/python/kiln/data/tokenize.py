@@ -54,7 +54,7 @@ from kiln import lifetime  # before the slow imports: it notes the parent proces
 from kiln.artifacts import RECORD_FILE
 from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
-from kiln.artifacts.lease import Lease
+from kiln.artifacts.lease import Lease, LeaseHeld
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.artifacts.store import ObjectStore
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """One command; its exit status (the module's docstring)."""
+    """One command; its exit status (the module's docstring). A store-mode cache whose build
+    fails records why (`_record_failure`)."""
+    finished: str | os.PathLike[str] | None = None
     try:
         _check_locations(args)
         _check_contained(args)
@@ -129,14 +131,29 @@ def _run(args: argparse.Namespace) -> int:
             {"merge": _merge_command, "import": _import_command}[args.command](spec, args, cache)
     except KilnDataError as e:
         print(f"error: {e}", file=sys.stderr)
+        _record_failure(args.command, finished, str(e))
         return 2
     except Exception as e:
         failure = as_storage_error(e, getattr(args, "out", None) or args.spec)
         if failure is None:
             raise
         print(f"error: {failure}", file=sys.stderr)
+        _record_failure(args.command, finished, str(failure))
         return EXIT_STORAGE
     return 0
+
+
+def _record_failure(command: str, cache: str | os.PathLike[str] | None, reason: str) -> None:
+    """A shard or merge of a store-mode cache failed: STATUS FAILED and the reason in the cache's
+    folder, for `plan` and the next build, under the cache's lease (another builder holding it
+    speaks for itself). A finished cache stays as it is."""
+    if command not in ("shard", "merge", "import") or cache is None:
+        return
+    folder = ArtifactFolder.at(cache)
+    with contextlib.suppress(LeaseHeld, OSError):
+        with Lease.beside(cache, what=f"record a failed {command}").acquire(wait=False):
+            if not folder.is_built():
+                folder.mark_failed(reason)
 
 
 def _many_command(manifest: Path) -> int:
@@ -267,6 +284,7 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore
         leases.enter_context(Lease.beside(args.out, what=f"merge {ref(spec)}").acquire(wait=True))
         if served(spec, cache):
             return
+        ArtifactFolder(cache, "").clear_stop_reason()  # an earlier build's failure
         for shard in args.shards:
             what = f"merge {ref(spec)} (shard {os.fspath(shard).rpartition('/')[2]})"
             leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))

@@ -153,3 +153,40 @@ def test_a_full_disk_fails_in_one_line_and_the_build_resumes(small_disk, tmp_pat
     resumed = small_disk.run(tokenize("build", spec, "--out", cache))
     assert resumed.returncode == 0, resumed.stderr
     assert verify_cache(open_store(cache)).files == 1 + 5 * NUM_SHARDS
+
+
+@pytest.mark.parametrize("num_shards", [1, NUM_SHARDS])
+def test_a_failed_shard_leaves_failed_and_its_reason_in_the_cache(
+    tmp_path: Path, num_shards: int
+) -> None:
+    """A shard of a store-mode cache reading a file that is not JSON Lines fails in one line, and
+    the cache's folder then says FAILED and why (what `plan` shows); no lease is left. The next
+    build that succeeds clears the reason."""
+    spec_path = write_spec(tmp_path, documents_per_file=5)
+    spec = json.loads(spec_path.read_text())
+    spec["config"]["num_shards"] = num_shards
+    spec_path.write_text(json.dumps(spec))
+    files = sorted((tmp_path / "corpus").glob("*.jsonl"))
+    good = [f.read_text() for f in files]
+    for f in files:
+        f.write_text("not json\n")
+    cache, shards = layout(tmp_path / "store")
+    failed = subprocess.run(
+        tokenize("shard", spec_path, "--index", 0, "--out", shards[0], "--unless-built", cache),
+        env=environment(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert failed.returncode == 2, failed.stderr
+    folder = ArtifactFolder.at(cache)
+    assert folder.status() == "FAILED"
+    reason = folder.text("failure.txt")
+    assert reason is not None and "part-" in reason and "JSON" in reason, reason
+    leases = [p for p in (tmp_path / "store").rglob("*.lease")]
+    assert leases == [], leases
+    for f, text in zip(files, good):
+        f.write_text(text)
+    for i, shard in enumerate(shards[:num_shards]):
+        subprocess.run(tokenize("shard", spec_path, "--index", i, "--out", shard, "--unless-built",
+                                cache), env=environment(), check=True, timeout=300)  # fmt: skip
+    subprocess.run(tokenize("merge", spec_path, "--shards", *shards[:num_shards], "--out", cache),
+                   env=environment(), check=True, timeout=300)  # fmt: skip
+    assert folder.status() == "SUCCESS" and folder.text("failure.txt") is None
