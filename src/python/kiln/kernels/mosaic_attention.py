@@ -269,15 +269,29 @@ def _q_major_ids(ids_refs, start: int, size: int) -> tuple[jax.Array | None, jax
     return _lane_tiled(q_columns[...], size), kv_rows[:1, pl.ds(start, size)]
 
 
-def _q_major_ids_specs(bq: int, bkv: int, kv_tile) -> list[pl.BlockSpec]:
-    """BlockSpecs of the ids of a q-major kernel, grid (batch, heads, q tiles, kv tiles): the
-    q tile's columns and the visited kv tile's rows."""
-    return [
-        pl.BlockSpec((None, bq, NUM_LANES), lambda b, h, i, j, *_: (b, i, 0)),
+def _q_major_specs(schedule: _Schedule, bq: int, bkv: int, head_dim: int, group: int):
+    """BlockSpecs of a kernel whose grid is (batch, heads, q tiles, kv tiles): (the q tile, the
+    visited kv tile of q head h's kv head h // group, the q tile's row of lse or delta, [the q
+    tile's ids as columns, the kv tile's as rows])."""
+
+    def kv_tile(b, h, i, j, *refs):
+        return schedule.read(refs).tile(b, i, j)
+
+    return (
+        pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, j, *_: (b, h, i, 0)),
         pl.BlockSpec(
-            (None, NUM_SUBLANES, bkv), lambda b, h, i, j, *refs: (b, 0, kv_tile(b, h, i, j, *refs))
+            (None, None, bkv, head_dim),
+            lambda b, h, i, j, *refs: (b, h // group, kv_tile(b, h, i, j, *refs), 0),
         ),
-    ]
+        pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, *_: (b, h, 0, i)),
+        [
+            pl.BlockSpec((None, bq, NUM_LANES), lambda b, h, i, j, *_: (b, i, 0)),
+            pl.BlockSpec(
+                (None, NUM_SUBLANES, bkv),
+                lambda b, h, i, j, *refs: (b, 0, kv_tile(b, h, i, j, *refs)),
+            ),
+        ],
+    )
 
 
 def _split_refs(refs: Sequence[Any], *counts: int) -> list[tuple[Any, ...]]:
@@ -359,25 +373,18 @@ def _forward_kernel(*refs, config: KernelConfig, schedule: _Schedule):
 
 def _forward(q, k, v, segment_ids, config: KernelConfig):
     batch, num_heads, padded_len, head_dim = q.shape
-    group = num_heads // k.shape[1]
     bq, bkv = config.block_sizes.block_q, config.block_sizes.block_kv
     schedule = _schedule(config, segment_ids, batch, q_major=True, bq=bq, bkv=bkv)
-
-    def kv_tile(b, h, i, j, *refs):
-        return schedule.read(refs).tile(b, i, j)
-
-    q_spec = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, j, *_: (b, h, i, 0))
-    kv_spec = pl.BlockSpec(
-        (None, None, bkv, head_dim), lambda b, h, i, j, *refs: (b, h // group, kv_tile(b, h, i, j, *refs), 0)
-    )  # fmt: skip
-    ids_specs = _q_major_ids_specs(bq, bkv, kv_tile)
+    q_spec, kv_spec, row_spec, ids_specs = _q_major_specs(
+        schedule, bq, bkv, head_dim, num_heads // k.shape[1]
+    )
     out, lse = _pallas_call(
         functools.partial(_forward_kernel, config=config, schedule=schedule),
         name="kiln_flash_attention_fwd",
         grid=(batch, num_heads, padded_len // bq, padded_len // bkv),
         schedule=schedule,
         in_specs=[q_spec, kv_spec, kv_spec, *(ids_specs if schedule.has_segments else ())],
-        out_specs=[q_spec, pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, *_: (b, h, 0, i))],
+        out_specs=[q_spec, row_spec],
         out_shape=[
             jax.ShapeDtypeStruct(q.shape, q.dtype),
             jax.ShapeDtypeStruct((batch, num_heads, 1, padded_len), jnp.float32),
@@ -510,19 +517,11 @@ def _backward_dq_kernel(*refs, config: KernelConfig, schedule: _Schedule):
 def _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config: KernelConfig):
     """Grid (batch, heads, q tiles, kv tiles), as the forward's."""
     batch, num_heads, padded_len, head_dim = q.shape
-    group = num_heads // k.shape[1]
     bq, bkv = config.block_sizes.block_q_dq, config.block_sizes.block_kv_dq
     schedule = _schedule(config, segment_ids, batch, q_major=True, bq=bq, bkv=bkv)
-
-    def kv_tile(b, h, i, j, *refs):
-        return schedule.read(refs).tile(b, i, j)
-
-    q_spec = pl.BlockSpec((None, None, bq, head_dim), lambda b, h, i, j, *_: (b, h, i, 0))
-    row_spec = pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, *_: (b, h, 0, i))
-    kv_spec = pl.BlockSpec(
-        (None, None, bkv, head_dim), lambda b, h, i, j, *refs: (b, h // group, kv_tile(b, h, i, j, *refs), 0)
-    )  # fmt: skip
-    ids_specs = _q_major_ids_specs(bq, bkv, kv_tile)
+    q_spec, kv_spec, row_spec, ids_specs = _q_major_specs(
+        schedule, bq, bkv, head_dim, num_heads // k.shape[1]
+    )
     return _pallas_call(
         functools.partial(_backward_dq_kernel, config=config, schedule=schedule),
         name="kiln_flash_attention_dq",
