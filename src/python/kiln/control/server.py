@@ -308,7 +308,10 @@ class _ControlHandler(BaseHTTPRequestHandler):
         if not self.server.control.host_is_allowed(hosts[0]):
             self._send_text(HTTPStatus.MISDIRECTED_REQUEST, "misdirected request\n")
             return None
-        parts = urlsplit(self.path).path.split("/", 3)  # "", "c", token, rest
+        # The path as the client sent it: http.server turns a leading `//` into `/`, and a path
+        # Kiln never links to is not one of its routes.
+        sent = self.requestline.split(" ")[1] if self.requestline.count(" ") >= 2 else self.path
+        parts = urlsplit(sent).path.split("/", 3) if not sent.startswith("//") else []
         well_placed = len(parts) >= 3 and not parts[0] and parts[1] == "c"
         if not (well_placed and self.server.control.token_is_valid(parts[2])):
             self._forbidden()
@@ -358,7 +361,12 @@ class _ControlHandler(BaseHTTPRequestHandler):
         return header_ok or form_ok
 
     def _read_body(self) -> bytes | None:
-        """The request body, or None when its length is missing-but-malformed or too large."""
+        """The request body, or None when its length is missing-but-malformed or too large, or
+        it comes in a transfer coding (chunked: its length is unknown until read; the
+        connection then ends after the answer)."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self.close_connection = True
+            return None
         try:
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:

@@ -16,6 +16,7 @@ from kiln.control.server import ACCEPTED_TEXT, SECURITY_HEADERS, ControlServer
 from kiln.control.tokens import mint_token, new_key, read_endpoint
 
 HEADER = {"X-Levanter-Training-Control": "request-checkpoint"}
+HEADER_LINE = "X-Levanter-Training-Control: request-checkpoint"
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 FAKE_SECRETS = {
@@ -236,6 +237,33 @@ def test_oversized_body_is_refused(server: ControlServer) -> None:
     body = _csrf_form(server.csrf_token) + b"&pad=" + b"x" * 10_000
     assert _request(_base(server) + "checkpoint", "POST", FORM, body)[0] == 413
     assert server.take_checkpoint_request() is False
+
+
+def test_a_chunked_body_is_refused_whatever_its_size(server: ControlServer) -> None:
+    """A chunked body's length is unknown until read: refused (413), no checkpoint."""
+    parts = urlsplit(_base(server))
+    chunk = b"x" * 20_000
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as connection:
+        connection.sendall(
+            f"POST {parts.path}checkpoint HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"{HEADER_LINE}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+            + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n"
+        )
+        answer = connection.recv(4096).decode()
+    assert answer.split(" ", 2)[1] == "413", answer
+    assert server.take_checkpoint_request() is False
+
+
+def test_a_path_sent_with_a_leading_double_slash_is_not_a_route(server: ControlServer) -> None:
+    """http.server would read `//c/TOKEN/` as `/c/TOKEN/`; Kiln links to neither form but the
+    one it mints, so it answers a bare 403."""
+    parts = urlsplit(_base(server))
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as connection:
+        connection.sendall(
+            f"GET /{parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n".encode()
+        )
+        answer = connection.recv(4096).decode()
+    assert answer.split(" ", 2)[1] == "403", answer
 
 
 def test_a_huge_body_or_a_client_that_hangs_up_leaves_no_traceback(
