@@ -5,7 +5,8 @@ Each tensor (output, dQ, dK, dV) is compared with reference_attention in fp32 on
 max |kernel - ref| / max |ref| (max, which catches a few wrong rows). Tolerances, also in
 docs/attention-kernel.md, about 3x the worst seen over 60-100 seeds per case:
     fp32: norm 3e-5, max 1e-4   (fp32 end to end; outlier logits in the hundreds cost digits)
-    bf16: norm 3e-2, max 1e-1   (bf16 output and bf16 operands of every dot, as on the GPU)
+    bf16: norm 3e-2, max 1e-1   (bf16 output and bf16 operands of every dot, as on the GPU;
+                                 norm 6e-2 for the Mosaic lowering: MOSAIC_TOLERANCES)
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ TOLERANCES = {  # dtype -> (norm, max) relative errors, for the output and every
     jnp.float32: (3e-5, 1e-4),
     jnp.bfloat16: (3e-2, 1e-1),
 }
+# The Mosaic lowering takes q pre-scaled by sm_scale * log2(e) in q's dtype (as splash's callers
+# do): one more bf16 rounding of q, which outlier logits turn into ~2x the Triton path's dK error
+# (worst 2.2e-2 norm over 40 seeds).
+MOSAIC_TOLERANCES = {**TOLERANCES, jnp.bfloat16: (6e-2, 1e-1)}
 SMALL_BLOCKS = BlockSizes(32, 32, 32, 32, 32, 32)
 
 
@@ -127,7 +132,7 @@ def check_against_reference(attention: Callable, case: Case, seed: int) -> None:
     expected = jax.jit(lambda *a: forward_and_grads(reference_attention, *a, causal=case.causal))(
         q, k, v, segment_ids, d_out
     )
-    tolerances = TOLERANCES[case.dtype]
+    tolerances = (MOSAIC_TOLERANCES if case.lowering == "mosaic" else TOLERANCES)[case.dtype]
     for name, actual, want in zip(("out", "dq", "dk", "dv"), ours, expected):
         assert actual.dtype == case.dtype and actual.shape == want.shape, name
         errors = relative_errors(actual, want)
