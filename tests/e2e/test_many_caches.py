@@ -100,8 +100,9 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
         {"kind": "local", "path": str(repo / "experiments/tokenizers/kiln-stdlib-8k")}
     )
     for i in range(CACHES):
-        if i == BAD:
-            assert not (store / f"c{i}/{VERSION}/STATUS").exists()
+        if i == BAD:  # STATUS FAILED and its reason: what `plan` shows
+            assert (store / f"c{i}/{VERSION}/STATUS").read_text().strip() == "FAILED"
+            assert "no field 'text'" in (store / f"c{i}/{VERSION}/failure.txt").read_text()
             continue
         assert _decoded(store / f"c{i}/{VERSION}", tokenizer) == _texts(i)
         record = json.loads((store / f"c{i}/{VERSION}/artifact.json").read_text())
@@ -113,6 +114,8 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
     served = re.findall(r"kiln: served\s+tokenized/many/(c\d)@", second.stderr)
     assert sorted(served) == [f"c{i}" for i in range(CACHES) if i != BAD]
     assert not list(store.glob(f"*/.{VERSION}.shards"))  # each cache's shard moved into it
+    assert (store / f"c{BAD}/{VERSION}/STATUS").read_text().strip() == "SUCCESS"
+    assert not (store / f"c{BAD}/{VERSION}/failure.txt").exists()  # the reason went with it
     assert "tokenized/many/i0" not in "".join(  # the inline batch: served by Pants' cache
         line for line in second.stderr.splitlines() if "Tokenizing" in line
     )

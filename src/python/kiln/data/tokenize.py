@@ -56,7 +56,7 @@ from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease, LeaseHeld
 from kiln.artifacts.locations import open_store
-from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
+from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
 from kiln.artifacts.store import ObjectStore
 from kiln.containment import OutsideRoot, within
 from kiln.data import sources
@@ -150,7 +150,8 @@ def _record_failure(command: str, cache: str | os.PathLike[str] | None, reason: 
     if command not in ("shard", "merge", "import") or cache is None:
         return
     folder = ArtifactFolder.at(cache)
-    with contextlib.suppress(LeaseHeld, OSError):
+    # A store that refused the build (no bucket, no permission) refuses the record too.
+    with contextlib.suppress(LeaseHeld, OSError, StorageError):
         with Lease.beside(cache, what=f"record a failed {command}").acquire(wait=False):
             if not folder.is_built():
                 folder.mark_failed(reason)

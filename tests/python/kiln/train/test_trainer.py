@@ -134,6 +134,7 @@ def test_a_run_writes_the_artifact_layout(finished_run) -> None:
     assert config["model"]["vocab_size"] == 8192 and config["spec"]["name"] == "checkpoints/tiny"
     # block = the whole run (4 x 24 sequences < 2048): 0.7 x 96 = 67.2, 0.3 x 96 = 28.8 -> 67, 29
     assert config["mixture"] == {
+        "continues": None,  # no parent's data stream
         "block_size": 96,
         "sequences_per_block": {"tokenized/a": 67, "tokenized/b": 29},
     }
