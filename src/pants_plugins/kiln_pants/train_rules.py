@@ -355,9 +355,9 @@ async def step_json(
 @dataclass(frozen=True)
 class PrepareStepRequest:
     address: Address
-    # Trains on a cluster's nodes, which install the accelerator plugins their resources need:
-    # the runtime built here is the CPU one.
-    on_cluster: bool = False
+    # Trains on another machine (a cluster's nodes, a bundle's), which has or installs the
+    # accelerator plugins its resources need: the runtime built here is the CPU one.
+    elsewhere: bool = False
 
 
 @rule(desc="Preparing an lm_checkpoint step")
@@ -370,7 +370,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
     resolves = [python_setup.default_resolve]
     if accelerator in ACCELERATOR_PLUGINS:
         resolves.append(ACCELERATOR_PLUGINS[accelerator].resolve)
-    here = "cpu" if request.on_cluster else accelerator
+    here = "cpu" if request.elsewhere else accelerator
     artifact = graph.get(address)
     # The caches tokenize with the runtime PEX, once it is built.
     lockfile, runtime, caches = await MultiGet(
@@ -386,7 +386,7 @@ async def prepare_step(request: PrepareStepRequest, python_setup: PythonSetup) -
         runtime,
         await Get(Digest, MergeDigests([step_digest, caches.digest, step.eval_task_files, lockfile])),
         plugin_lock,
-        FrozenDict() if request.on_cluster else FrozenDict(resources.process_env()),
+        FrozenDict() if request.elsewhere else FrozenDict(resources.process_env()),
     )
 
 
@@ -493,6 +493,11 @@ def cluster_of_run(option: str, args: tuple[str, ...]) -> str:
     return "" if chosen in ("", "local") else chosen
 
 
+def bundles_run(args: tuple[str, ...]) -> bool:
+    """`-- --bundle DIR`: the runner writes the step for another machine and trains nowhere."""
+    return any(arg == "--bundle" or arg.startswith("--bundle=") for arg in args)
+
+
 # Prints its first argument: the served message, with no runtime started.
 _PRINT = 'printf "%s\\n" "$0"'
 
@@ -510,14 +515,16 @@ async def run_lm_checkpoint(
     )
     resources = wrapped.target[ResourcesField].value
     cluster = cluster_of_run(kiln.cluster, run.args)
-    if not cluster:  # a cluster run's accelerators are on the cluster's hosts
-        await Get(AcceleratorsPresent, CheckAcceleratorsRequest(field_set.address, resources))
     prefix = kiln.prefix_location(build_root.path)
     if not run.args:  # `-- ...` options (another prefix, --output) are the runner's to read
+        # A built artifact is served wherever it is asked for, accelerators or not.
         served = await Get(ServedRun, ServedRunRequest(field_set.address, prefix))
         if served.message is not None:
             return RunRequest(digest=EMPTY_DIGEST, args=("/bin/sh", "-c", _PRINT, served.message))
-    prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address, bool(cluster)))
+    elsewhere = bool(cluster) or bundles_run(run.args)
+    if not elsewhere:  # a cluster's or a bundle's accelerators are on the machine that trains
+        await Get(AcceleratorsPresent, CheckAcceleratorsRequest(field_set.address, resources))
+    prepared = await Get(PreparedStep, PrepareStepRequest(field_set.address, elsewhere))
     runtime = prepared.runtime
     # The runtime's venv PEX is already built for the sandbox environment: the one used here.
     venv_pex = runtime.pex

@@ -26,6 +26,7 @@ from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore
 from kiln.runner.__main__ import main
+from kiln.runner.bundle import write_bundle
 from kiln.runner.checkpoint_step import _restart_dev_run, check_write_paths, run_step, train_spec
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.decision import same_artifact
@@ -486,3 +487,34 @@ def test_a_hostile_step_is_refused_when_parsed(
     path.write_text(json.dumps({**step_json(), field: value}))
     with pytest.raises(StepError, match=re.escape(message)):
         read_step(path)
+
+
+def test_a_bundle_carries_the_step_its_inline_inputs_task_files_and_sources(
+    tmp_path: Path,
+) -> None:
+    """`--bundle DIR`: what the runner reads elsewhere, whole or absent; a cache in this
+    machine's store folder cannot travel, and is named."""
+    spec = step_json()
+    inputs = tmp_path / "inputs-root"
+    for carried in [i["location"] for i in spec["inputs"]] + ["exp/tasks"]:
+        (inputs / carried).mkdir(parents=True)
+        (inputs / carried / "file").write_text(carried)
+    step_file = tmp_path / "step.json"
+    step_file.write_text(json.dumps(spec))
+    bundle = tmp_path / "bundle"
+    command = write_bundle(step_file, step(), inputs, bundle, "gs://b/kiln")
+    assert command == (f"cd {bundle} && PYTHONPATH=src python -m kiln.runner step.json "
+                       "--inputs . --prefix gs://b/kiln")  # fmt: skip
+    assert json.loads((bundle / "step.json").read_text()) == spec
+    for carried in [i["location"] for i in spec["inputs"]] + ["exp/tasks"]:
+        assert (bundle / carried / "file").read_text() == carried
+    assert (bundle / "src/kiln_contract/step.py").is_file()
+    assert not list(bundle.rglob("__pycache__"))
+
+    spec["inputs"][0] = {**spec["inputs"][0], "store_path": "/data/kiln/tokenized/a/v"}
+    del spec["inputs"][0]["location"]
+    ref = spec["inputs"][0]["ref"]
+    with pytest.raises(StepError, match=f"--bundle: {ref} is a store cache in this machine's "
+                       "folder /data/kiln/tokenized/a/v.*bucket prefix"):  # fmt: skip
+        write_bundle(step_file, StepSpec.from_json(spec), inputs, tmp_path / "b2", "FOLDER")
+    assert not (tmp_path / "b2").exists()

@@ -1,5 +1,6 @@
 """`python -m kiln.runner` as a multi-host run on one machine: two runner processes (the same
-command on every "host", two CPU devices each) build one checkpoint artifact.
+command on every "host", two CPU devices each) build one checkpoint artifact; the second "host"
+runs from a bundle (`--bundle`), as a machine without Pants or Kiln's checkout does.
 
 Process 0 alone holds the lease and writes the record and STATUS; both train and compute the
 end-of-run report (restore and sampling are collectives); a second run serves the built artifact
@@ -9,6 +10,7 @@ on every process without joining; when process 0 cannot start, no process trains
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +22,31 @@ from kiln_testing.training import read_jsonl
 
 from kiln import artifacts
 from kiln.artifacts.lease import Lease
+from kiln.runner.__main__ import main
+from kiln.runner.bundle import write_bundle
+from kiln.runner.command_line import read_step
+from kiln.runner.errors import StepError
 
 
-def run_runners(step: Path, output: Path) -> list[subprocess.CompletedProcess]:
+def run_runners(
+    step: Path, output: Path, bundle: Path | None = None
+) -> list[subprocess.CompletedProcess]:
     command = [sys.executable, "-m", "kiln.runner", str(step), "--inputs", str(step.parent)]
     command += ["--output", str(output)]
-    return run_each([command + flags for flags in multihost_flags(2)], devices=2)
+    flags = multihost_flags(2)
+    commands = [command + flags[0], command + flags[1]]
+    if bundle is not None:  # host 1: the command --bundle prints, in the bundle's folder
+        commands[1] = ["sh", "-c", f"cd {bundle} && PYTHONPATH={bundle_path()} exec "
+                       f"{sys.executable} -m kiln.runner step.json --inputs . --output {output} "
+                       + " ".join(flags[1])]  # fmt: skip
+    return run_each(commands, devices=2)
+
+
+def bundle_path() -> str:
+    """The bundle's sources, then this interpreter's packages without Kiln's checkout on them."""
+    others = [p for p in sys.path if p and not (Path(p) / "kiln").is_dir()]
+    others = [p for p in others if not (Path(p) / "kiln_contract").is_dir()]
+    return os.pathsep.join(["src", *others])
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +56,14 @@ def step_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_two_runner_processes_build_one_artifact(step_path: Path) -> None:
     output = step_path.parent / "built"
-    results = run_runners(step_path, output)
+    bundle = step_path.parent.parent / "bundle"
+    argv = [str(step_path), "--inputs", str(step_path.parent), "--bundle", str(bundle)]
+    assert main(argv) == 0
+    assert (bundle / "step.json").read_bytes() == step_path.read_bytes()
+    assert (bundle / "src/kiln/runner/__main__.py").is_file()
+    with pytest.raises(StepError, match="the folder is not empty; give a new one"):
+        write_bundle(step_path, read_step(step_path), step_path.parent, bundle, "FOLDER")
+    results = run_runners(step_path, output, bundle=bundle)
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
     assert (output / artifacts.STATUS_FILE).read_text().strip() == artifacts.SUCCESS
     assert "kiln: built checkpoints/tiny@" in results[0].stdout

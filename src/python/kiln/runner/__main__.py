@@ -18,6 +18,7 @@ from kiln.artifacts.store import ObjectStore
 from kiln.cluster import connection
 from kiln.cluster.placement import PlacementError
 from kiln.data.errors import KilnDataError
+from kiln.runner.bundle import write_bundle
 from kiln.runner.checkpoint_step import run_step
 from kiln.runner.cluster import submit
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
@@ -25,6 +26,7 @@ from kiln.runner.errors import StepError
 from kiln.runner.step_run import Destination
 from kiln.train import multihost
 from kiln.train.progress import quiet_libraries
+from kiln_contract.parsing import is_bucket_url
 from kiln_contract.step import StepSpec
 
 # How long a runner whose Pants process died has to save a checkpoint before it is killed.
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except StepError as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
-    if args.output is None and args.prefix is None:
+    if args.output is None and args.prefix is None and args.bundle is None:
         parser.error("give --prefix (artifact store) or --output")
     group = multihost.process_group_from_flags(parser, args)
     try:
@@ -70,6 +72,9 @@ def _run(
     step: StepSpec,
     group: multihost.ProcessGroup,
 ) -> int:
+    if args.bundle is not None:
+        print(_bundled(args, step))
+        return 0
     address = None if args.output else connection.resolve_address(args.cluster)
     if address is not None:
         _check_cluster_flags(parser, args, group)
@@ -83,6 +88,24 @@ def _run(
     job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
     return run_step(step, args.inputs, _destination(args, step), group, job,
                     force=args.force, wait=not args.no_wait)  # fmt: skip
+
+
+def _bundled(args: argparse.Namespace, step: StepSpec) -> str:
+    """Writes the bundle; says how to train from it and how the artifact comes back."""
+    here = args.prefix if args.prefix is not None else "the artifact store"
+    if args.prefix is not None and is_bucket_url(args.prefix):
+        prefix, back = args.prefix, f"it lands in {args.prefix}, which this machine reads too"
+    else:
+        prefix = "FOLDER"
+        back = (f"then copy FOLDER/{step.name}/{step.version} to {here}/{step.name}/{step.version} "
+                "here (or give a bucket both machines read)")
+    command = write_bundle(args.step, step, args.inputs, args.bundle.absolute(), prefix)
+    return (
+        f"kiln: {step.ref}'s step, its inputs and Kiln's sources are in {args.bundle}. Copy the "
+        "folder to the machine that trains it and run there, with its jax and the runtime's "
+        f"packages (docs/training.md, \"Training on another machine\"):\n  {command}\n"
+        f"kiln: {back}."
+    )
 
 
 def _destination(args: argparse.Namespace, step: StepSpec) -> Destination:

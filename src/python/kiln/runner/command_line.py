@@ -80,6 +80,13 @@ def argument_parser() -> argparse.ArgumentParser:
         help="refuse at once, instead of waiting, when another run is building the artifact",
     )
     parser.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="DIR",
+        help="train nowhere: write the step, its inputs and Kiln's sources to DIR, for a "
+        "machine without Pants (a TPU VM), and print the command that trains there",
+    )
+    parser.add_argument(
         "--library-output",
         action="store_true",
         help="show the libraries' own progress bars (lm-eval's, datasets'), off by default",

@@ -29,8 +29,8 @@ class ControlHook:
     @classmethod
     def start(cls, setup: TrainerSetup, progress: Progress, metrics: MetricsLogger,
               steps: StepLog, saves: Saves) -> ControlHook | None:  # fmt: skip
-        """The started endpoint, or None where it is off: disabled, not process 0, or its
-        package missing (a warning)."""
+        """The started endpoint, or None where it is off: disabled, not process 0, or (a
+        warning) its package missing or no socket to listen on."""
         import jax
 
         control, spec = setup.runtime.control, setup.spec
@@ -50,7 +50,12 @@ class ControlHook:
             port=control.port,
             token_ttl_minutes=control.token_ttl_minutes,
         )  # fmt: skip
-        progress.message(f"training control: {server.start()}")
+        try:
+            url = server.start()
+        except OSError as e:  # a port taken, or a machine that allows no sockets
+            log.warning("training control endpoint cannot listen (%s); continuing without it", e)
+            return None
+        progress.message(f"training control: {url}")
         return cls(server, setup, metrics, steps, saves)
 
     def take_checkpoint_request(self) -> bool:

@@ -1,0 +1,61 @@
+"""A step made portable: the step spec, the inputs it carries and Kiln's own sources in one
+folder, for a machine that trains without Pants (a TPU VM with its own JAX). There the runner
+runs from the folder as `pants run` runs it here (docs/training.md, "Training on another
+machine")."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import kiln
+import kiln_contract
+from kiln.runner.errors import StepError
+from kiln_contract.parsing import is_bucket_url
+from kiln_contract.step import StepSpec
+
+STEP_FILE = "step.json"
+SOURCES = "src"
+
+
+def write_bundle(step_file: Path, step: StepSpec, inputs: Path, bundle: Path, prefix: str) -> str:
+    """Copies what the runner reads into `bundle` and returns the command that trains from it.
+    The step is copied as written (run-time overrides are given again where it runs)."""
+    _check_portable(step)
+    if bundle.exists() and any(bundle.iterdir()):
+        raise StepError(f"--bundle {bundle}: the folder is not empty; give a new one")
+    staging = bundle.with_name(f".{bundle.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copyfile(step_file, staging / STEP_FILE)
+    for relative in _carried(step):
+        shutil.copytree(inputs / relative, staging / relative, symlinks=False)
+    for package in (kiln, kiln_contract):
+        source = Path(str(package.__file__)).parent
+        shutil.copytree(
+            source, staging / SOURCES / source.name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    if bundle.exists():
+        bundle.rmdir()
+    staging.rename(bundle)  # whole or absent
+    return (
+        f"cd {bundle} && PYTHONPATH={SOURCES} python -m kiln.runner {STEP_FILE} --inputs . "
+        f"--prefix {prefix}"
+    )
+
+
+def _carried(step: StepSpec) -> list[str]:
+    """The folders under `--inputs` the step names: inline caches and eval task files."""
+    folders = [i.location for i in step.inputs if i.location is not None]
+    evals = step.config.evals
+    return folders + list(evals.task_paths if evals is not None else ())
+
+
+def _check_portable(step: StepSpec) -> None:
+    for cache in step.inputs:
+        if cache.store_path is not None and not is_bucket_url(cache.store_path):
+            raise StepError(
+                f"--bundle: {cache.ref} is a store cache in this machine's folder "
+                f"{cache.store_path}, which another machine cannot read; build with a bucket "
+                "prefix (--kiln-prefix=gs://BUCKET/PATH) so both machines read the store"
+            )
