@@ -11,7 +11,7 @@
 #             XLA attention on the TPU, XLA on the CPU, and the kernel resumed after step 50:
 #             the loss differences against the kernel's run.
 #  steps:     benchmarks/train_step.py rows (one process each): 470M with XLA attention (full
-#             remat), 470M with the kernel at save_dots batch 4, 760M with full remat.
+#             remat), 470M with the kernel at save_dots batch 4, 1B with full remat.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/kiln-tpu}"
@@ -48,7 +48,7 @@ for part in "${parts[@]}"; do
       quiet "${OUT}/training.txt" | tail -n 8
       ;;
     steps)
-      for row in "470m xla --remat full" "470m pallas --batch-size 4" "760m pallas"; do
+      for row in "470m xla --remat full" "470m pallas --batch-size 4" "1b pallas"; do
         set -- ${row}
         timeout 170 python3 benchmarks/train_step.py --model "$1" --attention "$2" "${@:3}" \
           --layouts docs --steps 5 >>"${OUT}/train_step.txt" 2>&1

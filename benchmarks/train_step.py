@@ -82,7 +82,7 @@ MODELS = {
         num_layers=24,
         vocab_size=32000,
     ),
-    "760m": LlamaConfig(
+    "1b": LlamaConfig(
         max_seq_len=2048,
         hidden_dim=1536,
         intermediate_dim=6144,
@@ -106,7 +106,7 @@ DEFAULTS = {  # model -> (batch size, seq len, remat)
     "tiny": (8, 128, "none"),
     "150m": (16, 2048, "save_dots"),
     "470m": (8, 2048, "save_dots"),
-    "760m": (4, 2048, "full"),
+    "1b": (4, 2048, "full"),
     "1.4b": (4, 4096, "save_dots"),
 }
 PEAK_BF16_FLOPS = {  # dense, no sparsity
