@@ -32,6 +32,7 @@ the merge would start while its shards are being rebuilt, after the store was de
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Optional
@@ -272,10 +273,11 @@ async def tokenize_cache(request: TokenizeCacheRequest) -> BuiltCache:
 
 
 # A cache of one shard whose repo files weigh at most SMALL_CACHE_BYTES is tokenized in a batch,
-# up to CACHES_PER_BATCH to a process: a few seconds of start-up shared by all of them, and enough
-# batches for a thousand caches to keep every core busy.
+# about CACHES_PER_BATCH to a process (at most MAX_CACHES_PER_BATCH): a few seconds of start-up
+# shared by all of them, and enough batches for a thousand caches to keep every core busy.
 SMALL_CACHE_BYTES = 1 << 20
 CACHES_PER_BATCH = 50
+MAX_CACHES_PER_BATCH = 4 * CACHES_PER_BATCH
 BATCH_FOLDER = "caches"  # each cache's spec, record (and inline outputs) in BATCH_FOLDER/{i}/
 BATCH_MANIFEST = "many.json"
 
@@ -292,12 +294,26 @@ class CacheBatches:
     batches: tuple[CacheBatch, ...]
 
 
-def _in_batches(addresses: list[Address]) -> tuple[CacheBatch, ...]:
-    ordered = sorted(addresses)
-    return tuple(
-        CacheBatch(tuple(ordered[start : start + CACHES_PER_BATCH]))
-        for start in range(0, len(ordered), CACHES_PER_BATCH)
-    )
+def in_batches(addresses: list[Address]) -> tuple[CacheBatch, ...]:
+    """The caches in address order, cut after each address that `_ends_batch` (as rsync cuts a
+    file where its content says): a cache added or removed changes its own batch only (one that
+    ends a batch splits it in two), never the others', which Pants then serves from its cache."""
+    batches: list[CacheBatch] = []
+    current: list[Address] = []
+    for address in sorted(addresses):
+        current.append(address)
+        if _ends_batch(address) or len(current) == MAX_CACHES_PER_BATCH:
+            batches.append(CacheBatch(tuple(current)))
+            current = []
+    if current:
+        batches.append(CacheBatch(tuple(current)))
+    return tuple(batches)
+
+
+def _ends_batch(address: Address) -> bool:
+    """One address in CACHES_PER_BATCH, by a hash of its spec (stable across runs and hosts)."""
+    digest = hashlib.sha256(address.spec.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % CACHES_PER_BATCH == 0
 
 
 @dataclass(frozen=True)
@@ -362,7 +378,7 @@ class DirectoryBatchesRequest:
 async def directory_batches(request: DirectoryBatchesRequest) -> CacheBatches:
     """An inline batch is a process served from Pants' cache by its inputs, so it must be the
     same whichever of its caches a goal asks for: every small inline cache of the BUILD
-    directory, in order. A change to one cache reruns its batch (one process)."""
+    directory, in order. A change to one cache, or a new one, reruns its batch (one process)."""
     addresses = await Get(
         Addresses,
         RawSpecs(
@@ -373,7 +389,7 @@ async def directory_batches(request: DirectoryBatchesRequest) -> CacheBatches:
     targets = await Get(Targets, Addresses, addresses)
     caches = Addresses(t.address for t in targets if t.alias == TokenizedCacheTarget.alias)
     small = await Get(SmallCaches, SmallCachesRequest(caches))
-    return CacheBatches(_in_batches(list(small.inline)))
+    return CacheBatches(in_batches(list(small.inline)))
 
 
 @rule(desc="Grouping small caches into batches")
@@ -392,7 +408,7 @@ async def small_cache_batches(request: SmallCachesRequest) -> CacheBatches:
         for batch in batches.batches
         if wanted.intersection(batch.addresses)
     )
-    return CacheBatches(_in_batches(list(small.store)) + inline)
+    return CacheBatches(in_batches(list(small.store)) + inline)
 
 
 @dataclass(frozen=True)
