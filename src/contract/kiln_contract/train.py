@@ -652,6 +652,14 @@ class TrainSpec:
         relative = path.relative_to(self.output_path).as_posix()
         return self.location if relative == "." else f"{self.location}/{relative}"
 
+    def record_json(self) -> dict[str, Any]:
+        """The spec as the artifact's files keep it (train_spec.json, config.json): its
+        `output_path` where people find the artifact, never a staging folder of the host."""
+        obj = self.to_json()
+        if self.location is not None:
+            obj["output_path"] = self.location
+        return obj
+
     @classmethod
     def from_json(cls, obj: Any) -> TrainSpec:
         header = {"spec_version": SPEC_VERSION, "kind": SPEC_KIND}

@@ -27,7 +27,13 @@ from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore
 from kiln.runner.__main__ import main
 from kiln.runner.bundle import write_bundle
-from kiln.runner.checkpoint_step import _restart_dev_run, check_write_paths, run_step, train_spec
+from kiln.runner.checkpoint_step import (
+    _restart_dev_run,
+    check_write_paths,
+    job_argv,
+    run_step,
+    train_spec,
+)
 from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.decision import same_artifact
 from kiln.runner.errors import StepError
@@ -518,3 +524,12 @@ def test_a_bundle_carries_the_step_its_inline_inputs_task_files_and_sources(
                        "folder /data/kiln/tokenized/a/v.*bucket prefix"):  # fmt: skip
         write_bundle(step_file, StepSpec.from_json(spec), inputs, tmp_path / "b2", "FOLDER")
     assert not (tmp_path / "b2").exists()
+
+
+def test_a_cluster_hosts_recorded_command_names_no_node_path(tmp_path: Path) -> None:
+    host = tmp_path / "kiln-host-abc"
+    argv = ["/node/cache/bundles/d/kiln/runner/__main__.py", f"{host}/step.json", "--inputs",
+            str(host), "--prefix", "s3://b/k", "--staging", f"{host}/staging", "--job", "j"]
+    assert job_argv(argv, host) == ["-m", "kiln.runner", "{inputs}/step.json", "--inputs",
+                                    "{inputs}", "--prefix", "s3://b/k", "--staging",
+                                    "{inputs}/staging", "--job", "j"]  # fmt: skip

@@ -12,6 +12,7 @@ from kiln import artifacts
 from kiln.artifacts.atomic import atomic_write_json
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
+from kiln.cluster.host import INPUTS
 from kiln.containment import OutsideRoot, within
 from kiln.runner import leasing, replacing
 from kiln.runner.decision import serve_if_built
@@ -227,6 +228,18 @@ def _begin(run: StepRun, written: ArtifactFolder) -> None:
     written.clear_stop_reason()  # a reason of an earlier run
     job = {"cluster_job": cluster_job} if cluster_job else {}
     provenance = {**dataclasses.asdict(step.provenance), **job, **artifacts.built_here()}
+    if cluster_job:  # the command as the job gave it: the host's folder as {inputs}
+        provenance["argv"] = job_argv(provenance["argv"], run.inputs_root)
     record = {**step.record.to_json(), "provenance": provenance}
     atomic_write_json(output / RECORD_FILE, record)
-    atomic_write_json(output / TRAIN_SPEC_FILE, run.spec.to_json())
+    atomic_write_json(output / TRAIN_SPEC_FILE, run.spec.record_json())
+
+
+def job_argv(argv: list[str], host_folder: Path) -> list[str]:
+    """A cluster host's command line as the job gave it (`-m kiln.runner`, the host's folder on
+    the node written back as `{inputs}`): records name no node's path."""
+    folder = str(host_folder.absolute())
+    return ["-m", "kiln.runner"] + [  # argv[0]: the code bundle's copy on the node
+        INPUTS + arg[len(folder):] if arg == folder or arg.startswith(folder + "/") else arg
+        for arg in argv[1:]
+    ]

@@ -245,7 +245,7 @@ class TrainerSetup:
     def resolved_config(self) -> dict[str, Any]:
         devices = jax.devices()
         return {
-            "spec": self.spec.to_json(),
+            "spec": self.spec.record_json(),
             "run_id": self.wandb.run_id,
             "wandb": self.wandb.to_json(),  # as resolved: the spec, then WANDB_* variables
             "model": self.model_config.to_json(),

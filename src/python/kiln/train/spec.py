@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kiln_contract.parsing import SpecError
+from kiln_contract.parsing import SpecError, is_bucket_url
 from kiln_contract.train import (
     CheckpointerSpec,
     ControlSpec,
@@ -38,7 +38,9 @@ __all__ = [
 
 
 def load_spec(path: str | Path) -> TrainSpec:
-    """The train spec in the JSON file at `path`."""
+    """The train spec in the JSON file at `path`. An artifact's train_spec.json of a run in a
+    bucket names the bucket as its `output_path`; read from a local view of that artifact, the
+    view's folder is the output and the bucket its `location`."""
     try:
         text = Path(path).read_text()
     except OSError as e:
@@ -47,6 +49,8 @@ def load_spec(path: str | Path) -> TrainSpec:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise SpecError("", f"{path} is not valid JSON: {e}") from None
+    if isinstance(obj, dict) and is_bucket_url(obj.get("output_path")):
+        obj = {**obj, "location": obj["output_path"], "output_path": str(Path(path).parent.absolute())}
     return parse_spec(obj)
 
 

@@ -350,7 +350,7 @@ class Trainer:
             "wall_time_seconds": time.monotonic() - started,
             "output_path": self.spec.shown(self.output),
             "checkpoint": self.spec.shown(last.path) if last else None,
-            "metrics_file": str(self.metrics.path),
+            "metrics_file": self.spec.shown(self.metrics.path),
         }
 
 def _json_line(record: dict[str, Any]) -> str:

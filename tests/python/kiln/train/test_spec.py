@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -45,6 +46,24 @@ def test_the_example_spec_round_trips() -> None:
     spec = parse_spec(EXAMPLE_SPEC)
     assert spec.to_json() == EXAMPLE_SPEC
     assert parse_spec(spec.to_json()) == spec
+
+
+def test_a_staged_runs_record_names_the_bucket_and_reads_back_from_a_local_view(
+    tmp_path: Path,
+) -> None:
+    """train_spec.json of a run staged on a host names the bucket, not the staging folder;
+    read from a local view of the artifact, the view is the output and the bucket the location."""
+    url = "s3://bucket/kiln/checkpoints/tiny/2026.11.29"
+    staged = dataclasses.replace(parse_spec(EXAMPLE_SPEC), location=url)
+    record = staged.record_json()
+    assert record["output_path"] == url and str(staged.output_path) not in json.dumps(record)
+    view = tmp_path / "view"
+    view.mkdir()
+    (view / "train_spec.json").write_text(json.dumps(record))
+    loaded = load_spec(view / "train_spec.json")
+    assert (loaded.output_path, loaded.location) == (view, url)
+    assert loaded.config == staged.config and loaded.runtime == staged.runtime
+    assert parse_spec(EXAMPLE_SPEC).record_json() == EXAMPLE_SPEC  # not staged: as it is
 
 
 def test_a_dataset_in_a_bucket_keeps_its_url() -> None:
