@@ -56,8 +56,12 @@ def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
     final = read(repo, BASE, "checkpoints/step-40/metadata.json")["data"]
     assert config["mixture"]["continues"] == final
     assert [d["read"] for d in final["datasets"].values()] == [160]
-    # It ends below the run it cools down, on the same validation windows.
+    # It starts where the run ended, on the same validation windows (Kiln's default for both,
+    # though they train 40 and 20 steps), and ends below it.
     base_loss = read(repo, BASE, "summary.json")[LOSS]
+    first = next(json.loads(line) for line in (repo / STORE / COOLDOWN / "metrics.jsonl")
+                 .read_text().splitlines() if LOSS in line)  # fmt: skip
+    assert (first["step"], first[LOSS]) == (0, base_loss)
     assert read(repo, COOLDOWN, "summary.json")[LOSS] < base_loss
     # Its mixture changed at step 10: only the high-quality source after it.
     assert [stage["counts"] for stage in config["mixture"]["sequences_per_block"]] == [

@@ -162,6 +162,11 @@ def test_the_step_names_the_parent_for_the_runtime(rule_runner: RuleRunner) -> N
     assert [i.ref for i in step.record.inputs] == [
         "tokenized/train@2026.12.02", "checkpoints/base@2026.12.02"
     ]
+    # The child validates first, where its parent's weights stand, on its parent's windows.
+    parent = StepSpec.from_json(json.loads(
+        rule_runner.request(StepJson, [StepJsonRequest(BASE, provenance)]).content))  # fmt: skip
+    assert (step.runtime.validate_at_start, parent.runtime.validate_at_start) == (True, False)
+    assert step.runtime.max_eval_batches == parent.runtime.max_eval_batches == 12
 
 
 def test_plan_checks_a_local_folder_against_the_model(plan_rule_runner: RuleRunner, tmp_path) -> None:

@@ -92,7 +92,7 @@ def test_a_step_from_a_build_file_parses_with_the_runtimes_parser(rule_runner: R
     assert step.runtime.checkpointer == CheckpointerSpec(30, 2, 40, Path("/scratch/kiln"))
     assert step.runtime.validation_names == {"tokenized/valid": "stdlib/docstrings"}
     assert step.runtime.validate_at_start is True
-    assert step.runtime.max_eval_batches == 3  # validation every 10 steps: 0.1 x 10 x 3 batches
+    assert step.runtime.max_eval_batches == 12  # Kiln's default, whatever the run's length
 
     inline, store = step.inputs
     assert (inline.location, inline.store_path) == ("inputs/tokenized/train/2026.06.28", None)

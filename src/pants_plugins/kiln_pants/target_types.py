@@ -20,7 +20,6 @@ from pants.base.build_environment import get_buildroot
 from pants.engine.addresses import Address
 from pants.engine.target import (
     COMMON_TARGET_FIELDS,
-    BoolField,
     Dependencies,
     DictStringToStringField,
     Field,
@@ -32,6 +31,7 @@ from pants.engine.target import (
     StringField,
     StringSequenceField,
     Target,
+    TriBoolField,
 )
 from pants.util.frozendict import FrozenDict
 
@@ -747,9 +747,9 @@ class MaxEvalBatchesField(_ContractCheckedField):
     alias = "max_eval_batches"
     help = (
         "Validation batches (of `batch_size` sequences) per validation set: a number, or `'all'` "
-        "for each whole set. Default: each whole set, capped so that validating costs about a "
-        "tenth of training (docs/training.md, \"Validation budget\"). A run-time choice, excluded "
-        "from the fingerprint."
+        "for each whole set. Default: 12, the same windows however long the run trains "
+        "(docs/training.md, \"Validation budget\"). A run-time choice, excluded from the "
+        "fingerprint."
     )
     default = None
     value: Optional[Any]  # None: Kiln's budget; "all"; or a positive int
@@ -758,10 +758,12 @@ class MaxEvalBatchesField(_ContractCheckedField):
     unchecked_values = (None, "all")
 
 
-class ValidateAtStartField(BoolField):
+class ValidateAtStartField(TriBoolField):
     alias = "validate_at_start"
-    default = False
-    help = "Also validate the initial model, logged at step 0. A run-time choice."
+    help = (
+        "Also validate the initial model, logged at step 0. Default: for a run with `init_from` "
+        "(its step 0 is where its parent's weights stand), else not. A run-time choice."
+    )
 
 
 class WandbField(DictStringToStringField):

@@ -13,7 +13,6 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -126,16 +125,9 @@ STEP_FILE = "step.json"
 OUTPUT_DIR = "out"
 
 
-# Validation's default budget: a validation pass costs about a tenth of the training steps
-# between two passes, and a validation batch (forward only) about a third of a training step.
-VALIDATION_BUDGET = Fraction(1, 10)
-VALIDATION_BATCH_COST = Fraction(1, 3)
-
-
-def default_max_eval_batches(validation_every: int, num_sets: int) -> int:
-    """Batches per validation set within the budget: each whole set, up to this many."""
-    budget = VALIDATION_BUDGET * validation_every / VALIDATION_BATCH_COST
-    return max(1, int(budget / max(1, num_sets)))
+# Validation batches per set when the target does not say: the same windows in every run of a
+# batch_size and seq_len, however long it trains, so that a child validates where its parent did.
+DEFAULT_EVAL_BATCHES = 12
 
 
 def runtime_section(
@@ -145,15 +137,19 @@ def runtime_section(
     file's run-time fields, then `[kiln]` options (`wandb_options`), then Kiln's defaults (W&B's
     unset settings are left to the trainer: `WANDB_*` variables, then its defaults).
 
-    Validation runs ~10 times per run (at most every 1000 steps) on each whole set within the
-    validation budget; temporary checkpoints every 10 minutes, or every minute on a CPU, where
-    runs are short and saves cost ~0.2 s.
+    Validation runs ~10 times per run (at most every 1000 steps) on the first
+    DEFAULT_EVAL_BATCHES batches of each set, and at the start of a run that starts from weights
+    (`init_from`); temporary checkpoints every 10 minutes, or every minute on a CPU, where runs
+    are short and saves cost ~0.2 s.
     """
     resources = target[ResourcesField].value
     validation_every = max(1, min(1000, target[NumTrainStepsField].value // 10))
     max_eval_batches = target[MaxEvalBatchesField].value
     if max_eval_batches is None:
-        max_eval_batches = default_max_eval_batches(validation_every, len(validation_names))
+        max_eval_batches = DEFAULT_EVAL_BATCHES
+    validate_at_start = target[ValidateAtStartField].value
+    if validate_at_start is None:  # a child's first row: where its parent's weights stand
+        validate_at_start = target[InitFromField].value is not None
     wandb = {**wandb_options, **dict(target[WandbField].value or {})}
     interval = target[CheckpointIntervalField].value
     return RuntimeSpec(
@@ -164,7 +160,7 @@ def runtime_section(
         per_device_parallelism=target[PerDeviceParallelismField].value,
         validation_every=validation_every,
         max_eval_batches=None if max_eval_batches == "all" else max_eval_batches,
-        validate_at_start=target[ValidateAtStartField].value,
+        validate_at_start=validate_at_start,
         validation_names=dict(validation_names),
         checkpointer=CheckpointerSpec(
             save_interval_minutes=interval or (1 if resources.kind == "cpu" else 10),
