@@ -359,3 +359,34 @@ def test_plan_json_gives_ci_each_artifact_state_fingerprint_and_path(
         "inputs": ["exp:train", "exp:base"],
     }  # fmt: skip
     assert [a["address"] for a in plan["artifacts"]] == ["exp:train", "exp:base", "exp:cooldown"]
+
+
+def test_plan_names_the_parent_and_what_a_child_reads_new(plan_rule_runner: RuleRunner, tmp_path) -> None:
+    """A child continuing its parent's data reads on from the parent's position: 8 x 40 = 320
+    sequences of `train` by step 40; its 800 are new while the cache has windows for them."""
+    build = build_file('from_checkpoint(":base", step=40)')
+    plan_rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    args = [f"--kiln-prefix={tmp_path}", "exp:cooldown"]
+    result = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert ("  starts from checkpoints/base@2026.12.02 at step 40 (weights and Adam's moments), "
+            "continuing its data stream\n") in result.stdout  # fmt: skip
+    assert ("continues its parent's stream at sequence 320 (new while the cache holds more than "
+            "1120 windows)") in result.stdout  # fmt: skip
+
+    # Built with 1,000 windows of 64: 680 sequences new, 120 re-read (the stream's second pass).
+    g = graph(plan_rule_runner, build)
+    train = g.get(Address("exp", target_name="train"))
+    folder = tmp_path / "tokenized/train/2026.12.02"
+    folder.mkdir(parents=True)
+    record = {"fingerprint": train.fingerprint, "identity": train.identity}
+    (folder / "artifact.json").write_text(json.dumps(record))
+    (folder / "cache.json").write_text(json.dumps({"tokens": 64_000}))
+    (folder / "STATUS").write_text("SUCCESS\n")
+    built = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert "continues its parent's stream at sequence 320: 43.52k new, 7.68k re-read" in built.stdout
+
+    reset = build_file('from_checkpoint(":base", step=40, reset_data_loader_on_init=True)')
+    plan_rule_runner.write_files({"exp/BUILD": reset})
+    restarted = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert "(weights and Adam's moments), its datasets from their beginning" in restarted.stdout
+    assert "continues its parent's stream" not in restarted.stdout

@@ -41,6 +41,11 @@ class ComponentBudget:
     imported: bool = False  # `holds` is an imported cache's ledger count
     stage_sequences: tuple[int, ...] = ()  # with stages: the sequences each stage reads
     stage_starts: tuple[int, ...] = ()  # with stages: the step each starts at
+    stage_weights: tuple[float, ...] = ()  # with stages: the weight in each
+    # For a run that continues its parent's data: the sequences of this cache's stream its
+    # parent (and theirs) read up to where the run starts; 0 for a cache new to the run's line.
+    read_before: Optional[int] = None
+    continued: bool = False  # the parent's line read this cache: the run reads on in its stream
 
     @property
     def reads(self) -> int:
@@ -70,9 +75,12 @@ class ComponentBudget:
             holds = f"holds {count(self.holds)} (its shard_ledger.json)"
         else:
             holds = f"will hold >= {count(self.holds)} (max_tokens)"
+        weights = " -> ".join(f"{w:g}" for w in self.stage_weights or (self.weight,))
         line = (
-            f"{self.cache.ref:<48} weight {self.weight:g} ({self.share:.1%}): reads "
+            f"{self.cache.ref:<48} weight{'s' if self.stage_weights else ''} {weights} "
+            f"({self.share:.1%}{' of the run' if self.stage_weights else ''}): reads "
             f"{count(self.reads)} tokens{self._by_stage()}, {holds}"
+            f"{self._new_and_reread()}"
         )
         if self.too_small:
             return f"{line}\n    !! too small for its share: raise `max_tokens` on {self.cache.address}"
@@ -80,6 +88,21 @@ class ComponentBudget:
             return f"{line}; read {self.epochs:.1f} times"
         return line
 
+
+    def _new_and_reread(self) -> str:
+        """Of what the run reads, the tokens no run of its line read before and the re-read
+        ones: the stream's first pass over the cache's windows is new, the rest repeats."""
+        if self.read_before is None:
+            return ""
+        start, end = self.read_before, self.read_before + self.sequences
+        where = (f"; continues its parent's stream at sequence {start}" if self.continued
+                 else "; new to its parent's line")  # fmt: skip
+        if self.holds is None:
+            return f"{where} (new while the cache holds more than {end} windows)"
+        windows = max(self.holds // self.sequence_len, 1)
+        new = max(0, min(end, windows) - start)
+        return (f"{where}: {count(new * self.sequence_len)} new, "
+                f"{count((self.sequences - new) * self.sequence_len)} re-read")  # fmt: skip
 
     def _by_stage(self) -> str:
         if not self.stage_sequences:
@@ -101,11 +124,20 @@ class MixtureBudget:
 
     def header(self) -> str:
         identity = self.checkpoint.identity
-        return (
+        line = (
             f"Training data of {self.checkpoint.ref}: {identity['batch_size']} x "
             f"{identity['seq_len']} tokens x {identity['num_train_steps']} steps = "
             f"{count(self.tokens)} tokens"
         )
+        parent = identity.get("init_from") or {}
+        if "fingerprint" not in parent:  # random or published weights
+            return line
+        at = "its final step" if parent.get("step") is None else f"step {parent['step']}"
+        carries = "weights and Adam's moments" if parent.get("optimizer_state") else "weights"
+        data = ("continuing its data stream" if parent.get("data_continues")
+                else "its datasets from their beginning")  # fmt: skip
+        return (f"{line}\n  starts from {parent['name']}@{parent['version']} at {at} "
+                f"({carries}), {data}")  # fmt: skip
 
     def refusal(self) -> Optional[str]:
         """The error for caches too small for their share, or None."""
@@ -138,20 +170,17 @@ def mixture_budget(
     imported = imported or {}
     identity = checkpoint.identity
     by_ref = {artifact.ref: artifact for artifact in graph}
-    stages = [(0, identity["datasets"])]
-    stages += [(stage["start_step"], stage["datasets"]) for stage in identity.get("stages", [])]
-    ends = [start for start, _ in stages[1:]] + [identity["num_train_steps"]]
-    reads: dict[str, list[int]] = {d["input"]: [] for d in identity["datasets"]}
-    for (start, datasets), end in zip(stages, ends):
-        weights = {d["input"]: d["weight"] for d in datasets}
-        total = sum(weights.values())
-        sequences = identity["batch_size"] * (end - start)
-        for ref in reads:
-            reads[ref].append(math.ceil(weights.get(ref, 0.0) / total * sequences))
+    stages = _stages(identity)
+    reads = _reads(identity, stages, identity["num_train_steps"])
+    before = _read_before(checkpoint, by_ref)
     components = []
     for dataset in identity["datasets"]:
         cache = by_ref[dataset["input"]]
         per_stage = tuple(reads[cache.ref])
+        weights = tuple(
+            next((d["weight"] for d in datasets if d["input"] == cache.ref), 0.0)
+            for _, datasets in stages
+        )
         components.append(
             ComponentBudget(
                 cache=cache,
@@ -164,9 +193,49 @@ def mixture_budget(
                 imported=cache.ref not in held and cache.ref in imported,
                 stage_sequences=per_stage if len(per_stage) > 1 else (),
                 stage_starts=tuple(start for start, _ in stages) if len(stages) > 1 else (),
+                stage_weights=weights if len(stages) > 1 else (),
+                read_before=None if before is None else before.get(cache.ref, 0),
+                continued=before is not None and cache.ref in before,
             )
         )
     return MixtureBudget(checkpoint, tuple(components))
+
+
+def _stages(identity: Mapping) -> list[tuple[int, list]]:
+    """(first step, datasets) of each stage of a run's mixture, stage 0 first."""
+    stages = [(0, identity["datasets"])]
+    return stages + [(stage["start_step"], stage["datasets"]) for stage in identity.get("stages", [])]
+
+
+def _reads(identity: Mapping, stages: list[tuple[int, list]], until: int) -> dict[str, list[int]]:
+    """The sequences each cache gives each stage in the run's steps before `until`."""
+    starts = [start for start, _ in stages]
+    ends = [min(end, until) for end in [*starts[1:], identity["num_train_steps"]]]
+    reads: dict[str, list[int]] = {d["input"]: [] for d in identity["datasets"]}
+    for (start, datasets), end in zip(stages, ends):
+        weights = {d["input"]: d["weight"] for d in datasets}
+        total = sum(weights.values())
+        sequences = identity["batch_size"] * max(0, end - start)
+        for ref in reads:
+            reads[ref].append(math.ceil(weights.get(ref, 0.0) / total * sequences))
+    return reads
+
+
+def _read_before(checkpoint: Artifact, by_ref: Mapping[str, Artifact]) -> Optional[dict[str, int]]:
+    """For a run that continues its parent's data, the sequences of each cache's stream read by
+    the parent (and its own parents) up to the step the run starts from; else None."""
+    parent_run = checkpoint.identity.get("init_from") or {}
+    if not parent_run.get("data_continues"):
+        return None
+    parent = by_ref.get(f"{parent_run['name']}@{parent_run['version']}")
+    if parent is None:
+        return None
+    identity = parent.identity
+    step = parent_run.get("step")
+    until = identity["num_train_steps"] if step is None else step
+    own = _reads(identity, _stages(identity), until)
+    earlier = _read_before(parent, by_ref) or {}
+    return {ref: earlier.get(ref, 0) + sum(n) for ref, n in own.items()}
 
 
 def built_tokens(prefix: str, artifact: Artifact) -> Optional[int]:
