@@ -171,9 +171,13 @@ def test_a_dataset_that_is_not_a_cache_is_refused(rule_runner: RuleRunner) -> No
     )
 
 
+# Enough text for a window of 128 tokens (FILES' 24 bytes are not).
+WINDOW_OF_TEXT = {"exp/train.jsonl": '{"text": "%s"}\n' % ("hello world " * 12)}
+
+
 def test_plan_reports_built_would_run_and_drift(plan_rule_runner: RuleRunner, tmp_path) -> None:
     rule_runner = plan_rule_runner
-    g = graph(rule_runner)
+    g = graph(rule_runner, **WINDOW_OF_TEXT)
     ckpt = g.get(Address("exp", target_name="ckpt"))
     args = [f"--kiln-prefix={tmp_path}", "exp:ckpt"]
 
@@ -294,6 +298,23 @@ def test_plan_sets_what_the_run_reads_against_what_each_cache_holds(
     repeated = rule_runner.run_goal_rule(Plan, args=args)
     assert repeated.exit_code == 0
     assert "holds 25.60k (built); read 4.0 times" in repeated.stdout
+
+
+def test_plan_and_run_refuse_a_cache_whose_files_cannot_give_one_window(
+    plan_rule_runner: RuleRunner, tmp_path
+) -> None:
+    """24 bytes of jsonl hold at most 24 tokens: less than one window of seq_len=128."""
+    rule_runner = plan_rule_runner
+    graph(rule_runner, **{"exp/train.jsonl": '{"text": "hello world"}\n'})
+    planned = rule_runner.run_goal_rule(Plan, args=[f"--kiln-prefix={tmp_path}", "exp:ckpt"])
+    assert planned.exit_code == 1
+    assert ("!! its files hold 24 bytes, so at most as many tokens, less than one window of "
+            "seq_len=128: add documents to exp:train or leave it out of the mixture") in (
+        planned.stdout)  # fmt: skip
+    rule_runner.set_options([f"--kiln-prefix={tmp_path}"])
+    with pytest.raises(ExecutionError, match="exp:ckpt reads windows of 128 tokens, and these "
+                       "caches cannot give one, so the run would fail; nothing was built"):  # fmt: skip
+        rule_runner.request(MixtureFits, [MixtureBudgetRequest(Address("exp", target_name="ckpt"))])
 
 
 def test_a_run_refuses_a_bounded_cache_too_small_for_its_share(

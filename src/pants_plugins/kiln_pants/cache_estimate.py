@@ -63,6 +63,16 @@ def estimate_cache(artifact: Artifact, build_root: str) -> CacheEstimate:
     )
 
 
+def most_tokens(artifact: Artifact, build_root: str) -> Optional[int]:
+    """The most tokens an unbuilt cache of uncompressed local files can hold: their bytes (a
+    byte-level BPE's token covers at least a byte, and a document's JSON or line framing takes
+    more bytes than the tokens that mark its ends); None where the files do not tell."""
+    sizes = _local_file_sizes(artifact.identity["source"], build_root)
+    if sizes is None or any(path.endswith(COMPRESSED_SUFFIXES) for path in sizes):
+        return None
+    return sum(sizes.values())
+
+
 def _local_file_sizes(source: dict[str, Any], build_root: str) -> Optional[dict[str, int]]:
     """Bytes of each file of a local files source (repo files, or absolute paths and globs)."""
     if source["kind"] != "files":

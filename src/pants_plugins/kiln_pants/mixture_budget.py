@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,6 +46,7 @@ class ComponentBudget:
     # parent (and theirs) read up to where the run starts; 0 for a cache new to the run's line.
     read_before: Optional[int] = None
     continued: bool = False  # the parent's line read this cache: the run reads on in its stream
+    at_most: Optional[int] = None  # unbuilt: a bound on its tokens, its files' bytes
 
     @property
     def reads(self) -> int:
@@ -66,6 +67,16 @@ class ComponentBudget:
     def too_small(self) -> bool:
         return self.bounded and self.epochs is not None and self.epochs > 1
 
+    @property
+    def under_one_window(self) -> Optional[str]:
+        """Why the cache cannot give one window of seq_len tokens (which the mixture needs of
+        each of its caches), when its count or its estimate decides it; else None."""
+        if self.holds is not None and self.holds < self.sequence_len:
+            return f"holds {count(self.holds)} tokens"
+        if self.holds is None and self.at_most is not None and self.at_most < self.sequence_len:
+            return f"its files hold {self.at_most} bytes, so at most as many tokens"
+        return None
+
     def describe(self) -> str:
         if self.holds is None:
             holds = "holds the whole source (unknown until built)"
@@ -82,6 +93,10 @@ class ComponentBudget:
             f"{count(self.reads)} tokens{self._by_stage()}, {holds}"
             f"{self._new_and_reread()}"
         )
+        if self.under_one_window:
+            return (f"{line}\n    !! {self.under_one_window}, less than one window of "
+                    f"seq_len={self.sequence_len}: add documents to {self.cache.address} or "
+                    "leave it out of the mixture")  # fmt: skip
         if self.too_small:
             return f"{line}\n    !! too small for its share: raise `max_tokens` on {self.cache.address}"
         if self.epochs is not None and self.epochs > 1:
@@ -140,7 +155,14 @@ class MixtureBudget:
                 f"({carries}), {data}")  # fmt: skip
 
     def refusal(self) -> Optional[str]:
-        """The error for caches too small for their share, or None."""
+        """The error for caches too small for their share or for one window, or None."""
+        tiny = [c for c in self.components if c.under_one_window]
+        if tiny:
+            lines = "\n".join(f"  {c.describe()}" for c in tiny)
+            return (
+                f"{self.checkpoint.address} reads windows of {tiny[0].sequence_len} tokens, and "
+                f"these caches cannot give one, so the run would fail; nothing was built:\n{lines}"
+            )
         small = [c for c in self.components if c.too_small]
         if not small:
             return None
@@ -163,11 +185,13 @@ def mixture_budget(
     graph: ArtifactGraph,
     held: Mapping[str, int],
     imported: Optional[Mapping[str, int]] = None,
+    bounds: Optional[Mapping[str, int]] = None,
 ) -> MixtureBudget:
     """The budget of `checkpoint`'s datasets; `held` maps a built cache's ref to its tokens,
-    `imported` an unbuilt import's ref to its ledger's. A mixture with stages reads each stage's
-    steps by that stage's weights."""
-    imported = imported or {}
+    `imported` an unbuilt import's ref to its ledger's, `bounds` an unbuilt cache's to the most
+    tokens its files can give. A mixture with stages reads each stage's steps by that stage's
+    weights."""
+    imported, bounds = imported or {}, bounds or {}
     identity = checkpoint.identity
     by_ref = {artifact.ref: artifact for artifact in graph}
     stages = _stages(identity)
@@ -196,6 +220,7 @@ def mixture_budget(
                 stage_weights=weights if len(stages) > 1 else (),
                 read_before=None if before is None else before.get(cache.ref, 0),
                 continued=before is not None and cache.ref in before,
+                at_most=bounds.get(cache.ref),
             )
         )
     return MixtureBudget(checkpoint, tuple(components))
@@ -250,18 +275,26 @@ def built_tokens(prefix: str, artifact: Artifact) -> Optional[int]:
 
 
 def local_budgets(
-    prefix: str, graph: ArtifactGraph, imported: Optional[Mapping[str, int]] = None
+    prefix: str,
+    graph: ArtifactGraph,
+    imported: Optional[Mapping[str, int]] = None,
+    bound: Optional[Callable[[Artifact], Optional[int]]] = None,
 ) -> list[MixtureBudget]:
     """The budget of every checkpoint in `graph`, built caches read from a local store; `imported`:
-    the ledger tokens of imports not built yet."""
-    held = {}
+    the ledger tokens of imports not built yet; `bound`: the most tokens an unbuilt cache's files
+    can give, where they tell."""
+    held, bounds = {}, {}
     for artifact in graph:
         if artifact.kind == "tokenized_cache":
             tokens = built_tokens(prefix, artifact)
             if tokens is not None:
                 held[artifact.ref] = tokens
+            elif bound is not None:
+                most = bound(artifact)
+                if most is not None:
+                    bounds[artifact.ref] = most
     return [
-        mixture_budget(artifact, graph, held, imported)
+        mixture_budget(artifact, graph, held, imported, bounds)
         for artifact in graph
         if artifact.kind == "lm_checkpoint"
     ]
@@ -286,8 +319,13 @@ async def check_mixture_budget(
     request: MixtureBudgetRequest, kiln: KilnSubsystem, build_root: BuildRoot
 ) -> MixtureFits:
     """Uncacheable: built caches are read from the store, which changes behind Pants' back."""
+    from kiln_pants.cache_estimate import most_tokens  # it prints with this module's count
+
     checkpoint, graph = await artifact_and_graph(request.address)
-    budgets = local_budgets(kiln.prefix_location(build_root.path), graph)
+    budgets = local_budgets(
+        kiln.prefix_location(build_root.path), graph,
+        bound=lambda cache: most_tokens(cache, build_root.path),
+    )  # fmt: skip
     for budget in budgets:
         if budget.checkpoint == checkpoint and budget.refusal():
             raise MixtureTooSmall(budget.refusal())
