@@ -43,6 +43,7 @@ hf_model(name="base_hf", version="2026.12.02", checkpoint=":base")
 files(name="notes", sources=["train.jsonl"])
 """
 TRAIN = '{":train": 1.0}'
+TEXT = '{"text": "%s"}\n' % ("hi there " * 8)  # 84 bytes: more than one window of 64 tokens
 BASE, COOLDOWN = Address("exp", target_name="base"), Address("exp", target_name="cooldown")
 
 
@@ -55,7 +56,7 @@ def build_file(child_init: str, *, base_lr: str = "3e-3", child_model: str = MOD
 
 
 def graph(rule_runner: RuleRunner, build: str) -> ArtifactGraph:
-    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": TEXT})
     return rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([COOLDOWN]))])
 
 
@@ -218,7 +219,7 @@ STAGED_RUN = Address("exp", target_name="staged")
 def test_a_mixture_with_stages_is_identity_and_reaches_the_step(
     rule_runner: RuleRunner,
 ) -> None:
-    rule_runner.write_files({"exp/BUILD": staged(), "exp/train.jsonl": '{"text": "hi"}\n'})
+    rule_runner.write_files({"exp/BUILD": staged(), "exp/train.jsonl": TEXT})
     g = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([STAGED_RUN]))])
     identity = g.get(STAGED_RUN).identity
     refs = {"train": "tokenized/train@2026.12.02", "hq": "tokenized/hq@2026.12.03"}
@@ -247,7 +248,7 @@ def test_a_mixture_with_stages_is_identity_and_reaches_the_step(
 def test_bad_stages_are_refused_naming_the_target(
     rule_runner: RuleRunner, datasets: str, message: str
 ) -> None:
-    rule_runner.write_files({"exp/BUILD": staged(datasets), "exp/train.jsonl": '{"text": "hi"}\n'})
+    rule_runner.write_files({"exp/BUILD": staged(datasets), "exp/train.jsonl": TEXT})
     with pytest.raises(ExecutionError, match=message):
         rule_runner.request(StepJson, [StepJsonRequest(
             STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
@@ -258,14 +259,14 @@ def test_levanters_data_order_reaches_the_step_and_starts_stages_on_its_blocks(
 ) -> None:
     plain = CACHE + RUN.format(name="staged", model=MODEL, lr="1e-3", datasets=TRAIN,
                                extra="data_order='levanter',")  # fmt: skip
-    rule_runner.write_files({"exp/BUILD": plain, "exp/train.jsonl": '{"text": "hi"}\n'})
+    rule_runner.write_files({"exp/BUILD": plain, "exp/train.jsonl": TEXT})
     written = rule_runner.request(StepJson, [StepJsonRequest(
         STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
     assert StepSpec.from_json(json.loads(written.content)).config.data_order == "levanter"
 
     build = CACHE + HQ + RUN.format(name="staged", model=MODEL, lr="1e-3", datasets=STAGES,
                                     extra="data_order='levanter',")  # fmt: skip
-    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": TEXT})
     message = (r"stages\[0\].start_step: Levanter's data order starts a stage on a block of 2048 "
                r"sequences: start_step x batch_size \(60 x 8\)")  # fmt: skip
     with pytest.raises(ExecutionError, match=message):
@@ -274,7 +275,7 @@ def test_levanters_data_order_reaches_the_step_and_starts_stages_on_its_blocks(
 
 
 def test_plan_reads_each_stage_by_its_weights(plan_rule_runner: RuleRunner, tmp_path) -> None:
-    plan_rule_runner.write_files({"exp/BUILD": staged(), "exp/train.jsonl": '{"text": "hi"}\n'})
+    plan_rule_runner.write_files({"exp/BUILD": staged(), "exp/train.jsonl": TEXT})
     result = plan_rule_runner.run_goal_rule(Plan, args=[f"--kiln-prefix={tmp_path}", "exp:staged"])
     # 100 steps of 8 x 64: steps 0-59 all train (30.72k tokens), 60-99 half each (10.24k).
     assert "tokenized/train@2026.12.02" in result.stdout
@@ -292,7 +293,7 @@ BASE_EVAL = Address("exp", target_name="base_eval")
 
 def eval_graph(rule_runner: RuleRunner, model: str) -> ArtifactGraph:
     build = build_file('":base"') + EVALS.replace("MODEL_OF_EVAL", model)
-    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": TEXT})
     return rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([BASE_EVAL]))])
 
 
@@ -319,7 +320,7 @@ def test_an_evaluation_of_all_windows_says_all_as_a_run_does(rule_runner: RuleRu
     def evaluation(max_eval_batches: str) -> Artifact:
         build = build_file('":base"') + EVALS.replace("MODEL_OF_EVAL", '":base"').replace(
             "max_eval_batches=2", f"max_eval_batches={max_eval_batches}")  # fmt: skip
-        rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+        rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": TEXT})
         graph = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([BASE_EVAL]))])
         return graph.get(BASE_EVAL)
 
@@ -334,7 +335,7 @@ def test_an_evaluation_of_all_windows_says_all_as_a_run_does(rule_runner: RuleRu
 
 def test_an_evaluation_of_nothing_or_of_a_cache_is_refused(rule_runner: RuleRunner) -> None:
     rule_runner.write_files({"exp/BUILD": build_file('":base"') + EVALS.replace(
-        "MODEL_OF_EVAL", '":base"'), "exp/train.jsonl": '{"text": "hi"}\n'})  # fmt: skip
+        "MODEL_OF_EVAL", '":base"'), "exp/train.jsonl": TEXT})  # fmt: skip
     with pytest.raises(ExecutionError, match="scores nothing: give it `evals`, `validation`"):
         rule_runner.get_target(Address("exp", target_name="nothing"))
     with pytest.raises(ExecutionError, match=r"The `model` field in target exp:base_eval refers "
@@ -359,13 +360,30 @@ def test_plan_json_gives_ci_each_artifact_state_fingerprint_and_path(
         "inputs": ["exp:train", "exp:base"],
     }  # fmt: skip
     assert [a["address"] for a in plan["artifacts"]] == ["exp:train", "exp:base", "exp:cooldown"]
+    # What the text plan says of the training: the data and its parent, and the cost.
+    base, child = plan["training"]
+    assert (child["checkpoint"], child["tokens"], child["refusal"]) == (
+        "checkpoints/cooldown@2026.12.02", 8 * 64 * 100, None)  # fmt: skip
+    assert child["init_from"]["name"] == "checkpoints/base" and child["init_from"]["data_continues"]
+    [train] = child["datasets"]
+    assert (train["cache"], train["reads_tokens"], train["continues_at_sequence"]) == (
+        "tokenized/train@2026.12.02", 51200, 800)  # fmt: skip
+    assert base["datasets"][0]["continues_at_sequence"] is None
+    assert child["cost"]["tokens"] == 51200 and child["cost"]["device"] == "cpu"
+
+    # A graph that cannot be read is an error for scripts too: JSON on stdout, exit 1.
+    graph(plan_rule_runner, build_file('":base"'))
+    plan_rule_runner.write_files({"exp/BUILD": build_file('from_checkpoint(":base", step=50)')})
+    refused = plan_rule_runner.run_goal_rule(Plan, args=args)
+    assert refused.exit_code == 1
+    assert "names step 50 of exp:base, which it does not keep" in json.loads(refused.stdout)["error"]
 
 
 def test_plan_names_the_parent_and_what_a_child_reads_new(plan_rule_runner: RuleRunner, tmp_path) -> None:
     """A child continuing its parent's data reads on from the parent's position: 8 x 40 = 320
     sequences of `train` by step 40; its 800 are new while the cache has windows for them."""
     build = build_file('from_checkpoint(":base", step=40)')
-    plan_rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": '{"text": "hi"}\n'})
+    plan_rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": TEXT})
     args = [f"--kiln-prefix={tmp_path}", "exp:cooldown"]
     result = plan_rule_runner.run_goal_rule(Plan, args=args)
     assert ("  starts from checkpoints/base@2026.12.02 at step 40 (weights and Adam's moments), "

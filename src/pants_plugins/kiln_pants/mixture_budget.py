@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Address
@@ -104,6 +104,35 @@ class ComponentBudget:
         return line
 
 
+    def new_tokens(self) -> Optional[int]:
+        """Of what a run continuing its parent's stream reads, the tokens its line never read
+        (the stream's first pass over the cache's windows); None when not known."""
+        if self.read_before is None or self.holds is None:
+            return None
+        windows = max(self.holds // self.sequence_len, 1)
+        new = max(0, min(self.read_before + self.sequences, windows) - self.read_before)
+        return new * self.sequence_len
+
+    def to_json(self) -> dict[str, Any]:
+        """What `describe` says, as data (`plan --plan-json`)."""
+        new = self.new_tokens()
+        return {
+            "cache": self.cache.ref,
+            "weights": list(self.stage_weights or (self.weight,)),
+            "share": self.share,
+            "reads_tokens": self.reads,
+            "stages": [{"start_step": start, "tokens": n * self.sequence_len}
+                       for start, n in zip(self.stage_starts, self.stage_sequences)],  # fmt: skip
+            "holds_tokens": self.holds,
+            "built": self.built,
+            "epochs": self.epochs,
+            "continues_at_sequence": self.read_before if self.continued else None,
+            "new_tokens": new,
+            "reread_tokens": None if new is None else self.reads - new,
+            "problem": self.under_one_window or ("too small for its share" if self.too_small
+                                                 else None),  # fmt: skip
+        }
+
     def _new_and_reread(self) -> str:
         """Of what the run reads, the tokens no run of its line read before and the re-read
         ones: the stream's first pass over the cache's windows is new, the rest repeats."""
@@ -112,12 +141,10 @@ class ComponentBudget:
         start, end = self.read_before, self.read_before + self.sequences
         where = (f"; continues its parent's stream at sequence {start}" if self.continued
                  else "; new to its parent's line")  # fmt: skip
-        if self.holds is None:
+        new = self.new_tokens()
+        if new is None:
             return f"{where} (new while the cache holds more than {end} windows)"
-        windows = max(self.holds // self.sequence_len, 1)
-        new = max(0, min(end, windows) - start)
-        return (f"{where}: {count(new * self.sequence_len)} new, "
-                f"{count((self.sequences - new) * self.sequence_len)} re-read")  # fmt: skip
+        return f"{where}: {count(new)} new, {count(self.reads - new)} re-read"
 
     def _by_stage(self) -> str:
         if not self.stage_sequences:
@@ -153,6 +180,20 @@ class MixtureBudget:
                 else "its datasets from their beginning")  # fmt: skip
         return (f"{line}\n  starts from {parent['name']}@{parent['version']} at {at} "
                 f"({carries}), {data}")  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        """What the plan says of the run's training data, as data (`plan --plan-json`)."""
+        identity = self.checkpoint.identity
+        return {
+            "checkpoint": self.checkpoint.ref,
+            "batch_size": identity["batch_size"],
+            "seq_len": identity["seq_len"],
+            "num_train_steps": identity["num_train_steps"],
+            "tokens": self.tokens,
+            "init_from": identity.get("init_from"),
+            "datasets": [component.to_json() for component in self.components],
+            "refusal": self.refusal(),
+        }
 
     def refusal(self) -> Optional[str]:
         """The error for caches too small for their share or for one window, or None."""

@@ -42,6 +42,7 @@ from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import InitFromField, ModelField, ResourcesField
 from kiln_pants.training_cost import (
     FLOPS_FORMULA,
+    RunCost,
     Vocabulary,
     VocabularyRequest,
     run_cost,
@@ -81,13 +82,9 @@ async def _init_from_problems(graph: ArtifactGraph) -> list[str]:
     return [p for t in targets if (p := init_from_problem(t.target)) is not None]
 
 
-async def _print_training_costs(
-    console: Console, graph: ArtifactGraph, prefix: str, prices: dict[str, float]
-) -> None:
-    """Each checkpoint's parameters, tokens, FLOPs and device-hours, then their total."""
+async def _training_costs(graph: ArtifactGraph, prefix: str) -> list[RunCost]:
+    """Each checkpoint's parameters, tokens, FLOPs and device-hours."""
     checkpoints = [a for a in graph if a.kind == "lm_checkpoint"]
-    if not checkpoints:
-        return
     caches = [graph.get(c.inputs[0]) for c in checkpoints]  # the vocabulary of the mixture
     targets = await MultiGet(
         Get(WrappedTarget, WrappedTargetRequest(c.address, description_of_origin="<kiln plan>"))
@@ -96,12 +93,20 @@ async def _print_training_costs(
     vocabularies = await MultiGet(
         Get(Vocabulary, VocabularyRequest(cache.address)) for cache in caches
     )
+    return [
+        run_cost(checkpoint, target.target[ResourcesField].value,
+                 stored_vocabulary(prefix, cache) or vocabulary.size)
+        for checkpoint, cache, target, vocabulary in zip(checkpoints, caches, targets, vocabularies)
+    ]  # fmt: skip
+
+
+def _print_training_costs(console: Console, costs: list[RunCost], prices: dict[str, float]) -> None:
+    """Each checkpoint's cost, then their total."""
+    if not costs:
+        return
     console.print_stdout(f"Training cost ({FLOPS_FORMULA}):")
-    costs = []
-    for checkpoint, cache, target, vocabulary in zip(checkpoints, caches, targets, vocabularies):
-        size = stored_vocabulary(prefix, cache) or vocabulary.size
-        costs.append(run_cost(checkpoint, target.target[ResourcesField].value, size))
-        for line in costs[-1].describe(prices):
+    for cost in costs:
+        for line in cost.describe(prices):
             console.print_stdout(f"  {line}")
     if len(costs) > 1:
         for line in total_lines(costs, prices):
@@ -181,6 +186,13 @@ def plan_json(
     }
 
 
+def _engine_message(error: Exception) -> str:
+    """The message of an error a rule raised, without the engine's traceback around it."""
+    wrapped = getattr(error, "wrapped_exceptions", None)
+    inner = wrapped[-1] if wrapped else error
+    return str(inner).strip() or type(inner).__name__
+
+
 def _kiln_run_advice(folder: str) -> Optional[str]:
     try:
         with open(os.path.join(folder, RECORD_FILE)) as f:
@@ -199,7 +211,13 @@ async def plan(
     build_root: BuildRoot,
     workspace: Workspace,  # marks the goal as side-effecting: it reads the artifact store
 ) -> Plan:
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
+    try:
+        graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
+    except Exception as e:  # noqa: BLE001 - a graph that cannot be read: for scripts, as JSON
+        if not plan_subsystem.json:
+            raise
+        console.print_stdout(json.dumps({"error": _engine_message(e)}, indent=2))
+        return Plan(exit_code=1)
     prefix = kiln.prefix_location(build_root.path)
     counts: dict[str, int] = {}
     stored = await stored_states_or_report(console, prefix, graph)
@@ -208,9 +226,18 @@ async def plan(
     states = {artifact: shown_state(artifact, state) for artifact, state in stored.items()}
     if plan_subsystem.json:
         problems = await _init_from_problems(graph)
-        console.print_stdout(json.dumps(plan_json(prefix, states, problems), indent=2))
+        bound = lambda cache: most_tokens(cache, build_root.path)  # noqa: E731
+        budgets = local_budgets(prefix, graph, None, bound)
+        costs = await _training_costs(graph, prefix)
+        data = plan_json(prefix, states, problems)
+        data["training"] = [
+            {**budget.to_json(), "cost": cost.to_json(kiln.price_per_device_hour)}
+            for budget, cost in zip(budgets, costs)
+        ]
+        console.print_stdout(json.dumps(data, indent=2))
         drift = any(state.status == "drift" for state in states.values())
-        return Plan(exit_code=1 if drift or problems else 0)
+        refused = any(budget.refusal() for budget in budgets)
+        return Plan(exit_code=1 if drift or problems or refused else 0)
     console.print_stdout(f"Artifact store: {prefix}")
     unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
     planned = await Get(ShardPlans, ShardPlansRequest(tuple(a.address for a in unbuilt)))
@@ -249,7 +276,8 @@ async def plan(
     for problem in await _init_from_problems(graph):
         console.print_stdout(f"!! {problem}")
         refused = True
-    await _print_training_costs(console, graph, prefix, kiln.price_per_device_hour)
+    costs = await _training_costs(graph, prefix)
+    _print_training_costs(console, costs, kiln.price_per_device_hour)
     return Plan(exit_code=1 if counts.get("drift") or too_small or refused else 0)
 
 

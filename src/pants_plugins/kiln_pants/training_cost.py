@@ -143,6 +143,21 @@ class RunCost:
             return None
         return self.flops / self.measurement.flops_per_second / 3600
 
+    def to_json(self, prices: dict[str, float]) -> dict[str, Any]:
+        """What `describe` says, as data (`plan --plan-json`); None where it is not known."""
+        hours = self.device_hours
+        price = prices.get(self.device)
+        return {
+            "device": self.device,
+            "parameters": self.parameters,
+            "tokens": self.tokens,
+            "flops": self.flops,
+            "device_hours": hours,
+            "cost": None if hours is None or not price else hours * price,
+            "measured": None if self.measurement is None else self.measurement.section,
+            "unpriced": self.unpriced if hours is None else None,
+        }
+
     def describe(self, prices: dict[str, float]) -> list[str]:
         if self.vocab_size is None:
             return [
