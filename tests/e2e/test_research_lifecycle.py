@@ -83,6 +83,7 @@ def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
     curves = repo / "dist/compare/lifecycle/curves.png"
     assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "of 2 run(s) against step" in compared.stdout
+    assert "wrote dist/compare/lifecycle/curves.png" in compared.stdout  # the path written
 
     # The run's config changes under its version: the cooldown no longer reads as built.
     build_file = repo / "experiments/lifecycle/BUILD"

@@ -105,7 +105,7 @@ async def compare(
     where = os.path.join(distdir.relpath, "compare", _name(addresses))
     written = await Get(Digest, RemovePrefix(result.output_digest, OUT_DIR))
     workspace.write_digest(await Get(Digest, AddPrefix(written, where)))
-    console.print_stdout(result.stdout.decode().replace(f"{OUT_DIR}/compare.", f"{where}/compare."))
+    console.print_stdout(result.stdout.decode().replace(f"{OUT_DIR}/", f"{where}/"))
     return Compare(exit_code=0)
 
 

@@ -20,6 +20,7 @@ from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import copy_folder_into
 from kiln.report.compare import read_run, table, varied_fields
 from kiln.report.compare_plot import fit_power_law, frontier
+from kiln.report.curves import where_it_starts
 from kiln_contract.llama import LlamaArchitecture, flops_per_token
 
 VOCAB = 8192
@@ -139,3 +140,30 @@ def test_a_run_in_a_bucket_reads_as_the_same_run_in_a_folder(tmp_path: Path) -> 
     assert (there.name, there.identity, there.summary, there.flops) == (
         here.name, here.identity, here.summary, here.flops
     )  # fmt: skip
+
+
+def test_a_family_is_drawn_from_where_each_run_left_its_parent(tmp_path: Path) -> None:
+    """A cooldown from the base's final step 40 (4 x 64 tokens a step) starts at step 40 and
+    10,240 tokens; its child from its step 10 (8 x 64) at step 50 and 15,360."""
+    def record(name: str, steps: int, batch: int, parent: dict | None) -> str:
+        identity = {"num_train_steps": steps, "batch_size": batch, "seq_len": 64,
+                    "init_from": parent}  # fmt: skip
+        folder = tmp_path / name / "v1"
+        folder.mkdir(parents=True)
+        (folder / "artifact.json").write_text(json.dumps(
+            {"name": name, "version": "v1", "identity": identity}))  # fmt: skip
+        return str(folder)
+
+    def parent(name: str, step: int | None) -> dict:
+        return {"kind": "lm_checkpoint", "name": name, "version": "v1", "step": step}
+
+    record("c/base", 40, 4, None)
+    cooldown = record("c/cool", 20, 8, parent("c/base", None))
+    child = record("c/child", 5, 8, parent("c/cool", 10))
+    identity_of = lambda folder: json.loads((Path(folder) / "artifact.json").read_text())["identity"]  # noqa: E731
+    assert where_it_starts(cooldown, "c/cool@v1", identity_of(cooldown)) == (40, 40 * 4 * 64)
+    assert where_it_starts(child, "c/child@v1", identity_of(child)) == (50, 40 * 256 + 10 * 512)
+    hf = {**identity_of(child), "init_from": {"kind": "hf_model", "name": "hf/x", "version": "v1"}}
+    assert where_it_starts(child, "c/child@v1", hf) == (0, 0)
+    missing = {**identity_of(child), "init_from": parent("c/gone", None)}
+    assert where_it_starts(child, "c/child@v1", missing) == (0, 0)
