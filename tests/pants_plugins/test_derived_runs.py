@@ -408,3 +408,18 @@ def test_plan_names_the_parent_and_what_a_child_reads_new(plan_rule_runner: Rule
     restarted = plan_rule_runner.run_goal_rule(Plan, args=args)
     assert "(weights and Adam's moments), its datasets from their beginning" in restarted.stdout
     assert "continues its parent's stream" not in restarted.stdout
+
+
+def test_an_evaluations_suite_cadence_is_no_part_of_it(rule_runner: RuleRunner) -> None:
+    """An evaluation scores once: `every` changes nothing, so it is not in the fingerprint."""
+    def scored(every: int) -> Artifact:
+        suite = f'eval_suite([eval_task("hellaswag", num_fewshot=0)], every={every})'
+        build = build_file('":base"') + (
+            f'lm_eval_run(name="base_eval", version="2026.12.02", model=":base", evals={suite}, '
+            'seq_len=64, batch_size=4)\n')  # fmt: skip
+        rule_runner.write_files({"exp/BUILD": build, "exp/train.jsonl": TEXT})
+        return rule_runner.request(
+            ArtifactGraph, [ArtifactGraphRequest(Addresses([BASE_EVAL]))]).get(BASE_EVAL)  # fmt: skip
+
+    once, often = scored(1), scored(500)
+    assert "every" not in once.identity["evals"] and once.fingerprint == often.fingerprint

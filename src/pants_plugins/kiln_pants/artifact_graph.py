@@ -359,6 +359,11 @@ async def _evals_identity(target: Target, evals: Optional[EvalSuite]) -> Optiona
     return evals_json
 
 
+def _once(evals: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """An evaluation's suite without `every`: it scores once, so the cadence changes nothing."""
+    return None if evals is None else {k: v for k, v in evals.items() if k != "every"}
+
+
 async def _eval_identity(
     target: Target, caches: dict[Address, Artifact], parent: Optional[Artifact]
 ) -> tuple[dict[str, Any], tuple[Address, ...]]:
@@ -370,7 +375,7 @@ async def _eval_identity(
         "kind": LmEvalRunTarget.alias,
         "format": IDENTITY_FORMAT,
         "model": _model_identity(model, parent, training=False),
-        "evals": await _evals_identity(target, target[EvalSuiteField].value),
+        "evals": _once(await _evals_identity(target, target[EvalSuiteField].value)),
         "validation": sorted(
             (_input_ref(target, caches[a]) for a in validation), key=lambda d: d["input"]
         ),

@@ -81,6 +81,7 @@ def eval_request(
     if evals is not None:
         suite = {k: v for k, v in evals.items() if k != "task_files"}
         suite["task_paths"] = list(task_paths)
+        suite.setdefault("every", 1)  # an evaluation scores once: its identity has no cadence
     return EvalRequest(
         suite=suite,
         validation=validation,
