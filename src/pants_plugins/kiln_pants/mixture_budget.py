@@ -250,7 +250,7 @@ def mixture_budget(
             ComponentBudget(
                 cache=cache,
                 weight=dataset["weight"],
-                share=sum(per_stage) / (identity["batch_size"] * identity["num_train_steps"]),
+                share=_share(identity, stages, cache.ref),
                 sequence_len=identity["seq_len"],
                 sequences=sum(per_stage),
                 holds=held.get(cache.ref, imported.get(cache.ref, cache.identity.get("max_tokens"))),
@@ -267,6 +267,16 @@ def mixture_budget(
     return MixtureBudget(checkpoint, tuple(components))
 
 
+def _share(identity: Mapping, stages: list[tuple[int, list]], ref: str) -> float:
+    """The cache's share of the run's sequences by the weights, before whole sequences."""
+    starts = [start for start, _ in stages] + [identity["num_train_steps"]]
+    share = 0.0
+    for (start, datasets), end in zip(stages, starts[1:]):
+        weights = {d["input"]: d["weight"] for d in datasets}
+        share += weights.get(ref, 0.0) / sum(weights.values()) * (end - start)
+    return share / identity["num_train_steps"]
+
+
 def _stages(identity: Mapping) -> list[tuple[int, list]]:
     """(first step, datasets) of each stage of a run's mixture, stage 0 first."""
     stages = [(0, identity["datasets"])]
@@ -279,12 +289,25 @@ def _reads(identity: Mapping, stages: list[tuple[int, list]], until: int) -> dic
     ends = [min(end, until) for end in [*starts[1:], identity["num_train_steps"]]]
     reads: dict[str, list[int]] = {d["input"]: [] for d in identity["datasets"]}
     for (start, datasets), end in zip(stages, ends):
-        weights = {d["input"]: d["weight"] for d in datasets}
-        total = sum(weights.values())
-        sequences = identity["batch_size"] * max(0, end - start)
+        weights = {ref: 0.0 for ref in reads}
+        weights.update({d["input"]: d["weight"] for d in datasets})
+        counts = apportion(weights, identity["batch_size"] * max(0, end - start))
         for ref in reads:
-            reads[ref].append(math.ceil(weights.get(ref, 0.0) / total * sequences))
+            reads[ref].append(counts[ref])
     return reads
+
+
+def apportion(weights: Mapping[str, float], sequences: int) -> dict[str, int]:
+    """`sequences` shared by weight in whole sequences that add up to it (the largest
+    remainders round up, ties in order): a thousand small shares do not each round up to one."""
+    total = sum(weights.values())
+    exact = {ref: weight / total * sequences for ref, weight in weights.items()}
+    counts = {ref: math.floor(value) for ref, value in exact.items()}
+    left = sequences - sum(counts.values())
+    by_remainder = sorted(exact, key=lambda ref: counts[ref] - exact[ref])  # stable: in order
+    for ref in by_remainder[:left]:
+        counts[ref] += 1
+    return counts
 
 
 def _read_before(checkpoint: Artifact, by_ref: Mapping[str, Artifact]) -> Optional[dict[str, int]]:
