@@ -73,6 +73,7 @@ def remove_artifact(store: ObjectStore, folder: str) -> str | None:
                 store.remove_folder(sibling_key(folder, sibling))
     except LeaseHeld as e:
         return f"a run holds its lease: {e.holder.describe()}"
+    store.prune(folder)  # its lease released: `name/` left empty goes too
     return None
 
 

@@ -157,6 +157,16 @@ class LocalStore(ObjectStore):
             self.remove(f"{key}/{name}")
         shutil.rmtree(self.path(key), ignore_errors=True)
 
+    def prune(self, key: str) -> None:
+        """Removes the folders above `key` that are left empty, up to the store's root."""
+        folder = self.path(key).parent
+        while folder != self.root and self.root in folder.parents:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (or gone): what is above it is not empty either
+                return
+            folder = folder.parent
+
     @property
     def local_root(self) -> str | None:
         return str(self.root)

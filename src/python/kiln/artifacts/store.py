@@ -156,6 +156,9 @@ class ObjectStore(abc.ABC):
         for name in sorted(names, key=lambda name: name not in first):
             self.remove(f"{key}/{name}")
 
+    def prune(self, key: str) -> None:  # noqa: B027 - a bucket has nothing to do
+        """Forgets the empty folders that held `key` (a bucket has none: names alone)."""
+
     @property
     def local_root(self) -> str | None:
         """The directory of a store on the local file system; None for a bucket."""
