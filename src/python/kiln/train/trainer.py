@@ -346,7 +346,8 @@ class Trainer:
             **self.steps.speed(),
             "first_step_seconds": self.first_step.get("seconds"),
             "first_step_program": self.first_step.get("program"),  # cache | compiled | ...
-            "compilation_cache": self.first_step.get("cache"),
+            # A folder of this machine: a run staged for a bucket names none in its records.
+            "compilation_cache": None if self.spec.location else self.first_step.get("cache"),
             "wall_time_seconds": time.monotonic() - started,
             "output_path": self.spec.shown(self.output),
             "checkpoint": self.spec.shown(last.path) if last else None,
