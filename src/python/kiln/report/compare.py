@@ -1,8 +1,9 @@
 """`python -m kiln.report compare RUN_DIR...`: the runs of a sweep side by side.
 
 One row per run: the identity fields in which the runs differ (the sweep's grid), final train
-loss, each validation set's loss and bits-per-byte, eval scores, tokens, training FLOPs and wall
-time, read from each checkpoint's folder (artifact.json, summary.json, config.json). An
+loss, each validation set's loss and bits-per-byte, eval scores, tokens, training FLOPs (a run
+started from another counts its parents' FLOPs up to where it left them) and wall time, read
+from each checkpoint's folder (artifact.json, summary.json, config.json). An
 evaluation's folder (an `lm_eval_run`) is a row of its scores (results.json), beside the runs. A run not
 built yet (no STATUS SUCCESS) keeps its row, marked with its state, its numbers blank. The table
 is printed and written as CSV; kiln.report.compare_plot draws validation loss against FLOPs.
@@ -37,6 +38,17 @@ _SKIPPED = ("kind", "format")
 
 
 @dataclass(frozen=True)
+class FamilyStart:
+    """Where a run's step 0 lies in its family: the step, training tokens and FLOPs at which it
+    left its parent, its parent's own start added; zeros for a run from random or published
+    weights. FLOPs None: a parent's are not known (its vocabulary is not recorded)."""
+
+    step: int = 0
+    tokens: int = 0
+    flops: float | None = 0.0
+
+
+@dataclass(frozen=True)
 class RunRow:
     name: str  # name@version
     folder: str  # a path or a bucket URL
@@ -44,6 +56,7 @@ class RunRow:
     identity: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
     vocab_size: int | None = None
+    start: FamilyStart = FamilyStart()
 
     @property
     def built(self) -> bool:
@@ -62,10 +75,9 @@ class RunRow:
 
     @property
     def flops(self) -> float | None:
-        if self.vocab_size is None or self.tokens is None or "model" not in self.identity:
-            return None
-        model = LlamaArchitecture.from_json(self.identity["model"])
-        return self.tokens * flops_per_token(model, self.vocab_size, self.identity["seq_len"])
+        """The run's training FLOPs, its parents' up to where it left them included."""
+        own = _training_flops(self.identity, self.vocab_size, self.tokens)
+        return None if own is None or self.start.flops is None else own + self.start.flops
 
     def metric(self, key: str) -> float | None:
         value = self.summary.get(key)
@@ -91,7 +103,41 @@ def read_run(location: str, name: str | None = None, identity: dict[str, Any] | 
     config = _json(folder, RUN_CONFIG_FILE) or {}
     vocab = (config.get("model") or {}).get("vocab_size")
     summary = _json(folder, RUN_SUMMARY_FILE) or {}
-    return RunRow(label, location, "built", identity, summary, vocab)
+    return RunRow(label, location, "built", identity, summary, vocab,
+                  family_start(location, label, identity))  # fmt: skip
+
+
+def family_start(location: str, ref: str, identity: dict[str, Any]) -> FamilyStart:
+    """Where the run `ref` (name@version, at `location`) starts in its family, from its parents'
+    records beside it in the store (`{prefix}/{name}/{version}`); zeros when it starts no
+    family or its parent is not there."""
+    parent = identity.get("init_from") or {}
+    suffix = "/" + ref.replace("@", "/")
+    if parent.get("kind") != "lm_checkpoint" or not location.rstrip("/").endswith(suffix):
+        return FamilyStart()
+    parent_ref = f"{parent['name']}@{parent['version']}"
+    where = location.rstrip("/")[: -len(suffix)] + "/" + parent_ref.replace("@", "/")
+    folder = ArtifactFolder.at(where)
+    parent_identity = (_json(folder, RECORD_FILE) or {}).get("identity") or {}
+    if "num_train_steps" not in parent_identity:
+        return FamilyStart()
+    step = parent["step"] if parent.get("step") is not None else parent_identity["num_train_steps"]
+    tokens = step * parent_identity["batch_size"] * parent_identity["seq_len"]
+    vocab = ((_json(folder, RUN_CONFIG_FILE) or {}).get("model") or {}).get("vocab_size")
+    flops = _training_flops(parent_identity, vocab, tokens)
+    before = family_start(where, parent_ref, parent_identity)
+    return FamilyStart(
+        before.step + step,
+        before.tokens + tokens,
+        None if flops is None or before.flops is None else before.flops + flops,
+    )
+
+
+def _training_flops(identity: dict[str, Any], vocab: int | None, tokens: int | None) -> float | None:
+    if vocab is None or tokens is None or "model" not in identity:
+        return None
+    model = LlamaArchitecture.from_json(identity["model"])
+    return tokens * flops_per_token(model, vocab, identity["seq_len"])
 
 
 def _json(folder: ArtifactFolder, name: str) -> dict[str, Any] | None:
@@ -169,7 +215,7 @@ def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
     for row in rows:
         values = {} if row.is_evaluation else flat(row.identity)
         cells.append([
-            row.name,
+            _label(row),
             *(_cell(values.get(key)) for key in varied),
             row.state,
             _cell(row.metric("train/loss")),
@@ -179,6 +225,19 @@ def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
             _cell(row.metric("wall_time_seconds"), clock_duration),
         ])  # fmt: skip
     return header, cells
+
+
+def _label(row: RunRow) -> str:
+    """A run by its name; an evaluation by its name and the model and step it scores."""
+    model = row.identity.get("model") if row.is_evaluation else None
+    if not isinstance(model, dict):
+        return row.name
+    if "name" in model:  # a run or an export of the graph
+        step = f" step {model['step']}" if model.get("step") is not None else ""
+        return f"{row.name} (of {model['name']}@{model['version']}{step})"
+    if "model" in model:  # published weights: a hub id or a folder
+        return f"{row.name} (of {model['model']})"
+    return row.name
 
 
 def _cell(value: Any, number_format: Callable[[float], str] | None = None) -> str:

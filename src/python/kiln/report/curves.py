@@ -4,14 +4,12 @@ training tokens, one line per run, its name in the legend (`curves.png` of `pant
 Read from each run's metrics.jsonl in its folder (a path or a bucket URL), so a run still
 training shows its steps so far; an evaluation (no training) has no curve. A family is drawn in
 one frame: a run started from another (`init_from` a run of the graph) begins at the step and
-the tokens where it left its parent (and the parent where it left its own), read from the
-parent's record beside it in the store.
+the tokens where it left its parent (kiln.report.compare.family_start).
 """
 
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.report.compare import RunRow
 from kiln.report.metrics_log import TRAIN_LOSS, Record, by_step, parse_metrics
-from kiln_contract.layout import RECORD_FILE
 
 CURVES_FILE = "curves.png"
 METRICS_FILE = "metrics.jsonl"
@@ -38,7 +35,7 @@ def plot_curves(rows: list[RunRow], metric: str, out_dir: Path) -> int:
     for (key, label), axes_row in zip(((TRAIN_LOSS, "train loss"), (metric, metric)), panels):
         for row, records in runs:
             per_step = _tokens_per_step(row.identity)
-            step0, tokens0 = where_it_starts(row.folder, row.name, row.identity)
+            step0, tokens0 = row.start.step, row.start.tokens
             points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
             if not points:
                 continue
@@ -63,34 +60,6 @@ def plot_curves(rows: list[RunRow], metric: str, out_dir: Path) -> int:
 def _records(row: RunRow) -> list[Record]:
     text = ArtifactFolder.at(row.folder).text(METRICS_FILE)
     return by_step(parse_metrics(text, f"{row.folder}/{METRICS_FILE}"), row.folder) if text else []
-
-
-def where_it_starts(folder: str, ref: str, identity: dict[str, Any]) -> tuple[int, int]:
-    """The family's step and training tokens at step 0 of the run `ref` (name@version, in
-    `folder`): where it left its parent, the parent's own start added; (0, 0) for a run from
-    random or published weights. The parent's record is its artifact.json beside the run in
-    the store (`{prefix}/{name}/{version}`)."""
-    parent = identity.get("init_from") or {}
-    suffix = "/" + ref.replace("@", "/")
-    if parent.get("kind") != "lm_checkpoint" or not folder.rstrip("/").endswith(suffix):
-        return 0, 0
-    location = f"{folder.rstrip('/')[: -len(suffix)]}/{parent['name']}/{parent['version']}"
-    record = _record(location)
-    parent_identity = record.get("identity") or {}
-    if "num_train_steps" not in parent_identity:
-        return 0, 0  # not in the store: drawn from 0
-    step = parent["step"] if parent.get("step") is not None else parent_identity["num_train_steps"]
-    parent_ref = f"{parent['name']}@{parent['version']}"
-    step0, tokens0 = where_it_starts(location, parent_ref, parent_identity)
-    return step0 + step, tokens0 + step * (_tokens_per_step(parent_identity) or 0)
-
-
-def _record(location: str) -> dict[str, Any]:
-    try:
-        value = json.loads(ArtifactFolder.at(location).text(RECORD_FILE) or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _tokens_per_step(identity: dict[str, Any]) -> int | None:

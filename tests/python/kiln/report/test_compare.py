@@ -18,9 +18,8 @@ from kiln_testing.buckets import fresh_url
 
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import copy_folder_into
-from kiln.report.compare import read_run, table, varied_fields
+from kiln.report.compare import FamilyStart, family_start, read_run, table, varied_fields
 from kiln.report.compare_plot import fit_power_law, frontier
-from kiln.report.curves import where_it_starts
 from kiln_contract.llama import LlamaArchitecture, flops_per_token
 
 VOCAB = 8192
@@ -142,28 +141,45 @@ def test_a_run_in_a_bucket_reads_as_the_same_run_in_a_folder(tmp_path: Path) -> 
     )  # fmt: skip
 
 
-def test_a_family_is_drawn_from_where_each_run_left_its_parent(tmp_path: Path) -> None:
+def test_a_family_is_drawn_and_counted_from_where_each_run_left_its_parent(tmp_path: Path) -> None:
     """A cooldown from the base's final step 40 (4 x 64 tokens a step) starts at step 40 and
-    10,240 tokens; its child from its step 10 (8 x 64) at step 50 and 15,360."""
-    def record(name: str, steps: int, batch: int, parent: dict | None) -> str:
+    10,240 tokens, and counts the base's FLOPs of them; its child from its step 10 (8 x 64) at
+    step 50 and 15,360. An evaluation's row names the model and step it scores."""
+    model = LlamaArchitecture(128, 32, 64, 2, 1, 1)
+
+    def built(name: str, steps: int, batch: int, parent: dict | None) -> str:
         identity = {"num_train_steps": steps, "batch_size": batch, "seq_len": 64,
-                    "init_from": parent}  # fmt: skip
+                    "model": model.to_json(), "init_from": parent}  # fmt: skip
         folder = tmp_path / name / "v1"
         folder.mkdir(parents=True)
         (folder / "artifact.json").write_text(json.dumps(
             {"name": name, "version": "v1", "identity": identity}))  # fmt: skip
+        (folder / "config.json").write_text(json.dumps({"model": {"vocab_size": VOCAB}}))
+        (folder / "STATUS").write_text("SUCCESS\n")
         return str(folder)
 
     def parent(name: str, step: int | None) -> dict:
         return {"kind": "lm_checkpoint", "name": name, "version": "v1", "step": step}
 
-    record("c/base", 40, 4, None)
-    cooldown = record("c/cool", 20, 8, parent("c/base", None))
-    child = record("c/child", 5, 8, parent("c/cool", 10))
-    identity_of = lambda folder: json.loads((Path(folder) / "artifact.json").read_text())["identity"]  # noqa: E731
-    assert where_it_starts(cooldown, "c/cool@v1", identity_of(cooldown)) == (40, 40 * 4 * 64)
-    assert where_it_starts(child, "c/child@v1", identity_of(child)) == (50, 40 * 256 + 10 * 512)
-    hf = {**identity_of(child), "init_from": {"kind": "hf_model", "name": "hf/x", "version": "v1"}}
-    assert where_it_starts(child, "c/child@v1", hf) == (0, 0)
-    missing = {**identity_of(child), "init_from": parent("c/gone", None)}
-    assert where_it_starts(child, "c/child@v1", missing) == (0, 0)
+    per_token = flops_per_token(model, VOCAB, 64)
+    base = read_run(built("c/base", 40, 4, None))
+    cooldown = read_run(built("c/cool", 20, 8, parent("c/base", None)))
+    child = read_run(built("c/child", 5, 8, parent("c/cool", 10)))
+    assert (base.start.step, base.start.tokens, base.flops) == (0, 0, 40 * 256 * per_token)
+    assert (cooldown.start.step, cooldown.start.tokens) == (40, 40 * 256)
+    assert cooldown.flops == pytest.approx((40 * 256 + 20 * 512) * per_token)
+    assert (child.start.step, child.start.tokens) == (50, 40 * 256 + 10 * 512)
+    hf = {**child.identity, "init_from": {"kind": "hf_model", "name": "hf/x", "version": "v1"}}
+    assert family_start(child.folder, child.name, hf) == FamilyStart()
+    missing = {**child.identity, "init_from": parent("c/gone", None)}
+    assert family_start(child.folder, child.name, missing) == FamilyStart()
+
+    scores = tmp_path / "e/base/v1"
+    scores.mkdir(parents=True)
+    (scores / "artifact.json").write_text(json.dumps({
+        "kind": "lm_eval_run", "name": "e/base", "version": "v1",
+        "identity": {"kind": "lm_eval_run", "model": parent("c/base", 40)}}))  # fmt: skip
+    (scores / "STATUS").write_text("SUCCESS\n")
+    (scores / "results.json").write_text(json.dumps({"metrics": {}}))
+    _, cells = table([base, read_run(str(scores))])
+    assert cells[1][0] == "e/base@v1 (of c/base@v1 step 40)"
