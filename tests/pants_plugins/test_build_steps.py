@@ -3,6 +3,7 @@ DEP_FAILED in the store, and what a served `pants run` prints (tests/e2e runs th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -120,3 +121,21 @@ def test_a_served_run_prints_the_runners_words() -> None:
     )
     other = served_text(RUN, "/store/x/run/2026.12.01", record, None, "b" * 64)
     assert "built by other code (runtime digest aaaaaaaaaaaa, now bbbbbbbbbbbb)" in other
+
+
+def test_drift_from_inputs_alone_says_to_bump_the_version() -> None:
+    """A parent built anew under its version makes its children drift though their own fields
+    did not change: the plan says so, and what to do."""
+    parent_changed = json.dumps({"fingerprint": "old", "identity": {
+        "init_from": {"fingerprint": "a"}, "seq_len": 64}})  # fmt: skip
+    child = dataclasses.replace(RUN, identity_json=json.dumps(
+        {"init_from": {"fingerprint": "b"}, "seq_len": 64}))  # fmt: skip
+    drift = recorded_state(child, "SUCCESS\n", parent_changed)
+    assert drift.detail == (
+        "built with fingerprint old; differs in: init_from.fingerprint (only its inputs changed: "
+        "bump this target's `version` to build it from them, as every artifact made from a "
+        "changed one needs)")  # fmt: skip
+    own_change = json.dumps({"fingerprint": "old", "identity": {
+        "init_from": {"fingerprint": "b"}, "seq_len": 32}})  # fmt: skip
+    assert recorded_state(child, "SUCCESS\n", own_change).detail == (
+        "built with fingerprint old; differs in: seq_len")

@@ -165,7 +165,7 @@ def recorded_state(
         return StoredState(
             "drift",
             f"built with fingerprint {record.get('fingerprint')}; differs in: "
-            f"{', '.join(fields) or 'identity format'}",
+            f"{', '.join(fields) or 'identity format'}{_inputs_only(fields)}",
         )
     if status == "SUCCESS":
         return StoredState("built")
@@ -174,6 +174,15 @@ def recorded_state(
     if reason:
         return StoredState("incomplete", f"the last run stopped: {reason}; will resume")
     return StoredState("incomplete", "will resume")
+
+
+def _inputs_only(fields: list[str]) -> str:
+    """Advice when only inputs' fingerprints differ: the target itself did not change, one of
+    its inputs (a parent run, a cache) did, and the stored artifact was made from the old one."""
+    if not fields or not all(field.endswith(".fingerprint") for field in fields):
+        return ""
+    return (" (only its inputs changed: bump this target's `version` to build it from them, as "
+            "every artifact made from a changed one needs)")  # fmt: skip
 
 
 @dataclass(frozen=True)
