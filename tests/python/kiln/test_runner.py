@@ -515,7 +515,7 @@ def test_a_bundle_carries_the_step_its_inline_inputs_task_files_and_sources(
     for carried in [i["location"] for i in spec["inputs"]] + ["exp/tasks"]:
         assert (bundle / carried / "file").read_text() == carried
     assert (bundle / "src/kiln_contract/step.py").is_file()
-    assert not list(bundle.rglob("__pycache__"))
+    assert not list(bundle.rglob("__pycache__")) and not list(bundle.rglob("BUILD"))
 
     spec["inputs"][0] = {**spec["inputs"][0], "store_path": "/data/kiln/tokenized/a/v"}
     del spec["inputs"][0]["location"]

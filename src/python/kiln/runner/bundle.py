@@ -32,9 +32,10 @@ def write_bundle(step_file: Path, step: StepSpec, inputs: Path, bundle: Path, pr
         shutil.copytree(inputs / relative, staging / relative, symlinks=False)
     for package in (kiln, kiln_contract):
         source = Path(str(package.__file__)).parent
-        shutil.copytree(
-            source, staging / SOURCES / source.name, ignore=shutil.ignore_patterns("__pycache__")
-        )
+        # Sources only: BUILD files would put Kiln's targets twice into a repository that holds
+        # the bundle.
+        shutil.copytree(source, staging / SOURCES / source.name,
+                        ignore=shutil.ignore_patterns("__pycache__", "BUILD", "BUILD.*"))  # fmt: skip
     if bundle.exists():
         bundle.rmdir()
     staging.rename(bundle)  # whole or absent
