@@ -37,6 +37,7 @@ from kiln_contract.train import (
 from kiln_contract.vocabulary import check_address, check_artifact_name, check_version
 
 STEP_VERSION = 1
+STEP_FILE = "step.json"  # where the runner reads a step: in its sandbox, a host's folder, a bundle
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from pants.util.frozendict import FrozenDict
 from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUMMARY_TEXT_FILE
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import served_message
-from kiln_contract.step import Provenance, StepInput, StepSpec
+from kiln_contract.step import STEP_FILE, Provenance, StepInput, StepSpec
 from kiln_contract.train import (
     CheckpointerSpec,
     ControlSpec,
@@ -121,7 +121,6 @@ from kiln_pants.target_types import (
 )
 from kiln_pants.tokenize_rules import CachesAsInputs, CachesAsInputsRequest, cache_location
 
-STEP_FILE = "step.json"
 OUTPUT_DIR = "out"
 
 

@@ -41,9 +41,9 @@ from kiln.cluster.placement import (
     reserve_slice,
     wait_for_capacity,
 )
+from kiln_contract.step import STEP_FILE
 from kiln_contract.train import Resources
 
-STEP_FILE = "step.json"
 STAGING_DIR = "staging"  # in a host's inputs folder: where a run in a bucket stages its files
 STOP_TIMEOUT_S = 120.0  # after `stop`, how long the trainers get to save a checkpoint
 STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts train

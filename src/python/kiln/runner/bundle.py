@@ -12,9 +12,8 @@ import kiln
 import kiln_contract
 from kiln.runner.errors import StepError
 from kiln_contract.parsing import is_bucket_url
-from kiln_contract.step import StepSpec
+from kiln_contract.step import STEP_FILE, StepSpec
 
-STEP_FILE = "step.json"
 SOURCES = "src"
 
 
