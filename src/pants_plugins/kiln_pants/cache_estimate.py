@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from kiln_pants.artifact_graph import Artifact
-from kiln_pants.mixture_budget import count
 
 # benchmarks/RESULTS.md, "Tokenization at scale": the shard processes' tokens per CPU-second with
 # GPT-2's byte-level BPE on 1 GB of jsonl.zst, 527k-786k in 1, 2 and 4 shards (2026-12-01).
@@ -25,6 +24,14 @@ TOKENS_PER_CORE_SECOND = 500_000
 TEXT_BYTES_PER_TOKEN = 3.3
 UINT16_VOCABULARY = 1 << 16  # kiln.data.tokenizer.TokenizerInfo.token_dtype: uint16 up to this
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".parquet")
+
+
+def count(tokens: float) -> str:
+    """Tokens as people read them: 102.40k, 28.80B."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if tokens >= size:
+            return f"{tokens / size:.2f}{unit}"
+    return f"{tokens:.0f}"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -24,6 +24,7 @@ from pants.engine.rules import _uncacheable_rule, collect_rules
 
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, artifact_and_graph
 from kiln_pants.artifact_store import artifact_path, stored_state
+from kiln_pants.cache_estimate import count, most_tokens
 from kiln_pants.subsystem import KilnSubsystem
 
 CACHE_INFO_FILE = "cache.json"  # kiln.data.cache.CACHE_FILE: documents, tokens, ...
@@ -102,7 +103,6 @@ class ComponentBudget:
         if self.epochs is not None and self.epochs > 1:
             return f"{line}; read {self.epochs:.1f} times"
         return line
-
 
     def new_tokens(self) -> Optional[int]:
         """Of what a run continuing its parent's stream reads, the tokens its line never read
@@ -212,13 +212,6 @@ class MixtureBudget:
             f"{self.checkpoint.address} reads more tokens from these caches than their "
             f"`max_tokens` gives them, so it would repeat their data; nothing was built:\n{lines}"
         )
-
-
-def count(tokens: float) -> str:
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if tokens >= size:
-            return f"{tokens / size:.2f}{unit}"
-    return f"{tokens:.0f}"
 
 
 def mixture_budget(
@@ -341,22 +334,20 @@ def built_tokens(prefix: str, artifact: Artifact) -> Optional[int]:
 def local_budgets(
     prefix: str,
     graph: ArtifactGraph,
+    build_root: str,
     imported: Optional[Mapping[str, int]] = None,
-    bound: Optional[Callable[[Artifact], Optional[int]]] = None,
 ) -> list[MixtureBudget]:
-    """The budget of every checkpoint in `graph`, built caches read from a local store; `imported`:
-    the ledger tokens of imports not built yet; `bound`: the most tokens an unbuilt cache's files
-    can give, where they tell."""
+    """The budget of every checkpoint in `graph`, built caches read from a local store, unbuilt
+    ones of local files bounded by their size (`build_root`: where repo files are); `imported`:
+    the ledger tokens of imports not built yet."""
     held, bounds = {}, {}
     for artifact in graph:
         if artifact.kind == "tokenized_cache":
             tokens = built_tokens(prefix, artifact)
             if tokens is not None:
                 held[artifact.ref] = tokens
-            elif bound is not None:
-                most = bound(artifact)
-                if most is not None:
-                    bounds[artifact.ref] = most
+            elif (most := most_tokens(artifact, build_root)) is not None:
+                bounds[artifact.ref] = most
     return [
         mixture_budget(artifact, graph, held, imported, bounds)
         for artifact in graph
@@ -383,13 +374,8 @@ async def check_mixture_budget(
     request: MixtureBudgetRequest, kiln: KilnSubsystem, build_root: BuildRoot
 ) -> MixtureFits:
     """Uncacheable: built caches are read from the store, which changes behind Pants' back."""
-    from kiln_pants.cache_estimate import most_tokens  # it prints with this module's count
-
     checkpoint, graph = await artifact_and_graph(request.address)
-    budgets = local_budgets(
-        kiln.prefix_location(build_root.path), graph,
-        bound=lambda cache: most_tokens(cache, build_root.path),
-    )  # fmt: skip
+    budgets = local_budgets(kiln.prefix_location(build_root.path), graph, build_root.path)
     for budget in budgets:
         if budget.checkpoint == checkpoint and budget.refusal():
             raise MixtureTooSmall(budget.refusal())

@@ -35,7 +35,7 @@ from kiln_pants.artifact_store import (
     artifact_path,
     stored_states_or_report,
 )
-from kiln_pants.cache_estimate import CacheEstimate, estimate_cache, most_tokens
+from kiln_pants.cache_estimate import CacheEstimate, estimate_cache
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -226,8 +226,7 @@ async def plan(
     states = {artifact: shown_state(artifact, state) for artifact, state in stored.items()}
     if plan_subsystem.json:
         problems = await _init_from_problems(graph)
-        bound = lambda cache: most_tokens(cache, build_root.path)  # noqa: E731
-        budgets = local_budgets(prefix, graph, None, bound)
+        budgets = local_budgets(prefix, graph, build_root.path)
         costs = await _training_costs(graph, prefix)
         data = plan_json(prefix, states, problems)
         data["training"] = [
@@ -266,8 +265,7 @@ async def plan(
     console.print_stdout(f"{len(graph)} artifacts: {summary}")
     too_small = False
     imports = {a.ref: p.imported_tokens for a, p in shard_plan.items() if p.imported_tokens}
-    bound = lambda cache: most_tokens(cache, build_root.path)  # noqa: E731
-    for budget in local_budgets(prefix, graph, imports, bound):  # a bucket's caches: unbuilt
+    for budget in local_budgets(prefix, graph, build_root.path, imports):  # a bucket's: unbuilt
         console.print_stdout(budget.header())
         for component in budget.components:
             console.print_stdout(f"  {component.describe()}")

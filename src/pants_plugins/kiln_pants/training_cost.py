@@ -27,7 +27,8 @@ from kiln_contract.llama import LlamaArchitecture, flops_per_token, num_paramete
 from kiln_contract.train import Resources
 from kiln_pants.artifact_graph import Artifact, TokenizerFiles, TokenizerFilesRequest
 from kiln_pants.artifact_store import artifact_path, stored_state
-from kiln_pants.mixture_budget import CACHE_INFO_FILE, count
+from kiln_pants.cache_estimate import count
+from kiln_pants.mixture_budget import CACHE_INFO_FILE
 from kiln_pants.target_types import TokenizerField, tokenizer_address
 
 
