@@ -62,9 +62,11 @@ class LaunchParams:
     """How the kernels launch: Triton's warps per program and software-pipelining depth, per
     kernel (each kernel has its own best setting on a device), and which backward runs.
 
-    fused_dq: the dK/dV kernel also computes dQ and adds it into an fp32 buffer with atomics
-    (FlashAttention-2's layout: 5 matmuls instead of 7, no dQ kernel; dQ's summation order then
-    varies between runs on a GPU). Off: a separate dQ kernel recomputes what it needs.
+    fused_dq: the dK/dV kernel also computes dQ (5 matmuls per tile pair instead of 7, no dQ
+    kernel). Triton adds it into an fp32 buffer with atomics (FlashAttention-2's layout; dQ's
+    summation order then varies between runs on a GPU); Mosaic writes one dQ block per kv tile
+    and XLA sums them (splash's fused backward; deterministic). Off: a separate dQ kernel
+    recomputes what it needs. The only field the Mosaic kernels read.
     """
 
     num_warps_fwd: int = 4
@@ -125,9 +127,9 @@ _H200_SETTINGS = {
     ),
 }
 # Measured best on a TPU v5e on 2026-12-06 (jax 0.10.2): forward tiles by the forward's time,
-# then the backward's with it, causal, seq 4096, head dim 128, bf16, summed over no segment ids
-# and packed documents (benchmarks/attention.py --tune; candidates in benchmarks/RESULTS.md).
-# Head dim 64 runs the same tiles (its table row was measured with them, not tuned).
+# then the backward's with it (split or fused dQ), causal, seq 4096, head dim 128, bf16, summed
+# over no segment ids and packed documents (benchmarks/attention.py --tune; candidates in
+# benchmarks/RESULTS.md). Head dim 64 runs the same tiles, unmeasured with the fused backward.
 _TPU_V5E_SETTINGS = {
     128: (
         BlockSizes(
@@ -135,12 +137,12 @@ _TPU_V5E_SETTINGS = {
             block_kv=1024,
             block_q_dkv=512,
             block_kv_dkv=1024,
-            block_q_dq=1024,
+            block_q_dq=512,  # no dQ kernel runs: the dK/dV kernel's tiles
             block_kv_dq=1024,
             block_kv_compute=512,
             block_kv_dkv_compute=512,
         ),
-        LaunchParams(),  # Triton's; Mosaic takes none of them
+        LaunchParams(fused_dq=True),  # the only field Mosaic reads
     ),
 }
 # device kind -> head dim -> the block sizes and launch parameters measured best on that device.

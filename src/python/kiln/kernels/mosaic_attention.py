@@ -19,7 +19,10 @@ the short version:
 - dK/dV: kv-major tiles [block_kv, block_q] (logits transposed, so lse and delta are rows that
   broadcast), looping over the group's q heads and their q tiles: GQA gradients are summed in
   VMEM without repeating K/V.
-- dQ: q-major tiles, looping over kv tiles.
+- dQ: q-major tiles, looping over kv tiles. With LaunchParams.fused_dq there is no dQ kernel:
+  the dK/dV kernel also writes each pair's dQ (one [bq, dim] block per kv tile, zeros for a
+  pair it skips) and XLA sums the kv tiles' blocks, as splash's fused backward does: 5 products
+  per pair instead of 7, for one more pass over dQ-sized memory per kv tile.
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ def backward(q, k, v, segment_ids, out, lse, d_out, config: KernelConfig):
     # delta_i = sum_d out_i * dout_i, as rows [batch, heads, 1, seq]: XLA fuses it in one pass.
     delta = jnp.einsum("bhtd,bhtd->bht", out.astype(jnp.float32), d_out.astype(jnp.float32))
     delta = delta[:, :, None, :]
+    if config.launch.fused_dq:
+        dk, dv, dq_per_kv_tile = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
+        return dq_per_kv_tile.sum(axis=0, dtype=jnp.float32).astype(q.dtype), dk, dv
     dk, dv = _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config)
     dq = _backward_dq(q, k, v, segment_ids, d_out, lse, delta, config)
     return dq, dk, dv
@@ -405,10 +411,12 @@ def _forward(q, k, v, segment_ids, config: KernelConfig):
 
 
 def _backward_dkv_kernel(*refs, config: KernelConfig, schedule: _Schedule):
-    prefetched, inputs, (dk_ref, dv_ref), (dk_acc, dv_acc) = _split_refs(
-        refs, len(schedule.operands), 6 + 2 * schedule.has_segments, 2, 2
+    fused = config.launch.fused_dq
+    prefetched, inputs, outputs, scratch = _split_refs(
+        refs, len(schedule.operands), 6 + 2 * schedule.has_segments, 2 + fused, 2 + fused
     )
     q_ref, k_ref, v_ref, d_out_ref, lse_ref, delta_ref, *ids_refs = inputs
+    (dk_ref, dv_ref, *dq_ref), (dk_acc, dv_acc, *dq_acc) = outputs, scratch
     bq, bkv = q_ref.shape[0], k_ref.shape[0]
     b, j, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     i = step % schedule.num_visited  # the q tile; step // num_visited is the head in the group
@@ -417,6 +425,9 @@ def _backward_dkv_kernel(*refs, config: KernelConfig, schedule: _Schedule):
     def _init():
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+    if fused:  # this pair's dQ, summed over the tile's chunks; zeros where it is skipped
+        dq_acc[0][...] = jnp.zeros(dq_acc[0].shape, jnp.float32)
 
     def compute_chunk(start: int, size: int, needs_mask: bool):
         keys = pl.ds(start, size)
@@ -433,10 +444,14 @@ def _backward_dkv_kernel(*refs, config: KernelConfig, schedule: _Schedule):
         d_probs = _dot(v, d_out, NT_DIMS)
         d_logits = logit_grads(BROADCAST_ROWS, probs, d_probs, delta_ref[...])
         dk_acc[keys, :] += _dot(d_logits.astype(q.dtype), q, NN_DIMS)
+        if fused:  # transposed in fp32, as splash does (Mosaic's 32-bit transposes)
+            dq_acc[0][...] += _dot(d_logits.T.astype(k.dtype), k, NN_DIMS)
 
     visit, needs_mask = schedule.read(prefetched).step_kind(config, b, j, i, kv_end=(j + 1) * bkv)
     chunk = config.block_sizes.compute_tile("block_kv_dkv")
     _when_visited(visit, needs_mask, config, bkv, chunk, (i + 1) * bq, j * bkv, compute_chunk)
+    if fused:
+        dq_ref[0][...] = (dq_acc[0][...] * LN_2).astype(dq_ref[0].dtype)
 
     @pl.when(step == pl.num_programs(3) - 1)
     def _finish():
@@ -445,7 +460,8 @@ def _backward_dkv_kernel(*refs, config: KernelConfig, schedule: _Schedule):
 
 
 def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: KernelConfig):
-    """Grid (batch, kv heads, kv tiles, the group's q heads x q tiles)."""
+    """Grid (batch, kv heads, kv tiles, the group's q heads x q tiles). (dk, dv), or with
+    fused_dq (dk, dv, dq per kv tile [kv tiles, batch, heads, seq, dim])."""
     batch, num_heads, padded_len, head_dim = q.shape
     num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
@@ -465,6 +481,20 @@ def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: KernelConfig)
         pl.BlockSpec((None, NUM_SUBLANES, bq), lambda *a: (a[0], 0, q_tile(*a)[2])),
         pl.BlockSpec((None, bkv, NUM_LANES), lambda b, h, j, step, *_: (b, j, 0)),
     ]
+    out_specs = [kv_spec, kv_spec]
+    out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    scratch = [pltpu.VMEM((bkv, head_dim), jnp.float32)] * 2
+    if config.launch.fused_dq:  # every step writes its own block: the q tile it would visit
+        out_specs.append(
+            pl.BlockSpec(
+                (None, None, None, bq, head_dim),
+                lambda b, h, j, step, *_: (
+                    j, b, h * group + step // num_q_tiles, step % num_q_tiles, 0
+                ),
+            )
+        )
+        out_shape.append(jax.ShapeDtypeStruct((padded_len // bkv, *q.shape), q.dtype))
+        scratch.append(pltpu.VMEM((bq, head_dim), jnp.float32))
     return _pallas_call(
         functools.partial(_backward_dkv_kernel, config=config, schedule=schedule),
         name="kiln_flash_attention_dkv",
@@ -474,9 +504,9 @@ def _backward_dkv(q, k, v, segment_ids, d_out, lse, delta, config: KernelConfig)
             q_spec, kv_spec, kv_spec, q_spec, row_spec, row_spec,
             *(ids_specs if schedule.has_segments else ()),
         ],  # fmt: skip
-        out_specs=[kv_spec, kv_spec],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        scratch=[pltpu.VMEM((bkv, head_dim), jnp.float32)] * 2,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        scratch=scratch,
         config=config,
     )(*schedule.operands, q, k, v, d_out, lse, delta, *_segment_layouts(segment_ids)[::-1])
 

@@ -95,6 +95,15 @@ CASES = {
     "mosaic-bf16-d128-causal-no-segments-outliers": Case(
         256, 2, 2, 128, jnp.bfloat16, True, False, True, MOSAIC_TILES, batch=1, lowering="mosaic"
     ),
+    # dQ written per kv tile by the dK/dV kernel and summed (GQA: the group's heads in turn).
+    "mosaic-fused-dq-f32-d128-causal-gqa4:2-segments-mixed-blocks-pad300": Case(
+        300, 4, 2, 128, jnp.float32, True, True, False, MOSAIC_BLOCKS, launch=FUSED_DQ,
+        lowering="mosaic",
+    ),  # fmt: skip
+    "mosaic-fused-dq-bf16-d64-full-many-documents-pad200": Case(
+        200, 2, 1, 64, jnp.bfloat16, False, True, True, MOSAIC_TILES, launch=FUSED_DQ,
+        max_documents=30, batch=1, lowering="mosaic",
+    ),  # fmt: skip
     "mosaic-f32-d64-causal-relabelled-segments": Case(
         384, 2, 1, 64, jnp.float32, True, True, False, MOSAIC_TILES, batch=1, max_documents=12,
         relabelled=True, lowering="mosaic",
@@ -143,7 +152,8 @@ def test_matches_jax_pallas_mha(seed: int) -> None:
 KERNEL_SETTINGS = {  # lowering, its tiles, its launch parameters
     "triton-split-dq": ("triton", SMALL_BLOCKS, LaunchParams()),
     "triton-fused-dq": ("triton", SMALL_BLOCKS, FUSED_DQ),
-    "mosaic": ("mosaic", MOSAIC_TILES, LaunchParams()),
+    "mosaic-split-dq": ("mosaic", MOSAIC_TILES, LaunchParams()),
+    "mosaic-fused-dq": ("mosaic", MOSAIC_TILES, FUSED_DQ),
 }
 
 
@@ -238,8 +248,12 @@ def test_lowers_for_h200(with_grad: bool, fused_dq: bool) -> None:
     assert exported.platforms == ("cuda",)
 
 
-@pytest.mark.parametrize("with_grad", [False, True], ids=["forward", "forward+grad"])
-def test_lowers_for_tpu_v5e(with_grad: bool) -> None:
+@pytest.mark.parametrize(
+    "with_grad, fused_dq",
+    [(False, False), (True, False), (True, True)],
+    ids=["forward", "forward+grad", "forward+grad-fused-dq"],
+)
+def test_lowers_for_tpu_v5e(with_grad: bool, fused_dq: bool) -> None:
     """jax.export for a TPU v5e from this machine: the Mosaic kernels lower (Pallas to Mosaic
     MLIR, with the v5e's table entry); nothing compiles or runs."""
     batch, seq_len, heads, kv_heads, dim = 2, 1000, 8, 2, 128  # 1000: exercises padding
@@ -247,13 +261,20 @@ def test_lowers_for_tpu_v5e(with_grad: bool) -> None:
     kv = jax.ShapeDtypeStruct((batch, seq_len, kv_heads, dim), jnp.bfloat16)
     segment_ids = jax.ShapeDtypeStruct((batch, seq_len), jnp.int32)
 
-    def loss(q, k, v, segment_ids):
-        return flash_attention(q, k, v, segment_ids).astype(jnp.float32).sum()
+    launch = LaunchParams(fused_dq=fused_dq)
 
-    fn = jax.grad(loss, argnums=(0, 1, 2)) if with_grad else flash_attention
+    def attention(q, k, v, segment_ids):
+        return flash_attention(q, k, v, segment_ids, launch=launch)
+
+    def loss(q, k, v, segment_ids):
+        return attention(q, k, v, segment_ids).astype(jnp.float32).sum()
+
+    fn = jax.grad(loss, argnums=(0, 1, 2)) if with_grad else attention
     exported = export_for_device(TPU_V5E, fn, q, kv, kv, segment_ids)
     module = exported.mlir_module()
     kernels = ["fwd", "dkv", "dq"] if with_grad else ["fwd"]
+    if fused_dq:
+        kernels.remove("dq")  # dQ comes from the dK/dV kernel
     assert module.count("tpu_custom_call") == len(kernels)
     for kernel in kernels:
         assert f"kiln_flash_attention_{kernel}" in module
