@@ -398,33 +398,33 @@ def tune(options) -> None:
         ]
         inputs = [make_inputs(config, DTYPES[options.dtype]) for config in configs]
         seconds = functools.partial(summed_seconds, configs, inputs, options.iters)
-        blocks, splash = tuned_tiles(f"d={head_dim}", seconds)
-        options.block_sizes[head_dim] = (blocks, LaunchParams())
+        settings, splash = tuned_tiles(f"d={head_dim}", seconds)
+        options.block_sizes[head_dim] = settings
         options.splash_blocks[head_dim] = splash
 
 
-def tuned_tiles(what: str, seconds: Callable) -> tuple[BlockSizes, tuple]:
-    """(ours' best tiles, splash's best candidate), with seconds(fn_of_config, pass_name)."""
+def tuned_tiles(what: str, seconds: Callable) -> tuple[tuple[BlockSizes, LaunchParams], tuple]:
+    """(ours' best settings, splash's best candidate), with seconds(fn_of_config, pass_name)."""
 
-    def ours(blocks: BlockSizes) -> Callable:
-        return lambda config: attention("ours", True, (blocks, LaunchParams()))
+    def ours(settings: tuple[BlockSizes, LaunchParams]) -> Callable:
+        return lambda config: attention("ours", True, settings)
 
     def splash(candidate: tuple) -> Callable:
         return lambda config: attention("splash", True, splash_candidate=candidate)
 
-    forward = best_of(
+    forward, _ = best_of(
         f"ours fwd {what}", tpu_attention.ours_candidates(None),
-        lambda blocks: seconds(ours(blocks), "fwd"),
+        lambda settings: seconds(ours(settings), "fwd"),
     )  # fmt: skip
-    blocks = best_of(
+    settings = best_of(
         f"ours fwd+bwd {what}", tpu_attention.ours_candidates(forward),
-        lambda blocks: seconds(ours(blocks), "fwd+bwd"),
+        lambda settings: seconds(ours(settings), "fwd+bwd"),
     )  # fmt: skip
     splash_tiles = best_of(
         f"splash fwd+bwd {what}", tpu_attention.SPLASH_CANDIDATES,
         lambda candidate: seconds(splash(candidate), "fwd+bwd"),
     )  # fmt: skip
-    return blocks, splash_tiles
+    return settings, splash_tiles
 
 
 def ours_settings(options, head_dim: int) -> tuple[BlockSizes, LaunchParams] | None:
@@ -457,15 +457,16 @@ def best_of(what: str, candidates: list, seconds_of: Callable):
     """The candidate with the least seconds_of(candidate); each printed, failures included."""
     timed = []
     for candidate in candidates:
+        name = tpu_attention.describe(candidate)
         try:
             timed.append((seconds_of(candidate), candidate))
-            print(f"  tune {what}: {candidate}: {timed[-1][0] * 1e3:.3f} ms", flush=True)
+            print(f"  tune {what}: {name}: {timed[-1][0] * 1e3:.3f} ms", flush=True)
         except Exception as exc:  # noqa: BLE001 - a candidate that does not fit is skipped
-            print(f"  tune {what}: {candidate}: {type(exc).__name__}: {exc}"[:300], flush=True)
+            print(f"  tune {what}: {name}: {type(exc).__name__}: {exc}"[:300], flush=True)
     if not timed:
         raise RuntimeError(f"tune {what}: every candidate failed")
     best = min(timed, key=lambda pair: pair[0])[1]
-    print(f"  tune {what}: best {best}", flush=True)
+    print(f"  tune {what}: best {tpu_attention.describe(best)}", flush=True)
     return best
 
 
@@ -512,7 +513,9 @@ def main(argv: list[str] | None = None) -> None:
                     "dtype": options.dtype,
                     "device_kind": device.device_kind,
                     "jax": jax.__version__,
-                    "ours_settings": None if settings is None else dataclasses.asdict(settings[0]),
+                    "ours_settings": None
+                    if settings is None
+                    else {**dataclasses.asdict(settings[0]), **dataclasses.asdict(settings[1])},
                     "splash_tiles": splash_tiles(options, config.head_dim),
                     "results": [dataclasses.asdict(m) for m in measurements],
                 }

@@ -5,7 +5,8 @@ category through its HLO metadata, and print ms per step and % of step.
 
 The trace (an XSpace, `*.xplane.pb` under TRACE_DIR) holds the ops that ran, each with `hlo_op`,
 `hlo_module` and `program_id` stats: on GPU on the device plane's stream lines (CUPTI kernels),
-on CPU on the host plane's XLA threads (one event per thunk). Its metadata plane holds the HLO
+on CPU on the host plane's XLA threads (one event per thunk); on TPU each op is an event of the
+core's "XLA Ops" line named by its HLO text, inside its executable's event on "XLA Modules". Its metadata plane holds the HLO
 proto of every executable, whose instructions carry `op_name`, the jax name stack with the
 named scopes the step puts on its parts (kiln.model.attention.ATTENTION_SCOPE,
 kiln.train.step.LOSS_SCOPE and OPTIMIZER_SCOPE). Ops inside the attention scope split by the
@@ -26,6 +27,7 @@ other"), and the table says how much time such ops took.
 from __future__ import annotations
 
 import argparse
+import bisect
 import dataclasses
 import os
 import time
@@ -302,6 +304,9 @@ def _annotated_op_name(stats: dict) -> str:
 
 
 def _plane_op_events(plane) -> Iterator[tuple[str, float, float, dict]]:
+    if plane.name.startswith("/device:TPU"):
+        yield from _tpu_op_events(plane)
+        return
     for line in plane.lines:
         if line.name == "python3":  # the Python thread's own events, never an op
             continue
@@ -309,6 +314,30 @@ def _plane_op_events(plane) -> Iterator[tuple[str, float, float, dict]]:
             stats = {name: value for name, value in event.stats}
             if "hlo_op" in stats:
                 yield plane.name, float(event.start_ns), float(event.duration_ns), stats
+
+
+# A TPU core's plane: its "XLA Ops" line holds the ops the core runs one after another, each
+# event named by its HLO text ("%fusion.3 = (...) fusion(...)"), and its "XLA Modules" line the
+# executables' runs around them. "Async XLA Ops" are copies that overlap the ops (not busy time).
+TPU_OPS_LINE, TPU_MODULES_LINE = "XLA Ops", "XLA Modules"
+
+
+def _tpu_op_events(plane) -> Iterator[tuple[str, float, float, dict]]:
+    lines = {line.name: line for line in plane.lines}
+    if TPU_OPS_LINE not in lines:
+        return
+    runs = sorted(
+        (float(event.start_ns), float(event.start_ns + event.duration_ns), event.name)
+        for event in (lines[TPU_MODULES_LINE].events if TPU_MODULES_LINE in lines else ())
+    )
+    starts = [start for start, _, _ in runs]
+    for event in lines[TPU_OPS_LINE].events:
+        start = float(event.start_ns)
+        stats = {"hlo_op": event.name.split(" = ", 1)[0].lstrip("%")}
+        run = bisect.bisect_right(starts, start) - 1
+        if run >= 0 and start < runs[run][1]:
+            stats["hlo_module"] = runs[run][2].split("(")[0]
+        yield plane.name, start, float(event.duration_ns), stats
 
 
 # The HLO protos in the trace's metadata plane, read with a minimal protobuf wire decoder

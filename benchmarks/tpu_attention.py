@@ -23,11 +23,12 @@ from jax.experimental.pallas.ops.tpu import flash_attention as jax_flash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
-from kiln.kernels.block_sizes import BlockSizes
+from kiln.kernels.block_sizes import BlockSizes, LaunchParams
 
 # Ours: forward tiles (block_q, block_kv, block_kv_compute) first, then the backward's
-# ((block_q_dkv, block_kv_dkv, block_kv_dkv_compute), (block_q_dq, block_kv_dq)) with the best
-# forward. 128-multiples that fit VMEM at head dim 128; 0: products over the whole tile.
+# ((block_q_dkv, block_kv_dkv, block_kv_dkv_compute), (block_q_dq, block_kv_dq) or FUSED: dQ
+# from the dK/dV kernel) with the best forward. 128-multiples that fit VMEM at head dim 128;
+# 0: products over the whole tile.
 OURS_FORWARD_CANDIDATES = [
     (512, 512, 0),
     (1024, 512, 0),
@@ -35,12 +36,14 @@ OURS_FORWARD_CANDIDATES = [
     (512, 1024, 512),
     (2048, 1024, 512),
 ]
+FUSED = None
 OURS_BACKWARD_CANDIDATES = [
-    ((512, 512, 0), (512, 512)),
+    ((512, 1024, 512), (1024, 1024)),  # the best split backward of an earlier sweep
     ((1024, 1024, 512), (1024, 512)),
-    ((512, 1024, 512), (1024, 1024)),
-    ((1024, 1024, 512), (512, 1024)),
-    ((1024, 512, 0), (1024, 512)),
+    ((512, 1024, 512), FUSED),
+    ((1024, 1024, 512), FUSED),
+    ((1024, 512, 0), FUSED),
+    ((2048, 1024, 512), FUSED),
 ]
 # Splash: (block_q, block_kv, block_kv_compute, fused backward), forward and backward alike. The
 # second is the best of an earlier sweep at seq 4096 (benchmarks/RESULTS.md).
@@ -52,25 +55,45 @@ SPLASH_CANDIDATES = [
 ]
 
 
-def ours_candidates(best_forward: BlockSizes | None) -> list[BlockSizes]:
-    """Forward candidates (backward tiles = forward tiles), or with the best forward fixed, the
-    backward candidates."""
+def ours_candidates(
+    best_forward: BlockSizes | None,
+) -> list[tuple[BlockSizes, LaunchParams]]:
+    """Forward candidates (backward tiles = forward tiles, split backward), or with the best
+    forward fixed, the backward candidates."""
     if best_forward is None:
         return [
-            BlockSizes(q, kv, q, kv, q, kv, block_kv_compute=c, block_kv_dkv_compute=c)
+            (BlockSizes(q, kv, q, kv, q, kv, block_kv_compute=c, block_kv_dkv_compute=c),
+             LaunchParams())
             for q, kv, c in OURS_FORWARD_CANDIDATES
-        ]
+        ]  # fmt: skip
     return [
-        dataclasses.replace(
-            best_forward,
-            block_q_dkv=dkv[0],
-            block_kv_dkv=dkv[1],
-            block_kv_dkv_compute=dkv[2],
-            block_q_dq=dq[0],
-            block_kv_dq=dq[1],
+        (
+            dataclasses.replace(
+                best_forward,
+                block_q_dkv=dkv[0],
+                block_kv_dkv=dkv[1],
+                block_kv_dkv_compute=dkv[2],
+                # A fused backward has no dQ kernel: its tiles stay the dK/dV kernel's.
+                block_q_dq=dkv[0] if dq is FUSED else dq[0],
+                block_kv_dq=dkv[1] if dq is FUSED else dq[1],
+            ),
+            LaunchParams(fused_dq=dq is FUSED),
         )
         for dkv, dq in OURS_BACKWARD_CANDIDATES
     ]
+
+
+def describe(candidate) -> str:
+    """A tuning candidate in a line: ours' tiles per kernel (and whether dQ is fused), or
+    splash's tuple."""
+    if not isinstance(candidate[0], BlockSizes):
+        return str(candidate)
+    blocks, launch = candidate
+    dq = "fused" if launch.fused_dq else f"{blocks.block_q_dq}, {blocks.block_kv_dq}"
+    return (
+        f"fwd {blocks.block_q}, {blocks.block_kv}, {blocks.block_kv_compute}; dK/dV "
+        f"{blocks.block_q_dkv}, {blocks.block_kv_dkv}, {blocks.block_kv_dkv_compute}; dQ {dq}"
+    )
 
 
 def splash_block_sizes(candidate: tuple, seq_len: int) -> splash.BlockSizes:

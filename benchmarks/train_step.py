@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> None:
         use_compilation_cache(args.compile_cache or tempfile.mkdtemp(prefix="kiln-jax-cache-"))
     print(
         f"model {args.model}: {num_parameters(config) / 1e6:.1f}M params, batch {batch_size} x "
-        f"{seq_len}, remat {remat}, compute {args.compute_dtype}, "
+        f"{seq_len} in {args.microbatches} microbatch(es), remat {remat}, "
+        f"compute {args.compute_dtype}, "
         f"{jax.device_count()} x {device.device_kind}"
     )
     for layout in args.layouts:
@@ -181,6 +182,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, help="default per model")
     parser.add_argument("--vocab-size", type=int, help="default per model (the quickstart: 8192)")
     parser.add_argument("--remat", choices=["none", "full", "save_dots", "offload"])
+    parser.add_argument(
+        "--microbatches",
+        type=int,
+        default=1,
+        help="accumulate the gradient over this many slices of the batch (the trainer's "
+        "per-device batch): one slice's activations in memory at a time",
+    )
     parser.add_argument("--compute-dtype", default="bfloat16")
     parser.add_argument(
         "--profile",
@@ -221,7 +229,9 @@ def measure(
     )
 
     def new_train_step():
-        return make_train_step(adam, num_train_steps, z_loss_weight=1e-4, mesh=mesh)
+        return make_train_step(
+            adam, num_train_steps, z_loss_weight=1e-4, mesh=mesh, microbatches=args.microbatches
+        )
 
     batch = shard_batch(make_batch(config, layout, batch_size, seq_len), mesh)
     train_step = new_train_step()

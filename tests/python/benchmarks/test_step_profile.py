@@ -174,6 +174,48 @@ def test_a_gpu_trace_is_read_from_its_device_plane(tmp_path):
     )
 
 
+def test_a_tpu_trace_is_read_from_its_cores_ops_line(tmp_path):
+    """An XSpace as the TPU runtime writes one: on the core's plane, "XLA Ops" events named by
+    their HLO text and no hlo_op stat, the executable's run on "XLA Modules" around them, and
+    "Async XLA Ops" (copies overlapping the ops), which are not busy time."""
+    attention = "jit(train_step)/transpose(jvp(jvp()))/checkpoint/kiln_attention/pallas_call"
+    hlo = _message(
+        (1, _message(
+            (1, "jit_train_step"),
+            (3, _message(
+                (1, "main"), (5, 1), (6, 11),
+                (2, _message((1, "convolution.1"), (2, "convolution"), (35, 10))),
+                (2, _message((1, "custom-call.3"), (2, "custom-call"), (35, 11),
+                             (7, _message((2, attention))), (28, "tpu_custom_call"))),
+            )),
+        )),
+    )  # fmt: skip
+    names = {
+        10: "jit_train_step(7)",
+        11: "%convolution.1 = bf16[8,128]{1,0} convolution(bf16[8,64]{1,0} %p0, ...)",
+        12: "%custom-call.3 = (bf16[1,2,256,128]) custom-call(...), custom_call_target=...",
+        13: "%copy-start.2 = (f32[1024]) copy-start(f32[1024] %p1)",
+    }
+    stats = ["hlo_op", "program_id", "hlo_module", "name", "Hlo Proto"]
+    core = _plane(1, "/device:TPU:0", stats, [
+        _line("Steps", [_event(10, 0, 1000, {})]),
+        _line("XLA Modules", [_event(10, 100, 800, {})]),
+        _line("XLA Ops", [_event(11, 100, 300, {}), _event(12, 400, 200, {})]),
+        _line("Async XLA Ops", [_event(13, 100, 700, {0: "copy-done.2"})]),
+    ], event_names=names)  # fmt: skip
+    metadata = _plane(3, "/host:metadata", stats, [], hlo_protos={"jit_train_step(7)": (7, hlo)})
+    path = tmp_path / "tpu.xplane.pb"
+    path.write_bytes(_message((1, core), (1, metadata)))
+
+    events = step_profile.read_op_events(path)
+    assert [(e.hlo_op, e.category, e.named) for e in events] == [
+        ("convolution.1", MATMULS, True), ("custom-call.3", ATTENTION_BACKWARD, True),
+    ]  # fmt: skip
+    split = step_profile.step_split(events, steps=1, wall_ns=1000)
+    assert split[MATMULS] == pytest.approx(300 / 1e6)
+    assert split[HOST_IDLE] == pytest.approx(500 / 1e6)
+
+
 # A protobuf encoder for the hand-built XSpace (tsl's xplane.proto, xla's hlo.proto).
 
 
@@ -220,9 +262,12 @@ def _line(name, events):
     return _message((1, 1), (2, name), (3, 0), *[(4, event) for event in events])
 
 
-def _plane(plane_id, name, stat_names, lines, hlo_protos=None):
+def _plane(plane_id, name, stat_names, lines, hlo_protos=None, event_names=None):
+    """event_names: {metadata id: event name}; id 1 is "kernel", hlo_protos' ids count from 2."""
     fields = [(1, plane_id), (2, name), *[(3, line) for line in lines]]
-    fields.append((4, _message((1, 1), (2, _message((1, 1), (2, "kernel"))))))
+    for metadata_id, event_name in {1: "kernel", **(event_names or {})}.items():
+        metadata = _message((1, metadata_id), (2, event_name))
+        fields.append((4, _message((1, metadata_id), (2, metadata))))
     for index, (module, (program_id, proto)) in enumerate((hlo_protos or {}).items(), start=2):
         stats = [(5, _stat(1, program_id)), (5, _stat(4, proto))]
         fields.append((4, _message((1, index), (2, _message((1, index), (2, module), *stats)))))
