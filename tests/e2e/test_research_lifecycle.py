@@ -28,8 +28,30 @@ def read(repo: Path, folder: str, name: str) -> dict:
     return json.loads((repo / STORE / folder / name).read_text())
 
 
+# Another target of the repository with a stage list that does not start at 0: it fails what
+# reads it, never `pants run` or `compare` of the targets beside it.
+BROKEN = """lm_checkpoint(
+    name="bad", version="2026.12.02", model=llama(max_seq_len=64, hidden_dim=32,
+    intermediate_dim=64, num_heads=2, num_kv_heads=1, num_layers=1),
+    optimizer=adam(learning_rate=1e-3, warmup=0),
+    datasets=[(5, {"//experiments/lifecycle:docstrings": 1.0})], validation=[],
+    batch_size=4, seq_len=64, num_train_steps=20, resources=cpu(),
+)
+"""
+
+
 def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
-    repo = workspace
+    broken = workspace / "experiments/broken/BUILD"
+    broken.parent.mkdir()
+    broken.write_text(BROKEN)
+    try:
+        lifecycle_beside_a_broken_target(workspace)
+    finally:
+        broken.unlink()
+        broken.parent.rmdir()
+
+
+def lifecycle_beside_a_broken_target(repo: Path) -> None:
     built = pants(repo, "build", "experiments/lifecycle:lifecycle")
     for folder in (BASE, COOLDOWN, *EVALS.values()):
         assert (repo / STORE / folder / "STATUS").read_text().strip() == "SUCCESS", built.stderr
@@ -96,6 +118,17 @@ def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
     assert re.search(r"^\s+drift\s+\S+\s+lm_checkpoint\s+checkpoints/lifecycle/cooldown@", planned,
                      re.MULTILINE), planned  # fmt: skip
     assert "differs in: init_from.fingerprint" in planned
+
+    # A built run is served by `pants run`, whose runner's Python dependency inference builds
+    # every target of the repository, the broken one too; the broken one fails where it is read.
+    served = pants(repo, "run", "experiments/lifecycle:base")
+    assert "checkpoints/lifecycle/base@2026.12.02" in served.stdout + served.stderr
+    refused = subprocess.run(pants_command("plan", "experiments/broken:bad"), cwd=repo,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert refused.returncode != 0
+    assert ("experiments/broken/BUILD:1: The `datasets` field in target experiments/broken:bad "
+            "has stages starting at steps [5]: the first starts at 0") in refused.stderr, \
+        refused.stderr[-3000:]  # fmt: skip
 
 
 def test_the_1b_cooldown_is_planned_beside_its_run(workspace: Path) -> None:

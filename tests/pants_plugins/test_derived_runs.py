@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from kiln_reading import read_target
+from pants.base.specs import DirLiteralSpec, RawSpecs
 from pants.engine.addresses import Address, Addresses
 from pants.engine.internals.scheduler import ExecutionError
-from pants.engine.target import Dependencies, DependenciesRequest
+from pants.engine.target import Dependencies, DependenciesRequest, Targets
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.step import Provenance, StepSpec
@@ -254,6 +256,25 @@ def test_bad_stages_are_refused_naming_the_target(
             STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
 
 
+def test_a_bad_target_fails_only_what_reads_it(rule_runner: RuleRunner) -> None:
+    """A stage list that does not start at 0 in one target: every target of the directory still
+    builds (as they all are for Python's dependency inference, which `pants run` of any target
+    needs), the run beside it computes its graph and step, and reading the bad one raises,
+    naming it and its field."""
+    bad = RUN.format(name="bad", model=MODEL, lr="1e-3", datasets='[(5, {":train": 1.0})]',
+                     extra="")  # fmt: skip
+    rule_runner.write_files({"exp/BUILD": staged() + bad, "exp/train.jsonl": TEXT})
+    every = rule_runner.request(
+        Targets, [RawSpecs(dir_literals=(DirLiteralSpec("exp"),), description_of_origin="test")]
+    )
+    assert Address("exp", target_name="bad") in {target.address for target in every}
+    rule_runner.request(StepJson, [StepJsonRequest(
+        STAGED_RUN, Provenance(code_digest="c" * 64, lockfile_digest="l" * 64))])  # fmt: skip
+    with pytest.raises(ExecutionError, match=r"The `datasets` field in target exp:bad has stages "
+                       r"starting at steps \[5\]: the first starts at 0"):  # fmt: skip
+        read_target(rule_runner, Address("exp", target_name="bad"))
+
+
 def test_levanters_data_order_reaches_the_step_and_starts_stages_on_its_blocks(
     rule_runner: RuleRunner,
 ) -> None:
@@ -337,7 +358,7 @@ def test_an_evaluation_of_nothing_or_of_a_cache_is_refused(rule_runner: RuleRunn
     rule_runner.write_files({"exp/BUILD": build_file('":base"') + EVALS.replace(
         "MODEL_OF_EVAL", '":base"'), "exp/train.jsonl": TEXT})  # fmt: skip
     with pytest.raises(ExecutionError, match="scores nothing: give it `evals`, `validation`"):
-        rule_runner.get_target(Address("exp", target_name="nothing"))
+        read_target(rule_runner, Address("exp", target_name="nothing"))
     with pytest.raises(ExecutionError, match=r"The `model` field in target exp:base_eval refers "
                        r"to exp:train, which is neither an `lm_checkpoint` nor an `hf_model`"):
         eval_graph(rule_runner, '":train"')

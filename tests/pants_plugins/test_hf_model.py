@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from kiln_reading import read_target
 from pants.engine.addresses import Address, Addresses
 from pants.engine.internals.scheduler import ExecutionError
 from pants.engine.target import Dependencies, DependenciesRequest
@@ -114,7 +115,7 @@ def test_bad_fields_are_refused_at_load(
 ) -> None:
     rule_runner.write_files({"exp/BUILD": build(fields)})
     with pytest.raises(ExecutionError) as error:
-        rule_runner.get_target(Address("exp", target_name="hf"))
+        read_target(rule_runner, Address("exp", target_name="hf"))
     assert expected in str(error.value)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kiln_reading import read_target
 from pants.engine.addresses import Address, Addresses
 from pants.engine.internals.scheduler import ExecutionError
 from pants.testutil.rule_runner import RuleRunner
@@ -111,7 +112,7 @@ def url_cache(files: str, extra: str = "") -> str:
 def test_url_files_are_checked_at_load(rule_runner: RuleRunner, files: str, expected: str) -> None:
     rule_runner.write_files({"exp/BUILD": url_cache(files)})
     with pytest.raises(ExecutionError) as error:
-        rule_runner.get_target(Address("exp", target_name="c"))
+        read_target(rule_runner, Address("exp", target_name="c"))
     assert expected in str(error.value)
     assert "exp/BUILD" in str(error.value)
 
@@ -127,5 +128,5 @@ def test_url_files_enter_the_fingerprint_and_refuse_hub_fields(rule_runner: Rule
     assert len(fingerprints) == 3
     rule_runner.write_files({"exp/BUILD": url_cache(f"{{'{URL}': '{SHA}'}}", ", revision='main'")})
     with pytest.raises(ExecutionError) as error:
-        rule_runner.get_target(address)
+        read_target(rule_runner, address)
     assert "reads no Hugging Face dataset: remove `revision`" in str(error.value)

@@ -107,14 +107,16 @@ def test_a_grid_expands_into_named_checkpoints_with_hand_written_fingerprints(
         ('grid={"batch_size": [0]}', "exp/BUILD:4: The `batch_size` field in target exp:lr_sweep-bs0"),
     ],
 )
-def test_a_bad_grid_fails_when_the_build_file_loads(
+def test_a_bad_grid_fails_where_its_runs_are_read(
     rule_runner: RuleRunner, sweep: str, expected: str
 ) -> None:
     build = CACHE + f'lm_sweep(name="lr_sweep", version="2026.12.02", base={BASE}, {sweep})\n'
     rule_runner.write_files({"exp/BUILD": build})
-    with pytest.raises(ExecutionError) as error:  # as `pants list exp:` loads every target
-        rule_runner.request(Targets, [RawSpecs(dir_literals=(DirLiteralSpec("exp"),),
-                                               description_of_origin="test")])  # fmt: skip
+    with pytest.raises(ExecutionError) as error:  # as `pants plan exp:` reads every run
+        targets = rule_runner.request(Targets, [RawSpecs(dir_literals=(DirLiteralSpec("exp"),),
+                                                         description_of_origin="test")])  # fmt: skip
+        addresses = Addresses(target.address for target in targets)
+        rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(addresses)])
     assert expected in str(error.value)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from kiln_reading import read_target
 from pants.engine.addresses import Address, Addresses
 from pants.engine.internals.scheduler import ExecutionError
 from pants.testutil.rule_runner import RuleRunner
@@ -38,7 +39,7 @@ def checkpoint(**overrides: str) -> str:
 def load_error(rule_runner: RuleRunner, build: str, name: str = "ckpt") -> str:
     rule_runner.write_files({"exp/BUILD": build})
     with pytest.raises(ExecutionError) as error:
-        rule_runner.get_target(Address("exp", target_name=name))
+        read_target(rule_runner, Address("exp", target_name=name))
     return str(error.value)
 
 

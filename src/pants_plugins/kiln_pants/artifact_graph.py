@@ -44,6 +44,7 @@ from kiln_pants.eval_targets import (
     EvalValidationField,
     LmEvalRunTarget,
 )
+from kiln_pants.field_problems import check_target
 from kiln_pants.field_values import CheckpointInit, EvalSuite
 from kiln_pants.fingerprint import canonical_json, fingerprint
 from kiln_pants.hf_model_targets import (
@@ -499,6 +500,8 @@ class ArtifactGraphRequest:
 async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     closure = await Get(TransitiveTargets, TransitiveTargetsRequest(request.addresses))
     targets = sorted(closure.closure, key=lambda t: t.address)
+    for target in targets:
+        check_target(target)
     by_address = {t.address: t for t in targets}
     caches = {}
     for cache in (t for t in targets if isinstance(t, TokenizedCacheTarget)):

@@ -23,6 +23,8 @@ from pants.engine.target import (
     InvalidFieldException,
     Target,
     UnexpandedTargets,
+    WrappedTarget,
+    WrappedTargetRequest,
 )
 from pants.engine.unions import UnionRule
 
@@ -32,6 +34,7 @@ from kiln_pants.eval_targets import (
     EvalValidationField,
     LmEvalRunDependencies,
 )
+from kiln_pants.field_problems import check_target
 from kiln_pants.field_values import CheckpointInit, EvalSuite
 from kiln_pants.hf_model_targets import CheckpointField, HfModelDependencies
 from kiln_pants.target_types import (
@@ -99,6 +102,14 @@ async def _inferred(
     return InferredDependencies(addresses)
 
 
+async def _check_target(address: Address) -> None:
+    """Raises what is wrong with the target whose inputs are inferred (its fields are read)."""
+    wrapped = await Get(
+        WrappedTarget, WrappedTargetRequest(address, description_of_origin="<infallible>")
+    )
+    check_target(wrapped.target)
+
+
 @dataclass(frozen=True)
 class LmCheckpointInputsFieldSet(FieldSet):
     required_fields = (
@@ -119,6 +130,7 @@ class InferLmCheckpointInputs(InferDependenciesRequest):
 @rule(desc="Inferring the inputs of an lm_checkpoint")
 async def infer_lm_checkpoint_inputs(request: InferLmCheckpointInputs) -> InferredDependencies:
     field_set = request.field_set
+    await _check_target(field_set.address)
     return await _inferred(
         field_set.address,
         caches=((DatasetsField.alias, field_set.datasets.value.addresses),
@@ -145,6 +157,7 @@ class InferLmEvalRunInputs(InferDependenciesRequest):
 @rule(desc="Inferring the inputs of an lm_eval_run")
 async def infer_lm_eval_run_inputs(request: InferLmEvalRunInputs) -> InferredDependencies:
     field_set = request.field_set
+    await _check_target(field_set.address)
     return await _inferred(
         field_set.address,
         caches=((EvalValidationField.alias, tuple(field_set.validation.value or ())),),
@@ -167,6 +180,7 @@ class InferTokenizerTarget(InferDependenciesRequest):
 
 @rule(desc="Inferring the tokenizer target of a tokenized_cache")
 async def infer_tokenizer_target(request: InferTokenizerTarget) -> InferredDependencies:
+    await _check_target(request.field_set.address)
     address = tokenizer_address(request.field_set.tokenizer.value)
     if address is None:
         return InferredDependencies([])
@@ -189,6 +203,7 @@ class InferHfModelCheckpoint(InferDependenciesRequest):
 @rule(desc="Inferring the checkpoint of an hf_model")
 async def infer_hf_model_checkpoint(request: InferHfModelCheckpoint) -> InferredDependencies:
     field_set = request.field_set
+    await _check_target(field_set.address)
     addresses = await addresses_of_kind(
         field_set.address, CheckpointField.alias, [field_set.checkpoint.value],
         LmCheckpointTarget, "an `lm_checkpoint`",

@@ -18,6 +18,7 @@ from pants.engine.target import (
 )
 
 from kiln_contract.train import HfModelSource
+from kiln_pants.field_problems import holds_field_problems
 from kiln_pants.field_values import CheckpointInit, is_whole_number
 from kiln_pants.target_types import (
     ArtifactNameField,
@@ -114,6 +115,7 @@ class LmEvalRunDependencies(Dependencies):
     pass
 
 
+@holds_field_problems
 class LmEvalRunTarget(Target):
     alias = "lm_eval_run"
     core_fields = (
@@ -137,7 +139,8 @@ class LmEvalRunTarget(Target):
         "{version}`; `pants compare` puts it beside runs."
     )
 
-    def validate(self) -> None:
+    def check_fields(self) -> None:
+        """Cross-field checks, run where Kiln reads the target (kiln_pants.field_problems)."""
         if self[EvalSuiteField].value is None and not self[EvalValidationField].value:
             raise InvalidFieldException(
                 f"The `lm_eval_run` target {self.address} scores nothing: give it `evals`, "

@@ -6,9 +6,9 @@ The objects are the contract's (kiln_contract), the ones the runtime reads back 
 spec: `llama(...)` is a LlamaArchitecture, `adam(...)` an AdamConfig, `gpu(...)` Resources.
 They validate when the BUILD file is parsed. A call that fails returns an `InvalidHelperCall`
 (the helper, its argument and the problem, and the BUILD file's line) instead of raising: the
-target is not known while its arguments are evaluated, so the field that holds the value raises
-when the target loads (kiln_pants.target_types), and `pants list` fails naming the target, the
-field, the BUILD file's line, the helper and its argument. A value no target uses fails nothing.
+target is not known while its arguments are evaluated, so the field that holds the value fails
+(kiln_pants.target_types) naming the target, the field, the BUILD file's line, the helper and
+its argument, where Kiln reads that target. A value no target uses fails nothing.
 Each object is a frozen (hashable) dataclass, as Pants field values must be, and turns into
 plain JSON with `to_json()`: that JSON is what enters fingerprints and step specs.
 """

@@ -14,6 +14,7 @@ from pants.engine.target import (
     Target,
 )
 
+from kiln_pants.field_problems import holds_field_problems
 from kiln_pants.field_values import is_whole_number
 from kiln_pants.target_types import (
     ArtifactNameField,
@@ -77,6 +78,7 @@ class HfModelDependencies(Dependencies):
     pass
 
 
+@holds_field_problems
 class HfModelTarget(Target):
     alias = "hf_model"
     core_fields = (
@@ -95,5 +97,6 @@ class HfModelTarget(Target):
         "`{prefix}/{artifact_name}/{version}`."
     )
 
-    def validate(self) -> None:
+    def check_fields(self) -> None:
+        """Cross-field checks, run where Kiln reads the target (kiln_pants.field_problems)."""
         check_default_artifact_name(self)

@@ -1,8 +1,9 @@
 """The artifact target types: `tokenized_cache` and `lm_checkpoint`.
 
-Fields validate when the BUILD file is loaded (so `pants list` already fails on bad values, naming
-the target and field). Which fields bear identity — and so enter the fingerprint — is decided in
-`artifact_graph.py`, not here.
+Fields validate when the target is built, and hold what is wrong as a value
+(kiln_pants.field_problems): Kiln's goals and `pants run` of that target fail naming the target
+and field, while every other target goes on. Which fields bear identity — and so enter the
+fingerprint — is decided in `artifact_graph.py`, not here.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from kiln_contract.vocabulary import (
     check_version,
     mesh_sizes,
 )
+from kiln_pants.field_problems import holds_field_problems
 from kiln_pants.field_values import CheckpointInit, EvalSuite, InvalidHelperCall, is_whole_number
 
 # ---------------------------------------------------------------------------------------------
@@ -437,6 +439,7 @@ class TokenizedCacheDependencies(Dependencies):
     pass
 
 
+@holds_field_problems
 class TokenizedCacheTarget(Target):
     alias = "tokenized_cache"
     core_fields = (
@@ -466,7 +469,8 @@ class TokenizedCacheTarget(Target):
         "`tokenized(name, source, tokenizer, version)`)."
     )
 
-    def validate(self) -> None:
+    def check_fields(self) -> None:
+        """Cross-field checks, run where Kiln reads the target (kiln_pants.field_problems)."""
         has_source = self[CacheSourceField].value is not None
         has_sources = bool(self[CacheSourcesField].value)
         if has_source == has_sources:
@@ -907,6 +911,7 @@ class LmCheckpointDependencies(Dependencies):
     pass
 
 
+@holds_field_problems
 class LmCheckpointTarget(Target):
     alias = "lm_checkpoint"
     core_fields = (
@@ -944,7 +949,8 @@ class LmCheckpointTarget(Target):
         "required and has no default. `pants run` trains it; `pants plan` shows its graph."
     )
 
-    def validate(self) -> None:
+    def check_fields(self) -> None:
+        """Cross-field checks, run where Kiln reads the target (kiln_pants.field_problems)."""
         try:
             check_run_shape(
                 self[ModelField].value, self[OptimizerField].value, self[SeqLenField].value,
