@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from kiln.cluster import endpoints, jobs
-from kiln.cluster.connection import ClusterError, connect, resolve_address
+from kiln.cluster.connection import connect, resolve_address
+from kiln.cluster.errors import ClusterError
 from kiln_contract.parsing import SpecError
 from kiln_contract.vocabulary import MAX_TOKEN_TTL_MINUTES, check_token_ttl
 

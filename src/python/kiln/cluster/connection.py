@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kiln.cluster import driver, node_runtime
+from kiln.cluster.errors import ClusterError
 
 CONNECT_TIMEOUT_S = 5.0
 CONNECT_ATTEMPTS = 3  # Ray Client may fail to start a session's server: ask again
@@ -31,10 +32,6 @@ SESSION_NOTICE_S = 10.0
 # A session's server says it cannot reach the GCS only when its GCS client gives up: about 40 s
 # in with Ray's connect timeouts, about 7 s with these (node_runtime.GCS_CONNECT_TIMEOUTS).
 SESSION_RUNTIME_ENV = {"env_vars": dict.fromkeys(node_runtime.GCS_CONNECT_TIMEOUTS, "2")}
-
-
-class ClusterError(RuntimeError):
-    """An expected failure talking to the cluster (one paragraph, no traceback)."""
 
 
 def resolve_address(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.cluster import driver, host, node_runtime
-from kiln.cluster.connection import ClusterError
+from kiln.cluster.errors import ClusterError
 from kiln.cluster.placement import (
     CAPACITY_WAIT_S,
     Stopped,

@@ -33,8 +33,9 @@ from typing import Any
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, as_storage_error
 from kiln.cluster import node_runtime, tokenize_task
-from kiln.cluster.connection import ClusterError, connect, resolve_address
+from kiln.cluster.connection import connect, resolve_address
 from kiln.cluster.dispatch import host_environment
+from kiln.cluster.errors import ClusterError
 from kiln.cluster.placement import fits
 from kiln.cluster.runtime_shipping import ship_runtime
 from kiln.data.errors import KilnDataError, SpecError

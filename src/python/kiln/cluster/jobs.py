@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kiln.cluster import driver, node_runtime
-from kiln.cluster.connection import ClusterError, connect
+from kiln.cluster.connection import connect
 from kiln.cluster.dispatch import ClusterJob, host_environment
+from kiln.cluster.errors import ClusterError
 from kiln.cluster.placement import check_capacity, describe, host_count
 from kiln.cluster.runtime_shipping import ship_runtime
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.cluster import host, node_runtime
-from kiln.cluster.connection import ClusterError
+from kiln.cluster.errors import ClusterError
 from kiln_contract.train import Resources
 
 # Ray labels each GPU node with its accelerator model (`accelerator_type:H100`); asking for a

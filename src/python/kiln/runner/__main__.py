@@ -16,6 +16,7 @@ from kiln.artifacts.locations import UnsupportedStore, open_store
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.artifacts.store import ObjectStore
 from kiln.cluster import connection
+from kiln.cluster.errors import ClusterError
 from kiln.cluster.placement import PlacementError
 from kiln.data.errors import KilnDataError
 from kiln.runner.bundle import write_bundle
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     group = multihost.process_group_from_flags(parser, args)
     try:
         return _run(parser, args, apply_overrides(step, args), group)
-    except (StepError, KilnDataError, multihost.JoinError, connection.ClusterError,
+    except (StepError, KilnDataError, multihost.JoinError, ClusterError,
             PlacementError) as e:  # fmt: skip
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1

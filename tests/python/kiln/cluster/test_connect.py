@@ -31,6 +31,7 @@ from ray.core.generated.ray_client_pb2 import (
 from ray.util.client.server.logservicer import LogstreamServicer
 
 from kiln.cluster import connection
+from kiln.cluster.errors import ClusterError
 
 PROBE = "/ray.rpc.RayletDriver/ClusterInfo"
 LOGSTREAM = "/ray.rpc.RayletLogStreamer/Logstream"
@@ -90,7 +91,7 @@ def test_a_head_that_starts_no_session_is_one_line_within_the_limit(
     monkeypatch.setattr(connection, "SESSION_TIMEOUT_S", 3.0)
     monkeypatch.setattr(connection, "SESSION_NOTICE_S", 1.0)
     began = time.monotonic()
-    with pytest.raises(connection.ClusterError) as raised:
+    with pytest.raises(ClusterError) as raised:
         connection.connect(address)
     assert time.monotonic() - began < 20
     assert head.held >= 1  # Ray's own client got through the probe and was held
@@ -112,9 +113,10 @@ def test_a_head_that_starts_no_session_is_one_line_within_the_limit(
 CONNECT_SCRIPT = """
 import sys
 from kiln.cluster import connection
+from kiln.cluster.errors import ClusterError
 try:
     connection.connect(sys.argv[1])
-except connection.ClusterError as e:
+except ClusterError as e:
     print(e)
 """
 

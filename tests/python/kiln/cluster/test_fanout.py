@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kiln_testing.data import STDLIB_TOKENIZER, make_spec, write_corpus
 
-from kiln.cluster.connection import ClusterError
+from kiln.cluster.errors import ClusterError
 from kiln.cluster.fanout import TASK_RECORD, TASK_SPEC, check_cpus, hub_environment, task_files
 from kiln.data.errors import SpecError
 from kiln.data.spec import parse_cache_spec

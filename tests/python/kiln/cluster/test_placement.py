@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from kiln.cluster.connection import ClusterError, resolve_address
+from kiln.cluster.connection import resolve_address
 from kiln.cluster.dispatch import ClusterJob
+from kiln.cluster.errors import ClusterError
 from kiln.cluster.placement import (
     PlacementError,
     Stopped,
