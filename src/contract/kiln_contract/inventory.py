@@ -1,5 +1,7 @@
 """What a store holds, artifact by artifact: the runtime lists it (`python -m
-kiln.artifacts.inventory`), `pants store` reads the JSON and decides what may go."""
+kiln.artifacts.inventory`), `pants store` reads the JSON and decides what may go; and what the
+store processes that change it say back, one JSON object per line as they go (a removal, a
+DEP_FAILED mark), so that a process stopped half way has still said what it did."""
 
 from __future__ import annotations
 
@@ -47,3 +49,25 @@ def ref_of(folder: str) -> str:
     """'checkpoints/run/2026.01.01' -> 'checkpoints/run@2026.01.01'."""
     name, _, version = folder.rpartition("/")
     return f"{name}@{version}"
+
+
+@dataclass(frozen=True)
+class FolderOutcome:
+    """What a store process did to one artifact folder: `done` (removed, or marked DEP_FAILED),
+    else `kept` says why it was left as it was."""
+
+    folder: str  # "{name}/{version}"
+    done: bool
+    kept: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, line: str) -> FolderOutcome:
+        fields: dict[str, Any] = json.loads(line)
+        return cls(str(fields["folder"]), bool(fields["done"]), fields.get("kept"))
+
+    @classmethod
+    def read_lines(cls, text: str) -> tuple[FolderOutcome, ...]:
+        return tuple(cls.from_json(line) for line in text.splitlines() if line.strip())

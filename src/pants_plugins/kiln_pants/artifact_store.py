@@ -26,7 +26,7 @@ from pants.engine.process import FallibleProcessResult, Process, ProcessCacheSco
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.inventory import Inventory
+from kiln_contract.inventory import FolderOutcome, Inventory
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_contract.step import Provenance
@@ -243,8 +243,8 @@ async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
             f"kiln: DEP_FAILED marks not written: {why[-1] if why else result.exit_code}"
         )
         return DepFailedMarked(())
-    lines = result.stdout.decode().splitlines()
-    return DepFailedMarked(tuple(line.removeprefix("marked ") for line in lines))
+    marked = FolderOutcome.read_lines(result.stdout.decode())
+    return DepFailedMarked(tuple(outcome.folder for outcome in marked if outcome.done))
 
 
 class BucketUnreadable(Exception):
@@ -307,7 +307,7 @@ class StoreRemovalRequest:
 
 @dataclass(frozen=True)
 class StoreRemoval:
-    lines: tuple[str, ...]  # "removed FOLDER" or "kept FOLDER: why", one per folder reached
+    outcomes: tuple[FolderOutcome, ...]  # one per folder reached: removed, or kept and why
     error: Optional[str] = None  # why the store stopped answering, naming it
 
 
@@ -316,8 +316,8 @@ async def remove_from_store(request: StoreRemovalRequest) -> StoreRemoval:
     description = f"Removing {len(request.folders)} artifacts from {request.prefix}"
     argv = (request.prefix, "--remove", *request.folders)
     result = await _store_process(INVENTORY, argv, description)
-    lines = tuple(result.stdout.decode().splitlines())
-    return StoreRemoval(lines, None if result.exit_code == 0 else _failure(result))
+    outcomes = FolderOutcome.read_lines(result.stdout.decode())
+    return StoreRemoval(outcomes, None if result.exit_code == 0 else _failure(result))
 
 
 def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:

@@ -189,11 +189,10 @@ async def _remove(console: Console, prefix: str, selection: Selection, yes: bool
         return 0
     folders = tuple(a.folder for a in selection.remove)
     removal = await Get(StoreRemoval, StoreRemovalRequest(prefix, folders))
-    for line in removal.lines:  # "removed FOLDER" or "kept FOLDER: why"
-        if line.startswith("kept "):
-            folder, _, why = line.removeprefix("kept ").partition(": ")
-            console.print_stdout(f"Keeping {ref_of(folder)}: {why}")
-    removed = sum(line.startswith("removed ") for line in removal.lines)
+    for outcome in removal.outcomes:
+        if not outcome.done:
+            console.print_stdout(f"Keeping {ref_of(outcome.folder)}: {outcome.kept}")
+    removed = sum(outcome.done for outcome in removal.outcomes)
     console.print_stdout(
         f"Removed {removed} of {count_text(len(folders), 'artifact')} from {prefix}."
     )

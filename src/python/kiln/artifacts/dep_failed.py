@@ -4,8 +4,8 @@ REASON]...`: Marin's "not built because an input failed", as an artifact's STATU
 `pants build` marks each step whose input failed: its reason (FAILURE_FILE), then STATUS
 DEP_FAILED in the step's folder, unless that folder holds a built artifact or a run (STATUS
 SUCCESS, or RUNNING: in progress, or interrupted and resumable), which are left as they are.
-Before it builds the step again it clears a folder holding nothing but that mark. Prints
-`marked KEY` for each folder it marked. Exit 4 (a StorageError, one line naming the URL) when the
+Before it builds the step again it clears a folder holding nothing but that mark. Prints a
+JSON line (kiln_contract.inventory.FolderOutcome) for each folder it marked. Exit 4 (a StorageError, one line naming the URL) when the
 store cannot be written.
 """
 
@@ -16,6 +16,7 @@ import sys
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.locations import run_on_store
 from kiln.artifacts.store import ObjectStore
+from kiln_contract.inventory import FolderOutcome
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RUNNING, STATUS_FILE, SUCCESS
 
 USAGE = "usage: python -m kiln.artifacts.dep_failed STORE [--clear KEY]... [--mark KEY REASON]..."
@@ -64,7 +65,7 @@ def _update(store: ObjectStore, clears: list[str], marks: list[tuple[str, str]])
         clear(store, key)
     for key, reason in marks:
         if mark(store, key, reason):
-            print(f"marked {key}")
+            print(FolderOutcome(key, done=True).to_json(), flush=True)
 
 
 if __name__ == "__main__":

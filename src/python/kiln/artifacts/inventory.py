@@ -2,7 +2,8 @@
 runtime half (docs/artifacts.md, "Housekeeping").
 
     python -m kiln.artifacts.inventory STORE                    one JSON object: the artifacts
-    python -m kiln.artifacts.inventory STORE --remove FOLDER... removes them; a line for each
+    python -m kiln.artifacts.inventory STORE --remove FOLDER... removes them; a JSON line
+                                                                (a FolderOutcome) for each
 
 An artifact is a folder `{name}/{version}/` that holds a record or a STATUS, together with its
 siblings `.{version}.lease`, `.{version}.replaced/` and `.{version}.shards/` (a store-mode
@@ -32,7 +33,7 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import LeaseHeld, LeaseRecord, lease_key
 from kiln.artifacts.locations import run_on_store
 from kiln.artifacts.store import ListedObject, ObjectStore, read_texts
-from kiln_contract.inventory import Inventory, StoredArtifact
+from kiln_contract.inventory import FolderOutcome, Inventory, StoredArtifact
 from kiln_contract.layout import (
     RECORD_FILE,
     REPLACED_SIBLING,
@@ -195,7 +196,7 @@ def main(argv: list[str]) -> int:
 def _remove(store: ObjectStore, folders: list[str]) -> None:
     for folder in folders:
         kept = remove_artifact(store, folder)
-        print(f"removed {folder}" if kept is None else f"kept {folder}: {kept}", flush=True)
+        print(FolderOutcome(folder, done=kept is None, kept=kept).to_json(), flush=True)
 
 
 if __name__ == "__main__":

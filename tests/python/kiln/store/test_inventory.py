@@ -13,6 +13,7 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.inventory import main, remove_artifact, take_inventory
 from kiln.artifacts.lease import Lease, lease_key
 from kiln.artifacts.store import ObjectStore
+from kiln_contract.inventory import FolderOutcome
 
 
 def _record(kind: str, name: str, version: str, inputs: tuple[str, ...] = ()) -> bytes:
@@ -147,5 +148,7 @@ def test_the_command_lists_as_json_and_removes_by_folder(
     listed = json.loads(capsys.readouterr().out)
     assert [a["folder"] for a in listed["artifacts"]][0] == "checkpoints/bad/2026.02.02"
     assert main([store_location, "--remove", "checkpoints/bad/2026.02.02"]) == 0
-    assert capsys.readouterr().out == "removed checkpoints/bad/2026.02.02\n"
+    assert FolderOutcome.read_lines(capsys.readouterr().out) == (
+        FolderOutcome("checkpoints/bad/2026.02.02", done=True),
+    )
     assert store.keys("checkpoints/bad") == []

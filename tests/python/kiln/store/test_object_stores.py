@@ -16,6 +16,7 @@ from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import UnsupportedStore, open_store
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectExists, ObjectMissing, ObjectStore, PreconditionFailed
+from kiln_contract.inventory import FolderOutcome
 
 
 def test_open_store_maps_locations_to_implementations(tmp_path: Path) -> None:
@@ -190,7 +191,9 @@ def test_dep_failed_marks_leave_built_artifacts_and_runs_alone(
     marks = [arg for key in ("built/v1", "running/v1", "failed/v1", "new/v1")
              for arg in ("--mark", key, f"input a@v1 failed ({key})")]  # fmt: skip
     assert dep_failed.main([store_location, *marks]) == 0
-    assert capsys.readouterr().out.splitlines() == ["marked failed/v1", "marked new/v1"]
+    assert FolderOutcome.read_lines(capsys.readouterr().out) == (
+        FolderOutcome("failed/v1", done=True), FolderOutcome("new/v1", done=True)
+    )
     assert store.read("new/v1/STATUS").data == b"DEP_FAILED\n"
     assert store.read("new/v1/failure.txt").data == b"input a@v1 failed (new/v1)\n"
     assert store.read("built/v1/STATUS").data == b"SUCCESS\n"
