@@ -1,8 +1,8 @@
 """The training loop: `train(spec)` turns a TrainSpec into a checkpoint directory.
 
 As Levanter's trainer: the set-up (kiln.train.setup: data, mesh, trackers, step functions) is
-apart from the loop; `Trainer.initial_state()` restores the newest complete checkpoint or
-initialises; the loop is `training_steps`, a generator handed the state and the batches that
+apart from the loop; `open_trainer` restores the newest complete checkpoint or initialises, and
+opens the run's outputs (RunOutputs) before it makes the Trainer, whole; the loop is `training_steps`, a generator handed the state and the batches that
 yields each step once it is queued on the device; hooks (kiln.train.hooks) run at its sync
 points, handed the step and the state: [validation] -> [evals] -> checkpoint -> control endpoint
 -> any added with `trainer.hooks.add_hook(fn, every=N)`; then a signal stops the run. Fails with
@@ -103,35 +103,99 @@ def training_steps(
         yield StepInfo(step, state, metrics, began, data_wait, signals.received, stopping_early)
 
 
+@dataclass(frozen=True)
+class RunOutputs:
+    """What the loop writes to, opened before the trainer exists and closed after it: the
+    metrics log, the progress display, the step log, the checkpoint saves and the control
+    endpoint."""
+
+    metrics: MetricsLogger
+    progress: Progress
+    steps: StepLog
+    saves: Saves
+    control: ControlHook | None
+
+    @classmethod
+    def open(
+        cls, setup: TrainerSetup, start: TrainStart, cleanup: contextlib.ExitStack
+    ) -> RunOutputs:
+        """Opens them, each closed by `cleanup` (the checkpointer last)."""
+        spec, is_main = setup.spec, jax.process_index() == 0
+        cleanup.callback(setup.checkpointer.close)
+        metrics = MetricsLogger(
+            spec.output_path,
+            # A fresh run also drops step-0 lines: an earlier attempt's validation at the start.
+            resume_step=start.step if start.step else -1,
+            wandb=setup.wandb,
+            run_config=setup.resolved_config() if is_main else None,
+            write=is_main,
+        )
+        cleanup.callback(metrics.close)
+        # One progress stream for a multi-host run, process 0's (as Levanter logs): the other
+        # processes' output is what only they say (warnings, errors).
+        progress: Progress = SilentProgress()
+        if is_main:
+            progress = make_progress(
+                spec.runtime.progress, total_steps=spec.config.num_train_steps,
+                start_step=start.step,
+            )  # fmt: skip
+        cleanup.callback(progress.close)
+        steps = StepLog(setup.throughput, metrics, progress)
+        saves = Saves(setup.checkpointer, start.checkpoint, metrics, progress, spec.shown)
+        if start.step and start.checkpoint is not None:
+            progress.message(f"resumed from {spec.shown(start.checkpoint.path)}")
+        elif spec.config.init_from is not None:
+            progress.message(f"started from {spec.config.init_from.label}")
+        control = ControlHook.start(setup, progress, metrics, steps, saves)
+        if control is not None:
+            cleanup.callback(control.stop)
+        return cls(metrics, progress, steps, saves, control)
+
+
+@contextlib.contextmanager
+def open_trainer(
+    spec: TrainSpec,
+    metrics_observer: MetricsObserver | None = None,
+    start: RunStart | None = None,
+) -> Iterator[Trainer]:
+    """A run's trainer, whole: its set-up made from the spec, its state restored or initialised,
+    its config written and its outputs open (closed when the block ends). Hooks added to
+    `trainer.hooks` before `trainer.run()` run after the trainer's own."""
+    started = time.monotonic()
+    setup = TrainerSetup(spec, start)
+    state = setup.initial_state()
+    spec.output_path.mkdir(parents=True, exist_ok=True)
+    if jax.process_index() == 0:
+        atomic_write_json(spec.output_path / RUN_CONFIG_FILE, setup.resolved_config())
+    with contextlib.ExitStack() as cleanup:
+        outputs = RunOutputs.open(setup, state, cleanup)
+        yield Trainer(setup, state, outputs, metrics_observer, started=started)
+
+
 class Trainer:
-    """A run's trainer: its set-up (kiln.train.setup) is made from the spec; `run()` restores or
-    initialises the state and trains to the run's end (or runtime.max_steps_this_run). Hooks
-    added to `hooks` before `run()` run after the trainer's own."""
+    """A run's trainer (made by `open_trainer`): `run()` trains from its start to the run's end
+    (or runtime.max_steps_this_run)."""
 
     def __init__(
         self,
-        spec: TrainSpec,
+        setup: TrainerSetup,
+        start: TrainStart,
+        outputs: RunOutputs,
         metrics_observer: MetricsObserver | None = None,
-        start: RunStart | None = None,
+        *,
+        started: float,
     ):
-        self.setup = TrainerSetup(spec, start)
-        self.spec, self.cfg, self.runtime = spec, spec.config, spec.runtime
-        self.output = spec.output_path
+        self.setup, self.start, self.started = setup, start, started
+        self.spec, self.cfg, self.runtime = setup.spec, setup.spec.config, setup.spec.runtime
+        self.output = self.spec.output_path
         self.is_main = jax.process_index() == 0
+        self.metrics, self.progress, self.steps = outputs.metrics, outputs.progress, outputs.steps
+        self.saves, self.control = outputs.saves, outputs.control
         self.metrics_observer = metrics_observer
         self.hooks = self._own_hooks()
         self.first_step: dict[str, Any] = {}  # seconds, program source, compilation cache
         self._observed_step: int | None = None
         self._observed_at = time.monotonic()  # the first drawing comes after a while, or at the end
-        # The run's outputs, opened by `run` (their files, display and server live as long as it):
-        self.metrics: MetricsLogger
-        self.progress: Progress
-        self.steps: StepLog
-        self.saves: Saves
-        self.control: ControlHook | None = None
-
-    def initial_state(self) -> TrainStart:
-        return self.setup.initial_state()
 
     def _own_hooks(self) -> TrainerHooks:
         """What runs at the loop's sync points, in this order (docs/training.md, "One step")."""
@@ -139,25 +203,21 @@ class Trainer:
         hooks.add_hook(self._validation_hook, every=self.runtime.validation_every)
         if self.setup.evals is not None and self.cfg.evals is not None:
             hooks.add_hook(self._evals_hook, every=self.cfg.evals.every)
-        hooks.add_hook(lambda point: self.saves(point))
-        hooks.add_hook(lambda point: self.control(point) if self.control else None)
+        hooks.add_hook(self.saves)
+        if self.control is not None:
+            hooks.add_hook(self.control)
         return hooks
 
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self) -> FinishedRun:
-        started = time.monotonic()
-        start = self.initial_state()
-        self.output.mkdir(parents=True, exist_ok=True)
-        if self.is_main:
-            atomic_write_json(self.output / RUN_CONFIG_FILE, self.setup.resolved_config())
+        start = self.start
+        end_step = self.cfg.num_train_steps
+        if self.runtime.max_steps_this_run is not None:
+            end_step = min(end_step, start.step + self.runtime.max_steps_this_run)
+        if start.step == 0 and self.runtime.validate_at_start:
+            self._validate(0, start.state)
         with contextlib.ExitStack() as cleanup:
-            self._open_outputs(cleanup, start)
-            end_step = self.cfg.num_train_steps
-            if self.runtime.max_steps_this_run is not None:
-                end_step = min(end_step, start.step + self.runtime.max_steps_this_run)
-            if start.step == 0 and self.runtime.validate_at_start:
-                self._validate(0, start.state)
             batches = self.setup.batches(range(start.step, end_step))
             cleanup.enter_context(contextlib.closing(batches))
             signals = cleanup.enter_context(StopSignals())
@@ -173,46 +233,11 @@ class Trainer:
                 if info.step == start.step + 1:
                     self._time_first_step(info.step, compilations)
                 self._after_step(info)
-            summary = self._finish(started, end_step, state)
+            summary = self._finish(self.started, end_step, state)
         setup = self.setup
         return FinishedRun(
             self.spec, summary, setup.data.caches, setup.model_config, state.params, self.saves.last
         )
-
-    def _open_outputs(self, cleanup: contextlib.ExitStack, start: TrainStart) -> None:
-        """Opens what the loop writes to (closed by `cleanup`): the metrics log, the progress
-        display, the checkpoint saves and the control endpoint."""
-        cleanup.callback(self.setup.checkpointer.close)
-        self.metrics = MetricsLogger(
-            self.output,
-            # A fresh run also drops step-0 lines: an earlier attempt's validation at the start.
-            resume_step=start.step if start.step else -1,
-            wandb=self.setup.wandb,
-            run_config=self.setup.resolved_config() if self.is_main else None,
-            write=self.is_main,
-        )
-        cleanup.callback(self.metrics.close)
-        # One progress stream for a multi-host run, process 0's (as Levanter logs): the other
-        # processes' output is what only they say (warnings, errors).
-        self.progress = SilentProgress()
-        if self.is_main:
-            self.progress = make_progress(
-                self.runtime.progress, total_steps=self.cfg.num_train_steps, start_step=start.step
-            )
-        cleanup.callback(self.progress.close)
-        self.steps = StepLog(self.setup.throughput, self.metrics, self.progress)
-        self.saves = Saves(
-            self.setup.checkpointer, start.checkpoint, self.metrics, self.progress, self.spec.shown
-        )
-        if start.step and start.checkpoint is not None:
-            self.progress.message(f"resumed from {self.spec.shown(start.checkpoint.path)}")
-        elif self.cfg.init_from is not None:
-            self.progress.message(f"started from {self.cfg.init_from.label}")
-        self.control = ControlHook.start(
-            self.setup, self.progress, self.metrics, self.steps, self.saves
-        )
-        if self.control is not None:
-            cleanup.callback(self.control.stop)
 
     def _time_first_step(self, step: int, compilations: Compilations) -> None:
         """The invocation's first step, timed to its metrics on the host: it includes compiling
@@ -364,7 +389,8 @@ def train(
     start: RunStart | None = None,
 ) -> dict[str, Any]:
     """Trains (or resumes) the run described by `spec`; returns the summary dict."""
-    return Trainer(spec, metrics_observer, start).run().summary
+    with open_trainer(spec, metrics_observer, start) as trainer:
+        return trainer.run().summary
 
 
 def train_to_end(
@@ -377,7 +403,8 @@ def train_to_end(
     diverged loss) or TrainingStopped (resumable: a signal, runtime.max_steps_this_run), each
     with its process exit code."""
     try:
-        finished = Trainer(spec, metrics_observer, start).run()
+        with open_trainer(spec, metrics_observer, start) as trainer:
+            finished = trainer.run()
     except (KilnDataError, MixtureError) as e:
         raise TrainingError(str(e)) from None
     except KeyboardInterrupt:

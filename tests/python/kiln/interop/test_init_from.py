@@ -30,10 +30,10 @@ from kiln.interop.read import read_hf_llama
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
 from kiln.train.errors import TrainingError
-from kiln.train.setup import RunStart
+from kiln.train.setup import RunStart, TrainerSetup
 from kiln.train.spec import parse_spec
 from kiln.train.step import with_params
-from kiln.train.trainer import Trainer
+from kiln.train.trainer import train
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.train import HfModelSource, ParentRun
 
@@ -76,7 +76,7 @@ def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoi
         loads.append(source)
         return with_params(fresh, read_hf_llama(folder, tokenizer=tok).params)
 
-    start = Trainer(spec, start=RunStart(weights)).initial_state()
+    start = TrainerSetup(spec, RunStart(weights)).initial_state()
     assert start.step == 0 and start.checkpoint is None and loads == [SOURCE]
     expected = leaves(read_hf_llama(folder).params)
     started = leaves(nnx.to_pure_dict(start.state.params))
@@ -84,8 +84,8 @@ def test_a_fresh_run_starts_from_the_weights_and_a_resumed_one_from_its_checkpoi
     for name, value in expected.items():
         assert np.array_equal(started[name], value), name  # float32: bit for bit
 
-    Trainer(spec, start=RunStart(weights)).run()
-    resumed = Trainer(spec, start=RunStart(weights)).initial_state()
+    train(spec, start=RunStart(weights))
+    resumed = TrainerSetup(spec, RunStart(weights)).initial_state()
     assert resumed.step == 4 and loads == [SOURCE, SOURCE]  # the resumed run read no weights
 
 
@@ -93,7 +93,7 @@ def test_a_run_without_the_runner_is_refused(tmp_path: Path) -> None:
     cache = build_tiny_cache(tmp_path, "a", 20, seed=0)
     spec = parse_spec(make_spec(tmp_path / "run", {"a": cache}, {}, **{"config.init_from": INIT_FROM}))
     with pytest.raises(TrainingError, match="init_from needs the weights loaded by kiln.runner"):
-        Trainer(spec)
+        TrainerSetup(spec)
 
 
 def test_other_architectures_are_refused_naming_each_field(tokenizer: Any) -> None:

@@ -20,7 +20,7 @@ from kiln.report.baseline import unigram_baseline
 from kiln.report.plots import plot_run
 from kiln.report.run_summary import write_run_summary
 from kiln.train.spec import parse_spec
-from kiln.train.trainer import FinishedRun, Trainer
+from kiln.train.trainer import FinishedRun, open_trainer
 
 SEQ_LEN = 32
 
@@ -36,7 +36,8 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
                         "runtime.checkpointer.every": None})  # fmt: skip
     output.mkdir()
     atomic_write_json(output / "train_spec.json", spec)  # the record kiln.runner writes
-    return Trainer(parse_spec(spec), plot_run).run()
+    with open_trainer(parse_spec(spec), plot_run) as trainer:
+        return trainer.run()
 
 
 def test_summary_shows_losses_baseline_locations_and_samples(finished: FinishedRun) -> None:

@@ -25,7 +25,7 @@ from kiln.train.errors import TrainingDiverged, TrainingError, TrainingInterrupt
 from kiln.train.metrics import WANDB_VARIABLES
 from kiln.train.setup import open_data
 from kiln.train.spec import parse_spec
-from kiln.train.trainer import Trainer, train
+from kiln.train.trainer import open_trainer, train
 
 NUM_STEPS = 24  # enough that a signal sent after step 1 arrives before the end
 
@@ -209,16 +209,16 @@ def test_stopping_early_then_resuming_matches_the_uninterrupted_run(
     def broken_observer(metrics_file: Path) -> None:
         raise OSError("disk full")
 
-    trainer = Trainer(spec_for(output, caches, **{"runtime.max_steps_this_run": 3}),
-                      broken_observer)  # fmt: skip
+    spec = spec_for(output, caches, **{"runtime.max_steps_this_run": 3})
     # Hooks added from outside run after the trainer's own, handed the step and the state.
     seen: dict[str, list[tuple[int, int]]] = {"every 2": [], "every sync point": []}
-    for name, every in (("every 2", 2), ("every sync point", None)):
-        trainer.hooks.add_hook(
-            lambda point, name=name: seen[name].append((point.step, int(point.state.step))),
-            every=every,
-        )
-    first = trainer.run().summary  # an observer's failure is logged, never fatal
+    with open_trainer(spec, broken_observer) as trainer:
+        for name, every in (("every 2", 2), ("every sync point", None)):
+            trainer.hooks.add_hook(
+                lambda point, name=name: seen[name].append((point.step, int(point.state.step))),
+                every=every,
+            )
+        first = trainer.run().summary  # an observer's failure is logged, never fatal
     assert seen == {"every 2": [(2, 2)], "every sync point": [(2, 2), (3, 3)]}
     assert first["complete"] is False and first["step"] == 3
     assert json.loads((output / "checkpoints/step-3/metadata.json").read_text())["is_temporary"]
