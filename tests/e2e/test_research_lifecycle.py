@@ -98,10 +98,16 @@ def lifecycle_beside_a_broken_target(repo: Path) -> None:
         assert 0.0 <= scores["lm_eval/kiln_stdlib_mc/acc"] <= 1.0
 
     compared = pants(repo, "compare", "experiments/lifecycle:lifecycle")
-    rows = [line.split()[0] for line in compared.stdout.splitlines()[2:6]]
-    assert sorted(rows[:2]) == ["checkpoints/lifecycle/base@2026.12.02",
-                                "checkpoints/lifecycle/cooldown@2026.12.02"]  # fmt: skip
-    assert rows[2:] == ["evals/lifecycle/base@2026.12.02", "evals/lifecycle/cooldown@2026.12.02"]
+    printed = compared.stdout.split("\nwrote ")[0]
+    assert max(map(len, printed.splitlines())) <= 100, printed  # numbered runs, column blocks
+    legend = [line.split(maxsplit=1)[1] for line in printed.splitlines()[2:6]]
+    assert sorted(legend[:2]) == ["checkpoints/lifecycle/base@2026.12.02",
+                                  "checkpoints/lifecycle/cooldown@2026.12.02"]  # fmt: skip
+    assert legend[2:] == [  # an evaluation names the model it scores
+        "evals/lifecycle/base@2026.12.02 (of checkpoints/lifecycle/base@2026.12.02 step 40)",
+        "evals/lifecycle/cooldown@2026.12.02 (of checkpoints/lifecycle/cooldown@2026.12.02 "
+        "step 20)",
+    ]
     curves = repo / "dist/compare/lifecycle/curves.png"
     assert curves.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "of 2 run(s) against step" in compared.stdout

@@ -88,25 +88,26 @@ def wait_for_runs(store: Path, build: subprocess.Popen, deadline: float) -> bool
 
 def compare_sweep(repo: Path) -> None:
     result = pants(repo, "compare", "experiments/sweep_ci:sweep")
-    lines = result.stdout.splitlines()
-    header = lines[0].split()
-    assert header[:4] == ["run", "model.hidden_dim", "optimizer.learning_rate", "state"]
-    assert "eval/stdlib_validation/loss" in header and "FLOPs" in header
-    rows = [line.split() for line in lines[2:6]]
-    assert [row[0] for row in rows] == [
-        f"checkpoints/{name}@2026.12.02" for name in
-        ["sweep-d16-lr3e-3", "sweep-d16-lr1e-2", "sweep-d32-lr3e-3", "sweep-d32-lr1e-2"]
-    ]  # fmt: skip
-    assert all(row[3] == "built" for row in rows)
+    printed = result.stdout.split("\nwrote ")[0]
+    assert max(map(len, printed.splitlines())) <= 100, printed  # numbered runs, column blocks
+    names = [f"checkpoints/{name}@2026.12.02" for name in
+             ["sweep-d16-lr3e-3", "sweep-d16-lr1e-2", "sweep-d32-lr3e-3", "sweep-d32-lr1e-2"]]  # fmt: skip
+    assert [line.split() for line in printed.splitlines()[2:6]] == [
+        [str(number), name] for number, name in enumerate(names, start=1)
+    ]
     out = repo / "dist/compare/sweep"
     with open(out / "compare.csv") as f:
         table = list(csv.DictReader(f))
+    assert list(table[0])[:4] == ["run", "model.hidden_dim", "optimizer.learning_rate", "state"]
+    assert "eval/stdlib_validation/loss" in table[0] and "FLOPs" in table[0]
+    assert [r["run"] for r in table] == names
+    assert all(r["state"] == "built" for r in table)
     assert [r["model.hidden_dim"] for r in table] == ["16", "16", "32", "32"]
     losses = [float(r["eval/stdlib_validation/loss"]) for r in table]
     summaries = [
-        json.loads((repo / "artifacts/checkpoints" / row[0].split("@")[0].split("/")[1]
+        json.loads((repo / "artifacts/checkpoints" / name.split("@")[0].split("/")[1]
                     / "2026.12.02/summary.json").read_text())
-        for row in rows
+        for name in names
     ]  # fmt: skip
     assert losses == [float(f"{s['eval/stdlib_validation/loss']:.4g}") for s in summaries]
     assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

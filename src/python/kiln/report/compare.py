@@ -211,11 +211,15 @@ def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
     varied = varied_fields(rows)
     metrics = metric_keys(rows)
     header = ["run", *varied, "state", "train/loss", *metrics, "tokens", "FLOPs", "wall time"]
+    last_steps = {  # what a run trained to: its summary's step, else its identity's end
+        row.name: row.summary.get("step", row.identity.get("num_train_steps"))
+        for row in rows if not row.is_evaluation
+    }  # fmt: skip
     cells = []
     for row in rows:
         values = {} if row.is_evaluation else flat(row.identity)
         cells.append([
-            _label(row),
+            _label(row, last_steps),
             *(_cell(values.get(key)) for key in varied),
             row.state,
             _cell(row.metric("train/loss")),
@@ -227,14 +231,18 @@ def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
     return header, cells
 
 
-def _label(row: RunRow) -> str:
-    """A run by its name; an evaluation by its name and the model and step it scores."""
+def _label(row: RunRow, last_steps: dict[str, Any]) -> str:
+    """A run by its name; an evaluation by its name and the model and step it scores (a run's
+    last step, when the run is in the table)."""
     model = row.identity.get("model") if row.is_evaluation else None
     if not isinstance(model, dict):
         return row.name
     if "name" in model:  # a run or an export of the graph
-        step = f" step {model['step']}" if model.get("step") is not None else ""
-        return f"{row.name} (of {model['name']}@{model['version']}{step})"
+        ref = f"{model['name']}@{model['version']}"
+        step = model.get("step")
+        if step is None:
+            step = last_steps.get(ref) or "last"
+        return f"{row.name} (of {ref} step {step})"
     if "model" in model:  # published weights: a hub id or a folder
         return f"{row.name} (of {model['model']})"
     return row.name
@@ -252,10 +260,45 @@ def _cell(value: Any, number_format: Callable[[float], str] | None = None) -> st
     return f"{value:.4g}".replace("e+", "e")
 
 
-def format_table(header: list[str], cells: list[list[str]]) -> str:
+TABLE_WIDTH = 100  # the printed table's columns; the CSV holds every column in full
+
+
+def format_table(header: list[str], cells: list[list[str]], width: int = TABLE_WIDTH) -> str:
+    """The table as it prints: as it is when it fits `width`; else its runs numbered in a
+    legend (a run's full name, an evaluation's model and step), then its columns in blocks of
+    at most `width`, each led by the runs' numbers."""
+    plain = _aligned(header, cells)
+    if max(len(line) for line in plain.splitlines()) <= width:
+        return plain
+    numbers = [str(i) for i in range(1, len(cells) + 1)]
+    legend = _aligned(["#", header[0]], [[n, row[0]] for n, row in zip(numbers, cells)])
+    blocks = [legend]
+    for columns in _column_blocks(header, cells, width - max(map(len, ["#", *numbers])) - 2):
+        block_header = ["#", *(header[c] for c in columns)]
+        rows = [[n, *(row[c] for c in columns)] for n, row in zip(numbers, cells)]
+        blocks.append(_aligned(block_header, rows))
+    return "\n".join(blocks)
+
+
+def _aligned(header: list[str], cells: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *cells]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *cells]]
     return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]]) + "\n"
+
+
+def _column_blocks(header: list[str], cells: list[list[str]], room: int) -> list[list[int]]:
+    """The columns after the first in blocks of at most `room` characters (a column wider than
+    that alone), in order."""
+    blocks: list[list[int]] = [[]]
+    used = 0
+    for column in range(1, len(header)):
+        needed = 2 + max(len(r[column]) for r in [header, *cells])
+        if blocks[-1] and used + needed > room:
+            blocks.append([])
+            used = 0
+        blocks[-1].append(column)
+        used += needed
+    return blocks
 
 
 def csv_text(header: list[str], cells: Iterable[list[str]]) -> str:

@@ -18,7 +18,14 @@ from kiln_testing.buckets import fresh_url
 
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import copy_folder_into
-from kiln.report.compare import FamilyStart, family_start, read_run, table, varied_fields
+from kiln.report.compare import (
+    FamilyStart,
+    family_start,
+    format_table,
+    read_run,
+    table,
+    varied_fields,
+)
 from kiln.report.compare_plot import fit_power_law, frontier
 from kiln_contract.llama import LlamaArchitecture, flops_per_token
 
@@ -129,6 +136,30 @@ def test_the_command_writes_the_table_csv_and_plot(tmp_path: Path) -> None:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_wide_table_prints_in_100_columns_with_its_runs_numbered() -> None:
+    header = ["run", "state", "train/loss", "eval/stdlib_validation/loss",
+              "eval/stdlib_validation/bpb", "lm_eval/kiln_stdlib_mc/acc", "tokens", "FLOPs"]  # fmt: skip
+    cells = [
+        ["checkpoints/lifecycle/base@2026.12.02", "built", "5.1", "5.3", "1.9", "", "10240",
+         "4.1e11"],
+        ["evals/lifecycle/base@2026.12.02 (of checkpoints/lifecycle/base@2026.12.02 step 40)",
+         "built", "", "5.3", "1.9", "0.25", "", ""],
+    ]  # fmt: skip
+    printed = format_table(header, cells)
+    lines = printed.splitlines()
+    assert max(map(len, lines)) <= 100, printed
+    assert lines[2].split(maxsplit=1) == ["1", cells[0][0]]  # the legend: number, full name
+    assert lines[3].split(maxsplit=1) == ["2", cells[1][0]]
+    block_headers = [line.split() for line in lines if line.startswith("#  ")][1:]
+    assert [name for block in block_headers for name in block[1:]] == header[1:]  # each once
+    assert len(block_headers) > 1 and all(block[0] == "#" for block in block_headers)
+    assert [line.split()[:2] for line in lines if line.startswith(("1 ", "2 "))][2:4] == [
+        ["1", "built"], ["2", "built"]
+    ]  # the first block's rows, by number
+    narrow = [["run", "loss"], [["a@1", "5.1"], ["b@1", "4.9"]]]
+    assert format_table(*narrow) == "run  loss\n---  ----\na@1  5.1\nb@1  4.9\n"  # as it is
+
+
 @pytest.mark.usefixtures("s3_server")
 def test_a_run_in_a_bucket_reads_as_the_same_run_in_a_folder(tmp_path: Path) -> None:
     folder = write_run(tmp_path, "s-d64-lr1e-3", identity(64, 1e-3), 5.0)
@@ -183,3 +214,9 @@ def test_a_family_is_drawn_and_counted_from_where_each_run_left_its_parent(tmp_p
     (scores / "results.json").write_text(json.dumps({"metrics": {}}))
     _, cells = table([base, read_run(str(scores))])
     assert cells[1][0] == "e/base@v1 (of c/base@v1 step 40)"
+    # Of the run's last step: the one its summary reports when the run is in the table.
+    (scores / "artifact.json").write_text(json.dumps({
+        "kind": "lm_eval_run", "name": "e/base", "version": "v1",
+        "identity": {"kind": "lm_eval_run", "model": parent("c/base", None)}}))  # fmt: skip
+    assert table([base, read_run(str(scores))])[1][1][0] == "e/base@v1 (of c/base@v1 step 40)"
+    assert table([read_run(str(scores))])[1][0][0] == "e/base@v1 (of c/base@v1 step last)"
