@@ -41,7 +41,7 @@ BROKEN = """lm_checkpoint(
 
 
 def test_a_run_its_cooldown_and_their_evaluations(workspace: Path) -> None:
-    broken = workspace / "experiments/broken/BUILD"
+    broken = workspace / "experiments/bad_stages/BUILD"
     broken.parent.mkdir()
     broken.write_text(BROKEN)
     try:
@@ -129,12 +129,12 @@ def lifecycle_beside_a_broken_target(repo: Path) -> None:
     # every target of the repository, the broken one too; the broken one fails where it is read.
     served = pants(repo, "run", "experiments/lifecycle:base")
     assert "checkpoints/lifecycle/base@2026.12.02" in served.stdout + served.stderr
-    refused = subprocess.run(pants_command("plan", "experiments/broken:bad"), cwd=repo,
+    refused = subprocess.run(pants_command("plan", "experiments/bad_stages:bad"), cwd=repo,
                              capture_output=True, text=True, timeout=300)  # fmt: skip
     assert refused.returncode != 0
-    assert ("experiments/broken/BUILD:1: The `datasets` field in target experiments/broken:bad "
-            "has stages starting at steps [5]: the first starts at 0") in refused.stderr, \
-        refused.stderr[-3000:]  # fmt: skip
+    assert ("experiments/bad_stages/BUILD:1: The `datasets` field in target "
+            "experiments/bad_stages:bad has stages starting at steps [5]: the first starts at "
+            "0") in refused.stderr, refused.stderr[-3000:]  # fmt: skip
 
 
 def test_the_1b_cooldown_is_planned_beside_its_run(workspace: Path) -> None:
