@@ -266,18 +266,25 @@ TABLE_WIDTH = 100  # the printed table's columns; the CSV holds every column in 
 def format_table(header: list[str], cells: list[list[str]], width: int = TABLE_WIDTH) -> str:
     """The table as it prints: as it is when it fits `width`; else its runs numbered in a
     legend (a run's full name, an evaluation's model and step), then its columns in blocks of
-    at most `width`, each led by the runs' numbers."""
+    at most `width`, each led by the runs' numbers (a longer value cut, with an ellipsis)."""
     plain = _aligned(header, cells)
     if max(len(line) for line in plain.splitlines()) <= width:
         return plain
     numbers = [str(i) for i in range(1, len(cells) + 1)]
     legend = _aligned(["#", header[0]], [[n, row[0]] for n, row in zip(numbers, cells)])
+    room = width - max(map(len, ["#", *numbers])) - 2
+    cells = [[row[0], *(_shortened(cell, room) for cell in row[1:])] for row in cells]
     blocks = [legend]
-    for columns in _column_blocks(header, cells, width - max(map(len, ["#", *numbers])) - 2):
+    for columns in _column_blocks(header, cells, room):
         block_header = ["#", *(header[c] for c in columns)]
         rows = [[n, *(row[c] for c in columns)] for n, row in zip(numbers, cells)]
         blocks.append(_aligned(block_header, rows))
     return "\n".join(blocks)
+
+
+def _shortened(cell: str, room: int) -> str:
+    """A cell cut to `room` characters, ending in an ellipsis when cut (the CSV has it whole)."""
+    return cell if len(cell) <= room else cell[: room - 1] + "\u2026"
 
 
 def _aligned(header: list[str], cells: list[list[str]]) -> str:

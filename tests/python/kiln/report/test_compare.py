@@ -156,6 +156,8 @@ def test_a_wide_table_prints_in_100_columns_with_its_runs_numbered() -> None:
     assert [line.split()[:2] for line in lines if line.startswith(("1 ", "2 "))][2:4] == [
         ["1", "built"], ["2", "built"]
     ]  # the first block's rows, by number
+    long = format_table([*header, "stages"], [[*row, "x" * 150] for row in cells])
+    assert max(map(len, long.splitlines())) <= 100 and "x" * 96 + "\u2026" in long  # cut
     narrow = [["run", "loss"], [["a@1", "5.1"], ["b@1", "4.9"]]]
     assert format_table(*narrow) == "run  loss\n---  ----\na@1  5.1\nb@1  4.9\n"  # as it is
 
