@@ -27,7 +27,8 @@ from pants.engine.target import (
 
 @dataclass(frozen=True)
 class FieldProblem:
-    """What a field's value would have been had it been valid: the error to raise."""
+    """A field's value where its BUILD file gave a bad one: the error, raised where Kiln reads
+    the target."""
 
     message: str
 
