@@ -202,68 +202,12 @@ async def tokenizer_files(request: TokenizerFilesRequest) -> TokenizerFiles:
 
 
 async def _cache_identity(target: Target) -> dict[str, Any]:
-    source = target[CacheSourceField].value
-    split = target[SplitField].value
-    if source is None:
-        files = await Get(SourceFiles, SourceFilesRequest([target[CacheSourcesField]]))
-        source_identity: dict[str, Any] = {
-            "kind": "files",
-            "files": sorted(files.files),
-            "digest": files.snapshot.digest.fingerprint,
-        }
-    elif isinstance(source, LevanterCacheSource):
-        # Its content is pinned on import (docs/token-cache.md): a changed cache is refused.
-        source_identity = source.to_json()
-    elif isinstance(source, UrlFilesSource):
-        # The digests pin the content: a download that differs is refused.
-        source_identity = source.to_json()
-    elif source in STDLIB_SOURCES:
-        # The runtime is pinned to CPython 3.12 (3rdparty/python): its docs are the text.
-        source_identity = {
-            "kind": "python_stdlib",
-            "part": source.split(":", 1)[1],
-            "split": split,
-            "python": "3.12",
-        }
-    elif source.startswith("/"):
-        # Files outside the repo are identified by path: bump the version when they change.
-        source_identity = {"kind": "files", "paths": [source]}
-    else:
-        source_identity = {
-            "kind": "hf",
-            "id": source,
-            "revision": target[HfRevisionField].value,
-            "subset": target[HfSubsetField].value,
-            "split": split,
-        }
-        data_files = target[HfDataFilesField].value
-        if data_files:
-            source_identity["data_files"] = list(data_files)
-    where = target[RecordFilterField].value
-    if where:
-        source_identity["where"] = dict(sorted(where.items()))
-
-    tokenizer = target[TokenizerField].value
-    if tokenizer_address(tokenizer):
-        tokenizer_files = await Get(
-            TokenizerFiles, TokenizerFilesRequest(target.address, tokenizer)
-        )
-        tokenizer_identity: dict[str, Any] = {
-            "kind": "local",
-            "digest": tokenizer_files.digest.fingerprint,
-        }
-    elif tokenizer_directory(tokenizer):
-        tokenizer_identity = {"kind": "local", "path": tokenizer}
-    elif tokenizer.startswith("package:"):
-        tokenizer_identity = {"kind": "package", "name": tokenizer.split(":", 1)[1]}
-    else:
-        tokenizer_identity = {"kind": "hf", "id": tokenizer}
-
+    """A cache is its source, its tokenizer and how documents become windows."""
     identity = {
         "kind": TokenizedCacheTarget.alias,
         "format": IDENTITY_FORMAT,
-        "source": source_identity,
-        "tokenizer": tokenizer_identity,
+        "source": await _source_identity(target),
+        "tokenizer": await _tokenizer_identity(target),
         "text_key": target[TextKeyField].value,
         "max_document_chars": target[MaxDocumentCharsField].value,
         "num_shards": target[NumShardsField].value,
@@ -275,6 +219,68 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
     if framing != DEFAULT_FRAMING:  # likewise: caches in Kiln's framing keep their fingerprints
         identity["framing"] = framing
     return identity
+
+
+async def _source_identity(target: Target) -> dict[str, Any]:
+    """What a cache reads, each kind pinned as well as it can be, and its record filter."""
+    source = target[CacheSourceField].value
+    identity: dict[str, Any]
+    if source is None:
+        files = await Get(SourceFiles, SourceFilesRequest([target[CacheSourcesField]]))
+        identity = {
+            "kind": "files",
+            "files": sorted(files.files),
+            "digest": files.snapshot.digest.fingerprint,
+        }
+    elif isinstance(source, (LevanterCacheSource, UrlFilesSource)):
+        # Pinned by content: a Levanter cache on import (docs/token-cache.md), downloads by their
+        # digests; either refused when it differs.
+        identity = source.to_json()
+    elif source in STDLIB_SOURCES:
+        # The runtime is pinned to CPython 3.12 (3rdparty/python): its docs are the text.
+        identity = {
+            "kind": "python_stdlib",
+            "part": source.split(":", 1)[1],
+            "split": target[SplitField].value,
+            "python": "3.12",
+        }
+    elif source.startswith("/"):
+        # Files outside the repo are identified by path: bump the version when they change.
+        identity = {"kind": "files", "paths": [source]}
+    else:
+        identity = _hub_identity(target, source)
+    where = target[RecordFilterField].value
+    if where:
+        identity["where"] = dict(sorted(where.items()))
+    return identity
+
+
+def _hub_identity(target: Target, dataset: str) -> dict[str, Any]:
+    identity: dict[str, Any] = {
+        "kind": "hf",
+        "id": dataset,
+        "revision": target[HfRevisionField].value,
+        "subset": target[HfSubsetField].value,
+        "split": target[SplitField].value,
+    }
+    data_files = target[HfDataFilesField].value
+    if data_files:
+        identity["data_files"] = list(data_files)
+    return identity
+
+
+async def _tokenizer_identity(target: Target) -> dict[str, Any]:
+    """A tokenizer of the repo by its files' digest, a folder by path, a package's or the hub's
+    by name."""
+    tokenizer = target[TokenizerField].value
+    if tokenizer_address(tokenizer):
+        files = await Get(TokenizerFiles, TokenizerFilesRequest(target.address, tokenizer))
+        return {"kind": "local", "digest": files.digest.fingerprint}
+    if tokenizer_directory(tokenizer):
+        return {"kind": "local", "path": tokenizer}
+    if tokenizer.startswith("package:"):
+        return {"kind": "package", "name": tokenizer.split(":", 1)[1]}
+    return {"kind": "hf", "id": tokenizer}
 
 
 async def _resolve(target: Target, field_alias: str, values: tuple[str, ...]) -> list[Address]:
