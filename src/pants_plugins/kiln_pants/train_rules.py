@@ -201,74 +201,107 @@ def _dataset(artifact: Artifact, weight: float = 0.0) -> DatasetRef:
     return DatasetRef(artifact.name, artifact.version, artifact.fingerprint, weight)
 
 
+@dataclass(frozen=True)
+class _Run:
+    """An lm_checkpoint as its step spec is made from it: the target, its artifact, the graph
+    and its caches' targets. Artifact.cache_inputs lists the `datasets` in declaration order,
+    then the `validation` sets."""
+
+    target: Any
+    artifact: Artifact
+    graph: ArtifactGraph
+    caches: Mapping[Address, Target]
+
+    @property
+    def weights(self) -> Mapping[str, float]:
+        return self.target[DatasetsField].value.weights
+
+    @property
+    def dataset_inputs(self) -> list[Artifact]:
+        return [self.graph.get(a) for a in self.artifact.cache_inputs[: len(self.weights)]]
+
+    @property
+    def validation_inputs(self) -> list[Artifact]:
+        return [self.graph.get(a) for a in self.artifact.cache_inputs[len(self.weights) :]]
+
+    @property
+    def inputs(self) -> list[Artifact]:
+        """Every cache it reads, once."""
+        caches = self.dataset_inputs + self.validation_inputs
+        return list({cache.address: cache for cache in caches}.values())
+
+
 def _step(
-    target: Any,
-    artifact: Artifact,
-    graph: ArtifactGraph,
-    caches: Mapping[Address, Target],
+    run: _Run,
     eval_task_dirs: tuple[str, ...],
     provenance: Provenance,
     store_prefix: str,
     wandb_options: Mapping[str, str],
 ) -> StepSpec:
-    # Artifact.cache_inputs lists the `datasets` in declaration order, then the `validation` sets.
-    mixture = target[DatasetsField].value
-    weights = mixture.weights
-    dataset_inputs = [graph.get(a) for a in artifact.cache_inputs[: len(weights)]]
-    validation_inputs = [graph.get(a) for a in artifact.cache_inputs[len(weights) :]]
-    inputs = list({cache.address: cache for cache in dataset_inputs + validation_inputs}.values())
-    # Store caches are already in place; inline caches travel with the step.
-    store_paths = {
-        address: artifact_path(store_prefix, graph.get(address))
-        for address, cache in caches.items()
-        if cache[CacheStorageField].value == "store"
+    artifact, graph = run.artifact, run.graph
+    validation_names = {
+        c.name: run.caches[c.address][EvalNameField].value for c in run.validation_inputs
     }
-    validation_names = {c.name: caches[c.address][EvalNameField].value for c in validation_inputs}
-    evals = target[EvalsField].value
     return StepSpec(
         name=artifact.name,
         version=artifact.version,
         fingerprint=artifact.fingerprint,
         # The record names every artifact the run was built from: its caches and its parent.
-        record=artifact_record(artifact, inputs + _parents(artifact, graph)),
-        config=TrainConfig(
-            model=target[ModelField].value,
-            optimizer=target[OptimizerField].value,
-            datasets=tuple(
-                _dataset(cache, weight) for cache, weight in zip(dataset_inputs, weights.values())
-            ),
-            validation=tuple(_dataset(cache) for cache in validation_inputs),
-            batch_size=target[BatchSizeField].value,
-            seq_len=target[SeqLenField].value,
-            num_train_steps=target[NumTrainStepsField].value,
-            z_loss_weight=target[ZLossWeightField].value,
-            # Local lm-eval task directories travel with the step's inputs.
-            evals=dataclasses.replace(evals.suite, task_paths=eval_task_dirs) if evals else None,
-            seed=target[SeedField].value,
-            compute_dtype=target[ComputeDtypeField].value,
-            param_dtype="float32",
-            init_from=_init_from(target[InitFromField].value, artifact, graph),
-            loss_positions=target[LossPositionsField].value,
-            data_order=target[DataOrderField].value,
-            stages=tuple(
-                MixtureStage(step, tuple(stage.get(key, 0.0) for key in weights))
-                for step, stage in mixture.stages
-            ),
-        ),
-        runtime=runtime_section(target, wandb_options, validation_names),
-        inputs=tuple(
-            StepInput(
-                ref=i.ref,
-                name=i.name,
-                version=i.version,
-                record=artifact_record(i, []),
-                # Inline caches travel with the step; store caches are already in place.
-                store_path=store_paths.get(i.address),
-                location=None if i.address in store_paths else cache_location(i),
-            )
-            for i in inputs
-        ),
+        record=artifact_record(artifact, run.inputs + _parents(artifact, graph)),
+        config=_train_config(run, eval_task_dirs),
+        runtime=runtime_section(run.target, wandb_options, validation_names),
+        inputs=_step_inputs(run, store_prefix),
         provenance=provenance,
+    )
+
+
+def _train_config(run: _Run, eval_task_dirs: tuple[str, ...]) -> TrainConfig:
+    target, weights = run.target, run.weights
+    evals = target[EvalsField].value
+    return TrainConfig(
+        model=target[ModelField].value,
+        optimizer=target[OptimizerField].value,
+        datasets=tuple(
+            _dataset(cache, weight) for cache, weight in zip(run.dataset_inputs, weights.values())
+        ),
+        validation=tuple(_dataset(cache) for cache in run.validation_inputs),
+        batch_size=target[BatchSizeField].value,
+        seq_len=target[SeqLenField].value,
+        num_train_steps=target[NumTrainStepsField].value,
+        z_loss_weight=target[ZLossWeightField].value,
+        # Local lm-eval task directories travel with the step's inputs.
+        evals=dataclasses.replace(evals.suite, task_paths=eval_task_dirs) if evals else None,
+        seed=target[SeedField].value,
+        compute_dtype=target[ComputeDtypeField].value,
+        param_dtype="float32",
+        init_from=_init_from(target[InitFromField].value, run.artifact, run.graph),
+        loss_positions=target[LossPositionsField].value,
+        data_order=target[DataOrderField].value,
+        stages=tuple(
+            MixtureStage(step, tuple(stage.get(key, 0.0) for key in weights))
+            for step, stage in target[DatasetsField].value.stages
+        ),
+    )
+
+
+def _step_inputs(run: _Run, store_prefix: str) -> tuple[StepInput, ...]:
+    """The caches a step reads: inline caches travel with the step; store caches are already
+    in place, at their path in the store."""
+    store_paths = {
+        address: artifact_path(store_prefix, run.graph.get(address))
+        for address, cache in run.caches.items()
+        if cache[CacheStorageField].value == "store"
+    }
+    return tuple(
+        StepInput(
+            ref=i.ref,
+            name=i.name,
+            version=i.version,
+            record=artifact_record(i, []),
+            store_path=store_paths.get(i.address),
+            location=None if i.address in store_paths else cache_location(i),
+        )
+        for i in run.inputs
     )
 
 
@@ -323,11 +356,9 @@ async def step_json(
         else ()
     )
     try:
+        run = _Run(target, artifact, graph, {cache.target.address: cache.target for cache in caches})
         step = _step(
-            target,
-            artifact,
-            graph,
-            {cache.target.address: cache.target for cache in caches},
+            run,
             task_dirs,
             request.provenance,
             kiln.prefix_location(build_root.path),
