@@ -57,7 +57,7 @@ def holds_field_problems(target_type: TargetType) -> TargetType:
     return a FieldProblem where they would raise."""
     for field_type in target_type.core_fields:
         own = field_type.__module__.startswith("kiln_pants.")
-        if own and not issubclass(field_type, SourcesField) and not _holds(field_type):
+        if own and not issubclass(field_type, SourcesField) and field_type not in _HOLDING:
             _hold_problems(field_type)
     return target_type
 
@@ -66,10 +66,6 @@ _computing = threading.local()  # a field's compute_value is running on this thr
 
 
 _HOLDING: set[type[Field]] = set()  # field types whose own compute_value is wrapped
-
-
-def _holds(field_type: type[Field]) -> bool:
-    return field_type in _HOLDING
 
 
 def _hold_problems(field_type: type[Field]) -> None:

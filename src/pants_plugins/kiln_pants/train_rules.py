@@ -356,7 +356,8 @@ async def step_json(
         else ()
     )
     try:
-        run = _Run(target, artifact, graph, {cache.target.address: cache.target for cache in caches})
+        cache_targets = {cache.target.address: cache.target for cache in caches}
+        run = _Run(target, artifact, graph, cache_targets)
         step = _step(
             run,
             task_dirs,

@@ -241,7 +241,9 @@ def _label(row: RunRow, last_steps: dict[str, Any]) -> str:
         ref = f"{model['name']}@{model['version']}"
         step = model.get("step")
         if step is None:
-            step = last_steps.get(ref) or "last"
+            step = last_steps.get(ref)
+        if step is None:
+            step = "last"
         return f"{row.name} (of {ref} step {step})"
     if "model" in model:  # published weights: a hub id or a folder
         return f"{row.name} (of {model['model']})"

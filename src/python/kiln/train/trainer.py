@@ -2,8 +2,9 @@
 
 As Levanter's trainer: the set-up (kiln.train.setup: data, mesh, trackers, step functions) is
 apart from the loop; `open_trainer` restores the newest complete checkpoint or initialises, and
-opens the run's outputs (RunOutputs) before it makes the Trainer, whole; the loop is `training_steps`, a generator handed the state and the batches that
-yields each step once it is queued on the device; hooks (kiln.train.hooks) run at its sync
+opens the run's outputs (RunOutputs) before it makes the Trainer, whole; the loop is
+`training_steps`, a generator handed the state and the batches that yields each step once it is
+queued on the device; hooks (kiln.train.hooks) run at its sync
 points, handed the step and the state: [validation] -> [evals] -> checkpoint -> control endpoint
 -> any added with `trainer.hooks.add_hook(fn, every=N)`; then a signal stops the run. Fails with
 a TrainingError (kiln.train.errors: a clear message, no traceback) on a non-finite loss and on
@@ -233,7 +234,7 @@ class Trainer:
                 if info.step == start.step + 1:
                     self._time_first_step(info.step, compilations)
                 self._after_step(info)
-            summary = self._finish(self.started, end_step, state)
+            summary = self._finish(end_step, state)
         setup = self.setup
         return FinishedRun(
             self.spec, summary, setup.data.caches, setup.model_config, state.params, self.saves.last
@@ -343,14 +344,14 @@ class Trainer:
 
     # --- the end ----------------------------------------------------------------------------
 
-    def _finish(self, started: float, end_step: int, state: Any) -> dict[str, Any]:
+    def _finish(self, end_step: int, state: Any) -> dict[str, Any]:
         complete = end_step == self.cfg.num_train_steps
         self._read_metrics()
         self.saves.commit()
         if complete:  # a no-op when the last step already saved it (the usual case)
             self.saves.save_final(end_step, state)
         self._observe_metrics(end_step, final=True)
-        summary = self._summary(started, end_step, complete)
+        summary = self._summary(end_step, complete)
         if self.is_main:
             atomic_write_json(self.output / RUN_SUMMARY_FILE, summary)
             if complete:
@@ -359,7 +360,7 @@ class Trainer:
         barrier("run files written")  # what follows on any process (the report) may read them
         return summary
 
-    def _summary(self, started: float, end_step: int, complete: bool) -> dict[str, Any]:
+    def _summary(self, end_step: int, complete: bool) -> dict[str, Any]:
         latest = {k: v for k, v in self.metrics.latest.items() if not k.startswith("throughput/")}
         latest.pop("timestamp", None)
         last = self.saves.last
@@ -373,7 +374,7 @@ class Trainer:
             "first_step_program": self.first_step.get("program"),  # cache | compiled | ...
             # A folder of this machine: a run staged for a bucket names none in its records.
             "compilation_cache": None if self.spec.location else self.first_step.get("cache"),
-            "wall_time_seconds": time.monotonic() - started,
+            "wall_time_seconds": time.monotonic() - self.started,
             "output_path": self.spec.shown(self.output),
             "checkpoint": self.spec.shown(last.path) if last else None,
             "metrics_file": self.spec.shown(self.metrics.path),
