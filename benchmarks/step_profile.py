@@ -5,8 +5,9 @@ category through its HLO metadata, and print ms per step and % of step.
 
 The trace (an XSpace, `*.xplane.pb` under TRACE_DIR) holds the ops that ran, each with `hlo_op`,
 `hlo_module` and `program_id` stats: on GPU on the device plane's stream lines (CUPTI kernels),
-on CPU on the host plane's XLA threads (one event per thunk); on TPU each op is an event of the
-core's "XLA Ops" line named by its HLO text, inside its executable's event on "XLA Modules". Its metadata plane holds the HLO
+on CPU on the host plane's XLA threads (one event per thunk); on TPU each op is an event of
+the core's "XLA Ops" line named by its HLO text, inside its executable's event on "XLA
+Modules". Its metadata plane holds the HLO
 proto of every executable, whose instructions carry `op_name`, the jax name stack with the
 named scopes the step puts on its parts (kiln.model.attention.ATTENTION_SCOPE,
 kiln.train.step.LOSS_SCOPE and OPTIMIZER_SCOPE). Ops inside the attention scope split by the

@@ -5,8 +5,8 @@ REASON]...`: Marin's "not built because an input failed", as an artifact's STATU
 DEP_FAILED in the step's folder, unless that folder holds a built artifact or a run (STATUS
 SUCCESS, or RUNNING: in progress, or interrupted and resumable), which are left as they are.
 Before it builds the step again it clears a folder holding nothing but that mark. Prints a
-JSON line (kiln_contract.inventory.FolderOutcome) for each folder it marked. Exit 4 (a StorageError, one line naming the URL) when the
-store cannot be written.
+JSON line (kiln_contract.inventory.FolderOutcome) for each folder it marked. Exit 4 (a
+StorageError, one line naming the URL) when the store cannot be written.
 """
 
 from __future__ import annotations
