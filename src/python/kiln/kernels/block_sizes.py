@@ -129,7 +129,7 @@ _H200_SETTINGS = {
 # Measured best on a TPU v5e on 2026-12-06 (jax 0.10.2): forward tiles by the forward's time,
 # then the backward's with it (split or fused dQ), causal, seq 4096, head dim 128, bf16, summed
 # over no segment ids and packed documents (benchmarks/attention.py --tune; candidates in
-# benchmarks/RESULTS.md). Head dim 64 runs the same tiles, unmeasured with the fused backward.
+# benchmarks/RESULTS.md). Head dim 64, tuned the same way, picks the same tiles.
 _TPU_V5E_SETTINGS = {
     128: (
         BlockSizes(
