@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from kiln_contract.location import is_bucket_url, location_argument
+
 T = TypeVar("T")
 
 
@@ -93,16 +95,6 @@ def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
 def check_absolute_path(field: str, value: Any) -> None:
     if not isinstance(value, Path) or not value.is_absolute():
         raise SpecError(field, f"expected an absolute path, got {str(value)!r}")
-
-
-BUCKET_SCHEMES = ("s3", "gs")  # artifact stores in buckets: s3://BUCKET/PATH, gs://BUCKET/PATH
-
-
-def is_bucket_url(value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
-    scheme, sep, rest = value.partition("://")
-    return bool(sep) and scheme in BUCKET_SCHEMES and bool(rest.partition("/")[0])
 
 
 def check_location(field: str, value: Any) -> None:
@@ -187,9 +179,8 @@ def json_path(value: Any) -> Any:
 
 
 def json_location(value: Any) -> Any:
-    """A JSON string as a Path, unless it is a URL (kept a string: a Path would fold its `//`,
-    and a message should show it as written)."""
-    return value if isinstance(value, str) and "://" in value else json_path(value)
+    """A JSON string as a Path, unless it is a URL (kept a string: kiln_contract.location)."""
+    return location_argument(value) if isinstance(value, str) else value
 
 
 def build(cls: type[T], where: str, values: Mapping[str, Any]) -> T:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kiln_contract.location import is_bucket_url
 from kiln_contract.parsing import (
     SpecError,
     build,
@@ -20,7 +21,6 @@ from kiln_contract.parsing import (
     check_relative_path,
     check_str,
     field_path,
-    is_bucket_url,
     json_fields,
     json_list,
     read_json,

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Union
 
+from kiln_contract.location import is_bucket_url
 from kiln_contract.parsing import (
     SpecError,
     check_choice,
@@ -23,7 +24,6 @@ from kiln_contract.parsing import (
     check_optional,
     check_str,
     field_path,
-    is_bucket_url,
     json_fields,
     json_keys,
     json_list,

@@ -28,6 +28,7 @@ from pants.util.frozendict import FrozenDict
 
 from kiln_contract.inventory import FolderOutcome, Inventory
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
+from kiln_contract.location import in_bucket
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
@@ -342,7 +343,7 @@ async def read_stored_states(request: StoredStatesRequest) -> StoredStates:
     process for all of them (`kiln.artifacts.peek`). Uncacheable: pantsd looks at the store
     again in every session, as it changes behind Pants' back."""
     graph, prefix = request.graph, request.prefix
-    if "://" not in prefix:
+    if not in_bucket(prefix):
         return StoredStates(FrozenDict({a: stored_state(prefix, a) for a in graph}))
     records = await Get(BucketRecords, BucketRecordsRequest(prefix, bucket_folders(graph)))
     return StoredStates(FrozenDict({a: _bucket_state(a, records) for a in graph}))

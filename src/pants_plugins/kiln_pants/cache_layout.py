@@ -18,6 +18,7 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import SHARDS_SIBLING, sibling_key
+from kiln_contract.location import in_bucket
 from kiln_contract.tokenize import shard_dir_name
 from kiln_pants.artifact_graph import Artifact
 from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
@@ -62,7 +63,7 @@ class CacheLayout:
         # The store resumes and skips by itself (a finished shard or cache is a no-op), and its
         # contents can vanish behind Pants' back: never serve these processes from a cache.
         scope = ProcessCacheScope.PER_SESSION
-        if "://" in prefix:  # a bucket has no rename: shards are uploaded at their final keys
+        if in_bucket(prefix):  # a bucket has no rename: shards are uploaded at their final keys
             shards = tuple(f"{store_path}/shards/{shard_dir_name(i)}" for i in range(num_shards))
             return cls(shards, store_path, scope, in_store=True)
         building = sibling_key(store_path, SHARDS_SIBLING)
@@ -117,7 +118,7 @@ async def cache_build(
     store_path = artifact_path(prefix, inputs.artifact)
     layout = CacheLayout.for_storage(storage, inputs.spec.num_shards, store_path, prefix)
     env = FrozenDict[str, str]()
-    if layout.in_store and "://" in prefix:  # the processes reach the bucket themselves
+    if layout.in_store and in_bucket(prefix):  # the processes reach the bucket themselves
         env = FrozenDict(await Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)))
     cluster = kiln.cluster if layout.in_store and kiln.cluster not in NO_CLUSTER else "local"
     return CacheBuild(inputs, prefix, layout, env, cluster)

@@ -26,6 +26,7 @@ from pants.engine.unions import UnionRule
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import FAILURE_FILE, RECORD_FILE, STATUS_FILE
+from kiln_contract.location import in_bucket
 from kiln_pants.artifact_graph import (
     Artifact,
     TokenizerFiles,
@@ -116,8 +117,8 @@ async def writing_into_store(
     its record (of the `recorded` inputs) at RECORD_INPUT beside the `inputs`. A DEP_FAILED mark
     that a `pants build` left on the artifact (its model failed) is cleared first."""
     prefix = export.prefix
-    in_bucket = "://" in prefix
-    if in_bucket or os.path.exists(artifact_path(prefix, artifact)):
+    bucket = in_bucket(prefix)
+    if bucket or os.path.exists(artifact_path(prefix, artifact)):
         await Get(DepFailedMarked, DepFailedMarks(prefix, clears=(artifact.folder,)))
     record = await record_input(artifact, recorded, export.runtime, export.lockfile)
     return (await Get(
@@ -132,7 +133,7 @@ async def writing_into_store(
             # behind Pants' back, so a cached "done" could point at nothing.
             cache_scope=ProcessCacheScope.PER_SESSION,
             # A bucket's clients find their credentials and endpoint in the caller's environment.
-            env=FrozenDict(export.environment if in_bucket else {}),
+            env=FrozenDict(export.environment if bucket else {}),
         ),
     )).process  # fmt: skip
 
@@ -143,7 +144,7 @@ async def stored_checkpoint(request: StoredCheckpointRequest) -> StoredCheckpoin
     the store holds another configuration under its name and version)."""
     checkpoint = request.checkpoint
     names = (STATUS_FILE, RECORD_FILE, FAILURE_FILE)
-    if "://" in request.prefix:  # read through the runtime's store client
+    if in_bucket(request.prefix):  # read through the runtime's store client
         folder = checkpoint.folder
         records = await Get(BucketRecords, BucketRecordsRequest(request.prefix, (folder,)))
         texts = tuple(records.texts[folder].get(name) for name in names)

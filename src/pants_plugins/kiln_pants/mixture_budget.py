@@ -22,6 +22,7 @@ from pants.base.build_root import BuildRoot
 from pants.engine.addresses import Address
 from pants.engine.rules import _uncacheable_rule, collect_rules
 
+from kiln_contract.location import in_bucket
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, artifact_and_graph
 from kiln_pants.artifact_store import artifact_path, stored_state
 from kiln_pants.cache_estimate import count, most_tokens
@@ -322,7 +323,7 @@ def _read_before(checkpoint: Artifact, by_ref: Mapping[str, Artifact]) -> Option
 
 def built_tokens(prefix: str, artifact: Artifact) -> Optional[int]:
     """The tokens of `artifact` if a local store holds it built, else None."""
-    if "://" in prefix or stored_state(prefix, artifact).status != "built":
+    if in_bucket(prefix) or stored_state(prefix, artifact).status != "built":
         return None
     try:
         with open(os.path.join(artifact_path(prefix, artifact), CACHE_INFO_FILE)) as f:

@@ -36,6 +36,7 @@ from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, 
 from pants.engine.target import Target, WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
+from kiln_contract.location import in_bucket
 from kiln_contract.sharding import files_plan
 from kiln_contract.tokenize import (
     FilesSource,
@@ -253,7 +254,7 @@ def _per_session(source: Source) -> bool:
 def _reads_bucket(source: Source) -> bool:
     """An import from a bucket: its plan process gets the bucket's settings (STORE_ENVIRONMENT),
     which the other plan processes do without."""
-    return isinstance(source, LevanterCacheSource) and "://" in source.location
+    return isinstance(source, LevanterCacheSource) and in_bucket(source.location)
 
 
 @rule(desc="Planning caches' shards in one process")

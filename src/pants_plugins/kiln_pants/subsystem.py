@@ -8,6 +8,7 @@ import re
 from pants.option.option_types import DictOption, StrOption
 from pants.option.subsystem import Subsystem
 
+from kiln_contract.location import in_bucket
 from kiln_contract.vocabulary import WANDB_MODES
 
 
@@ -81,7 +82,7 @@ class KilnSubsystem(Subsystem):
 
     def prefix_location(self, buildroot: str) -> str:
         """The store: an absolute local path, or a bucket URL (its shape checked)."""
-        if "://" not in self.prefix:
+        if not in_bucket(self.prefix):
             return os.path.normpath(os.path.join(buildroot, self.prefix))
         return bucket_url(self.prefix)
 

@@ -46,6 +46,7 @@ from pants.engine.unions import UnionRule
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import RECORD_FILE, STATUS_FILE, SUMMARY_TEXT_FILE
+from kiln_contract.location import in_bucket
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import served_message
 from kiln_contract.step import STEP_FILE, Provenance, StepInput, StepSpec
@@ -485,7 +486,7 @@ async def served_run(request: ServedRunRequest) -> ServedRun:
     """Decides "already built" as the runner does, from the local store's STATUS and record,
     without building the inputs or starting the runtime: a no-op `pants run` costs Pants alone."""
     artifact, graph = await artifact_and_graph(request.address)
-    if artifact.mutable or "://" in request.prefix:
+    if artifact.mutable or in_bucket(request.prefix):
         return ServedRun(None)
     folder = artifact_path(request.prefix, artifact)
     files = await Get(

@@ -24,6 +24,7 @@ from pants.engine.rules import Get, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 
 from kiln_contract.llama import LlamaArchitecture, flops_per_token, num_parameters
+from kiln_contract.location import in_bucket
 from kiln_contract.train import Resources
 from kiln_pants.artifact_graph import Artifact, TokenizerFiles, TokenizerFilesRequest
 from kiln_pants.artifact_store import artifact_path, stored_state
@@ -275,7 +276,7 @@ def total_lines(costs: list[RunCost], prices: dict[str, float]) -> list[str]:
 
 def stored_vocabulary(prefix: str, cache: Artifact) -> Optional[int]:
     """The vocabulary a built cache in a local store records (cache.json)."""
-    if "://" in prefix or stored_state(prefix, cache).status != "built":
+    if in_bucket(prefix) or stored_state(prefix, cache).status != "built":
         return None
     try:
         with open(os.path.join(artifact_path(prefix, cache), CACHE_INFO_FILE)) as f:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiln.artifacts.locations import open_store
+from kiln.artifacts.local import LocalStore
 from kiln.artifacts.store import ObjectMissing, ObjectStore
 
 FileRecords = dict[str, dict[str, Any]]  # relative path -> {"bytes": int, "sha256": str}
@@ -32,11 +32,6 @@ class Damage:
     reason: str
 
 
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _workers() -> int:
     return min(8, os.cpu_count() or 1)
 
@@ -45,7 +40,7 @@ def record_files(folder: Path, names: Iterable[str]) -> FileRecords:
     """Sizes and digests of the files `names` (relative to `folder`), in name order."""
     names = sorted(names)
     with ThreadPoolExecutor(_workers()) as pool:
-        digests = list(pool.map(lambda name: _digest(folder / name), names))
+        digests = list(pool.map(LocalStore(folder).sha256, names))
     return {
         name: {"bytes": (folder / name).stat().st_size, "sha256": digest}
         for name, digest in zip(names, digests)
@@ -74,7 +69,7 @@ def files_under(folder: Path, *, exclude: Iterable[str] = ()) -> list[str]:
 
 def check_sizes(folder: Path, records: Mapping[str, Mapping[str, Any]]) -> list[Damage]:
     """Files that are missing or of another size than recorded."""
-    return check_object_sizes(open_store(folder), "", records)
+    return check_object_sizes(LocalStore(folder), "", records)
 
 
 def check_object_sizes(
@@ -95,35 +90,18 @@ def check_object_sizes(
 
 def check_digests(folder: Path, records: Mapping[str, Mapping[str, Any]]) -> list[Damage]:
     """Files that are missing, of another size, or whose bytes differ from their digest."""
-    damage = check_sizes(folder, records)
-    damaged = {d.file for d in damage}
-    names = [name for name in records if name not in damaged]
-    with ThreadPoolExecutor(_workers()) as pool:
-        digests = list(pool.map(lambda name: _digest(folder / name), names))
-    damage += [
-        Damage(name, "does not match its sha256 digest (its bytes changed)")
-        for name, digest in zip(names, digests)
-        if digest != records[name]["sha256"]
-    ]
-    return damage
+    return check_object_digests(LocalStore(folder), "", records)
 
 
 def check_object_digests(
     store: ObjectStore, folder: str, records: Mapping[str, Mapping[str, Any]]
 ) -> list[Damage]:
-    """check_digests for the objects under the key `folder` of `store`: a local folder's files
-    are streamed, a bucket's objects read whole (a cache's files are chunks of megabytes)."""
-    if store.local_root is not None:
-        return check_digests(Path(store.local_root) / folder, records)
+    """check_digests for the objects under the key `folder` of `store` (a folder or a bucket)."""
     damage = check_object_sizes(store, folder, records)
     damaged = {d.file for d in damage}
     names = [name for name in records if name not in damaged]
-
-    def digest(name: str) -> str:
-        return hashlib.sha256(store.read(f"{folder}/{name}" if folder else name).data).hexdigest()
-
     with ThreadPoolExecutor(_workers()) as pool:
-        digests = list(pool.map(digest, names))
+        digests = list(pool.map(store.sha256, [f"{folder}/{n}" if folder else n for n in names]))
     damage += [
         Damage(name, "does not match its sha256 digest (its bytes changed)")
         for name, digest in zip(names, digests)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from kiln.artifacts import one_line
 from kiln.artifacts.atomic import json_bytes
 from kiln.artifacts.lease import Lease, lease_key
 from kiln.artifacts.locations import open_store
-from kiln.artifacts.store import ObjectStore, read_text
+from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
 from kiln_contract.layout import (
     FAILED,
     FAILURE_FILE,
@@ -128,4 +130,42 @@ class ArtifactFolder:
 
     def is_empty(self) -> bool:
         return not self.store.keys(self.key)
+
+    @contextlib.contextmanager
+    def local_files(self, fetch: Callable[[Path], None] | None = None) -> Iterator[Path]:
+        """The artifact's files on this machine, to read: its own folder in a directory store;
+        from a bucket, a temporary folder that `fetch` fills (by default with every object)."""
+        if self.store.local_root is not None:
+            yield Path(self.location())
+            return
+        with tempfile.TemporaryDirectory(prefix="kiln-artifact-") as local:
+            (fetch or self._download_into)(Path(local))
+            yield Path(local)
+
+    @contextlib.contextmanager
+    def local_output(self) -> Iterator[Path]:
+        """A local folder the body writes the artifact's files in: its own folder in a directory
+        store (writers there rename into place); for a bucket a temporary one, uploaded when the
+        body ends without error and wrote it: STATUS removed first, the objects that no new file
+        replaces deleted, STATUS uploaded last (a bucket has no rename, and a cut-off upload
+        never reads as complete)."""
+        if self.store.local_root is not None:
+            yield Path(self.location())
+            return
+        with tempfile.TemporaryDirectory(prefix="kiln-upload-") as staging:
+            local = Path(staging) / "out"
+            yield local
+            if local.is_dir():
+                self._replace_with(local)
+
+    def _download_into(self, local: Path) -> None:
+        for name in self.store.keys(self.key):
+            self.store.download(self.child(name), local / name)
+
+    def _replace_with(self, local: Path) -> None:
+        self.store.remove(self.child(STATUS_FILE))
+        written = {path.relative_to(local).as_posix() for path in local.rglob("*")}
+        for stale in set(self.store.keys(self.key)) - written:
+            self.store.remove(self.child(stale))
+        copy_folder_into(self.store, self.key, local)
 

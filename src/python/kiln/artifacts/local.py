@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 import stat
@@ -45,6 +46,14 @@ class LocalStore(ObjectStore):
 
     def location(self, key: str) -> str:
         return str(self.path(key))
+
+    def sha256(self, key: str) -> str:
+        """Streamed from the file (a checkpoint's or a cache's files are large)."""
+        try:
+            with open(self.path(key), "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        except FileNotFoundError:
+            raise ObjectMissing(self.location(key)) from None
 
     def under(self, key: str) -> LocalStore:
         return LocalStore(self.path(key))

@@ -11,31 +11,31 @@ from collections.abc import Callable
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.artifacts.store import ObjectStore
+from kiln_contract.location import StoreLocation
 
 
 class UnsupportedStore(ValueError):
     """A store location this Kiln cannot open."""
 
 
-def open_store(location: str | os.PathLike[str]) -> ObjectStore:
+def open_store(location: str | os.PathLike[str] | StoreLocation) -> ObjectStore:
     """The store at `location`: `s3://BUCKET/PATH`, `gs://BUCKET/PATH`, or a local directory
     (absolute or relative path)."""
-    text = os.fspath(location)
-    scheme, sep, _ = text.partition("://")
-    if not sep:
-        return LocalStore(text)
+    where = StoreLocation.parse(location)
+    if not where.in_bucket:
+        return LocalStore(where.text)
     # The bucket stores import their clients (requests, boto3) when first asked for: a run on a
     # local store starts without them.
-    if scheme == "s3":
+    if where.scheme == "s3":
         from kiln.artifacts.s3 import S3Store
 
-        return S3Store(text)
-    if scheme == "gs":
+        return S3Store(where.text)
+    if where.scheme == "gs":
         from kiln.artifacts.gcs import GCSStore
 
-        return GCSStore(text)
+        return GCSStore(where.text)
     raise UnsupportedStore(
-        f"{text}: Kiln stores artifacts in s3://, gs:// or local directories; for another "
+        f"{where}: Kiln stores artifacts in s3://, gs:// or local directories; for another "
         "store, mount it and give its mount point as the prefix."
     )
 

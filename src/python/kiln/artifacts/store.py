@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,6 +85,11 @@ class ObjectStore(abc.ABC):
         """TensorStore's kvstore spec of the objects under `key/` (its `file`, `s3` or `gcs`
         driver; its path ends in "/"), for arrays stored there and `read_texts`. It names no
         credentials: TensorStore finds them in the same standard places as the store."""
+
+    def sha256(self, key: str) -> str:
+        """The hex sha256 digest of the object's bytes (read whole: a bucket's objects here are
+        chunks of megabytes); ObjectMissing if there is none."""
+        return hashlib.sha256(self.read(key).data).hexdigest()
 
     @abc.abstractmethod
     def write(self, key: str, data: bytes) -> str:

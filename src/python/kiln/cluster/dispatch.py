@@ -41,6 +41,7 @@ from kiln.cluster.placement import (
     reserve_slice,
     wait_for_capacity,
 )
+from kiln_contract.location import in_bucket
 from kiln_contract.step import STEP_FILE
 from kiln_contract.train import Resources
 
@@ -82,7 +83,7 @@ class ClusterJob:
 
     @property
     def in_bucket(self) -> bool:
-        return "://" in self.prefix
+        return in_bucket(self.prefix)
 
     def run_dir(self, inputs: str) -> str:
         """Where a host's runner builds the artifact (process 0's holds its control endpoint):

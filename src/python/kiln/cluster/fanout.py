@@ -43,6 +43,7 @@ from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.sources import expand_paths
 from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenize import already_built
+from kiln_contract.location import in_bucket
 from kiln_contract.tokenize import HUB_VARIABLES, CacheSpec, FilesSource, LevanterCacheSource
 from kiln_contract.train import Resources
 
@@ -79,7 +80,7 @@ class FanOut:
     @property
     def _root(self) -> list[str]:
         """Local folders are confined to the store; a bucket's keys are its own."""
-        return [] if "://" in self.prefix else ["--root", self.prefix]
+        return [] if in_bucket(self.prefix) else ["--root", self.prefix]
 
     def shard_argv(self, index: int) -> list[str]:
         return ["shard", TASK_SPEC, "--index", str(index), "--out", self.shards[index],

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifacts import STATUS_FILE, SUCCESS
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.store import ObjectStore, read_text
@@ -26,7 +27,6 @@ from kiln.data.cache_writer import (
     ShardWriter,
     check_shard,
     folder_exists,
-    local_folder_of,
     missing_shard,
     shard_in_place,
     shard_record,
@@ -112,7 +112,7 @@ def write_shard_unless_done(
         if record is not None and is_shard_of(store, record, spec, index, tokenizer):
             print(f"{spec.name}: shard {index} is already at {store.location('')}", file=sys.stderr)
             return
-    with local_folder_of(shard) as folder:
+    with ArtifactFolder(shard, "").local_output() as folder:
         tokenize_shard(spec, index, folder, tokenizer)
     print(f"{spec.name}: shard {index} written to {shard.location('')}", file=sys.stderr)
 

@@ -16,7 +16,7 @@ left beside a shard or cache by a killed build are deleted when it is next writt
 Every shard and cache is read and written through the object store (kiln.artifacts.store), so
 a local folder and a bucket take the same code. Where they differ is said once: a shard is
 written in a local folder, its own place in a local store and a staging folder uploaded to its
-final keys in a bucket (`local_folder_of`), and a bucket has no rename, so a shard in a bucket
+final keys in a bucket (`ArtifactFolder.local_output`), and a bucket has no rename, so a shard in a bucket
 is built at its place in the cache, `shards/NAME/`, while a local one may be moved there
 (`write_cache`). The layout is the same, so either reads the same.
 """
@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from kiln.artifacts.content import (
 )
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.local import LocalStore
-from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
+from kiln.artifacts.store import ObjectStore, read_text
 from kiln.data import document_ends
 from kiln.data.cache import (
     BYTE_LENGTHS_FILE,
@@ -183,24 +182,6 @@ def check_shard(store: ObjectStore, record: dict[str, Any]) -> None:
             f"{store.location('')}: shard {record['index']}: file {damage[0].file} "
             f"{damage[0].reason}; the shard was marked incomplete: rerun to tokenize it again."
         )
-
-
-@contextlib.contextmanager
-def local_folder_of(store: ObjectStore) -> Iterator[Path]:
-    """A local folder to write what the root of `store` is to hold: the store's own folder when
-    it is local (writers there rename into place), else a temporary one, uploaded when the block
-    ends without error so that it replaces what is there, STATUS last (a bucket has no rename,
-    and a cut-off upload never reads as complete)."""
-    if store.local_root is not None:
-        yield Path(store.local_root)
-        return
-    with tempfile.TemporaryDirectory(prefix="kiln-upload-") as staging:
-        folder = Path(staging) / "folder"
-        yield folder
-        store.remove(STATUS_FILE)
-        for stale in set(store.keys("")) - set(files_under(folder)):
-            store.remove(stale)
-        copy_folder_into(store, "", folder)
 
 
 def write_cache(

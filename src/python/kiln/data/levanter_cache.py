@@ -39,6 +39,7 @@ from kiln.data.cache import DATA_ARRAY, FORMAT_VERSION, OFFSETS_ARRAY, records_d
 from kiln.data.cache_writer import write_imported_cache
 from kiln.data.errors import SourceError
 from kiln.data.tokenizer import LoadedTokenizer
+from kiln_contract.location import in_bucket
 from kiln_contract.tokenize import CacheSpec, LevanterCacheSource
 
 LEDGER_FILE = "shard_ledger.json"
@@ -232,7 +233,7 @@ def _sharded_parts(ledger: dict[str, Any], where: str) -> tuple[LevanterPart, ..
     parts = []
     for index, name in enumerate(names):
         field = f"finished_shards[{index}]"
-        if not isinstance(name, str) or not name or "://" in name or name.startswith("/") or (
+        if not isinstance(name, str) or not name or in_bucket(name) or name.startswith("/") or (
             ".." in name.split("/")
         ):
             raise SourceError(

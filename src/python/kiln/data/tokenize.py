@@ -72,12 +72,13 @@ from kiln.data.cache_build import (  # noqa: F401 - ENCODE_BATCH_DOCUMENTS: for 
     tokenize_shard,
     write_shard_unless_done,
 )
-from kiln.data.cache_writer import local_folder_of, remove_dead_temporaries
+from kiln.data.cache_writer import remove_dead_temporaries
 from kiln.data.errors import KilnDataError, SpecError
 from kiln.data.hub_settings import apply_hub_settings
 from kiln.data.levanter_cache import import_levanter_cache, plan_import
 from kiln.data.spec import parse_cache_spec
 from kiln.data.tokenizer import LoadedTokenizer, load_tokenizer
+from kiln_contract.location import location_argument
 from kiln_contract.tokenize import CacheSpec, LevanterCacheSource, TokenizerSpec
 
 __all__ = ["already_built", "build_cache", "main", "merge_cache", "tokenize_shard"]
@@ -312,7 +313,7 @@ def _import_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStor
         if served(spec, cache):
             return
         tokenizer = _tokenizer(spec)
-        with local_folder_of(cache) as folder:
+        with ArtifactFolder(cache, "").local_output() as folder:
             if args.record is not None:
                 atomic_write_bytes(folder / RECORD_FILE, args.record.read_bytes())
             import_levanter_cache(spec, folder, tokenizer)
@@ -378,11 +379,6 @@ def _read_json(path: Path, what: str) -> Any:
         raise SpecError(f"{path}: not valid JSON ({e}).") from None
 
 
-def _location(text: str) -> str | Path:
-    """A folder argument: a bucket URL stays text (a Path would fold its `//`), else a Path."""
-    return text.rstrip("/") if "://" in text else Path(text)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m kiln.data.tokenize", description=__doc__.split("\n")[0]
@@ -391,23 +387,23 @@ def _parser() -> argparse.ArgumentParser:
     shard = commands.add_parser("shard", help="tokenize one shard into a shard folder")
     shard.add_argument("spec", type=Path)
     shard.add_argument("--index", type=int, required=True)
-    shard.add_argument("--out", type=_location, required=True)
+    shard.add_argument("--out", type=location_argument, required=True)
     shard.add_argument(
         "--unless-built",
-        type=_location,
+        type=location_argument,
         help="do nothing if this cache is already built (store mode)",
     )
     merge = commands.add_parser("merge", help="assemble shard folders into a cache")
     merge.add_argument("spec", type=Path)
-    merge.add_argument("--shards", type=_location, nargs="+", required=True)
-    merge.add_argument("--out", type=_location, required=True)
+    merge.add_argument("--shards", type=location_argument, nargs="+", required=True)
+    merge.add_argument("--out", type=location_argument, required=True)
     merge.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     build = commands.add_parser("build", help="all shards in this process, then merge")
     build.add_argument("spec", type=Path)
-    build.add_argument("--out", type=_location, required=True)
+    build.add_argument("--out", type=location_argument, required=True)
     imported = commands.add_parser("import", help="import a levanter_cache source")
     imported.add_argument("spec", type=Path)
-    imported.add_argument("--out", type=_location, required=True)
+    imported.add_argument("--out", type=location_argument, required=True)
     imported.add_argument("--record", type=Path, help="an artifact.json to place in the cache")
     many = commands.add_parser("many", help="several caches' command lines in one process")
     many.add_argument("manifest", type=Path)

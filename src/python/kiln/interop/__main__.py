@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kiln_contract.location import location_argument
+
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}  # fmt: skip
 
@@ -82,10 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="a checkpoint -> a transformers Llama folder")
     export.add_argument(
-        "run_dir", type=_location, help="the lm_checkpoint's folder in the store (or its URL)"
+        "run_dir", type=location_argument, help="the lm_checkpoint's folder in the store (or its URL)"
     )
     export.add_argument(
-        "out", type=_location, help="the folder to write, which must not exist (with --record: "
+        "out", type=location_argument, help="the folder to write, which must not exist (with --record: "
         "its place in the store, a folder or a URL)"
     )
     export.add_argument(
@@ -217,11 +219,6 @@ def _eval_artifact(args: argparse.Namespace) -> int:
     return 0
 
 
-def _location(text: str) -> str | Path:
-    """A folder, or an s3:// or gs:// URL (exports into and from the artifact store)."""
-    return text.rstrip("/") if "://" in text else Path(text)
-
-
 def _export(args: argparse.Namespace) -> int:
     options = {
         "step": args.step,
@@ -234,16 +231,17 @@ def _export(args: argparse.Namespace) -> int:
 
         print(export_artifact(args.run_dir, args.out, args.record, **options))
         return 0
+    from kiln.artifacts.folder import ArtifactFolder
     from kiln.interop.errors import InteropError
     from kiln.interop.export import export_run
-    from kiln.interop.store_artifact import local_run
+    from kiln.train.run_mirror import local_run
 
     if not isinstance(args.out, Path):
         raise InteropError(
             f"export: {args.out} is in a bucket: an export into the artifact store is an "
             "hf_model artifact (`./pants package` its target, or give --record)"
         )
-    with local_run(args.run_dir, args.step) as run:
+    with local_run(ArtifactFolder.at(args.run_dir), args.step) as run:
         out = export_run(run, args.out, **options)
     files = sorted(p.name for p in out.iterdir())
     print(f"exported {args.run_dir} ({args.dtype}) to {out}: {', '.join(files)}")

@@ -33,13 +33,12 @@ from kiln.interop.hub import hf_model_folder
 from kiln.interop.parent_run import built_parent
 from kiln.interop.read import ImportedLlama
 from kiln.interop.store_artifact import (
-    local_folder,
-    local_run,
     read_record,
     served_if_built,
     writing,
 )
 from kiln.interop.trained_run import TrainedRun
+from kiln.train.run_mirror import local_run
 from kiln_contract.layout import EVAL_RESULTS_FILE
 from kiln_contract.train import HfModelSource, ParentRun, init_from_json
 
@@ -99,7 +98,7 @@ def _scores(
         return evaluate_hf_llama(hf_model_folder(model), request)
     folder = built_parent(store, model)
     if model.kind == "hf_model":
-        with local_folder(folder) as local:
+        with folder.local_files() as local:
             return evaluate_hf_llama(local, request)
     with _trained_run(folder, model) as (run, step):
         checkpoint = run.checkpoint(step)
@@ -112,7 +111,7 @@ def _scores(
 @contextmanager
 def _trained_run(folder: ArtifactFolder, model: ParentRun) -> Iterator[tuple[TrainedRun, Any]]:
     step: int | str = model.step if model.step is not None else "last"
-    with local_run(folder.location(), step) as path:
+    with local_run(folder, step) as path:
         run = TrainedRun.open(path)
         try:
             yield run, step

@@ -25,10 +25,10 @@ from kiln.interop.errors import InteropError
 from kiln.interop.hub import check_architecture
 from kiln.interop.llama_weights import Params
 from kiln.interop.read import read_hf_config, read_hf_llama
-from kiln.interop.store_artifact import local_folder, local_run
 from kiln.interop.trained_run import TrainedRun
 from kiln.model.config import LlamaConfig
 from kiln.train.checkpoints import CHECKPOINTS_DIR, METADATA_FILE, CheckpointInfo, check_intact
+from kiln.train.run_mirror import local_run
 from kiln_contract.train import ParentRun
 
 
@@ -38,7 +38,7 @@ def parent_params(
     """The parent's weights as the parameter tree of Llama(model_config), float32."""
     folder = built_parent(store, parent)
     if parent.kind == "hf_model":
-        with local_folder(folder) as local:
+        with folder.local_files() as local:
             check_architecture(read_hf_config(local), model_config, parent)
             params: Params = read_hf_llama(local, tokenizer=tokenizer).params
             return params
@@ -76,7 +76,7 @@ def _checkpoint_of(
     """The parent run (a local copy of a bucket's) and its checkpoint at the chosen step,
     checked against the run's architecture and tokenizer."""
     step = parent.step if parent.step is not None else "last"
-    with local_run(folder.location(), step) as path:
+    with local_run(folder, step) as path:
         run = TrainedRun.open(path)
         try:
             check_architecture(run.model_config, model_config, parent)

@@ -17,14 +17,12 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kiln import artifacts
 from kiln.artifacts.folder import ArtifactFolder
-from kiln.artifacts.store import copy_folder_into
 from kiln.interop.errors import InteropError
 from kiln_contract.parsing import SpecError
 from kiln_contract.record import ArtifactRecord, fingerprint_drift
@@ -56,48 +54,12 @@ def served_if_built(
 
 
 @contextlib.contextmanager
-def local_run(location: str | Path, step: int | str) -> Iterator[Path]:
-    """The run's folder on this machine: itself, or (in a bucket) a copy of what an export of
-    checkpoint `step` reads."""
-    run = ArtifactFolder.at(str(location))
-    if run.store.local_root is not None:
-        yield Path(location)
-        return
-    from kiln.train.run_mirror import RunMirror
-
-    with tempfile.TemporaryDirectory(prefix="kiln-run-") as folder:
-        RunMirror(run, Path(folder)).fetch(step=step)
-        yield Path(folder)
-
-
-@contextlib.contextmanager
-def local_folder(folder: ArtifactFolder) -> Iterator[Path]:
-    """A built artifact's folder on this machine, to read: itself, or a download of its files
-    from a bucket."""
-    if folder.store.local_root is not None:
-        yield Path(folder.location())
-        return
-    with tempfile.TemporaryDirectory(prefix="kiln-artifact-") as local:
-        for name in folder.store.keys(folder.key):
-            folder.store.download(folder.child(name), Path(local) / name)
-        yield Path(local)
-
-
-@contextlib.contextmanager
 def writing(target: ArtifactFolder) -> Iterator[Path]:
-    """Where the artifact is written: the folder itself (what a dev build or an unfinished one
-    left there cleared), or a local folder uploaded into the bucket once written, STATUS
-    last."""
-    if target.store.local_root is not None:
-        clear_previous(Path(target.location()))
-        yield Path(target.location())
-        return
-    with tempfile.TemporaryDirectory(prefix="kiln-export-") as folder:
-        local = Path(folder) / "out"
+    """Where the artifact is written (ArtifactFolder.local_output), what a dev build or an
+    unfinished one left there cleared."""
+    with target.local_output() as local:
+        clear_previous(local)
         yield local
-        if local.is_dir():
-            target.store.remove_folder(target.key, first=(artifacts.STATUS_FILE,))
-            copy_folder_into(target.store, target.key, local)
 
 
 def stored_record(folder: ArtifactFolder) -> dict[str, Any] | None:

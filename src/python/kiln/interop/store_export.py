@@ -16,7 +16,6 @@ from kiln.artifacts.folder import ArtifactFolder
 from kiln.interop.errors import InteropError
 from kiln.interop.store_artifact import (
     check_same,
-    local_run,
     read_record,
     served_if_built,
     stored_record,
@@ -30,6 +29,7 @@ def export_artifact(
 ) -> str:
     """Builds (or serves) the export at `out`; returns what it did, for people."""
     from kiln.interop.export import export_run
+    from kiln.train.run_mirror import local_run
 
     record, provenance = read_record(record_file)
     target, source = ArtifactFolder.at(str(out)), ArtifactFolder.at(str(run_dir))
@@ -38,7 +38,7 @@ def export_artifact(
         return already
     _check_checkpoint(source, record)
     full_record = {**record.to_json(), "provenance": {**provenance, **artifacts.built_here()}}
-    with local_run(source.location(), export_options.get("step", "last")) as run, \
+    with local_run(source, export_options.get("step", "last")) as run, \
             writing(target) as local:  # fmt: skip
         try:
             export_run(run, local, record=full_record, **export_options)

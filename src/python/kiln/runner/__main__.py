@@ -27,7 +27,7 @@ from kiln.runner.errors import StepError
 from kiln.runner.step_run import Destination
 from kiln.train import multihost
 from kiln.train.progress import quiet_libraries
-from kiln_contract.parsing import is_bucket_url
+from kiln_contract.location import is_bucket_url
 from kiln_contract.step import StepSpec
 
 # How long a runner whose Pants process died has to save a checkpoint before it is killed.

@@ -11,7 +11,7 @@ from pathlib import Path
 import kiln
 import kiln_contract
 from kiln.runner.errors import StepError
-from kiln_contract.parsing import is_bucket_url
+from kiln_contract.location import is_bucket_url
 from kiln_contract.step import STEP_FILE, StepSpec
 
 SOURCES = "src"

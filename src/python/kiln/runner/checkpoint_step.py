@@ -23,6 +23,7 @@ from kiln.runner.training import failure_recorded, train
 from kiln.runner.workspace import Workspace, opened
 from kiln.train import multihost
 from kiln_contract.layout import RECORD_FILE, RUNNING, TRAIN_SPEC_FILE
+from kiln_contract.location import location_argument
 from kiln_contract.step import StepSpec
 from kiln_contract.train import TrainSpec
 from kiln_contract.vocabulary import is_mutable_version
@@ -162,7 +163,7 @@ def train_spec(step: StepSpec, inputs_root: Path, workspace: Workspace, destinat
     """The trainer's spec: the step's config with every input where the trainer reads it, the
     output in the workspace."""
     store = destination.store if destination.artifact_store else None
-    paths = {ref: _path(where) for ref, where in input_locations(step, inputs_root, store).items()}
+    paths = {ref: location_argument(where) for ref, where in input_locations(step, inputs_root, store).items()}
     spec = step.train_spec(workspace.local, paths, inputs_root)
     if workspace.mirror is not None:  # records and messages name the bucket, not the staging
         spec = dataclasses.replace(spec, location=destination.folder.location())
@@ -171,11 +172,6 @@ def train_spec(step: StepSpec, inputs_root: Path, workspace: Workspace, destinat
     checkpointer = dataclasses.replace(spec.runtime.checkpointer, per_host_folders=True)
     runtime = dataclasses.replace(spec.runtime, checkpointer=checkpointer)
     return dataclasses.replace(spec, runtime=runtime)
-
-
-def _path(location: str) -> Path | str:
-    """A location as the trainer takes it: a local path, or a bucket URL."""
-    return location if "://" in location else Path(location)
 
 
 def check_write_paths(spec: TrainSpec, root: Path) -> None:

@@ -304,3 +304,9 @@ def _step(folder: str) -> int:
 def _parallel(action: Callable[[str], None], names: list[str]) -> None:
     with ThreadPoolExecutor(_PARALLEL_OBJECTS) as pool:
         list(pool.map(action, names))
+
+
+def local_run(folder: ArtifactFolder, step: int | str) -> contextlib.AbstractContextManager[Path]:
+    """The run's folder on this machine, to read: itself in a directory store, or a copy of what
+    an export of checkpoint `step` reads from a bucket (its files and that checkpoint)."""
+    return folder.local_files(lambda local: RunMirror(folder, local).fetch(step=step))
