@@ -115,9 +115,10 @@ class ArtifactFolder:
         try:
             self.write_status(FAILED)
         except OSError:
-            if self.store.local_root is None:
+            root = self.store.root_location.folder
+            if root is None:
                 raise
-            status = Path(self.store.local_root) / self.child(STATUS_FILE)
+            status = root / self.child(STATUS_FILE)
             with contextlib.suppress(OSError), open(status, "r+b") as f:
                 f.write(f"{FAILED}\n".encode())
                 f.truncate()
@@ -135,7 +136,7 @@ class ArtifactFolder:
     def local_files(self, fetch: Callable[[Path], None] | None = None) -> Iterator[Path]:
         """The artifact's files on this machine, to read: its own folder in a directory store;
         from a bucket, a temporary folder that `fetch` fills (by default with every object)."""
-        if self.store.local_root is not None:
+        if not self.store.root_location.in_bucket:
             yield Path(self.location())
             return
         with tempfile.TemporaryDirectory(prefix="kiln-artifact-") as local:
@@ -149,7 +150,7 @@ class ArtifactFolder:
         body ends without error and wrote it: STATUS removed first, the objects that no new file
         replaces deleted, STATUS uploaded last (a bucket has no rename, and a cut-off upload
         never reads as complete)."""
-        if self.store.local_root is not None:
+        if not self.store.root_location.in_bucket:
             yield Path(self.location())
             return
         with tempfile.TemporaryDirectory(prefix="kiln-upload-") as staging:

@@ -166,6 +166,9 @@ class LocalStore(ObjectStore):
             self.remove(f"{key}/{name}")
         shutil.rmtree(self.path(key), ignore_errors=True)
 
+    def folder_exists(self, key: str) -> bool:
+        return self.path(key).is_dir()
+
     def prune(self, key: str) -> None:
         """Removes the folders above `key` that are left empty, up to the store's root."""
         folder = self.path(key).parent
@@ -175,10 +178,6 @@ class LocalStore(ObjectStore):
             except OSError:  # not empty (or gone): what is above it is not empty either
                 return
             folder = folder.parent
-
-    @property
-    def local_root(self) -> str | None:
-        return str(self.root)
 
     @contextlib.contextmanager
     def _locked(self, key: str, generation: str) -> Iterator[None]:

@@ -24,6 +24,7 @@ from typing import Any, Self
 
 from kiln.artifacts.bucket import ATTEMPTS, BucketURL
 from kiln.artifacts.storage_errors import StorageError
+from kiln_contract.location import StoreLocation
 
 
 class ObjectMissing(Exception):
@@ -162,13 +163,18 @@ class ObjectStore(abc.ABC):
         for name in sorted(names, key=lambda name: name not in first):
             self.remove(f"{key}/{name}")
 
+    def folder_exists(self, key: str) -> bool:
+        """Whether the folder `key` is there: in a bucket (which has no empty folders), whether
+        any object is under it."""
+        return bool(self.keys(key))
+
     def prune(self, key: str) -> None:  # noqa: B027 - a bucket has nothing to do
         """Forgets the empty folders that held `key` (a bucket has none: names alone)."""
 
     @property
-    def local_root(self) -> str | None:
-        """The directory of a store on the local file system; None for a bucket."""
-        return None
+    def root_location(self) -> StoreLocation:
+        """Where the store's root is: a local folder (`.folder`) or a bucket's URL."""
+        return StoreLocation.parse(self.location(""))
 
 
 class BucketStore(ObjectStore):

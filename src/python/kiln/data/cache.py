@@ -182,8 +182,7 @@ class TokenCache:
     through the object store, its arrays through TensorStore's matching kvstore driver."""
 
     def __init__(self, store: ObjectStore, info: dict[str, Any], ledger: dict[str, Any]) -> None:
-        root = store.local_root
-        self.path: Path | str = store.location("") if root is None else Path(root)  # for people
+        self.path = store.root_location.as_argument()  # for people
         self.store = store
         self.info = info
         self.ledger = ledger

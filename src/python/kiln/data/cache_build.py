@@ -26,7 +26,6 @@ from kiln.data.cache import CACHE_FILE, FORMAT_VERSION, SHARD_FORMAT_VERSIONS, S
 from kiln.data.cache_writer import (
     ShardWriter,
     check_shard,
-    folder_exists,
     missing_shard,
     shard_in_place,
     shard_record,
@@ -233,7 +232,7 @@ def _given_shards(
     for shard in shards:
         where = shard.location("")
         record = shard_record(shard)
-        if record is None and not folder_exists(shard) and cache.keys(SHARDS_DIR):
+        if record is None and not shard.folder_exists("") and cache.keys(SHARDS_DIR):
             continue  # moved into the cache by an interrupted merge
         if record is None:
             raise missing_shard(shard)
@@ -250,7 +249,7 @@ def _given_shards(
 def check_placeable(spec: CacheSpec, index: int, shard: ObjectStore, cache: ObjectStore) -> None:
     """A shard is moved into its cache by a rename, which a bucket does not have: in a bucket it
     must be built at its place in the cache."""
-    if shard.local_root is not None and cache.local_root is not None:
+    if not (shard.root_location.in_bucket or cache.root_location.in_bucket):
         return
     if not shard_in_place(shard, cache, _shard_key(index)):
         raise SpecError(

@@ -37,7 +37,7 @@ import tensorstore as ts
 from kiln.artifacts import RECORD_FILE, RUNNING, STATUS_FILE, SUCCESS, failure_reason
 from kiln.artifacts.atomic import atomic_write_bytes, atomic_write_json, json_bytes
 from kiln.artifacts.content import (
-    check_digests,
+    check_object_digests,
     check_object_sizes,
     files_under,
     record_bytes,
@@ -150,17 +150,10 @@ def shard_record(store: ObjectStore) -> dict[str, Any] | None:
     return None if text is None else json.loads(text)
 
 
-def folder_exists(store: ObjectStore) -> bool:
-    """Whether the root of `store` is there: a local folder (even empty), or any object under a
-    bucket's prefix (a bucket has no empty folders)."""
-    root = store.local_root
-    return Path(root).is_dir() if root is not None else bool(store.keys(""))
-
-
 def missing_shard(store: ObjectStore) -> CacheError:
     """Why the root of `store` holds no complete shard."""
     where = store.location("")
-    if not folder_exists(store):
+    if not store.folder_exists(""):
         return CacheError(f"{where}: no such shard folder.")
     return CacheError(
         f"{where}: the shard is incomplete (no {STATUS_FILE} SUCCESS): its tokenize step "
@@ -173,9 +166,9 @@ def check_shard(store: ObjectStore, record: dict[str, Any]) -> None:
     each object's size in a bucket (its digests were taken from the local files it was
     uploaded from). A damaged shard loses its STATUS (its caller holds its lease), so that the
     next build tokenizes it again."""
-    root = store.local_root
     files = record["files"]
-    damage = check_digests(Path(root), files) if root else check_object_sizes(store, "", files)
+    check = check_object_sizes if store.root_location.in_bucket else check_object_digests
+    damage = check(store, "", files)
     if damage:
         store.remove(STATUS_FILE)
         raise CacheDamaged(
@@ -212,18 +205,19 @@ def write_cache(
 
 def shard_in_place(shard: ObjectStore, cache: ObjectStore, key: str) -> bool:
     """Whether the shard at the root of `shard` is the cache's folder `key` already."""
-    here, there = shard.location(""), cache.location(key)
-    if shard.local_root is None or cache.local_root is None:
-        return here == there
-    return Path(here).absolute() == Path(there).absolute()
+    here, there = shard.root_location.folder, cache.root_location.under(key).folder
+    if here is None or there is None:
+        return shard.location("") == cache.location(key)
+    return here.absolute() == there.absolute()
 
 
 def _place_shard(shard: ObjectStore, cache: ObjectStore, key: str) -> None:
     if shard_in_place(shard, cache, key):
         return
-    if shard.local_root is None or cache.local_root is None:  # refused before: see tokenize
+    here, there = shard.root_location.folder, cache.root_location.under(key).folder
+    if here is None or there is None:  # refused before: see tokenize
         raise CacheError(f"{shard.location('')} cannot be moved to {cache.location(key)}.")
-    _move_dir(Path(shard.local_root), Path(cache.local_root) / key)
+    _move_dir(here, there)
 
 
 def write_imported_cache(

@@ -261,7 +261,7 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore
             f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
         )
     shard = open_store(args.out)
-    if cache is None and shard.local_root is None:
+    if cache is None and shard.root_location.in_bucket:
         raise SpecError(
             f"shard --out {args.out}: a shard in a bucket is built at its place in the cache; "
             "give the cache as --unless-built CACHE_URL."
@@ -274,8 +274,9 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore
         if cache is None or not served(spec, cache):
             tokenizer = _tokenizer(spec)
             write_shard_unless_done(spec, args.index, shard, cache, tokenizer)
-    if cache is not None and shard.local_root is not None and ArtifactFolder(cache, "").is_built():
-        _remove_if_empty(Path(shard.local_root).parent)  # merged while this waited
+    staging = shard.root_location.folder
+    if cache is not None and staging is not None and ArtifactFolder(cache, "").is_built():
+        _remove_if_empty(staging.parent)  # merged while this waited
 
 
 def _merge_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore) -> None:

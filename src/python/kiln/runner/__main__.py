@@ -123,7 +123,7 @@ def artifact_store(prefix: str) -> ObjectStore:
         store = open_store(prefix)
     except (UnsupportedStore, ValueError) as e:
         raise StepError(f"--prefix {e}") from None
-    return store if store.local_root is None else LocalStore(Path(prefix).absolute())
+    return store if store.root_location.in_bucket else LocalStore(Path(prefix).absolute())
 
 
 def _check_cluster_flags(

@@ -71,8 +71,8 @@ def run_step(
 def _write_root(destination: Destination, workspace: Workspace) -> Path:
     """What every write of the run stays in: the local artifact store, else the workspace (a
     staging folder, or the scratch folder of a hermetic run)."""
-    root = destination.store.local_root
-    return Path(root) if destination.artifact_store and root is not None else workspace.local
+    root = destination.store.root_location.folder
+    return root if destination.artifact_store and root is not None else workspace.local
 
 
 def _processes(group: multihost.ProcessGroup) -> int:
@@ -155,8 +155,7 @@ def _compile_cache(destination: Destination) -> Path | None:
 
     if not destination.artifact_store:
         return None
-    root = destination.store.local_root
-    return cache_folder(Path(root) if root is not None else None)
+    return cache_folder(destination.store.root_location.folder)
 
 
 def train_spec(step: StepSpec, inputs_root: Path, workspace: Workspace, destination: Destination) -> TrainSpec:
@@ -208,7 +207,7 @@ def _restart_dev_run(step: StepSpec, destination: Destination) -> None:
             "it away and rerun."
         )
     checkpoints = folder.child("checkpoints")
-    if destination.store.local_root is not None:
+    if not destination.store.root_location.in_bucket:
         output = Path(folder.location())
         _contained(output / "checkpoints", output, "the checkpoint folder")
     destination.store.remove_folder(checkpoints)

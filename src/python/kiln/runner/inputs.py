@@ -109,10 +109,11 @@ def _check_cache(store: ObjectStore, record: ArtifactRecord, *, mark: bool = Tru
 
 def _contained(store: ObjectStore, key: str, what: str) -> None:
     """In a directory: the key's folder, symlinks and `..` resolved, lies in the store."""
-    if store.local_root is None:
+    root = store.root_location.folder
+    if root is None:
         return
     try:
-        within(Path(store.location(key)), Path(store.local_root), what)
+        within(Path(store.location(key)), root, what)
     except OutsideRoot as e:
         raise StepError(str(e)) from None
 

@@ -53,7 +53,7 @@ def opened(
 ) -> Iterator[Workspace]:
     """The workspace of a run in `folder`: a bucket's run stages in `staging` (a cluster host's
     folder for the run), else in a temporary folder."""
-    if folder.store.local_root is not None:
+    if not folder.store.root_location.in_bucket:
         yield Workspace(Path(folder.location()), None)
         return
     with contextlib.ExitStack() as stack:

@@ -71,8 +71,8 @@ def test_a_removal_takes_the_lease_and_leaves_nothing_of_the_artifact(store: Obj
     assert store.keys("tokenized/big") == []
     left = [a.folder for a in take_inventory(store).artifacts]
     assert left == ["checkpoints/bad/2026.02.02", "tokenized/web/2026.01.01"]
-    if store.local_root is not None:  # no empty `name/` folder is left behind
-        root = Path(store.local_root)
+    root = store.root_location.folder
+    if root is not None:  # no empty `name/` folder is left behind
         assert not (root / "checkpoints/run").exists() and not (root / "tokenized/big").exists()
         assert (root / "tokenized/web/2026.01.01").is_dir()
 

@@ -12,11 +12,13 @@ import pytest
 
 from kiln.artifacts import dep_failed
 from kiln.artifacts.bucket import Transient, with_retries
+from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import UnsupportedStore, open_store
 from kiln.artifacts.storage_errors import StorageError
 from kiln.artifacts.store import ObjectExists, ObjectMissing, ObjectStore, PreconditionFailed
 from kiln_contract.inventory import FolderOutcome
+from kiln_contract.location import StoreLocation, is_bucket_url, location_argument
 
 
 def test_open_store_maps_locations_to_implementations(tmp_path: Path) -> None:
@@ -25,6 +27,39 @@ def test_open_store_maps_locations_to_implementations(tmp_path: Path) -> None:
         open_store("hdfs://x/y")
     with pytest.raises(ValueError, match=r"^s3://: not a bucket URL; write it as s3://BUCKET/PATH"):
         open_store("s3://")
+
+
+def test_a_location_is_parsed_once_into_a_folder_or_a_bucket(tmp_path: Path) -> None:
+    bucket = StoreLocation.parse("s3://b/runs/")
+    assert (bucket.in_bucket, bucket.folder, str(bucket)) == (True, None, "s3://b/runs")
+    assert str(bucket.under("x/y")) == "s3://b/runs/x/y" and bucket.under("") is bucket
+    folder = StoreLocation.parse(tmp_path)
+    assert (folder.in_bucket, folder.folder) == (False, tmp_path)
+    assert folder.under("x").folder == tmp_path / "x"
+    assert location_argument("gs://b/p/") == "gs://b/p" and location_argument("a/b") == Path("a/b")
+    assert [is_bucket_url(u) for u in ("s3://b/p", "gs://b", "s3://", "hdfs://b/p", "/p")] == [
+        True, True, False, False, False,
+    ]  # fmt: skip
+    assert open_store(bucket).root_location == bucket
+
+
+def test_an_artifact_becomes_local_files_and_local_files_an_artifact(store: ObjectStore) -> None:
+    """ArtifactFolder.local_output writes a folder whole (a bucket's: STATUS last, objects no new
+    file replaces deleted); local_files reads it back on this machine."""
+    folder = ArtifactFolder(store, "name/1")
+    store.write("name/1/stale.txt", b"old")
+    with folder.local_output() as local:
+        (local / "sub").mkdir(parents=True, exist_ok=True)
+        (local / "sub" / "data.bin").write_bytes(b"new")
+        (local / "STATUS").write_text("SUCCESS\n")
+        if store.root_location.in_bucket:
+            assert folder.status() is None  # nothing is uploaded before the body ends
+    if store.root_location.in_bucket:
+        assert sorted(store.keys("name/1")) == ["STATUS", "sub/data.bin"]
+    assert folder.is_built() and store.folder_exists("name/1") and not store.folder_exists("x")
+    with folder.local_files() as local:
+        assert (local / "sub" / "data.bin").read_bytes() == b"new"
+        assert (local / "STATUS").read_text() == "SUCCESS\n"
 
 
 def test_objects_are_written_read_and_located(store: ObjectStore, store_location: str) -> None:
