@@ -5,8 +5,8 @@
                 "max_document_chars": 1000000, "num_shards": 4, "max_tokens": 1000000}}
 
 The backend writes it (kiln_pants.tokenize_rules); kiln.data parses it. docs/token-cache.md
-describes each field. `max_tokens` and `framing` are written only when set, so specs without them
-are unchanged.
+describes each field. `max_tokens`, `framing` and a document `format` other than "text" (with
+its own keys) are written only when set, so specs without them are unchanged.
 """
 
 from __future__ import annotations
@@ -66,9 +66,24 @@ FILE_FORMATS = ("auto", "json", "jsonl", "parquet", "text")
 FRAMINGS = ("kiln", "levanter", "marin")
 DEFAULT_FRAMING = "kiln"
 TOKENIZER_KINDS = ("hf", "local", "package")
+# What a document is (docs/token-cache.md, "Chat and supervised caches"): a text, a chat (a list
+# of {role, content} messages rendered by a chat template), or a prompt and its answer. The two
+# structured formats store a loss mask beside the ids, under Levanter's field name.
+DOCUMENT_FORMATS = ("text", "chat", "supervised")
+DEFAULT_DOCUMENT_FORMAT = "text"
+MASKED_FORMATS = ("chat", "supervised")
+LOSS_MASK_FIELD = "assistant_masks"
+# Each format's own keys, written to the spec only for that format; Levanter's names and defaults
+# (ChatLmDatasetFormat.messages_field, SupervisedLmDatasetFormat.input_key / target_key).
+FORMAT_KEYS = {
+    "text": ("text_key",),
+    "chat": ("messages_key", "chat_template"),
+    "supervised": ("input_key", "target_key"),
+}
 # `config`'s keys: CacheSpec's fields but its address and identity.
 _CONFIG_KEYS = (
     "source", "tokenizer", "text_key", "max_document_chars", "num_shards", "max_tokens", "framing",
+    "format", "messages_key", "chat_template", "input_key", "target_key",
 )  # fmt: skip
 
 
@@ -309,10 +324,19 @@ class CacheSpec:
     # Tokenize only about this many tokens: each shard stops at its quota (shard_token_quota).
     max_tokens: int | None = None
     framing: str = DEFAULT_FRAMING
+    format: str = DEFAULT_DOCUMENT_FORMAT
+    messages_key: str = "messages"
+    # A Jinja chat template with `{% generation %}` blocks; None: the tokenizer's own.
+    chat_template: str | None = None
+    input_key: str = "input"
+    target_key: str = "target"
 
     def __post_init__(self) -> None:
         check_address(self)
-        check_str("text_key", self.text_key)
+        for key in ("text_key", "messages_key", "input_key", "target_key"):
+            check_str(key, getattr(self, key))
+        check_optional(check_str, "chat_template", self.chat_template)
+        self._check_format()
         check_int("max_document_chars", self.max_document_chars, minimum=1)
         check_int("num_shards", self.num_shards, minimum=1)
         check_optional(check_int, "max_tokens", self.max_tokens, minimum=1)
@@ -321,6 +345,31 @@ class CacheSpec:
         check_choice("framing", self.framing, FRAMINGS)
         if self.framing != DEFAULT_FRAMING and isinstance(self.source, LevanterCacheSource):
             raise SpecError("framing", "an imported levanter_cache is used as it was framed")
+
+    def _check_format(self) -> None:
+        check_choice("format", self.format, DOCUMENT_FORMATS)
+        if self.format == DEFAULT_DOCUMENT_FORMAT:
+            if self.chat_template is not None:
+                raise SpecError("chat_template", "only a format 'chat' cache has a chat template")
+            return
+        if isinstance(self.source, LevanterCacheSource):
+            raise SpecError("format", "an imported levanter_cache holds text documents")
+        if self.framing != DEFAULT_FRAMING:
+            raise SpecError(
+                "framing", f"a format {self.format!r} cache is framed by its format, not framing"
+            )
+
+    @property
+    def masked(self) -> bool:
+        """Whether the cache stores a loss mask beside its ids (LOSS_MASK_FIELD)."""
+        return self.format in MASKED_FORMATS
+
+    def format_config(self) -> dict[str, Any]:
+        """The document format and its own keys, as the spec and cache.json record them."""
+        values = {key: getattr(self, key) for key in FORMAT_KEYS[self.format]}
+        if self.format != DEFAULT_DOCUMENT_FORMAT:
+            values["format"] = self.format
+        return {key: value for key, value in values.items() if value is not None}
 
     def shard_token_quota(self, index: int) -> int | None:
         """Shard `index`'s share of max_tokens: max_tokens // num_shards, the remainder going
@@ -348,7 +397,7 @@ class CacheSpec:
         config = {
             "source": source_to_json(self.source),
             "tokenizer": self.tokenizer.to_json(),
-            "text_key": self.text_key,
+            **self.format_config(),
             "max_document_chars": self.max_document_chars,
             "num_shards": self.num_shards,
         }

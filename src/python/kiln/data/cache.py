@@ -14,6 +14,9 @@
           data/                 uint16 (vocab <= 65536) or uint32 token ids, all documents concatenated,
                                 in files of 1M tokens made of compressed chunks of 4K
           shard.json, STATUS    the shard's own record and success marker
+          assistant_masks/      a chat or supervised cache only (cache.json `format`): each token's
+                                loss mask, uint8, a jagged array of its own (offsets/, data/) with
+                                the same offsets, as Levanter stores `assistant_masks`
 
 An imported Levanter cache (kiln.data.levanter_cache) has no shard folder: its one ledger shard
 names the `location` of Levanter's own `offsets`/`data` arrays (the same jagged layout) and the
@@ -63,6 +66,7 @@ from kiln.artifacts.store import ObjectStore
 from kiln.data.document_ends import OFFSETS_INDEX_FILE, read_ends
 from kiln.data.errors import CacheDamaged, CacheError, KilnDataError
 from kiln.data.tokenizer import TokenizerInfo
+from kiln_contract.tokenize import LOSS_MASK_FIELD, MASKED_FORMATS
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +84,8 @@ SHARDS_DIR = "shards"
 SHARD_FILE = "shard.json"
 OFFSETS_ARRAY = "offsets"
 DATA_ARRAY = "data"
+MASK_FIELD = LOSS_MASK_FIELD  # the loss mask's folder in a shard: Levanter's field name
+MASK_DATA = f"{MASK_FIELD}/{DATA_ARRAY}"
 # Decoded chunks kept in memory: neighbouring windows usually share a 256K-token chunk.
 READ_CACHE_BYTES = 256 << 20
 TOKENS_PER_CHECK = 1 << 22  # tokens read at a time when every id of a cache is checked
@@ -116,11 +122,14 @@ class PackedBatch:
 
     segment_ids number the documents within each window from 0 (a window that starts mid-document
     starts at 0 too); loss_mask[t] = 1 where tokens[t] predicts tokens[t+1] of the same segment.
+    assistant_masks (chat and supervised caches; None for text): 1 at each token the loss
+    counts, the assistant's or the answer's, as the cache stores it.
     """
 
     tokens: np.ndarray  # int32
     segment_ids: np.ndarray  # int32
     loss_mask: np.ndarray  # float32
+    assistant_masks: np.ndarray | None = None  # uint8
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,8 @@ class TokenCache:
         self.verified = info.get("format_version") in VERIFIED_FORMAT_VERSIONS
         self.num_documents = int(ledger["documents"])
         self.num_tokens = int(ledger["tokens"])
+        # A chat or supervised cache stores each token's loss mask (MASK_FIELD) beside its ids.
+        self.masked = info.get("format") in MASKED_FORMATS
         shards = ledger["shards"]
         self._shard_names = [str(s["name"]) for s in shards]
         if self.verified:
@@ -204,7 +215,9 @@ class TokenCache:
         # Opens and reads are issued for all shards at once; TensorStore overlaps them.
         data = [self._open(s, DATA_ARRAY, context) for s in shards]
         offsets = [self._open(s, OFFSETS_ARRAY, context) for s in shards]
+        masks = [self._open(s, MASK_DATA, context) for s in shards] if self.masked else []
         self._data = [self._wait(future, i, DATA_ARRAY) for i, future in enumerate(data)]
+        self._masks = [self._wait(future, i, MASK_DATA) for i, future in enumerate(masks)]
         ends = [
             read_ends(
                 self._wait(future, i, OFFSETS_ARRAY),
@@ -228,12 +241,35 @@ class TokenCache:
         return self.tokenizer.token_byte_lengths
 
     def document(self, i: int) -> np.ndarray:
+        return self._read_range(*self._document_range(i))
+
+    def document_mask(self, i: int) -> np.ndarray:
+        """Document i's loss mask, uint8, one per token: 1 where the loss counts the token (the
+        assistant's turns of a chat, the answer of a prompt/answer pair)."""
+        start, end = self._document_range(i)
+        out = np.empty(end - start, np.uint8)
+        for read in self._slice_reads(start, end, self._mask_arrays()):
+            out[read.column : read.column + read.length] = self._wait(
+                read.future, read.shard, MASK_DATA
+            )
+        return out
+
+    def _document_range(self, i: int) -> tuple[int, int]:
+        """Document i's [start, end) in the packed stream."""
         if not 0 <= i < self.num_documents:
             raise IndexError(f"document {i} out of range: the cache has {self.num_documents}.")
         shard = bisect.bisect_right(self._first_documents, i) - 1
         start, end = self._ends[shard].bounds(i - self._first_documents[shard])
         first = self._first_tokens[shard]
-        return self._read_range(first + start, first + end)
+        return first + start, first + end
+
+    def _mask_arrays(self) -> list[ts.TensorStore]:
+        if not self.masked:
+            raise CacheError(
+                f"token cache {self.info.get('name')}@{self.info.get('version')} at {self.path} "
+                "is a text cache: it stores no loss mask (a chat or supervised cache does)."
+            )
+        return self._masks
 
     def num_windows(self, seq_len: int) -> int:
         return self.num_tokens // seq_len
@@ -249,7 +285,20 @@ class TokenCache:
         segment_ids = (documents - documents[:, :1]).astype(np.int32)
         loss_mask = np.zeros((len(starts), seq_len), np.float32)
         loss_mask[:, :-1] = segment_ids[:, 1:] == segment_ids[:, :-1]
-        return PackedBatch(tokens=tokens, segment_ids=segment_ids, loss_mask=loss_mask)
+        assistant_masks = self._read_window_masks(starts, seq_len) if self.masked else None
+        return PackedBatch(tokens, segment_ids, loss_mask, assistant_masks)
+
+    def _read_window_masks(self, starts: np.ndarray, seq_len: int) -> np.ndarray:
+        out = np.empty((len(starts), seq_len), np.uint8)
+        pending = [
+            (row, read)
+            for row, start in enumerate(starts)
+            for read in self._slice_reads(int(start), int(start) + seq_len, self._masks)
+        ]
+        for row, read in pending:
+            columns = slice(read.column, read.column + read.length)
+            out[row, columns] = self._wait(read.future, read.shard, MASK_DATA)
+        return out
 
     def check_every_token_id(self, tokens_per_read: int = TOKENS_PER_CHECK) -> None:
         """Reads the whole stream, every id checked against the vocabulary: CacheDamaged names
@@ -363,8 +412,12 @@ class TokenCache:
             )
         return piece
 
-    def _slice_reads(self, start: int, end: int) -> list[_SliceRead]:
-        """Reads of global tokens [start, end) from the shards that hold them."""
+    def _slice_reads(
+        self, start: int, end: int, arrays: Sequence[ts.TensorStore] | None = None
+    ) -> list[_SliceRead]:
+        """Reads of global tokens [start, end) from the shards that hold them: their ids, or
+        the values of `arrays` (one per shard, aligned with the ids: the loss masks)."""
+        arrays = self._data if arrays is None else arrays
         reads = []
         shard = bisect.bisect_right(self._first_tokens, start) - 1
         position = start
@@ -375,7 +428,7 @@ class TokenCache:
             stop = min(end, shard_end)
             if stop > position:
                 local = position - self._first_tokens[shard]
-                future = self._data[shard][local : local + stop - position].read()
+                future = arrays[shard][local : local + stop - position].read()
                 reads.append(_SliceRead(position - start, shard, local, stop - position, future))
             position = stop
             shard += 1

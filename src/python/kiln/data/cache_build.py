@@ -32,6 +32,7 @@ from kiln.data.cache_writer import (
     write_cache,
 )
 from kiln.data.document import Document
+from kiln.data.document_formats import document_encoder
 from kiln.data.errors import CacheError, SourceError, SpecError
 from kiln.data.levanter_cache import import_levanter_cache
 from kiln.data.spec import parse_cache_spec
@@ -122,20 +123,22 @@ def tokenize_shard(
     """Writes shard `index` of `spec` to out_dir (atomically); returns its shard.json record."""
     tokenizer = tokenizer or load_tokenizer(spec.tokenizer)
     started = time.monotonic()
-    documents = sources.shard_documents(spec.source, spec.text_key, spec.num_shards, index)
+    encoder = document_encoder(spec, tokenizer)
+    documents = sources.shard_documents(spec.source, encoder.keys, spec.num_shards, index)
     counts = {"text_bytes": 0, "skipped_empty_documents": 0}
     quota = spec.shard_token_quota(index)
     tokens = 0
-    with ShardWriter(Path(out_dir), tokenizer.info.token_dtype()) as writer:
-        keep_empty = spec.framing != DEFAULT_FRAMING  # Levanter frames them: " " + EOS
-        for texts in _checked_batches(documents, spec.max_document_chars, counts, keep_empty):
-            encoded = tokenizer.encode_documents(texts, spec.framing)
+    with ShardWriter(Path(out_dir), tokenizer.info.token_dtype(), spec.masked) as writer:
+        # Levanter frames empty texts (" " + EOS); a structured document's text is always "".
+        keep_empty = spec.framing != DEFAULT_FRAMING or spec.masked
+        for batch in _checked_batches(documents, spec.max_document_chars, counts, keep_empty):
+            encoded = encoder.encode(batch)
             if quota is not None:
                 encoded = _up_to_quota(encoded, quota - tokens)
-                texts = texts[: len(encoded.lengths)]
+                batch = batch[: len(encoded.lengths)]
             writer.append(encoded)
             tokens += len(encoded.tokens)
-            counts["text_bytes"] += sum(len(text.encode("utf-8")) for text in texts)
+            counts["text_bytes"] += encoder.text_bytes(batch)
             if quota is not None and tokens >= quota:
                 break  # the rest of the shard's files are never opened
         if quota is not None and tokens < quota:
@@ -162,7 +165,9 @@ def _up_to_quota(encoded: EncodedDocuments, remaining: int) -> EncodedDocuments:
     keep = int(ends.searchsorted(remaining)) + 1  # first document ending at >= remaining
     if keep >= len(ends):
         return encoded
-    return EncodedDocuments(encoded.tokens[: ends[keep - 1]], encoded.lengths[:keep])
+    end = ends[keep - 1]
+    masks = None if encoded.masks is None else encoded.masks[:end]
+    return EncodedDocuments(encoded.tokens[:end], encoded.lengths[:keep], masks)
 
 
 def _short_of_quota(spec: CacheSpec, index: int, tokens: int, quota: int) -> str:
@@ -272,6 +277,7 @@ def _identity(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]:
         "num_shards": spec.num_shards,
         "tokenizer_digest": tokenizer.info.digest,
         **({} if spec.framing == DEFAULT_FRAMING else {"framing": spec.framing}),
+        **({"format": spec.format} if spec.masked else {}),
     }
 
 
@@ -329,7 +335,7 @@ def _cache_record(spec: CacheSpec, tokenizer: LoadedTokenizer) -> dict[str, Any]
         "fingerprint": spec.fingerprint,
         "split": sources.split_name(spec.source),
         "source": sources.provenance(spec.source),
-        "text_key": spec.text_key,
+        **spec.format_config(),
         "max_document_chars": spec.max_document_chars,
         "num_shards": spec.num_shards,
         **({} if spec.max_tokens is None else {"max_tokens": spec.max_tokens}),
@@ -343,10 +349,10 @@ def _checked_batches(
     max_chars: int,
     counts: dict[str, int],
     keep_empty: bool = False,
-) -> Iterator[list[str]]:
-    """Batches of document texts; over-long ones refused, empty ones (empty or whitespace)
-    skipped and counted unless `keep_empty`."""
-    batch: list[str] = []
+) -> Iterator[list[Document]]:
+    """Batches of documents; over-long texts refused, empty ones (empty or whitespace) skipped
+    and counted unless `keep_empty`."""
+    batch: list[Document] = []
     for document in documents:
         if len(document.text) > max_chars:
             raise SourceError(
@@ -357,7 +363,7 @@ def _checked_batches(
         if not keep_empty and not document.text.strip():
             counts["skipped_empty_documents"] += 1
             continue
-        batch.append(document.text)
+        batch.append(document)
         if len(batch) == ENCODE_BATCH_DOCUMENTS:
             yield batch
             batch = []

@@ -53,6 +53,7 @@ from kiln.data.cache import (
     DATA_ARRAY,
     FORMAT_VERSION,
     LEDGER_FILE,
+    MASK_FIELD,
     OFFSETS_ARRAY,
     SHARD_FILE,
     SHARDS_DIR,
@@ -77,18 +78,19 @@ class ShardWriter:
     """Appends encoded documents to one shard folder; `finish` makes it visible, atomically.
 
     Tokens are buffered and written in whole outer chunks, so each zarr file is written once.
+    A `masked` shard (a chat or supervised cache) also holds each token's loss mask as a jagged
+    array of its own, `assistant_masks/{offsets,data}` (uint8), as Levanter's TreeStore keeps a
+    field beside `input_ids`.
     """
 
-    def __init__(self, out_dir: Path, dtype: np.dtype) -> None:
+    def __init__(self, out_dir: Path, dtype: np.dtype, masked: bool = False) -> None:
         self.out_dir = out_dir
         self.dtype = np.dtype(dtype)
         self.tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
         remove_temp_siblings(out_dir)
         self.tmp_dir.mkdir(parents=True)
-        self._data = _create_array(self.tmp_dir / DATA_ARRAY, self.dtype, INNER_CHUNK, OUTER_CHUNK)
-        self._pending: list[np.ndarray] = []
-        self._pending_tokens = 0
-        self._written_tokens = 0
+        self._tokens = _ChunkedColumn(self.tmp_dir, self.dtype)
+        self._masks = _ChunkedColumn(self.tmp_dir / MASK_FIELD, np.dtype(np.uint8)) if masked else None
         self._lengths: list[np.ndarray] = []
 
     def __enter__(self) -> ShardWriter:
@@ -98,31 +100,28 @@ class ShardWriter:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)  # a no-op after finish()
 
     def append(self, encoded: EncodedDocuments) -> None:
-        self._pending.append(encoded.tokens.astype(self.dtype, copy=False))
-        self._pending_tokens += len(encoded.tokens)
+        self._tokens.append(encoded.tokens)
+        if self._masks is not None:
+            assert encoded.masks is not None  # a masked format's encoder gives them
+            self._masks.append(encoded.masks)
         self._lengths.append(encoded.lengths)
-        if self._pending_tokens >= OUTER_CHUNK:
-            self._flush(final=False)
 
     def finish(self, record: dict[str, Any]) -> dict[str, Any]:
         """Writes the rest, the offsets, shard.json (record + counts) and STATUS; then renames."""
-        self._flush(final=True)
         lengths = np.concatenate([np.zeros(0, np.int64), *self._lengths])
         offsets = np.concatenate([[len(lengths)], np.cumsum(lengths)]).astype(np.uint64)
-        stride = document_ends.OFFSETS_STRIDE  # one chunk of offsets per entry of the index
-        offsets_array = _create_array(
-            self.tmp_dir / OFFSETS_ARRAY, np.dtype(np.uint64), stride, stride * OFFSETS_CHUNKS_PER_FILE
-        )
-        _write_at(offsets_array, 0, offsets)
-        index = document_ends.offsets_index(offsets, stride)
+        self._tokens.finish(offsets)
+        if self._masks is not None:
+            self._masks.finish(offsets)  # the same documents: the same offsets
+        index = document_ends.offsets_index(offsets, document_ends.OFFSETS_STRIDE)
         atomic_write_bytes(self.tmp_dir / OFFSETS_INDEX_FILE, npy_bytes(index))
         record = {
             **record,
             "format_version": FORMAT_VERSION,
-            "offsets_stride": stride,
+            "offsets_stride": document_ends.OFFSETS_STRIDE,
             "dtype": self.dtype.name,
             "documents": len(lengths),
-            "tokens": self._written_tokens,
+            "tokens": self._tokens.written,
             "max_document_tokens": int(lengths.max(initial=0)),
             "files": record_files(self.tmp_dir, files_under(self.tmp_dir)),
         }
@@ -131,15 +130,42 @@ class ShardWriter:
         _replace_dir(self.tmp_dir, self.out_dir)
         return record
 
+
+class _ChunkedColumn:
+    """One jagged array in `folder` (`data/` and `offsets/`): values buffered and written in
+    whole outer chunks, the offsets (one chunk of them per entry of the index) at the end."""
+
+    def __init__(self, folder: Path, dtype: np.dtype) -> None:
+        self._folder = folder
+        self._dtype = dtype
+        self._data = _create_array(folder / DATA_ARRAY, dtype, INNER_CHUNK, OUTER_CHUNK)
+        self._pending: list[np.ndarray] = []
+        self._pending_values = 0
+        self.written = 0
+
+    def append(self, values: np.ndarray) -> None:
+        self._pending.append(values.astype(self._dtype, copy=False))
+        self._pending_values += len(values)
+        if self._pending_values >= OUTER_CHUNK:
+            self._flush(final=False)
+
+    def finish(self, offsets: np.ndarray) -> None:
+        self._flush(final=True)
+        stride = document_ends.OFFSETS_STRIDE
+        offsets_array = _create_array(
+            self._folder / OFFSETS_ARRAY, np.dtype(np.uint64), stride, stride * OFFSETS_CHUNKS_PER_FILE
+        )
+        _write_at(offsets_array, 0, offsets)
+
     def _flush(self, final: bool) -> None:
         if not self._pending:
             return
         block = np.concatenate(self._pending)
         size = len(block) if final else len(block) // OUTER_CHUNK * OUTER_CHUNK
-        _write_at(self._data, self._written_tokens, block[:size])
-        self._written_tokens += size
+        _write_at(self._data, self.written, block[:size])
+        self.written += size
         self._pending = [block[size:]]
-        self._pending_tokens = len(block) - size
+        self._pending_values = len(block) - size
 
 
 def shard_record(store: ObjectStore) -> dict[str, Any] | None:

@@ -1,8 +1,14 @@
-"""What a source yields: a document's text and where it came from."""
+"""What a source yields: a document's text (or its fields) and where it came from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Which part of a record is the document: its text field (a text cache's `text_key`), or the
+# fields of a structured document (a chat's messages; a prompt and its answer), kept as read.
+DocumentKeys = str | tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -11,3 +17,5 @@ class Document:
     # Where it came from, for error messages: "path:line", "org/name[row 17]". A stdlib
     # document's origin is also its id, which decides its split.
     origin: str
+    # A structured document's fields (its text is then ""): key -> the record's JSON value.
+    fields: Mapping[str, Any] = field(default_factory=dict)

@@ -3,7 +3,8 @@
 Each source kind is one reader (READERS: kind -> class) that answers what Kiln asks of a
 source: a shard's documents, its plan (what it reads, recorded in shard.json), the bytes of
 each file it reads (for `plan`), and the source's provenance (cache.json).
-`shard_documents(source, text_key, num_shards, index)` yields the documents of one shard, in a
+`shard_documents(source, keys, num_shards, index)` yields the documents of one shard (`keys`: the
+text field, or a structured document's fields: kiln.data.document), in a
 deterministic order; concatenating shards 0..n-1 gives the cache's document order.
 
 Sharding:
@@ -21,7 +22,8 @@ Sharding:
 
 Formats (`format: "auto"` picks by extension): `.jsonl`, `.jsonl.gz`, `.jsonl.zst` (one JSON object
 per line, blank lines skipped), `.json` (one JSON array of documents: strings, or objects holding
-`text_key`), `.parquet` (the `text_key` column), `.txt` (one document per file).
+`text_key`), `.parquet` (the `text_key` column, or a structured document's columns), `.txt` (one
+document per file).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, cast
 
 from kiln.data import downloads, hub_datasets, stdlib_corpus
-from kiln.data.document import Document
+from kiln.data.document import Document, DocumentKeys
 from kiln.data.errors import SourceError
 from kiln_contract import sharding
 from kiln_contract.tokenize import (
@@ -62,7 +64,7 @@ class SourceReader(Protocol):
         """The split the source names, recorded in cache.json."""
         ...
 
-    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+    def documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
         """Shard `index`'s documents, in order."""
         ...
 
@@ -82,11 +84,11 @@ class SourceReader(Protocol):
 
 
 def shard_documents(
-    source: Source, text_key: str, num_shards: int, index: int
+    source: Source, keys: DocumentKeys, num_shards: int, index: int
 ) -> Iterator[Document]:
     if not 0 <= index < num_shards:
         raise SourceError(f"shard index {index} is out of range for num_shards={num_shards}.")
-    return reader(source).documents(text_key, num_shards, index)
+    return reader(source).documents(keys, num_shards, index)
 
 
 def shard_plan(source: Source, num_shards: int, index: int) -> list[str]:
@@ -124,10 +126,10 @@ class FilesReader:
     def __init__(self, source: FilesSource) -> None:
         self.source = source
 
-    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+    def documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
         pieces = self._pieces(num_shards)
         for key in self._sizes_of(pieces, num_shards, index):
-            yield from pieces[key].documents(self.source.format, text_key)
+            yield from pieces[key].documents(self.source.format, keys)
 
     def plan(self, num_shards: int, index: int) -> list[str]:
         return list(self.sizes(num_shards, index))
@@ -169,8 +171,8 @@ class UrlFilesReader:
         paths = tuple(str(path) for path in downloads.downloaded_files(self.source))
         return FilesReader(FilesSource(paths, self.source.format))
 
-    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
-        return self._files.documents(text_key, num_shards, index)
+    def documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
+        return self._files.documents(keys, num_shards, index)
 
     def plan(self, num_shards: int, index: int) -> list[str]:
         return self._files.plan(num_shards, index)
@@ -195,10 +197,10 @@ class HfReader:
     def split(self) -> str:
         return self.source.split
 
-    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+    def documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
         if self.streamed:
-            return self._streamed_documents(text_key, num_shards, index)
-        return self._file_documents(text_key, num_shards, index)
+            return self._streamed_documents(keys, num_shards, index)
+        return self._file_documents(keys, num_shards, index)
 
     def plan(self, num_shards: int, index: int) -> list[str]:
         if self.streamed:
@@ -221,11 +223,11 @@ class HfReader:
     def _files(self, num_shards: int, index: int) -> dict[str, int]:
         return _assigned(hub_datasets.hf_file_sizes(self.source), num_shards, index)
 
-    def _file_documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+    def _file_documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
         for path in self._files(num_shards, index):
-            yield from read_file(hub_datasets.local_file(self.source, path), "auto", text_key)
+            yield from read_file(hub_datasets.local_file(self.source, path), "auto", keys)
 
-    def _streamed_documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+    def _streamed_documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
         from datasets.distributed import split_dataset_by_node
 
         dataset = hub_datasets.load_hf_dataset(self.source)
@@ -233,7 +235,7 @@ class HfReader:
             if any(record.get(key) != value for key, value in self.source.where):
                 continue
             origin = f"{self.source.id}[shard {index}/{num_shards}, row {row}]"
-            yield Document(text_of(record, text_key, origin), origin)
+            yield document_of(record, keys, origin)
 
 
 class StdlibReader:
@@ -246,7 +248,7 @@ class StdlibReader:
     def split(self) -> str:
         return self.source.split
 
-    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+    def documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
         for key in self.plan(num_shards, index):
             yield from stdlib_corpus.documents(key, self.source.split)
 
@@ -270,7 +272,7 @@ class ImportedReader:
     def __init__(self, source: LevanterCacheSource) -> None:
         self.source = source
 
-    def documents(self, text_key: str, num_shards: int, index: int) -> Iterator[Document]:
+    def documents(self, keys: DocumentKeys, num_shards: int, index: int) -> Iterator[Document]:
         raise self._refusal()
 
     def plan(self, num_shards: int, index: int) -> list[str]:
@@ -337,12 +339,12 @@ class _Piece:
             return f"{self.path}#row-groups-{self.start:09d}-{self.end:09d}"
         return sharding.FilePiece(str(self.path), self.size, self.start, self.end).key
 
-    def documents(self, file_format: str, text_key: str) -> Iterator[Document]:
+    def documents(self, file_format: str, keys: DocumentKeys) -> Iterator[Document]:
         if self.end is None:
-            return read_file(self.path, file_format, text_key)
+            return read_file(self.path, file_format, keys)
         if self.row_groups:
-            return _read_parquet(self.path, text_key, range(self.start, self.end))
-        return _jsonl_documents(_lines_in_range(self.path, self.start, self.end), text_key)
+            return _read_parquet(self.path, keys, range(self.start, self.end))
+        return _jsonl_documents(_lines_in_range(self.path, self.start, self.end), keys)
 
 
 def _pieces(path: Path, file_format: str, num_shards: int) -> list[_Piece]:
@@ -393,14 +395,14 @@ def _lines_in_range(path: Path, start: int, end: int) -> Iterator[tuple[str, byt
             offset += len(line)
 
 
-def read_file(path: Path, file_format: str, text_key: str) -> Iterator[Document]:
+def read_file(path: Path, file_format: str, keys: DocumentKeys) -> Iterator[Document]:
     resolved = _format_of(path) if file_format == "auto" else file_format
     if resolved == "jsonl":
-        return _read_jsonl(path, text_key)
+        return _read_jsonl(path, keys)
     if resolved == "parquet":
-        return _read_parquet(path, text_key)
+        return _read_parquet(path, keys)
     if resolved == "json":
-        return _read_json_array(path, text_key)
+        return _read_json_array(path, keys)
     return _read_text(path)
 
 
@@ -428,13 +430,13 @@ def _open_binary(path: Path) -> IO[bytes]:
     return open(path, "rb")
 
 
-def _read_jsonl(path: Path, text_key: str) -> Iterator[Document]:
+def _read_jsonl(path: Path, keys: DocumentKeys) -> Iterator[Document]:
     with _open_binary(path) as lines:
         numbered = ((f"{path}:{number}", line) for number, line in enumerate(lines, start=1))
-        yield from _jsonl_documents(numbered, text_key)
+        yield from _jsonl_documents(numbered, keys)
 
 
-def _jsonl_documents(lines: Iterable[tuple[str, bytes]], text_key: str) -> Iterator[Document]:
+def _jsonl_documents(lines: Iterable[tuple[str, bytes]], keys: DocumentKeys) -> Iterator[Document]:
     """Documents from (origin, line) pairs: lines are decoded one by one, so an error names its
     line; blank lines are skipped."""
     for origin, line in lines:
@@ -446,10 +448,10 @@ def _jsonl_documents(lines: Iterable[tuple[str, bytes]], text_key: str) -> Itera
             raise SourceError(f"{origin}: the line is not valid UTF-8 ({e.reason}).") from None
         except json.JSONDecodeError as e:
             raise SourceError(f"{origin}: the line is not valid JSON ({e.msg}).") from None
-        yield Document(text_of(record, text_key, origin), origin)
+        yield document_of(record, keys, origin)
 
 
-def _read_json_array(path: Path, text_key: str) -> Iterator[Document]:
+def _read_json_array(path: Path, keys: DocumentKeys) -> Iterator[Document]:
     """One JSON array per file (Uncheatable Eval's layout): each item a string or an object."""
     try:
         records = json.loads(path.read_bytes().decode("utf-8"))
@@ -459,8 +461,10 @@ def _read_json_array(path: Path, text_key: str) -> Iterator[Document]:
         raise SourceError(f"{path}: expected a JSON array of documents, got {type(records).__name__}.")
     for number, record in enumerate(records):
         origin = f"{path}[{number}]"
-        text = record if isinstance(record, str) else text_of(record, text_key, origin)
-        yield Document(text, origin)
+        if isinstance(record, str) and isinstance(keys, str):
+            yield Document(record, origin)
+        else:
+            yield document_of(record, keys, origin)
 
 
 def _parquet_file(path: Path) -> Any:
@@ -472,24 +476,28 @@ def _parquet_file(path: Path) -> Any:
         raise SourceError(f"{path}: not a readable parquet file ({e}).") from None
 
 
-def _read_parquet(path: Path, text_key: str, row_groups: range | None = None) -> Iterator[Document]:
-    """The text_key column, row by row: all of the file, or the row groups in `row_groups`."""
+def _read_parquet(path: Path, keys: DocumentKeys, row_groups: range | None = None) -> Iterator[Document]:
+    """The documents' columns, row by row: all of the file, or the row groups in `row_groups`."""
     table = _parquet_file(path)
     columns = table.schema_arrow.names
-    if text_key not in columns:
-        raise SourceError(
-            f"{path}: no column {text_key!r} (the text_key); columns present: {columns}."
-        )
+    wanted = [keys] if isinstance(keys, str) else list(keys)
+    for column in wanted:
+        if column not in columns:
+            raise SourceError(
+                f"{path}: no column {column!r} ({_key_role(keys)}); columns present: {columns}."
+            )
     groups = range(table.metadata.num_row_groups) if row_groups is None else row_groups
     row = sum(table.metadata.row_group(group).num_rows for group in range(groups.start))
     batches = table.iter_batches(
-        batch_size=PARQUET_BATCH_ROWS, columns=[text_key], row_groups=list(groups)
+        batch_size=PARQUET_BATCH_ROWS, columns=wanted, row_groups=list(groups)
     )
     for batch in batches:
-        for text in batch.column(0).to_pylist():
+        # A text column is read as values (the fast path); a structured document's as records.
+        records = batch.column(0).to_pylist() if isinstance(keys, str) else batch.to_pylist()
+        for record in records:
             origin = f"{path}[row {row}]"
             row += 1
-            yield Document(text_of({text_key: text}, text_key, origin), origin)
+            yield document_of({keys: record} if isinstance(keys, str) else record, keys, origin)
 
 
 def _read_text(path: Path) -> Iterator[Document]:
@@ -501,9 +509,33 @@ def _read_text(path: Path) -> Iterator[Document]:
     yield Document(text, str(path))
 
 
-def text_of(record: Any, text_key: str, origin: str) -> str:
+def document_of(record: Any, keys: DocumentKeys, origin: str) -> Document:
+    """The document in a record: the text under a text key, or a structured document's fields
+    (each present; what they hold is checked where they are encoded, kiln.data.document_formats)."""
+    if isinstance(keys, str):
+        return Document(text_of(record, keys, origin), origin)
+    _check_object(record, origin)
+    for key in keys:
+        if key not in record:
+            raise SourceError(
+                f"{origin}: no field {key!r} ({_key_role(keys)}); fields present: "
+                f"{sorted(record)}. Name the right field in the target's {_key_role(keys)}."
+            )
+    return Document("", origin, {key: record[key] for key in keys})
+
+
+def _key_role(keys: DocumentKeys) -> str:
+    """What the key names are called in a BUILD file, for errors."""
+    return "the text_key" if isinstance(keys, str) else "the format's keys: " + ", ".join(keys)
+
+
+def _check_object(record: Any, origin: str) -> None:
     if not isinstance(record, dict):
         raise SourceError(f"{origin}: expected a JSON object, got {type(record).__name__}.")
+
+
+def text_of(record: Any, text_key: str, origin: str) -> str:
+    _check_object(record, origin)
     if text_key not in record:
         raise SourceError(
             f"{origin}: no field {text_key!r} (the text_key); fields present: {sorted(record)}."

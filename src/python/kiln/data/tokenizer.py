@@ -18,6 +18,7 @@ tokenizer exactly when their digests are equal.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import tempfile
@@ -79,10 +80,12 @@ class TokenizerInfo:
 
 @dataclass(frozen=True)
 class EncodedDocuments:
-    """A batch of framed documents: `tokens` is their concatenation, `lengths[i]` is document i's."""
+    """A batch of framed documents: `tokens` is their concatenation, `lengths[i]` is document i's;
+    `masks` (chat and supervised documents) is 1 at each token the loss counts, beside `tokens`."""
 
     tokens: np.ndarray  # uint32
     lengths: np.ndarray  # int64
+    masks: np.ndarray | None = None  # uint8, one per token
 
 
 class LoadedTokenizer:
@@ -139,6 +142,17 @@ class LoadedTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf_tokenizer.decode(list(ids))
+
+    @contextlib.contextmanager
+    def templating(self) -> Iterator[Any]:
+        """The transformers tokenizer, for rendering chat templates. A template's text is markup
+        whose special tokens' text must become special tokens, which transformers arranges by
+        switching the shared Rust tokenizer's `encode_special_tokens` off and leaving it so:
+        Kiln's plain-text rule for documents is put back after."""
+        try:
+            yield self.hf_tokenizer
+        finally:
+            self._backend.encode_special_tokens = True
 
     def _levanter_framing(self, framing: str) -> LevanterFraming:
         if framing not in self._framings:
