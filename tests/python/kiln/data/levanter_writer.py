@@ -22,6 +22,15 @@ Every job then reads its cache back with Levanter's reader (`TreeCache.load`) in
 `{out}.ids.npz` (`ids`: every row's ids concatenated, `lengths`: each row's length) and prints
 one JSON line: the ledger and the arrays' dtype.
 
+A chat job runs Levanter's chat processor and reads a Kiln chat cache with Levanter's reader:
+
+  {"kind": "chat", "docs": JSONL, "tokenizer": DIR, "chat_template": TEMPLATE,
+   "kiln_shard": SHARD_DIR, "out": PREFIX}
+      Levanter's `ChatProcessor` (ChatLmDatasetFormat's, mask_user_turns) over the documents'
+      `messages` into `{out}.levanter.npz`; Kiln's shard folder read by Levanter's
+      `JaggedArrayStore` (its ids, and its `assistant_masks` field) into `{out}.kiln.npz`. Each
+      npz: `input_ids` and `assistant_masks` concatenated, `lengths` per row.
+
 A job may also read caches written before it, as training does:
 
   {"kind": "train_windows", "caches": {NAME: SPLIT_DIR, ...}, "weights": {NAME: W, ...},
@@ -46,9 +55,10 @@ import numpy as np  # pants: no-infer-dep (numpy comes with marin-levanter)
 from levanter.data.text._batch_tokenizer import BatchTokenizer
 from levanter.data.text.cache import build_lm_dataset_cache
 from levanter.data.text.datasets import DatasetComponent, LmDataConfig, UrlDatasetSourceConfig
-from levanter.data.text.formats import TextLmDatasetFormat
+from levanter.data.text.formats import ChatProcessor, TextLmDatasetFormat
 from levanter.schedule import BatchSchedule
 from levanter.store.cache import TreeCache, consolidate_shard_cache_ledgers, write_levanter_cache
+from levanter.store.jagged_array import JaggedArrayStore
 from levanter.tokenizers import load_tokenizer
 
 EXEMPLAR = {"input_ids": np.zeros(1, np.int64)}
@@ -102,6 +112,28 @@ def train_windows(job: dict[str, Any]) -> None:
     np.save(job["out"], np.stack(steps))
 
 
+def chat(job: dict[str, Any]) -> None:
+    tokenizer = load_tokenizer(job["tokenizer"])
+    processor = ChatProcessor(tokenizer, chat_template=job["chat_template"], system_prompt_field=None)
+    records = [json.loads(line) for line in Path(job["docs"]).read_text().splitlines() if line.strip()]
+    rows = processor(records)
+    save_rows(f"{job['out']}.levanter.npz", [r["input_ids"] for r in rows],
+              [r["assistant_masks"] for r in rows])  # fmt: skip
+    ids = JaggedArrayStore.open(job["kiln_shard"], mode="r", dtype=np.uint16)
+    masks = JaggedArrayStore.open(f"{job['kiln_shard']}/assistant_masks", mode="r", dtype=np.uint8)
+    every = list(range(ids.num_rows))
+    save_rows(f"{job['out']}.kiln.npz", ids.get_batch_sync(every), masks.get_batch_sync(every))
+
+
+def save_rows(path: str, ids: list[np.ndarray], masks: list[np.ndarray]) -> None:
+    np.savez(
+        path,
+        input_ids=np.concatenate(ids).astype(np.int64),
+        assistant_masks=np.concatenate(masks).astype(np.int64),
+        lengths=np.array([len(row) for row in ids], np.int64),
+    )
+
+
 def read_back(job: dict[str, Any]) -> dict[str, Any]:
     cache = TreeCache.load(job["out"], EXEMPLAR)
     rows = cache.get_batch_sync(list(range(len(cache))))
@@ -119,8 +151,8 @@ def main(jobs_file: str) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     writers = {"consolidated": consolidated, "sharded": sharded}
     for job in json.loads(Path(jobs_file).read_text()):
-        if job["kind"] == "train_windows":
-            train_windows(job)
+        if job["kind"] in ("train_windows", "chat"):
+            {"train_windows": train_windows, "chat": chat}[job["kind"]](job)
             continue
         writers[job["kind"]](job)
         print(json.dumps(read_back(job)), flush=True)

@@ -1,0 +1,191 @@
+"""Chat and supervised caches: their ids and loss masks, document for document, equal what
+transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` and Levanter's own
+ChatProcessor (levanter_writer.py, from PyPI) give; Levanter's reader reads Kiln's shard; bad
+documents fail in one line naming the file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kiln_testing.data import STDLIB_TOKENIZER, make_spec
+from kiln_testing.levanter import write_levanter_caches
+
+from kiln.data.cache import TokenCache
+from kiln.data.errors import CacheError, SourceError, SpecError
+from kiln.data.tokenize import build_cache, main
+from kiln.data.tokenizer import LoadedTokenizer
+
+# Trims each turn's content and its own whitespace ({%- -%}); the assistant's turn and its EOS
+# are the generation block.
+TRIMMING = (
+    "{%- for m in messages -%}"
+    "{{ '<|' + m['role'] + '|>\\n' }}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{% generation %}{{ m['content'] | trim }}{{ eos_token }}{% endgeneration %}"
+    "{%- else -%}{{ m['content'] | trim }}{%- endif -%}"
+    "{{ '\\n' }}"
+    "{%- endfor -%}"
+)
+# Keeps every character; the generation block opens mid-line, so BPE merges may cross it.
+VERBATIM = (
+    "{% for m in messages %}{{ m['role'] }}: "
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{{ eos_token }}"
+    "{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}\n{% endfor %}"
+)
+TEMPLATES = {"trimming": TRIMMING, "verbatim": VERBATIM}
+
+
+def turn(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+CHATS = [
+    [turn("user", "What is a token cache?"), turn("assistant", "Token ids, stored by shard.")],
+    [turn("system", "Answer briefly."), turn("user", "Hi  there"), turn("assistant", "  Hello!  ")],
+    [turn("user", ""), turn("assistant", "You said nothing."), turn("user", "ünïcödé ✓ 日本"),
+     turn("assistant", "Ça va — ✓")],
+    [turn("user", "Say <|endoftext|> please."), turn("assistant", "<|endoftext|>"),
+     turn("user", "\n\n"), turn("assistant", "\tDone.\n")],
+]  # fmt: skip
+
+
+def write_chats(path: Path, chats: list[list[dict[str, str]]], key: str = "messages") -> Path:
+    path.write_text("".join(json.dumps({key: chat}) + "\n" for chat in chats))
+    return path
+
+
+def chat_cache(folder: Path, template: str, chats: list = CHATS, **config: Any) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    source = {"kind": "files", "paths": [str(write_chats(folder / "chats.jsonl", chats))]}
+    spec = make_spec(source, format="chat", chat_template=template, **config)
+    return build_cache(spec, folder / "cache")
+
+
+def rows(cache: TokenCache) -> list[tuple[list[int], list[int]]]:
+    return [
+        (cache.document(i).tolist(), cache.document_mask(i).tolist())
+        for i in range(cache.num_documents)
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_chat_cache_equals_transformers_apply_chat_template(tmp_path: Path, name: str) -> None:
+    from transformers import AutoTokenizer
+
+    cache = TokenCache.open(chat_cache(tmp_path, TEMPLATES[name]))
+    reference = AutoTokenizer.from_pretrained(STDLIB_TOKENIZER["path"])  # its own, fresh
+    expected = []
+    for chat in CHATS:
+        rendered = reference.apply_chat_template(
+            chat, chat_template=TEMPLATES[name], tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True,
+        )  # fmt: skip
+        expected.append((list(rendered["input_ids"]), list(rendered["assistant_masks"])))
+    assert cache.masked and cache.info["format"] == "chat"
+    assert rows(cache) == expected
+    assert cache.document(3).tolist().count(0) >= 2  # the template's EOS and "<|endoftext|>"
+
+
+def test_chat_cache_equals_levanters_chat_processor_and_levanter_reads_it(tmp_path) -> None:
+    """Levanter's ChatProcessor on the same documents and template gives the same ids and
+    `assistant_masks`; Levanter's JaggedArrayStore reads Kiln's shard (ids and mask) back."""
+    jobs, caches = [], {}
+    for name, template in TEMPLATES.items():
+        caches[name] = TokenCache.open(chat_cache(tmp_path / name, template))
+        jobs.append({
+            "kind": "chat", "docs": str(tmp_path / name / "chats.jsonl"),
+            "tokenizer": STDLIB_TOKENIZER["path"], "chat_template": template,
+            "kiln_shard": str(caches[name].path / "shards/shard-00000"),
+            "out": str(tmp_path / name / "levanter"),
+        })  # fmt: skip
+    write_levanter_caches(jobs, tmp_path)
+    for name, cache in caches.items():
+        for side in ("levanter", "kiln"):
+            assert read_rows(tmp_path / name / f"levanter.{side}.npz") == rows(cache), (name, side)
+
+
+def read_rows(path: Path) -> list[tuple[list[int], list[int]]]:
+    read = np.load(path)
+    cuts = np.cumsum(read["lengths"])[:-1]
+    ids, masks = np.split(read["input_ids"], cuts), np.split(read["assistant_masks"], cuts)
+    return [(i.tolist(), m.tolist()) for i, m in zip(ids, masks)]
+
+
+def test_windows_carry_the_mask_beside_the_tokens(tmp_path: Path) -> None:
+    cache = TokenCache.open(chat_cache(tmp_path, TRIMMING))
+    stream = np.concatenate([cache.document_mask(i) for i in range(cache.num_documents)])
+    seq_len = 16
+    batch = cache.windows(list(range(cache.num_windows(seq_len))), seq_len)
+    assert batch.assistant_masks is not None and batch.assistant_masks.dtype == np.uint8
+    assert batch.assistant_masks.ravel().tolist() == stream[: batch.tokens.size].tolist()
+
+
+def test_supervised_cache_masks_the_answer_and_its_eos(
+    tmp_path: Path, tokenizer: LoadedTokenizer
+) -> None:
+    pairs = [("2 + 2 =", " 4"), ("", "ünïcödé ✓"), ("Translate: chat", " causer")]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in pairs))
+    spec = make_spec({"kind": "files", "paths": [str(path)]}, format="supervised",
+                     input_key="question", target_key="answer")  # fmt: skip
+    cache = TokenCache.open(build_cache(spec, tmp_path / "cache"))
+    eos = tokenizer.info.eos_id  # kiln-stdlib-8k has no BOS
+    expected = [
+        (tokenizer.encode(q) + tokenizer.encode(a) + [eos],
+         [0] * len(tokenizer.encode(q)) + [1] * (len(tokenizer.encode(a)) + 1))
+        for q, a in pairs
+    ]  # fmt: skip
+    assert rows(cache) == expected
+    assert cache.info["format"] == "supervised" and "text_key" not in cache.info
+
+
+def test_a_text_cache_has_no_mask(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_text(json.dumps({"text": "plain text"}) + "\n")
+    cache = TokenCache.open(build_cache(make_spec({"kind": "files", "paths": [str(path)]}),
+                                        tmp_path / "cache"))  # fmt: skip
+    assert not cache.masked and cache.windows([0], 2).assistant_masks is None
+    assert "format" not in cache.info
+    with pytest.raises(CacheError, match="is a text cache: it stores no loss mask"):
+        cache.document_mask(0)
+
+
+@pytest.mark.parametrize(
+    "chat, message",
+    [
+        ([turn("user", "hello")], r"chats.jsonl:2: the chat has no assistant turn"),
+        ([turn("human", "hi"), turn("assistant", "hi")],
+         r"chats.jsonl:2: message 0 has role 'human'; a chat's roles are system, user"),
+    ],
+)  # fmt: skip
+def test_bad_chats_name_the_file_and_line(tmp_path: Path, chat: list, message: str) -> None:
+    with pytest.raises(SourceError, match=message):
+        chat_cache(tmp_path, TRIMMING, chats=[CHATS[0], chat])
+
+
+def test_a_chat_whose_mask_is_empty_is_refused(tmp_path: Path) -> None:
+    """A template whose generation blocks mark no token of a chat (here: only a role the chat
+    does not have) would teach nothing."""
+    template = TRIMMING.replace("m['role'] == 'assistant'", "m['role'] == 'tool'")
+    with pytest.raises(SourceError, match=r"chats.jsonl:1: the chat's assistant turns render"):
+        chat_cache(tmp_path, template)
+
+
+def test_a_template_without_generation_blocks_is_refused(tmp_path: Path) -> None:
+    plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(SpecError, match=r"the chat template has no \{% generation %\} block"):
+        chat_cache(tmp_path, plain)
+
+
+def test_missing_supervised_field_is_one_line_naming_the_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("qa.jsonl").write_text('{"input": "a", "target": "b"}\n{"input": "c"}\n')
+    spec = make_spec({"kind": "files", "paths": ["qa.jsonl"]}, format="supervised")
+    Path("spec.json").write_text(json.dumps(spec))
+    assert main(["build", "spec.json", "--out", "cache"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: qa.jsonl:2: no field 'target' (the format's keys: input, target)")
