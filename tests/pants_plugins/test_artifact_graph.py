@@ -389,3 +389,25 @@ def test_an_unbuilt_import_is_budgeted_by_its_ledger(rule_runner: RuleRunner) ->
     assert component.describe().endswith(
         "reads 102.40k tokens, holds 199.00k (its shard_ledger.json)"
     ), component.describe()
+
+
+def test_document_format_is_in_the_fingerprint_when_not_text(rule_runner: RuleRunner) -> None:
+    """format="text" (the default) changes no fingerprint: test_fingerprints_are_pinned."""
+    train = Address("exp", target_name="train")
+    formats = {
+        "text": 'format="text",',
+        "chat": 'format="chat", chat_template="{% generation %}x{% endgeneration %}",',
+        "supervised": 'format="supervised", input_key="question", target_key="answer",',
+    }
+    graphs = {}
+    for name, fields in formats.items():
+        build = BUILD.replace("RESOURCES", "cpu()").replace(
+            'sources=["train.jsonl"],', f'sources=["train.jsonl"], {fields}'
+        )
+        graphs[name] = graph(rule_runner, **{"exp/BUILD": build})
+    assert fingerprints(graphs["text"]) == fingerprints(graph(rule_runner))
+    assert "document_format" not in graphs["text"].get(train).identity
+    assert graphs["supervised"].get(train).identity["document_format"] == {
+        "format": "supervised", "input_key": "question", "target_key": "answer",
+    }  # fmt: skip
+    assert len({fingerprints(g)["train"] for g in graphs.values()}) == 3

@@ -387,3 +387,12 @@ def test_an_empty_target_name_is_refused_where_a_given_one_is_kept(rule_runner: 
     named = f'def cache(n):\n    tokenized_cache(name=n, {fields})\n\ncache("exp")\n'
     rule_runner.write_files({"exp/BUILD": named})
     assert rule_runner.get_target(Address("exp")).address.target_name == "exp"
+
+
+def test_a_formats_own_fields_only_with_that_format(rule_runner: RuleRunner) -> None:
+    template = 'chat_template="{% generation %}x{% endgeneration %}"'
+    build = CACHE.replace('version="2026.06.28"', f'version="2026.06.28", {template}')
+    assert "has a `chat_template` but format 'text'" in load_error(rule_runner, build, name="cache")
+    framed = 'version="2026.06.28", format="chat", framing="levanter"'
+    message = load_error(rule_runner, CACHE.replace('version="2026.06.28"', framed), name="cache")
+    assert "format='chat', whose documents are framed by their format" in message

@@ -30,7 +30,12 @@ from pants.engine.target import (
 )
 
 from kiln_contract.llama import weights_differences
-from kiln_contract.tokenize import DEFAULT_FRAMING, LevanterCacheSource, UrlFilesSource
+from kiln_contract.tokenize import (
+    DEFAULT_DOCUMENT_FORMAT,
+    DEFAULT_FRAMING,
+    LevanterCacheSource,
+    UrlFilesSource,
+)
 from kiln_contract.train import HfModelSource, ParentRun
 from kiln_contract.vocabulary import is_mutable_version
 from kiln_pants.dependency_inference import field_address_inputs
@@ -88,6 +93,7 @@ from kiln_pants.target_types import (
     ValidationField,
     ZLossWeightField,
     default_artifact_name,
+    document_format,
     tokenizer_address,
     tokenizer_directory,
 )
@@ -218,6 +224,9 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
     framing = target[FramingField].value
     if framing != DEFAULT_FRAMING:  # likewise: caches in Kiln's framing keep their fingerprints
         identity["framing"] = framing
+    structured = document_format(target)
+    if structured["format"] != DEFAULT_DOCUMENT_FORMAT:  # likewise: text caches keep theirs
+        identity["document_format"] = structured
     return identity
 
 

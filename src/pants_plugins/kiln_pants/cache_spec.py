@@ -53,8 +53,8 @@ from kiln_pants.target_types import (
     NumShardsField,
     RecordFilterField,
     SplitField,
-    TextKeyField,
     TokenizerField,
+    document_format,
     tokenizer_address,
     tokenizer_directory,
 )
@@ -138,11 +138,11 @@ async def cache_spec_inputs(request: CacheSpecRequest) -> CacheSpecInputs:
         fingerprint=artifact.fingerprint,
         source=source_spec(target, source_files),
         tokenizer=_tokenizer_spec(tokenizer, tokenizer_files),
-        text_key=target[TextKeyField].value,
         max_document_chars=target[MaxDocumentCharsField].value,
         num_shards=target[NumShardsField].value,
         max_tokens=target[MaxTokensField].value,
         framing=target[FramingField].value,
+        **document_format(target),
     )
     record = artifact_record(artifact, []).to_json()
     spec_digest, files = await MultiGet(

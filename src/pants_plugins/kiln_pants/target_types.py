@@ -47,7 +47,10 @@ from kiln_contract.parsing import (
     check_str,
 )
 from kiln_contract.tokenize import (
+    DEFAULT_DOCUMENT_FORMAT,
     DEFAULT_FRAMING,
+    DOCUMENT_FORMATS,
+    FORMAT_KEYS,
     FRAMINGS,
     LevanterCacheSource,
     UrlFilesSource,
@@ -403,6 +406,64 @@ class FramingField(StringField):
     )
 
 
+class DocumentFormatField(StringField):
+    value: str
+    alias = "format"
+    default = DEFAULT_DOCUMENT_FORMAT
+    valid_choices = DOCUMENT_FORMATS
+    help = (
+        "What a document is. `text`: the `text_key` field. `chat`: a list of {role, content} "
+        "messages (`messages_key`) rendered by the chat template, the cache storing a loss mask "
+        "of the assistant's tokens, which the template's {% generation %} blocks mark. "
+        "`supervised`: a prompt (`input_key`) and its answer (`target_key`), the mask marking "
+        "the answer's tokens (docs/token-cache.md, \"Chat and supervised caches\"). Part of the "
+        "identity when not `text`."
+    )
+
+
+class MessagesKeyField(_NameField):
+    value: str
+    alias = "messages_key"
+    default = "messages"
+    help = "A `format=\"chat\"` cache: the key holding each document's list of messages."
+
+
+class ChatTemplateField(StringField):
+    alias = "chat_template"
+    help = (
+        "A `format=\"chat\"` cache: the Jinja chat template that renders each chat, with "
+        "{% generation %} ... {% endgeneration %} around what the loss counts. Default: the "
+        "tokenizer's own (its tokenizer_config.json's `chat_template`)."
+    )
+
+
+class InputKeyField(_NameField):
+    value: str
+    alias = "input_key"
+    default = "input"
+    help = "A `format=\"supervised\"` cache: the key holding each document's prompt."
+
+
+class TargetKeyField(_NameField):
+    value: str
+    alias = "target_key"
+    default = "target"
+    help = "A `format=\"supervised\"` cache: the key holding each prompt's answer."
+
+
+# The fields of each document format but `format` itself (kiln_contract.tokenize.FORMAT_KEYS).
+FORMAT_FIELDS: dict[str, type[Field]] = {
+    field.alias: field
+    for field in (TextKeyField, MessagesKeyField, ChatTemplateField, InputKeyField, TargetKeyField)
+}
+
+
+def document_format(target: Target) -> dict[str, Any]:
+    """The cache's document format and its own fields (CacheSpec's keyword arguments)."""
+    chosen = target[DocumentFormatField].value
+    return {"format": chosen, **{key: target[FORMAT_FIELDS[key]].value for key in FORMAT_KEYS[chosen]}}
+
+
 class CacheStorageField(StringField):
     value: str
     alias = "storage"
@@ -459,6 +520,11 @@ class TokenizedCacheTarget(Target):
         NumShardsField,
         MaxTokensField,
         FramingField,
+        DocumentFormatField,
+        MessagesKeyField,
+        ChatTemplateField,
+        InputKeyField,
+        TargetKeyField,
         CacheStorageField,
         EvalNameField,
         TokenizedCacheDependencies,
@@ -480,6 +546,7 @@ class TokenizedCacheTarget(Target):
                 f"this repo); it has {'both' if has_source else 'neither'}."
             )
         self._check_imported_cache_fields()
+        self._check_document_format()
         self._check_hub_revision()
         split = self[SplitField].value
         if self[CacheSourceField].value in STDLIB_SOURCES and split not in STDLIB_SPLITS:
@@ -513,6 +580,28 @@ class TokenizedCacheTarget(Target):
             raise InvalidTargetException(
                 f"The `tokenized_cache` target {self.address} imports a Levanter cache, which is "
                 f"used as it is: remove {', '.join(f'`{alias}`' for alias in ignored)}."
+            )
+
+    def _check_document_format(self) -> None:
+        """A format's own fields only with that format; a structured format frames itself."""
+        chosen = self[DocumentFormatField].value
+        if self[ChatTemplateField].value is not None and chosen != "chat":
+            raise InvalidTargetException(
+                f"The `tokenized_cache` target {self.address} has a `chat_template` but format "
+                f"{chosen!r}: set format=\"chat\", or remove the template."
+            )
+        if chosen == DEFAULT_DOCUMENT_FORMAT:
+            return
+        if isinstance(self[CacheSourceField].value, LevanterCacheSource):
+            raise InvalidTargetException(
+                f"The `tokenized_cache` target {self.address} imports a Levanter cache, which "
+                f"holds text documents: remove format={chosen!r}."
+            )
+        if self[FramingField].value != DEFAULT_FRAMING:
+            raise InvalidTargetException(
+                f"The `tokenized_cache` target {self.address} has format={chosen!r}, whose "
+                "documents are framed by their format (the chat template, or prompt and answer): "
+                "remove `framing`."
             )
 
     def _check_hub_revision(self) -> None:
