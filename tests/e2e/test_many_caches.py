@@ -3,7 +3,8 @@
 each is its own artifact: a store cache whose file is bad fails alone, the others are built with
 the documents of their own files; fixed, only that cache is tokenized again; `plan` then says
 what `build` did. Inline caches go in their directory's batch, which Pants' cache serves to any
-goal asking for one of them.
+goal asking for one of them. A chat cache among them is built the same way, its loss mask what
+transformers' `apply_chat_template` marks.
 """
 
 from __future__ import annotations
@@ -39,6 +40,30 @@ tokenized_cache(
     version="{version}",
 )
 """
+# A chat cache: the tokenizer has no chat template, so the BUILD file gives one.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {% if m['role'] == 'assistant' %}{% generation %}"
+    "{{ m['content'] }}{{ eos_token }}{% endgeneration %}{% else %}{{ m['content'] }}{% endif %}"
+    "\n{% endfor %}"
+)
+CHAT_CACHE = f"""
+tokenized_cache(
+    name="chat",
+    artifact_name="tokenized/many/chat",
+    sources=["texts/chat.jsonl"],
+    tokenizer="//experiments/tokenizers:kiln-stdlib-8k",
+    version="{VERSION}",
+    storage="store",
+    format="chat",
+    chat_template={CHAT_TEMPLATE!r},
+)
+"""
+CHATS = [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, how can I?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."},
+     {"role": "assistant", "content": "7"}, {"role": "user", "content": "Another?"},
+     {"role": "assistant", "content": "11 ✓"}],
+]  # fmt: skip
 CACHES = 4
 BAD = 2  # its file has no "text" field
 INLINE = 2
@@ -62,6 +87,7 @@ def _write_files(folder: Path, bad: int | None) -> None:
     for i in range(INLINE):
         lines = [json.dumps({"text": text}) for text in _texts(10 + i)]
         (texts / f"i{i}.jsonl").write_text("\n".join(lines) + "\n")
+    (texts / "chat.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in CHATS))
 
 
 def _decoded(cache_folder: Path, tokenizer: Any) -> list[str]:
@@ -71,6 +97,19 @@ def _decoded(cache_folder: Path, tokenizer: Any) -> list[str]:
     return [text.strip() for text in decoded]
 
 
+def _check_chat_cache(cache_folder: Path, tokenizer: Any) -> None:
+    """Ids and loss mask, chat for chat, as transformers renders the BUILD file's template."""
+    cache = TokenCache.open(cache_folder)
+    assert cache.num_documents == len(CHATS)
+    for i, chat in enumerate(CHATS):
+        rendered = tokenizer.hf_tokenizer.apply_chat_template(
+            chat, chat_template=CHAT_TEMPLATE, tokenize=True, return_dict=True,
+            return_assistant_tokens_mask=True,
+        )  # fmt: skip
+        assert cache.document(i).tolist() == list(rendered["input_ids"])
+        assert cache.document_mask(i).tolist() == list(rendered["assistant_masks"])
+
+
 def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) -> None:
     repo = workspace
     folder = repo / "experiments/many"
@@ -78,6 +117,7 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
     (folder / "BUILD").write_text(
         "".join(CACHE.format(i=i, version=VERSION) for i in range(CACHES))
         + "".join(INLINE_CACHE.format(i=i, version=VERSION) for i in range(INLINE))
+        + CHAT_CACHE
     )
     env = dict(os.environ)
 
@@ -88,10 +128,11 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
     # The inline ones in one process of their own.
     assert f"Tokenizing {INLINE} small cache(s), tokenized/many/i0@{VERSION} to " in first.stderr
     summary = {name: status for status, name in re.findall(
-        r"^(SUCCESS|FAILED)\s+tokenized/many/([ci]\d)@", first.stderr, re.M)}  # fmt: skip
+        r"^(SUCCESS|FAILED)\s+tokenized/many/([ci]\d|chat)@", first.stderr, re.M)}  # fmt: skip
     assert summary == {
         **{f"c{i}": "FAILED" if i == BAD else "SUCCESS" for i in range(CACHES)},
         **{f"i{i}": "SUCCESS" for i in range(INLINE)},
+        "chat": "SUCCESS",
     }
     assert f"experiments/many/texts/c{BAD}.jsonl:1: no field 'text'" in first.stderr
 
@@ -107,6 +148,7 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
         assert _decoded(store / f"c{i}/{VERSION}", tokenizer) == _texts(i)
         record = json.loads((store / f"c{i}/{VERSION}/artifact.json").read_text())
         assert record["name"] == f"tokenized/many/c{i}"  # its own record, its own fingerprint
+    _check_chat_cache(store / f"chat/{VERSION}", tokenizer)
 
     _write_files(folder, bad=None)
     second = run_pants(repo, "build", "experiments/many:", env=env)
