@@ -121,9 +121,10 @@ class PackedBatch:
     """Windows of the packed stream, each array [n, seq_len].
 
     segment_ids number the documents within each window from 0 (a window that starts mid-document
-    starts at 0 too); loss_mask[t] = 1 where tokens[t] predicts tokens[t+1] of the same segment.
-    assistant_masks (chat and supervised caches; None for text): 1 at each token the loss
-    counts, the assistant's or the answer's, as the cache stores it.
+    starts at 0 too); loss_mask[t] = 1 where tokens[t] predicts tokens[t+1] of the same segment,
+    and in a chat or supervised cache only where tokens[t+1] is masked in (as Levanter shifts
+    its `assistant_masks` into the loss weights). assistant_masks (None for text): 1 at each
+    token the loss counts, the assistant's or the answer's, as the cache stores it.
     """
 
     tokens: np.ndarray  # int32
@@ -286,6 +287,8 @@ class TokenCache:
         loss_mask = np.zeros((len(starts), seq_len), np.float32)
         loss_mask[:, :-1] = segment_ids[:, 1:] == segment_ids[:, :-1]
         assistant_masks = self._read_window_masks(starts, seq_len) if self.masked else None
+        if assistant_masks is not None:  # the loss counts a prediction of a masked-in token
+            loss_mask[:, :-1] *= assistant_masks[:, 1:]
         return PackedBatch(tokens, segment_ids, loss_mask, assistant_masks)
 
     def _read_window_masks(self, starts: np.ndarray, seq_len: int) -> np.ndarray:

@@ -409,7 +409,8 @@ def window_loss_mask(packed: Any, loss_positions: str | None) -> np.ndarray:
 
     `same_document` (None): the cache reader's mask, positions whose next token is of their own
     document. `all`: every position but the last, Levanter's `LmExample.causal` mask, so the
-    last token of a document (its EOS) also predicts the next document's first token.
+    last token of a document (its EOS) also predicts the next document's first token. Either
+    way a chat or supervised cache counts only predictions of its masked-in tokens.
     """
     if loss_positions in (None, "same_document"):
         return packed.loss_mask
@@ -417,6 +418,8 @@ def window_loss_mask(packed: Any, loss_positions: str | None) -> np.ndarray:
         raise ValueError(f"loss_positions must be same_document or all, got {loss_positions!r}")
     mask = np.ones_like(packed.loss_mask)
     mask[:, -1] = 0
+    if packed.assistant_masks is not None:  # a chat or supervised cache: its tokens alone
+        mask[:, :-1] *= packed.assistant_masks[:, 1:]
     return mask
 
 

@@ -16,6 +16,7 @@ from kiln_testing.levanter import write_levanter_caches
 
 from kiln.data.cache import TokenCache
 from kiln.data.errors import CacheError, SourceError, SpecError
+from kiln.data.mixture import window_loss_mask
 from kiln.data.tokenize import build_cache, main
 from kiln.data.tokenizer import LoadedTokenizer
 
@@ -122,6 +123,14 @@ def test_windows_carry_the_mask_beside_the_tokens(tmp_path: Path) -> None:
     batch = cache.windows(list(range(cache.num_windows(seq_len))), seq_len)
     assert batch.assistant_masks is not None and batch.assistant_masks.dtype == np.uint8
     assert batch.assistant_masks.ravel().tolist() == stream[: batch.tokens.size].tolist()
+    # The loss counts tokens[t] -> tokens[t+1] where t+1 is masked in, within one document.
+    same_document = batch.segment_ids[:, 1:] == batch.segment_ids[:, :-1]
+    expected = same_document & (batch.assistant_masks[:, 1:] == 1)
+    assert (batch.loss_mask[:, :-1] == expected).all() and not batch.loss_mask[:, -1].any()
+    assert 0 < batch.loss_mask.sum() < same_document.sum()
+    # Levanter's causal mask (every position) still counts only the masked-in tokens.
+    causal = window_loss_mask(batch, "all")
+    assert (causal[:, :-1] == (batch.assistant_masks[:, 1:] == 1)).all()
 
 
 def test_supervised_cache_masks_the_answer_and_its_eos(
