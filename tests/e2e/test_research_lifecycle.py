@@ -1,9 +1,10 @@
 """End to end, the research lifecycle as docs/training.md tells it ("Runs that start from
 runs"), on experiments/lifecycle in the e2e tests' workspace: `pants build` trains a run, then
 its cooldown from the run's final weights on a mixture that changes half way, and scores both
-as evaluation artifacts; `pants compare` sets them side by side with their loss curves; and
-after the run's config changes, `plan` shows the cooldown stale (another fingerprint for its
-version) instead of built.
+as evaluation artifacts; `pants compare` sets them side by side with their loss curves; a
+supervised fine-tuning of the run on chats trains on the assistant's tokens alone, as `plan`
+says; and after the run's config changes, `plan` shows the cooldown stale (another fingerprint
+for its version) instead of built.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tests.e2e.test_pants_e2e import pants, pants_command
 STORE = "artifacts"
 BASE = "checkpoints/lifecycle/base/2026.12.02"
 COOLDOWN = "checkpoints/lifecycle/cooldown/2026.12.02"
+SFT = "checkpoints/lifecycle/sft/2026.12.06"
 EVALS = {"base": "evals/lifecycle/base/2026.12.02", "cooldown": "evals/lifecycle/cooldown/2026.12.02"}
 LOSS = "eval/stdlib_validation/loss"
 
@@ -113,6 +115,8 @@ def lifecycle_beside_a_broken_target(repo: Path) -> None:
     assert "of 2 run(s) against step" in compared.stdout
     assert "wrote dist/compare/lifecycle/curves.png" in compared.stdout  # the path written
 
+    supervised_fine_tuning_of_the_run(repo)
+
     # The run's config changes under its version: the cooldown no longer reads as built.
     build_file = repo / "experiments/lifecycle/BUILD"
     text = build_file.read_text()
@@ -135,6 +139,30 @@ def lifecycle_beside_a_broken_target(repo: Path) -> None:
     assert ("experiments/bad_stages/BUILD:1: The `datasets` field in target "
             "experiments/bad_stages:bad has stages starting at steps [5]: the first starts at "
             "0") in refused.stderr, refused.stderr[-3000:]  # fmt: skip
+
+
+def supervised_fine_tuning_of_the_run(repo: Path) -> None:
+    """Marin's default_sft: the run's weights, a fresh optimizer, chats from their beginning;
+    the loss (train and held-out) counts the assistant's tokens, the share `plan` reports."""
+    pants(repo, "build", "experiments/lifecycle:sft")
+    assert (repo / STORE / SFT / "STATUS").read_text().strip() == "SUCCESS"
+    assert read(repo, SFT, "artifact.json")["identity"]["init_from"] == {
+        "kind": "lm_checkpoint", "name": "checkpoints/lifecycle/base", "version": "2026.12.02",
+        "fingerprint": read(repo, BASE, "artifact.json")["fingerprint"],
+        "optimizer_state": False, "data_continues": False,
+    }  # fmt: skip
+    log = (repo / "dist/logs/checkpoints/lifecycle/sft/2026.12.06.log").read_text()
+    assert "started from checkpoints/lifecycle/base@2026.12.02" in log
+    held_out = "eval/chats_heldout/loss"
+    losses = [json.loads(line)[held_out] for line in (repo / STORE / SFT / "metrics.jsonl")
+              .read_text().splitlines() if held_out in line]  # fmt: skip
+    assert losses[-1] < losses[0], losses  # the held-out answers, from the base's weights on
+    stats = read(repo, "tokenized/lifecycle/chats/2026.12.06", "stats.json")
+    assert 0 < stats["loss_tokens"] < stats["tokens"]
+    planned = pants(repo, "plan", "experiments/lifecycle:sft").stdout
+    share = f"{stats['loss_tokens'] / stats['tokens']:.0%} masked in"
+    assert re.search(rf"tokenized/lifecycle/chats@2026.12.06 .* reads 5.12k tokens \(trains on "
+                     rf"~\S+: {share}\)", planned), planned  # fmt: skip
 
 
 def test_the_1b_cooldown_is_planned_beside_its_run(workspace: Path) -> None:

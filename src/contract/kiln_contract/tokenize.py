@@ -73,6 +73,9 @@ DOCUMENT_FORMATS = ("text", "chat", "supervised")
 DEFAULT_DOCUMENT_FORMAT = "text"
 MASKED_FORMATS = ("chat", "supervised")
 LOSS_MASK_FIELD = "assistant_masks"
+# In a chat or supervised cache's cache.json, stats.json and shard records: its masked-in
+# tokens, those a training's loss counts (what `plan` calls trained tokens).
+LOSS_TOKENS = "loss_tokens"
 # Each format's own keys, written to the spec only for that format; Levanter's names and defaults
 # (ChatLmDatasetFormat.messages_field, SupervisedLmDatasetFormat.input_key / target_key).
 FORMAT_KEYS = {

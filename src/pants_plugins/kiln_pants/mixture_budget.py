@@ -23,6 +23,7 @@ from pants.engine.addresses import Address
 from pants.engine.rules import _uncacheable_rule, collect_rules
 
 from kiln_contract.location import in_bucket
+from kiln_contract.tokenize import LOSS_TOKENS
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, artifact_and_graph
 from kiln_pants.artifact_store import artifact_path, stored_state
 from kiln_pants.cache_estimate import count, most_tokens
@@ -49,10 +50,24 @@ class ComponentBudget:
     read_before: Optional[int] = None
     continued: bool = False  # the parent's line read this cache: the run reads on in its stream
     at_most: Optional[int] = None  # unbuilt: a bound on its tokens, its files' bytes
+    # A built chat or supervised cache: the share of its tokens the loss counts (masked in).
+    masked_in: Optional[float] = None
 
     @property
     def reads(self) -> int:
         return self.sequences * self.sequence_len
+
+    @property
+    def masked(self) -> bool:
+        """A chat or supervised cache: its loss counts its masked-in tokens alone."""
+        return "document_format" in self.cache.identity
+
+    @property
+    def trains(self) -> Optional[int]:
+        """Of the tokens read, about how many the loss counts (all of a text cache's)."""
+        if not self.masked:
+            return self.reads
+        return None if self.masked_in is None else round(self.reads * self.masked_in)
 
     @property
     def bounded(self) -> bool:
@@ -92,7 +107,7 @@ class ComponentBudget:
         line = (
             f"{self.cache.ref:<48} weight{'s' if self.stage_weights else ''} {weights} "
             f"({self.share:.1%}{' of the run' if self.stage_weights else ''}): reads "
-            f"{count(self.reads)} tokens{self._by_stage()}, {holds}"
+            f"{count(self.reads)} tokens{self._by_stage()}{self._trained()}, {holds}"
             f"{self._new_and_reread()}"
         )
         if self.under_one_window:
@@ -122,6 +137,7 @@ class ComponentBudget:
             "weights": list(self.stage_weights or (self.weight,)),
             "share": self.share,
             "reads_tokens": self.reads,
+            "trains_tokens": self.trains,
             "stages": [{"start_step": start, "tokens": n * self.sequence_len}
                        for start, n in zip(self.stage_starts, self.stage_sequences)],  # fmt: skip
             "holds_tokens": self.holds,
@@ -146,6 +162,14 @@ class ComponentBudget:
         if new is None:
             return f"{where} (new while the cache holds more than {end} windows)"
         return f"{where}: {count(new)} new, {count(self.reads - new)} re-read"
+
+    def _trained(self) -> str:
+        """A chat or supervised cache's trained tokens: those of its reads the loss counts."""
+        if not self.masked:
+            return ""
+        if self.trains is None or self.masked_in is None:
+            return " (trains on its masked-in tokens alone: their share is known once built)"
+        return f" (trains on ~{count(self.trains)}: {self.masked_in:.0%} masked in)"
 
     def _by_stage(self) -> str:
         if not self.stage_sequences:
@@ -221,12 +245,14 @@ def mixture_budget(
     held: Mapping[str, int],
     imported: Optional[Mapping[str, int]] = None,
     bounds: Optional[Mapping[str, int]] = None,
+    masked_in: Optional[Mapping[str, float]] = None,
 ) -> MixtureBudget:
     """The budget of `checkpoint`'s datasets; `held` maps a built cache's ref to its tokens,
     `imported` an unbuilt import's ref to its ledger's, `bounds` an unbuilt cache's to the most
-    tokens its files can give. A mixture with stages reads each stage's steps by that stage's
+    tokens its files can give, `masked_in` a built chat or supervised cache's to the share of
+    its tokens the loss counts. A mixture with stages reads each stage's steps by that stage's
     weights."""
-    imported, bounds = imported or {}, bounds or {}
+    imported, bounds, masked_in = imported or {}, bounds or {}, masked_in or {}
     identity = checkpoint.identity
     by_ref = {artifact.ref: artifact for artifact in graph}
     stages = _stages(identity)
@@ -256,6 +282,7 @@ def mixture_budget(
                 read_before=None if before is None else before.get(cache.ref, 0),
                 continued=before is not None and cache.ref in before,
                 at_most=bounds.get(cache.ref),
+                masked_in=masked_in.get(cache.ref),
             )
         )
     return MixtureBudget(checkpoint, tuple(components))
@@ -321,14 +348,17 @@ def _read_before(checkpoint: Artifact, by_ref: Mapping[str, Artifact]) -> Option
     return {ref: earlier.get(ref, 0) + sum(n) for ref, n in own.items()}
 
 
-def built_tokens(prefix: str, artifact: Artifact) -> Optional[int]:
-    """The tokens of `artifact` if a local store holds it built, else None."""
+def built_tokens(prefix: str, artifact: Artifact) -> Optional[tuple[int, Optional[int]]]:
+    """The tokens of `artifact` and, for a chat or supervised cache, those its loss counts, if
+    a local store holds it built; else None."""
     if in_bucket(prefix) or stored_state(prefix, artifact).status != "built":
         return None
     try:
         with open(os.path.join(artifact_path(prefix, artifact), CACHE_INFO_FILE)) as f:
-            return int(json.load(f)["tokens"])
-    except (OSError, ValueError, KeyError):
+            info = json.load(f)
+        loss_tokens = info.get(LOSS_TOKENS)
+        return int(info["tokens"]), None if loss_tokens is None else int(loss_tokens)
+    except (OSError, ValueError, KeyError, TypeError):
         return None  # an imported or damaged cache: the runner's checks say what is wrong
 
 
@@ -341,16 +371,18 @@ def local_budgets(
     """The budget of every checkpoint in `graph`, built caches read from a local store, unbuilt
     ones of local files bounded by their size (`build_root`: where repo files are); `imported`:
     the ledger tokens of imports not built yet."""
-    held, bounds = {}, {}
+    held, bounds, masked_in = {}, {}, {}
     for artifact in graph:
         if artifact.kind == "tokenized_cache":
-            tokens = built_tokens(prefix, artifact)
-            if tokens is not None:
-                held[artifact.ref] = tokens
+            built = built_tokens(prefix, artifact)
+            if built is not None:
+                held[artifact.ref], loss_tokens = built
+                if loss_tokens is not None:
+                    masked_in[artifact.ref] = loss_tokens / max(built[0], 1)
             elif (most := most_tokens(artifact, build_root)) is not None:
                 bounds[artifact.ref] = most
     return [
-        mixture_budget(artifact, graph, held, imported, bounds)
+        mixture_budget(artifact, graph, held, imported, bounds, masked_in)
         for artifact in graph
         if artifact.kind == "lm_checkpoint"
     ]

@@ -64,7 +64,7 @@ from kiln.data.document_ends import OFFSETS_INDEX_FILE, npy_bytes
 from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
 from kiln_contract.processes import is_running
-from kiln_contract.tokenize import shard_dir_name
+from kiln_contract.tokenize import LOSS_TOKENS, shard_dir_name
 
 # Zarr3 sharding: files ("outer chunks") of 1M tokens made of compressed chunks of 4K, so that a
 # window read decodes little more than the window, and each file's index of chunks is 4 kB
@@ -92,6 +92,7 @@ class ShardWriter:
         self._tokens = _ChunkedColumn(self.tmp_dir, self.dtype)
         self._masks = _ChunkedColumn(self.tmp_dir / MASK_FIELD, np.dtype(np.uint8)) if masked else None
         self._lengths: list[np.ndarray] = []
+        self._loss_tokens = 0  # masked in: the tokens a training's loss counts
 
     def __enter__(self) -> ShardWriter:
         return self
@@ -104,6 +105,7 @@ class ShardWriter:
         if self._masks is not None:
             assert encoded.masks is not None  # a masked format's encoder gives them
             self._masks.append(encoded.masks)
+            self._loss_tokens += int(encoded.masks.sum())
         self._lengths.append(encoded.lengths)
 
     def finish(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +124,7 @@ class ShardWriter:
             "dtype": self.dtype.name,
             "documents": len(lengths),
             "tokens": self._tokens.written,
+            **({} if self._masks is None else {LOSS_TOKENS: self._loss_tokens}),
             "max_document_tokens": int(lengths.max(initial=0)),
             "files": record_files(self.tmp_dir, files_under(self.tmp_dir)),
         }
@@ -292,7 +295,7 @@ def _ledger_shards(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "first_document": first_document,
                 "first_token": first_token,
                 "files": record["files"],
-                **{key: record[key] for key in ("offsets_stride",) if key in record},
+                **{key: record[key] for key in ("offsets_stride", LOSS_TOKENS) if key in record},
             }
         )
         first_document += record["documents"]
@@ -310,6 +313,7 @@ def _write_records(
     totals = {
         "documents": sum(shard["documents"] for shard in ledger_shards),
         "tokens": sum(shard["tokens"] for shard in ledger_shards),
+        **_loss_tokens(ledger_shards),
     }
     byte_lengths = npy_bytes(token_byte_lengths)
     cache.write(BYTE_LENGTHS_FILE, byte_lengths)
@@ -331,11 +335,19 @@ def _stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "documents": documents,
         "tokens": tokens,
+        **_loss_tokens(records),
         "text_bytes": sum(r["text_bytes"] for r in records),
         "skipped_empty_documents": sum(r["skipped_empty_documents"] for r in records),
         "mean_document_tokens": tokens / documents if documents else 0.0,
         "max_document_tokens": max((r["max_document_tokens"] for r in records), default=0),
     }
+
+
+def _loss_tokens(shards: list[dict[str, Any]]) -> dict[str, int]:
+    """A chat or supervised cache's masked-in tokens, summed over its shards; {} for text."""
+    if not shards or LOSS_TOKENS not in shards[0]:
+        return {}
+    return {LOSS_TOKENS: sum(shard[LOSS_TOKENS] for shard in shards)}
 
 
 def _create_array(path: Path, dtype: np.dtype, inner_chunk: int, outer: int) -> ts.TensorStore:
