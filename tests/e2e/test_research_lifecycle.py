@@ -15,7 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
+from kiln.data.cache import TokenCache
 from tests.e2e.test_pants_e2e import pants, pants_command
 
 STORE = "artifacts"
@@ -146,11 +148,11 @@ def supervised_fine_tuning_of_the_run(repo: Path) -> None:
     the loss (train and held-out) counts the assistant's tokens, the share `plan` reports."""
     pants(repo, "build", "experiments/lifecycle:sft")
     assert (repo / STORE / SFT / "STATUS").read_text().strip() == "SUCCESS"
-    assert read(repo, SFT, "artifact.json")["identity"]["init_from"] == {
-        "kind": "lm_checkpoint", "name": "checkpoints/lifecycle/base", "version": "2026.12.02",
-        "fingerprint": read(repo, BASE, "artifact.json")["fingerprint"],
-        "optimizer_state": False, "data_continues": False,
-    }  # fmt: skip
+    parent = read(repo, SFT, "artifact.json")["identity"]["init_from"]
+    assert (parent["name"], parent["fingerprint"]) == (
+        "checkpoints/lifecycle/base", read(repo, BASE, "artifact.json")["fingerprint"]
+    )
+    assert not parent.get("optimizer_state") and not parent.get("data_continues")  # weights
     log = (repo / "dist/logs/checkpoints/lifecycle/sft/2026.12.06.log").read_text()
     assert "started from checkpoints/lifecycle/base@2026.12.02" in log
     held_out = "eval/chats_heldout/loss"
@@ -163,6 +165,14 @@ def supervised_fine_tuning_of_the_run(repo: Path) -> None:
     share = f"{stats['loss_tokens'] / stats['tokens']:.0%} masked in"
     assert re.search(rf"tokenized/lifecycle/chats@2026.12.06 .* reads 5.12k tokens \(trains on "
                      rf"~\S+: {share}\)", planned), planned  # fmt: skip
+
+    # Its export carries the chat template: transformers renders a chat as the cache holds it.
+    pants(repo, "package", "experiments/lifecycle:sft_hf")
+    exported = AutoTokenizer.from_pretrained(repo / STORE / "hf/lifecycle/sft/2026.12.06")
+    chat = json.loads((repo / "experiments/lifecycle/chats.jsonl").read_text().splitlines()[0])
+    cache = TokenCache.open(repo / STORE / "tokenized/lifecycle/chats/2026.12.06")
+    rendered = exported.apply_chat_template(chat["messages"], tokenize=True, return_dict=True)
+    assert list(rendered["input_ids"]) == cache.document(0).tolist()
 
 
 def test_the_1b_cooldown_is_planned_beside_its_run(workspace: Path) -> None:

@@ -25,6 +25,7 @@ class TrainedRun:
     model_config: LlamaConfig
     tokenizer_record: dict[str, Any]  # what the run recorded: name, digest, vocab_size, ...
     checkpointer: Checkpointer
+    chat_template: str | None  # the BUILD file's template of the chats it trained on
 
     @classmethod
     def open(cls, path: Path) -> TrainedRun:
@@ -45,7 +46,8 @@ class TrainedRun:
         checkpointer = Checkpointer.from_spec(
             path, spec.runtime.checkpointer, name=spec.name, version=spec.version
         )
-        return cls(path, spec, model_config, tokenizer_record, checkpointer)
+        chat_template = resolved.get("chat_template")
+        return cls(path, spec, model_config, tokenizer_record, checkpointer, chat_template)
 
     def checkpoint(self, step: int | str) -> CheckpointInfo:
         """The complete checkpoint at `step`, or the newest one for "last" (a permanent one wins
@@ -68,7 +70,8 @@ class TrainedRun:
 
     def tokenizer(self, folder: Path | None = None) -> Any:
         """The run's tokenizer (a LoadedTokenizer): from `folder` if given, else as its first
-        dataset cache names it. It must be the one the run recorded (same digest)."""
+        dataset cache names it. It must be the one the run recorded (same digest); it carries
+        the chat template the run's chat caches were given."""
         from kiln.data.errors import KilnDataError
         from kiln.data.tokenizer import load_tokenizer
 
@@ -88,6 +91,8 @@ class TrainedRun:
                 f"({recorded.get('name')!r}, {recorded.get('vocab_size')} tokens, digest "
                 f"{str(recorded.get('digest'))[:12]})"
             )
+        if self.chat_template is not None:  # what its chats were rendered with, for its export
+            loaded.hf_tokenizer.chat_template = self.chat_template
         return loaded
 
     def _cache_tokenizer(self) -> Any:

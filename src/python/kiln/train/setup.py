@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +57,7 @@ class RunData:
     validation: tuple[ValidationSet, ...]
     tokenizer: TokenizerInfo
     tokenizer_spec: Any  # what kiln.data.tokenizer.load_tokenizer takes (for evals)
+    chat_template: str | None  # what the training chats were rendered with (chat_template_of)
 
 
 def open_data(spec: TrainSpec, data_start: StreamPosition | None = None) -> RunData:
@@ -92,7 +93,17 @@ def open_data(spec: TrainSpec, data_start: StreamPosition | None = None) -> RunD
         for name, c in zip(runtime.eval_names(cfg.validation), caches[len(cfg.datasets) :])
     )
     tokenizer_spec = caches[0].info["tokenizer"].get("spec")
-    return RunData(tuple(caches), mixture, validation, tokenizer, tokenizer_spec)
+    return RunData(
+        tuple(caches), mixture, validation, tokenizer, tokenizer_spec, chat_template_of(train_caches)
+    )
+
+
+def chat_template_of(caches: Sequence[TokenCache]) -> str | None:
+    """The chat template a BUILD file gave the run's training chat caches, which its export
+    writes into the tokenizer's files: theirs when they agree; None when none was given (the
+    tokenizer's own is theirs) or they differ."""
+    templates = {cache.info.get("chat_template") for cache in caches} - {None}
+    return templates.pop() if len(templates) == 1 else None
 
 
 def prefetched(make: Callable[[int], Any], steps: range, depth: int) -> Generator[Any, None, None]:
@@ -250,6 +261,7 @@ class TrainerSetup:
             "wandb": self.wandb.to_json(),  # as resolved: the spec, then WANDB_* variables
             "model": self.model_config.to_json(),
             "tokenizer": self.data.tokenizer.to_json(),
+            "chat_template": self.data.chat_template,
             "mixture": {
                 # Where the stream started: a parent run's data position, or null.
                 "continues": None if self.data_start is None else self.data_start.to_json(),
