@@ -5,9 +5,8 @@ record whose STATUS is SUCCESS counts as built. This module reads, from the Pant
 answer "is it built, and with the same identity?" (see docs/artifacts.md): a local store
 directly; a bucket through the runtime's own store client (`python -m kiln.artifacts.peek`), as
 one process for every folder a goal asks about, never cached beyond its session (PER_SESSION),
-with the bucket's credentials from the caller's environment. Listing a store and removing
-artifacts (`pants store`) go through the runtime's `python -m kiln.artifacts.inventory`, for a
-directory and a bucket alike.
+with the bucket's credentials from the caller's environment (kiln_pants.store_process).
+DEP_FAILED marks are kiln_pants.dep_failed_marks'; listing and removal, kiln_pants.store_inventory.
 """
 
 from __future__ import annotations
@@ -20,40 +19,19 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pants.engine.console import Console
-from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.fs import EMPTY_DIGEST, CreateDigest, Digest, FileContent
-from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
-from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
+from pants.engine.fs import CreateDigest, Digest, FileContent
+from pants.engine.rules import Get, _uncacheable_rule, collect_rules, rule
 from pants.util.frozendict import FrozenDict
 
-from kiln_contract.inventory import FolderOutcome, Inventory
 from kiln_contract.layout import DEP_FAILED, FAILURE_FILE, RECORD_FILE, STATUS_FILE
 from kiln_contract.location import in_bucket
 from kiln_contract.record import ArtifactRecord, InputRef, differing_fields
 from kiln_contract.step import Provenance
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
-from kiln_pants.runtime import (
-    DEP_FAILED_MARKS,
-    INVENTORY,
-    PEEK,
-    EntryPoint,
-    KilnProcess,
-    Runtime,
-    RuntimeProcess,
-    RuntimeRequest,
-)
+from kiln_pants.runtime import PEEK, Runtime
+from kiln_pants.store_process import process_failure, store_process
 
 logger = logging.getLogger(__name__)
-
-# Where bucket clients find credentials and endpoints (docs/artifacts.md, "Buckets"); HOME for
-# ~/.aws and gcloud's application-default login. Only PER_SESSION processes get them.
-STORE_ENVIRONMENT = (
-    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-    "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE", "AWS_EC2_METADATA_DISABLED", "GOOGLE_APPLICATION_CREDENTIALS",
-    "CLOUDSDK_CONFIG", "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL", "HOME",
-)  # fmt: skip
-
 
 # The artifact's record (artifact_record's JSON) in the inputs of the process that builds it.
 RECORD_INPUT = "artifact_record.json"
@@ -186,68 +164,6 @@ def _inputs_only(fields: list[str]) -> str:
             "every artifact made from a changed one needs)")  # fmt: skip
 
 
-@dataclass(frozen=True)
-class DepFailedMarks:
-    """Marks to write into the store's folders (`name/version`) and marks to clear, by the
-    runtime's `python -m kiln.artifacts.dep_failed` (one function for every store)."""
-
-    prefix: str
-    marks: tuple[tuple[str, str], ...] = ()  # (folder, the reason beside its STATUS)
-    clears: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DepFailedMarked:
-    folders: tuple[str, ...]  # those marked: the others hold a built artifact or a run
-
-
-async def _store_process(
-    entry: EntryPoint, argv: tuple[str, ...], description: str
-) -> FallibleProcessResult:
-    """A runtime process that reads or writes the artifact store, with the store clients'
-    credentials from the caller's environment; never kept beyond its session (the store
-    changes behind Pants' back). Defined above the rules that call it: Pants finds a helper's
-    Gets when it reads the rule."""
-    runtime, environment = await MultiGet(
-        Get(Runtime, RuntimeRequest(entry)),
-        Get(EnvironmentVars, EnvironmentVarsRequest(STORE_ENVIRONMENT)),
-    )
-    process = (await Get(
-        KilnProcess,
-        RuntimeProcess(
-            runtime,
-            argv=argv,
-            description=description,
-            input_digest=EMPTY_DIGEST,
-            output_directories=(),
-            cache_scope=ProcessCacheScope.PER_SESSION,
-            env=FrozenDict(environment),
-        ),
-    )).process
-    return await Get(FallibleProcessResult, Process, process)
-
-
-@rule(desc="Updating DEP_FAILED marks in the artifact store")
-async def write_dep_failed_marks(request: DepFailedMarks) -> DepFailedMarked:
-    argv = [request.prefix]
-    for folder in request.clears:
-        argv += ["--clear", folder]
-    for folder, reason in request.marks:
-        argv += ["--mark", folder, reason]
-    # Said as it is: a step about to build only clears an earlier build's mark, if there is one.
-    doing = "Writing DEP_FAILED marks into" if request.marks else "Clearing any DEP_FAILED mark in"
-    description = f"{doing} {request.prefix}"
-    result = await _store_process(DEP_FAILED_MARKS, tuple(argv), description)
-    if result.exit_code != 0:  # the marks say more; the build's outcome stands without them
-        why = result.stderr.decode(errors="replace").strip().splitlines()
-        logger.warning(
-            f"kiln: DEP_FAILED marks not written: {why[-1] if why else result.exit_code}"
-        )
-        return DepFailedMarked(())
-    marked = FolderOutcome.read_lines(result.stdout.decode())
-    return DepFailedMarked(tuple(outcome.folder for outcome in marked if outcome.done))
-
-
 class BucketUnreadable(Exception):
     """The store's bucket cannot be read: one line naming it and what to check, which the goals
     reading the store (plan, build) print as their error (`stored_states_or_report`)."""
@@ -264,61 +180,14 @@ class BucketRecords:
     texts: FrozenDict[str, FrozenDict[str, Optional[str]]]  # folder -> file -> text or None
 
 
-def _failure(result: FallibleProcessResult) -> str:
-    """A failed store process's one line (it names the store and what to check)."""
-    lines = result.stderr.decode(errors="replace").strip().splitlines()
-    return lines[-1].removeprefix("error: ") if lines else f"exit {result.exit_code}"
-
-
 @rule(desc="Reading artifact records from a bucket")
 async def read_bucket_records(request: BucketRecordsRequest) -> BucketRecords:
     description = f"Reading {len(request.folders)} artifact records from {request.prefix}"
-    result = await _store_process(PEEK, (request.prefix, *request.folders), description)
+    result = await store_process(PEEK, (request.prefix, *request.folders), description)
     if result.exit_code != 0:
-        raise BucketUnreadable(f"cannot read the artifact store: {_failure(result)}")
+        raise BucketUnreadable(f"cannot read the artifact store: {process_failure(result)}")
     texts = json.loads(result.stdout)
     return BucketRecords(FrozenDict({k: FrozenDict(v) for k, v in texts.items()}))
-
-
-@dataclass(frozen=True)
-class StoreInventoryRequest:
-    prefix: str  # a local store's absolute path, or a bucket URL
-
-
-@dataclass(frozen=True)
-class StoreInventory:
-    inventory: Optional[Inventory]
-    error: Optional[str] = None  # why the store cannot be listed, naming it
-
-
-@rule(desc="Listing what the artifact store holds")
-async def list_store(request: StoreInventoryRequest) -> StoreInventory:
-    description = f"Listing the artifacts in {request.prefix}"
-    result = await _store_process(INVENTORY, (request.prefix,), description)
-    if result.exit_code != 0:
-        return StoreInventory(None, _failure(result))
-    return StoreInventory(Inventory.from_json(result.stdout.decode()))
-
-
-@dataclass(frozen=True)
-class StoreRemovalRequest:
-    prefix: str
-    folders: tuple[str, ...]  # name/version
-
-
-@dataclass(frozen=True)
-class StoreRemoval:
-    outcomes: tuple[FolderOutcome, ...]  # one per folder reached: removed, or kept and why
-    error: Optional[str] = None  # why the store stopped answering, naming it
-
-
-@rule(desc="Removing artifacts from the artifact store")
-async def remove_from_store(request: StoreRemovalRequest) -> StoreRemoval:
-    description = f"Removing {len(request.folders)} artifacts from {request.prefix}"
-    argv = (request.prefix, "--remove", *request.folders)
-    result = await _store_process(INVENTORY, argv, description)
-    outcomes = FolderOutcome.read_lines(result.stdout.decode())
-    return StoreRemoval(outcomes, None if result.exit_code == 0 else _failure(result))
 
 
 def bucket_folders(graph: ArtifactGraph) -> tuple[str, ...]:

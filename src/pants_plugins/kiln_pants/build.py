@@ -33,13 +33,7 @@ from pants.option.option_types import IntOption
 from kiln_contract.layout import DEP_FAILED
 from kiln_pants import build_steps
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.artifact_store import (
-    DepFailedMarked,
-    DepFailedMarks,
-    StoredState,
-    artifact_path,
-    stored_states_or_report,
-)
+from kiln_pants.artifact_store import StoredState, artifact_path, stored_states_or_report
 from kiln_pants.build_steps import (
     FAILED,
     SERVED,
@@ -49,6 +43,7 @@ from kiln_pants.build_steps import (
     dep_failed,
     log_path,
 )
+from kiln_pants.dep_failed_marks import DepFailedMarked, DepFailedMarks
 from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_targets import HfModelTarget
 from kiln_pants.subsystem import KilnSubsystem
@@ -251,18 +246,33 @@ async def build(
             "No artifact targets (tokenized_cache, lm_checkpoint, hf_model, lm_eval_run) given."
         )
         return Build(exit_code=0)
+    if subsystem.trainings_at_once is not None and subsystem.trainings_at_once < 1:
+        console.print_stderr(
+            f"--build-trainings-at-once={subsystem.trainings_at_once}: give 1 or more."
+        )
+        return Build(exit_code=1)
     prefix = kiln.prefix_location(build_root.path)
     stored = await stored_states_or_report(console, prefix, graph)
     if stored is None:
         return Build(exit_code=1)
     states = {a.address: state for a, state in stored.items()}
     dist = os.path.join(build_root.path, distdir.relpath)
-    if subsystem.trainings_at_once is not None and subsystem.trainings_at_once < 1:
-        console.print_stderr(
-            f"--build-trainings-at-once={subsystem.trainings_at_once}: give 1 or more."
-        )
-        return Build(exit_code=1)
     slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
+    pipeline = await _planned_pipeline(graph, roots, states, dist, slots)
+    await _clear_earlier_marks(pipeline, graph, states, prefix)
+    outcomes = await _run_pipeline(console, pipeline, graph, prefix)
+    return Build(exit_code=_summary(console, graph, outcomes))
+
+
+async def _planned_pipeline(
+    graph: ArtifactGraph,
+    roots: list[Artifact],
+    states: dict[Address, StoredState],
+    dist: str,
+    slots: Optional[TrainingSlots],
+) -> dict[Address, PipelineStep]:
+    """The steps the roots need, each decided now where the store decides it (served, or
+    refused), the small caches among the others in their batches."""
     to_build = steps_to_build(roots, graph, states)
     decided = {a: _decided(graph.get(a), states[a]) for a in to_build}
     caches = Addresses(
@@ -271,14 +281,30 @@ async def build(
     )  # fmt: skip
     batches = await Get(CacheBatches, SmallCachesRequest(caches))
     batch_of = {address: batch for batch in batches.batches for address in batch.addresses}
-    pipeline = _pipeline(graph, to_build, decided, dist, slots, batch_of)
-    steps = [p.step for p in pipeline.values()]
-    marked_before = [  # this run decides again
-        graph.get(s.address).folder for s in steps
-        if s.decided is None and states[s.address].status == "dep failed"
+    return _pipeline(graph, to_build, decided, dist, slots, batch_of)
+
+
+async def _clear_earlier_marks(
+    pipeline: dict[Address, PipelineStep],
+    graph: ArtifactGraph,
+    states: dict[Address, StoredState],
+    prefix: str,
+) -> None:
+    """Clears the DEP_FAILED marks an earlier build left on the steps this one decides again."""
+    marked_before = [
+        graph.get(address).folder for address, p in pipeline.items()
+        if p.step.decided is None and states[address].status == "dep failed"
     ]  # fmt: skip
     if marked_before:
         await Get(DepFailedMarked, DepFailedMarks(prefix, clears=tuple(marked_before)))
+
+
+async def _run_pipeline(
+    console: Console, pipeline: dict[Address, PipelineStep], graph: ArtifactGraph, prefix: str
+) -> dict[Address, StepOutcome]:
+    """Every step's outcome: those decided up front printed first; a failed step's error in its
+    log; the dependents of a failure marked DEP_FAILED in the store."""
+    steps = [p.step for p in pipeline.values()]
     console.print_stderr(f"Building {len(steps)} step(s) into {prefix}")
     for step in steps:
         if step.decided is not None:
@@ -294,7 +320,7 @@ async def build(
         outcomes.update(await _marked_dep_failed(dependents, outcomes, graph, prefix))
         for step in dependents:
             console.print_stderr(_outcome_line(step.ref, outcomes[step.address], step.log))
-    return Build(exit_code=_summary(console, graph, outcomes))
+    return outcomes
 
 
 def _pipeline(

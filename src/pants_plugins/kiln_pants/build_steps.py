@@ -25,11 +25,11 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import DEP_FAILED
-from kiln_pants.artifact_store import STORE_ENVIRONMENT
 from kiln_pants.eval_rules import LmEvalRunPackageFieldSet
 from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_rules import HfModelPackageFieldSet
 from kiln_pants.runtime import KilnProcess, RuntimeProcess, shipped_to_nodes
+from kiln_pants.store_process import STORE_ENVIRONMENT
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, ResourcesField, TokenizedCacheTarget
 from kiln_pants.tokenize_rules import (

@@ -21,7 +21,7 @@ from kiln_contract.layout import SHARDS_SIBLING, sibling_key
 from kiln_contract.location import in_bucket
 from kiln_contract.tokenize import shard_dir_name
 from kiln_pants.artifact_graph import Artifact
-from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
+from kiln_pants.artifact_store import artifact_path
 from kiln_pants.cache_spec import CacheSpecInputs, CacheSpecRequest
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import (
@@ -33,6 +33,7 @@ from kiln_pants.runtime import (
     RuntimeRequest,
     shipped_to_nodes,
 )
+from kiln_pants.store_process import STORE_ENVIRONMENT
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import CacheStorageField
 

@@ -26,10 +26,11 @@ from pants.option.option_types import StrOption
 from pants.util.frozendict import FrozenDict
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.artifact_store import STORE_ENVIRONMENT, artifact_path
+from kiln_pants.artifact_store import artifact_path
 from kiln_pants.build import BuildRoots, BuildRootsRequest
 from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.runtime import REPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.store_process import STORE_ENVIRONMENT
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget
 

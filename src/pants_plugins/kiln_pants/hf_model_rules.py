@@ -35,17 +35,15 @@ from kiln_pants.artifact_graph import (
 )
 from kiln_pants.artifact_store import (
     RECORD_INPUT,
-    STORE_ENVIRONMENT,
     BucketRecords,
     BucketRecordsRequest,
-    DepFailedMarked,
-    DepFailedMarks,
     StoredFiles,
     StoredFilesRequest,
     artifact_path,
     record_input,
     recorded_state,
 )
+from kiln_pants.dep_failed_marks import DepFailedMarked, DepFailedMarks
 from kiln_pants.hf_model_targets import (
     CheckpointField,
     ExportDtypeField,
@@ -53,6 +51,7 @@ from kiln_pants.hf_model_targets import (
 )
 from kiln_pants.package import store_pointer_package
 from kiln_pants.runtime import EXPORT, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.store_process import STORE_ENVIRONMENT
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import LmCheckpointTarget, TokenizerField, tokenizer_address
 

@@ -29,15 +29,15 @@ from pants.option.option_types import BoolOption, EnumOption, StrOption
 from kiln_contract.inventory import Inventory, StoredArtifact, ref_of
 from kiln_contract.layout import DEP_FAILED, FAILED
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.artifact_store import (
+from kiln_pants.eval_targets import LmEvalRunTarget
+from kiln_pants.hf_model_targets import HfModelTarget
+from kiln_pants.shard_plan import count_text, size_text
+from kiln_pants.store_inventory import (
     StoreInventory,
     StoreInventoryRequest,
     StoreRemoval,
     StoreRemovalRequest,
 )
-from kiln_pants.eval_targets import LmEvalRunTarget
-from kiln_pants.hf_model_targets import HfModelTarget
-from kiln_pants.shard_plan import count_text, size_text
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
 

@@ -45,7 +45,6 @@ from kiln_contract.tokenize import (
     Source,
     UrlFilesSource,
 )
-from kiln_pants.artifact_store import STORE_ENVIRONMENT
 from kiln_pants.cache_spec import (
     CacheSpecInputs,
     CacheSpecRequest,
@@ -54,6 +53,7 @@ from kiln_pants.cache_spec import (
 )
 from kiln_pants.hub_settings import HubSettingsCache
 from kiln_pants.runtime import TOKENIZE, KilnProcess, Runtime, RuntimeProcess, RuntimeRequest
+from kiln_pants.store_process import STORE_ENVIRONMENT
 from kiln_pants.target_types import CacheSourceField, NumShardsField
 
 SHOWN_SHARDS = 3  # shards listed under the summary line (`--plan-shards`: all of them)
