@@ -227,43 +227,7 @@ async def _marked_dep_failed(
     }
 
 
-@goal_rule
-async def build(
-    console: Console,
-    addresses: Addresses,
-    subsystem: BuildSubsystem,
-    kiln: KilnSubsystem,
-    build_root: BuildRoot,
-    distdir: DistDir,
-    workspace: Workspace,  # marks the goal as side-effecting: it writes the artifact store
-) -> Build:
-    roots_asked = await Get(BuildRoots, BuildRootsRequest(addresses))
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(roots_asked.addresses))
-    requested = set(roots_asked.addresses)
-    roots = [a for a in graph if a.address in requested]
-    if not roots:
-        console.print_stderr(
-            "No artifact targets (tokenized_cache, lm_checkpoint, hf_model, lm_eval_run) given."
-        )
-        return Build(exit_code=0)
-    if subsystem.trainings_at_once is not None and subsystem.trainings_at_once < 1:
-        console.print_stderr(
-            f"--build-trainings-at-once={subsystem.trainings_at_once}: give 1 or more."
-        )
-        return Build(exit_code=1)
-    prefix = kiln.prefix_location(build_root.path)
-    stored = await stored_states_or_report(console, prefix, graph)
-    if stored is None:
-        return Build(exit_code=1)
-    states = {a.address: state for a, state in stored.items()}
-    dist = os.path.join(build_root.path, distdir.relpath)
-    slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
-    pipeline = await _planned_pipeline(graph, roots, states, dist, slots)
-    await _clear_earlier_marks(pipeline, graph, states, prefix)
-    outcomes = await _run_pipeline(console, pipeline, graph, prefix)
-    return Build(exit_code=_summary(console, graph, outcomes))
-
-
+# The goal's helpers come before it: Pants finds a helper's Gets when it reads the rule.
 async def _planned_pipeline(
     graph: ArtifactGraph,
     roots: list[Artifact],
@@ -321,6 +285,43 @@ async def _run_pipeline(
         for step in dependents:
             console.print_stderr(_outcome_line(step.ref, outcomes[step.address], step.log))
     return outcomes
+
+
+@goal_rule
+async def build(
+    console: Console,
+    addresses: Addresses,
+    subsystem: BuildSubsystem,
+    kiln: KilnSubsystem,
+    build_root: BuildRoot,
+    distdir: DistDir,
+    workspace: Workspace,  # marks the goal as side-effecting: it writes the artifact store
+) -> Build:
+    roots_asked = await Get(BuildRoots, BuildRootsRequest(addresses))
+    graph = await Get(ArtifactGraph, ArtifactGraphRequest(roots_asked.addresses))
+    requested = set(roots_asked.addresses)
+    roots = [a for a in graph if a.address in requested]
+    if not roots:
+        console.print_stderr(
+            "No artifact targets (tokenized_cache, lm_checkpoint, hf_model, lm_eval_run) given."
+        )
+        return Build(exit_code=0)
+    if subsystem.trainings_at_once is not None and subsystem.trainings_at_once < 1:
+        console.print_stderr(
+            f"--build-trainings-at-once={subsystem.trainings_at_once}: give 1 or more."
+        )
+        return Build(exit_code=1)
+    prefix = kiln.prefix_location(build_root.path)
+    stored = await stored_states_or_report(console, prefix, graph)
+    if stored is None:
+        return Build(exit_code=1)
+    states = {a.address: state for a, state in stored.items()}
+    dist = os.path.join(build_root.path, distdir.relpath)
+    slots = subsystem.training_slots(kiln.cluster, os.path.join(dist, "kiln-build", "slots"))
+    pipeline = await _planned_pipeline(graph, roots, states, dist, slots)
+    await _clear_earlier_marks(pipeline, graph, states, prefix)
+    outcomes = await _run_pipeline(console, pipeline, graph, prefix)
+    return Build(exit_code=_summary(console, graph, outcomes))
 
 
 def _pipeline(
