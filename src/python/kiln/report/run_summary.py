@@ -176,7 +176,8 @@ def _sample_lines(run: FinishedRun) -> list[str]:
     tokens = _generate(graphdef, run.params, prompts, max_seq_len)
     lines = [
         f"Samples from {checkpoint.path.name} (temperature {TEMPERATURE}, seed {SAMPLE_SEED}; "
-        f"prompts: the first documents of {cfg.validation[0].name})"
+        f"prompts: the first {'chats' if cache.masked else 'documents'} of "
+        f"{cfg.validation[0].name}{', up to their first answer' if cache.masked else ''})"
     ]
     for i, row in enumerate(tokens, 1):
         continuation = up_to_eos(row[prompts.shape[1] :], cache.tokenizer.eos_id)
@@ -204,9 +205,19 @@ def up_to_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
 
 
 def sample_prompts(cache: TokenCache, *, max_length: int) -> np.ndarray:
-    """int32 [n, P]: the first P tokens of the cache's first NUM_SAMPLES documents. One P for all
-    (a batch): at most PROMPT_TOKENS and max_length, and short of every document's end (its
-    EOS is no prompt)."""
-    docs = [cache.document(i) for i in range(min(NUM_SAMPLES, cache.num_documents))]
+    """int32 [n, P]: the first P tokens of the cache's first NUM_SAMPLES documents; of a chat or
+    supervised cache, the P tokens before each one's first masked-in token (the conversation up
+    to the assistant's turn, which the model then writes). One P for all (a batch): at most
+    PROMPT_TOKENS and max_length, and short of every document's end (its EOS is no prompt)."""
+    count = min(NUM_SAMPLES, cache.num_documents)
+    docs = [cache.document(i) for i in range(count)]
+    if cache.masked:
+        answers = [int(np.argmax(cache.document_mask(i))) for i in range(count)]
+        prompted = [(doc, start) for doc, start in zip(docs, answers) if start > 0]
+        if prompted:
+            length = min(PROMPT_TOKENS, max_length, *(start for _, start in prompted))
+            return np.stack([doc[start - length : start] for doc, start in prompted]).astype(
+                np.int32
+            )
     length = max(1, min(PROMPT_TOKENS, max_length, *(len(doc) - 1 for doc in docs)))
     return np.stack([doc[:length] for doc in docs]).astype(np.int32)

@@ -19,6 +19,7 @@ from kiln.data.errors import CacheError, SourceError, SpecError
 from kiln.data.mixture import window_loss_mask
 from kiln.data.tokenize import build_cache, main
 from kiln.data.tokenizer import LoadedTokenizer
+from kiln.report.run_summary import sample_prompts
 
 # Trims each turn's content and its own whitespace ({%- -%}); the assistant's turn and its EOS
 # are the generation block.
@@ -131,6 +132,15 @@ def test_windows_carry_the_mask_beside_the_tokens(tmp_path: Path) -> None:
     # Levanter's causal mask (every position) still counts only the masked-in tokens.
     causal = window_loss_mask(batch, "all")
     assert (causal[:, :-1] == (batch.assistant_masks[:, 1:] == 1)).all()
+
+
+def test_sample_prompts_of_a_chat_cache_end_where_the_answer_starts(tmp_path: Path) -> None:
+    cache = TokenCache.open(chat_cache(tmp_path, TRIMMING))
+    prompts = sample_prompts(cache, max_length=32)
+    for row, prompt in enumerate(prompts):
+        ids, mask = cache.document(row), cache.document_mask(row)
+        start = int(np.argmax(mask))  # the first token the assistant writes
+        assert prompt.tolist() == ids[start - len(prompt) : start].tolist()
 
 
 def test_supervised_cache_masks_the_answer_and_its_eos(
