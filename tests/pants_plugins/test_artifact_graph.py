@@ -379,6 +379,28 @@ def test_local_eval_task_files_are_a_dependency_and_count_by_content(
     assert evals_identity("task: stdlib_mc\nnum_fewshot: 1\n")["task_files"] != first["task_files"]
 
 
+def test_the_eval_chat_template_is_in_the_identity_only_when_applied(
+    rule_runner: RuleRunner,
+) -> None:
+    def evals_identity(options: str) -> dict:
+        build = BUILD.replace("RESOURCES", "cpu()").replace(
+            "evals=None", f'evals=eval_suite(["copa"], every=50{options})'
+        )
+        rule_runner.write_files({**FILES, "exp/BUILD": build})
+        graph = rule_runner.request(
+            ArtifactGraph, [ArtifactGraphRequest(Addresses([Address("exp", target_name="ckpt")]))]
+        )
+        return graph.get(Address("exp", target_name="ckpt")).identity["evals"]
+
+    plain = evals_identity("")
+    assert "apply_chat_template" not in plain and "fewshot_as_multiturn" not in plain
+    assert evals_identity(", apply_chat_template=False") == plain
+    chat = evals_identity(", apply_chat_template=True")
+    assert chat == {**plain, "apply_chat_template": True}
+    single = evals_identity(", apply_chat_template=True, fewshot_as_multiturn=False")
+    assert single == {**chat, "fewshot_as_multiturn": False}
+
+
 def test_an_unbuilt_import_is_budgeted_by_its_ledger(rule_runner: RuleRunner) -> None:
     """An imported Levanter cache's tokens are known before it is built: its ledger's."""
     from kiln_pants.mixture_budget import mixture_budget

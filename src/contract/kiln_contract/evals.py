@@ -2,12 +2,13 @@
 
     {"tasks": [{"name": "hellaswag", "num_fewshot": 0, "alias": "hellaswag_0shot"}, ...],
      "every": 10000, "max_examples": null, "task_paths": ["exp/eval_tasks"],
-     "sequence_start": "tokenizer", "max_length": 2048}
+     "sequence_start": "tokenizer", "max_length": 2048,
+     "apply_chat_template": true, "fewshot_as_multiturn": true}
 
 `task_paths` are folders of local task YAML: relative to the step's inputs in a step spec,
-absolute in a train spec. `sequence_start` and `max_length` are optional and left out of the
-JSON at their defaults, so suites that do not set them keep their fingerprints. docs/evals.md
-describes the suite.
+absolute in a train spec. `sequence_start`, `max_length`, `apply_chat_template` and
+`fewshot_as_multiturn` are optional and left out of the JSON at their defaults, so suites that
+do not set them keep their fingerprints. docs/evals.md describes the suite.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from kiln_contract.parsing import (
     SpecError,
     build,
+    check_bool,
     check_choice,
     check_int,
     check_optional,
@@ -70,7 +72,8 @@ class EvalTask:
 class EvalSuiteConfig:
     """The reference's `EvalSuite(tasks, every)` plus `max_examples`, local task folders, how
     sequences start and lm-eval's `max_length` (input tokens per sequence; None: the model's
-    max_seq_len)."""
+    max_seq_len), and lm-eval's `apply_chat_template` and `fewshot_as_multiturn` (None: as
+    lm-eval's command line defaults it, True exactly when the chat template is applied)."""
 
     tasks: tuple[EvalTask, ...]
     every: int
@@ -78,6 +81,8 @@ class EvalSuiteConfig:
     task_paths: tuple[str, ...] = ()
     sequence_start: str = DEFAULT_SEQUENCE_START
     max_length: int | None = None
+    apply_chat_template: bool = False
+    fewshot_as_multiturn: bool | None = None
 
     def __post_init__(self) -> None:
         check_tuple_of("tasks", self.tasks, EvalTask)
@@ -99,6 +104,20 @@ class EvalSuiteConfig:
         check_tuple_of("task_paths", self.task_paths, str)
         check_choice("sequence_start", self.sequence_start, SEQUENCE_STARTS)
         check_optional(check_int, "max_length", self.max_length, minimum=1)
+        check_bool("apply_chat_template", self.apply_chat_template)
+        check_optional(check_bool, "fewshot_as_multiturn", self.fewshot_as_multiturn)
+        if self.fewshot_as_multiturn and not self.apply_chat_template:
+            raise SpecError(
+                "fewshot_as_multiturn",
+                "few-shot examples are chat turns only when apply_chat_template is true",
+            )
+
+    @property
+    def multiturn(self) -> bool:
+        """lm-eval's fewshot_as_multiturn for this suite: given, else apply_chat_template."""
+        if self.fewshot_as_multiturn is None:
+            return self.apply_chat_template
+        return self.fewshot_as_multiturn
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "evals") -> EvalSuiteConfig:
@@ -115,7 +134,12 @@ class EvalSuiteConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The canonical form: optional fields at their defaults are left out (fingerprints)."""
-        defaults = {"sequence_start": DEFAULT_SEQUENCE_START, "max_length": None}
+        defaults = {
+            "sequence_start": DEFAULT_SEQUENCE_START,
+            "max_length": None,
+            "apply_chat_template": False,
+            "fewshot_as_multiturn": None,
+        }
         fields = scalar_json(self)
         return {
             **{k: v for k, v in fields.items() if not (k in defaults and v == defaults[k])},

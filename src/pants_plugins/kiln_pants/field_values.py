@@ -118,6 +118,8 @@ def eval_suite(
     task_files: Optional[str] = None,
     sequence_start: str = DEFAULT_SEQUENCE_START,
     max_length: Optional[int] = None,
+    apply_chat_template: bool = False,
+    fewshot_as_multiturn: Optional[bool] = None,
 ) -> EvalSuite:
     tasks = tuple(_eval_task(task) for task in tasks)
     if not tasks:
@@ -130,7 +132,13 @@ def eval_suite(
             f"task YAML, e.g. ':eval_tasks'; got {task_files!r}."
         )
     suite = EvalSuiteConfig(
-        tasks, every, max_examples, sequence_start=sequence_start, max_length=max_length
+        tasks,
+        every,
+        max_examples,
+        sequence_start=sequence_start,
+        max_length=max_length,
+        apply_chat_template=apply_chat_template,
+        fewshot_as_multiturn=fewshot_as_multiturn,
     )
     return EvalSuite(suite, task_files)
 

@@ -5,11 +5,15 @@ each next token; the model reads tokens[:, :-1], so T is at most max_length + 1.
 token sequences by the suite's `sequence_start` convention (kiln.eval.sequences: lm-eval's own
 Hugging Face runner by default). Sequences are packed into fixed-shape batches: B is fixed and
 the model's input length is rounded up to one of a few bucket lengths, so a jitted `logprob_fn`
-compiles once per bucket, never per example. See docs/evals.md.
+compiles once per bucket, never per example. With a suite's `apply_chat_template`, lm-eval
+renders each context through `apply_chat_template`, which does what lm-eval's own runner does
+with the Hugging Face tokenizer's chat template; the rendered context is then encoded like any
+other. See docs/evals.md.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -49,6 +53,12 @@ def default_bucket_lengths(max_length: int) -> tuple[int, ...]:
     return (*buckets, max_length)
 
 
+def chat_tokenizer(tokenizer: Any) -> Any:
+    """The Hugging Face tokenizer whose chat template lm-eval's runner would apply: a
+    kiln.data.tokenizer.LoadedTokenizer's `hf_tokenizer`, else the tokenizer itself."""
+    return getattr(tokenizer, "hf_tokenizer", tokenizer)
+
+
 class KilnLM(LM):
     """lm-eval `LM` over `logprob_fn`: loglikelihood and loglikelihood_rolling, no generation.
     `max_length` counts the model's input tokens, as lm-eval's max_length does."""
@@ -73,6 +83,7 @@ class KilnLM(LM):
             )
         self._logprob_fn = logprob_fn
         self._convention = sequence_convention(tokenizer, sequence_start)
+        self._hf_tokenizer = chat_tokenizer(tokenizer)
         self.max_length = max_length
         self.batch_size = batch_size
         self.bucket_lengths = buckets
@@ -106,6 +117,39 @@ class KilnLM(LM):
             "Kiln's adapter scores log-likelihoods only: generate_until tasks are not supported. "
             "Use multiple_choice / loglikelihood / loglikelihood_rolling tasks."
         )
+
+    # ---- chat templates, as lm-eval's HFLM applies them
+
+    @property
+    def tokenizer_name(self) -> str:
+        """HFLM's: part of lm-eval's request-cache key when a chat template is applied."""
+        return str(self._hf_tokenizer.name_or_path).replace("/", "__")
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """HFLM's `apply_chat_template` (lm-eval 0.4.13, no chat_template_args): the Hugging Face
+        tokenizer's chat template rendered to text, the system turn dropped when the template
+        refuses it. The text is encoded as every context is (the tokenizer's special tokens,
+        unless it already starts with the prefix token's text: a template that writes BOS)."""
+
+        def render(history: list[dict[str, str]]) -> str:
+            return str(
+                self._hf_tokenizer.apply_chat_template(
+                    history,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=not add_generation_prompt,
+                )
+            )
+
+        # jinja2 comes with transformers (its chat templates): not a direct requirement.
+        template_error = importlib.import_module("jinja2.exceptions").TemplateError
+        try:
+            return render(chat_history)
+        except template_error:
+            logger.warning("Failed to apply chat template: retrying without the system turn.")
+            return render([message for message in chat_history if message["role"] != "system"])
 
     # ---- requests -> token sequences
 

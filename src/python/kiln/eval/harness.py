@@ -58,7 +58,13 @@ def run_eval_suite(
     for task, task_dict in zip(config.tasks, loaded_tasks):
         task_started = time.perf_counter()
         results = evaluate(
-            lm, task_dict, limit=config.max_examples, bootstrap_iters=0, log_samples=False
+            lm,
+            task_dict,
+            limit=config.max_examples,
+            bootstrap_iters=0,
+            log_samples=False,
+            apply_chat_template=config.apply_chat_template,
+            fewshot_as_multiturn=config.multiturn,
         )
         metrics.update(task_metrics(task, results))
         metrics.update(chance_metrics(task, task_dict, config.max_examples))
@@ -67,12 +73,20 @@ def run_eval_suite(
         metrics[f"lm_eval/{task.label}/seconds"] = time.perf_counter() - task_started
     metrics.update(average_metrics(metrics, sample_counts))
     metrics.update(dclm_core_metrics(config, metrics))
-    metrics.update(run_metadata(config.sequence_start, max_length))
+    metrics.update(run_metadata(config.sequence_start, max_length, chat_template_turns(config)))
     metrics["lm_eval/seconds"] = time.perf_counter() - started
     logger.debug(
         "lm_eval at step %d: %d tasks in %.1f s", step, len(config.tasks), metrics["lm_eval/seconds"]
     )
     return metrics
+
+
+def chat_template_turns(config: EvalSuiteConfig) -> str | None:
+    """How contexts meet the chat template: "multiturn" (each few-shot example a turn),
+    "singleturn" (one user turn), None when no chat template is applied."""
+    if not config.apply_chat_template:
+        return None
+    return "multiturn" if config.multiturn else "singleturn"
 
 
 def effective_max_length(config: EvalSuiteConfig, model_max_length: int) -> int:

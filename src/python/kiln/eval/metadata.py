@@ -7,6 +7,7 @@ Metrics are floats (metrics.jsonl, W&B), so facts that are words travel in the k
     lm_eval/meta/harness=lm-eval 0.4.13    1.0     the harness that built the requests
     lm_eval/meta/sequence_start=tokenizer  1.0     kiln.eval.sequences' convention
     lm_eval/meta/max_length                2048.0  input tokens per scored sequence
+    lm_eval/meta/chat_template=multiturn   1.0     only when the chat template is applied
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ META = "meta"
 HARNESS = "harness"
 SEQUENCE_START = "sequence_start"
 MAX_LENGTH = "max_length"
+CHAT_TEMPLATE = "chat_template"
 NUM_FEWSHOT = "num_fewshot"
 NUM_DOCS = "num_docs"
 # Per-entry keys that describe a score rather than being one.
@@ -41,14 +43,20 @@ def task_metadata(task: EvalTask, results: Mapping[str, Any]) -> dict[str, float
     }
 
 
-def run_metadata(sequence_start: str, max_length: int) -> dict[str, float]:
-    """The harness version and the conventions every score of this eval was computed with."""
+def run_metadata(
+    sequence_start: str, max_length: int, chat_template: str | None = None
+) -> dict[str, float]:
+    """The harness version and the conventions every score of this eval was computed with;
+    `chat_template` ("multiturn" or "singleturn") only when lm-eval applied one."""
     meta = f"{PREFIX}{META}"
-    return {
+    metadata = {
         f"{meta}/{HARNESS}={harness_version()}": 1.0,
         f"{meta}/{SEQUENCE_START}={sequence_start}": 1.0,
         f"{meta}/{MAX_LENGTH}": float(max_length),
     }
+    if chat_template is not None:
+        metadata[f"{meta}/{CHAT_TEMPLATE}={chat_template}"] = 1.0
+    return metadata
 
 
 def eval_summary_lines(metrics: Mapping[str, Any]) -> list[str]:

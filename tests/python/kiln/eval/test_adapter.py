@@ -281,3 +281,23 @@ def test_kiln_loaded_tokenizer_scores_like_the_hf_one(tmp_path, convention):
 
     assert loaded.info.eos_id == EOS_ID and loaded.info.bos_id is None
     assert scores(loaded) == scores(tokenizer)
+
+
+def test_the_chat_template_renders_as_lm_evals_runner_renders_it():
+    """HFLM's apply_chat_template: text, the generation prompt or the final message continued,
+    and a template that refuses the system turn rendered again without it."""
+    tokenizer = make_tokenizer(with_bos=True)
+    tokenizer.chat_template = (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('no system turn') }}{% endif %}[{{ m['role'] }}] {{ m['content'] }} "
+        "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    lm = KilnLM(RecordingFn(), tokenizer, max_length=MAX_LENGTH)
+    history = [{"role": "user", "content": "w1 w2"}, {"role": "assistant", "content": "w3"}]
+    assert lm.apply_chat_template(history[:1]) == "<bos>[user] w1 w2 [assistant]"
+    assert lm.apply_chat_template(history, add_generation_prompt=False) == (
+        "<bos>[user] w1 w2 [assistant] w3"
+    )  # continue_final_message: the assistant's turn left open
+    with_system = [{"role": "system", "content": "w4"}, *history[:1]]
+    assert lm.apply_chat_template(with_system) == "<bos>[user] w1 w2 [assistant]"
+    assert lm.tokenizer_name == str(tokenizer.name_or_path).replace("/", "__")

@@ -45,6 +45,20 @@ def test_conventions_round_trip_and_are_left_out_at_their_defaults():
     assert config.to_json() == custom
 
 
+def test_the_chat_template_is_an_option_in_the_identity_only_when_applied():
+    default = {"tasks": [{"name": "copa", "num_fewshot": 0, "alias": None}], "every": 1,
+               "max_examples": None, "task_paths": []}  # fmt: skip
+    config = EvalSuiteConfig.from_json(default)
+    assert (config.apply_chat_template, config.multiturn) == (False, False)
+    assert config.to_json() == default
+    chat = EvalSuiteConfig.from_json({**default, "apply_chat_template": True})
+    assert chat.multiturn  # lm-eval's command line: few-shot examples as turns by default
+    assert chat.to_json() == {**default, "apply_chat_template": True}
+    single = {**default, "apply_chat_template": True, "fewshot_as_multiturn": False}
+    assert not EvalSuiteConfig.from_json(single).multiturn
+    assert EvalSuiteConfig.from_json(single).to_json() == single
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -84,6 +98,14 @@ def test_conventions_round_trip_and_are_left_out_at_their_defaults():
         (
             {"tasks": [{"name": "copa"}], "every": 1, "max_length": 0},
             r"evals\.max_length: expected an integer >= 1",
+        ),
+        (
+            {"tasks": [{"name": "copa"}], "every": 1, "apply_chat_template": "yes"},
+            r"evals\.apply_chat_template: expected true or false",
+        ),
+        (
+            {"tasks": [{"name": "copa"}], "every": 1, "fewshot_as_multiturn": True},
+            r"evals\.fewshot_as_multiturn: few-shot examples are chat turns only when",
         ),
         (
             {"tasks": [{"name": "copa", "alias": "averages"}], "every": 1},
