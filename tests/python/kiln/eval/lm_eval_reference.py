@@ -5,12 +5,14 @@ Runs in the torch-tests PEX (tests/python/kiln/interop:hf-reference, which bundl
 of jobs, each
 
   {"model": DIR, "task_dir": DIR, "tasks": [NAME, ...], "num_fewshot": {NAME: N},
-   "batch_size": B, "dtype": "float32" | "float64", "out": JSON}
+   "batch_size": B, "dtype": "float32" | "float64", "out": JSON,
+   "apply_chat_template": false, "fewshot_as_multiturn": null}
 
 `DIR` is a transformers Llama folder. Each task runs through `lm_eval.simple_evaluate` on
 lm-eval's `hf` model (HFLM over AutoModelForCausalLM at the job's dtype, CPU) at its few-shot
 count, as `lm_eval --model hf --model_args pretrained=DIR,dtype=D --tasks NAME --num_fewshot N
---include_path DIR` runs it, everything else at lm-eval's defaults (max_length from the model's
+--include_path DIR [--apply_chat_template [--fewshot_as_multiturn B]]` runs it (the two
+optional flags: false, and as lm-eval's command line defaults it, when absent), everything else at lm-eval's defaults (max_length from the model's
 config, prefix token, seeds). The out file holds,
 per task, lm-eval's numeric metrics, every request's arguments and responses, and every token
 sequence HFLM scored with its result (SequenceRecorder). One JSON line
@@ -38,6 +40,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     recorder = SequenceRecorder(lm)
     manager = TaskManager(include_path=job["task_dir"], include_defaults=False)
     scored: dict[str, Any] = {}
+    apply_chat_template = bool(job.get("apply_chat_template", False))
+    multiturn = job.get("fewshot_as_multiturn")
     for task in job["tasks"]:
         recorder.sequences.clear()
         results = simple_evaluate(
@@ -47,6 +51,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             task_manager=manager,
             bootstrap_iters=0,
             log_samples=True,
+            apply_chat_template=apply_chat_template,
+            fewshot_as_multiturn=apply_chat_template if multiturn is None else bool(multiturn),
         )
         scored[task] = {
             "metrics": _numeric(results["results"][task]),

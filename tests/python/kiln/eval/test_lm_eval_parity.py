@@ -9,6 +9,9 @@ longer than the model's 64 tokens, so truncation matters), a last-word task whos
 in part the model's greedy continuation (so is_greedy is both true and false) with one empty
 context, and perplexity on documents several windows long. Both a tokenizer without BOS (the
 quickstart's) and one whose post-processor adds BOS (the quickstart's, written here with one).
+The multiple-choice task runs once more through the BOS tokenizer's chat template (a Jinja
+template that writes BOS itself), both sides with lm-eval's `apply_chat_template` and few-shot
+examples as chat turns: the same rendered contexts, encoded without a second BOS.
 
 Per request, log-likelihoods agree within 1e-4 and greedy flags exactly; every metric agrees
 within 1e-4 relative. The numbers are checked against the runner at float64, Kiln at float32: at
@@ -20,6 +23,7 @@ both runners' numbers).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -36,11 +40,13 @@ import pytest
 from flax import nnx
 from kiln_testing.data import STDLIB_TOKENIZER
 from lm_eval.api.instance import Instance
+from lm_eval.evaluator import evaluate
 
 from kiln.data.tokenizer import load_tokenizer
 from kiln.eval.adapter import KilnLM
-from kiln.eval.harness import run_eval_suite
+from kiln.eval.harness import load_suite_tasks, run_eval_suite
 from kiln.eval.sequences import ScoredSequence, rolling_windows, scored_pair, sequence_convention
+from kiln.eval.tasks import EvalSuiteConfig
 from kiln.interop.export import write_hf_llama
 from kiln.model.config import LlamaConfig
 from kiln.model.llama import Llama
@@ -54,7 +60,15 @@ BOS = "<|begin_of_text|>"
 TOLERANCE = 1e-4
 TASKS = {"parity_mc": 2, "parity_last_word": 0, "parity_rolling": 0}  # name -> num_fewshot
 TOKENIZERS = ("no-bos", "bos")
+CHAT = "bos-chat"  # the BOS tokenizer with CHAT_TEMPLATE, lm-eval's apply_chat_template on
+CHAT_TASKS = {"parity_mc": 2}
+SIDE_TASKS = {**{side: TASKS for side in TOKENIZERS}, CHAT: CHAT_TASKS}
+CASES = [(side, task) for side, tasks in SIDE_TASKS.items() for task in tasks]
 REFERENCE_DTYPE = "float64"
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{{ message['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def prose() -> list[str]:
@@ -259,28 +273,60 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
                      "out": str(folder / f"reference-{name}.json")})  # fmt: skip
         logprob_fn = functools.partial(make_logprob_fn(graphdef, with_is_argmax=True), state)
         sides[name] = (tokenizer, logprob_fn, task_dir)
+        if name == "bos":  # the same model and tasks, its tokenizer with a chat template
+            chat_tokenizer = copy.deepcopy(tokenizer)
+            chat_tokenizer.hf_tokenizer.chat_template = CHAT_TEMPLATE
+            chat_dir = write_hf_llama(
+                folder / f"model-{CHAT}", config, nnx.to_pure_dict(state), chat_tokenizer
+            )
+            chat_job = {**jobs[-1], "model": str(chat_dir), "tasks": list(CHAT_TASKS),
+                        "num_fewshot": CHAT_TASKS, "out": str(folder / f"reference-{CHAT}.json"),
+                        "apply_chat_template": True}  # fmt: skip
+            sides[CHAT] = (chat_tokenizer, logprob_fn, task_dir)
+    jobs.append(chat_job)
     reports = run_reference(jobs, folder)
 
     results = {}
     for (name, (tokenizer, logprob_fn, task_dir)), job, report in zip(sides.items(), jobs, reports):
         reference = json.loads(Path(job["out"]).read_text())
+        tasks = SIDE_TASKS[name]
         lm = KilnLM(logprob_fn, tokenizer, max_length=MAX_SEQ_LEN)
-        suite = {"tasks": [{"name": task, "num_fewshot": shots} for task, shots in TASKS.items()],
+        suite = {"tasks": [{"name": task, "num_fewshot": shots} for task, shots in tasks.items()],
                  "every": 1, "task_paths": [str(task_dir)]}  # fmt: skip
-        sequences = {task: kiln_sequences(tokenizer, reference[task]["sequences"]) for task in TASKS}
+        if name == CHAT:
+            suite["apply_chat_template"] = True
+        sequences = {task: kiln_sequences(tokenizer, reference[task]["sequences"]) for task in tasks}
         results[name] = {
             "tokenizer": tokenizer,
             "report": report,
             "reference": reference,
             "sequences": sequences,
-            "sequence_scores": {task: lm.score_sequences(sequences[task]) for task in TASKS},
-            "responses": {task: kiln_responses(lm, reference[task]["requests"]) for task in TASKS},
+            "sequence_scores": {task: lm.score_sequences(sequences[task]) for task in tasks},
+            "responses": {task: kiln_responses(lm, reference[task]["requests"]) for task in tasks},
             "metrics": run_eval_suite(
                 logprob_fn, tokenizer, suite, step=0, model_max_length=MAX_SEQ_LEN
             ),
         }
+        if name == CHAT:
+            results[name]["requests"] = kiln_requests(lm, suite)
     print_largest_differences(results)
     return results
+
+
+def kiln_requests(lm: KilnLM, suite: dict[str, Any]) -> dict[str, list[list[list[str]]]]:
+    """The request arguments lm-eval builds through Kiln's LM with the suite's chat flags: each
+    document's (context, continuation) pairs, in lm-eval's sample order."""
+    config = EvalSuiteConfig.from_json(suite)
+    requests = {}
+    for task, task_dict in zip(config.tasks, load_suite_tasks(config, model_max_length=MAX_SEQ_LEN)):
+        results = evaluate(
+            lm, task_dict, bootstrap_iters=0, log_samples=True,
+            apply_chat_template=config.apply_chat_template, fewshot_as_multiturn=config.multiturn,
+        )  # fmt: skip
+        requests[task.name] = [
+            [list(args) for args in sample["arguments"]] for sample in results["samples"][task.name]
+        ]
+    return requests
 
 
 def print_largest_differences(results: dict[str, dict[str, Any]]) -> None:
@@ -288,7 +334,7 @@ def print_largest_differences(results: dict[str, dict[str, Any]]) -> None:
     per-request |difference| of log-likelihood (a rolling document's total), per window, and the
     largest relative metric difference."""
     for side, run in results.items():
-        for task in TASKS:
+        for task in SIDE_TASKS[side]:
             kiln = [r[0] for r in run["responses"][task]]
             windows = [score for score, _ in run["sequence_scores"][task]]
             scored = run["reference"][task]
@@ -310,8 +356,7 @@ def largest_gap(kiln: list[float], reference: list[float]) -> float:
     return max(abs(k - r) for k, r in zip(kiln, reference, strict=True))
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-@pytest.mark.parametrize("side", TOKENIZERS)
+@pytest.mark.parametrize(("side", "task"), CASES)
 def test_the_same_token_sequences(parity: dict, side: str, task: str) -> None:
     """Token for token: prefix rules, context/continuation split, truncation, rolling windows
     and their lengths."""
@@ -321,8 +366,7 @@ def test_the_same_token_sequences(parity: dict, side: str, task: str) -> None:
     assert run["sequences"][task] == reference
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-@pytest.mark.parametrize("side", TOKENIZERS)
+@pytest.mark.parametrize(("side", "task"), CASES)
 def test_every_sequence_scores_the_same(parity: dict, side: str, task: str) -> None:
     run = parity[side]
     reference = [e["result"] for e in run["reference"][task]["sequences"] if "result" in e]
@@ -332,8 +376,7 @@ def test_every_sequence_scores_the_same(parity: dict, side: str, task: str) -> N
     assert [k[1] for k in kiln] == [r[1] for r in reference]  # greedy flags
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-@pytest.mark.parametrize("side", TOKENIZERS)
+@pytest.mark.parametrize(("side", "task"), CASES)
 def test_every_request_scores_the_same(parity: dict, side: str, task: str) -> None:
     """Through lm-eval's LM interface: a loglikelihood request or a rolling document's total
     within 1e-4."""
@@ -347,8 +390,7 @@ def test_every_request_scores_the_same(parity: dict, side: str, task: str) -> No
         assert [k[1] for k in kiln] == [r[1] for r in reference]
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-@pytest.mark.parametrize("side", TOKENIZERS)
+@pytest.mark.parametrize(("side", "task"), CASES)
 def test_every_metric_is_the_same(parity: dict, side: str, task: str) -> None:
     run = parity[side]
     reference = {
@@ -358,7 +400,22 @@ def test_every_metric_is_the_same(parity: dict, side: str, task: str) -> None:
     }
     kiln = {name: run["metrics"][f"lm_eval/{task}/{name}"] for name in reference}
     assert kiln == pytest.approx(reference, rel=TOLERANCE)
-    assert run["metrics"][f"lm_eval/{task}/num_fewshot"] == TASKS[task]
+    assert run["metrics"][f"lm_eval/{task}/num_fewshot"] == SIDE_TASKS[side][task]
+
+
+def test_kiln_renders_the_chat_template_as_lm_evals_runner(parity: dict) -> None:
+    """lm-eval builds the same requests through KilnLM.apply_chat_template as through HFLM's:
+    few-shot examples as user/assistant turns, the template's BOS first, no second BOS."""
+    run = parity[CHAT]
+    reference = [r["arguments"] for r in run["reference"]["parity_mc"]["requests"]]
+    assert run["requests"]["parity_mc"] == reference
+    contexts = [args[0] for arguments in reference for args in arguments]
+    assert all(c.startswith(BOS + "<|user|>\n") and c.endswith("<|assistant|>\n") for c in contexts)
+    assert all(c.count("<|assistant|>") == 3 for c in contexts)  # 2 shots, then the prompt
+    bos_id = run["tokenizer"].info.bos_id
+    assert all(s.tokens.count(bos_id) <= 1 for s in run["sequences"]["parity_mc"])
+    assert run["metrics"]["lm_eval/meta/chat_template=multiturn"] == 1.0
+    assert not any("chat_template" in key for key in parity["bos"]["metrics"])
 
 
 @pytest.mark.parametrize("side", TOKENIZERS)
