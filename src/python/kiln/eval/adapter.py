@@ -13,7 +13,6 @@ other. See docs/evals.md.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -143,11 +142,11 @@ class KilnLM(LM):
                 )
             )
 
-        # jinja2 comes with transformers (its chat templates): not a direct requirement.
-        template_error = importlib.import_module("jinja2.exceptions").TemplateError
+        import jinja2  # pants: no-infer-dep (in the runtime lock through lm-eval)
+
         try:
             return render(chat_history)
-        except template_error:
+        except jinja2.TemplateError:
             logger.warning("Failed to apply chat template: retrying without the system turn.")
             return render([message for message in chat_history if message["role"] != "system"])
 
