@@ -84,8 +84,7 @@ SHARDS_DIR = "shards"
 SHARD_FILE = "shard.json"
 OFFSETS_ARRAY = "offsets"
 DATA_ARRAY = "data"
-MASK_FIELD = LOSS_MASK_FIELD  # the loss mask's folder in a shard: Levanter's field name
-MASK_DATA = f"{MASK_FIELD}/{DATA_ARRAY}"
+MASK_DATA = f"{LOSS_MASK_FIELD}/{DATA_ARRAY}"  # the loss mask's values in a shard
 # Decoded chunks kept in memory: neighbouring windows usually share a 256K-token chunk.
 READ_CACHE_BYTES = 256 << 20
 TOKENS_PER_CHECK = 1 << 22  # tokens read at a time when every id of a cache is checked
@@ -199,7 +198,7 @@ class TokenCache:
         self.verified = info.get("format_version") in VERIFIED_FORMAT_VERSIONS
         self.num_documents = int(ledger["documents"])
         self.num_tokens = int(ledger["tokens"])
-        # A chat or supervised cache stores each token's loss mask (MASK_FIELD) beside its ids.
+        # A chat or supervised cache stores each token's loss mask (LOSS_MASK_FIELD) beside its ids.
         self.masked = info.get("format") in MASKED_FORMATS
         shards = ledger["shards"]
         self._shard_names = [str(s["name"]) for s in shards]

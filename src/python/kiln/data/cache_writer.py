@@ -53,7 +53,6 @@ from kiln.data.cache import (
     DATA_ARRAY,
     FORMAT_VERSION,
     LEDGER_FILE,
-    MASK_FIELD,
     OFFSETS_ARRAY,
     SHARD_FILE,
     SHARDS_DIR,
@@ -64,7 +63,7 @@ from kiln.data.document_ends import OFFSETS_INDEX_FILE, npy_bytes
 from kiln.data.errors import CacheDamaged, CacheError
 from kiln.data.tokenizer import EncodedDocuments
 from kiln_contract.processes import is_running
-from kiln_contract.tokenize import LOSS_TOKENS, shard_dir_name
+from kiln_contract.tokenize import LOSS_MASK_FIELD, LOSS_TOKENS, shard_dir_name
 
 # Zarr3 sharding: files ("outer chunks") of 1M tokens made of compressed chunks of 4K, so that a
 # window read decodes little more than the window, and each file's index of chunks is 4 kB
@@ -90,7 +89,8 @@ class ShardWriter:
         remove_temp_siblings(out_dir)
         self.tmp_dir.mkdir(parents=True)
         self._tokens = _ChunkedColumn(self.tmp_dir, self.dtype)
-        self._masks = _ChunkedColumn(self.tmp_dir / MASK_FIELD, np.dtype(np.uint8)) if masked else None
+        mask_folder = self.tmp_dir / LOSS_MASK_FIELD  # a chat or supervised cache's
+        self._masks = _ChunkedColumn(mask_folder, np.dtype(np.uint8)) if masked else None
         self._lengths: list[np.ndarray] = []
         self._loss_tokens = 0  # masked in: the tokens a training's loss counts
 
