@@ -354,9 +354,9 @@ def _checked_batches(
     and counted unless `keep_empty`."""
     batch: list[Document] = []
     for document in documents:
-        if len(document.text) > max_chars:
+        if document.chars > max_chars:
             raise SourceError(
-                f"{document.origin}: the document has {len(document.text):,} characters, more "
+                f"{document.origin}: the document has {document.chars:,} characters, more "
                 f"than max_document_chars={max_chars:,}; raise config.max_document_chars or split "
                 "the document."
             )

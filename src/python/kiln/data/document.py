@@ -19,3 +19,19 @@ class Document:
     origin: str
     # A structured document's fields (its text is then ""): key -> the record's JSON value.
     fields: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def chars(self) -> int:
+        """Its length, as max_document_chars counts it: its text's, or the characters of the
+        strings in its fields (a chat's messages, a prompt and its answer)."""
+        return len(self.text) + sum(map(_string_chars, self.fields.values()))
+
+
+def _string_chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(map(_string_chars, value.values()))
+    if isinstance(value, list):
+        return sum(map(_string_chars, value))
+    return 0

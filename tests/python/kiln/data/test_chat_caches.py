@@ -186,6 +186,12 @@ def test_bad_chats_name_the_file_and_line(tmp_path: Path, chat: list, message: s
         chat_cache(tmp_path, TRIMMING, chats=[CHATS[0], chat])
 
 
+def test_an_over_long_chat_is_refused_by_max_document_chars(tmp_path: Path) -> None:
+    with pytest.raises(SourceError, match=r"chats.jsonl:1: the document has \d+ characters, more "
+                       r"than max_document_chars=20"):  # fmt: skip
+        chat_cache(tmp_path, TRIMMING, max_document_chars=20)
+
+
 def test_a_chat_whose_mask_is_empty_is_refused(tmp_path: Path) -> None:
     """A template whose generation blocks mark no token of a chat (here: only a role the chat
     does not have) would teach nothing."""
