@@ -20,6 +20,7 @@ from typing import Any
 
 from kiln.artifacts import one_line
 from kiln.artifacts.atomic import json_bytes
+from kiln.artifacts.content import files_under
 from kiln.artifacts.lease import Lease, lease_key
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
@@ -165,8 +166,7 @@ class ArtifactFolder:
 
     def _replace_with(self, local: Path) -> None:
         self.store.remove(self.child(STATUS_FILE))
-        written = {path.relative_to(local).as_posix() for path in local.rglob("*")}
-        for stale in set(self.store.keys(self.key)) - written:
+        for stale in set(self.store.keys(self.key)) - set(files_under(local)):
             self.store.remove(self.child(stale))
         copy_folder_into(self.store, self.key, local)
 
