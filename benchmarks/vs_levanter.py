@@ -4,17 +4,22 @@
     ./pants export --resolve=runtime               # Kiln's side, the runtime's virtualenv
     PYTHONPATH=src/python:src/contract dist/export/python/virtualenvs/runtime/*/bin/python \\
         benchmarks/vs_levanter.py --levanter dist/benchmarks/levanter-train.pex --work DIR \\
-        [--corpus quickstart pydoc_topics] [--seeds 0 1] [--steps 300] [--attribution]
+        [--corpus quickstart quickstart_every_5th] [--seeds 0 1 2] [--steps 300] [--attribution]
 
-Corpora, each tokenized once by Levanter's cache builder with the quickstart's tokenizer
-(kiln-stdlib-8k) and imported by Kiln (a `levanter_cache` source), so both read the same ids:
+Training corpora, each tokenized once by Levanter's cache builder with the quickstart's
+tokenizer (kiln-stdlib-8k) and imported by Kiln (a `levanter_cache` source), so both read the
+same ids:
 
-    quickstart      the quickstart's training split (stdlib docstrings and pydoc topics):
-                    300 steps of 16 x 128 read ~1.3 epochs
-    pydoc_topics    the pydoc topics alone: 300 steps read ~6 epochs
+    quickstart            the quickstart's training split (stdlib docstrings and pydoc topics):
+                          300 steps of 16 x 128 read ~1.3 epochs
+    quickstart_every_5th  every fifth document of that split: a sample of the same text that
+                          300 steps read ~8 times (75,081 tokens), so runs overfit
 
-Each corpus's validation split (never trained on) is its held-out cache. Per corpus and seed,
-one after the other (a seed's runs side by side in time, so speed ratios are of neighbours):
+Held out for both: the quickstart's validation split (112 documents, never trained on).
+
+Runs go in groups, one per corpus and seed: Levanter's run with every Kiln run beside it in
+time (the first Kiln run before it, the others after), every other group in reverse order, so
+that slow drift on a shared machine cancels in the speed ratios over groups:
 
     levanter                    `levanter.main.train_lm` (benchmarks/levanter_train_lm.py),
                                 `trainer.seed` = SEED (its initial weights and data order)
@@ -30,29 +35,38 @@ experiments:quickstart's with rope theta 5e5; batch 16 x 128, z-loss 1e-4, float
 Every run's final weights become a transformers folder (Levanter's own HF export, Kiln's
 `python -m kiln.interop export`) and one `python -m kiln.interop eval` scores them all on the
 held-out cache: the same windows and the same positions (Kiln's validation positions) for every
-run. Per run: mean train loss over windows of `--window` steps, held-out loss, tokens/s over
-steps 2..N and per CPU-second of the trainer process (ratios against the same seed's Levanter
-run), the first step's seconds, peak RSS. A finished run is kept and not rerun; `--report`
-only prints WORK's table. Numbers go to `WORK/results.json`, curves to `WORK/curves.png`.
+run. Train losses are each trainer's own: a run without loss_positions="all" averages over other
+positions than Levanter's, so only held-out losses compare across that setting.
+
+Per configuration the tables give mean [min, max] over seeds of: train loss over windows of
+`--window` steps, held-out loss and its difference from the same seed's Levanter run (marked
+"within noise" when its mean is smaller than its min-max spread), speed against the group's
+Levanter run per CPU-second of the trainer process (the headline: it holds on a shared machine)
+and per wall second (tokens over steps 2..N), the first step's seconds, peak RSS. A finished
+run is kept and not rerun; `--report` only prints WORK's tables. Numbers go to
+`WORK/results.json`, curves to `WORK/curves.png`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import operator
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_DIR = REPO_ROOT / "experiments/tokenizers/kiln-stdlib-8k"
-CORPORA = {"quickstart": "all", "pydoc_topics": "pydoc_topics"}  # kiln.data.stdlib_corpus parts
+CORPORA = {"quickstart": 1, "quickstart_every_5th": 5}  # every Nth training document
+MIN_HELD_OUT_DOCUMENTS = 100
 BATCH, SEQ_LEN = 16, 128
 CPU_SAMPLE_SECONDS = 0.5
 MODEL = {"max_seq_len": 256, "hidden_dim": 128, "intermediate_dim": 512, "num_heads": 4,
@@ -61,7 +75,9 @@ MODEL = {"max_seq_len": 256, "hidden_dim": 128, "intermediate_dim": 512, "num_he
 OPTIMIZER = {"learning_rate": 3e-3, "weight_decay": 0.033, "beta1": 0.9, "beta2": 0.95,
              "epsilon": 1e-8, "max_grad_norm": 1.0, "warmup": 50, "decay": None,
              "min_lr_ratio": 0.1, "lr_schedule": "cosine"}  # fmt: skip
-LEVANTER_SETTINGS = {"initialization": "levanter", "loss_positions": "all", "data_order": "levanter"}
+LEVANTER_SETTINGS = {
+    "initialization": "levanter", "loss_positions": "all", "data_order": "levanter"
+}  # fmt: skip
 KILN_RUNS = {
     "kiln, levanter settings": LEVANTER_SETTINGS,
     "kiln, defaults": {},
@@ -73,8 +89,9 @@ ATTRIBUTION_RUNS = {  # Levanter's settings with one of Kiln's defaults
     for short, field in (("init", "initialization"), ("positions", "loss_positions"),
                          ("order", "data_order"))
 }  # fmt: skip
+KILN_OPTIONS = {**KILN_RUNS, **ATTRIBUTION_RUNS}
 LEVANTER = "levanter"
-SPLITS = ("train", "validation")
+HELD_OUT = "held_out"  # WORK's folder for the held-out documents and caches
 RUNTIME_PATH = os.pathsep.join(p for p in sys.path if p)  # this runtime, for Kiln's commands
 
 
@@ -90,7 +107,7 @@ class Run:
 
     @property
     def kiln_options(self) -> dict[str, str]:
-        return {**KILN_RUNS, **ATTRIBUTION_RUNS}[self.label]
+        return KILN_OPTIONS[self.label]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--levanter", type=Path, help="levanter-train.pex (not for --report)")
     parser.add_argument("--work", type=Path, help="default: a temporary folder")
     parser.add_argument("--corpus", nargs="+", choices=sorted(CORPORA), default=list(CORPORA))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--window", type=int, default=100, help="steps per train-loss window")
     parser.add_argument("--attribution", action="store_true", help="one Kiln default at a time")
@@ -106,54 +123,80 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="kiln-vs-levanter-"))
     work.mkdir(parents=True, exist_ok=True)
-    labels = [LEVANTER, *KILN_RUNS, *(ATTRIBUTION_RUNS if args.attribution else ())]
-    runs = [Run(c, s, label) for c in args.corpus for s in args.seeds for label in labels]
+    kiln_labels = [*KILN_RUNS, *(ATTRIBUTION_RUNS if args.attribution else ())]
+    runs = in_time_order(args.corpus, args.seeds, kiln_labels)
     if not args.report:
         if args.levanter is None:
             parser.error("--levanter is required: ./pants package benchmarks:levanter-train")
-        for corpus in args.corpus:
-            train_and_score(corpus, [r for r in runs if r.corpus == corpus], args, work)
-    rows = [run_row(run, work, args.window) for run in runs if (work / run.folder).exists()]
+        train_and_score(runs, args, work)
+    rows = [run_row(run, work, args.window) for run in runs if (work / run.folder / "hf").exists()]
     (work / "results.json").write_text(json.dumps(rows, indent=1))
     for corpus in args.corpus:
         print_table(corpus, [r for r in rows if r["corpus"] == corpus], args.window)
         print_parity(corpus, [r for r in rows if r["corpus"] == corpus])
+    print_speed(rows)
     plot_curves(rows, work / "curves.png")
     print(f"\ncurves: {work / 'curves.png'}; numbers: {work / 'results.json'}")
 
 
-def train_and_score(corpus: str, runs: list[Run], args: argparse.Namespace, work: Path) -> None:
-    place = work / corpus
+def in_time_order(corpora: list[str], seeds: list[int], kiln_labels: list[str]) -> list[Run]:
+    """One group per corpus and seed: the first Kiln run, Levanter's, the other Kiln runs, so
+    that the main two are each beside their Levanter run; every other group reversed, so that
+    each goes first as often as second and drift over time cancels in the mean ratio."""
+    group = [kiln_labels[0], LEVANTER, *kiln_labels[1:]]
+    keys = [(corpus, seed) for corpus in corpora for seed in seeds]
+    return [Run(corpus, seed, label) for i, (corpus, seed) in enumerate(keys)
+            for label in (group if i % 2 == 0 else group[::-1])]  # fmt: skip
+
+
+def train_and_score(runs: list[Run], args: argparse.Namespace, work: Path) -> None:
     levanter = LevanterSide(args.levanter)
-    texts = {split: write_corpus(corpus, split, place) for split in SPLITS}
-    caches = {split: place / split for split in SPLITS}  # Levanter's, each with one component
-    imported = {
-        split: import_cache(levanter.build_cache(texts[split], caches[split]),
-                            place / f"kiln-{split}-cache", corpus, split)  # fmt: skip
-        for split in SPLITS
-    }
+    texts, caches, imported = {}, {}, {}
+    for name in [HELD_OUT, *dict.fromkeys(run.corpus for run in runs)]:
+        place = work / name
+        texts[name] = write_corpus(name, place / "documents.jsonl")
+        caches[name] = place / "levanter-cache"  # Levanter's, with one component
+        split_dir = levanter.build_cache(texts[name], caches[name])
+        imported[name] = import_cache(split_dir, place / "kiln-cache", name)
     for run in runs:
         out = work / run.folder
         if (out / "hf").exists():
             continue
         if run.label == LEVANTER:
-            levanter.train(out, args.steps, run.seed, texts["train"], caches["train"])
+            levanter.train(out, args.steps, run.seed, texts[run.corpus], caches[run.corpus])
         else:
-            kiln_train(out, imported["train"], args.steps, run.seed, run.kiln_options)
-    score_held_out([work / run.folder for run in runs], imported["validation"], place)
+            kiln_train(out, imported[run.corpus], args.steps, run.seed, run.kiln_options)
+    score_held_out([work / run.folder for run in runs], imported[HELD_OUT], work / HELD_OUT)
 
 
-def write_corpus(corpus: str, split: str, place: Path) -> Path:
-    """The corpus's documents of `split` as JSONL lines."""
+def write_corpus(name: str, path: Path) -> Path:
+    """The documents of `name` (a training corpus or HELD_OUT) as JSONL lines."""
+    if not path.exists():
+        texts = held_out_texts() if name == HELD_OUT else training_texts(CORPORA[name])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    return path
+
+
+def training_texts(every: int) -> list[str]:
+    """Every `every`th document of the quickstart's training split: a smaller sample of the
+    same text as the held-out set, so a corpus that repeats overfits rather than shifts topic."""
     from kiln.data.stdlib_corpus import documents, units
 
-    path = place / f"{split}.jsonl"
-    if not path.exists():
-        place.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({"text": doc.text}) + "\n"
-                 for unit in units(CORPORA[corpus]) for doc in documents(unit.key, split)]  # fmt: skip
-        path.write_text("".join(lines))
-    return path
+    texts = [doc.text for unit in units("all") for doc in documents(unit.key, "train")]
+    return texts[::every]
+
+
+def held_out_texts() -> list[str]:
+    """The quickstart's validation split, held out for every corpus."""
+    from kiln.data.stdlib_corpus import documents, units
+
+    texts = [doc.text for unit in units("all") for doc in documents(unit.key, "validation")]
+    if len(texts) < MIN_HELD_OUT_DOCUMENTS:
+        raise SystemExit(f"the quickstart's validation split has {len(texts)} documents, "
+                         f"fewer than {MIN_HELD_OUT_DOCUMENTS}: run this with Python 3.12, "
+                         "the runtime's")  # fmt: skip
+    return texts
 
 
 class LevanterSide:
@@ -168,7 +211,8 @@ class LevanterSide:
         """Levanter's cache of `corpus`: the folder `train_lm` reads for its one component."""
         split_dir = cache / "stdlib" / "train"
         if not (split_dir / "shard_ledger.json").exists():
-            run_measured(self._command("build-cache", corpus, cache), cache.parent / f"{cache.name}.log")
+            log = cache.parent / f"{cache.name}.log"
+            run_measured(self._command("build-cache", corpus, cache), log)
         return split_dir
 
     def train(self, out: Path, steps: int, seed: int, corpus: Path, cache: Path) -> None:
@@ -182,13 +226,13 @@ class LevanterSide:
         exported[-1].rename(out / "hf")
 
 
-def import_cache(levanter_split: Path, folder: Path, corpus: str, split: str) -> Path:
+def import_cache(levanter_split: Path, folder: Path, name: str) -> Path:
     """A Levanter cache as a Kiln cache in `folder` that reads its arrays in place."""
     from kiln.data.tokenize import build_cache
 
     spec = {
-        "spec_version": 1, "kind": "tokenized_cache", "name": f"tokenized/vs_levanter/{corpus}_{split}",
-        "version": "2026.12.04", "fingerprint": f"vs-levanter-{corpus}-{split}",
+        "spec_version": 1, "kind": "tokenized_cache", "name": f"tokenized/vs_levanter/{name}",
+        "version": "2026.12.06", "fingerprint": f"vs-levanter-{name}",
         "config": {"source": {"kind": "levanter_cache", "location": str(levanter_split)},
                    "tokenizer": {"kind": "local", "path": str(TOKENIZER_DIR)},
                    "text_key": "text", "num_shards": 1},
@@ -319,7 +363,7 @@ def run_row(run: Run, work: Path, window: int) -> dict[str, Any]:
     tokens = (last - first) * BATCH * SEQ_LEN
     cpu = cpu_between(out, times[first], times[last])
     curve = [losses[s] for s in steps]
-    scored = work / run.corpus / "held_out.json"
+    scored = work / HELD_OUT / "held_out.json"
     held_out = json.loads(scored.read_text())["models"] if scored.exists() else {}
     return {"corpus": run.corpus, "seed": run.seed, "label": run.label,
             "tokens_per_second": tokens / (times[last] - times[first]),
@@ -340,8 +384,8 @@ def levanter_log(out: Path) -> tuple[dict[int, float], dict[int, float], float]:
         if r.get("event") == "log" and "train/loss" in r["metrics"]:
             times.setdefault(r["step"], r["time"])
             losses.setdefault(r["step"], r["metrics"]["train/loss"])
-    first_step = next(r["metrics"]["throughput/duration"] for r in lines
-                      if r.get("event") == "log" and "throughput/duration" in r["metrics"])  # fmt: skip
+    first_step = next(r["metrics"]["throughput/duration"] for r in lines if r.get("event") == "log"
+                      and "throughput/duration" in r["metrics"])  # fmt: skip
     return losses, times, first_step
 
 
@@ -355,29 +399,46 @@ def kiln_log(out: Path) -> tuple[dict[int, float], dict[int, float], float]:
 
 
 def print_table(corpus: str, rows: list[dict[str, Any]], window: int) -> None:
-    """Per configuration, the mean over seeds and each seed's value (in seed order). Speed
-    ratios are of each seed's run against the same seed's Levanter run, run beside it: per wall
-    second and, steadier on a shared machine, per CPU-second of the trainer process."""
-    levanter = {r["seed"]: r for r in rows if r["label"] == LEVANTER}
-    labels = list(dict.fromkeys(r["label"] for r in rows))
+    """Per configuration, mean [min, max] over seeds. Differences and ratios are each seed's run
+    against the same seed's Levanter run (for speed: the one beside it in time)."""
+    if not rows:
+        return
+    labels = sorted(dict.fromkeys(r["label"] for r in rows), key=lambda label: label != LEVANTER)
     windows = len(rows[0]["windows"]) if rows else 0
     spans = [f"train {i * window + 1}-{(i + 1) * window}" for i in range(windows)]
-    print(f"\n{corpus}: mean over seeds (each seed)")
-    print(f"| run | {' | '.join(spans)} | held-out | tokens/s vs Levanter | "
-          "tokens/CPU-s vs Levanter | first step s | peak RSS MB |")
-    print("| --- " * (windows + 6) + "|")
+    print(f"\n{corpus}: mean [min, max] over seeds {sorted({r['seed'] for r in rows})}")
+    print(
+        f"| run | {' | '.join(spans)} | held-out | held-out vs Levanter | "
+        "tokens/CPU-s vs Levanter | tokens/s vs Levanter | first step s | peak RSS MB |"
+    )
+    print("| --- " * (windows + 7) + "|")
     for label in labels:
-        mine = sorted((r for r in rows if r["label"] == label), key=lambda r: r["seed"])
+        mine = [r for r in rows if r["label"] == label]
         cells = [spread([r["windows"][i] for r in mine]) for i in range(windows)]
-        scored = [r["held_out_loss"] for r in mine if r["held_out_loss"] is not None]
-        cells.append(spread(scored) if scored else "n/a")
-        for key in ("tokens_per_second", "tokens_per_cpu_second"):
-            ratios = [r[key] / levanter[r["seed"]][key] for r in mine
-                      if r[key] and r["seed"] in levanter and levanter[r["seed"]][key]]  # fmt: skip
-            cells.append(spread(ratios, digits=2) if ratios else "n/a")
-        cells.append(f"{statistics.fmean(r['first_step_seconds'] for r in mine):.1f}")
-        cells.append(f"{statistics.fmean(r['peak_rss_mb'] for r in mine):,.0f}")
+        cells.append(spread([r["held_out_loss"] for r in mine if r["held_out_loss"] is not None]))
+        cells.append(difference(against_levanter(mine, rows, "held_out_loss", operator.sub)))
+        for key in ("tokens_per_cpu_second", "tokens_per_second"):
+            cells.append(spread(against_levanter(mine, rows, key, operator.truediv), digits=2))
+        cells.append(spread([r["first_step_seconds"] for r in mine], digits=1))
+        cells.append(spread([r["peak_rss_mb"] for r in mine], digits=0))
         print(f"| {label} | {' | '.join(cells)} |")
+    other_positions = [label for label in labels if label != LEVANTER
+                       and KILN_OPTIONS[label].get("loss_positions") != "all"]  # fmt: skip
+    if other_positions:
+        print(
+            f"train losses of {', '.join(other_positions)}: over other positions than "
+            "Levanter's (loss_positions), so compare those runs by held-out loss"
+        )
+
+
+def against_levanter(
+    runs: list[dict[str, Any]], rows: list[dict[str, Any]], key: str,
+    compare: Callable[[float, float], float],
+) -> list[float]:  # fmt: skip
+    """compare(run's `key`, its group's Levanter run's `key`) for each run where both have one."""
+    levanter = {(r["corpus"], r["seed"]): r[key] for r in rows if r["label"] == LEVANTER}
+    return [compare(r[key], levanter[r["corpus"], r["seed"]]) for r in runs
+            if r[key] and levanter.get((r["corpus"], r["seed"]))]  # fmt: skip
 
 
 def print_parity(corpus: str, rows: list[dict[str, Any]]) -> None:
@@ -388,12 +449,40 @@ def print_parity(corpus: str, rows: list[dict[str, Any]]) -> None:
         if ours and theirs and len(ours["losses"]) == len(theirs["losses"]):
             gaps = [abs(a - b) for a, b in zip(ours["losses"], theirs["losses"], strict=True)]
             print(f"{corpus}, seed {seed}: Kiln with Levanter's settings vs Levanter, train loss "
-                  f"at every step: largest difference {max(gaps):.2e}, mean {statistics.fmean(gaps):.2e}")  # fmt: skip
+                  f"at every step: largest difference {max(gaps):.2e}, "
+                  f"mean {statistics.fmean(gaps):.2e}")  # fmt: skip
+
+
+def print_speed(rows: list[dict[str, Any]]) -> None:
+    """Each Kiln configuration's speed against the Levanter run beside it, over every corpus and
+    seed: per CPU-second of the trainer (the headline) and per wall second."""
+    print("\nspeed against the Levanter run beside it, mean [min, max] over every pair:")
+    for label in dict.fromkeys(r["label"] for r in rows if r["label"] != LEVANTER):
+        mine = [r for r in rows if r["label"] == label]
+        per_cpu = against_levanter(mine, rows, "tokens_per_cpu_second", operator.truediv)
+        per_wall = against_levanter(mine, rows, "tokens_per_second", operator.truediv)
+        print(
+            f"{label}: per CPU-second {spread(per_cpu, digits=2)} ({len(per_cpu)} pairs), "
+            f"per wall second {spread(per_wall, digits=2)}"
+        )
 
 
 def spread(values: list[float], digits: int = 3) -> str:
-    each = " / ".join(f"{v:.{digits}f}" for v in values)
-    return f"{statistics.fmean(values):.{digits}f} ({each})"
+    """mean [min, max]; n/a without values."""
+    if not values:
+        return "n/a"
+    mean, low, high = statistics.fmean(values), min(values), max(values)
+    return f"{mean:,.{digits}f} [{low:,.{digits}f}, {high:,.{digits}f}]"
+
+
+def difference(values: list[float]) -> str:
+    """A signed spread, "within noise" when its mean is smaller than its min-max spread (which
+    is always so when the seeds disagree in sign)."""
+    if not values:
+        return "n/a"
+    mean, low, high = statistics.fmean(values), min(values), max(values)
+    noise = ", within noise" if abs(mean) < high - low else ""
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]{noise}"
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
@@ -411,7 +500,8 @@ def plot_curves(rows: list[dict[str, Any]], path: Path) -> None:
     for axis, corpus in zip(axes[0], corpora, strict=True):
         for r in (r for r in rows if r["corpus"] == corpus):
             colour = colours.setdefault(r["label"], f"C{len(colours)}")
-            smooth = [statistics.fmean(r["losses"][max(0, i - 9):i + 1]) for i in range(len(r["losses"]))]
+            losses = r["losses"]
+            smooth = [statistics.fmean(losses[max(0, i - 9) : i + 1]) for i in range(len(losses))]
             label = r["label"] if r["seed"] == min(x["seed"] for x in rows) else None
             axis.plot(range(1, len(smooth) + 1), smooth, color=colour, lw=1, label=label)
         axis.set_xlabel("step")
