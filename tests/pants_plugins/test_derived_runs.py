@@ -378,9 +378,13 @@ def test_plan_json_gives_ci_each_artifact_state_fingerprint_and_path(
         "address": "exp:cooldown", "kind": "lm_checkpoint", "ref": "checkpoints/cooldown@2026.12.02",
         "fingerprint": g.get(COOLDOWN).fingerprint,
         "path": f"{tmp_path}/checkpoints/cooldown/2026.12.02", "state": "would run", "detail": None,
-        "inputs": ["exp:train", "exp:base"],
+        "inputs": ["exp:train", "exp:base"], "estimate": None,
     }  # fmt: skip
     assert [a["address"] for a in plan["artifacts"]] == ["exp:train", "exp:base", "exp:cooldown"]
+    # An unbuilt cache: what building it takes, as the text plan's estimate row says.
+    estimate = plan["artifacts"][0]["estimate"]
+    assert estimate["tokens"] > 0 and estimate["processes_at_once"] == 1  # one shard
+    assert estimate["wall_hours"] == estimate["cpu_hours"]
     # What the text plan says of the training: the data and its parent, and the cost.
     base, child = plan["training"]
     assert (child["checkpoint"], child["tokens"], child["refusal"]) == (
@@ -391,6 +395,7 @@ def test_plan_json_gives_ci_each_artifact_state_fingerprint_and_path(
         "tokenized/train@2026.12.02", 51200, 800)  # fmt: skip
     assert base["datasets"][0]["continues_at_sequence"] is None
     assert child["cost"]["tokens"] == 51200 and child["cost"]["device"] == "cpu"
+    assert child["cost"]["input_caches"] == 1  # its training cache: the parent is no cache
 
     # A graph that cannot be read is an error for scripts too: JSON on stdout, exit 1.
     graph(plan_rule_runner, build_file('":base"'))

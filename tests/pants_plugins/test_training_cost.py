@@ -1,6 +1,6 @@
 """`pants plan`'s training cost: parameters, tokens and FLOPs by the stated formula, device-hours
 only from measured throughput (and money from `[kiln] price_per_device_hour`), "unknown" where
-no measurement covers a run."""
+no measurement covers a run; the wall time with the measured start-up and the caches' share."""
 
 from __future__ import annotations
 
@@ -8,15 +8,21 @@ import json
 import re
 from pathlib import Path
 
+from pants.engine.addresses import Address
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.llama import LlamaArchitecture, flops_per_token, num_parameters
+from kiln_contract.train import Resources
+from kiln_pants.artifact_graph import Artifact
+from kiln_pants.cache_estimate import duration
 from kiln_pants.plan import Plan
 from kiln_pants.training_cost import (
+    INPUT_CACHES_SECTION,
     MEASURED_START_UP,
     MEASURED_THROUGHPUT,
-    duration,
+    SECONDS_PER_INPUT_CACHE,
     measurement_for,
+    run_cost,
     vocabulary_size,
 )
 
@@ -61,6 +67,38 @@ def test_the_plugins_measurements_are_the_rows_of_results_md() -> None:
     ]
     for measurement in MEASURED_THROUGHPUT:  # the section it cites exists
         assert re.search(rf"^##+ {re.escape(measurement.section)}\b", text, re.MULTILINE)
+
+
+def test_a_training_of_a_thousand_caches_pays_for_each() -> None:
+    """benchmarks/graph_scale.py's checkpoint: 1,000 one-document caches, one of them also its
+    validation set; its steps take seconds, its caches more."""
+    caches = tuple(Address("scale/caches", target_name=f"c{i}") for i in range(1000))
+    model = LlamaArchitecture(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2,
+                              num_kv_heads=1, num_layers=1)  # fmt: skip
+    identity = {"model": model.to_json(), "batch_size": 4, "seq_len": 64, "num_train_steps": 20,
+                "compute_dtype": "float32"}  # fmt: skip
+    checkpoint = Artifact(Address("scale", target_name="big"), "lm_checkpoint", "checkpoints/scale",
+                          "2026.12.02", json.dumps(identity), "0" * 16, (*caches, caches[0]))  # fmt: skip
+    cost = run_cost(checkpoint, Resources("cpu"), 8192)
+    assert cost.caches == 1000
+    [start] = MEASURED_START_UP
+    steps = cost.step_hours
+    assert steps is not None and cost.device_hours == steps  # one cpu device
+    caches_seconds = 1000 * SECONDS_PER_INPUT_CACHE
+    assert cost.wall_hours == steps + (start.seconds + caches_seconds) / 3600
+    assert f"  + {duration(caches_seconds / 3600)}: 1,000 input cache(s) opened, checked and " \
+        f"placed, {SECONDS_PER_INPUT_CACHE:g} s each (benchmarks/RESULTS.md, " \
+        f"\"{INPUT_CACHES_SECTION}\")" in cost.wall_lines()
+    priced = cost.to_json({})
+    assert (priced["input_caches"], priced["caches_seconds"], priced["start_up_seconds"]) == (
+        1000, caches_seconds, start.seconds)  # fmt: skip
+    assert priced["wall_hours"] == cost.wall_hours
+
+
+def test_the_caches_figure_is_the_row_of_results_md() -> None:
+    text = Path("benchmarks/RESULTS.md").read_text()
+    section = text.split(f"## {INPUT_CACHES_SECTION}")[1].split("\n## ")[0]
+    assert f"**{SECONDS_PER_INPUT_CACHE:g} s per cache**" in section
 
 
 def test_a_tokenizer_json_gives_its_vocabulary() -> None:
@@ -115,11 +153,14 @@ def test_plan_prices_each_run_and_the_sweep(plan_rule_runner: RuleRunner, tmp_pa
     assert line.replace("e+", "e") in result.stdout
     assert f"{hours:.3g} cpu device-hours (steps: {duration(hours)} on 1 device(s))" in result.stdout
     assert f"; {hours * 2.0:,.2f} at 2 per device-hour" in result.stdout
-    [start] = MEASURED_START_UP  # wall time: the measured start to the first step, then the steps
+    [start] = MEASURED_START_UP  # wall time: the steps, the measured start, the one cache
     wall = (
-        f"    wall ~ {duration(hours + start.seconds / 3600)}: {start.seconds:g} s to the first "
-        f"step (start-up and compile, measured on cpu {start.date}, benchmarks/RESULTS.md, "
-        f"\"{start.section}\") + {duration(hours)} of steps;"
+        f"      wall ~ {duration(hours + (start.seconds + SECONDS_PER_INPUT_CACHE) / 3600)} (the "
+        "runtime's build and the evaluations not included):\n"
+        f"        {duration(hours)} of steps\n"
+        f"        + {start.seconds:g} s to the first step (start-up and compile, measured on cpu "
+        f"{start.date}, benchmarks/RESULTS.md, \"{start.section}\")\n"
+        f"        + {SECONDS_PER_INPUT_CACHE:.2g} s: 1 input cache(s) opened, checked and placed"
     )
     assert wall in result.stdout
     assert "Total of 2 run(s): 409.60k tokens" in result.stdout

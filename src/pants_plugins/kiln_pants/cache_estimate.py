@@ -5,7 +5,8 @@ over the bytes per token of a byte-level BPE on English text; else unknown (a hu
 is sized when it is read). Bytes: as the cache stores its ids, before compression: 2 per token
 (uint16) for a vocabulary of at most 65,536 ids, else 4 (uint32, as for Llama 3's); 4 when the
 vocabulary is not known before the build. CPU-hours: tokens over the measured pipeline
-throughput of one core.
+throughput of one core; wall time: those hours over the shard processes that run at once (its
+shards, up to Pants' local process parallelism), process starts not included.
 """
 
 from __future__ import annotations
@@ -34,23 +35,60 @@ def count(tokens: float) -> str:
     return f"{tokens:.0f}"
 
 
+def duration(hours: float) -> str:
+    """Hours as people read them: 2.5 days, 1.3 h, 12 min, 0.35 s."""
+    for unit, size in (("days", 24.0), ("h", 1.0), ("min", 1 / 60)):
+        if hours >= size:
+            return f"{hours / size:.3g} {unit}"
+    return f"{hours * 3600:.2g} s"
+
+
 @dataclass(frozen=True)
 class CacheEstimate:
     tokens: Optional[int]
     basis: str  # where the token count comes from
+    vocabulary: Optional[int] = None  # the tokenizer's size: it decides how the ids are stored
+    processes: int = 1  # shard processes at once: its shards, up to Pants' local parallelism
 
-    def describe(self, vocabulary: Optional[int] = None) -> str:
-        """`vocabulary`: the tokenizer's size, which decides how the ids are stored."""
-        if self.tokens is None:
+    @property
+    def dtype(self) -> tuple[str, int]:
+        """The ids' type and bytes per token."""
+        small = self.vocabulary is not None and self.vocabulary <= UINT16_VOCABULARY
+        return ("uint16", 2) if small else ("uint32", 4)
+
+    @property
+    def cpu_hours(self) -> Optional[float]:
+        return None if self.tokens is None else self.tokens / TOKENS_PER_CORE_SECOND / 3600
+
+    @property
+    def wall_hours(self) -> Optional[float]:
+        return None if self.cpu_hours is None else self.cpu_hours / self.processes
+
+    def describe(self) -> str:
+        cpu_hours, wall_hours = self.cpu_hours, self.wall_hours
+        if self.tokens is None or cpu_hours is None or wall_hours is None:
             return f"estimate: tokens unknown ({self.basis})"
-        hours = self.tokens / TOKENS_PER_CORE_SECOND / 3600
-        small = vocabulary is not None and vocabulary <= UINT16_VOCABULARY
-        dtype, width = ("uint16", 2) if small else ("uint32", 4)
+        dtype, width = self.dtype
         return (
             f"estimate: {count(self.tokens)} tokens ({self.basis}), "
             f"{self.tokens * width / 1e9:.2f} GB as {dtype}, "
-            f"{hours:.1f} CPU-hours at {TOKENS_PER_CORE_SECOND // 1000}k tokens/s per core"
+            f"{cpu_hours:.1f} CPU-hours at {TOKENS_PER_CORE_SECOND // 1000}k tokens/s per "
+            f"core; wall ~ {duration(wall_hours)} tokenizing, {self.processes} shard "
+            "process(es) at once"
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """What `describe` says, as data (`plan --plan-json`); None where it is not known."""
+        dtype, width = self.dtype
+        return {
+            "tokens": self.tokens,
+            "basis": self.basis,
+            "dtype": dtype,
+            "bytes": None if self.tokens is None else self.tokens * width,
+            "cpu_hours": self.cpu_hours,
+            "wall_hours": self.wall_hours,
+            "processes_at_once": self.processes,
+        }
 
 
 def estimate_cache(artifact: Artifact, build_root: str) -> CacheEstimate:

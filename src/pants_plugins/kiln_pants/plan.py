@@ -5,7 +5,8 @@ path `{prefix}/{name}/{version}`, what `pants run` would do with it and, for an 
 what building it takes (kiln_pants.cache_estimate) and its shard plan (kiln_pants.shard_plan);
 then, for each checkpoint, the tokens its run reads from each mixture component against what that
 cache holds (kiln_pants.mixture_budget), and what its training costs: parameters, tokens, FLOPs,
-device-hours from measured throughput (kiln_pants.training_cost), with a total over the runs.
+device-hours from measured throughput and wall time (kiln_pants.training_cost), with a total over
+the runs.
 Reads the artifact store (kiln_pants.artifact_store: a bucket by one process); builds nothing.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Optional
 
 from pants.base.build_root import BuildRoot
@@ -23,6 +25,7 @@ from pants.engine.fs import Workspace
 from pants.engine.goal import Goal, GoalSubsystem
 from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule
 from pants.engine.target import Target, WrappedTarget, WrappedTargetRequest
+from pants.option.global_options import GlobalOptions
 from pants.option.option_types import BoolOption
 
 from kiln_contract.hf_llama import NotPlainLlama, config_fields, kiln_run_advice
@@ -37,7 +40,7 @@ from kiln_pants.artifact_store import (
 )
 from kiln_pants.cache_estimate import CacheEstimate, estimate_cache
 from kiln_pants.mixture_budget import local_budgets
-from kiln_pants.shard_plan import ShardPlans, ShardPlansRequest
+from kiln_pants.shard_plan import ShardPlan, ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.target_types import InitFromField, ModelField, ResourcesField
 from kiln_pants.training_cost import (
@@ -62,9 +65,10 @@ class PlanSubsystem(GoalSubsystem):
     )
     json = BoolOption(
         default=False,
-        help="Print the plan as one JSON object for scripts and CI: the store, and per artifact "
-        "(inputs first) its address, kind, name@version, fingerprint, path, state and why; the "
-        "exit code is the text plan's.",
+        help="Print the plan as one JSON object for scripts and CI: the store, per artifact "
+        "(inputs first) its address, kind, name@version, fingerprint, path, state and why (and "
+        "an unbuilt cache's estimate), and each training's data and cost; the exit code is the "
+        "text plan's.",
     )
 
 
@@ -163,8 +167,26 @@ def shown_path(prefix: str, artifact: Artifact, state: StoredState) -> str:
     return path
 
 
+def planned_estimate(
+    artifact: Artifact, shards: ShardPlan, vocabulary: Optional[int], build_root: str,
+    parallelism: int,
+) -> CacheEstimate:
+    """What building an unbuilt cache takes, its shards run up to `parallelism` at once (Pants'
+    local process limit); a cache whose shards are not known yet may use them all."""
+    imported = shards.imported_tokens
+    estimate = (
+        CacheEstimate(imported, "its shard_ledger.json") if imported is not None
+        else estimate_cache(artifact, build_root)
+    )  # fmt: skip
+    at_once = min(len(shards.shards) or parallelism, parallelism)
+    return replace(estimate, vocabulary=vocabulary, processes=at_once)
+
+
 def plan_json(
-    prefix: str, states: Mapping[Artifact, StoredState], problems: list[str]
+    prefix: str,
+    states: Mapping[Artifact, StoredState],
+    problems: list[str],
+    estimates: Mapping[Artifact, CacheEstimate],
 ) -> dict[str, Any]:
     """The plan for scripts: what `plan` prints about each artifact, as data."""
     return {
@@ -179,6 +201,7 @@ def plan_json(
                 "state": state.status,
                 "detail": state.detail or None,
                 "inputs": [str(a) for a in artifact.inputs],
+                "estimate": estimates[artifact].to_json() if artifact in estimates else None,
             }
             for artifact, state in states.items()
         ],
@@ -209,6 +232,7 @@ async def plan(
     kiln: KilnSubsystem,
     plan_subsystem: PlanSubsystem,
     build_root: BuildRoot,
+    global_options: GlobalOptions,
     workspace: Workspace,  # marks the goal as side-effecting: it reads the artifact store
 ) -> Plan:
     try:
@@ -224,11 +248,20 @@ async def plan(
     if stored is None:
         return Plan(exit_code=1)
     states = {artifact: shown_state(artifact, state) for artifact, state in stored.items()}
+    unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
+    planned = await Get(ShardPlans, ShardPlansRequest(tuple(a.address for a in unbuilt)))
+    shard_plan = dict(zip(unbuilt, planned.plans))
+    vocabularies = await MultiGet(Get(Vocabulary, VocabularyRequest(a.address)) for a in unbuilt)
+    parallelism = global_options.process_execution_local_parallelism
+    estimates = {
+        a: planned_estimate(a, shard_plan[a], v.size, build_root.path, parallelism)
+        for a, v in zip(unbuilt, vocabularies)
+    }
     if plan_subsystem.json:
         problems = await _init_from_problems(graph)
         budgets = local_budgets(prefix, graph, build_root.path)
         costs = await _training_costs(graph, prefix)
-        data = plan_json(prefix, states, problems)
+        data = plan_json(prefix, states, problems, estimates)
         data["training"] = [
             {**budget.to_json(), "cost": cost.to_json(kiln.price_per_device_hour)}
             for budget, cost in zip(budgets, costs)
@@ -238,11 +271,6 @@ async def plan(
         refused = any(budget.refusal() for budget in budgets)
         return Plan(exit_code=1 if drift or problems or refused else 0)
     console.print_stdout(f"Artifact store: {prefix}")
-    unbuilt = [a for a, s in states.items() if a.kind == "tokenized_cache" and s.status != "built"]
-    planned = await Get(ShardPlans, ShardPlansRequest(tuple(a.address for a in unbuilt)))
-    shard_plan = dict(zip(unbuilt, planned.plans))
-    vocabularies = await MultiGet(Get(Vocabulary, VocabularyRequest(a.address)) for a in unbuilt)
-    vocabulary = {a: v.size for a, v in zip(unbuilt, vocabularies)}
     for artifact, state in states.items():
         counts[state.status] = counts.get(state.status, 0) + 1
         console.print_stdout(
@@ -252,13 +280,8 @@ async def plan(
         console.print_stdout(f"  {'':<11} {'':<16}  -> {shown_path(prefix, artifact, state)}")
         if state.detail:
             console.print_stdout(f"  {'':<11} {'':<16}  !! {state.detail}")
-        if artifact.kind == "tokenized_cache" and state.status != "built":
-            imported = shard_plan[artifact].imported_tokens
-            estimate = (
-                CacheEstimate(imported, "its shard_ledger.json") if imported is not None
-                else estimate_cache(artifact, build_root.path)
-            )  # fmt: skip
-            console.print_stdout(f"  {'':<11} {'':<16}  {estimate.describe(vocabulary[artifact])}")
+        if artifact in estimates:
+            console.print_stdout(f"  {'':<11} {'':<16}  {estimates[artifact].describe()}")
             for line in shard_plan[artifact].describe(plan_subsystem.shards):
                 console.print_stdout(f"  {'':<11} {'':<16}  {line}")
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))

@@ -28,7 +28,7 @@ from kiln_contract.location import in_bucket
 from kiln_contract.train import Resources
 from kiln_pants.artifact_graph import Artifact, TokenizerFiles, TokenizerFilesRequest
 from kiln_pants.artifact_store import artifact_path, stored_state
-from kiln_pants.cache_estimate import count
+from kiln_pants.cache_estimate import count, duration
 from kiln_pants.mixture_budget import CACHE_INFO_FILE
 from kiln_pants.target_types import TokenizerField, tokenizer_address
 
@@ -98,6 +98,14 @@ MEASURED_START_UP = (
     StartUp("cpu", 7.7, "2026-12-01", "Start-up: the quickstart's trainer"),
 )
 
+# What a training adds per input cache before its first step: Pants placing an inline cache's
+# files in the sandbox, the runner copying it into a local store and checking its digests, the
+# trainer opening it and mixing it in. benchmarks/RESULTS.md "A training's caches, cache by
+# cache": the slope of `build scale:big` between 100 and 1,000 one-document inline caches on the
+# 2-core CPU VM, shared (2026-12-06). A bucket store copies and checks over the network: more.
+SECONDS_PER_INPUT_CACHE = 0.037
+INPUT_CACHES_SECTION = "A training's caches, cache by cache"
+
 # Vocabularies of tokenizers that are not files in the repository.
 KNOWN_VOCABULARIES = {
     ("package", "gpt2"): 50257,
@@ -114,6 +122,11 @@ class RunCost:
     vocab_size: Optional[int]  # None: not known before the caches are built
     measurement: Optional[Throughput]
     unpriced: str  # why no measurement prices it (when none does)
+
+    @property
+    def caches(self) -> int:
+        """The caches it opens, checks and places: its datasets and validation sets."""
+        return len(set(self.checkpoint.cache_inputs))
 
     @property
     def device(self) -> str:
@@ -145,10 +158,31 @@ class RunCost:
             return None
         return self.flops / self.measurement.flops_per_second / 3600
 
+    @property
+    def step_hours(self) -> Optional[float]:
+        """The steps' time on the run's devices (None: unpriced, or a TPU slice's chips)."""
+        devices = device_count(self.resources)
+        hours = self.device_hours
+        return None if hours is None or not devices else hours / devices
+
+    @property
+    def caches_seconds(self) -> float:
+        return self.caches * SECONDS_PER_INPUT_CACHE
+
+    @property
+    def wall_hours(self) -> Optional[float]:
+        """The steps, the measured start-up (where there is one) and the caches."""
+        steps = self.step_hours
+        if steps is None:
+            return None
+        start = start_up(self.device)
+        return steps + ((start.seconds if start else 0.0) + self.caches_seconds) / 3600
+
     def to_json(self, prices: dict[str, float]) -> dict[str, Any]:
         """What `describe` says, as data (`plan --plan-json`); None where it is not known."""
         hours = self.device_hours
         price = prices.get(self.device)
+        start = start_up(self.device)
         return {
             "device": self.device,
             "parameters": self.parameters,
@@ -158,6 +192,10 @@ class RunCost:
             "cost": None if hours is None or not price else hours * price,
             "measured": None if self.measurement is None else self.measurement.section,
             "unpriced": self.unpriced if hours is None else None,
+            "input_caches": self.caches,
+            "caches_seconds": self.caches_seconds,
+            "start_up_seconds": None if start is None else start.seconds,
+            "wall_hours": self.wall_hours,
         }
 
     def describe(self, prices: dict[str, float]) -> list[str]:
@@ -173,41 +211,48 @@ class RunCost:
         hours = self.device_hours
         if hours is None or self.measurement is None:
             return [line, f"    device-hours unknown: {self.unpriced}"]
-        devices = device_count(self.resources)
-        on = f" (steps: {duration(hours / devices)} on {devices} device(s))" if devices else ""
+        steps, devices = self.step_hours, device_count(self.resources)
+        on = f" (steps: {duration(steps)} on {devices} device(s))" if steps is not None else ""
         lines = [
             line,
             f"    {hours:.3g} {self.device} device-hours{on}{money(hours, prices.get(self.device))}",
             f"    at {self.measurement.describe()} (benchmarks/RESULTS.md, "
             f"\"{self.measurement.section}\"), scaled by FLOPs per token",
         ]
-        if devices:
-            lines.append(f"    {wall_text(hours / devices, self.device)}")
-        return lines
+        return lines + [f"    {line}" for line in self.wall_lines()]
+
+    def wall_lines(self) -> list[str]:
+        """The wall time and its parts: the steps, the start to the first step, the caches."""
+        steps, wall = self.step_hours, self.wall_hours
+        if steps is None or wall is None:
+            return []
+        start = start_up(self.device)
+        caches = (
+            f"  + {duration(self.caches_seconds / 3600)}: {self.caches:,} input cache(s) opened, "
+            f"checked and placed, {SECONDS_PER_INPUT_CACHE:g} s each (benchmarks/RESULTS.md, "
+            f"\"{INPUT_CACHES_SECTION}\")"
+        )
+        if start is None:
+            return [
+                f"wall ~ {duration(wall)} and a start-up not measured on {self.device}:",
+                f"  {duration(steps)} of steps",
+                caches,
+            ]
+        return [
+            f"wall ~ {duration(wall)} (the runtime's build and the evaluations not included):",
+            f"  {duration(steps)} of steps",
+            f"  + {start.seconds:g} s to the first step (start-up and compile, measured on "
+            f"{self.device} {start.date}, benchmarks/RESULTS.md, \"{start.section}\")",
+            caches,
+        ]
 
 
-def wall_text(step_hours: float, device: str) -> str:
-    """The run's wall time: the measured start to the first step, then the steps."""
-    start = next((s for s in MEASURED_START_UP if s.device == device), None)
-    if start is None:
-        return f"wall: the steps' {duration(step_hours)}; start-up not measured on {device}"
-    return (
-        f"wall ~ {duration(step_hours + start.seconds / 3600)}: {start.seconds:g} s to the first "
-        f"step (start-up and compile, measured on {device} {start.date}, benchmarks/RESULTS.md, "
-        f"\"{start.section}\") + {duration(step_hours)} of steps; Pants' set-up and the "
-        "evaluations not included"
-    )
+def start_up(device: str) -> Optional[StartUp]:
+    return next((s for s in MEASURED_START_UP if s.device == device), None)
 
 
 def flops_text(flops: float) -> str:
     return f"{flops:.3g}".replace("e+", "e")
-
-
-def duration(hours: float) -> str:
-    for unit, size in (("days", 24.0), ("h", 1.0), ("min", 1 / 60)):
-        if hours >= size:
-            return f"{hours / size:.3g} {unit}"
-    return f"{hours * 3600:.2g} s"
 
 
 def money(hours: float, price: Optional[float]) -> str:
