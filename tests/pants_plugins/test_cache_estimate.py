@@ -56,6 +56,8 @@ def test_the_wall_time_divides_the_cpu_hours_by_the_shards_at_once() -> None:
     }  # fmt: skip
     unknown = estimate_cache(cache(source={"kind": "hf", "id": "org/data"}), "/repo")
     assert unknown.to_json()["wall_hours"] is None
+    assert duration(60 / 3600) == "1 min" and duration(0.35 / 3600) == "0.35 s"
+    assert duration(5.8e-5 / 3600) == "under 0.01 s"  # a one-document cache: not 5.8e-05 s
 
 
 def test_local_text_is_estimated_from_its_size(tmp_path: Path) -> None:

@@ -36,11 +36,11 @@ def count(tokens: float) -> str:
 
 
 def duration(hours: float) -> str:
-    """Hours as people read them: 2.5 days, 1.3 h, 12 min, 0.35 s."""
+    """Hours as people read them: 2.5 days, 1.3 h, 12 min, 0.35 s, under 0.01 s."""
     for unit, size in (("days", 24.0), ("h", 1.0), ("min", 1 / 60)):
         if hours >= size:
             return f"{hours / size:.3g} {unit}"
-    return f"{hours * 3600:.2g} s"
+    return f"{hours * 3600:.2g} s" if hours * 3600 >= 0.01 else "under 0.01 s"
 
 
 @dataclass(frozen=True)
