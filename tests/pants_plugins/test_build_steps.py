@@ -1,14 +1,20 @@
 """`pants build`'s decisions without Pants: which steps wait for which, how many train at once,
-DEP_FAILED in the store, and what a served `pants run` prints (tests/e2e runs the goal itself)."""
+DEP_FAILED in the store, what a served `pants run` prints, and what a cache step reports when
+Pants' cache serves it or a batch builds it (tests/e2e runs the goal itself)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from pathlib import Path
 
 from pants.engine.addresses import Address
+from pants.engine.internals.native_engine import ProcessExecutionEnvironment
+from pants.engine.internals.session import RunId
+from pants.engine.process import FallibleProcessResult, Process, ProcessResultMetadata
 from pants.testutil.option_util import create_subsystem
+from pants.testutil.rule_runner import QueryRule, RuleRunner
 
 from kiln_pants.artifact_graph import Artifact, ArtifactGraph
 from kiln_pants.artifact_store import (
@@ -16,8 +22,16 @@ from kiln_pants.artifact_store import (
     recorded_state,
     stored_state,
 )
-from kiln_pants.build import BuildSubsystem, steps_to_build
-from kiln_pants.build_steps import TrainingSlots
+from kiln_pants.build import BuildSubsystem, PlannedStep, steps_to_build, summary_lines
+from kiln_pants.build_steps import (
+    FROM_PANTS_CACHE,
+    SERVED,
+    SUCCESS,
+    StepOutcome,
+    TrainingSlots,
+    cache_outcome,
+)
+from kiln_pants.tokenize_rules import CacheBatch
 from kiln_pants.train_rules import served_text
 
 
@@ -139,3 +153,83 @@ def test_drift_from_inputs_alone_says_to_bump_the_version() -> None:
         "init_from": {"fingerprint": "b"}, "seq_len": 32}})  # fmt: skip
     assert recorded_state(child, "SUCCESS\n", own_change).detail == (
         "built with fingerprint old; differs in: seq_len")
+
+
+def process(source: str, run: int, milliseconds: int | None = 12_345) -> ProcessResultMetadata:
+    """A process result's metadata as Pants gives it: how it was had, in which run."""
+    here = ProcessExecutionEnvironment(
+        environment_name=None, platform="linux_x86_64", docker_image=None,
+        remote_execution=False, remote_execution_extra_platform_properties=[],
+    )  # fmt: skip
+    return ProcessResultMetadata(milliseconds, here, source, run)
+
+
+BATCH = CacheBatch(tuple(Address("scale/caches", target_name=f"c{i}") for i in range(50)))
+
+
+def test_a_cache_whose_process_did_not_run_now_is_served() -> None:
+    now = RunId(7)
+    for made in (process("hit_locally", 7), process("hit_remotely", 7), process("ran", 6)):
+        # Pants' cache, a remote cache, or pantsd's memory of an earlier run: nothing ran.
+        assert cache_outcome(made, BATCH, now, 1.5) == StepOutcome(SERVED, FROM_PANTS_CACHE)
+        assert cache_outcome(made, None, now, 1.5).status == SERVED
+
+
+def processes_rule_runner() -> RuleRunner:
+    return RuleRunner(rules=[QueryRule(FallibleProcessResult, [Process]), QueryRule(RunId, [])])
+
+
+def test_pants_says_a_process_ran_in_its_first_run_and_not_after() -> None:
+    """What build_cache_step reads, from Pants itself: a batch's process that runs, then the same
+    process in the daemon's next command (its memory) and in a new daemon (Pants' local cache)."""
+    batch = Process(("/bin/sh", "-c", f"echo {uuid.uuid4()} > out"), description="a batch",
+                    output_files=("out",))  # fmt: skip
+
+    def outcome(rule_runner: RuleRunner) -> StepOutcome:
+        result = rule_runner.request(FallibleProcessResult, [batch])
+        return cache_outcome(result.metadata, BATCH, rule_runner.request(RunId, []), 0.0)
+
+    daemon = processes_rule_runner()
+    assert outcome(daemon).status == SUCCESS
+    daemon.set_options([])  # a new session: the next command
+    assert outcome(daemon) == StepOutcome(SERVED, FROM_PANTS_CACHE)
+    assert outcome(processes_rule_runner()) == StepOutcome(SERVED, FROM_PANTS_CACHE)
+
+
+def test_a_cache_built_in_a_batch_reports_the_batch_not_its_time_as_its_own() -> None:
+    built = cache_outcome(process("ran", 7), BATCH, RunId(7), 12.9)
+    assert built == StepOutcome(SUCCESS, "built in a batch of 50, 12.3s")
+    assert built.seconds == 0.0  # the step's wait was the batch's
+    untimed = cache_outcome(process("ran", 7, milliseconds=None), BATCH, RunId(7), 12.9)
+    assert untimed.detail == "built in a batch of 50"
+    # A cache of its own (shards and merge) takes its step's time; a store cache has no process
+    # of Pants' to say (its own processes write the store).
+    assert cache_outcome(process("ran", 7), None, RunId(7), 25.3) == StepOutcome(SUCCESS, "", 25.3)
+    assert cache_outcome(None, None, RunId(7), 25.3) == StepOutcome(SUCCESS, "", 25.3)
+
+
+def test_caches_served_whole_are_one_summary_line() -> None:
+    """A no-op build of a thousand caches: one line for them, not a thousand."""
+    outcomes = {
+        CACHE.address: StepOutcome(SERVED, FROM_PANTS_CACHE),
+        OTHER_CACHE.address: StepOutcome(SERVED, "already built"),
+        RUN.address: StepOutcome(SERVED, "already built"),
+        OTHER_RUN.address: StepOutcome(SUCCESS, seconds=3.0),
+    }
+    assert summary_lines(GRAPH, outcomes) == [
+        f"SERVED      {RUN.ref:<48} {RUN.address}",
+        f"SUCCESS     {OTHER_RUN.ref:<48} {OTHER_RUN.address}",
+        "SERVED      2 cache(s), built before (the store, or Pants' cache)",
+    ]
+    built = {**outcomes, CACHE.address: StepOutcome(SUCCESS, "built in a batch of 50, 12.3s")}
+    assert f"SUCCESS     {CACHE.ref:<48} {CACHE.address}" in summary_lines(GRAPH, built)
+
+
+def test_a_cache_pants_may_serve_or_a_batch_builds_starts_without_a_line() -> None:
+    def step(kind: str, in_store: bool, batch: CacheBatch | None = None) -> PlannedStep:
+        return PlannedStep(CACHE.address, kind, CACHE.ref, "log", None, batch, in_store)
+
+    assert step("tokenized_cache", in_store=False).starts_quietly  # inline: maybe a cache hit
+    assert step("tokenized_cache", in_store=True, batch=BATCH).starts_quietly  # one process
+    assert not step("tokenized_cache", in_store=True).starts_quietly  # its own store processes
+    assert not step("lm_checkpoint", in_store=True).starts_quietly

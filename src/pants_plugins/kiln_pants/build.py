@@ -93,6 +93,19 @@ class PlannedStep:
     log: str
     decided: Optional[StepOutcome]  # served or drifted: no process runs
     batch: Optional[CacheBatch] = None  # a small cache: tokenized with these in one process
+    in_store: bool = True  # False: an inline cache, which Pants' cache may serve
+
+    @property
+    def starts_quietly(self) -> bool:
+        """A cache that Pants' cache may serve (inline), or one of a batch (one process, which
+        Pants' progress shows): no line when it starts; one when it ends, if it ran."""
+        return self.kind == TokenizedCacheTarget.alias and (not self.in_store or bool(self.batch))
+
+
+def _served_cache(kind: str, outcome: StepOutcome) -> bool:
+    """A cache served whole (from the store, or Pants' cache): counted in the summary, no line
+    of its own (a no-op build of a thousand caches prints one line, not two thousand)."""
+    return kind == TokenizedCacheTarget.alias and outcome.status == SERVED
 
 
 @dataclass(frozen=True)
@@ -116,11 +129,13 @@ async def pipeline_step(request: PipelineStep) -> StepOutcome:
     failed = [p.step.ref for p, outcome in zip(request.inputs, outcomes) if outcome.failed]
     if failed:
         return dep_failed(", ".join(failed))
-    logger.info(_start_line(step, request.slots))
+    if not step.starts_quietly:
+        logger.info(_start_line(step, request.slots))
     outcome = await Get(
         StepOutcome, StepRequest(step.address, step.kind, step.log, request.slots, step.batch)
     )
-    logger.info(_outcome_line(step.ref, outcome, step.log))
+    if not _served_cache(step.kind, outcome):
+        logger.info(_outcome_line(step.ref, outcome, step.log))
     return outcome
 
 
@@ -271,7 +286,7 @@ async def _run_pipeline(
     steps = [p.step for p in pipeline.values()]
     console.print_stderr(f"Building {len(steps)} step(s) into {prefix}")
     for step in steps:
-        if step.decided is not None:
+        if step.decided is not None and not _served_cache(step.kind, step.decided):
             console.print_stderr(_outcome_line(step.ref, step.decided, None))
     results = await MultiGet(Get(StepOutcome, PipelineStep, p) for p in pipeline.values())
     outcomes = dict(zip(pipeline, results))
@@ -343,7 +358,8 @@ def _pipeline(
             with open(log, "w"):
                 pass  # a training's output as it runs; another step's error if it fails
         step = PlannedStep(
-            address, artifact.kind, artifact.ref, log, decided[address], batch_of.get(address)
+            address, artifact.kind, artifact.ref, log, decided[address], batch_of.get(address),
+            artifact.in_store,
         )
         inputs = tuple(pipeline[a] for a in waits_for)
         pipeline[address] = PipelineStep(step, inputs, slots)
@@ -358,12 +374,11 @@ def _outcome_line(ref: str, outcome: StepOutcome, log: Optional[str]) -> str:
 
 
 def _summary(console: Console, graph: ArtifactGraph, outcomes: dict[Address, StepOutcome]) -> int:
-    """A line per step, as `pants test` ends, then the count of failed steps: the exit code."""
+    """A line per step, as `pants test` ends (the caches served whole counted in one), then the
+    count of failed steps: the exit code."""
     console.print_stderr("")
-    for artifact in graph:
-        if artifact.address in outcomes:
-            outcome = outcomes[artifact.address]
-            console.print_stderr(f"{outcome.status:<11} {artifact.ref:<48} {artifact.address}")
+    for line in summary_lines(graph, outcomes):
+        console.print_stderr(line)
     failed = [o for o in outcomes.values() if o.failed]
     if not failed:
         console.print_stderr(f"{len(outcomes)} step(s) built or served.")
@@ -374,6 +389,25 @@ def _summary(console: Console, graph: ArtifactGraph, outcomes: dict[Address, Ste
         f"{dependents} {DEP_FAILED}); the others were built or served."
     )
     return 1
+
+
+def summary_lines(graph: ArtifactGraph, outcomes: dict[Address, StepOutcome]) -> list[str]:
+    """A line per step that ran, failed or is served but a cache; one for the served caches."""
+    lines = []
+    served_caches = 0
+    for artifact in graph:
+        outcome = outcomes.get(artifact.address)
+        if outcome is None:
+            continue
+        if _served_cache(artifact.kind, outcome):
+            served_caches += 1
+        else:
+            lines.append(f"{outcome.status:<11} {artifact.ref:<48} {artifact.address}")
+    if served_caches:
+        lines.append(
+            f"{SERVED:<11} {served_caches} cache(s), built before (the store, or Pants' cache)"
+        )
+    return lines
 
 
 def rules():

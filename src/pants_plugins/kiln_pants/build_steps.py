@@ -19,7 +19,13 @@ from pants.base.build_root import BuildRoot
 from pants.core.goals.package import BuiltPackage
 from pants.engine.addresses import Address, Addresses
 from pants.engine.env_vars import EnvironmentVars, EnvironmentVarsRequest
-from pants.engine.process import FallibleProcessResult, Process, ProcessCacheScope
+from pants.engine.internals.session import RunId
+from pants.engine.process import (
+    FallibleProcessResult,
+    Process,
+    ProcessCacheScope,
+    ProcessResultMetadata,
+)
 from pants.engine.rules import Get, _uncacheable_rule, collect_rules, rule
 from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
@@ -87,6 +93,7 @@ while True:
 """
 
 SUCCESS, SERVED, FAILED = "SUCCESS", "SERVED", "FAILED"
+FROM_PANTS_CACHE = "from Pants' cache: nothing ran"
 
 
 @dataclass(frozen=True)
@@ -166,18 +173,40 @@ def _last_error(text: str) -> str:
 
 
 @_uncacheable_rule(desc="Building a cache step")
-async def build_cache_step(step: CacheStep) -> StepOutcome:
+async def build_cache_step(step: CacheStep, run_id: RunId) -> StepOutcome:
     """Uncacheable, so that a new session times it from its start: pantsd would otherwise
     "clean" the last session's node, building the cache beneath it before it starts again."""
     started = time.monotonic()
     try:
         if step.batch is None:
-            await Get(BuiltCaches, BuildCachesRequest(Addresses([step.address])))
+            built = await Get(BuiltCaches, BuildCachesRequest(Addresses([step.address])))
+            [cache] = built.caches
         else:
-            await Get(BuiltCache, BatchedCacheRequest(step.address, step.batch))
+            cache = await Get(BuiltCache, BatchedCacheRequest(step.address, step.batch))
     except Exception as e:  # noqa: BLE001 - reported as this step's failure; others go on
         return _failure(str(e), started)
-    return StepOutcome(SUCCESS, seconds=time.monotonic() - started)
+    return cache_outcome(cache.process, step.batch, run_id, time.monotonic() - started)
+
+
+def cache_outcome(
+    process: Optional[ProcessResultMetadata],
+    batch: Optional[CacheBatch],
+    run_id: RunId,
+    seconds: float,
+) -> StepOutcome:
+    """SERVED when the process that makes the cache did not run in this run (Pants' cache, or
+    pantsd's memory, had its result); a cache built in a batch reports the batch and its time,
+    which is not its own."""
+    if process is not None and process.source(run_id) != ProcessResultMetadata.Source.RAN:
+        return StepOutcome(SERVED, FROM_PANTS_CACHE)
+    if batch is None or process is None:
+        return StepOutcome(SUCCESS, seconds=seconds)
+    took = process.total_elapsed_ms
+    return StepOutcome(
+        SUCCESS,
+        f"built in a batch of {len(batch.addresses)}"
+        + (f", {took / 1000:.1f}s" if took is not None else ""),
+    )
 
 
 @rule(desc="Building an export or evaluation step")

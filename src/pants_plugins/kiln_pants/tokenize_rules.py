@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from pants.base.build_root import BuildRoot
@@ -52,7 +52,12 @@ from pants.engine.fs import (
     PathGlobs,
     RemovePrefix,
 )
-from pants.engine.process import FallibleProcessResult, Process, ProcessResult
+from pants.engine.process import (
+    FallibleProcessResult,
+    Process,
+    ProcessResult,
+    ProcessResultMetadata,
+)
 from pants.engine.rules import Get, MultiGet, _uncacheable_rule, collect_rules, rule
 from pants.engine.target import Targets
 from pants.util.frozendict import FrozenDict
@@ -102,6 +107,10 @@ class BuiltCache:
     # reload the tokenizer from it.
     tokenizer: Digest = EMPTY_DIGEST
     store_path: Optional[str] = None  # store storage: where the cache is, outside Pants
+    # The process that finished it (merge, import, fan-out, or its batch's): whether it ran or
+    # was served from Pants' cache, and how long it took. Not part of the cache: left out of
+    # equality, as Pants leaves it out of a process result's.
+    process: Optional[ProcessResultMetadata] = field(default=None, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
@@ -118,9 +127,9 @@ async def _finished(build: CacheBuild, last: ProcessResult | FallibleProcessResu
     """The cache the last process (merge, import or fan-out) finished: in the store, or its
     output."""
     if build.layout.in_store:
-        return _in_store(build)
+        return replace(_in_store(build), process=last.metadata)
     cache = await Get(Digest, RemovePrefix(last.output_digest, CACHE_DIR))
-    return BuiltCache(build.artifact, cache, build.inputs.tokenizer_digest)
+    return BuiltCache(build.artifact, cache, build.inputs.tokenizer_digest, process=last.metadata)
 
 
 @dataclass(frozen=True)
@@ -415,6 +424,8 @@ async def small_cache_batches(request: SmallCachesRequest) -> CacheBatches:
 class CacheBatchOutcome:
     built: FrozenDict[Address, BuiltCache]
     errors: FrozenDict[Address, str]  # the caches that failed: their error lines
+    # The batch's process: each of its caches reports it (BuiltCache.process).
+    process: Optional[ProcessResultMetadata] = field(default=None, compare=False, hash=False)
 
 
 def _batch_paths(build: CacheBuild, folder: str) -> tuple[str, str]:
@@ -509,7 +520,9 @@ async def tokenize_cache_batch(batch: CacheBatch) -> CacheBatchOutcome:
         Get(BuiltCache, BatchOutputRequest(b, folder, result.output_digest)) for b, folder in done
     )
     return CacheBatchOutcome(
-        FrozenDict((cache.artifact.address, cache) for cache in built), FrozenDict(errors)
+        FrozenDict((cache.artifact.address, cache) for cache in built),
+        FrozenDict(errors),
+        result.metadata,
     )
 
 
@@ -528,7 +541,7 @@ async def batched_cache(request: BatchedCacheRequest) -> BuiltCache:
     outcome = await Get(CacheBatchOutcome, CacheBatch, request.batch)
     if request.address in outcome.errors:
         raise CacheTokenizationFailed(f"{request.address}: {outcome.errors[request.address]}")
-    return outcome.built[request.address]
+    return replace(outcome.built[request.address], process=outcome.process)
 
 
 @dataclass(frozen=True)
