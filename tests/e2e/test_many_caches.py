@@ -154,8 +154,11 @@ def test_small_caches_build_many_to_a_process_and_fail_alone(workspace: Path) ->
     _write_files(folder, bad=None)
     second = run_pants(repo, "build", "experiments/many:", env=env)
     assert f"Tokenizing 1 small cache(s), tokenized/many/c{BAD}@{VERSION} to " in second.stderr
-    served = re.findall(r"kiln: served\s+tokenized/many/(c\d)@", second.stderr)
-    assert sorted(served) == [f"c{i}" for i in range(CACHES) if i != BAD]
+    # The other store caches, the chat cache and the inline batch (Pants' cache): one summary
+    # line, none each; the one rebuilt alone in its batch reports its own time.
+    assert f"SERVED      {CACHES - 1 + 1 + INLINE} cache(s), built before" in second.stderr
+    assert "kiln: served" not in second.stderr and "kiln: start" not in second.stderr
+    assert re.search(rf"kiln: success +tokenized/many/c{BAD}@{VERSION} in \d", second.stderr)
     assert not list(store.glob(f"*/.{VERSION}.shards"))  # each cache's shard moved into it
     assert (store / f"c{BAD}/{VERSION}/STATUS").read_text().strip() == "SUCCESS"
     assert not (store / f"c{BAD}/{VERSION}/failure.txt").exists()  # the reason went with it

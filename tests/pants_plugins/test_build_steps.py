@@ -202,10 +202,11 @@ def test_a_cache_built_in_a_batch_reports_the_batch_not_its_time_as_its_own() ->
     assert built.seconds == 0.0  # the step's wait was the batch's
     untimed = cache_outcome(process("ran", 7, milliseconds=None), BATCH, RunId(7), 12.9)
     assert untimed.detail == "built in a batch of 50"
-    # A cache of its own (shards and merge) takes its step's time; a store cache has no process
-    # of Pants' to say (its own processes write the store).
+    # A cache of its own (shards and merge, or alone in its batch) takes its step's time.
     assert cache_outcome(process("ran", 7), None, RunId(7), 25.3) == StepOutcome(SUCCESS, "", 25.3)
-    assert cache_outcome(None, None, RunId(7), 25.3) == StepOutcome(SUCCESS, "", 25.3)
+    alone = CacheBatch(BATCH.addresses[:1])
+    assert cache_outcome(process("ran", 7), alone, RunId(7), 2.5) == StepOutcome(SUCCESS, "", 2.5)
+    assert cache_outcome(None, None, RunId(7), 25.3) == StepOutcome(SUCCESS, "", 25.3)  # no process
 
 
 def test_caches_served_whole_are_one_summary_line() -> None:

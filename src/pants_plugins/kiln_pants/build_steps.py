@@ -195,11 +195,11 @@ def cache_outcome(
     seconds: float,
 ) -> StepOutcome:
     """SERVED when the process that makes the cache did not run in this run (Pants' cache, or
-    pantsd's memory, had its result); a cache built in a batch reports the batch and its time,
-    which is not its own."""
+    pantsd's memory, had its result); a cache built in a batch of others reports the batch and
+    its time, which is not its own."""
     if process is not None and process.source(run_id) != ProcessResultMetadata.Source.RAN:
         return StepOutcome(SERVED, FROM_PANTS_CACHE)
-    if batch is None or process is None:
+    if batch is None or len(batch.addresses) == 1 or process is None:
         return StepOutcome(SUCCESS, seconds=seconds)
     took = process.total_elapsed_ms
     return StepOutcome(
