@@ -18,7 +18,8 @@ Requests are recorded as one pending flag, so any number of them before the trai
 take_checkpoint_request() produce one save.
 
 Before any of that, the request's `Host` must name this server (`allowed_hosts`): a page whose
-own name was rebound to this machine's address (DNS rebinding) sends its own name, and gets 421.
+own name was rebound to this machine's address (DNS rebinding) sends its own name, and gets 421;
+a malformed Host (no name, a port that is not 1-65535) gets 400.
 A body over MAX_FORM_BYTES gets 413 and is read away (up to MAX_DISCARD_BYTES) so that the client
 sees the answer; a client that goes away mid-request is no error of the run's.
 """
@@ -191,11 +192,9 @@ class ControlServer:
     def token_is_valid(self, token: str) -> bool:
         return verify_token(self._key, token)
 
-    def host_is_allowed(self, header: str | None) -> bool:
-        """Whether a request's Host header names this server (its port is not compared: an
-        SSH tunnel forwards another one). A wildcard server answers any IP address, which no
-        rebound name can pose as."""
-        name = _host_name(header or "")
+    def host_is_allowed(self, name: str) -> bool:
+        """Whether a request's Host name (see host_name) names this server. A wildcard server
+        answers any IP address, which no rebound name can pose as."""
         if name in self.allowed_hosts:
             return True
         return self.host in WILDCARD_HOSTS and _is_ip_address(name)
@@ -236,16 +235,38 @@ def served_names(host: str, configured: Iterable[str] | None = None) -> frozense
     names = {host, _reachable_host(host), *LOOPBACK_NAMES, *configured}
     if host in WILDCARD_HOSTS:
         names |= {socket.gethostname(), socket.getfqdn()}
-    return frozenset(_host_name(name) for name in names if name.strip())
+    served = set()
+    for name in filter(str.strip, names):
+        parsed = host_name(name)
+        if parsed is None:
+            raise ValueError(
+                f"{ALLOWED_HOSTS_VARIABLE}: {name.strip()!r} is not a host name; "
+                "give NAME, NAME:PORT or [IPV6]:PORT, comma-separated"
+            )
+        served.add(parsed)
+    return frozenset(served)
 
 
-def _host_name(value: str) -> str:
-    """`Name:port`, `[v6]:port` or a bare name, as a lower-case name without its port."""
+def host_name(value: str) -> str | None:
+    """`name:port`, `[v6]:port`, `[v6]`, a bare name or a bare IPv6 address, as a lower-case
+    name without its port (the port is not compared: an SSH tunnel forwards another one).
+    None when malformed: a port that is not 1-65535, anything else after `]`, no name."""
     value = value.strip().lower()
     if value.startswith("["):
-        return value[1 : value.find("]")] if "]" in value else value
-    name, _, port = value.rpartition(":")
-    return name if name and port.isdigit() and ":" not in name else value
+        name, bracket, rest = value[1:].partition("]")
+        if not bracket or (rest and not (rest.startswith(":") and _is_port(rest[1:]))):
+            return None
+    elif value.count(":") == 1:
+        name, _, port = value.partition(":")
+        if not _is_port(port):
+            return None
+    else:
+        name = value  # a name without a port, or an IPv6 address without brackets
+    return name or None
+
+
+def _is_port(text: str) -> bool:
+    return text.isascii() and text.isdigit() and 1 <= int(text) <= 65535
 
 
 def _is_ip_address(name: str) -> bool:
@@ -300,12 +321,16 @@ class _ControlHandler(BaseHTTPRequestHandler):
 
     def _route(self) -> str | None:
         """The path after `/c/<token>/` when the Host is this server's and the token is valid;
-        None (and a 421 or 403 sent) if not."""
+        None (and a 400, 421 or 403 sent) if not."""
         hosts = self.headers.get_all("Host") or []
         if len(hosts) != 1:  # RFC 9112, 3.2: none or several is a bad request
             self._send_text(HTTPStatus.BAD_REQUEST, "exactly one Host header is required\n")
             return None
-        if not self.server.control.host_is_allowed(hosts[0]):
+        name = host_name(hosts[0])
+        if name is None:
+            self._send_text(HTTPStatus.BAD_REQUEST, "malformed Host header\n")
+            return None
+        if not self.server.control.host_is_allowed(name):
             self._send_text(HTTPStatus.MISDIRECTED_REQUEST, "misdirected request\n")
             return None
         # The path as the client sent it: http.server turns a leading `//` into `/`, and a path

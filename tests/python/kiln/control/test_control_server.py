@@ -292,6 +292,28 @@ def test_a_host_that_is_not_this_server_is_misdirected(server: ControlServer, ho
     assert server.take_checkpoint_request() is False
 
 
+@pytest.mark.parametrize(
+    "host",
+    ["[::1]:abc", "localhost:99999", "localhost:0", "localhost:", "localhost:+80", "[::1]x",
+     "[::1]:80x", "[::1", "[]:80", ":80", "", "  "],
+)
+def test_a_malformed_host_is_a_bad_request(server: ControlServer, host: str) -> None:
+    """A port that is not 1-65535 digits, junk after `]` or no name is 400, not a name to look
+    up (the port of a well-formed Host is not compared: an SSH tunnel forwards another one)."""
+    for method, route in (("GET", ""), ("POST", "checkpoint")):
+        status, _, body = _request(_base(server) + route, method, {**HEADER, "Host": host})
+        assert (status, body) == (400, b"malformed Host header\n"), host
+    assert server.take_checkpoint_request() is False
+
+
+def test_a_malformed_configured_host_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KILN_CONTROL_ALLOWED_HOSTS", "tunnel.example,proxy.example:https")
+    with pytest.raises(ValueError, match="KILN_CONTROL_ALLOWED_HOSTS: 'proxy.example:https'"):
+        ControlServer(tmp_path, {"run_id": "r"}, {})
+
+
 @pytest.mark.parametrize("hosts", [[], ["{good}", "evil.example"], ["{good}", "{good}"]])
 def test_no_host_or_several_is_a_bad_request(server: ControlServer, hosts: list[str]) -> None:
     """RFC 9112, 3.2: a request without a Host, or with several (the good one first), is 400."""
@@ -315,7 +337,8 @@ def test_loopback_names_and_configured_names_are_served(
     control = ControlServer(tmp_path, {"run_id": "r"}, {})
     url = control.start()
     try:
-        for host in ("localhost:8080", "127.0.0.1", "[::1]:1", "tunnel.example", "proxy.example:443"):
+        served = ("localhost:8080", "LocalHost:65535", "127.0.0.1", "[::1]:1", "[::1]", "::1")
+        for host in (*served, "tunnel.example", "proxy.example:443"):
             assert _request(url, headers={"Host": host})[0] == 200, host
         assert _request(url, headers={"Host": "other.example"})[0] == 421
     finally:
