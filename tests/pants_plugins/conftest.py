@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from pants.backend.python.util_rules import pex_from_targets
 from pants.base.specs import RawSpecs
+from pants.core.goals.run import RunRequest
 from pants.core.target_types import FilesGeneratorTarget, FileTarget, GenericTarget
 from pants.core.util_rules import distdir, source_files
 from pants.engine.addresses import Addresses
@@ -14,7 +15,7 @@ from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.subsystem import KilnSubsystem
-from kiln_pants.train_rules import StepJson, StepJsonRequest
+from kiln_pants.train_rules import LmCheckpointFieldSet, StepJson, StepJsonRequest
 
 
 @pytest.fixture
@@ -27,8 +28,8 @@ def rule_runner() -> RuleRunner:
 
 @pytest.fixture
 def plan_rule_runner() -> RuleRunner:
-    """With the `plan` and `build` goals and the checkpoint a `package` exports
-    (StoredCheckpoint), which read a bucket through a runtime PEX process and so need the
+    """With the `plan` and `build` goals, `run`'s request and the checkpoint a `package`
+    exports (StoredCheckpoint), which read a bucket through a runtime PEX process and so need the
     Python backend's PEX rules: a bigger rule graph, seconds more to set up per test."""
     return _rule_runner(
         [
@@ -36,6 +37,7 @@ def plan_rule_runner() -> RuleRunner:
             *pex_from_targets.rules(),
             *distdir.rules(),
             QueryRule(StoredCheckpoint, [StoredCheckpointRequest]),
+            QueryRule(RunRequest, [LmCheckpointFieldSet]),
         ]
     )
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
+from pants.core.goals.run import RunRequest
 from pants.engine.addresses import Address, Addresses
 from pants.engine.internals.scheduler import ExecutionError
 from pants.engine.target import Dependencies, DependenciesRequest
@@ -13,6 +15,7 @@ from pants.testutil.rule_runner import RuleRunner
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.plan import Plan
+from kiln_pants.train_rules import LmCheckpointFieldSet
 
 BUILD = """
 tokenized_cache(
@@ -252,6 +255,24 @@ def bounded_build(max_tokens: int) -> str:
     return BUILD.replace("RESOURCES", "cpu()").replace(
         'sources=["train.jsonl"],', f'sources=["train.jsonl"], max_tokens={max_tokens},'
     )
+
+
+def test_a_malformed_prefix_fails_plan_and_run_in_one_line(plan_rule_runner: RuleRunner) -> None:
+    """An unknown scheme or a bad bucket name is Kiln's one line and exit 1, not the engine's
+    traceback header above it: `plan` prints it, and `run` runs a process that does."""
+    rule_runner = plan_rule_runner
+    graph(rule_runner)
+    target = rule_runner.get_target(Address("exp", target_name="ckpt"))
+    for url, problem in (("s4://x", "Kiln stores artifacts in"), ("s3://", "'' is not a valid")):
+        error = f"kiln: error: [kiln] prefix = {url!r}: {problem}"
+        planned = rule_runner.run_goal_rule(Plan, args=[f"--kiln-prefix={url}", "exp:ckpt"])
+        assert planned.exit_code == 1 and planned.stdout == ""
+        assert planned.stderr.startswith(error) and planned.stderr.count("\n") == 1
+        rule_runner.set_options([f"--kiln-prefix={url}"])
+        run = rule_runner.request(RunRequest, [LmCheckpointFieldSet.create(target)])
+        ran = subprocess.run(run.args, capture_output=True, text=True)
+        assert (ran.returncode, ran.stdout) == (1, "")
+        assert ran.stderr.startswith(error) and ran.stderr.count("\n") == 1
 
 
 def test_plan_sets_what_the_run_reads_against_what_each_cache_holds(

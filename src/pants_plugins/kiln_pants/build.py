@@ -312,6 +312,9 @@ async def build(
     distdir: DistDir,
     workspace: Workspace,  # marks the goal as side-effecting: it writes the artifact store
 ) -> Build:
+    prefix = kiln.prefix_or_report(console, build_root.path)
+    if prefix is None:
+        return Build(exit_code=1)
     roots_asked = await Get(BuildRoots, BuildRootsRequest(addresses))
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(roots_asked.addresses))
     requested = set(roots_asked.addresses)
@@ -326,7 +329,6 @@ async def build(
             f"--build-trainings-at-once={subsystem.trainings_at_once}: give 1 or more."
         )
         return Build(exit_code=1)
-    prefix = kiln.prefix_location(build_root.path)
     stored = await stored_states_or_report(console, prefix, graph)
     if stored is None:
         return Build(exit_code=1)

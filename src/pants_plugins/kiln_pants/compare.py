@@ -70,6 +70,9 @@ async def compare(
     distdir: DistDir,
     workspace: Workspace,
 ) -> Compare:
+    prefix = kiln.prefix_or_report(console, build_root.path)  # a folder or a bucket
+    if prefix is None:
+        return Compare(exit_code=1)
     roots = await Get(BuildRoots, BuildRootsRequest(addresses))
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(roots.addresses))
     asked = set(roots.addresses)
@@ -80,7 +83,6 @@ async def compare(
             "No lm_checkpoint or lm_eval_run targets given (a sweep, checkpoints, evaluations)."
         )
         return Compare(exit_code=1)
-    prefix = kiln.prefix_location(build_root.path)  # a folder or a bucket: read by the runtime
     listed = [{"name": a.ref, "folder": artifact_path(prefix, a), "identity": a.identity}
               for a in runs]  # fmt: skip
     runtime = await Get(Runtime, RuntimeRequest(REPORT))

@@ -216,10 +216,12 @@ async def store(
     except ValueError as e:
         console.print_stderr(f"kiln: error: {e}")
         return StoreGoal(exit_code=1)
+    prefix = kiln.prefix_or_report(console, build_root.path)
+    if prefix is None:
+        return StoreGoal(exit_code=1)
     artifact_types = (*ARTIFACT_TARGET_TYPES, HfModelTarget, LmEvalRunTarget)
     addresses = Addresses(t.address for t in all_targets if isinstance(t, artifact_types))
     graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
-    prefix = kiln.prefix_location(build_root.path)
     listed = await Get(StoreInventory, StoreInventoryRequest(prefix))
     if listed.inventory is None:
         console.print_stderr(f"kiln: error: cannot list the artifact store: {listed.error}")

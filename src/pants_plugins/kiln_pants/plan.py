@@ -235,6 +235,14 @@ async def plan(
     global_options: GlobalOptions,
     workspace: Workspace,  # marks the goal as side-effecting: it reads the artifact store
 ) -> Plan:
+    try:  # a bad `[kiln] prefix` fails before the graph is computed or the store read
+        prefix = kiln.prefix_location(build_root.path)
+    except ValueError as e:
+        if plan_subsystem.json:
+            console.print_stdout(json.dumps({"error": str(e)}, indent=2))
+        else:
+            console.print_stderr(f"kiln: error: {e}")
+        return Plan(exit_code=1)
     try:
         graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
     except Exception as e:  # noqa: BLE001 - a graph that cannot be read: for scripts, as JSON
@@ -242,7 +250,6 @@ async def plan(
             raise
         console.print_stdout(json.dumps({"error": _engine_message(e)}, indent=2))
         return Plan(exit_code=1)
-    prefix = kiln.prefix_location(build_root.path)
     counts: dict[str, int] = {}
     stored = await stored_states_or_report(console, prefix, graph)
     if stored is None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Optional
 
+from pants.engine.console import Console
 from pants.option.option_types import DictOption, StrOption
 from pants.option.subsystem import Subsystem
 
@@ -85,6 +87,15 @@ class KilnSubsystem(Subsystem):
         if not in_bucket(self.prefix):
             return os.path.normpath(os.path.join(buildroot, self.prefix))
         return bucket_url(self.prefix)
+
+    def prefix_or_report(self, console: Console, buildroot: str) -> Optional[str]:
+        """The store (prefix_location) for a goal; None after printing the one line saying what
+        is wrong with `[kiln] prefix`, not the engine's traceback around it."""
+        try:
+            return self.prefix_location(buildroot)
+        except ValueError as e:
+            console.print_stderr(f"kiln: error: {e}")
+            return None
 
 
 _BUCKET_SCHEMES = {"s3": "S3", "gs": "Google Cloud Storage"}

@@ -528,6 +528,14 @@ def bundles_run(args: tuple[str, ...]) -> bool:
 
 # Prints its first argument: the served message, with no runtime started.
 _PRINT = 'printf "%s\\n" "$0"'
+# Prints its first argument as Kiln's goals print an error, and fails.
+_REFUSE = 'printf "kiln: error: %s\\n" "$0" >&2; exit 1'
+
+
+def refused_run(message: str) -> RunRequest:
+    """A `pants run` that fails with one line, as Kiln's goals do: the engine would print its
+    traceback header above an error raised here."""
+    return RunRequest(digest=EMPTY_DIGEST, args=("/bin/sh", "-c", _REFUSE, message))
 
 
 @rule(desc="Running an lm_checkpoint")
@@ -543,7 +551,10 @@ async def run_lm_checkpoint(
     )
     resources = wrapped.target[ResourcesField].value
     cluster = cluster_of_run(kiln.cluster, run.args)
-    prefix = kiln.prefix_location(build_root.path)
+    try:
+        prefix = kiln.prefix_location(build_root.path)
+    except ValueError as e:
+        return refused_run(str(e))
     if not run.args:  # `-- ...` options (another prefix, --output) are the runner's to read
         # A built artifact is served wherever it is asked for, accelerators or not.
         served = await Get(ServedRun, ServedRunRequest(field_set.address, prefix))
