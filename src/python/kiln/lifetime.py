@@ -10,7 +10,14 @@ process is adopted by init and goes on writing, holding its artifact's lease.
 `stop_when_orphaned` watches for exactly that: a daemon thread polls the parent pid, which
 changes when the parent dies (the kernel re-parents the process to init or a subreaper). The
 process then gets SIGTERM (the trainer saves a checkpoint and exits; other processes end at
-once) and SIGKILL if it is still running after a grace period.
+once), and the kernel ends it if it is still running after a grace period.
+
+The bound: a process whose parent dies is gone within POLL_SECONDS + its grace period, plus the
+time a loaded machine takes to run the watcher thread once (its CPU share and the GIL). The
+kill after the grace is a real-time timer's SIGALRM, whose default action ends the process with
+no Python code running: neither a save that overruns, nor a C call holding the GIL, nor an
+interpreter shutdown (which never runs daemon threads again) can outlast it. So nothing in the
+runtime may handle or block SIGALRM.
 
 The parent is read when this module is imported, which the runtime's command lines do before
 their heavy imports (jax, transformers take seconds): a parent that dies during those imports is
@@ -36,9 +43,12 @@ _PARENT_AT_IMPORT = os.getppid()
 
 
 def stop_when_orphaned(grace_seconds: float) -> bool:
-    """From now on, when this process's parent dies: SIGTERM to this process, then SIGKILL
-    `grace_seconds` later if it still runs. Once per process; False when there is no parent to
-    watch (init's children: their parent never dies)."""
+    """From now on, when this process's parent dies: SIGTERM to this process, then SIGALRM
+    (unhandled: the kernel ends the process) `grace_seconds` later if it still runs. Once per
+    process; False when there is no parent to watch (init's children: their parent never
+    dies)."""
+    if not grace_seconds > 0:  # a zero timer is no timer
+        raise ValueError(f"grace_seconds must be positive, got {grace_seconds}")
     if _watching:
         return True
     parent = _PARENT_AT_IMPORT
@@ -55,11 +65,12 @@ def stop_when_orphaned(grace_seconds: float) -> bool:
 def _watch(parent: int, grace_seconds: float) -> None:
     while os.getppid() == parent:
         time.sleep(POLL_SECONDS)
-    _note(f"kiln: the process that started this one (pid {parent}) has ended; stopping")
+    _note(
+        f"kiln: the process that started this one (pid {parent}) has ended; stopping "
+        f"(ended in {grace_seconds:g} s if still running)"
+    )
+    signal.setitimer(signal.ITIMER_REAL, grace_seconds)  # SIGALRM: see the module docstring
     os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(grace_seconds)
-    _note(f"kiln: still running {grace_seconds:g} s after SIGTERM; killing")
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _note(message: str) -> None:
