@@ -10,7 +10,9 @@ host.TrainerHost.
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 import threading
 import time
@@ -25,6 +27,13 @@ KEEP_FINISHED_S = 24 * 3600  # a finished job's status and output stay readable 
 READ_LINES = 2000  # the most output lines one `read` returns
 ENDPOINT_TIMEOUT_S = 30.0  # how long `endpoint` waits for process 0's host to answer
 RETRY_LINE = "kiln: a host of the run was lost"  # how run_hosts's line for a retry begins
+# A line of host 1+ that host 0 also prints within this long is host 0's to show: hosts run the
+# same program, so the same library warnings and the same SIGTERM line come from each.
+REPEAT_WINDOW_S = 5.0
+_HOST_LINE = re.compile(r"\(host (\d+)\) (.*)", re.DOTALL)
+# absl's header, `W1206 14:00:07.053934    2076 file.cc:136] `: its time and thread id differ
+# between hosts saying the same thing.
+_ABSL_TIME_AND_THREAD = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
 
 
 def job_names() -> list[str]:
@@ -49,6 +58,7 @@ class JobDriver:
         self._stopping = threading.Event()
         self._host_0: Any = None  # the current attempt's host 0 actor (dispatch.run_hosts)
         self._job = job
+        self._repeats = HostRepeats()
 
     def start(self, environment: dict[str, str]) -> None:
         """Starts the hosts, with `environment` (the submitter's secrets and settings,
@@ -57,9 +67,10 @@ class JobDriver:
         thread.start()
 
     def write(self, lines: list[str]) -> None:
-        """Appends lines of the job's output (each host sends its own, in order)."""
+        """Appends lines of the job's output (each host sends its own, in order), less the
+        lines of hosts 1+ that repeat host 0's (HostRepeats)."""
         with self._lock:
-            self._lines.extend(lines)
+            self._lines.extend(self._repeats.add(lines, time.monotonic()))
 
     def say(self, line: str) -> None:
         """Appends a line of the driver's own to the job's output (a retry's counts one)."""
@@ -71,10 +82,12 @@ class JobDriver:
     def read(self, offset: int) -> tuple[list[str], dict[str, Any]]:
         """The output lines from `offset` on (at most READ_LINES) and the status."""
         with self._lock:
+            self._lines.extend(self._repeats.due(time.monotonic()))
             return self._lines[offset : offset + READ_LINES], dict(self._status)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
+            self._lines.extend(self._repeats.due(time.monotonic()))
             return {**self._status, "lines": len(self._lines)}
 
     def stop(self) -> bool:
@@ -127,6 +140,49 @@ class JobDriver:
     def _finish(self, exit_code: int) -> None:
         state = SUCCEEDED if exit_code == 0 else STOPPED if self._stopping.is_set() else FAILED
         with self._lock:
+            self._lines.extend(self._repeats.due(math.inf))  # the hosts have ended
             self._status.update(state=state, exit_code=exit_code, ended_at=time.time())
         # The actor is detached: it ends itself once its status has been readable long enough.
         threading.Timer(KEEP_FINISHED_S, os._exit, args=(0,)).start()
+
+
+class HostRepeats:
+    """Holds each line of hosts 1+ up to REPEAT_WINDOW_S, and drops it when host 0 says the same
+    within that window (before or after it): what every host prints shows once, as host 0's,
+    and whatever only another host says shows, late by at most the window."""
+
+    def __init__(self) -> None:
+        self._said: dict[str, float] = {}  # host 0's lines (as `_text`) -> when last said
+        self._held: list[tuple[float, str, str]] = []  # (when, text, line) of hosts 1+
+
+    def add(self, lines: list[str], now: float) -> list[str]:
+        """The lines to show now of those that came at `now`, and of those held till now."""
+        shown = []
+        for line in lines:
+            host, text = _host_and_text(line)
+            if host == 0:
+                self._said[text] = now
+                self._held = [held for held in self._held if held[1] != text]
+                shown.append(line)
+            elif host is None:
+                shown.append(line)
+            elif now - self._said.get(text, -math.inf) > REPEAT_WINDOW_S:
+                self._held.append((now, text, line))
+        return shown + self.due(now)
+
+    def due(self, now: float) -> list[str]:
+        """The held lines that host 0 has not repeated in their window, which ends by `now`."""
+        ended = now - REPEAT_WINDOW_S
+        due = [line for when, _, line in self._held if when <= ended]
+        self._held = [held for held in self._held if held[0] > ended]
+        self._said = {text: when for text, when in self._said.items() if when > ended}
+        return due
+
+
+def _host_and_text(line: str) -> tuple[int | None, str]:
+    """The host of a `(host N) ...` line (None for the driver's own) and what it says, without
+    what differs between hosts saying the same (absl's time and thread id)."""
+    matched = _HOST_LINE.match(line)
+    if matched is None:
+        return None, line
+    return int(matched.group(1)), _ABSL_TIME_AND_THREAD.sub(r"\1 ", matched.group(2))

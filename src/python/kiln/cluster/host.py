@@ -24,6 +24,11 @@ INPUTS = "{inputs}"  # replaced in the runner's argv by this host's inputs folde
 _PR_SET_PDEATHSIG = 1
 FLUSH_LINES = 200  # a host sends its trainer's output to the driver in batches of at most this
 FLUSH_SECONDS = 0.25  # ... or of what came within this long
+# kiln.artifacts.gcs's variable for a GCS emulator, which takes no credentials.
+EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
+# TensorStore's error line when it finds no Google credentials (it then sends none), on every
+# host's first GCS request.
+NO_CREDENTIALS_LINE = "Could not find the credentials file in the standard gcloud location"
 
 
 def _die_with_parent() -> None:
@@ -93,6 +98,7 @@ class TrainerHost:
 
         # A trainer that prints a key by mistake does not put it in the job's output either.
         secrets = [value for name, value in environment.items() if is_secret_name(name)]
+        emulated = bool({**os.environ, **environment}.get(EMULATOR_VARIABLE))
 
         with tempfile.TemporaryDirectory(prefix="kiln-host-") as inputs:
             _write(files, Path(inputs))
@@ -119,6 +125,8 @@ class TrainerHost:
             assert self._process.stdout is not None
             with _OrderedOutput(ray, driver, index) as output:
                 for line in self._process.stdout:
+                    if is_noise(line, emulated):
+                        continue
                     line = hide_tokens(line.rstrip())
                     for secret in secrets:
                         line = line.replace(secret, "[hidden]")
@@ -150,6 +158,13 @@ class TrainerHost:
         `run` then returns and removes this host's folder, which a killed actor leaves."""
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
+
+
+def is_noise(line: str, emulated: bool) -> bool:
+    """Whether a trainer's line stays out of the job's output: TensorStore's "no credentials"
+    when the store is an emulator (no credentials is how one is used; against GCS it says why
+    requests are refused, and shows)."""
+    return emulated and NO_CREDENTIALS_LINE in line
 
 
 def _write(files: dict[str, bytes], folder: Path) -> None:
