@@ -12,8 +12,11 @@ SIGTERM did nothing while `pants run` trained: the run went on.
 trainer records that SIGTERM stopped it) and then interrupts the process with SIGINT: the engine
 stops the run as for Ctrl-C (the trainer saves a checkpoint and exits; `[GLOBAL]
 process_execution_graceful_shutdown_timeout` is how long it may take before Pants kills it), and
-Pants' own SIGTERM handler still ends the process when the main thread returns. pantsd's client is unaffected (it loads no plugins), and in
-pantsd itself a SIGTERM only interrupts the sessions it was going to end anyway.
+Pants' own SIGTERM handler still ends the process when the main thread returns. pantsd's client
+is unaffected (it loads no plugins), and in pantsd itself a SIGTERM only interrupts the sessions
+it was going to end anyway. A SIGTERM to the client (which handles SIGINT only) ends it, and
+pantsd, which sees only its connection drop, interrupts the run with SIGINT: that is the signal
+the trainer records (docs/artifacts.md, "Processes end with their run").
 
 Pants itself reports the cancelled goal as a failure (exit 1, an `[ERROR]` line with no text).
 A process that SIGTERM stopped exits 143 (128 + 15) instead, as a shell reports a command the
