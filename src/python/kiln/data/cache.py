@@ -186,6 +186,32 @@ def cache_damaged(
     )
 
 
+class ImportedSource:
+    """The other tool's cache an imported Kiln cache reads in place (kiln.data.levanter_cache):
+    opened once, at the location its first shard's `identity` records; each shard's arrays are
+    under the `location` it records, a folder of that cache."""
+
+    def __init__(self, identity: dict[str, Any]) -> None:
+        self.identity = identity
+        self.store = open_store(identity["location"])
+        self._root = self.store.location("").rstrip("/") + "/"
+
+    @classmethod
+    def of(cls, ledger: dict[str, Any]) -> ImportedSource | None:
+        identity = next((s["identity"] for s in ledger["shards"] if "identity" in s), None)
+        return None if identity is None else cls(identity)
+
+    def array_spec(self, shard: dict[str, Any], array: str) -> dict[str, Any]:
+        """The spec of a shard's `array` where the imported cache keeps it."""
+        location = str(shard["location"]).rstrip("/") + "/"
+        if not location.startswith(self._root):
+            raise CacheDamaged(
+                f"{LEDGER_FILE}: shard {shard['name']} is at {shard['location']}, outside the "
+                f"imported cache at {self.identity['location']}; rebuild the cache."
+            )
+        return zarr_spec_in(self.store, location[len(self._root) :] + array)
+
+
 class TokenCache:
     """A finished cache in a local folder or a bucket (`s3://`, `gs://`): its records are read
     through the object store, its arrays through TensorStore's matching kvstore driver."""
@@ -204,7 +230,9 @@ class TokenCache:
         self._shard_names = [str(s["name"]) for s in shards]
         if self.verified:
             self._check_sizes()
-        self._check_imported_identities()
+        self.imported = ImportedSource.of(ledger)
+        if self.imported is not None:
+            self._check_imported_identity(self.imported)
         self.tokenizer = TokenizerInfo(
             **{key: value for key, value in info["tokenizer"].items() if key != "spec"},
             token_byte_lengths=np.load(io.BytesIO(self.store.read(BYTE_LENGTHS_FILE).data)),
@@ -325,20 +353,17 @@ class TokenCache:
             for damage in check_object_sizes(self.store, folder, shard["files"]):
                 raise self.damaged(shard["name"], damage)
 
-    def _check_imported_identities(self) -> None:
-        """An imported shard's source must still be what was imported (same records digest)."""
-        for shard in self.ledger["shards"]:
-            identity = shard.get("identity")
-            if identity is None:
-                continue
-            found = records_digest(open_store(identity["location"]), identity["keys"])
-            if found != identity["sha256"]:
-                raise CacheDamaged(
-                    f"token cache {self.info.get('name')}@{self.info.get('version')} at "
-                    f"{self.path}: the imported cache at {identity['location']} changed since it "
-                    f"was imported (its records' sha256 is {found[:12]}, was "
-                    f"{identity['sha256'][:12]}). Bump the target's version to import it again."
-                )
+    def _check_imported_identity(self, imported: ImportedSource) -> None:
+        """An imported cache's source must still be what was imported (same records digest)."""
+        identity = imported.identity
+        found = records_digest(imported.store, identity["keys"])
+        if found != identity["sha256"]:
+            raise CacheDamaged(
+                f"token cache {self.info.get('name')}@{self.info.get('version')} at "
+                f"{self.path}: the imported cache at {identity['location']} changed since it "
+                f"was imported (its records' sha256 is {found[:12]}, was "
+                f"{identity['sha256'][:12]}). Bump the target's version to import it again."
+            )
 
     def _offsets_index(self, shard: dict[str, Any]) -> bytes | None:
         """A format-4 shard's offsets index (kiln.data.document_ends); None for older shards."""
@@ -438,8 +463,8 @@ class TokenCache:
 
     def _open(self, shard: dict[str, Any], array: str, context: ts.Context) -> ts.Future:
         """Opens `array` of a shard: in its folder, or where an imported shard's arrays are."""
-        if "location" in shard:
-            spec = zarr_spec_in(open_store(shard["location"]), array)
+        if self.imported is not None and "location" in shard:
+            spec = self.imported.array_spec(shard, array)
         else:
             spec = zarr_spec_in(self.store, f"{SHARDS_DIR}/{shard['name']}/{array}")
         return ts.open(spec, open=True, read=True, context=context)

@@ -17,8 +17,7 @@ import numpy as np
 import tensorstore as ts
 
 from kiln.artifacts.content import Damage
-from kiln.artifacts.locations import open_store
-from kiln.data.cache import DATA_ARRAY, TokenCache, zarr_spec_in
+from kiln.data.cache import DATA_ARRAY, ImportedSource, TokenCache
 from kiln.data.levanter_cache import LEDGER_FILE, read_ledger
 
 BLOCK_TOKENS = 1 << 22  # ids read and checked at once (32 MB of int64)
@@ -49,11 +48,13 @@ def is_import(cache: TokenCache) -> bool:
 def check_import(cache: TokenCache) -> ImportCheck:
     """Reads every token of the imported shards; CacheDamaged names the first problem."""
     shards = [shard for shard in cache.ledger["shards"] if "location" in shard]
-    identity = shards[0]["identity"]
-    ledger = read_ledger(open_store(identity["location"]), f"the Levanter cache at {cache.path}")
+    imported = cache.imported
+    assert imported is not None  # shards with a location are an import's
+    identity = imported.identity
+    ledger = read_ledger(imported.store, f"the Levanter cache at {cache.path}")
     _check_counts(cache, shards, [(p.documents, p.tokens) for p in ledger.parts])
     for shard in shards:
-        _check_ids(cache, shard)
+        _check_ids(cache, imported, shard)
     return ImportCheck(
         location=identity["location"],
         layout=cache.info["source"].get("layout", ledger.layout),
@@ -87,10 +88,8 @@ def _check_counts(
             )
 
 
-def _check_ids(cache: TokenCache, shard: dict[str, Any]) -> None:
-    data = ts.open(
-        zarr_spec_in(open_store(shard["location"]), DATA_ARRAY), open=True, read=True
-    ).result()
+def _check_ids(cache: TokenCache, imported: ImportedSource, shard: dict[str, Any]) -> None:
+    data = ts.open(imported.array_spec(shard, DATA_ARRAY), open=True, read=True).result()
     tokens = int(shard["tokens"])
     shape = data.chunk_layout.write_chunk.shape  # the elements of one stored file
     file_elements = int(shape[0] or tokens) if shape else max(tokens, 1)

@@ -109,8 +109,7 @@ def import_levanter_cache(spec: CacheSpec, out_dir: Path, tokenizer: LoadedToken
     source = spec.source
     assert isinstance(source, LevanterCacheSource)
     where = _where(spec)
-    store = open_store(source.location)
-    ledger = read_ledger(store, where)
+    store, ledger = _source_ledger(spec)
     arrays = [_open_part(store, part, where) for part in ledger.parts]
     tokens = [_checked_counts(part, offsets, where) for part, (offsets, _) in zip(ledger.parts, arrays)]
     scanned = check_tokenizer(where, ledger, arrays, tokenizer)
@@ -164,10 +163,17 @@ def _ledger_shards(
 def plan_import(spec: CacheSpec) -> dict[str, Any]:
     """The import `plan` shows: the cache's location, layout, parts, documents and tokens, from
     its ledger alone (no array is opened). SourceError for a ledger Kiln cannot import."""
-    source = spec.source
-    assert isinstance(source, LevanterCacheSource)
-    ledger = read_ledger(open_store(source.location), _where(spec))
-    return {"location": source.location, **ledger.describe()}
+    _, ledger = _source_ledger(spec)
+    assert isinstance(spec.source, LevanterCacheSource)
+    return {"location": spec.source.location, **ledger.describe()}
+
+
+def _source_ledger(spec: CacheSpec) -> tuple[ObjectStore, LevanterLedger]:
+    """The store of the Levanter cache `spec` imports (where its location enters, from the
+    spec) and its ledger."""
+    assert isinstance(spec.source, LevanterCacheSource)
+    store = open_store(spec.source.location)
+    return store, read_ledger(store, _where(spec))
 
 
 def _where(spec: CacheSpec) -> str:

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     """One command; its exit status (the module's docstring). A store-mode cache whose build
     fails records why (`_record_failure`)."""
-    finished: str | os.PathLike[str] | None = None
+    finished: str | Path | None = None
     try:
         _check_locations(args)
         _check_contained(args)
@@ -116,20 +116,25 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         raw_spec = _read_spec_file(args.spec)
         spec = parse_cache_spec(raw_spec)
-        # The finished cache's store, opened once: a shard's --unless-built, else --out.
+        # Every folder the command names, opened once, where its location enters the process.
+        opened = {where: open_store(where) for where in _named_folders(args)}
+        # The finished cache: a shard's --unless-built, else --out.
         finished = args.out if args.command != "shard" else args.unless_built
-        cache = None if finished is None else open_store(finished)
+        cache = None if finished is None else opened[finished]
         if cache is not None and served(spec, cache):  # no lease needed to see it
             return 0
         _check_command_fits_source(spec, args.command)
         if args.command == "shard":
-            _shard_command(spec, args, cache)
+            _shard_command(spec, args, opened[args.out], cache)
         elif args.command == "build":
             build_cache(raw_spec, args.out)
             print(f"{ref(spec)}: cache ready at {args.out}", file=sys.stderr)
-        else:
+        elif args.command == "merge":
             assert cache is not None  # merge and import name the cache as --out
-            {"merge": _merge_command, "import": _import_command}[args.command](spec, args, cache)
+            _merge_command(spec, args, cache, [opened[shard] for shard in args.shards])
+        else:
+            assert cache is not None
+            _import_command(spec, args, cache)
     except KilnDataError as e:
         print(f"error: {e}", file=sys.stderr)
         _record_failure(args.command, finished, str(e))
@@ -251,7 +256,9 @@ def _shard_plan_json(spec: CacheSpec, index: int) -> dict[str, Any]:
     return {"files": sizes}
 
 
-def _shard_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore | None) -> None:
+def _shard_command(
+    spec: CacheSpec, args: argparse.Namespace, shard: ObjectStore, cache: ObjectStore | None
+) -> None:
     """Tokenizes shard --index into --out unless it is done: that folder complete, or (store
     mode) the cache built or holding the shard already. The stores are checked first (a missing
     bucket or an unreachable endpoint fails here), then the lease is taken (a denied write fails
@@ -260,7 +267,6 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore
         raise SpecError(
             f"--index {args.index} is out of range: config.num_shards is {spec.num_shards}."
         )
-    shard = open_store(args.out)
     if cache is None and shard.root_location.in_bucket:
         raise SpecError(
             f"shard --out {args.out}: a shard in a bucket is built at its place in the cache; "
@@ -279,7 +285,9 @@ def _shard_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore
         _remove_if_empty(staging.parent)  # merged while this waited
 
 
-def _merge_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore) -> None:
+def _merge_command(
+    spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore, shards: list[ObjectStore]
+) -> None:
     """Merges under the cache's lease and each shard's (none is being written meanwhile); a
     cache another builder finished while this one waited is served."""
     cache.check()
@@ -292,7 +300,6 @@ def _merge_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStore
             what = f"merge {ref(spec)} (shard {os.fspath(shard).rpartition('/')[2]})"
             leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
         record = None if args.record is None else args.record.read_bytes()
-        shards = [open_store(shard) for shard in args.shards]
         merge_shards(spec, shards, cache, _tokenizer(spec), artifact_record=record)
         print(f"{ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     for staging in {shard.parent for shard in args.shards if isinstance(shard, Path)}:
@@ -324,12 +331,7 @@ def _import_command(spec: CacheSpec, args: argparse.Namespace, cache: ObjectStor
 def _check_locations(args: argparse.Namespace) -> None:
     """A command's folders are all local paths (Path) or all bucket URLs (str), as the arguments
     were parsed: a cache in a bucket is built in that bucket."""
-    named = [
-        getattr(args, "out", None),  # `plan` writes nothing
-        getattr(args, "unless_built", None),
-        *(getattr(args, "shards", None) or []),
-    ]
-    urls = [isinstance(location, str) for location in named if location is not None]
+    urls = [isinstance(location, str) for location in _named_folders(args)]
     if any(urls) and not all(urls):
         raise SpecError(
             f"{args.command}: --out and the shard folders must all be local paths or all be "
@@ -342,6 +344,16 @@ def _check_locations(args: argparse.Namespace) -> None:
         )
     if any(urls) and args.root is not None:
         raise SpecError("--root confines local folders; a bucket cache's keys are its own.")
+
+
+def _named_folders(args: argparse.Namespace) -> list[str | Path]:
+    """The folders a command names: --out, a shard's --unless-built, a merge's --shards."""
+    named = [
+        getattr(args, "out", None),  # `plan` writes nothing
+        getattr(args, "unless_built", None),
+        *(getattr(args, "shards", None) or []),
+    ]
+    return [location for location in named if location is not None]
 
 
 def _check_contained(args: argparse.Namespace) -> None:

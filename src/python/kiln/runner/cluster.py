@@ -12,7 +12,7 @@ from kiln.artifacts.store import ObjectStore
 from kiln.cluster import dispatch, jobs
 from kiln.cluster.placement import describe
 from kiln.runner.decision import serve_if_built
-from kiln.runner.inputs import input_locations, place_inputs
+from kiln.runner.inputs import built_inputs, place_inputs
 from kiln_contract.step import StepSpec
 
 
@@ -79,12 +79,11 @@ def _tokenizer_files(step: StepSpec, inputs_root: Path) -> dict[str, bytes]:
     """The repository's tokenizer folders that the step's caches name by a relative path (the
     trainer loads them for evals and samples, from the folder it runs in): they travel to the
     hosts at those paths."""
-    from kiln.artifacts.locations import open_store
     from kiln.data.cache import read_cache_records
 
     folders = set()
-    for location in input_locations(step, inputs_root, None).values():  # the built caches
-        info, _ = read_cache_records(open_store(location))
+    for cache in built_inputs(step, inputs_root).values():
+        info, _ = read_cache_records(cache)
         spec = info["tokenizer"].get("spec") or {}
         if spec.get("kind") == "local" and not Path(spec["path"]).is_absolute():
             folders.add(Path(spec["path"]))

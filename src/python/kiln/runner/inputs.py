@@ -32,6 +32,13 @@ def input_locations(step: StepSpec, inputs_root: Path, store: ObjectStore | None
     return {entry.ref: _location(entry, inputs_root, store) for entry in step.inputs}
 
 
+def built_inputs(step: StepSpec, inputs_root: Path) -> dict[str, ObjectStore]:
+    """Each input cache where it was built, by ref, opened: where the step spec's locations
+    enter the runtime (in place in the sandbox, or in the artifact store for storage="store")."""
+    locations = input_locations(step, inputs_root, None)
+    return {ref: open_store(where) for ref, where in locations.items()}
+
+
 def _location(entry: StepInput, inputs_root: Path, store: ObjectStore | None) -> str:
     if store is not None:
         return store.location(_key(entry))
@@ -90,9 +97,9 @@ def _check_placed(folder: ArtifactFolder, record: ArtifactRecord, *, missing_ok:
 def check_in_place(step: StepSpec, inputs_root: Path) -> None:
     """Checks the input caches of a run without a store (`--output`) where Pants built them: in
     full, every run (a sandbox's folders are not the run's to mark)."""
+    built = built_inputs(step, inputs_root)
     for entry in step.inputs:
-        # Where the step spec says the cache is: a location entering the runtime.
-        _check_cache(open_store(_location(entry, inputs_root, None)), entry.record, mark=False)
+        _check_cache(built[entry.ref], entry.record, mark=False)
 
 
 def _check_cache(store: ObjectStore, record: ArtifactRecord, *, mark: bool = True) -> None:
