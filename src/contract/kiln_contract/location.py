@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BUCKET_SCHEMES = ("s3", "gs")  # artifact stores in buckets: s3://BUCKET/PATH, gs://BUCKET/PATH
+# Artifact stores in buckets (s3://BUCKET/PATH, gs://BUCKET/PATH), by scheme: the service's name.
+BUCKET_SCHEMES = {"s3": "S3", "gs": "Google Cloud Storage"}
 
 
 @dataclass(frozen=True)

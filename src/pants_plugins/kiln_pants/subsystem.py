@@ -10,7 +10,7 @@ from pants.engine.console import Console
 from pants.option.option_types import DictOption, StrOption
 from pants.option.subsystem import Subsystem
 
-from kiln_contract.location import in_bucket
+from kiln_contract.location import BUCKET_SCHEMES, in_bucket
 from kiln_contract.vocabulary import WANDB_MODES
 
 
@@ -98,7 +98,6 @@ class KilnSubsystem(Subsystem):
             return None
 
 
-_BUCKET_SCHEMES = {"s3": "S3", "gs": "Google Cloud Storage"}
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _PATH_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._=-]*$")
 
@@ -109,14 +108,14 @@ def bucket_url(url: str) -> str:
     scheme, _, rest = url.partition("://")
     bucket, _, path = rest.strip("/").partition("/")
     where = f"[kiln] prefix = {url!r}"
-    if scheme not in _BUCKET_SCHEMES:
+    if scheme not in BUCKET_SCHEMES:
         raise ValueError(
             f"{where}: Kiln stores artifacts in s3://BUCKET/PATH, gs://BUCKET/PATH or a local "
             "directory; for another store, mount it and give its mount point."
         )
     if not _BUCKET_NAME.match(bucket):
         raise ValueError(
-            f"{where}: {bucket!r} is not a valid {_BUCKET_SCHEMES[scheme]} bucket name (3 to 63 "
+            f"{where}: {bucket!r} is not a valid {BUCKET_SCHEMES[scheme]} bucket name (3 to 63 "
             "lowercase letters, digits, '.', '_' or '-'); write it as "
             f"{scheme}://BUCKET/PATH"
         )

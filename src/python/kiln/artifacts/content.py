@@ -67,6 +67,23 @@ def files_under(folder: Path, *, exclude: Iterable[str] = ()) -> list[str]:
     )
 
 
+def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str]) -> int:
+    """Uploads every file below the local `folder` to `key/...` in `store`, its STATUS (if any)
+    last, so the copy is never read as complete before it is; returns the bytes copied."""
+    root = Path(folder)
+    files = files_under(root)
+    last = [name for name in files if name == "STATUS"]
+    first = [name for name in files if name != "STATUS"]
+
+    def upload(name: str) -> int:
+        store.upload(f"{key}/{name}" if key else name, root / name)
+        return (root / name).stat().st_size
+
+    with ThreadPoolExecutor(8) as pool:  # objects upload independently: overlap the requests
+        copied = sum(pool.map(upload, first))
+    return copied + sum(map(upload, last))
+
+
 def check_sizes(folder: Path, records: Mapping[str, Mapping[str, Any]]) -> list[Damage]:
     """Files that are missing or of another size than recorded."""
     return check_object_sizes(LocalStore(folder), "", records)

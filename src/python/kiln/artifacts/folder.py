@@ -20,10 +20,10 @@ from typing import Any
 
 from kiln.artifacts import one_line
 from kiln.artifacts.atomic import json_bytes
-from kiln.artifacts.content import files_under
+from kiln.artifacts.content import copy_folder_into, files_under
 from kiln.artifacts.lease import Lease, lease_key
 from kiln.artifacts.locations import open_store
-from kiln.artifacts.store import ObjectStore, copy_folder_into, read_text
+from kiln.artifacts.store import ObjectStore, read_text
 from kiln_contract.layout import (
     FAILED,
     FAILURE_FILE,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import abc
 import copy
 import hashlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,22 +227,3 @@ _READS = {
 
 def _text(result: Any) -> str | None:
     return bytes(result.value).decode() if result.state == "value" else None
-
-
-def copy_folder_into(store: ObjectStore, key: str, folder: str | os.PathLike[str]) -> int:
-    """Uploads every file below the local `folder` to `key/...` in `store`, its STATUS (if any)
-    last, so the copy is never read as complete before it is; returns the bytes copied."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    root = Path(folder)
-    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    last = [name for name in files if name == "STATUS"]
-    first = [name for name in files if name != "STATUS"]
-
-    def upload(name: str) -> int:
-        store.upload(f"{key}/{name}" if key else name, root / name)
-        return (root / name).stat().st_size
-
-    with ThreadPoolExecutor(8) as pool:  # objects upload independently: overlap the requests
-        copied = sum(pool.map(upload, first))
-    return copied + sum(map(upload, last))

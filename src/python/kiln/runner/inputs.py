@@ -2,7 +2,7 @@
 
 A cache the Pants backend built in its sandbox (`inline`) is copied into the store at
 `{name}/{version}` unless the same cache is there already: its files' digests are checked
-first (the full check, kiln.data.verify), its objects are written with STATUS last (kiln.artifacts.store.copy_folder_into), so a
+first (the full check, kiln.data.verify), its objects are written with STATUS last (kiln.artifacts.content.copy_folder_into), so a
 copy cut off at any point is never read as complete. A cache built in place in the store
 (`storage="store"`) must be finished there, in this store. Either way the trainer reads the cache in the store
 (a folder or a bucket: every host of a run reads the same bytes).
@@ -13,10 +13,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from kiln.artifacts.content import copy_folder_into
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import open_store
-from kiln.artifacts.store import ObjectStore, copy_folder_into
+from kiln.artifacts.store import ObjectStore
 from kiln.containment import OutsideRoot, within
 from kiln.data.errors import KilnDataError
 from kiln.data.verify import mark_verified, verify_once

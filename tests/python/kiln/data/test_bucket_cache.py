@@ -13,8 +13,8 @@ import pytest
 from kiln_testing.buckets import ENDPOINT_VARIABLES, BucketGate, fresh_url
 from kiln_testing.data import make_spec, write_corpus
 
+from kiln.artifacts.content import copy_folder_into
 from kiln.artifacts.locations import open_store
-from kiln.artifacts.store import copy_folder_into
 from kiln.data import tokenize
 from kiln.data.cache import CacheNotReady, TokenCache
 from kiln.data.errors import CacheDamaged

@@ -12,10 +12,11 @@ import pytest
 from kiln_testing.buckets import BUCKET, PLANTED_SECRET, fresh_url
 from kiln_testing.data import make_spec, write_corpus
 
+from kiln.artifacts.content import copy_folder_into
 from kiln.artifacts.lease import Lease, LeaseHeld, lease_key
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.storage_errors import StorageError
-from kiln.artifacts.store import PreconditionFailed, copy_folder_into
+from kiln.artifacts.store import PreconditionFailed
 from kiln.data.cache import TokenCache
 from kiln.data.tokenize import build_cache
 
