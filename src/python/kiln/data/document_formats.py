@@ -102,7 +102,7 @@ class ChatEncoder:
         )
 
     def _render(self, document: Document) -> tuple[list[int], list[int]]:
-        import jinja2  # pants: no-infer-dep (lm-eval brings it)
+        import jinja2
 
         messages = checked_messages(document.fields[self._messages_key], document.origin)
         with self._tokenizer.templating() as hf_tokenizer:
@@ -160,7 +160,7 @@ def checked_messages(messages: Any, origin: str) -> list[dict[str, Any]]:
 def has_generation_block(template: str) -> bool:
     """Whether a Jinja template holds a `{% generation %}` block tag (whatever its whitespace
     control, `{%- generation %}`), found by Jinja's own lexer rather than a pattern."""
-    import jinja2  # pants: no-infer-dep (lm-eval brings it)
+    import jinja2
 
     lexed = jinja2.Environment().lex(template)
     tokens = [(kind, value) for _, kind, value in lexed if kind != "whitespace"]

@@ -142,7 +142,7 @@ class KilnLM(LM):
                 )
             )
 
-        import jinja2  # pants: no-infer-dep (in the runtime lock through lm-eval)
+        import jinja2
 
         try:
             return render(chat_history)
