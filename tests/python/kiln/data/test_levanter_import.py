@@ -18,8 +18,8 @@ from kiln_testing.data import STDLIB_TOKENIZER, sample_texts, write_jsonl
 from kiln_testing.levanter import LevanterCache, import_spec, spec_of, write_levanter_caches
 from kiln_testing.training import make_spec, read_jsonl
 
-from kiln.artifacts.locations import open_store
 from kiln.artifacts.content import copy_folder_into
+from kiln.artifacts.locations import open_store
 from kiln.data.cache import TokenCache, zarr_spec
 from kiln.data.errors import CacheDamaged, SourceError
 from kiln.data.tokenize import build_cache, main

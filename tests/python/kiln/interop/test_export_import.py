@@ -28,8 +28,8 @@ from kiln_testing.training import (
 )
 
 from kiln.artifacts.atomic import atomic_write_json
-from kiln.artifacts.locations import open_store
 from kiln.artifacts.content import copy_folder_into
+from kiln.artifacts.locations import open_store
 from kiln.data.tokenizer import load_tokenizer
 from kiln.interop.__main__ import main, parse_size
 from kiln.interop.errors import InteropError

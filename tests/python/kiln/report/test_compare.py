@@ -16,8 +16,8 @@ import pytest
 from kiln_testing.bucket_fixtures import s3_server  # noqa: F401 - a fixture
 from kiln_testing.buckets import fresh_url
 
-from kiln.artifacts.locations import open_store
 from kiln.artifacts.content import copy_folder_into
+from kiln.artifacts.locations import open_store
 from kiln.report.compare import (
     FamilyStart,
     family_start,
