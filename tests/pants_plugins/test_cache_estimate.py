@@ -10,7 +10,10 @@ from typing import Any
 from pants.engine.addresses import Address
 
 from kiln_pants.artifact_graph import Artifact
+from kiln_pants.artifact_store import StoredState
 from kiln_pants.cache_estimate import TOKENS_PER_CORE_SECOND, duration, estimate_cache
+from kiln_pants.plan import INLINE, planned_estimate, shown_path
+from kiln_pants.shard_plan import _parsed
 
 
 def cache(**identity: Any) -> Artifact:
@@ -50,7 +53,7 @@ def test_the_wall_time_divides_the_cpu_hours_by_the_shards_at_once() -> None:
         "process(es) at once"
     )
     assert estimate.to_json() == {
-        "tokens": 3_600_000_000, "basis": "max_tokens", "dtype": "uint16",
+        "tokens": 3_600_000_000, "basis": "max_tokens", "imported_from": None, "dtype": "uint16",
         "bytes": 7_200_000_000, "cpu_hours": cpu_hours, "wall_hours": cpu_hours / 8,
         "processes_at_once": 8,
     }  # fmt: skip
@@ -71,3 +74,31 @@ def test_local_text_is_estimated_from_its_size(tmp_path: Path) -> None:
     (tmp_path / "data/c.jsonl.zst").write_bytes(b"x")
     compressed = estimate_cache(cache(source=outside | {"paths": [str(tmp_path / "data/*")]}), "/")
     assert compressed.tokens is None and "compressed" in compressed.describe()
+
+
+def test_an_import_is_priced_as_an_import_not_a_tokenization() -> None:
+    """A Levanter cache whose ledger claims 2T tokens: read in place in its own dtype, nothing
+    tokenized or written but records, before and after it is built."""
+    location = "s3://b/tokenized/dclm/train"
+    imported = cache(source={"kind": "levanter_cache", "location": location})
+    ledger = {"location": location, "layout": "sharded", "parts": 512, "documents": 3_000_000,
+              "tokens": 2_000_000_000_000, "tokenizer": None, "vocab_size": None,
+              "dtype": "int32"}  # fmt: skip
+    estimate = planned_estimate(imported, _parsed([{"imported": ledger}]), 128256, "/repo", 2)
+    assert estimate.describe() == (
+        f"import: reads 2.00T tokens in place at {location} (int32 ids, as that cache stores "
+        "them); tokenizes nothing: checks its ledger and the ids at its parts' starts, writes "
+        "only Kiln's records (seconds)"
+    )
+    assert estimate.cpu_hours == 0.0 and estimate.wall_hours == 0.0
+    as_json = estimate.to_json()
+    assert (as_json["imported_from"], as_json["dtype"], as_json["bytes"]) == (location, "int32", 0)
+    # Before it is built: an import, not "its processes build it"; once built, where it reads.
+    unbuilt = shown_path("/store", imported, INLINE)
+    assert unbuilt.startswith("Pants' cache: its import process writes Kiln's records, its "
+                              f"tokens stay at {location}; ")  # fmt: skip
+    built = shown_path("/store", imported, StoredState("built"))
+    assert built == f"/store/tokenized/c/2026.06.28 (its tokens read in place at {location})"
+    # Any other cache's rows stay as they were.
+    local = cache(source={"kind": "files", "paths": ["/data/*.jsonl"]})
+    assert shown_path("/store", local, StoredState("built")) == "/store/tokenized/c/2026.06.28"

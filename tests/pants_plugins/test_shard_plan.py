@@ -67,6 +67,8 @@ def test_an_import_is_planned_from_its_ledger_and_a_bad_one_refused() -> None:
     ]
     # What `plan` estimates and budgets with, so that it says one thing of the import.
     assert _parsed([{"imported": imported}]).imported_tokens == 2_950_000_000
+    assert _parsed([{"imported": {**imported, "dtype": "int32"}}]).imported_dtype == "int32"
+    assert _parsed([{"imported": imported}]).imported_from == "s3://b/tokenized/dclm/train"
     refused = ShardPlan(refused="tokenized/x: ... shard_ledger.json field `layout` is 'zoned'")
     assert refused.describe(every_shard=True) == [f"!! import refused: {refused.refused}"]
 

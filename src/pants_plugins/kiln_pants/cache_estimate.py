@@ -7,6 +7,10 @@ is sized when it is read). Bytes: as the cache stores its ids, before compressio
 vocabulary is not known before the build. CPU-hours: tokens over the measured pipeline
 throughput of one core; wall time: those hours over the shard processes that run at once (its
 shards, up to Pants' local process parallelism), process starts not included.
+
+An import (a `levanter_cache` source) tokenizes nothing: it reads the other cache's ledger and
+the ids at its parts' starts, and writes Kiln's records; its tokens stay where they are, in the
+type that cache stores them in.
 """
 
 from __future__ import annotations
@@ -49,6 +53,12 @@ class CacheEstimate:
     basis: str  # where the token count comes from
     vocabulary: Optional[int] = None  # the tokenizer's size: it decides how the ids are stored
     processes: int = 1  # shard processes at once: its shards, up to Pants' local parallelism
+    imported_from: Optional[str] = None  # an import: where its tokens are read, in place
+    imported_dtype: Optional[str] = None  # an import: how that cache stores its ids
+
+    @property
+    def imports(self) -> bool:
+        return self.imported_from is not None
 
     @property
     def dtype(self) -> tuple[str, int]:
@@ -58,6 +68,8 @@ class CacheEstimate:
 
     @property
     def cpu_hours(self) -> Optional[float]:
+        if self.imports:
+            return 0.0  # nothing is tokenized
         return None if self.tokens is None else self.tokens / TOKENS_PER_CORE_SECOND / 3600
 
     @property
@@ -65,6 +77,14 @@ class CacheEstimate:
         return None if self.cpu_hours is None else self.cpu_hours / self.processes
 
     def describe(self) -> str:
+        if self.imports:
+            tokens = "tokens not recorded" if self.tokens is None else f"{count(self.tokens)} tokens"
+            stored = f"{self.imported_dtype} ids" if self.imported_dtype else "ids"
+            return (
+                f"import: reads {tokens} in place at {self.imported_from} ({stored}, as that "
+                "cache stores them); tokenizes nothing: checks its ledger and the ids at its "
+                "parts' starts, writes only Kiln's records (seconds)"
+            )
         cpu_hours, wall_hours = self.cpu_hours, self.wall_hours
         if self.tokens is None or cpu_hours is None or wall_hours is None:
             return f"estimate: tokens unknown ({self.basis})"
@@ -80,9 +100,12 @@ class CacheEstimate:
     def to_json(self) -> dict[str, Any]:
         """What `describe` says, as data (`plan --plan-json`); None where it is not known."""
         dtype, width = self.dtype
+        if self.imports:  # read in place: nothing written but records
+            dtype, width = self.imported_dtype or "unknown", 0
         return {
             "tokens": self.tokens,
             "basis": self.basis,
+            "imported_from": self.imported_from,
             "dtype": dtype,
             "bytes": None if self.tokens is None else self.tokens * width,
             "cpu_hours": self.cpu_hours,

@@ -159,12 +159,26 @@ def shown_state(artifact: Artifact, state: StoredState) -> StoredState:
 
 def shown_path(prefix: str, artifact: Artifact, state: StoredState) -> str:
     path = artifact_path(prefix, artifact)
+    imported_from = imported_location(artifact)
+    if state is INLINE and imported_from is not None:
+        return (
+            f"Pants' cache: its import process writes Kiln's records, its tokens stay at "
+            f"{imported_from}; a run that reads it places the records at {path}"
+        )
     if state is INLINE:
         return (
             "Pants' cache: its processes build it when a step needs it (cache hits once they "
             f"have run); a run that reads it places it at {path}"
         )
+    if imported_from is not None:
+        return f"{path} (its tokens read in place at {imported_from})"
     return path
+
+
+def imported_location(artifact: Artifact) -> Optional[str]:
+    """Where an imported cache's tokens live (a `levanter_cache` source); None for others."""
+    source = artifact.identity.get("source") if artifact.kind == "tokenized_cache" else None
+    return source["location"] if source and source.get("kind") == "levanter_cache" else None
 
 
 def planned_estimate(
@@ -173,13 +187,16 @@ def planned_estimate(
 ) -> CacheEstimate:
     """What building an unbuilt cache takes, its shards run up to `parallelism` at once (Pants'
     local process limit); a cache whose shards are not known yet may use them all."""
-    imported = shards.imported_tokens
-    estimate = (
-        CacheEstimate(imported, "its shard_ledger.json") if imported is not None
-        else estimate_cache(artifact, build_root)
-    )  # fmt: skip
+    if shards.imported_from is not None:
+        return CacheEstimate(
+            shards.imported_tokens,
+            "its shard_ledger.json",
+            vocabulary,
+            imported_from=shards.imported_from,
+            imported_dtype=shards.imported_dtype,
+        )
     at_once = min(len(shards.shards) or parallelism, parallelism)
-    return replace(estimate, vocabulary=vocabulary, processes=at_once)
+    return replace(estimate_cache(artifact, build_root), vocabulary=vocabulary, processes=at_once)
 
 
 def plan_json(

@@ -70,6 +70,8 @@ class ShardPlan:
     unavailable: Optional[str] = None  # why there is no plan
     imported: Optional[str] = None  # an import's ledger, in a line
     imported_tokens: Optional[int] = None  # the tokens its ledger records
+    imported_from: Optional[str] = None  # where an import's tokens are read, in place
+    imported_dtype: Optional[str] = None  # how the imported cache stores its ids
     refused: Optional[str] = None  # why an import cannot be made: `plan` fails
 
     def describe(self, every_shard: bool) -> list[str]:
@@ -319,7 +321,12 @@ def _parsed(shards: list[dict]) -> ShardPlan:
     import, one {"imported": its ledger's counts}."""
     if shards and "imported" in shards[0]:
         ledger = shards[0]["imported"]
-        return ShardPlan(imported=_imported_line(ledger), imported_tokens=ledger["tokens"])
+        return ShardPlan(
+            imported=_imported_line(ledger),
+            imported_tokens=ledger["tokens"],
+            imported_from=ledger["location"],
+            imported_dtype=ledger.get("dtype"),
+        )
     if any("streamed" in shard for shard in shards):
         how = "each its rank's part of the stream (split_dataset_by_node)"
         return ShardPlan(streamed=f"{count_text(len(shards), 'shard')}, {how}")

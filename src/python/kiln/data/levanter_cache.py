@@ -163,9 +163,11 @@ def _ledger_shards(
 def plan_import(spec: CacheSpec) -> dict[str, Any]:
     """The import `plan` shows: the cache's location, layout, parts, documents and tokens, from
     its ledger alone (no array is opened). SourceError for a ledger Kiln cannot import."""
-    _, ledger = _source_ledger(spec)
+    store, ledger = _source_ledger(spec)
     assert isinstance(spec.source, LevanterCacheSource)
-    return {"location": spec.source.location, **ledger.describe()}
+    # The ids' type as Levanter stored them (the first part's array metadata, one small read).
+    dtype = _open_part(store, ledger.parts[0], _where(spec))[1].dtype.name if ledger.parts else None
+    return {"location": spec.source.location, "dtype": dtype, **ledger.describe()}
 
 
 def _source_ledger(spec: CacheSpec) -> tuple[ObjectStore, LevanterLedger]:

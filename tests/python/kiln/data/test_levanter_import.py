@@ -122,6 +122,7 @@ def test_plan_reports_the_layout_and_counts_from_the_ledger(written, tmp_path, c
     assert plan["imported"] == {
         "location": str(written["sharded"].path), "layout": "sharded", "parts": 3,
         "documents": rows, "tokens": tokens, "tokenizer": None, "vocab_size": None,
+        "dtype": "int64",  # as this Levanter writer stores ids: what an import reads, in place
     }  # fmt: skip
     assert main(["plan", str(spec_file)]) == 0
     assert f"sharded layout, 3 part(s), {rows:,} documents, {tokens:,} tokens" in (
