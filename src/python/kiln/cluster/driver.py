@@ -82,13 +82,17 @@ class JobDriver:
     def read(self, offset: int) -> tuple[list[str], dict[str, Any]]:
         """The output lines from `offset` on (at most READ_LINES) and the status."""
         with self._lock:
-            self._lines.extend(self._repeats.due(time.monotonic()))
+            self._release_held(time.monotonic())
             return self._lines[offset : offset + READ_LINES], dict(self._status)
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            self._lines.extend(self._repeats.due(time.monotonic()))
+            self._release_held(time.monotonic())
             return {**self._status, "lines": len(self._lines)}
+
+    def _release_held(self, now: float) -> None:
+        """Appends the held lines of hosts 1+ whose window has ended by `now` (under the lock)."""
+        self._lines.extend(self._repeats.due(now))
 
     def stop(self) -> bool:
         """Asks the hosts to save a checkpoint and stop; False when the job had finished."""
@@ -140,7 +144,7 @@ class JobDriver:
     def _finish(self, exit_code: int) -> None:
         state = SUCCEEDED if exit_code == 0 else STOPPED if self._stopping.is_set() else FAILED
         with self._lock:
-            self._lines.extend(self._repeats.due(math.inf))  # the hosts have ended
+            self._release_held(math.inf)  # the hosts have ended
             self._status.update(state=state, exit_code=exit_code, ended_at=time.time())
         # The actor is detached: it ends itself once its status has been readable long enough.
         threading.Timer(KEEP_FINISHED_S, os._exit, args=(0,)).start()

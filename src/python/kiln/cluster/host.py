@@ -24,7 +24,8 @@ INPUTS = "{inputs}"  # replaced in the runner's argv by this host's inputs folde
 _PR_SET_PDEATHSIG = 1
 FLUSH_LINES = 200  # a host sends its trainer's output to the driver in batches of at most this
 FLUSH_SECONDS = 0.25  # ... or of what came within this long
-# kiln.artifacts.gcs's variable for a GCS emulator, which takes no credentials.
+# kiln.artifacts.gcs's variable for a GCS emulator, which takes no credentials: restated, as
+# this module imports no Kiln at import and that one would bring requests into every host.
 EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # TensorStore's error line when it finds no Google credentials (it then sends none), on every
 # host's first GCS request.

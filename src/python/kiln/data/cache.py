@@ -198,8 +198,16 @@ class ImportedSource:
 
     @classmethod
     def of(cls, ledger: dict[str, Any]) -> ImportedSource | None:
+        """The source of a ledger whose shards are an import's (they record a `location`)."""
+        if not any("location" in shard for shard in ledger["shards"]):
+            return None
         identity = next((s["identity"] for s in ledger["shards"] if "identity" in s), None)
-        return None if identity is None else cls(identity)
+        if identity is None:
+            raise CacheDamaged(
+                f"{LEDGER_FILE}: its shards are an import's but none records the import's "
+                "identity; rebuild the cache."
+            )
+        return cls(identity)
 
     def array_spec(self, shard: dict[str, Any], array: str) -> dict[str, Any]:
         """The spec of a shard's `array` where the imported cache keeps it."""

@@ -42,14 +42,14 @@ class ImportCheck:
 
 
 def is_import(cache: TokenCache) -> bool:
-    return any("location" in shard for shard in cache.ledger["shards"])
+    return cache.imported is not None
 
 
 def check_import(cache: TokenCache) -> ImportCheck:
     """Reads every token of the imported shards; CacheDamaged names the first problem."""
     shards = [shard for shard in cache.ledger["shards"] if "location" in shard]
     imported = cache.imported
-    assert imported is not None  # shards with a location are an import's
+    assert imported is not None  # is_import(cache)
     identity = imported.identity
     ledger = read_ledger(imported.store, f"the Levanter cache at {cache.path}")
     _check_counts(cache, shards, [(p.documents, p.tokens) for p in ledger.parts])

@@ -311,14 +311,15 @@ def _named(cache: Any) -> Any:
     name its cache.json records."""
     from dataclasses import replace
 
-    from kiln.data.cache import TokenCache
+    from kiln.artifacts.locations import open_store
+    from kiln.data.cache import read_cache_records
     from kiln.data.errors import KilnDataError
     from kiln.interop.errors import InteropError
 
     if cache.name:
         return cache
     try:
-        info = TokenCache.open(cache.path).info
+        info, _ = read_cache_records(open_store(cache.path))  # its records, not its arrays
     except (KilnDataError, OSError, ValueError) as e:
         raise InteropError(f"validation cache {cache.path}: {e}") from None
     return replace(cache, name=str(info.get("name", Path(cache.path).name)).split("/")[-1])

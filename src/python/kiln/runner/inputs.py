@@ -1,11 +1,12 @@
 """The step's input caches in the artifact store: placed once, under their lease, checked.
 
 A cache the Pants backend built in its sandbox (`inline`) is copied into the store at
-`{name}/{version}` unless the same cache is there already: its files' digests are checked
-first (the full check, kiln.data.verify), its objects are written with STATUS last (kiln.artifacts.content.copy_folder_into), so a
-copy cut off at any point is never read as complete. A cache built in place in the store
-(`storage="store"`) must be finished there, in this store. Either way the trainer reads the cache in the store
-(a folder or a bucket: every host of a run reads the same bytes).
+`{name}/{version}` unless the same cache is there already: its files' digests are checked first
+(the full check, kiln.data.verify), its objects are written with STATUS last
+(kiln.artifacts.content.copy_folder_into), so a copy cut off at any point is never read as
+complete. A cache built in place in the store (`storage="store"`) must be finished there, in
+this store. Either way the trainer reads the cache in the store (a folder or a bucket: every host
+of a run reads the same bytes).
 """
 
 from __future__ import annotations
