@@ -279,7 +279,7 @@ def _eval(args: argparse.Namespace) -> int:
         raise InteropError("eval needs --tasks, --validation or both: nothing to score")
     request = EvalRequest(
         suite=_suite(args),
-        validation=tuple(_named(v) for v in args.validation),
+        validation=tuple(args.validation),
         seq_len=args.seq_len,
         max_eval_batches=args.max_eval_batches,
         compute_dtype=args.compute_dtype,
@@ -304,25 +304,6 @@ def _suite(args: argparse.Namespace) -> dict[str, Any] | None:
         "max_examples": args.max_examples,
         "task_paths": [str(folder.resolve()) for folder in args.task_files],
     }
-
-
-def _named(cache: Any) -> Any:
-    """A validation cache without a name is named as a run names it: the last part of the
-    name its cache.json records."""
-    from dataclasses import replace
-
-    from kiln.artifacts.locations import open_store
-    from kiln.data.cache import read_cache_records
-    from kiln.data.errors import KilnDataError
-    from kiln.interop.errors import InteropError
-
-    if cache.name:
-        return cache
-    try:
-        info, _ = read_cache_records(open_store(cache.path))  # its records, not its arrays
-    except (KilnDataError, OSError, ValueError) as e:
-        raise InteropError(f"validation cache {cache.path}: {e}") from None
-    return replace(cache, name=str(info.get("name", Path(cache.path).name)).split("/")[-1])
 
 
 def format_table(results: dict[str, dict[str, float]]) -> str:

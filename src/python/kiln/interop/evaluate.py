@@ -137,16 +137,13 @@ def load_folder_tokenizer(folder: Path) -> Any:
 def open_validation_caches(
     requested: tuple[ValidationCache, ...], tokenizer: Any, *, model_folder: Path
 ) -> list[tuple[str, Any]]:
-    """(name, TokenCache) per requested cache; each must hold token ids of `tokenizer`."""
+    """(name, TokenCache) per requested cache; each must hold token ids of `tokenizer`. A cache
+    requested without a name is named as a run names it: the last part of its recorded name."""
     from kiln.data.cache import TokenCache
     from kiln.data.errors import KilnDataError
     from kiln_contract.parsing import SpecError
     from kiln_contract.vocabulary import check_eval_names
 
-    try:
-        check_eval_names("--validation", [v.name for v in requested])
-    except SpecError as e:
-        raise InteropError(f"{e}; name them with --validation NAME=DIR") from None
     opened = []
     for entry in requested:
         try:
@@ -154,7 +151,12 @@ def open_validation_caches(
         except (KilnDataError, OSError, ValueError) as e:
             raise InteropError(f"validation cache {entry.name} ({entry.path}): {e}") from None
         check_same_tokenizer(cache, tokenizer, model_folder=model_folder)
-        opened.append((entry.name, cache))
+        recorded = str(cache.info.get("name", Path(entry.path).name)).split("/")[-1]
+        opened.append((entry.name or recorded, cache))
+    try:
+        check_eval_names("--validation", [name for name, _ in opened])
+    except SpecError as e:
+        raise InteropError(f"{e}; name them with --validation NAME=DIR") from None
     return opened
 
 
