@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,32 @@ STDLIB_TOKENIZER = {
     "kind": "local",
     "path": str(REPO_ROOT / "experiments/tokenizers/kiln-stdlib-8k"),
 }
+
+# The BOS of bos_tokenizer_folder's tokenizer (Llama 3's text).
+BOS = "<|begin_of_text|>"
+
+
+def bos_tokenizer_folder(folder: Path) -> Path:
+    """The quickstart tokenizer with a BOS token that its post-processor puts first (so Kiln's
+    rule gives its documents a BOS, as Llama 3's)."""
+    shutil.copytree(STDLIB_TOKENIZER["path"], folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    bos_id = len(spec["model"]["vocab"])
+    spec["added_tokens"].append(
+        {"id": bos_id, "content": BOS, "single_word": False, "lstrip": False, "rstrip": False,
+         "normalized": False, "special": True}
+    )  # fmt: skip
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {BOS: {"id": BOS, "ids": [bos_id], "tokens": [BOS]}},
+    }  # fmt: skip
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": BOS}))
+    return folder
 
 
 def make_spec(source: dict[str, Any], **config: Any) -> dict[str, Any]:

@@ -8,7 +8,8 @@ process for everything) and by Kiln (KilnLM over `make_logprob_fn`, the trainer'
 longer than the model's 64 tokens, so truncation matters), a last-word task whose targets are
 in part the model's greedy continuation (so is_greedy is both true and false) with one empty
 context, and perplexity on documents several windows long. Both a tokenizer without BOS (the
-quickstart's) and one whose post-processor adds BOS (the quickstart's, written here with one).
+quickstart's) and one whose post-processor adds BOS (the quickstart's given one,
+kiln_testing.data.bos_tokenizer_folder).
 The multiple-choice task runs once more through the BOS tokenizer's chat template (a Jinja
 template that writes BOS itself), both sides with lm-eval's `apply_chat_template` and few-shot
 examples as chat turns: the same rendered contexts, encoded without a second BOS.
@@ -27,7 +28,6 @@ import copy
 import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from kiln_testing.data import STDLIB_TOKENIZER
+from kiln_testing.data import BOS, STDLIB_TOKENIZER, bos_tokenizer_folder
 from lm_eval.api.instance import Instance
 from lm_eval.evaluator import evaluate
 
@@ -56,7 +56,6 @@ from kiln.train.step import make_logprob_fn
 REFERENCE_PEX = Path("tests.python.kiln.interop/hf-reference.pex")
 REFERENCE_MODULE = "kiln.eval.lm_eval_reference"
 MAX_SEQ_LEN = 64
-BOS = "<|begin_of_text|>"
 TOLERANCE = 1e-4
 TASKS = {"parity_mc": 2, "parity_last_word": 0, "parity_rolling": 0}  # name -> num_fewshot
 TOKENIZERS = ("no-bos", "bos")
@@ -78,28 +77,6 @@ def prose() -> list[str]:
     text = " ".join(topics[name] for name in sorted(topics)[:60])
     words = text.split()
     return [" ".join(words[i : i + 30]) for i in range(0, len(words) - 30, 30)]
-
-
-def bos_tokenizer_folder(folder: Path) -> Path:
-    """The quickstart tokenizer with a BOS token that its post-processor puts first."""
-    shutil.copytree(STDLIB_TOKENIZER["path"], folder)
-    spec = json.loads((folder / "tokenizer.json").read_text())
-    bos_id = len(spec["model"]["vocab"])
-    spec["added_tokens"].append(
-        {"id": bos_id, "content": BOS, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
-    )  # fmt: skip
-    spec["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-        "pair": [{"SpecialToken": {"id": BOS, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                 {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {BOS: {"id": BOS, "ids": [bos_id], "tokens": [BOS]}},
-    }  # fmt: skip
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": BOS}))
-    return folder
 
 
 def kiln_model(vocab_size: int, seed: int) -> tuple[LlamaConfig, nnx.GraphDef, nnx.State]:
