@@ -435,7 +435,8 @@ def test_an_unbuilt_import_is_budgeted_by_its_ledger(rule_runner: RuleRunner) ->
 
 
 def test_document_format_is_in_the_fingerprint_when_not_text(rule_runner: RuleRunner) -> None:
-    """format="text" (the default) changes no fingerprint: test_fingerprints_are_pinned."""
+    """format="text" (the default) changes no fingerprint: test_fingerprints_are_pinned; a chat
+    cache's is pinned too; a supervised cache's names its encoding (FORMAT_ENCODINGS)."""
     train = Address("exp", target_name="train")
     formats = {
         "text": 'format="text",',
@@ -451,6 +452,7 @@ def test_document_format_is_in_the_fingerprint_when_not_text(rule_runner: RuleRu
     assert fingerprints(graphs["text"]) == fingerprints(graph(rule_runner))
     assert "document_format" not in graphs["text"].get(train).identity
     assert graphs["supervised"].get(train).identity["document_format"] == {
-        "format": "supervised", "input_key": "question", "target_key": "answer",
+        "format": "supervised", "input_key": "question", "target_key": "answer", "encoding": 2,
     }  # fmt: skip
     assert len({fingerprints(g)["train"] for g in graphs.values()}) == 3
+    assert fingerprints(graphs["chat"])["train"] == "e19a275dd9aa2618"

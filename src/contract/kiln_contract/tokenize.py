@@ -83,6 +83,10 @@ FORMAT_KEYS = {
     "chat": ("messages_key", "chat_template"),
     "supervised": ("input_key", "target_key"),
 }
+# A format's encoding, in the identity of its caches when it has one: bumped when the format's
+# documents become other ids or masks, so that no cache of an earlier encoding is reused.
+# supervised 2: the pair rendered as a chat and tokenized whole (kiln.data.document_formats).
+FORMAT_ENCODINGS = {"supervised": 2}
 # `config`'s keys: CacheSpec's fields but its address and identity.
 _CONFIG_KEYS = (
     "source", "tokenizer", "text_key", "max_document_chars", "num_shards", "max_tokens", "framing",

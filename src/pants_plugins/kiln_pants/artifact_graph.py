@@ -33,6 +33,7 @@ from kiln_contract.llama import weights_differences
 from kiln_contract.tokenize import (
     DEFAULT_DOCUMENT_FORMAT,
     DEFAULT_FRAMING,
+    FORMAT_ENCODINGS,
     LevanterCacheSource,
     UrlFilesSource,
 )
@@ -225,6 +226,8 @@ async def _cache_identity(target: Target) -> dict[str, Any]:
     if framing != DEFAULT_FRAMING:  # likewise: caches in Kiln's framing keep their fingerprints
         identity["framing"] = framing
     structured = document_format(target)
+    if structured["format"] in FORMAT_ENCODINGS:  # only there: other formats keep theirs
+        structured["encoding"] = FORMAT_ENCODINGS[structured["format"]]
     if structured["format"] != DEFAULT_DOCUMENT_FORMAT:  # likewise: text caches keep theirs
         identity["document_format"] = structured
     return identity
