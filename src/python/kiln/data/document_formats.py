@@ -10,9 +10,10 @@ A cache's `format` (kiln_contract.tokenize.DOCUMENT_FORMATS) picks the encoder:
     the template's `{% generation %}` ... `{% endgeneration %}` blocks mark (Levanter's
     ChatProcessor takes the same ids and `assistant_masks`). No BOS or EOS is added: the
     template writes what the model sees.
-  - "supervised": a prompt (`input_key`) and its answer (`target_key`): BOS (Kiln's rule) + the
-    prompt's ids + the answer's ids + EOS, each text encoded as plain text; the mask is 1 at the
-    answer's tokens and the EOS.
+  - "supervised": a prompt (`input_key`) and its answer (`target_key`): the chat [user: prompt,
+    assistant: answer] rendered by SUPERVISED_TEMPLATE as a chat is, so BOS (Kiln's rule) +
+    prompt + answer + EOS, the whole text tokenized once; the mask is 1 at the answer's tokens
+    and the EOS, a token that straddles prompt and answer included (as transformers marks it).
 
 A bad document is a SourceError naming its origin (file:line) and what to do.
 """
@@ -33,6 +34,13 @@ from kiln_contract.tokenize import CacheSpec
 # The roles of chat messages: those of transformers' and Levanter's chat data.
 ROLES = ("system", "user", "assistant", "tool")
 ASSISTANT = "assistant"
+# A prompt/answer pair as a chat template: the prompt (the first message) and, in the generation
+# block, the answer and EOS; BOS_TEMPLATE goes first when the tokenizer has a BOS by Kiln's rule.
+SUPERVISED_TEMPLATE = (
+    "{{ messages[0]['content'] }}"
+    "{% generation %}{{ messages[1]['content'] }}{{ eos_token }}{% endgeneration %}"
+)
+BOS_TEMPLATE = "{{ bos_token }}"
 
 
 class DocumentEncoder(Protocol):
@@ -91,8 +99,8 @@ class ChatEncoder:
             )
 
     def encode(self, documents: Sequence[Document]) -> EncodedDocuments:
-        ids, masks = zip(*(self._render(d) for d in documents)) if documents else ((), ())
-        return _concatenated(list(ids), list(masks))
+        chats = [checked_messages(d.fields[self._messages_key], d.origin) for d in documents]
+        return rendered_chats(self._tokenizer, self._template, chats, documents)
 
     def text_bytes(self, documents: Sequence[Document]) -> int:
         return sum(
@@ -101,32 +109,59 @@ class ChatEncoder:
             for message in document.fields[self._messages_key]
         )
 
-    def _render(self, document: Document) -> tuple[list[int], list[int]]:
-        import jinja2
 
-        messages = checked_messages(document.fields[self._messages_key], document.origin)
-        with self._tokenizer.templating() as hf_tokenizer:
-            try:
-                rendered = hf_tokenizer.apply_chat_template(
-                    messages,
-                    chat_template=self._template,
-                    tokenize=True,
-                    return_dict=True,
-                    return_assistant_tokens_mask=True,
-                )
-            except jinja2.TemplateError as e:
-                raise SourceError(
-                    f"{document.origin}: the chat template cannot render this chat ({e}); fix "
-                    "the document or the template."
-                ) from None
-        ids, mask = list(rendered["input_ids"]), list(rendered["assistant_masks"])
+def rendered_chats(
+    tokenizer: LoadedTokenizer,
+    template: str,
+    chats: list[list[dict[str, Any]]],
+    documents: Sequence[Document],
+    **template_values: str,
+) -> EncodedDocuments:
+    """The chats' ids and loss masks as transformers' `apply_chat_template(...,
+    return_assistant_tokens_mask=True)` gives them, the documents' (their origins name a bad
+    one); `template_values` (`eos_token=...`) replace the tokenizer's special tokens' text."""
+    if not chats:
+        return _concatenated([], [])
+    try:
+        rendered = _applied_template(tokenizer, template, chats, template_values)
+    except SourceError:  # one document's: rendered alone, it names itself
+        for chat, document in zip(chats, documents):
+            _applied_template(tokenizer, template, [chat], template_values, document.origin)
+        raise
+    for mask, document in zip(rendered["assistant_masks"], documents):
         if not any(mask):
             raise SourceError(
                 f"{document.origin}: the chat's assistant turns render to no tokens inside the "
                 "template's {% generation %} blocks (empty content, or a template that leaves "
                 "it out), so nothing in it counts in the loss: fill in or drop the document."
             )
-        return ids, mask
+    return _concatenated(rendered["input_ids"], rendered["assistant_masks"])
+
+
+def _applied_template(
+    tokenizer: LoadedTokenizer,
+    template: str,
+    chats: list[list[dict[str, Any]]],
+    template_values: dict[str, str],
+    origin: str = "a document",
+) -> Any:
+    import jinja2
+
+    with tokenizer.templating() as hf_tokenizer:
+        try:
+            return hf_tokenizer.apply_chat_template(
+                chats,
+                chat_template=template,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+                **template_values,
+            )
+        except jinja2.TemplateError as e:
+            raise SourceError(
+                f"{origin}: the chat template cannot render this chat ({e}); fix "
+                "the document or the template."
+            ) from None
 
 
 def checked_messages(messages: Any, origin: str) -> list[dict[str, Any]]:
@@ -176,18 +211,18 @@ class SupervisedEncoder:
         self._input_key = input_key
         self._target_key = target_key
         self._tokenizer = tokenizer
+        self._template = supervised_template(tokenizer)
+        # Kiln's EOS, also for a tokenizer whose config names none (kiln.data.tokenizer).
+        self._eos_token = tokenizer.hf_tokenizer.convert_ids_to_tokens(tokenizer.info.eos_id)
 
     def encode(self, documents: Sequence[Document]) -> EncodedDocuments:
-        prompts, answers = self._texts(documents)
-        bos = [] if self._tokenizer.info.bos_id is None else [self._tokenizer.info.bos_id]
-        eos = [self._tokenizer.info.eos_id]
-        ids, masks = [], []
-        for prompt, answer in zip(
-            self._tokenizer.encode_batch(prompts), self._tokenizer.encode_batch(answers)
-        ):
-            ids.append([*bos, *prompt, *answer, *eos])
-            masks.append([0] * (len(bos) + len(prompt)) + [1] * (len(answer) + 1))
-        return _concatenated(ids, masks)
+        chats = [
+            [{"role": "user", "content": prompt}, {"role": ASSISTANT, "content": answer}]
+            for prompt, answer in zip(*self._texts(documents))
+        ]
+        return rendered_chats(
+            self._tokenizer, self._template, chats, documents, eos_token=self._eos_token
+        )
 
     def text_bytes(self, documents: Sequence[Document]) -> int:
         return sum(len(text.encode("utf-8")) for texts in self._texts(documents) for text in texts)
@@ -202,6 +237,14 @@ class SupervisedEncoder:
                     "the answer counts in the loss: fill it in or drop the document."
                 )
         return prompts, answers
+
+
+def supervised_template(tokenizer: LoadedTokenizer) -> str:
+    """The chat template a prompt/answer pair is rendered by: BOS first when the tokenizer has
+    one by Kiln's rule (kiln.data.tokenizer), which a chat template's `bos_token` does not know."""
+    if tokenizer.info.bos_id is None:
+        return SUPERVISED_TEMPLATE
+    return BOS_TEMPLATE + SUPERVISED_TEMPLATE
 
 
 def _string_field(document: Document, key: str) -> str:

@@ -1,7 +1,8 @@
 """Chat and supervised caches: their ids and loss masks, document for document, equal what
 transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` and Levanter's own
-ChatProcessor (levanter_writer.py, from PyPI) give; Levanter's reader reads Kiln's shard; bad
-documents fail in one line naming the file and line."""
+ChatProcessor (levanter_writer.py, from PyPI) give, a prompt/answer pair as the chat [user:
+prompt, assistant: answer] under Kiln's supervised template; Levanter's reader reads Kiln's
+shard; bad documents fail in one line naming the file and line."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kiln_testing.data import STDLIB_TOKENIZER, make_spec
+from kiln_testing.data import STDLIB_TOKENIZER, bos_tokenizer_folder, make_spec
 from kiln_testing.levanter import write_levanter_caches
 
 from kiln.data.cache import TokenCache
+from kiln.data.document_formats import supervised_template
 from kiln.data.errors import CacheError, SourceError, SpecError
 from kiln.data.mixture import window_loss_mask
 from kiln.data.tokenize import build_cache, main
-from kiln.data.tokenizer import LoadedTokenizer
+from kiln.data.tokenizer import load_tokenizer
 from kiln.report.run_summary import sample_prompts
 
 # Trims each turn's content and its own whitespace ({%- -%}); the assistant's turn and its EOS
@@ -53,6 +55,16 @@ CHATS = [
     [turn("user", "Say <|endoftext|> please."), turn("assistant", "<|endoftext|>"),
      turn("user", "\n\n"), turn("assistant", "\tDone.\n")],
 ]  # fmt: skip
+# Prompt/answer pairs with awkward edges: a prompt ending mid-word (a BPE merge straddles prompt
+# and answer), an empty prompt, unicode, whitespace at both edges, the EOS's text in the answer.
+PAIRS = [
+    ("2 + 2 =", " 4"),
+    ("The tok", "enizer splits it."),
+    ("", "ünïcödé ✓ 日本"),
+    ("  Hello \n", "\n  world  "),
+    ("Say the end:", " <|endoftext|> and more"),
+]
+STRADDLING, WITH_EOS_TEXT = 1, 4  # PAIRS' rows
 
 
 def write_chats(path: Path, chats: list[list[dict[str, str]]], key: str = "messages") -> Path:
@@ -65,6 +77,29 @@ def chat_cache(folder: Path, template: str, chats: list = CHATS, **config: Any) 
     source = {"kind": "files", "paths": [str(write_chats(folder / "chats.jsonl", chats))]}
     spec = make_spec(source, format="chat", chat_template=template, **config)
     return build_cache(spec, folder / "cache")
+
+
+def pair_chat(prompt: str, answer: str) -> list[dict[str, str]]:
+    """A prompt/answer pair as the chat Kiln's supervised template renders."""
+    return [turn("user", prompt), turn("assistant", answer)]
+
+
+def supervised_cache(folder: Path, tokenizer: dict[str, str]) -> Path:
+    """A supervised cache of PAIRS, and beside its qa.jsonl the equivalent chats.jsonl."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "qa.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in PAIRS))
+    write_chats(folder / "chats.jsonl", [pair_chat(*pair) for pair in PAIRS])
+    spec = make_spec({"kind": "files", "paths": [str(path)]}, format="supervised",
+                     input_key="question", target_key="answer", tokenizer=tokenizer)  # fmt: skip
+    return build_cache(spec, folder / "cache")
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    """The quickstart's tokenizer (no BOS) and the same with a BOS its post-processor adds."""
+    bos = bos_tokenizer_folder(tmp_path_factory.mktemp("bos") / "tokenizer")
+    return {"no-bos": STDLIB_TOKENIZER, "bos": {"kind": "local", "path": str(bos)}}
 
 
 def rows(cache: TokenCache) -> list[tuple[list[int], list[int]]]:
@@ -92,22 +127,37 @@ def test_chat_cache_equals_transformers_apply_chat_template(tmp_path: Path, name
     assert cache.document(3).tolist().count(0) >= 2  # the template's EOS and "<|endoftext|>"
 
 
-def test_chat_cache_equals_levanters_chat_processor_and_levanter_reads_it(tmp_path) -> None:
-    """Levanter's ChatProcessor on the same documents and template gives the same ids and
-    `assistant_masks`; Levanter's JaggedArrayStore reads Kiln's shard (ids and mask) back."""
+def test_caches_equal_levanters_chat_processor_and_levanter_reads_them(
+    tmp_path: Path, tokenizers: dict[str, dict[str, str]]
+) -> None:
+    """Levanter's ChatProcessor on the same chats and template gives the same ids and
+    `assistant_masks`, and on a supervised cache's pairs as chats under Kiln's supervised
+    template; Levanter's JaggedArrayStore reads Kiln's shard (ids and mask) back."""
     jobs, caches = [], {}
     for name, template in TEMPLATES.items():
         caches[name] = TokenCache.open(chat_cache(tmp_path / name, template))
-        jobs.append({
-            "kind": "chat", "docs": str(tmp_path / name / "chats.jsonl"),
-            "tokenizer": STDLIB_TOKENIZER["path"], "chat_template": template,
-            "kiln_shard": str(caches[name].path / "shards/shard-00000"),
-            "out": str(tmp_path / name / "levanter"),
-        })  # fmt: skip
+        jobs.append(levanter_job(tmp_path / name, STDLIB_TOKENIZER, template, caches[name]))
+    for side, tokenizer in tokenizers.items():
+        name = f"supervised-{side}"
+        caches[name] = TokenCache.open(supervised_cache(tmp_path / name, tokenizer))
+        template = supervised_template(load_tokenizer(tokenizer))
+        jobs.append(levanter_job(tmp_path / name, tokenizer, template, caches[name]))
     write_levanter_caches(jobs, tmp_path)
     for name, cache in caches.items():
         for side in ("levanter", "kiln"):
             assert read_rows(tmp_path / name / f"levanter.{side}.npz") == rows(cache), (name, side)
+
+
+def levanter_job(
+    folder: Path, tokenizer: dict[str, str], template: str, cache: TokenCache
+) -> dict[str, str]:
+    """A levanter_writer.py chat job: ChatProcessor over folder/chats.jsonl, and Levanter's
+    reader over the cache's shard."""
+    return {
+        "kind": "chat", "docs": str(folder / "chats.jsonl"), "tokenizer": tokenizer["path"],
+        "chat_template": template, "kiln_shard": str(cache.path / "shards/shard-00000"),
+        "out": str(folder / "levanter"),
+    }  # fmt: skip
 
 
 def read_rows(path: Path) -> list[tuple[list[int], list[int]]]:
@@ -143,23 +193,40 @@ def test_sample_prompts_of_a_chat_cache_end_where_the_answer_starts(tmp_path: Pa
         assert prompt.tolist() == ids[start - len(prompt) : start].tolist()
 
 
-def test_supervised_cache_masks_the_answer_and_its_eos(
-    tmp_path: Path, tokenizer: LoadedTokenizer
+@pytest.mark.parametrize("side", ["no-bos", "bos"])
+def test_supervised_cache_equals_transformers_on_the_pairs_chats(
+    tmp_path: Path, tokenizers: dict[str, dict[str, str]], side: str
 ) -> None:
-    pairs = [("2 + 2 =", " 4"), ("", "ünïcödé ✓"), ("Translate: chat", " causer")]
-    path = tmp_path / "qa.jsonl"
-    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in pairs))
-    spec = make_spec({"kind": "files", "paths": [str(path)]}, format="supervised",
-                     input_key="question", target_key="answer")  # fmt: skip
-    cache = TokenCache.open(build_cache(spec, tmp_path / "cache"))
-    eos = tokenizer.info.eos_id  # kiln-stdlib-8k has no BOS
-    expected = [
-        (tokenizer.encode(q) + tokenizer.encode(a) + [eos],
-         [0] * len(tokenizer.encode(q)) + [1] * (len(tokenizer.encode(a)) + 1))
-        for q, a in pairs
-    ]  # fmt: skip
+    """BOS (Kiln's rule) + prompt + answer + EOS, tokenized whole; the mask on the answer and the
+    EOS, a token straddling prompt and answer included, as transformers marks it."""
+    from transformers import AutoTokenizer
+
+    cache = TokenCache.open(supervised_cache(tmp_path, tokenizers[side]))
+    kiln = load_tokenizer(tokenizers[side])
+    reference = AutoTokenizer.from_pretrained(tokenizers[side]["path"])  # its own, fresh
+    expected = []
+    for pair in PAIRS:
+        rendered = reference.apply_chat_template(
+            pair_chat(*pair), chat_template=supervised_template(kiln), tokenize=True,
+            return_dict=True, return_assistant_tokens_mask=True,
+        )  # fmt: skip
+        expected.append((list(rendered["input_ids"]), list(rendered["assistant_masks"])))
     assert rows(cache) == expected
     assert cache.info["format"] == "supervised" and "text_key" not in cache.info
+    bos, eos = [] if kiln.info.bos_id is None else [kiln.info.bos_id], kiln.info.eos_id
+    assert bool(bos) == (side == "bos")
+    for (ids, mask), (prompt, answer) in zip(rows(cache), PAIRS):
+        start = mask.index(1)  # the answer's first token, perhaps straddling
+        assert ids[: len(bos)] == bos and ids[-1] == eos and mask[: len(bos)] == [0] * len(bos)
+        assert mask[start:] == [1] * (len(ids) - start)
+        assert kiln.decode(ids[len(bos) : -1]) == prompt + answer
+        assert prompt.startswith(kiln.decode(ids[len(bos) : start]))
+        assert kiln.decode(ids[start:-1]).endswith(answer)
+    ids, mask = rows(cache)[STRADDLING]
+    separately = [*bos, *kiln.encode(PAIRS[STRADDLING][0]), *kiln.encode(PAIRS[STRADDLING][1]), eos]
+    assert ids != separately  # " tokenizer" is one token, its "enizer" the answer's
+    assert kiln.decode([ids[mask.index(1)]]) == " tokenizer"
+    assert rows(cache)[WITH_EOS_TEXT][0].count(eos) == 2  # the answer's "<|endoftext|>" too
 
 
 def test_a_text_cache_has_no_mask(tmp_path: Path) -> None:
@@ -214,3 +281,13 @@ def test_missing_supervised_field_is_one_line_naming_the_line(tmp_path, monkeypa
     assert main(["build", "spec.json", "--out", "cache"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: qa.jsonl:2: no field 'target' (the format's keys: input, target)")
+
+
+@pytest.mark.parametrize("answer", ["", " \n "])
+def test_an_empty_answer_is_refused_naming_the_line(tmp_path: Path, answer: str) -> None:
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"input": "a", "target": "b"}) + "\n"
+                    + json.dumps({"input": "c", "target": answer}) + "\n")  # fmt: skip
+    spec = make_spec({"kind": "files", "paths": [str(path)]}, format="supervised")
+    with pytest.raises(SourceError, match=r"qa.jsonl:2: the answer \(field 'target'\) is empty"):
+        build_cache(spec, tmp_path / "cache")
