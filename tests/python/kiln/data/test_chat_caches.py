@@ -267,6 +267,18 @@ def test_a_chat_whose_mask_is_empty_is_refused(tmp_path: Path) -> None:
         chat_cache(tmp_path, template)
 
 
+def test_a_chat_the_template_refuses_names_its_line(tmp_path: Path) -> None:
+    """Chats render in batches; the one the template refuses is named alone."""
+    refusing = (
+        "{% if messages[0]['content'] == 'refuse' %}{{ raise_exception('no, thanks') }}"
+        "{% endif %}" + TRIMMING
+    )
+    refused = [turn("user", "refuse"), turn("assistant", "ok")]
+    with pytest.raises(SourceError, match=r"chats.jsonl:2: the chat template cannot render this "
+                       r"chat \(no, thanks\)"):  # fmt: skip
+        chat_cache(tmp_path, refusing, chats=[CHATS[0], refused, CHATS[1]])
+
+
 def test_a_template_without_generation_blocks_is_refused(tmp_path: Path) -> None:
     plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     with pytest.raises(SpecError, match=r"the chat template has no \{% generation %\} block"):
