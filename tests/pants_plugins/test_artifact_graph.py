@@ -400,7 +400,7 @@ def test_local_eval_task_files_are_a_dependency_and_count_by_content(
     assert evals_identity("task: stdlib_mc\nnum_fewshot: 1\n")["task_files"] != first["task_files"]
 
 
-def test_the_eval_chat_template_is_in_the_identity_only_when_applied(
+def test_the_eval_chat_options_are_in_the_identity_only_when_set(
     rule_runner: RuleRunner,
 ) -> None:
     def evals_identity(options: str) -> dict:
@@ -414,12 +414,14 @@ def test_the_eval_chat_template_is_in_the_identity_only_when_applied(
         return graph.get(Address("exp", target_name="ckpt")).identity["evals"]
 
     plain = evals_identity("")
-    assert "apply_chat_template" not in plain and "fewshot_as_multiturn" not in plain
+    assert not {"apply_chat_template", "fewshot_as_multiturn", "system_instruction"} & set(plain)
     assert evals_identity(", apply_chat_template=False") == plain
     chat = evals_identity(", apply_chat_template=True")
     assert chat == {**plain, "apply_chat_template": True}
     single = evals_identity(", apply_chat_template=True, fewshot_as_multiturn=False")
     assert single == {**chat, "fewshot_as_multiturn": False}
+    instructed = evals_identity(", apply_chat_template=True, system_instruction='Be brief.'")
+    assert instructed == {**chat, "system_instruction": "Be brief."}
 
 
 def test_an_unbuilt_import_is_budgeted_by_its_ledger(rule_runner: RuleRunner) -> None:

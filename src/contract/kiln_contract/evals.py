@@ -3,12 +3,14 @@
     {"tasks": [{"name": "hellaswag", "num_fewshot": 0, "alias": "hellaswag_0shot"}, ...],
      "every": 10000, "max_examples": null, "task_paths": ["exp/eval_tasks"],
      "sequence_start": "tokenizer", "max_length": 2048,
-     "apply_chat_template": true, "fewshot_as_multiturn": true}
+     "apply_chat_template": true, "fewshot_as_multiturn": true,
+     "system_instruction": "Answer with the letter."}
 
 `task_paths` are folders of local task YAML: relative to the step's inputs in a step spec,
-absolute in a train spec. `sequence_start`, `max_length`, `apply_chat_template` and
-`fewshot_as_multiturn` are optional and left out of the JSON at their defaults, so suites that
-do not set them keep their fingerprints. docs/evals.md describes the suite.
+absolute in a train spec. `sequence_start`, `max_length`, `apply_chat_template`,
+`fewshot_as_multiturn` and `system_instruction` are optional and left out of the JSON at their
+defaults, so suites that do not set them keep their fingerprints. docs/evals.md describes the
+suite.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ class EvalTask:
 class EvalSuiteConfig:
     """The reference's `EvalSuite(tasks, every)` plus `max_examples`, local task folders, how
     sequences start and lm-eval's `max_length` (input tokens per sequence; None: the model's
-    max_seq_len), and lm-eval's `apply_chat_template` and `fewshot_as_multiturn` (None: as
-    lm-eval's command line defaults it, True exactly when the chat template is applied)."""
+    max_seq_len), and lm-eval's `apply_chat_template`, `fewshot_as_multiturn` (None: as
+    lm-eval's command line defaults it, True exactly when the chat template is applied) and
+    `system_instruction` (None: none; else the system turn, or with no chat template the text
+    before each context)."""
 
     tasks: tuple[EvalTask, ...]
     every: int
@@ -83,6 +87,7 @@ class EvalSuiteConfig:
     max_length: int | None = None
     apply_chat_template: bool = False
     fewshot_as_multiturn: bool | None = None
+    system_instruction: str | None = None
 
     def __post_init__(self) -> None:
         check_tuple_of("tasks", self.tasks, EvalTask)
@@ -111,6 +116,7 @@ class EvalSuiteConfig:
                 "fewshot_as_multiturn",
                 "few-shot examples are chat turns only when apply_chat_template is true",
             )
+        check_optional(check_str, "system_instruction", self.system_instruction)
 
     @property
     def multiturn(self) -> bool:
@@ -139,6 +145,7 @@ class EvalSuiteConfig:
             "max_length": None,
             "apply_chat_template": False,
             "fewshot_as_multiturn": None,
+            "system_instruction": None,
         }
         fields = scalar_json(self)
         return {

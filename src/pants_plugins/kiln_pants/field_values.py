@@ -120,6 +120,7 @@ def eval_suite(
     max_length: Optional[int] = None,
     apply_chat_template: bool = False,
     fewshot_as_multiturn: Optional[bool] = None,
+    system_instruction: Optional[str] = None,
 ) -> EvalSuite:
     tasks = tuple(_eval_task(task) for task in tasks)
     if not tasks:
@@ -139,6 +140,7 @@ def eval_suite(
         max_length=max_length,
         apply_chat_template=apply_chat_template,
         fewshot_as_multiturn=fewshot_as_multiturn,
+        system_instruction=system_instruction,
     )
     return EvalSuite(suite, task_files)
 

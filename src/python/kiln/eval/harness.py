@@ -65,6 +65,7 @@ def run_eval_suite(
             log_samples=False,
             apply_chat_template=config.apply_chat_template,
             fewshot_as_multiturn=config.multiturn,
+            system_instruction=config.system_instruction,
         )
         metrics.update(task_metrics(task, results))
         metrics.update(chance_metrics(task, task_dict, config.max_examples))

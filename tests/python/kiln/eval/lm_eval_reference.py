@@ -6,14 +6,15 @@ of jobs, each
 
   {"model": DIR, "task_dir": DIR, "tasks": [NAME, ...], "num_fewshot": {NAME: N},
    "batch_size": B, "dtype": "float32" | "float64", "out": JSON,
-   "apply_chat_template": false, "fewshot_as_multiturn": null}
+   "apply_chat_template": false, "fewshot_as_multiturn": null, "system_instruction": null}
 
 `DIR` is a transformers Llama folder. Each task runs through `lm_eval.simple_evaluate` on
 lm-eval's `hf` model (HFLM over AutoModelForCausalLM at the job's dtype, CPU) at its few-shot
 count, as `lm_eval --model hf --model_args pretrained=DIR,dtype=D --tasks NAME --num_fewshot N
---include_path DIR [--apply_chat_template [--fewshot_as_multiturn B]]` runs it (the two
-optional flags: false, and as lm-eval's command line defaults it, when absent), everything else at lm-eval's defaults (max_length from the model's
-config, prefix token, seeds). The out file holds,
+--include_path DIR [--apply_chat_template [--fewshot_as_multiturn B]] [--system_instruction S]`
+runs it (the optional flags: false, as lm-eval's command line defaults it, and none, when
+absent), everything else at lm-eval's defaults (max_length from the model's config, prefix token,
+seeds). The out file holds,
 per task, lm-eval's numeric metrics, every request's arguments and responses, and every token
 sequence HFLM scored with its result (SequenceRecorder). One JSON line
 per job goes to stdout: what HFLM resolved (max_length, prefix token, BOS).
@@ -53,6 +54,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             log_samples=True,
             apply_chat_template=apply_chat_template,
             fewshot_as_multiturn=apply_chat_template if multiturn is None else bool(multiturn),
+            system_instruction=job.get("system_instruction"),
         )
         scored[task] = {
             "metrics": _numeric(results["results"][task]),

@@ -10,9 +10,10 @@ in part the model's greedy continuation (so is_greedy is both true and false) wi
 context, and perplexity on documents several windows long. Both a tokenizer without BOS (the
 quickstart's) and one whose post-processor adds BOS (the quickstart's given one,
 kiln_testing.data.bos_tokenizer_folder).
-The multiple-choice task runs once more through the BOS tokenizer's chat template (a Jinja
+The multiple-choice task runs twice more through the BOS tokenizer's chat template (a Jinja
 template that writes BOS itself), both sides with lm-eval's `apply_chat_template` and few-shot
-examples as chat turns: the same rendered contexts, encoded without a second BOS.
+examples as chat turns, and once more at 0 shots with a `system_instruction` (a system turn
+first, no context truncated): the same rendered contexts, encoded without a second BOS.
 
 Per request, log-likelihoods agree within 1e-4 and greedy flags exactly; every metric agrees
 within 1e-4 relative. The numbers are checked against the runner at float64, Kiln at float32: at
@@ -60,8 +61,11 @@ TOLERANCE = 1e-4
 TASKS = {"parity_mc": 2, "parity_last_word": 0, "parity_rolling": 0}  # name -> num_fewshot
 TOKENIZERS = ("no-bos", "bos")
 CHAT = "bos-chat"  # the BOS tokenizer with CHAT_TEMPLATE, lm-eval's apply_chat_template on
-CHAT_TASKS = {"parity_mc": 2}
-SIDE_TASKS = {**{side: TASKS for side in TOKENIZERS}, CHAT: CHAT_TASKS}
+CHAT_SYSTEM = "bos-chat-system"  # the same with lm-eval's system_instruction, at 0 shots
+CHATS = {CHAT: None, CHAT_SYSTEM: "Choose the words that come next."}  # side -> instruction
+# At 0 shots no context is truncated: every scored sequence holds the system turn.
+CHAT_TASKS = {CHAT: {"parity_mc": 2}, CHAT_SYSTEM: {"parity_mc": 0}}
+SIDE_TASKS = {**{side: TASKS for side in TOKENIZERS}, **CHAT_TASKS}
 CASES = [(side, task) for side, tasks in SIDE_TASKS.items() for task in tasks]
 REFERENCE_DTYPE = "float64"
 CHAT_TEMPLATE = (
@@ -256,11 +260,14 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
             chat_dir = write_hf_llama(
                 folder / f"model-{CHAT}", config, nnx.to_pure_dict(state), chat_tokenizer
             )
-            chat_job = {**jobs[-1], "model": str(chat_dir), "tasks": list(CHAT_TASKS),
-                        "num_fewshot": CHAT_TASKS, "out": str(folder / f"reference-{CHAT}.json"),
-                        "apply_chat_template": True}  # fmt: skip
-            sides[CHAT] = (chat_tokenizer, logprob_fn, task_dir)
-    jobs.append(chat_job)
+            chat_jobs = [
+                {**jobs[-1], "model": str(chat_dir), "tasks": list(CHAT_TASKS[side]),
+                 "num_fewshot": CHAT_TASKS[side], "out": str(folder / f"reference-{side}.json"),
+                 "apply_chat_template": True, "system_instruction": instruction}
+                for side, instruction in CHATS.items()
+            ]  # fmt: skip
+            sides.update({side: (chat_tokenizer, logprob_fn, task_dir) for side in CHATS})
+    jobs += chat_jobs
     reports = run_reference(jobs, folder)
 
     results = {}
@@ -270,8 +277,8 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
         lm = KilnLM(logprob_fn, tokenizer, max_length=MAX_SEQ_LEN)
         suite = {"tasks": [{"name": task, "num_fewshot": shots} for task, shots in tasks.items()],
                  "every": 1, "task_paths": [str(task_dir)]}  # fmt: skip
-        if name == CHAT:
-            suite["apply_chat_template"] = True
+        if name in CHATS:
+            suite.update(apply_chat_template=True, system_instruction=CHATS[name])
         sequences = {task: kiln_sequences(tokenizer, reference[task]["sequences"]) for task in tasks}
         results[name] = {
             "tokenizer": tokenizer,
@@ -284,7 +291,7 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
                 logprob_fn, tokenizer, suite, step=0, model_max_length=MAX_SEQ_LEN
             ),
         }
-        if name == CHAT:
+        if name in CHATS:
             results[name]["requests"] = kiln_requests(lm, suite)
     print_largest_differences(results)
     return results
@@ -299,6 +306,7 @@ def kiln_requests(lm: KilnLM, suite: dict[str, Any]) -> dict[str, list[list[list
         results = evaluate(
             lm, task_dict, bootstrap_iters=0, log_samples=True,
             apply_chat_template=config.apply_chat_template, fewshot_as_multiturn=config.multiturn,
+            system_instruction=config.system_instruction,
         )  # fmt: skip
         requests[task.name] = [
             [list(args) for args in sample["arguments"]] for sample in results["samples"][task.name]
@@ -380,17 +388,24 @@ def test_every_metric_is_the_same(parity: dict, side: str, task: str) -> None:
     assert run["metrics"][f"lm_eval/{task}/num_fewshot"] == SIDE_TASKS[side][task]
 
 
-def test_kiln_renders_the_chat_template_as_lm_evals_runner(parity: dict) -> None:
+@pytest.mark.parametrize("side", CHATS)
+def test_kiln_renders_the_chat_template_as_lm_evals_runner(parity: dict, side: str) -> None:
     """lm-eval builds the same requests through KilnLM.apply_chat_template as through HFLM's:
-    few-shot examples as user/assistant turns, the template's BOS first, no second BOS."""
-    run = parity[CHAT]
+    the system instruction's turn, few-shot examples as user/assistant turns, the template's BOS
+    first, no second BOS."""
+    run = parity[side]
     reference = [r["arguments"] for r in run["reference"]["parity_mc"]["requests"]]
     assert run["requests"]["parity_mc"] == reference
     contexts = [args[0] for arguments in reference for args in arguments]
-    assert all(c.startswith(BOS + "<|user|>\n") and c.endswith("<|assistant|>\n") for c in contexts)
-    assert all(c.count("<|assistant|>") == 3 for c in contexts)  # 2 shots, then the prompt
+    system = "" if CHATS[side] is None else f"<|system|>\n{CHATS[side]}\n"
+    start = f"{BOS}{system}<|user|>\n"
+    assert all(c.startswith(start) and c.endswith("<|assistant|>\n") for c in contexts)
+    turns = SIDE_TASKS[side]["parity_mc"] + 1  # the shots, then the prompt
+    assert all(c.count("<|assistant|>") == turns for c in contexts)
     bos_id = run["tokenizer"].info.bos_id
     assert all(s.tokens.count(bos_id) <= 1 for s in run["sequences"]["parity_mc"])
+    if CHATS[side] is not None:  # scored whole, from BOS: the system turn counts
+        assert all(s.tokens[0] == bos_id for s in run["sequences"]["parity_mc"])
     assert run["metrics"]["lm_eval/meta/chat_template=multiturn"] == 1.0
     assert not any("chat_template" in key for key in parity["bos"]["metrics"])
 

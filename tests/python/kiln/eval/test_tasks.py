@@ -59,6 +59,14 @@ def test_the_chat_template_is_an_option_in_the_identity_only_when_applied():
     assert EvalSuiteConfig.from_json(single).to_json() == single
 
 
+def test_a_system_instruction_is_in_the_identity_only_when_given():
+    default = {"tasks": [{"name": "copa", "num_fewshot": 0, "alias": None}], "every": 1,
+               "max_examples": None, "task_paths": []}  # fmt: skip
+    assert EvalSuiteConfig.from_json(default).system_instruction is None
+    instructed = {**default, "system_instruction": "Answer briefly."}
+    assert EvalSuiteConfig.from_json(instructed).to_json() == instructed
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -106,6 +114,10 @@ def test_the_chat_template_is_an_option_in_the_identity_only_when_applied():
         (
             {"tasks": [{"name": "copa"}], "every": 1, "fewshot_as_multiturn": True},
             r"evals\.fewshot_as_multiturn: few-shot examples are chat turns only when",
+        ),
+        (
+            {"tasks": [{"name": "copa"}], "every": 1, "system_instruction": ""},
+            r"evals\.system_instruction: expected a non-empty string",
         ),
         (
             {"tasks": [{"name": "copa", "alias": "averages"}], "every": 1},
