@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,9 +50,6 @@ STOP_POLL_S = 1.0  # how often the driver looks for a `stop` while the hosts tra
 RETRY_PAUSE_S = 10.0  # before the first retry after a lost host; doubled for each one after
 RETRY_PAUSE_MAX_S = 120.0
 ABANDON_TIMEOUT_S = 10.0  # how long a lost attempt's hosts get to end and remove their folders
-# The exit code of a job stopped before its trainers ran or between attempts: an interrupted
-# trainer's (128 + SIGTERM), so that a stop never reads as success.
-STOPPED_EXIT = 128 + signal.SIGTERM
 
 
 # What every host's trainer gets from the submitting machine's environment: the tracker's and the
@@ -146,7 +142,7 @@ def run_hosts(
     have to come back first) and resumes from the newest checkpoint, up to `max_retries` times.
     Waiting for busy nodes is not a lost host: it says what it waits for, and ends the job
     (PlacementError) when the nodes stay busy. `stopping` asks the trainers to save a checkpoint
-    and stop, and ends any wait at once (STOPPED_EXIT); `process_0` is told each attempt's host
+    and stop, and ends any wait at once (host.STOPPED_EXIT); `process_0` is told each attempt's host
     0 actor (None once it ends), which finds the control endpoint. Returns the runners' exit
     code."""
     import ray
@@ -170,8 +166,8 @@ def run_hosts(
                               seconds=CAPACITY_WAIT_S if attempt else 0.0)  # fmt: skip
             outcome = _attempt(ray, job, environment, driver_actor, waiting, process_0)
         except Stopped:
-            say(f"kiln: stopped before the trainers ran (exit code {STOPPED_EXIT})")
-            return STOPPED_EXIT
+            say(f"kiln: stopped before the trainers ran (exit code {host.STOPPED_EXIT})")
+            return host.STOPPED_EXIT
         if isinstance(outcome, int):
             return outcome
         lost = outcome

@@ -30,6 +30,9 @@ EMULATOR_VARIABLE = "STORAGE_EMULATOR_HOST"
 # TensorStore's error line when it finds no Google credentials (it then sends none), on every
 # host's first GCS request.
 NO_CREDENTIALS_LINE = "Could not find the credentials file in the standard gcloud location"
+# A stopped trainer's exit code (a shell's for SIGTERM), and a host's whose stop came before its
+# trainer started: a job stopped anywhere never reads as a success.
+STOPPED_EXIT = 128 + signal.SIGTERM
 
 
 def _die_with_parent() -> None:
@@ -58,6 +61,9 @@ class TrainerHost:
         self._run_dir = run_dir  # where the runner builds (INPUTS: in this host's folder)
         self._process: subprocess.Popen[str] | None = None
         self._code = ""  # Kiln's sources on this node, once `run` has them
+        # `stop` may come while `run` still fetches the runtime: the trainer then never starts.
+        self._stop_asked = False
+        self._starting = threading.Lock()
 
     def node(self) -> str:
         """This host's node, for people: its address and the start of its Ray node id."""
@@ -87,7 +93,10 @@ class TrainerHost:
         """Writes `files` (the step and its eval tasks) into a fresh folder and runs
         `python -m kiln.runner` there, with Kiln's runtime (node_runtime) and `environment` (the
         trainer's settings and the submitter's secrets) added to its own; each line of its output
-        goes to the job's `driver`, in order. Returns its exit code."""
+        goes to the job's `driver`, in order. Returns its exit code (STOPPED_EXIT, without
+        starting it, when a stop came first)."""
+        if self._stop_asked:
+            return STOPPED_EXIT
         import ray
 
         node = node_runtime.NodeRuntime.from_json(runtime)
@@ -113,16 +122,19 @@ class TrainerHost:
             # Ray caps a 1-CPU actor at one thread (OMP_NUM_THREADS=1); the trainer is its
             # host's one process and may use every core (benchmarks/RESULTS.md).
             env.pop("OMP_NUM_THREADS", None)
-            self._process = subprocess.Popen(
-                command + [arg.replace(INPUTS, inputs) for arg in argv],
-                cwd=inputs,  # lm-eval task files name their data relative to the step's folder
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                preexec_fn=_die_with_parent,
-            )
+            with self._starting:
+                if self._stop_asked:
+                    return STOPPED_EXIT
+                self._process = subprocess.Popen(
+                    command + [arg.replace(INPUTS, inputs) for arg in argv],
+                    cwd=inputs,  # lm-eval task files name their data relative to the step's folder
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    errors="replace",
+                    preexec_fn=_die_with_parent,
+                )
             assert self._process.stdout is not None
             with _OrderedOutput(ray, driver, index) as output:
                 for line in self._process.stdout:
@@ -150,9 +162,12 @@ class TrainerHost:
         return endpoint(Path(self._run_dir), process.pid, node, ttl_minutes)
 
     def stop(self) -> None:
-        """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
+        """Asks the trainer to save a checkpoint and stop (SIGTERM), as Ctrl-C would locally;
+        one not started yet never starts."""
+        with self._starting:
+            self._stop_asked = True
+            if self._process is not None and self._process.poll() is None:
+                self._process.send_signal(signal.SIGTERM)
 
     def abandon(self) -> None:
         """Ends the trainer at once (SIGKILL): its attempt is over (a host was lost elsewhere).
