@@ -164,6 +164,8 @@ def run_hosts(
             # cluster that cannot hold the run ends the job, naming what it lacks.
             wait_for_capacity(job.resources, ray.nodes, job.address, waiting=waiting,
                               seconds=CAPACITY_WAIT_S if attempt else 0.0)  # fmt: skip
+            if stopping.is_set():  # asked for before placement: nothing is reserved or started
+                raise Stopped()
             outcome = _attempt(ray, job, environment, driver_actor, waiting, process_0)
         except Stopped:
             say(f"kiln: stopped before the trainers ran (exit code {host.STOPPED_EXIT})")
