@@ -6,7 +6,8 @@
   the cache, the shard and its error, and nothing reads as complete;
 - a run followed, detached by Ctrl-C, its control endpoint listed and used through the job, a
   checkpoint asked for, stopped from a second command, its log followed to the end (no
-  capability token in it) and listed;
+  capability token in it) and listed; a run stopped wherever the stop lands (waiting for busy
+  nodes, training, as it starts, in the pause before a retry) is STOPPED, never a success;
 - a run the cluster can never hold, addresses that are wrong and a head whose GCS its Ray
   Client server cannot reach: one line each, in seconds.
 
@@ -48,7 +49,7 @@ from kiln.cluster.placement import (
     reserve_slice,
 )
 from kiln_contract.train import Resources
-from tests.e2e.ray_nodes import SLICE, Cluster
+from tests.e2e.ray_nodes import SLICE, Cluster, processes
 from tests.e2e.workspace import run_pants
 
 CACHE = "tokenized/fan/2026.12.03"
@@ -216,6 +217,45 @@ def test_a_job_is_detached_controlled_and_stopped_from_another_command(
     assert missing.returncode == 1
     assert f"kiln: error: no job 'no-such-job' on the Ray cluster at {cluster.address} " in \
         missing.stderr  # fmt: skip
+    a_rerun_stopped_as_it_starts_and_in_a_retry_pause(repo, options, env, kiln_cluster)
+
+
+def a_rerun_stopped_as_it_starts_and_in_a_retry_pause(
+    repo: Path,
+    options: list[str],
+    env: dict[str, str],
+    kiln_cluster: Callable[..., subprocess.CompletedProcess[str]],
+) -> None:
+    """The stopped run submitted again (it resumes) and stopped as soon as it is submitted, then
+    once more with its trainer SIGKILLed and stopped in the pause before the retry: each time
+    STOPPED with a non-zero exit, `stop` answering in seconds, and nothing reads as success."""
+    job, _ = submit_then_interrupt(repo, [*options, "run", "experiments/jobs:endless"], env)
+    stopped_at_once(kiln_cluster, job)
+
+    job, _ = submit_then_interrupt(repo, [*options, "run", "experiments/jobs:endless"], env)
+    wait_for(lambda: "(host 0) training control: " in kiln_cluster("logs", job).stdout,
+             "the trainer")  # fmt: skip
+    trainer = [pid for pid, line in processes() if "kiln.runner" in line and job in line]
+    assert trainer, f"no trainer of {job} among the nodes' processes"
+    for pid in trainer:
+        os.kill(pid, signal.SIGKILL)
+    retry = r"kiln: a host of the run was lost \(.*killed by signal 9\); retry 1 of \d+ in 10 s"
+    wait_for(lambda: re.search(retry, kiln_cluster("logs", job).stdout), "the retry pause")
+    followed = stopped_at_once(kiln_cluster, job)
+    assert "kiln: stopped before the trainers ran (exit code 143)" in followed
+
+
+def stopped_at_once(kiln_cluster: Callable[..., subprocess.CompletedProcess[str]], job: str) -> str:
+    """`stop` of `job`: STOPPED with exit code 143 within seconds. The job's whole output."""
+    asked = time.monotonic()
+    stopped = kiln_cluster("stop", job)
+    assert stopped.returncode == 0, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert f"kiln: job {job} is STOPPED (exit code 143)" in stopped.stdout, stopped.stdout
+    assert time.monotonic() - asked < 60  # not after a placement wait or a retry
+    followed = kiln_cluster("logs", "-f", job)
+    assert followed.returncode == 143, followed.stdout[-3000:] + followed.stderr[-3000:]
+    assert "SUCCEEDED" not in followed.stdout
+    return followed.stdout
 
 
 def a_job_waiting_for_busy_nodes_stops_at_once(

@@ -257,7 +257,9 @@ def _wait(
         if stopping.is_set():
             for h in hosts:
                 h.stop.remote()
-            return next((c for c in ray.get(runs, timeout=STOP_TIMEOUT_S) if c != 0), 0)
+            stopped = ray.get(runs, timeout=STOP_TIMEOUT_S)
+            # A trainer stopped before it handles SIGTERM dies of it: 128 + 15, as a shell says.
+            return next((128 - c if c < 0 else c for c in stopped if c != 0), 0)
         done, pending = ray.wait(pending, num_returns=1, timeout=STOP_POLL_S)
         if not done:
             continue
