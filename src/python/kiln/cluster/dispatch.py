@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiln.cluster import driver, host, node_runtime
+from kiln.cluster import host, node_runtime
 from kiln.cluster.errors import ClusterError
 from kiln.cluster.placement import (
     CAPACITY_WAIT_S,
@@ -131,7 +131,7 @@ def run_hosts(
     job_json: dict[str, Any],
     environment: dict[str, str],
     driver_actor: Any,
-    say: Callable[[str], None],
+    sayers: tuple[Callable[[str], None], Callable[[str], None]],
     stopping: threading.Event,
     process_0: Callable[[Any], None],
 ) -> int:
@@ -142,11 +142,12 @@ def run_hosts(
     have to come back first) and resumes from the newest checkpoint, up to `max_retries` times.
     Waiting for busy nodes is not a lost host: it says what it waits for, and ends the job
     (PlacementError) when the nodes stay busy. `stopping` asks the trainers to save a checkpoint
-    and stop, and ends any wait at once (host.STOPPED_EXIT); `process_0` is told each attempt's host
-    0 actor (None once it ends), which finds the control endpoint. Returns the runners' exit
+    and stop, and ends any wait at once (host.STOPPED_EXIT); `process_0` is told each attempt's
+    host 0 actor (None once it ends), which finds the control endpoint. Returns the runners' exit
     code."""
     import ray
 
+    say, say_retry = sayers  # a line of the job's output; one announcing a retry (counted)
     job = ClusterJob.from_json(job_json)
     for module in (host, node_runtime):  # the hosts need no Kiln to start the actor
         ray.cloudpickle.register_pickle_by_value(module)
@@ -156,7 +157,7 @@ def run_hosts(
         try:
             if attempt:
                 pause = min(RETRY_PAUSE_S * 2 ** (attempt - 1), RETRY_PAUSE_MAX_S)
-                say(f"{driver.RETRY_LINE} ({lost}); retry {attempt} of "
+                say_retry(f"kiln: a host of the run was lost ({lost}); retry {attempt} of "
                     f"{job.max_retries} in {pause:.0f} s, from the newest checkpoint")  # fmt: skip
                 if stopping.wait(pause):
                     raise Stopped()

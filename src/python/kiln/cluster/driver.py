@@ -26,7 +26,6 @@ FINISHED = (SUCCEEDED, FAILED, STOPPED)
 KEEP_FINISHED_S = 24 * 3600  # a finished job's status and output stay readable this long
 READ_LINES = 2000  # the most output lines one `read` returns
 ENDPOINT_TIMEOUT_S = 30.0  # how long `endpoint` waits for process 0's host to answer
-RETRY_LINE = "kiln: a host of the run was lost"  # how run_hosts's line for a retry begins
 # A line of host 1+ that host 0 also prints within this long is host 0's to show: hosts run the
 # same program, so the same library warnings and the same SIGTERM line come from each.
 REPEAT_WINDOW_S = 5.0
@@ -73,11 +72,15 @@ class JobDriver:
             self._lines.extend(self._repeats.add(lines, time.monotonic()))
 
     def say(self, line: str) -> None:
-        """Appends a line of the driver's own to the job's output (a retry's counts one)."""
+        """Appends a line of the driver's own to the job's output."""
         with self._lock:
             self._lines.append(line)
-            if line.startswith(RETRY_LINE):
-                self._status["retries"] += 1
+
+    def say_retry(self, line: str) -> None:
+        """Appends the line that announces a retry, and counts the retry in the status."""
+        with self._lock:
+            self._lines.append(line)
+            self._status["retries"] += 1
 
     def read(self, offset: int) -> tuple[list[str], dict[str, Any]]:
         """The output lines from `offset` on (at most READ_LINES) and the status."""
@@ -135,7 +138,8 @@ class JobDriver:
 
             me = ray.get_runtime_context().current_actor
             exit_code = dispatch.run_hosts(
-                self._job, environment, me, self.say, self._stopping, self._set_host_0
+                self._job, environment, me, (self.say, self.say_retry), self._stopping,
+                self._set_host_0,
             )
         except Exception as e:  # noqa: BLE001 - every failure ends the job, in its output
             self.say(f"kiln: error: {e}")
