@@ -249,11 +249,13 @@ def stopped_at_once(kiln_cluster: Callable[..., subprocess.CompletedProcess[str]
     """`stop` of `job`: STOPPED with exit code 143 within seconds. The job's whole output."""
     asked = time.monotonic()
     stopped = kiln_cluster("stop", job)
-    assert stopped.returncode == 0, stopped.stdout[-3000:] + stopped.stderr[-3000:]
-    assert f"kiln: job {job} is STOPPED (exit code 143)" in stopped.stdout, stopped.stdout
-    assert time.monotonic() - asked < 60  # not after a placement wait or a retry
+    answered_in = time.monotonic() - asked
     followed = kiln_cluster("logs", "-f", job)
-    assert followed.returncode == 143, followed.stdout[-3000:] + followed.stderr[-3000:]
+    output = stopped.stdout[-3000:] + stopped.stderr[-3000:] + followed.stdout[-6000:]
+    assert stopped.returncode == 0, output
+    assert f"kiln: job {job} is STOPPED (exit code 143)" in stopped.stdout, output
+    assert answered_in < 60, output  # not after a placement wait or a retry
+    assert followed.returncode == 143, output
     assert "SUCCEEDED" not in followed.stdout
     return followed.stdout
 
