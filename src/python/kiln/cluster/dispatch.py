@@ -258,7 +258,13 @@ def _wait(
         if stopping.is_set():
             for h in hosts:
                 h.stop.remote()
-            stopped = ray.get(runs, timeout=STOP_TIMEOUT_S)
+            try:
+                stopped = ray.get(runs, timeout=STOP_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise ClusterError(
+                    f"the trainers did not stop within {STOP_TIMEOUT_S:.0f} s of `stop`: they "
+                    "were killed, and a rerun resumes from the newest checkpoint"
+                ) from None
             # A trainer stopped before it handles SIGTERM dies of it: 128 + 15, as a shell says.
             return next((128 - c if c < 0 else c for c in stopped if c != 0), 0)
         done, pending = ray.wait(pending, num_returns=1, timeout=STOP_POLL_S)

@@ -34,6 +34,14 @@ from kiln_contract.step import StepSpec
 ORPHAN_GRACE_SECONDS = 30.0
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised wherever the run is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     # transformers (tokenizers for evals and samples) warns that PyTorch is absent: irrelevant.
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -41,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.library_output:
         quiet_libraries()
-    # SIGTERM (timeout, SLURM, Kubernetes) stops a run as Ctrl-C does: the training loop saves a
-    # checkpoint first; elsewhere the run unwinds, releasing its lease.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # SIGTERM (timeout, SLURM, Kubernetes, a cluster job's `stop`) stops a run as Ctrl-C does: the
+    # training loop saves a checkpoint first; elsewhere the run unwinds, releasing its lease.
+    signal.signal(signal.SIGTERM, _terminate)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
     try:
         step = read_step(args.step)
@@ -62,9 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as e:
         print(f"kiln: error: {e}", file=sys.stderr)
         return EXIT_STORAGE
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(f"kiln: {step.ref} interrupted; rerun to go on", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
 
 
 def _run(

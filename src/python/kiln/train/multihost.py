@@ -88,6 +88,9 @@ def joined(group: ProcessGroup) -> Iterator[int]:
 
     # CPU hosts need a collectives backend across processes; GPUs and TPUs bring their own.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # jax's preemption service takes SIGTERM for itself from here on, and a stop that came
+    # before the trainer's own handlers would be kept from it: SIGTERM stays the runner's.
+    jax.config.update("jax_enable_preemption_service", False)
     try:
         if group.coordinator == "auto":
             jax.distributed.initialize()
