@@ -235,7 +235,7 @@ def a_rerun_stopped_as_it_starts_and_in_a_retry_pause(
     job, _ = submit_then_interrupt(repo, [*options, "run", "experiments/jobs:endless"], env)
     wait_for(lambda: "(host 0) training control: " in kiln_cluster("logs", job).stdout,
              "the trainer")  # fmt: skip
-    trainer = [pid for pid, line in processes() if "kiln.runner" in line and job in line]
+    trainer = [pid for pid, line in processes() if f" --job {job} " in line]  # its runner
     assert trainer, f"no trainer of {job} among the nodes' processes"
     for pid in trainer:
         os.kill(pid, signal.SIGKILL)
