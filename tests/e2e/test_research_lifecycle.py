@@ -145,8 +145,9 @@ def lifecycle_beside_a_broken_target(repo: Path) -> None:
 
 def supervised_fine_tuning_of_the_run(repo: Path) -> None:
     """Marin's default_sft: the run's weights, a fresh optimizer, chats from their beginning;
-    the loss (train and held-out) counts the assistant's tokens, the share `plan` reports."""
-    pants(repo, "build", "experiments/lifecycle:sft")
+    the loss (train and held-out) counts the assistant's tokens, the share `plan` reports; on
+    the held-out chats the fine-tuned model beats the run it started from, side by side."""
+    pants(repo, "build", "experiments/lifecycle:sft_family")
     assert (repo / STORE / SFT / "STATUS").read_text().strip() == "SUCCESS"
     parent = read(repo, SFT, "artifact.json")["identity"]["init_from"]
     assert (parent["name"], parent["fingerprint"]) == (
@@ -159,6 +160,12 @@ def supervised_fine_tuning_of_the_run(repo: Path) -> None:
     losses = [json.loads(line)[held_out] for line in (repo / STORE / SFT / "metrics.jsonl")
               .read_text().splitlines() if held_out in line]  # fmt: skip
     assert losses[-1] < losses[0], losses  # the held-out answers, from the base's weights on
+    scored = {run: read(repo, f"evals/lifecycle/{run}_chats/2026.12.06", "results.json")
+              ["metrics"][held_out] for run in ("base", "sft")}  # fmt: skip
+    assert scored["sft"] < scored["base"], scored
+    compared = pants(repo, "compare", "experiments/lifecycle:sft_family").stdout
+    assert "evals/lifecycle/base_chats@2026.12.06 (of checkpoints/lifecycle/base@2026.12.02" \
+        in compared and "evals/lifecycle/sft_chats@2026.12.06 (of " in compared, compared
     stats = read(repo, "tokenized/lifecycle/chats/2026.12.06", "stats.json")
     assert 0 < stats["loss_tokens"] < stats["tokens"]
     planned = pants(repo, "plan", "experiments/lifecycle:sft").stdout
@@ -167,7 +174,6 @@ def supervised_fine_tuning_of_the_run(repo: Path) -> None:
                      rf"~\S+: {share}\)", planned), planned  # fmt: skip
 
     # Its export carries the chat template: transformers renders a chat as the cache holds it.
-    pants(repo, "package", "experiments/lifecycle:sft_hf")
     exported = AutoTokenizer.from_pretrained(repo / STORE / "hf/lifecycle/sft/2026.12.06")
     chat = json.loads((repo / "experiments/lifecycle/chats.jsonl").read_text().splitlines()[0])
     cache = TokenCache.open(repo / STORE / "tokenized/lifecycle/chats/2026.12.06")
