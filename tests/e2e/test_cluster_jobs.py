@@ -233,10 +233,8 @@ def a_rerun_stopped_as_it_starts_and_in_a_retry_pause(
     stopped_at_once(kiln_cluster, job)
 
     job, _ = submit_then_interrupt(repo, [*options, "run", "experiments/jobs:endless"], env)
-    wait_for(lambda: "(host 0) training control: " in kiln_cluster("logs", job).stdout,
-             "the trainer")  # fmt: skip
-    trainer = [pid for pid, line in processes() if f" --job {job} " in line]  # its runner
-    assert trainer, f"no trainer of {job} among the nodes' processes"
+    trainer = wait_for(lambda: [pid for pid, line in processes() if f" --job {job} " in line],
+                       "the trainer's process")  # its runner, on a node, as soon as it starts
     for pid in trainer:
         os.kill(pid, signal.SIGKILL)
     retry = r"kiln: a host of the run was lost \(.*killed by signal 9\); retry 1 of \d+ in 10 s"
