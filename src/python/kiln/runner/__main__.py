@@ -26,6 +26,7 @@ from kiln.runner.command_line import apply_overrides, argument_parser, read_step
 from kiln.runner.errors import StepError
 from kiln.runner.step_run import Destination
 from kiln.train import multihost
+from kiln.train.hooks import StopSignals
 from kiln.train.progress import quiet_libraries
 from kiln_contract.location import is_bucket_url
 from kiln_contract.step import StepSpec
@@ -39,6 +40,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _terminate(signum: int, frame: object) -> None:
+    StopSignals.noted_before = signum  # training stops at once if the exception is dropped
     raise Terminated()
 
 

@@ -75,10 +75,16 @@ class TrainerHooks:
 
 class StopSignals:
     """Turns the first SIGINT/SIGTERM into a flag the loop reads after each step (a SIGTERM
-    replacing a SIGINT); a second one of the same kind gets the default behaviour (kill now)."""
+    replacing a SIGINT); a second one of the same kind gets the default behaviour (kill now).
+    A signal noted before (`noted_before`) counts as received: the loop stops at its first
+    sync point."""
+
+    # A stop that came before the loop's handlers, noted by the process's own handler
+    # (kiln.runner), whose exception Python drops when it lands in a garbage-collection callback.
+    noted_before: int | None = None
 
     def __init__(self) -> None:
-        self.received: int | None = None
+        self.received: int | None = StopSignals.noted_before
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> StopSignals:

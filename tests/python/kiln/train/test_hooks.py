@@ -75,3 +75,17 @@ def test_a_signal_reaches_the_next_step_yielded() -> None:
         second = next(steps)
     assert first.signum is None and second.signum == signal.SIGTERM
     assert not second.stopping_early  # the run's own end is not an early stop
+
+
+def test_a_stop_noted_before_the_loop_reaches_its_first_step(monkeypatch) -> None:
+    """A SIGTERM whose exception Python dropped before training (kiln.runner notes it) stops
+    the loop at its first step all the same."""
+
+    def train_step(state: int, batch: int) -> tuple[int, dict[str, int]]:
+        return state + 1, {}
+
+    monkeypatch.setattr(StopSignals, "noted_before", signal.SIGTERM)
+    with StopSignals() as signals:
+        steps = training_steps(train_step, 0, iter(range(100)), range(1, 5), signals=signals,
+                               total=4)  # fmt: skip
+        assert next(steps).signum == signal.SIGTERM
