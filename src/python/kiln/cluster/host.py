@@ -122,12 +122,13 @@ class TrainerHost:
             # Ray caps a 1-CPU actor at one thread (OMP_NUM_THREADS=1); the trainer is its
             # host's one process and may use every core (benchmarks/RESULTS.md).
             env.pop("OMP_NUM_THREADS", None)
+            # lm-eval task files name their data relative to the step's folder: cwd=inputs.
             with self._starting:
                 if self._stop_asked:
                     return STOPPED_EXIT
                 self._process = subprocess.Popen(
                     command + [arg.replace(INPUTS, inputs) for arg in argv],
-                    cwd=inputs,  # lm-eval task files name their data relative to the step's folder
+                    cwd=inputs,
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
