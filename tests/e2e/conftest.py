@@ -1,5 +1,6 @@
-"""The worlds the end-to-end tests share: one copy of this workspace and its Pants daemon, and
-for the cluster's tests one Ray cluster started the documented way and one S3 server.
+"""The worlds the end-to-end tests share: one copy of this workspace and its Pants daemon, an S3
+server, and for the cluster's tests the one-machine Ray cluster of docs/clusters.md with its
+bucket.
 
 Pants runs the files of tests/e2e in two pytest processes (their BUILD's batch tags: the
 cluster's files and the others), so each session fixture is made once per process, and only
@@ -33,5 +34,6 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    venv = make_node_venv(tmp_path_factory.mktemp("node") / "kiln-node")
-    yield from started_cluster(venv, tmp_path_factory.mktemp("nodes"))
+    home = tmp_path_factory.mktemp("cluster-home")  # the recipe's user: ~/kiln-node, ~/kiln-nodes
+    make_node_venv(home / "kiln-node")
+    yield from started_cluster(home)

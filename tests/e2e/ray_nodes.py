@@ -1,10 +1,12 @@
-"""The end-to-end tests' Ray cluster, started as docs/clusters.md's "Start a cluster" says: a venv
-with only ray-node-requirements.txt installed, `ray start` on loopback, each node with a HOME
-and a temp folder of its own and nothing of the repo. Kiln ships its runtime to them.
+"""The end-to-end tests' Ray cluster: docs/clusters.md's "A cluster on one machine" as written, in
+a HOME of its own. The node venv is made as "Start a cluster" says (only
+ray-node-requirements.txt); `scripts/one_machine_cluster.sh start` starts moto's S3 server with
+the bucket, the head and a second node, each node with a HOME and a temp folder of its own and
+nothing of the repo; Kiln ships its runtime to them. Only the ports (free ones) and the bucket's
+name are the tests' own.
 
 Each node also carries stand-ins for what Ray registers on a host of a 2-host v4-16 TPU slice
-(its chips, the slice's name and the head resource; TPU_NAME), and a resource naming it, so that
-its raylet can be found and killed.
+(its chips, the slice's name and the head resource; TPU_NAME).
 """
 
 from __future__ import annotations
@@ -12,103 +14,108 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from kiln_testing.buckets import BUCKET, s3_environment
 from kiln_testing.multihost import free_port
-from kiln_testing.ray_cluster import stop_processes_under
+from kiln_testing.processes import python_env
 
+SCRIPT = Path("scripts/one_machine_cluster.sh").absolute()
 NODE_REQUIREMENTS = Path("3rdparty/python/ray-node-requirements.txt")
 NODE_PYTHON = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
 SLICE = "kiln-test-slice"
 STAND_INS = {"TPU": 4.0, "TPU-v4-16-head": 1.0, SLICE: 1.0}
+OBJECT_STORE_BYTES = 300 << 20
 
 
 def make_node_venv(venv: Path) -> Path:
-    """A node's Python, as "Start a cluster" makes it: CPython and the pinned Ray, nothing else."""
+    """A node's Python, as "Start a cluster" makes it: CPython and the pinned Ray, nothing else.
+    Then moto's server, which the one-machine recipe pip-installs: here the tests' own moto (the
+    runtime lock's version, as the recipe pins it), through a launcher in the venv's bin."""
     subprocess.run([str(NODE_PYTHON), "-m", "venv", str(venv)], check=True, timeout=300)
     pip = [str(venv / "bin/pip"), "install", "--quiet", "--no-deps", "--require-hashes", "-r",
            str(NODE_REQUIREMENTS.absolute())]  # fmt: skip
     environment = {**os.environ, "PIP_CONFIG_FILE": "/dev/null"}
     subprocess.run(pip, check=True, timeout=900, env=environment, cwd=venv.parent)
+    launcher = venv / "bin/moto_server"
+    launcher.write_text(
+        f"#!/bin/sh\nPYTHONPATH='{python_env()['PYTHONPATH']}' "
+        f'exec {sys.executable} -m moto.server "$@"\n'
+    )
+    launcher.chmod(0o755)
     return venv
 
 
 class Cluster:
-    """Ray nodes on loopback, each started by `ray start` with a HOME and TMPDIR of its own."""
+    """The recipe's cluster in `home` (the venv at ~/kiln-node, the nodes under ~/kiln-nodes)."""
 
-    def __init__(self, venv: Path, root: Path) -> None:
-        self.venv, self.root = venv, root
-        self.gcs_port, self.client_port = free_port(), free_port()
-        self.ray_root = Path(tempfile.mkdtemp(prefix="kray", dir="/tmp"))  # short socket paths
+    def __init__(self, home: Path) -> None:
+        self.home, self.root = home, home / "kiln-nodes"
+        self.gcs_port, self.client_port, self.s3_port = free_port(), free_port(), free_port()
 
     @property
     def address(self) -> str:
         return f"ray://127.0.0.1:{self.client_port}"
 
-    def start(self, name: str, *, head: bool = False) -> None:
-        home, tmp = self.root / name / "home", self.root / name / "tmp"
-        home.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(parents=True, exist_ok=True)
-        role = (["--head", "--port", str(self.gcs_port), "--ray-client-server-port",
-                 str(self.client_port), "--include-dashboard", "false"] if head
-                else ["--address", f"127.0.0.1:{self.gcs_port}"])  # fmt: skip
-        resources = json.dumps({**STAND_INS, f"node-{name}": 1})
-        command = [str(self.venv / "bin/ray"), "start", *role, "--node-ip-address", "127.0.0.1",
-                   "--num-cpus", "1", "--temp-dir", str(self.ray_root),
-                   "--resources", resources, "--object-store-memory", str(300 << 20),
-                   "--disable-usage-stats"]  # fmt: skip
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def ray_root(self) -> Path:
+        """The nodes' Ray folder (their sockets, sessions and logs)."""
+        return Path((self.root / "ray-temp-dir").read_text().strip())
+
+    def script(self, *args: str) -> str:
+        """`scripts/one_machine_cluster.sh ARGS` with this cluster's settings; its output."""
+        resources = json.dumps(STAND_INS, separators=(",", ":"))
         environment = {
-            "PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(tmp),
-            "RAY_TMPDIR": str(self.ray_root), "RAY_USAGE_STATS_ENABLED": "0",
-            "JAX_PLATFORMS": "cpu", "TPU_NAME": SLICE,
-            **({"GRPC_ENABLE_FORK_SUPPORT": "0"} if head else {}),
+            "PATH": "/usr/bin:/bin", "HOME": str(self.home), "JAX_PLATFORMS": "cpu",
+            "TPU_NAME": SLICE, "KILN_GCS_PORT": str(self.gcs_port),
+            "KILN_CLIENT_PORT": str(self.client_port), "KILN_S3_PORT": str(self.s3_port),
+            "KILN_BUCKET": BUCKET,
+            "KILN_RAY_ARGS": f"--resources {resources} --object-store-memory {OBJECT_STORE_BYTES}",
         }  # fmt: skip
-        result = subprocess.run(command, env=environment, cwd=home, capture_output=True,
-                                text=True, timeout=180)  # fmt: skip
+        result = subprocess.run(["bash", str(SCRIPT), *args], env=environment, cwd=self.home,
+                                capture_output=True, text=True, timeout=180)  # fmt: skip
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        return result.stdout
 
     def kill_raylet(self, name: str) -> None:
-        os.kill(_pid_naming("raylet", f"node-{name}"), signal.SIGKILL)
+        """SIGKILLs node `name`'s raylet (the one whose HOME is the node's)."""
+        home = f"HOME={self.root / name / 'home'}".encode()
+        [pid] = [pid for pid, line in processes() if "raylet" in line.split(" ")[0]
+                 and home in _environ(pid).split(b"\0")]  # fmt: skip
+        os.kill(pid, signal.SIGKILL)
 
     @contextlib.contextmanager
     def gcs_paused(self) -> Iterator[None]:
         """The head's GCS stopped (SIGSTOP) while the block runs: its Ray Client server answers,
         and the sessions it starts cannot reach the GCS."""
-        pid = _pid_naming("gcs_server", str(self.ray_root))
+        [pid] = [pid for pid, line in processes() if "gcs_server" in line
+                 and str(self.ray_root) in line]  # fmt: skip
         os.kill(pid, signal.SIGSTOP)
         try:
             yield
         finally:
             os.kill(pid, signal.SIGCONT)
 
-    def stop(self) -> None:
-        # The nodes' processes name their temp folder; Ray Client's servers name only the venv.
-        for root in (self.ray_root, self.venv):
-            stop_processes_under(root)
-        shutil.rmtree(self.ray_root, ignore_errors=True)
 
-
-def started_cluster(venv: Path, root: Path) -> Iterator[Cluster]:
-    """A head and a second node, stopped at the end (failed or not)."""
-    nodes = Cluster(venv, root)
+def started_cluster(home: Path) -> Iterator[Cluster]:
+    """The recipe's bucket, head and second node, with AWS_* set for its S3 server here; all
+    stopped at the end (failed or not)."""
+    nodes = Cluster(home)
     try:
-        nodes.start("a", head=True)
-        nodes.start("b")
-        yield nodes
+        nodes.script("start")
+        with s3_environment(nodes.s3_endpoint, home):
+            yield nodes
     finally:
-        nodes.stop()
-
-
-def _pid_naming(*words: str) -> int:
-    """The one process whose command line has every word."""
-    [pid] = [pid for pid, line in processes() if all(word in line for word in words)]
-    return pid
+        if (nodes.root / "ray-temp-dir").exists():
+            nodes.script("stop")
 
 
 def processes() -> Iterator[tuple[int, str]]:
@@ -120,3 +127,10 @@ def processes() -> Iterator[tuple[int, str]]:
             except OSError:
                 continue
             yield int(entry.name), line
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""

@@ -1,14 +1,13 @@
-"""End to end, the reference's cluster run (docs/clusters.md): `./pants run` of a quickstart-shaped
-`cpu(hosts=2)` target, with its local eval task and its artifact store in an S3 bucket, submitted
-from this machine to two Ray nodes that share nothing but the bucket.
+"""End to end, the reference's cluster run as docs/clusters.md's "A cluster on one machine" writes
+it: `./pants run experiments:ci_tiny_2hosts`, a quickstart-shaped `cpu(hosts=2)` target with its
+local eval task and its artifact store in an S3 bucket, submitted from this machine to two Ray
+nodes that share nothing but the bucket (the cluster and the bucket: tests/e2e/ray_nodes.py).
 
-The nodes are started as "Start a cluster" says, from a folder without the repo: a venv with only
-ray-node-requirements.txt installed, each node with a HOME and a temp folder of its own; Kiln ships
-its runtime to them. Once a checkpoint is in the bucket, the second node's raylet is SIGKILLed and
-a node started in its place: the job retries, naming the lost node, and ends with the losses of
-an uninterrupted run. Then the rerun is served from the bucket, `plan` says built, the hf_model
-export lands in the bucket, and no planted secret is in any object, log or record. Last, a sweep
-built on the same cluster submits its two trainings as jobs at once.
+Once a checkpoint is in the bucket, the second node's raylet is SIGKILLed and a node started in
+its place (`scripts/one_machine_cluster.sh add`): the job retries, naming the lost node, and ends
+with the losses of an uninterrupted run. Then the rerun is served from the bucket, `plan` says
+built, the hf_model export lands in the bucket, and no planted secret is in any object, log or
+record. Last, a sweep built on the same cluster submits its two trainings as jobs at once.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -33,36 +32,16 @@ from kiln.cluster.jobs import list_jobs
 from tests.e2e.ray_nodes import Cluster, processes
 from tests.e2e.workspace import run_pants, store_rows
 
-TARGET = "experiments/cluster:tiny2"
-RUN = "checkpoints/tiny2/2026.12.01"
-# The quickstart's shape, at ci_tiny's size, on two hosts: a permanent checkpoint every 10 steps.
+# The one-machine recipe's run (docs/clusters.md): ci_tiny on `cpu(hosts=2)`, with its local eval
+# task and a permanent checkpoint every 10 steps, and its export.
+TARGET = "experiments:ci_tiny_2hosts"
+RUN = "checkpoints/ci_tiny_2hosts/2026.12.06"
 BUILD = """
-lm_checkpoint(
-    name="tiny2",
-    artifact_name="checkpoints/tiny2",
-    version="2026.12.01",
-    model=llama(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2,
-                num_kv_heads=1, num_layers=1),
-    optimizer=adam(learning_rate=1e-2, warmup=2),
-    datasets={"//experiments:stdlib_validation": 1.0},
-    validation=["//experiments:stdlib_validation"],
-    batch_size=4,
-    seq_len=64,
-    num_train_steps=40,
-    z_loss_weight=None,
-    evals=eval_suite(
-        [eval_task("kiln_stdlib_mc")], every=40, task_files="//experiments/eval_tasks:stdlib"
-    ),
-    resources=cpu(hosts=2),
-    compute_dtype="float32",
-    checkpoint_every=10,
-)
-
 hf_model(
     name="tiny2_hf",
     artifact_name="hf/tiny2",
     version="2026.12.01",
-    checkpoint=":tiny2",
+    checkpoint="//experiments:ci_tiny_2hosts",
     dtype="float32",
 )
 """
@@ -97,7 +76,7 @@ def train_losses(text: str) -> list[tuple[int, float]]:
 
 
 def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
-    s3_server: str, cluster: Cluster, workspace: Path, tmp_path: Path
+    cluster: Cluster, workspace: Path, tmp_path: Path
 ) -> None:
     repo = workspace
     (repo / "experiments/cluster").mkdir()
@@ -121,7 +100,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     # The node's host part that noticed first: its actor (gone with its raylet) or its trainer.
     assert re.search(r"\(process [01]'s (host|trainer) on node \S+ \([0-9a-f]{8}\) ", lost), lost
     assert "); retry 1 of 3 in 10 s, from the newest checkpoint" in lost, lost
-    assert f"(host 0) kiln: built checkpoints/tiny2@2026.12.01 at {prefix}/{RUN}" in output
+    assert f"(host 0) kiln: built checkpoints/ci_tiny_2hosts@2026.12.06 at {prefix}/{RUN}" in output
     assert (store.read(f"{RUN}/STATUS").data.decode().strip()) == "SUCCESS"
     noise = [line for line in output.splitlines() if "AWS_ERROR" in line]
     assert not noise, noise  # no SDK noise from the bucket clients
@@ -147,7 +126,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     assert output.rstrip().endswith(closing), output[-3000:]
     listed = run_pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "list",
                    env=env)  # fmt: skip
-    assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/tiny2@2026.12.01 ",
+    assert re.search(rf"^{job.group(1)}  SUCCEEDED  checkpoints/ci_tiny_2hosts@2026.12.06 ",
                      listed.stdout, re.M), listed.stdout + listed.stderr[-2000:]  # fmt: skip
     status = run_pants(repo, "run", ":kiln-cluster", "--", "--cluster", cluster.address, "status",
                    job.group(1), env=env)  # fmt: skip
@@ -159,7 +138,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     served = run_pants(repo, *options, "run", TARGET, env=env)
     assert f"is already built at {prefix}/{RUN}" in served.stdout
     planned = run_pants(repo, *options, "plan", TARGET, env=env)
-    assert re.search(r"^\s+built\s+\w+\s+lm_checkpoint\s+checkpoints/tiny2@2026.12.01 ",
+    assert re.search(r"^\s+built\s+\w+\s+lm_checkpoint\s+checkpoints/ci_tiny_2hosts@2026.12.06 ",
                      planned.stdout, re.M), planned.stdout
     run_pants(repo, *options, "package", "experiments/cluster:tiny2_hf", env=env)
     assert store.read("hf/tiny2/2026.12.01/STATUS").data.decode().strip() == "SUCCESS"
@@ -168,7 +147,7 @@ def test_a_cluster_run_from_this_machine_shares_nothing_but_the_bucket(
     ]
     listed = run_pants(repo, *options, "store", env=env)
     rows = store_rows(listed.stdout)
-    assert rows["checkpoints/tiny2@2026.12.01"] == ("SUCCESS", "experiments/cluster:tiny2")
+    assert rows["checkpoints/ci_tiny_2hosts@2026.12.06"] == ("SUCCESS", TARGET)
     assert rows["hf/tiny2@2026.12.01"] == ("SUCCESS", "experiments/cluster:tiny2_hf")
     _assert_nowhere(PLANTED.values(), store, [output, served.stdout, listed.stdout],
                     [cluster.root, cluster.ray_root])  # fmt: skip
@@ -234,7 +213,7 @@ def _kill_node_b_after_a_checkpoint(
                 if " --job " in line and str(cluster.root) in line]  # fmt: skip
     cluster.kill_raylet("b")
     time.sleep(2)
-    cluster.start("c")
+    cluster.script("add", "c")
     return trainers
 
 
@@ -254,7 +233,17 @@ def _assert_nowhere(
         assert not [v for v in values if v.encode() in data], name
     for text in outputs:
         assert not [v for v in values if v in text]
-    for path in (p for folder in folders for p in folder.rglob("*")):
+    for path in (p for folder in folders for p in _files_written_under(folder)):
         if path.is_file() and not path.is_symlink() and path.stat().st_size < 50 << 20:
             data = path.read_bytes()
             assert not [v for v in values if v.encode() in data], path
+
+
+def _files_written_under(folder: Path) -> Iterator[Path]:
+    """The files under `folder`, but those pex installed from the runtime lockfile's wheels on
+    a node (each wheel's sha256 checked against the lockfile's): 1.6 GB of third-party code a
+    node, which nothing else writes."""
+    for root, folders, files in os.walk(folder):
+        if Path(root).name == "pex_root":
+            folders[:] = [name for name in folders if name not in ("installed_wheels", "venvs")]
+        yield from (Path(root) / name for name in files)

@@ -10,7 +10,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-WORKSPACE = ("BUILD", "pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments")
+WORKSPACE = (
+    "BUILD", "pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty", "src", "experiments",
+    "scripts",
+)  # fmt: skip
 
 
 def copy_workspace(destination: Path) -> Path:

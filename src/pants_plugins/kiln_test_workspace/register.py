@@ -1,6 +1,6 @@
 """This repo's own test support: a Python test with `workspace=True` finds the repo's files in its
-sandbox (the launcher, Pants' config, the lockfiles, the sources and `experiments/`), to run real
-`./pants` on a copy of them or to read them as they are.
+sandbox (the launcher, Pants' config, the lockfiles, the sources, `experiments/` and `scripts/`),
+to run real `./pants` on a copy of them or to read them as they are.
 
 The files come from a pytest set-up plugin (Pants' `PytestPluginSetupRequest`), not from a
 `files` target: a glob over `experiments/**` in a `files` target would put a generated target per
@@ -19,7 +19,7 @@ from pants.engine.unions import UnionRule
 
 WORKSPACE_GLOBS = (
     "BUILD", "pants", "pants.toml", "ruff.toml", "mypy.ini", "3rdparty/python/*", "src/**/*",
-    "experiments/**/*", "!**/__pycache__/**",
+    "experiments/**/*", "scripts/*", "!**/__pycache__/**",
 )  # fmt: skip
 
 
@@ -28,7 +28,7 @@ class WorkspaceField(BoolField):
     default = False
     help = (
         "Put this repo's files (BUILD, pants, pants.toml, ruff.toml, mypy.ini, 3rdparty/python/, "
-        "src/, experiments/) into the test's sandbox."
+        "src/, experiments/, scripts/) into the test's sandbox."
     )
 
 

@@ -58,8 +58,7 @@ def _wait_until_answering(url: str, process: subprocess.Popen[bytes] | None = No
 
 @contextlib.contextmanager
 def s3_endpoint(scratch: Path) -> Iterator[str]:
-    """moto's server and its bucket BUCKET until the block ends, with AWS_* set so that boto3
-    and TensorStore use it; `scratch` holds an empty AWS config (none of the machine's)."""
+    """moto's server and its bucket BUCKET until the block ends, with `s3_environment`."""
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -69,6 +68,19 @@ def s3_endpoint(scratch: Path) -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
+    with s3_environment(endpoint, scratch):
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        try:
+            yield endpoint
+        finally:
+            server.stop()
+
+
+@contextlib.contextmanager
+def s3_environment(endpoint: str, scratch: Path) -> Iterator[None]:
+    """AWS_* set until the block ends, so that boto3 and TensorStore reach the S3 server at
+    `endpoint` with a test key pair (its secret PLANTED_SECRET); `scratch` holds an empty AWS
+    config (none of the machine's)."""
     empty = scratch / "no-aws-config"
     with _environment(
         AWS_ENDPOINT_URL=endpoint,
@@ -82,11 +94,7 @@ def s3_endpoint(scratch: Path) -> Iterator[str]:
         AWS_SHARED_CREDENTIALS_FILE=str(empty),
         AWS_EC2_METADATA_DISABLED="true",
     ):
-        boto3.client("s3").create_bucket(Bucket=BUCKET)
-        try:
-            yield endpoint
-        finally:
-            server.stop()
+        yield
 
 
 @contextlib.contextmanager
