@@ -61,6 +61,12 @@ start_bucket() {
   done
 }
 
+# Whether something listens on 127.0.0.1:PORT.
+answers() {
+  "${venv}/bin/python" -c "import socket, sys
+socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=1).close()" "$1" 2>/dev/null
+}
+
 # An unsigned PUT of the bucket's URL: moto takes it (a real S3 would not).
 make_bucket() {
   "${venv}/bin/python" -c "import sys, urllib.request as r
@@ -72,6 +78,12 @@ start() {
   [[ -x "${venv}/bin/moto_server" ]] ||
     fail "no moto in ${venv}: ${venv}/bin/pip install 'moto[server]==5.2.5'"
   [[ ! -f "${ray_temp_file}" ]] || fail "a cluster runs from ${nodes} already (stop it: $0 stop)"
+  local setting
+  for setting in "KILN_S3_PORT=${s3_port}" "KILN_GCS_PORT=${gcs_port}" \
+    "KILN_CLIENT_PORT=${client_port}"; do
+    ! answers "${setting#*=}" ||
+      fail "127.0.0.1:${setting#*=} is taken: choose another port with ${setting%=*}"
+  done
   mkdir -p "${nodes}"
   mktemp -d /tmp/kray.XXXXXX >"${ray_temp_file}"
   start_bucket
