@@ -1,8 +1,7 @@
 """A real two-node Ray cluster on loopback whose nodes run Kiln from this environment (for
 benchmarks/cluster_overhead.py): `ray start --head` plus a second node joining it, one CPU
 each, custom resources standing in for accelerators. The tests use a cluster started the
-documented way instead (tests/e2e/ray_nodes.py); both stop what they started with
-`stop_processes_under`."""
+documented way instead (scripts/one_machine_cluster.sh, from tests/e2e/ray_nodes.py)."""
 
 from __future__ import annotations
 
@@ -54,7 +53,7 @@ def ray_cluster(
         _ray(env, "start", "--address", f"127.0.0.1:{gcs_port}", *node)
         yield f"ray://127.0.0.1:{client_port}"
     finally:
-        stop_processes_under(root)
+        _stop_processes_under(root)
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -65,9 +64,9 @@ def _ray(env: dict[str, str], *args: str) -> None:
         raise RuntimeError(f"ray {args[0]} failed:\n{output}")
 
 
-def stop_processes_under(root: Path) -> None:
+def _stop_processes_under(root: Path) -> None:
     """Ends the processes whose command line names `root` (the nodes, their workers and
-    agents: the ones this fixture started), by process id: TERM, then KILL."""
+    agents: the ones `ray_cluster` started), by process id: TERM, then KILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = _pids_naming(str(root))
         for pid in pids:
