@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kiln_testing.buckets import BUCKET, s3_environment
 from kiln_testing.multihost import free_port
-from kiln_testing.processes import python_env
+from kiln_testing.processes import command_lines, environment, python_env
 
 SCRIPT = Path("scripts/one_machine_cluster.sh").absolute()
 NODE_REQUIREMENTS = Path("3rdparty/python/ray-node-requirements.txt")
@@ -87,16 +87,16 @@ class Cluster:
 
     def kill_raylet(self, name: str) -> None:
         """SIGKILLs node `name`'s raylet (the one whose HOME is the node's)."""
-        home = f"HOME={self.root / name / 'home'}".encode()
-        [pid] = [pid for pid, line in processes() if "raylet" in line.split(" ")[0]
-                 and home in _environ(pid).split(b"\0")]  # fmt: skip
+        home = str(self.root / name / "home")
+        [pid] = [pid for pid, line in command_lines() if "raylet" in line.split(" ")[0]
+                 and environment(pid).get("HOME") == home]  # fmt: skip
         os.kill(pid, signal.SIGKILL)
 
     @contextlib.contextmanager
     def gcs_paused(self) -> Iterator[None]:
         """The head's GCS stopped (SIGSTOP) while the block runs: its Ray Client server answers,
         and the sessions it starts cannot reach the GCS."""
-        [pid] = [pid for pid, line in processes() if "gcs_server" in line
+        [pid] = [pid for pid, line in command_lines() if "gcs_server" in line
                  and str(self.ray_root) in line]  # fmt: skip
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -116,21 +116,3 @@ def started_cluster(home: Path) -> Iterator[Cluster]:
     finally:
         if (nodes.root / "ray-temp-dir").exists():
             nodes.script("stop")
-
-
-def processes() -> Iterator[tuple[int, str]]:
-    """(pid, command line) of every process."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            yield int(entry.name), line
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return b""

@@ -34,6 +34,7 @@ import pytest
 from kiln_testing.buckets import BUCKET
 from kiln_testing.data import write_corpus
 from kiln_testing.multihost import free_port
+from kiln_testing.processes import command_lines
 
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore
@@ -50,7 +51,7 @@ from kiln.cluster.placement import (
     reserve_slice,
 )
 from kiln_contract.train import Resources
-from tests.e2e.ray_nodes import SLICE, Cluster, processes
+from tests.e2e.ray_nodes import SLICE, Cluster
 from tests.e2e.workspace import run_pants
 
 CACHE = "tokenized/fan/2026.12.03"
@@ -246,7 +247,7 @@ def a_rerun_stopped_as_it_starts_and_in_a_retry_pause(
     stopped_at_once(kiln_cluster, ray, job)
 
     job, _ = submit_then_interrupt(repo, [*options, "run", "experiments/jobs:endless"], env)
-    trainer = wait_for(lambda: [pid for pid, line in processes() if f" --job {job} " in line],
+    trainer = wait_for(lambda: [pid for pid, line in command_lines() if f" --job {job} " in line],
                        "the trainer's process")  # its runner, on a node, as soon as it starts
     for pid in trainer:
         os.kill(pid, signal.SIGKILL)

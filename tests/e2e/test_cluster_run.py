@@ -24,12 +24,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kiln_testing.buckets import BUCKET
+from kiln_testing.processes import command_lines, environment
 
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore
 from kiln.cluster.connection import connect
 from kiln.cluster.jobs import list_jobs
-from tests.e2e.ray_nodes import Cluster, processes
+from tests.e2e.ray_nodes import Cluster
 from tests.e2e.workspace import run_pants, store_rows
 
 # The one-machine recipe's run (docs/clusters.md): ci_tiny on `cpu(hosts=2)`, with its local eval
@@ -209,17 +210,12 @@ def _kill_node_b_after_a_checkpoint(
             pytest.fail(f"the run ended before its step-10 checkpoint:\n{output[-6000:]}")
         assert time.monotonic() < deadline, "no step-10 checkpoint in the bucket"
         time.sleep(0.5)
-    trainers = [_environment(pid) for pid, line in processes()
+    trainers = [environment(pid) for pid, line in command_lines()
                 if " --job " in line and str(cluster.root) in line]  # fmt: skip
     cluster.kill_raylet("b")
     time.sleep(2)
     cluster.script("add", "c")
     return trainers
-
-
-def _environment(pid: int) -> dict[str, str]:
-    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
-    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
 
 
 def _assert_nowhere(

@@ -6,8 +6,8 @@ by requesting all of its previous dependencies at once: a merge requested that w
 its shards were being tokenized again and failed (`no such shard folder`). The rules that run
 store-mode processes in order are uncacheable (kiln_pants.tokenize_rules), and this test deletes
 the cache's store and rebuilds five times through one daemon (the e2e tests' shared one,
-conftest.py), with the smallest cache that has two shards. Before the fix 3 of 11 rebuilds
-failed: five find that race in four runs of five (1 - (8/11)^5).
+conftest.py), with the smallest cache that has two shards. Without the uncacheable rules about
+3 rebuilds in 11 fail: five find that race in four runs of five (1 - (8/11)^5).
 """
 
 from __future__ import annotations

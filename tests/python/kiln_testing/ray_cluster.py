@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from kiln_testing.multihost import free_port
-from kiln_testing.processes import python_env
+from kiln_testing.processes import command_lines, python_env
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 OBJECT_STORE_BYTES = 200 * 2**20
@@ -80,14 +80,4 @@ def _stop_processes_under(root: Path) -> None:
 
 
 def _pids_naming(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            pids.append(int(entry.name))
-    return pids
+    return [pid for pid, line in command_lines() if text in line]
