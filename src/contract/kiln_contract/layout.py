@@ -32,7 +32,8 @@ DEP_FAILED = "DEP_FAILED"
 LEASE_SIBLING = "lease"  # the object of its builder's lease (kiln.artifacts.lease)
 REPLACED_SIBLING = "replaced"  # the folder a forced rebuild sets aside (kiln.artifacts.replacement)
 SHARDS_SIBLING = "shards"  # a local store-mode cache's shards while it builds
-SIBLINGS = (LEASE_SIBLING, REPLACED_SIBLING, SHARDS_SIBLING)
+HOLDS_SIBLING = "holds"  # the holds of runs that need the artifact kept (kiln.artifacts.holds)
+SIBLINGS = (LEASE_SIBLING, REPLACED_SIBLING, SHARDS_SIBLING, HOLDS_SIBLING)
 
 
 def sibling_key(folder: str, sibling: str) -> str:

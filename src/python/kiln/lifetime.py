@@ -35,6 +35,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 POLL_SECONDS = 0.5
 
@@ -79,3 +80,44 @@ def _note(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
+
+
+def discard_output_once_closed() -> None:
+    """From now on, a write to stdout or stderr that finds its reader gone (EPIPE: a closed
+    terminal, a `pants run` client killed under pantsd, `| head`) sends that and all later
+    output to /dev/null instead of raising: output never fails a run. What stops the run is a
+    signal (pantsd's SIGINT when its client goes, SIGHUP, SIGTERM, a dead parent)."""
+    sys.stdout = _Discarding(sys.stdout)
+    sys.stderr = _Discarding(sys.stderr)
+
+
+class _Discarding:
+    """A text stream that discards its output once its reader is gone (discard_output_once_closed)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            _to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _to_devnull()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _to_devnull() -> None:
+    """Points this process's stdout and stderr (the descriptors: Python's and C's writes alike)
+    at /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)

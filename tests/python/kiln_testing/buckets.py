@@ -157,7 +157,7 @@ class BucketGate:
     process and its bucket: it forwards every request, except that it answers 403
     `AccessDenied` to writes while `deny_writes` is set, and holds (without answering) the first
     write whose URL or body (a GCS upload names its object there) contains `hold` until it is
-    closed, setting `held` when it does. `authorizations` keeps each request's Authorization
+    closed or released, setting `held` when it does. `authorizations` keeps each request's Authorization
     header (None when it has none). Point a process at it with
     `{ENDPOINT_VARIABLES[scheme]: gate.endpoint}`."""
 
@@ -223,6 +223,10 @@ class BucketGate:
         handler.end_headers()
         if handler.command != "HEAD":
             handler.wfile.write(body)
+
+    def release(self) -> None:
+        """Lets the held write go on (answered 503: its client retries it) and every later one."""
+        self._closing.set()
 
     def close(self) -> None:
         self._closing.set()

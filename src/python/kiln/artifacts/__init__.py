@@ -14,12 +14,15 @@ Layout of one artifact (see docs/artifacts.md):
                                         folder, so it exists before the folder does)
     {prefix}/{name}/.{version}.replaced/  the artifact a forced rebuild replaces, until the
                                           rebuild succeeds (`replacement`)
+    {prefix}/{name}/.{version}.holds/     the holds of runs that need it kept: a training
+                                          reading it, a cache's build between shards (`holds`)
 
 The package's modules: `folder` (an artifact's folder: the one way to read and write its STATUS,
 stop reason, record and lease), `store` (the object-store interface), `locations` (a path or URL
 opened as a store: `open_store`), `local`, `s3` and `gcs` (the stores), `atomic` (temp file +
 fsync + rename writes: a killed process leaves the old file or the new one, never half of one),
-`lease` (leases as conditionally created objects), `content` (file sizes and digests, and their
+`lease` (leases as conditionally created objects), `holds` (runs' claims that an artifact stays
+while they need it), `content` (file sizes and digests, and their
 checks), `replacement` (a forced rebuild's old artifact, kept aside), `storage_errors` (storage
 failures as one line).
 """

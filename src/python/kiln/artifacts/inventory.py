@@ -6,14 +6,15 @@ runtime half (docs/artifacts.md, "Housekeeping").
                                                                 (a FolderOutcome) for each
 
 An artifact is a folder `{name}/{version}/` that holds a record or a STATUS, together with its
-siblings `.{version}.lease`, `.{version}.replaced/` and `.{version}.shards/` (a store-mode
-cache's shards: they exist before the folder does). `.kiln/` and anything else that belongs to
+siblings `.{version}.lease`, `.{version}.replaced/`, `.{version}.shards/` (a store-mode
+cache's shards: they exist before the folder does) and `.{version}.holds/` (kiln.artifacts.holds:
+the runs that need it kept, a training reading it or a cache's build between its shards). `.kiln/` and anything else that belongs to
 no artifact is counted as one "other" entry and never removed. One listing of the store gives
 every object's size and time; the records, STATUS and leases are then read all at once.
 
 Every lease of an artifact protects it: its own `.{version}.lease` (a training, an export, an
 evaluation, a merge, placing inputs) and any lease inside its folder or siblings (a store-mode
-cache's `.{version}.shards/.shard-N.lease` while its shards tokenize). The inventory names a
+cache's `.{version}.shards/.shard-N.lease` while its shards tokenize, its holds). The inventory names a
 live holder of any of them, and a removal keeps the artifact while one is live: it takes the
 artifact's lease first (without waiting: a live holder keeps it, and the line says who), looks
 for live leases inside, deletes STATUS before anything else (a half-removed folder never reads
@@ -35,6 +36,7 @@ from kiln.artifacts.locations import run_on_store
 from kiln.artifacts.store import ListedObject, ObjectStore, read_texts
 from kiln_contract.inventory import FolderOutcome, Inventory, StoredArtifact
 from kiln_contract.layout import (
+    HOLDS_SIBLING,
     RECORD_FILE,
     REPLACED_SIBLING,
     SHARDS_SIBLING,
@@ -44,6 +46,8 @@ from kiln_contract.layout import (
 )
 
 SERVICE_FOLDER = ".kiln"  # what Kiln keeps for the store's runs: not an artifact
+# The siblings removed with an artifact, and searched for live leases before: all but its lease.
+_CONTENT_SIBLINGS = (REPLACED_SIBLING, SHARDS_SIBLING, HOLDS_SIBLING)
 _SIBLING = re.compile(rf"^\.(?P<version>.+)\.({'|'.join(SIBLINGS)})$")
 
 
@@ -70,7 +74,7 @@ def remove_artifact(store: ObjectStore, folder: str) -> str | None:
             if inside:
                 return f"a run holds a lease in it: {inside[0]}"
             store.remove_folder(folder, first=(STATUS_FILE,))
-            for sibling in (REPLACED_SIBLING, SHARDS_SIBLING):
+            for sibling in _CONTENT_SIBLINGS:
                 store.remove_folder(sibling_key(folder, sibling))
     except LeaseHeld as e:
         return f"a run holds its lease: {e.holder.describe()}"
@@ -82,7 +86,7 @@ def _live_leases_inside(store: ObjectStore, folder: str) -> list[str]:
     """The holders of live leases in the artifact's folder and siblings (not its own lease)."""
     keys = [
         f"{prefix}/{name}"
-        for prefix in (folder, *(sibling_key(folder, s) for s in (REPLACED_SIBLING, SHARDS_SIBLING)))
+        for prefix in (folder, *(sibling_key(folder, s) for s in _CONTENT_SIBLINGS))
         for name in store.keys(prefix)
         if _is_lease(name)
     ]

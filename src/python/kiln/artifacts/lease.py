@@ -5,7 +5,7 @@ folder does, and never travels with the folder's contents). It is a small JSON o
 
     {"owner": "<random id>", "host": "...", "pid": 123, "pid_started": <clock ticks or null>,
      "what": "train checkpoints/x@v", "created": <unix s>, "expires": <unix s>,
-     "job": <the cluster job's id, or null>}
+     "job": <the cluster job's id, or null>, "detached": <bool>}
 
 - Taking it is a conditional create (ObjectStore.create): of two processes, exactly one wins.
 - The holder renews it from a heartbeat thread every HEARTBEAT_SECONDS, moving `expires` to
@@ -55,6 +55,13 @@ HEARTBEAT_SECONDS = 30.0  # how often the holder renews: four times per TTL
 _MAX_POLL_SECONDS = 2.0  # a waiter's longest pause between looks at the lease
 
 
+def in_parent(folder: str | os.PathLike[str]) -> tuple[ObjectStore, str]:
+    """A folder (a path, or a folder URL in a bucket) as (its parent opened as a store, its
+    name there): where the objects beside it (its lease, its holds) are written."""
+    parent, _, name = os.fspath(folder).rstrip("/").rpartition("/")
+    return open_store(parent or "."), name
+
+
 def lease_key(folder_key: str) -> str:
     """'tokenized/x/v1' -> 'tokenized/x/.v1.lease': the lease object beside a folder."""
     return sibling_key(folder_key, LEASE_SIBLING)
@@ -71,6 +78,9 @@ class LeaseRecord:
     expires: float
     job: str | None = None  # the cluster job whose process holds it (kiln.cluster), if any
     released: bool = False  # its holder let it go: free to take
+    # Bound to no process: it holds until it expires or is released, after its writer ended
+    # (a store-mode cache's build hold, kiln.artifacts.holds).
+    detached: bool = False
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self), sort_keys=True) + "\n").encode()
@@ -90,6 +100,7 @@ class LeaseRecord:
                 expires=float(fields["expires"]),
                 job=None if fields.get("job") is None else str(fields["job"]),
                 released=bool(fields.get("released", False)),
+                detached=bool(fields.get("detached", False)),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"not a lease record ({e})") from None
@@ -108,7 +119,11 @@ class LeaseRecord:
             return f"it expired {now - self.expires:.0f} s ago"
         if job is not None and self.job == job:
             return f"an earlier attempt of job {job} held it, and the job's driver ended it"
-        if self.host == socket.gethostname() and _process_is_gone(self.pid, self.pid_started):
+        if (
+            not self.detached
+            and self.host == socket.gethostname()
+            and _process_is_gone(self.pid, self.pid_started)
+        ):
             return f"its holder, pid {self.pid} on this host, has ended"
         return None
 
@@ -134,11 +149,13 @@ class Lease:
         heartbeat: float = HEARTBEAT_SECONDS,
         clock: Callable[[], float] = time.time,
         job: str | None = None,
+        detached: bool = False,
     ) -> None:
         self.store = store
         self.key = key
         self.what = what
         self.job = job
+        self.detached = detached
         self.ttl = ttl
         self.heartbeat = heartbeat
         self._clock = clock
@@ -159,8 +176,7 @@ class Lease:
     ) -> Lease:
         """The lease of a folder (a path, or a folder URL in a bucket): the object
         `.{name}.lease` in the folder's parent."""
-        parent, _, name = os.fspath(folder).rstrip("/").rpartition("/")
-        store = open_store(parent or ".")
+        store, name = in_parent(folder)
         return cls(store, lease_key(name), what=what, ttl=ttl, heartbeat=heartbeat)
 
     @property
@@ -207,10 +223,7 @@ class Lease:
     def release(self) -> None:
         """Stops renewing, marks the lease released and deletes it, unless another process has
         taken it over (the conditional replace then fails, and nothing is deleted)."""
-        self._stop.set()
-        if self._renewer is not None:
-            self._renewer.join()
-            self._renewer = None
+        self._stop_renewing()
         if self._generation is None:
             return
         released = replace(self._record(), released=True).to_bytes()
@@ -240,7 +253,20 @@ class Lease:
             created=now,
             expires=now + self.ttl,
             job=self.job,
+            detached=self.detached,
         )
+
+    def let_expire(self) -> None:
+        """Stops renewing and leaves the record in place: a detached lease then holds until it
+        expires (or another process releases it)."""
+        self._stop_renewing()
+        self._generation = None
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
 
     def _take_over_if_stale(
         self, record: LeaseRecord
@@ -280,7 +306,13 @@ class Lease:
                     self.key, record.to_bytes(), generation=self._generation
                 )
                 expires = record.expires
-            except (PreconditionFailed, ObjectMissing) as e:
+            except ObjectMissing as e:
+                if self.detached:  # ended by the work it held for (a cache's merge): not lost
+                    self._generation = None
+                    return
+                self._lose(f"another process took it over ({e})")
+                return
+            except PreconditionFailed as e:
                 self._lose(f"another process took it over ({e})")
                 return
             except (OSError, StorageError) as e:  # a full disk, a bucket that stopped answering:

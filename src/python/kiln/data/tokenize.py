@@ -33,7 +33,9 @@ writes a local folder only.
 
 One builder per folder: `shard` holds its shard folder's lease, `merge` the cache's lease and
 then each shard's, `build` the cache's (kiln.artifacts.lease). A second builder waits for the
-lease, then finds the work done and uses it.
+lease, then finds the work done and uses it. Each `shard` of a store-mode cache also leaves a
+build hold on the cache (kiln.artifacts.holds) that the merge ends: housekeeping keeps the
+cache from its first shard to its merge, between shard processes too.
 
 Exit status (`many`: the worst of its caches'): 0 done (or already done); 2 bad input or damaged content (one paragraph); 4
 (EXIT_STORAGE) a storage error, as one line `error: PATH: CAUSE` (rerun once it is fixed: the
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import lifetime  # before the slow imports: it notes the parent process
-from kiln.artifacts import RECORD_FILE
+from kiln.artifacts import RECORD_FILE, holds
 from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease, LeaseHeld
@@ -276,13 +278,17 @@ def _shard_command(
         check_placeable(spec, args.index, shard, cache)
         cache.check()
     what = f"tokenize {ref(spec)} shard {args.index}"
-    with Lease.beside(args.out, what=what).acquire(wait=True):
+    with contextlib.ExitStack() as held:
+        if cache is not None:  # store mode: the cache is held from its first shard to its merge
+            held.enter_context(holds.building(args.unless_built, what))
+        held.enter_context(Lease.beside(args.out, what=what).acquire(wait=True))
         if cache is None or not served(spec, cache):
             tokenizer = _tokenizer(spec)
             write_shard_unless_done(spec, args.index, shard, cache, tokenizer)
     staging = shard.root_location.folder
     if cache is not None and staging is not None and ArtifactFolder(cache, "").is_built():
         _remove_if_empty(staging.parent)  # merged while this waited
+
 
 
 def _merge_command(
@@ -301,6 +307,7 @@ def _merge_command(
             leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
         record = None if args.record is None else args.record.read_bytes()
         merge_shards(spec, shards, cache, _tokenizer(spec), artifact_record=record)
+        holds.end_build_holds(args.out)
         print(f"{ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     for staging in {shard.parent for shard in args.shards if isinstance(shard, Path)}:
         remove_dead_temporaries(staging)  # what killed builds left in .{version}.shards/

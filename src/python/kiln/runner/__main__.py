@@ -36,12 +36,16 @@ ORPHAN_GRACE_SECONDS = 30.0
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised wherever the run is, as Ctrl-C raises KeyboardInterrupt."""
+    """SIGTERM or SIGHUP, raised wherever the run is, as Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _terminate(signum: int, frame: object) -> None:
     StopSignals.noted_before = signum  # training stops at once if the exception is dropped
-    raise Terminated()
+    raise Terminated(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,10 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.library_output:
         quiet_libraries()
-    # SIGTERM (timeout, SLURM, Kubernetes, a cluster job's `stop`) stops a run as Ctrl-C does: the
-    # training loop saves a checkpoint first; elsewhere the run unwinds, releasing its lease.
-    signal.signal(signal.SIGTERM, _terminate)
+    # SIGTERM (timeout, SLURM, Kubernetes, a cluster job's `stop`) and SIGHUP (a closed
+    # terminal) stop a run as Ctrl-C does: the training loop saves a checkpoint first; elsewhere
+    # the run unwinds, releasing its lease. Output that finds no reader is dropped, never fatal.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
     lifetime.stop_when_orphaned(ORPHAN_GRACE_SECONDS)
+    lifetime.discard_output_once_closed()
     try:
         step = read_step(args.step)
     except StepError as e:
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STORAGE
     except KeyboardInterrupt as e:
         print(f"kiln: {step.ref} interrupted; rerun to go on", file=sys.stderr)
-        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+        return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
 
 
 def _run(

@@ -17,7 +17,7 @@ from kiln.containment import OutsideRoot, within
 from kiln.runner import leasing, replacing
 from kiln.runner.decision import serve_if_built
 from kiln.runner.errors import StepError
-from kiln.runner.inputs import check_in_place, input_locations, place_inputs
+from kiln.runner.inputs import check_in_place, hold_inputs, input_locations, place_inputs
 from kiln.runner.step_run import Destination, StepRun
 from kiln.runner.training import failure_recorded, train
 from kiln.runner.workspace import Workspace, opened
@@ -93,7 +93,7 @@ def _start_on_process_0(run: StepRun, held: contextlib.ExitStack, *, wait: bool)
             job = run.cluster_job["id"] if run.cluster_job else None
             lease = leasing.hold(run.step, run.destination.folder, held, wait=wait, job=job)
             if lease is not None:
-                _start(run)
+                _start(run, held)
         except Exception as e:  # noqa: BLE001 - raised below, once the others know
             failure = e
     if run.process_group.is_multihost and multihost.agree_max([failure is not None])[0]:
@@ -105,10 +105,10 @@ def _start_on_process_0(run: StepRun, held: contextlib.ExitStack, *, wait: bool)
     return lease
 
 
-def _start(run: StepRun) -> None:
+def _start(run: StepRun, held: contextlib.ExitStack) -> None:
     """Under the artifact's lease: goes on with (or, forced, begins) the replacement of a built
-    artifact, places the inputs, brings the run's newest checkpoint here and writes STATUS
-    RUNNING, the record and, for people, the train spec."""
+    artifact, places the inputs and holds them until `held` closes, brings the run's newest
+    checkpoint here and writes STATUS RUNNING, the record and, for people, the train spec."""
     step, destination, workspace = run.step, run.destination, run.workspace
     if destination.artifact_store:
         replacing.begin(step, destination.folder, force=run.force)
@@ -116,6 +116,7 @@ def _start(run: StepRun) -> None:
     with failure_recorded(written, writer=True):
         if destination.artifact_store:
             place_inputs(step, run.inputs_root, destination.store)
+            hold_inputs(step, destination.store, held)
         else:
             check_in_place(step, run.inputs_root)
         if is_mutable_version(step.version) and destination.folder.is_built():

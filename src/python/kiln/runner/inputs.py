@@ -6,16 +6,18 @@ A cache the Pants backend built in its sandbox (`inline`) is copied into the sto
 (kiln.artifacts.content.copy_folder_into), so a copy cut off at any point is never read as
 complete. A cache built in place in the store (`storage="store"`) must be finished there, in
 this store. Either way the trainer reads the cache in the store (a folder or a bucket: every host
-of a run reads the same bytes).
+of a run reads the same bytes), and the run holds it there until it ends (`hold_inputs`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 from kiln.artifacts.content import copy_folder_into
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.holds import NotBuilt, reading
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import open_store
 from kiln.artifacts.store import ObjectStore
@@ -59,6 +61,16 @@ def place_inputs(step: StepSpec, inputs_root: Path, store: ObjectStore) -> None:
         else:
             assert entry.location is not None
             place_cache(store, _key(entry), inputs_root / entry.location, entry.record)
+
+
+def hold_inputs(step: StepSpec, store: ObjectStore, held: contextlib.ExitStack) -> None:
+    """Holds each input cache in the store until `held` closes (kiln.artifacts.holds): no
+    housekeeping removes what the run reads, from this clone or any other."""
+    for entry in step.inputs:
+        try:
+            held.enter_context(reading(ArtifactFolder(store, _key(entry)), f"train {step.ref}"))
+        except NotBuilt as e:
+            raise StepError(f"input {entry.ref} was removed from the store: {e}") from None
 
 
 def place_cache(store: ObjectStore, key: str, source: Path, record: ArtifactRecord) -> str:

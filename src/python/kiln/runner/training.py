@@ -41,7 +41,8 @@ def train(
     writer = lease is not None
     with failure_recorded(folder, writer=writer):
         try:
-            finished = train_to_end(spec, plot_run, _run_start(parents, spec.config.init_from))
+            finished = train_to_end(spec, plot_run, _run_start(parents, spec.config.init_from),
+                                    checkpoint_in_store=workspace.holds_checkpoint)  # fmt: skip
         except TrainingError as e:
             print(e.line, file=sys.stderr)
             if writer:

@@ -33,6 +33,11 @@ class Workspace:
         """Uploads checkpoints and files as the trainer writes them, in the background."""
         return self.mirror.uploading() if self.mirror is not None else contextlib.nullcontext()
 
+    def holds_checkpoint(self, path: Path) -> bool:
+        """Whether the checkpoint committed at `path` is in the store for good: at once in a
+        directory store, once its marker is in the bucket for a bucket's run."""
+        return self.mirror is None or self.mirror.holds_checkpoint(path)
+
     def publish(self, *, status: bool, final: bool) -> None:
         """Uploads what is not in the bucket yet, `STATUS` last when `status`; a `final` publish
         on process 0 first waits for the other hosts' shards of the newest checkpoint."""

@@ -74,8 +74,9 @@ class TrainerHooks:
 
 
 class StopSignals:
-    """Turns the first SIGINT/SIGTERM into a flag the loop reads after each step (a SIGTERM
-    replacing a SIGINT); a second one of the same kind gets the default behaviour (kill now).
+    """Turns the first SIGINT/SIGTERM/SIGHUP (a closed terminal) into a flag the loop reads
+    after each step (a SIGTERM replacing a SIGINT); a second one of the same kind gets the
+    default behaviour (kill now).
     A signal noted before (`noted_before`) counts as received: the loop stops at its first
     sync point."""
 
@@ -89,7 +90,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -99,7 +100,7 @@ class StopSignals:
         if self.received is None or signum == signal.SIGTERM:
             self.received = signum
         signal.signal(
-            signum, signal.SIG_DFL if signum == signal.SIGTERM else signal.default_int_handler
+            signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
         )
 
     def __exit__(self, *exc: object) -> None:

@@ -43,7 +43,7 @@ from typing import Any
 from kiln.artifacts import STATUS_FILE
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.storage_errors import StorageError
-from kiln.artifacts.store import read_text
+from kiln.artifacts.store import ObjectMissing, read_text
 from kiln.control.tokens import CONTROL_DIR
 from kiln.train.checkpoints import METADATA_FILE, STATE_DIR, STEP_DIR
 
@@ -130,6 +130,19 @@ class RunMirror:
         wanted += [f"{CHECKPOINTS}/{folder}/{name}" for folder in chosen
                    for name in folders[folder] if not name.startswith(f"{HOSTS_DIR}/")]  # fmt: skip
         _parallel(self._download, [n for n in wanted if not (self.local / n).is_file()])
+
+    def holds_checkpoint(self, path: Path) -> bool:
+        """Whether the checkpoint the trainer committed at `path` is complete in the bucket: its
+        marker object is there (asked of the bucket, not of what this process uploaded). One
+        outside the run's checkpoints (a temporary base path) is not mirrored: it is as durable
+        as its commit."""
+        if path.parent.resolve() != (self.local / CHECKPOINTS).resolve():
+            return True
+        try:
+            self.store.size(f"{self._checkpoint_key(path.name)}/{METADATA_FILE}")
+        except ObjectMissing:
+            return False
+        return True
 
     @contextlib.contextmanager
     def uploading(self) -> Iterator[None]:

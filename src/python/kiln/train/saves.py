@@ -1,5 +1,6 @@
 """The loop's checkpoint hook: which save is due, agreed on by every process, begun while training
-goes on and counted once committed (docs/training.md, "Checkpoints")."""
+goes on, committed, and counted (said "saved", recorded as the run's last) once the store holds it
+(docs/training.md, "Checkpoints")."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from kiln.train.metrics import MetricsLogger
 from kiln.train.multihost import agree_max
 from kiln.train.progress import Progress
 
+# How long the last save of an invocation (its end, a signal) waits for the store to hold it.
+IN_STORE_WAIT_SECONDS = 600.0
+_IN_STORE_POLL_SECONDS = 0.5
+
 
 class Saves:
     def __init__(
@@ -23,9 +28,14 @@ class Saves:
         metrics: MetricsLogger,
         progress: Progress,
         shown: Callable[[Path], str],
+        in_store: Callable[[Path], bool] | None = None,
     ):
         self.checkpointer = checkpointer
-        self.last = last  # the newest committed checkpoint
+        self.last = last  # the newest checkpoint the store holds for good
+        # Whether the store holds a committed checkpoint: by default at once (a directory); a
+        # bucket's run uploads its checkpoints in the background (kiln.train.run_mirror).
+        self.in_store = in_store or (lambda path: True)
+        self._unstored: list[tuple[CheckpointInfo, str]] = []  # committed, and what to say
         self.metrics = metrics
         self.progress = progress
         self.shown = shown  # a path as people and records name it
@@ -48,6 +58,7 @@ class Saves:
         if kind is not None:
             ending = point.ending or point.signum is not None
             self.save(point.step, point.state, temporary=kind == "temporary", wait=ending)
+        self._count_stored()
 
     def save(self, step: int, state: Any, *, temporary: bool, wait: bool) -> None:
         """Saves `state`, after `step`. Training is held up only while orbax copies the state
@@ -62,10 +73,15 @@ class Saves:
         self.metrics.log(step, {"throughput/checkpoint_blocked_seconds": self.blocked_seconds})
         if done is not None:
             self._saved(done)
+        if wait:
+            self._count_stored(wait=True)
 
     def save_final(self, step: int, state: Any) -> None:
         """The complete run's permanent checkpoint: a no-op when the last step saved it."""
-        self.last = self.checkpointer.save(step, state, temporary=False)
+        final = self.checkpointer.save(step, state, temporary=False)
+        self._count_stored(wait=True)
+        if self._wait_for_store(final):
+            self.last = final
 
     def commit(self) -> None:
         """Completes the save in progress (waiting for its files, if it must)."""
@@ -74,9 +90,31 @@ class Saves:
             self._saved(committed)
 
     def _saved(self, checkpoint: CheckpointInfo) -> None:
-        self.last = checkpoint
+        """Committed on every process: said and counted once the store holds it."""
         kind = "temporary" if checkpoint.is_temporary else "permanent"  # it may have been promoted
         held_up = f"training held up {self.blocked_seconds:.2f}s"
         if checkpoint.step == self.requested_step:
             held_up = f"asked for at the control endpoint; {held_up}"
-        self.progress.message(f"saved {kind} checkpoint {self.shown(checkpoint.path)} ({held_up})")
+        line = f"saved {kind} checkpoint {self.shown(checkpoint.path)} ({held_up})"
+        self._unstored.append((checkpoint, line))
+        self._count_stored()
+
+    def _count_stored(self, *, wait: bool = False) -> None:
+        """Says and counts, in order, the committed checkpoints the store now holds; with
+        `wait`, waits for them (up to IN_STORE_WAIT_SECONDS: a store that never shows one leaves
+        the run's last checkpoint the one before, and nothing said)."""
+        while self._unstored:
+            checkpoint, line = self._unstored[0]
+            if not (self._wait_for_store(checkpoint) if wait else self.in_store(checkpoint.path)):
+                return
+            self._unstored.pop(0)
+            self.last = checkpoint
+            self.progress.message(line)
+
+    def _wait_for_store(self, checkpoint: CheckpointInfo) -> bool:
+        deadline = time.monotonic() + IN_STORE_WAIT_SECONDS
+        while not self.in_store(checkpoint.path):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_IN_STORE_POLL_SECONDS)
+        return True

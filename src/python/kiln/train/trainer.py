@@ -118,7 +118,11 @@ class RunOutputs:
 
     @classmethod
     def open(
-        cls, setup: TrainerSetup, start: TrainStart, cleanup: contextlib.ExitStack
+        cls,
+        setup: TrainerSetup,
+        start: TrainStart,
+        cleanup: contextlib.ExitStack,
+        checkpoint_in_store: Callable[[Path], bool] | None,
     ) -> RunOutputs:
         """Opens them, each closed by `cleanup` (the checkpointer last)."""
         spec, is_main = setup.spec, jax.process_index() == 0
@@ -142,7 +146,8 @@ class RunOutputs:
             )  # fmt: skip
         cleanup.callback(progress.close)
         steps = StepLog(setup.throughput, metrics, progress)
-        saves = Saves(setup.checkpointer, start.checkpoint, metrics, progress, spec.shown)
+        saves = Saves(setup.checkpointer, start.checkpoint, metrics, progress, spec.shown,
+                      checkpoint_in_store)  # fmt: skip
         if start.step and start.checkpoint is not None:
             progress.message(f"resumed from {spec.shown(start.checkpoint.path)}")
         elif spec.config.init_from is not None:
@@ -158,10 +163,14 @@ def open_trainer(
     spec: TrainSpec,
     metrics_observer: MetricsObserver | None = None,
     start: RunStart | None = None,
+    *,
+    checkpoint_in_store: Callable[[Path], bool] | None = None,
 ) -> Iterator[Trainer]:
     """A run's trainer, whole: its set-up made from the spec, its state restored or initialised,
     its config written and its outputs open (closed when the block ends). Hooks added to
-    `trainer.hooks` before `trainer.run()` run after the trainer's own."""
+    `trainer.hooks` before `trainer.run()` run after the trainer's own. `checkpoint_in_store`:
+    whether the store holds a committed checkpoint for good (a bucket's run uploads them in the
+    background; by default a checkpoint is held once committed)."""
     started = time.monotonic()
     setup = TrainerSetup(spec, start)
     state = setup.initial_state()
@@ -169,7 +178,7 @@ def open_trainer(
     if jax.process_index() == 0:
         atomic_write_json(spec.output_path / RUN_CONFIG_FILE, setup.resolved_config())
     with contextlib.ExitStack() as cleanup:
-        outputs = RunOutputs.open(setup, state, cleanup)
+        outputs = RunOutputs.open(setup, state, cleanup, checkpoint_in_store)
         yield Trainer(setup, state, outputs, metrics_observer, started=started)
 
 
@@ -297,10 +306,12 @@ class Trainer:
         return SyncPoint(step, info.state, final, ending, save, info.signum)
 
     def _stop(self, point: SyncPoint) -> None:
-        assert point.signum is not None and self.saves.last is not None  # saved by its hook
+        assert point.signum is not None  # saved by its hook, if the store took it in time
+        last = self.saves.last
+        saved = f"saved {self.spec.shown(last.path)}" if last else "no checkpoint is in the store"
         message = (
             f"interrupted by {signal.Signals(point.signum).name} after step {point.step}; "
-            f"saved {self.spec.shown(self.saves.last.path)}. Rerun to resume."
+            f"{saved}. Rerun to resume."
         )
         if self.is_main:  # beside STATUS before the way out (W&B, orbax), which may be cut short
             with contextlib.suppress(OSError):
@@ -398,13 +409,17 @@ def train_to_end(
     spec: TrainSpec,
     metrics_observer: MetricsObserver | None = None,
     start: RunStart | None = None,
+    *,
+    checkpoint_in_store: Callable[[Path], bool] | None = None,
 ) -> FinishedRun:
     """`train`, for the callers that report how a run ended (`python -m kiln.train`, kiln.runner):
     a complete run; else TrainingError (failed: bad input, unreadable data, a
     diverged loss) or TrainingStopped (resumable: a signal, runtime.max_steps_this_run), each
     with its process exit code."""
     try:
-        with open_trainer(spec, metrics_observer, start) as trainer:
+        with open_trainer(
+            spec, metrics_observer, start, checkpoint_in_store=checkpoint_in_store
+        ) as trainer:
             finished = trainer.run()
     except (KilnDataError, MixtureError) as e:
         raise TrainingError(str(e)) from None

@@ -1,5 +1,6 @@
 """Store-mode token caches built by real `python -m kiln.data.tokenize` processes, laid out as
-the Pants backend lays them out: concurrent builders, a killed builder, a full disk."""
+the Pants backend lays them out: concurrent builders, a killed builder, a full disk,
+housekeeping between shards."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from kiln_testing.data import make_spec, sample_texts, write_jsonl
+from kiln_testing.housekeeping import remove
 from kiln_testing.processes import python_env
 from kiln_testing.small_disk import FULL_DISK, SmallDisk
 
@@ -190,3 +192,31 @@ def test_a_failed_shard_leaves_failed_and_its_reason_in_the_cache(
     subprocess.run(tokenize("merge", spec_path, "--shards", *shards[:num_shards], "--out", cache),
                    env=environment(), check=True, timeout=300)  # fmt: skip
     assert folder.status() == "SUCCESS" and folder.text("failure.txt") is None
+
+
+def test_housekeeping_keeps_a_cache_from_its_first_shard_to_its_merge(tmp_path: Path) -> None:
+    """Removals between shard processes (shards 1 and 2 done, 0 not started) and just before
+    the merge keep the cache, naming the build; the merge then finds every shard, and once it
+    has ended the build nothing holds the cache."""
+    spec = write_spec(tmp_path, documents_per_file=20)
+    prefix = tmp_path / "store"
+    cache, shards = layout(prefix)
+
+    def shard(index: int) -> None:
+        command = tokenize("shard", spec, "--index", index, "--out", shards[index],
+                           "--unless-built", cache)  # fmt: skip
+        subprocess.run(command, env=environment(), check=True, timeout=300)
+
+    for index in (1, 2):
+        shard(index)
+        outcome = remove(prefix, f"{NAME}/{VERSION}")
+        assert not outcome.done and outcome.kept is not None, outcome
+        assert f"tokenize {NAME}@{VERSION} shard 1 (host " in outcome.kept, outcome.kept
+    shard(0)
+    assert not remove(prefix, f"{NAME}/{VERSION}").done
+    merge = tokenize("merge", spec, "--shards", *shards, "--out", cache)
+    merged = subprocess.run(merge, env=environment(), capture_output=True, text=True, timeout=300)
+    assert merged.returncode == 0, merged.stderr
+    assert verify_cache(open_store(cache)).files == 1 + 5 * NUM_SHARDS
+    assert sorted(p.name for p in cache.parent.iterdir()) == [VERSION]  # no hold, no lease
+    assert remove(prefix, f"{NAME}/{VERSION}").done

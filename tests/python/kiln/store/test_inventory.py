@@ -8,9 +8,10 @@ import time
 
 import pytest
 
+from kiln.artifacts import holds
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.inventory import main, remove_artifact, take_inventory
-from kiln.artifacts.lease import Lease, lease_key
+from kiln.artifacts.lease import Lease, LeaseRecord, lease_key
 from kiln.artifacts.store import ObjectStore
 from kiln_contract.inventory import FolderOutcome
 
@@ -151,3 +152,50 @@ def test_the_command_lists_as_json_and_removes_by_folder(
         FolderOutcome("checkpoints/bad/2026.02.02", done=True),
     )
     assert store.keys("checkpoints/bad") == []
+
+
+def test_a_run_reading_an_artifact_keeps_it_until_it_is_done(store: ObjectStore) -> None:
+    """A read hold (a training's input) keeps the artifact, named by its run, in any store;
+    the removal of an artifact that is gone leaves nothing to hold."""
+    _fill(store)
+    web = ArtifactFolder(store, "tokenized/web/2026.01.01")
+    with holds.reading(web, "train checkpoints/run@2026.01.02"):
+        [listed] = [a for a in take_inventory(store).artifacts if a.folder == web.key]
+        assert listed.lease is not None and listed.lease.startswith("train checkpoints/run@2026.01.02")
+        kept = remove_artifact(store, web.key)
+        assert kept is not None and "train checkpoints/run@2026.01.02 (host " in kept, kept
+        assert web.is_built()
+    assert remove_artifact(store, web.key) is None
+    assert store.keys("tokenized/web") == []
+    with pytest.raises(holds.NotBuilt, match="no finished artifact"):
+        with holds.reading(web, "train checkpoints/run@2026.01.02"):
+            pass
+    assert store.keys("tokenized/web") == []  # no hold left behind
+
+
+def test_a_build_hold_outlives_its_process_until_the_merge_ends_it(store: ObjectStore) -> None:
+    """A store-mode cache's shard process leaves a detached hold: the cache is kept after the
+    process is gone (between shards), and no longer once its merge has ended the build."""
+    cache = store.location("tokenized/big/2026.03.03")
+    with holds.building(cache, "tokenize tokenized/big@2026.03.03 shard 1"):
+        pass  # the shard process, ended
+    [record] = [k for k in store.keys("tokenized/big") if k.startswith(".2026.03.03.holds/build-")]
+    held = LeaseRecord.from_bytes(store.read(f"tokenized/big/{record}").data)
+    assert held.detached and held.expires - time.time() > holds.BUILD_HOLD_SECONDS - 60
+    kept = remove_artifact(store, "tokenized/big/2026.03.03")
+    assert kept is not None and "tokenize tokenized/big@2026.03.03 shard 1" in kept, kept
+    holds.end_build_holds(cache)
+    assert store.keys("tokenized/big") == []
+    assert remove_artifact(store, "tokenized/big/2026.03.03") is None
+
+
+def test_a_stale_hold_keeps_nothing(store: ObjectStore) -> None:
+    """A hold whose process died (or whose time ran out) is no hold: the removal deletes it
+    with the artifact."""
+    _fill(store)
+    folder = "tokenized/web/2026.01.01"
+    dead = LeaseRecord(owner="x", host="elsewhere", pid=1, pid_started=None, what="train gone",
+                       created=time.time() - 600, expires=time.time() - 1)  # fmt: skip
+    store.write(f"{holds.holds_key(folder)}/read-0.lease", dead.to_bytes())
+    assert remove_artifact(store, folder) is None
+    assert store.keys("tokenized/web") == []

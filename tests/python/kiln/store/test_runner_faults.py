@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import tensorstore as ts
+from kiln_testing.housekeeping import remove
 from kiln_testing.processes import python_env
 from kiln_testing.small_disk import FULL_DISK, SmallDisk
 from kiln_testing.training import write_runner_step
@@ -327,6 +328,54 @@ def test_a_waiting_run_takes_over_from_a_killed_holder_and_serves_a_forced_rebui
     assert f"kiln: {REF} is already built at {output(prefix)}" in finished(served, served_log)
     assert ArtifactFolder.at(output(prefix)).status() == "SUCCESS" and not aside.exists()
     assert (output(prefix) / "artifact.json").read_text() != old_record  # the rebuild's own
+
+
+def test_housekeeping_keeps_a_running_trainings_inputs(
+    step: Path, tmp_path: Path, started: list[subprocess.Popen]
+) -> None:
+    """Removals from another clone while a run trains keep every input cache it reads (placed
+    by the run), naming the run; the run finishes, and then nothing holds them."""
+    prefix = tmp_path / "store"
+    run = start(started, step, prefix, log := tmp_path / "run.out")
+    stopped_at_first_checkpoint(run, prefix)
+    caches = sorted(str(p.parent.relative_to(prefix)) for p in prefix.glob("tokenized/*/*/STATUS"))
+    assert len(caches) == 2, caches  # training and validation
+    for cache in caches:
+        outcome = remove(prefix, cache)
+        assert not outcome.done and outcome.kept is not None, outcome
+        assert f"train {REF} (host {socket.gethostname()}, pid {run.pid}" in outcome.kept
+    run.send_signal(signal.SIGCONT)
+    finished(run, log)
+    assert ArtifactFolder.at(output(prefix)).status() == "SUCCESS"
+    assert [remove(prefix, cache).done for cache in caches] == [True, True]
+
+
+def test_a_closed_terminal_stops_the_run_and_a_closed_pipe_never_fails_it(
+    tmp_path: Path, started: list[subprocess.Popen]
+) -> None:
+    """SIGHUP (a closed terminal) stops a run as an interruption: a checkpoint, STATUS RUNNING,
+    the signal in failure.txt. The rerun's stdout is closed by its reader after one line (a
+    killed `pants run` client): its output goes nowhere and it trains to SUCCESS."""
+    step = write_runner_step(tmp_path / "long", **{**STEPS, "config.num_train_steps": 40})
+    prefix = tmp_path / "store"
+    hung_up = start(started, step, prefix, tmp_path / "first.out")
+    stopped_at_first_checkpoint(hung_up, prefix)
+    hung_up.send_signal(signal.SIGHUP)
+    hung_up.send_signal(signal.SIGCONT)
+    assert hung_up.wait(timeout=120) == 128 + signal.SIGHUP
+    assert ArtifactFolder.at(output(prefix)).status() == "RUNNING"
+    stopped = ArtifactFolder.at(output(prefix)).stop_reason() or ""
+    assert stopped.startswith("interrupted by SIGHUP after step ") and "Rerun to resume" in stopped
+
+    rerun = subprocess.Popen(runner(step, prefix), env=environment(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    started.append(rerun)
+    assert rerun.stdout is not None and rerun.stdout.readline()
+    rerun.stdout.close()  # the reader is gone: every later write finds a broken pipe
+    _, errors = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, errors[-3000:]
+    assert "Broken pipe" not in errors and "Traceback" not in errors
+    assert ArtifactFolder.at(output(prefix)).status() == "SUCCESS"
 
 
 def test_a_full_disk_ends_the_run_failed_and_it_resumes(step: Path, tmp_path: Path) -> None:

@@ -3,17 +3,20 @@ GCS on fake-gcs-server, on loopback): a step trains with its artifact store in t
 its input caches read from there; a rerun is served from the bucket; `plan` reads built and
 would run from it; a second run while one trains is refused, naming the holder; a run
 SIGKILLed while it uploads a checkpoint resumes from the newest complete one and ends equal to
-an uninterrupted run; denied writes fail in seconds, naming the URL."""
+an uninterrupted run; "saved" is said once the bucket holds the checkpoint; denied writes fail in
+seconds, naming the URL."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -253,3 +256,36 @@ def test_force_rebuilds_in_the_bucket_then_deletes_the_replaced_artifact(
     assert f"kiln: deleted the replaced {REF} ({aside})" in said
     assert store.keys("checkpoints/tiny/.2026.11.29.replaced") == []
     assert text(store, f"{RUN}/STATUS") == "SUCCESS\n" and losses(store) == before
+
+
+def test_saved_is_said_once_the_bucket_holds_the_checkpoint(
+    s3_server: None, step: Path, tmp_path: Path
+) -> None:
+    """While the bucket has not taken step 3's upload (held by a proxy), the run says nothing
+    of step 3; once it has, the run says it saved step 3, and a kill right after that line
+    leaves a bucket the rerun resumes from step 3 or later."""
+    prefix = fresh_url("s3")
+    gate = BucketGate(os.environ[ENDPOINT_VARIABLES["s3"]], hold=f"{RUN}/checkpoints/step-3/")
+    log = tmp_path / "run.out"
+    with log.open("w") as out:
+        killed = subprocess.Popen(runner(step, prefix), stdout=out, stderr=subprocess.DEVNULL,
+                                  env=environment(**{ENDPOINT_VARIABLES["s3"]: gate.endpoint}))  # fmt: skip
+    try:
+        assert gate.held.wait(240), "the run never uploaded step 3"
+        time.sleep(3)  # training goes on meanwhile, and reaches its last save
+        saved = f"saved permanent checkpoint {prefix}/{RUN}/checkpoints/step-3 "
+        assert "saved permanent checkpoint" not in log.read_text(), log.read_text()
+        gate.release()
+        deadline = time.monotonic() + 240
+        while saved not in log.read_text():
+            assert killed.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.01)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+    finally:
+        gate.close()
+    assert "checkpoints/step-3/metadata.json" in open_store(prefix).keys(RUN)
+    rerun = run(runner(step, prefix))
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    resumed = re.search(r"resumed from \S+/checkpoints/step-(\d+)", rerun.stdout + rerun.stderr)
+    assert resumed and int(resumed[1]) >= 3, rerun.stdout
