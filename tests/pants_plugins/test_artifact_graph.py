@@ -13,6 +13,7 @@ from pants.engine.target import Dependencies, DependenciesRequest
 from pants.testutil.rule_runner import RuleRunner
 
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.build_steps import log_path
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
 from kiln_pants.plan import Plan
 from kiln_pants.train_rules import LmCheckpointFieldSet
@@ -209,6 +210,53 @@ def test_plan_reports_built_would_run_and_drift(plan_rule_runner: RuleRunner, tm
     drift = rule_runner.run_goal_rule(Plan, args=args)
     assert drift.exit_code == 1
     assert "differs in: batch_size" in drift.stdout
+
+
+# The checkpoint again at another learning rate, under the same artifact name and version.
+TWIN = BUILD[BUILD.index("lm_checkpoint("):].replace('name="ckpt",', 'name="ckpt_lr", '
+    'artifact_name="checkpoints/ckpt",').replace("learning_rate=1e-3", "learning_rate=3e-3")
+# Two caches of one identity that exp:ckpt does not read, and a target wrong elsewhere.
+ELSEWHERE = """
+tokenized_cache(name="a", artifact_name="tokenized/same", sources=["a.jsonl"],
+                tokenizer="//exp/tok:tok", version="2026.06.28")
+tokenized_cache(name="b", artifact_name="tokenized/same", sources=["a.jsonl"],
+                tokenizer="//exp/tok:tok", version="2026.06.28")
+tokenized_cache(name="undated", sources=["a.jsonl"], tokenizer="//exp/tok:tok", version="soon")
+"""
+
+
+def test_two_targets_of_one_artifact_name_and_version_are_refused_naming_both(
+    plan_rule_runner: RuleRunner, tmp_path
+) -> None:
+    """Before anything runs, `plan` (and every goal reading the graph) refuses an artifact that
+    another target of the repository also names, whether the command needs both or one; two
+    such targets that it does not need stop nothing. Renamed, each has a log of its own."""
+    rule_runner = plan_rule_runner
+    ckpt, twin = Address("exp", target_name="ckpt"), Address("exp", target_name="ckpt_lr")
+    refusal = (
+        "Targets exp:ckpt and exp:ckpt_lr are both the artifact checkpoints/ckpt@2026.06.28 "
+        "(the same artifact name and version): they would build into one folder of the store "
+        "and one log. Bump one's `version`, or give it another `artifact_name`."
+    )
+    twins = (BUILD + TWIN).replace("RESOURCES", "cpu()")
+    elsewhere = {"other/BUILD": ELSEWHERE, "other/a.jsonl": "{}"}
+    rule_runner.write_files({**FILES, "exp/BUILD": twins, **elsewhere})
+    for needed in ([ckpt], [ckpt, twin]):
+        with pytest.raises(ExecutionError) as error:
+            rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses(needed))])
+        assert refusal in str(error.value)
+    with pytest.raises(ExecutionError) as error:
+        rule_runner.run_goal_rule(Plan, args=[f"--kiln-prefix={tmp_path}", "exp:ckpt"])
+    assert refusal in str(error.value)
+    assert not list(tmp_path.iterdir())  # refused before anything ran or was written
+
+    bumped = TWIN.replace('version="2026.06.28"', 'version="2026.06.29"', 1)
+    g = graph(rule_runner, build=BUILD + bumped)  # other/'s twins and undated cache stay
+    both = rule_runner.request(ArtifactGraph, [ArtifactGraphRequest(Addresses([ckpt, twin]))])
+    assert {log_path("dist", both.get(a)) for a in (ckpt, twin)} == {
+        "dist/logs/checkpoints/ckpt/2026.06.28.log", "dist/logs/checkpoints/ckpt/2026.06.29.log"
+    }  # fmt: skip
+    assert g.get(ckpt).fingerprint != both.get(twin).fingerprint
 
 
 def test_max_tokens_is_in_the_fingerprint_when_set(rule_runner: RuleRunner) -> None:

@@ -3,7 +3,9 @@
 `Get(ArtifactGraph, ArtifactGraphRequest(addresses))` walks the transitive closure of the given
 targets. An artifact's identity is the JSON of its identity-bearing fields (literals only), with
 each input replaced by `name@version` and its fingerprint; files in the repo (local sources, a
-tokenizer directory) contribute their content digest, not their paths on this machine.
+tokenizer directory) contribute their content digest, not their paths on this machine. A graph
+in which a target shares its artifact name and version with another target of the repository is
+refused (kiln_pants.artifact_folders).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from kiln_contract.tokenize import (
 )
 from kiln_contract.train import HfModelSource, ParentRun
 from kiln_contract.vocabulary import is_mutable_version
+from kiln_pants.artifact_folders import ArtifactFolders, refuse_shared_folders
 from kiln_pants.dependency_inference import field_address_inputs
 from kiln_pants.eval_targets import (
     EvalBatchesField,
@@ -520,6 +523,7 @@ async def artifact_graph(request: ArtifactGraphRequest) -> ArtifactGraph:
     targets = sorted(closure.closure, key=lambda t: t.address)
     for target in targets:
         check_target(target)
+    refuse_shared_folders(targets, await Get(ArtifactFolders))
     by_address = {t.address: t for t in targets}
     caches = {}
     for cache in (t for t in targets if isinstance(t, TokenizedCacheTarget)):

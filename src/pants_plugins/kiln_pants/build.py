@@ -354,7 +354,7 @@ def _pipeline(
     pipeline: dict[Address, PipelineStep] = {}
     for address, waits_for in steps.items():
         artifact = graph.get(address)
-        log = log_path(dist, artifact.name, artifact.version)
+        log = log_path(dist, artifact)
         if decided[address] is None:
             os.makedirs(os.path.dirname(log), exist_ok=True)
             with open(log, "w"):

@@ -31,6 +31,7 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 from pants.util.frozendict import FrozenDict
 
 from kiln_contract.layout import DEP_FAILED
+from kiln_pants.artifact_graph import Artifact
 from kiln_pants.eval_rules import LmEvalRunPackageFieldSet
 from kiln_pants.eval_targets import LmEvalRunTarget
 from kiln_pants.hf_model_rules import HfModelPackageFieldSet
@@ -299,8 +300,10 @@ def dep_failed(names: str) -> StepOutcome:
     return StepOutcome(DEP_FAILED, f"input {names} failed")
 
 
-def log_path(dist: str, name: str, version: str) -> str:
-    return os.path.join(dist, "logs", name, f"{version}.log")
+def log_path(dist: str, artifact: Artifact) -> str:
+    """`dist/logs/{name}/{version}.log`: from the artifact's identity, which no other target of
+    the repository shares (kiln_pants.artifact_folders), so no two steps write one log."""
+    return os.path.join(dist, "logs", f"{artifact.folder}.log")
 
 
 def rules():

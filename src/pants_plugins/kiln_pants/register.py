@@ -3,6 +3,7 @@
 from pants.build_graph.build_file_aliases import BuildFileAliases
 
 from kiln_pants import (
+    artifact_folders,
     artifact_graph,
     artifact_store,
     build,
@@ -47,6 +48,7 @@ def rules():
     # Loaded into the Pants process that runs the rules: from here on, SIGTERM stops a run.
     signals.forward_sigterm_as_interrupt()
     return [
+        *artifact_folders.rules(),
         *artifact_graph.rules(),
         *artifact_store.rules(),
         *build.rules(),
