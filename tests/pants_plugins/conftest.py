@@ -14,6 +14,7 @@ from kiln_pants import build, compare, housekeeping, plan, register
 from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
 from kiln_pants.hf_model_rules import StoredCheckpoint, StoredCheckpointRequest
 from kiln_pants.mixture_budget import MixtureBudgetRequest, MixtureFits
+from kiln_pants.store_inventory import StoredTargets, StoredTargetsRequest
 from kiln_pants.subsystem import KilnSubsystem
 from kiln_pants.train_rules import LmCheckpointFieldSet, StepJson, StepJsonRequest
 
@@ -51,6 +52,7 @@ def _rule_runner(rules: list) -> RuleRunner:
             QueryRule(Addresses, [DependenciesRequest]),
             QueryRule(Targets, [RawSpecs]),
             QueryRule(StepJson, [StepJsonRequest]),
+            QueryRule(StoredTargets, [StoredTargetsRequest]),
             QueryRule(MixtureFits, [MixtureBudgetRequest]),
         ],
         target_types=[*register.target_types(), FilesGeneratorTarget, FileTarget, GenericTarget],

@@ -1,12 +1,15 @@
-"""`pants store`'s decisions: what a removal selects, what it keeps and why, and the table."""
+"""`pants store`'s decisions: what a removal selects, what it keeps and why, the table, and the
+targets it reads."""
 
 from __future__ import annotations
 
 import pytest
 from pants.engine.addresses import Address
+from pants.testutil.rule_runner import RuleRunner
 
 from kiln_contract.inventory import Inventory, StoredArtifact
 from kiln_pants.housekeeping import Removal, inventory_lines, parse_date, select
+from kiln_pants.store_inventory import StoredTargets, StoredTargetsRequest
 
 DAY = 86400.0
 NOW = parse_date("2026-12-02") + 12 * 3600
@@ -109,3 +112,61 @@ def test_a_date_that_is_not_one_is_refused_naming_the_option() -> None:
     assert parse_date("2026-06-01") == 1780272000.0
     with pytest.raises(ValueError, match=r"^--store-older-than='last week' is not a date: give"):
         parse_date("last week")
+
+
+TARGETS = """
+tokenized_cache(name="web", sources=["web.jsonl"], tokenizer="//exp/tok:tok", version="2026.12.01")
+lm_checkpoint(
+    name="zero",
+    version="2026.12.01",
+    model=llama(max_seq_len=64, hidden_dim=32, intermediate_dim=64, num_heads=2, num_kv_heads=1,
+                num_layers=1),
+    optimizer=adam(learning_rate=1e-3, warmup=1),
+    datasets={":web": 0.0},
+    validation=[":web"],
+    batch_size=2, seq_len=64, num_train_steps=4, z_loss_weight=None, evals=None, resources=cpu(),
+)
+tokenized_cache(name="unbuilt", sources=["web.jsonl"], tokenizer="//exp/tok:tok",
+                version="2026.12.01", num_shards=0)
+tokenized_cache(name="undated", sources=["web.jsonl"], tokenizer="//exp/tok:tok", version="soon")
+tokenized_cache(name="twin", artifact_name="tokenized/web", sources=["web.jsonl"],
+                tokenizer="//exp/tok:tok", version="2026.12.02")
+tokenized_cache(name="twin2", artifact_name="tokenized/web", sources=["web.jsonl"],
+                tokenizer="//exp/tok:tok", version="2026.12.02")
+"""
+
+
+def test_targets_wrong_elsewhere_are_skipped_with_a_line_each(rule_runner: RuleRunner) -> None:
+    """A mixture weight 0.0 in a stored run's target, a version that is none and two targets of
+    one stored artifact stop nothing: each is one line naming the target and why; their folders
+    stay named (never `unnamed`), and a wrong target whose artifact the store does not hold is
+    not read at all."""
+    rule_runner.write_files({
+        "exp/BUILD": TARGETS,
+        "exp/web.jsonl": '{"text": "hello"}\n',
+        "exp/tok/BUILD": 'files(name="tok", sources=["kiln-tok/*"])',
+        "exp/tok/kiln-tok/tokenizer.json": '{"model": "fake"}',
+    })  # fmt: skip
+    stored = ("tokenized/web/2026.12.01", "checkpoints/zero/2026.12.01", "tokenized/gone/v1",
+              "tokenized/web/2026.12.02")  # fmt: skip
+    targets = rule_runner.request(StoredTargets, [StoredTargetsRequest(stored)])
+    assert targets.unread is None
+    assert dict(targets.named) == {
+        "tokenized/web/2026.12.01": Address("exp", target_name="web"),
+        "checkpoints/zero/2026.12.01": Address("exp", target_name="zero"),
+        "tokenized/unbuilt/2026.12.01": Address("exp", target_name="unbuilt"),
+        "tokenized/web/2026.12.02": Address("exp", target_name="twin"),
+    }
+    assert list(targets.fingerprints) == ["tokenized/web/2026.12.01"]
+    undated, zero, *twins = targets.skipped
+    assert undated.startswith("Skipped exp:undated (it names no artifact until fixed): ")
+    assert "`version`" in undated and "'soon'" in undated
+    assert zero.startswith("Skipped exp:zero (its artifact stays named; its fingerprint is not "
+                           "compared with the record's): exp/BUILD:3: ")  # fmt: skip
+    assert "`datasets`" in zero and "\n" not in zero
+    shared = "Targets exp:twin and exp:twin2 are both the artifact tokenized/web@2026.12.02"
+    assert [t.split(": ")[0] for t in twins] == [
+        f"Skipped exp:{name} (its artifact stays named; its fingerprint is not compared with "
+        "the record's)" for name in ("twin", "twin2")
+    ]  # fmt: skip
+    assert all(shared in t for t in twins)

@@ -565,6 +565,36 @@ async def artifact_and_graph(address: Address) -> tuple[Artifact, ArtifactGraph]
     return graph.get(address), graph
 
 
+@dataclass(frozen=True)
+class ArtifactOrProblemRequest:
+    address: Address
+
+
+@dataclass(frozen=True)
+class ArtifactOrProblem:
+    """A target's artifact, or why its graph cannot be made (one line), for a goal that reads
+    many targets and goes on past a bad one (`pants store`)."""
+
+    artifact: Optional[Artifact]
+    problem: Optional[str] = None
+
+
+@rule(desc="Computing an artifact's fingerprint")
+async def artifact_or_problem(request: ArtifactOrProblemRequest) -> ArtifactOrProblem:
+    try:
+        artifact, _ = await artifact_and_graph(request.address)
+    except Exception as e:  # noqa: BLE001 - the caller reports it and goes on
+        return ArtifactOrProblem(None, " ".join(engine_message(e).split()))
+    return ArtifactOrProblem(artifact)
+
+
+def engine_message(error: Exception) -> str:
+    """The message of an error a rule raised, without the engine's traceback around it."""
+    wrapped = getattr(error, "wrapped_exceptions", None)
+    inner = wrapped[-1] if wrapped else error
+    return str(inner).strip() or type(inner).__name__
+
+
 async def target_and_graph(address: Address, origin: str) -> tuple[Target, ArtifactGraph]:
     """The artifact target at `address` and the artifact graph of its closure, fetched together
     (`origin`: who asks, for Pants' messages)."""

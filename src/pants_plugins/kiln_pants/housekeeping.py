@@ -6,6 +6,10 @@ process (kiln.artifacts.inventory). With `--remove` (no target names it; failed;
 `--older-than`, it prints what it would remove and, with `--yes`, removes it. It never removes
 an artifact a live run holds the lease of, or one that an artifact it keeps was built from (the
 records' inputs), and it never touches what belongs to no artifact (`.kiln/`).
+
+It reads what it needs alone: every artifact target's name and version, and the artifact graph
+of the targets naming what the store holds (for the fingerprints). A target wrong elsewhere does
+not stop it: a line says which target it skipped and why.
 """
 
 from __future__ import annotations
@@ -18,28 +22,25 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pants.base.build_root import BuildRoot
-from pants.engine.addresses import Address, Addresses
+from pants.engine.addresses import Address
 from pants.engine.console import Console
 from pants.engine.fs import Workspace
 from pants.engine.goal import Goal, GoalSubsystem
 from pants.engine.rules import Get, collect_rules, goal_rule
-from pants.engine.target import AllTargets
 from pants.option.option_types import BoolOption, EnumOption, StrOption
 
 from kiln_contract.inventory import Inventory, StoredArtifact, ref_of
 from kiln_contract.layout import DEP_FAILED, FAILED
-from kiln_pants.artifact_graph import ArtifactGraph, ArtifactGraphRequest
-from kiln_pants.eval_targets import LmEvalRunTarget
-from kiln_pants.hf_model_targets import HfModelTarget
 from kiln_pants.shard_plan import count_text, size_text
 from kiln_pants.store_inventory import (
+    StoredTargets,
+    StoredTargetsRequest,
     StoreInventory,
     StoreInventoryRequest,
     StoreRemoval,
     StoreRemovalRequest,
 )
 from kiln_pants.subsystem import KilnSubsystem
-from kiln_pants.target_types import ARTIFACT_TARGET_TYPES
 
 
 class Removal(enum.Enum):
@@ -148,7 +149,7 @@ def inventory_lines(
     yield f"  {'STATUS':<11} {'SIZE':>9}  {'AGE':>7}  {'ARTIFACT':<48} TARGET"
     for a in inventory.artifacts:
         target = str(named[a.folder]) if a.folder in named else "(no target)"
-        if a.folder in named and a.fingerprint not in (None, fingerprints[a.folder]):
+        if a.fingerprint not in (None, fingerprints.get(a.folder, a.fingerprint)):
             target += " (built with another fingerprint)"
         yield (
             f"  {a.status or '-':<11} {size_text(a.size):>9}  {human_age(now - a.modified):>7}  "
@@ -205,7 +206,6 @@ async def _remove(console: Console, prefix: str, selection: Selection, yes: bool
 @goal_rule
 async def store(
     console: Console,
-    all_targets: AllTargets,
     kiln: KilnSubsystem,
     subsystem: StoreSubsystem,
     build_root: BuildRoot,
@@ -219,21 +219,26 @@ async def store(
     prefix = kiln.prefix_or_report(console, build_root.path)
     if prefix is None:
         return StoreGoal(exit_code=1)
-    artifact_types = (*ARTIFACT_TARGET_TYPES, HfModelTarget, LmEvalRunTarget)
-    addresses = Addresses(t.address for t in all_targets if isinstance(t, artifact_types))
-    graph = await Get(ArtifactGraph, ArtifactGraphRequest(addresses))
     listed = await Get(StoreInventory, StoreInventoryRequest(prefix))
     if listed.inventory is None:
         console.print_stderr(f"kiln: error: cannot list the artifact store: {listed.error}")
         return StoreGoal(exit_code=1)
-    named = {a.folder: a.address for a in graph}
-    fingerprints = {a.folder: a.fingerprint for a in graph}
+    stored = tuple(a.folder for a in listed.inventory.artifacts)
+    targets = await Get(StoredTargets, StoredTargetsRequest(stored))
+    if targets.unread is not None:
+        console.print_stderr(
+            f"kiln: error: cannot read the targets naming what the store keeps: {targets.unread}"
+        )
+        return StoreGoal(exit_code=1)
     console.print_stdout(f"Artifact store: {prefix}")
-    for line in inventory_lines(listed.inventory, named, fingerprints, time.time()):
+    now = time.time()
+    for line in inventory_lines(listed.inventory, targets.named, targets.fingerprints, now):
+        console.print_stdout(line)
+    for line in targets.skipped:
         console.print_stdout(line)
     if subsystem.remove is None and before is None:
         return StoreGoal(exit_code=0)
-    selection = select(listed.inventory, named, subsystem.remove, before)
+    selection = select(listed.inventory, targets.named, subsystem.remove, before)
     return StoreGoal(exit_code=await _remove(console, prefix, selection, subsystem.yes))
 
 

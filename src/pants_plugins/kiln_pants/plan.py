@@ -32,7 +32,12 @@ from kiln_contract.hf_llama import NotPlainLlama, config_fields, kiln_run_advice
 from kiln_contract.layout import RECORD_FILE
 from kiln_contract.llama import weights_differences
 from kiln_contract.train import HfModelSource
-from kiln_pants.artifact_graph import Artifact, ArtifactGraph, ArtifactGraphRequest
+from kiln_pants.artifact_graph import (
+    Artifact,
+    ArtifactGraph,
+    ArtifactGraphRequest,
+    engine_message,
+)
 from kiln_pants.artifact_store import (
     StoredState,
     artifact_path,
@@ -226,13 +231,6 @@ def plan_json(
     }
 
 
-def _engine_message(error: Exception) -> str:
-    """The message of an error a rule raised, without the engine's traceback around it."""
-    wrapped = getattr(error, "wrapped_exceptions", None)
-    inner = wrapped[-1] if wrapped else error
-    return str(inner).strip() or type(inner).__name__
-
-
 def _kiln_run_advice(folder: str) -> Optional[str]:
     try:
         with open(os.path.join(folder, RECORD_FILE)) as f:
@@ -265,7 +263,7 @@ async def plan(
     except Exception as e:  # noqa: BLE001 - a graph that cannot be read: for scripts, as JSON
         if not plan_subsystem.json:
             raise
-        console.print_stdout(json.dumps({"error": _engine_message(e)}, indent=2))
+        console.print_stdout(json.dumps({"error": engine_message(e)}, indent=2))
         return Plan(exit_code=1)
     counts: dict[str, int] = {}
     stored = await stored_states_or_report(console, prefix, graph)
