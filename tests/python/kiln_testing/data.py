@@ -42,6 +42,16 @@ def bos_tokenizer_folder(folder: Path) -> Path:
     return folder
 
 
+def damaged_tokenizer_folder(folder: Path) -> Path:
+    """The quickstart tokenizer's folder with its tokenizer.json cut at 5,000 bytes, as a copy
+    cut short leaves it."""
+    folder.mkdir(parents=True)
+    saved = Path(STDLIB_TOKENIZER["path"])
+    shutil.copyfile(saved / "tokenizer_config.json", folder / "tokenizer_config.json")
+    (folder / "tokenizer.json").write_bytes((saved / "tokenizer.json").read_bytes()[:5000])
+    return folder
+
+
 def make_spec(source: dict[str, Any], **config: Any) -> dict[str, Any]:
     return {
         "spec_version": 1,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -48,6 +49,12 @@ TOKENIZER_FILES = (
 )
 # Used when a tokenizer.json comes without a tokenizer_config.json naming its EOS.
 WELL_KNOWN_EOS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")
+JSON_FILES = tuple(name for name in TOKENIZER_FILES if name.endswith(".json"))
+# What to do about a local tokenizer folder that does not load.
+_RESAVE = (
+    "Copy the folder again from where the tokenizer was saved, or save it again "
+    "(transformers' `save_pretrained`, `tokenizers`' `save`, python -m kiln.data.train_tokenizer)."
+)
 PACKAGES = ("gpt2",)
 # A repository root holds this file: local tokenizer paths in BUILD files are relative to it.
 REPO_MARKER = "pants.toml"
@@ -224,10 +231,38 @@ def _load_folder(folder: Path, spec: TokenizerSpec, name: str) -> LoadedTokenize
             f"{folder}: no tokenizer.json here; a local tokenizer is a folder saved by "
             "`tokenizers` or `transformers` (see python -m kiln.data.train_tokenizer)."
         )
+    _check_json_files(folder)
     from transformers import AutoTokenizer
 
-    hf_tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    try:
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:  # noqa: BLE001 - whatever transformers makes of the files: one line
+        raise TokenizerError(
+            f"{folder}: transformers cannot load this tokenizer folder ({type(e).__name__}: "
+            f"{_first_line(e)}). {_RESAVE}"
+        ) from None
     return LoadedTokenizer(hf_tokenizer, spec, name=name, digest=_digest_files(folder))
+
+
+def _check_json_files(folder: Path) -> None:
+    """Names a damaged JSON file of the folder (a copy cut short, an edit gone wrong):
+    transformers' own error for it is a bare JSONDecodeError naming neither file nor folder."""
+    for name in JSON_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+            raise TokenizerError(
+                f"{path}: not valid JSON ({e}), so the tokenizer in {folder} cannot be loaded: "
+                f"the file is cut short or altered. {_RESAVE}"
+            ) from None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 def _load_package(spec: TokenizerSpec) -> LoadedTokenizer:
@@ -263,10 +298,9 @@ def _download_hf(repo_id: str, revision: str | None) -> Path:
             )
         )
     except Exception as e:  # offline, unreachable, gated, missing: all end here
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise TokenizerError(
             f"Could not get the Hugging Face tokenizer {repo_id!r} (revision {revision}): "
-            f"{type(e).__name__}: {first_line}. Without the hub, save the tokenizer files "
+            f"{type(e).__name__}: {_first_line(e)}. Without the hub, save the tokenizer files "
             '(tokenizer.json, tokenizer_config.json) to a folder and use {"kind": "local", '
             '"path": ...}, or pre-fill the local Hugging Face cache.'
         ) from None

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kiln_testing.data import make_spec, write_corpus
+from kiln_testing.data import damaged_tokenizer_folder, make_spec, write_corpus
 from kiln_testing.processes import python_env
 
 from kiln.artifacts.folder import ArtifactFolder
@@ -118,6 +118,34 @@ def test_plan_json_plans_many_specs_a_line_each_an_unplannable_one_too(
     good, bad, again = map(json.loads, capsys.readouterr().out.splitlines())
     assert len(good) == 2 and set(good[0]) == {"files"} and again == good
     assert bad == {"error": f"{tmp_path}/nowhere/*.jsonl: the glob matches no file (CWD is {os.getcwd()})."}
+
+
+def test_a_damaged_tokenizer_fails_in_one_line_and_a_store_cache_says_why(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """A `files` target's tokenizer folder with tokenizer.json cut short, named relative to the
+    repository as BUILD files name it: an inline build and a store-mode shard each print one
+    line naming the file and what to do; the store-mode cache says FAILED and that line (what
+    `pants plan` shows), and no lease is left."""
+    write_corpus(tmp_path / "corpus")
+    damaged_tokenizer_folder(tmp_path / "experiments/tc")
+    monkeypatch.chdir(tmp_path)
+    spec = make_spec({"kind": "files", "paths": ["corpus/*.jsonl"]}, num_shards=1)
+    spec["config"]["tokenizer"] = {"kind": "local", "path": "experiments/tc"}
+    spec_file = _write_spec(tmp_path, spec)
+    assert main(["build", spec_file, "--out", "inline"]) == 2
+    [inline] = capsys.readouterr().err.splitlines()
+    assert inline.startswith("error: experiments/tc/tokenizer.json: not valid JSON (")
+    assert "Copy the folder again from where the tokenizer was saved" in inline
+
+    cache = "store/tokenized/test/2026.11.29"
+    shard = ["--out", "store/tokenized/test/.2026.11.29.shards/shard-0", "--unless-built", cache]
+    assert main(["shard", spec_file, "--index", "0", *shard, "--root", "store"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == inline
+    folder = ArtifactFolder.at(tmp_path / cache)
+    assert folder.status() == "FAILED" and folder.stop_reason() == line.removeprefix("error: ")
+    assert list((tmp_path / "store").rglob("*.lease")) == []
 
 
 def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):

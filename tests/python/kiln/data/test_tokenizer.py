@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kiln_testing.data import REPO_ROOT
+from kiln_testing.data import REPO_ROOT, damaged_tokenizer_folder
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 from kiln.data.errors import TokenizerError
@@ -103,6 +103,21 @@ def test_bad_tokenizers_fail_clearly(tmp_path: Path):
         load_tokenizer({"kind": "package", "name": "gpt5"})
     with pytest.raises(TokenizerError, match='\'meta-llama/Meta-Llama-3.1-8B\'.*"kind": "local"'):
         load_tokenizer({"kind": "hf", "id": "meta-llama/Meta-Llama-3.1-8B"})
+
+
+def test_a_damaged_tokenizer_is_named_with_what_to_do(tmp_path: Path) -> None:
+    folder = damaged_tokenizer_folder(tmp_path / "cut")
+    with pytest.raises(TokenizerError) as cut:
+        load_tokenizer({"kind": "local", "path": str(folder)})
+    message = str(cut.value)
+    assert message.startswith(f"{folder}/tokenizer.json: not valid JSON (")
+    assert "cut short or altered. Copy the folder again" in message and "\n" not in message
+
+    # Valid JSON that is no tokenizer: transformers' complaint, with the folder.
+    (folder / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}')
+    with pytest.raises(TokenizerError) as refused:
+        load_tokenizer({"kind": "local", "path": str(folder)})
+    assert str(refused.value).startswith(f"{folder}: transformers cannot load this tokenizer")
 
 
 def test_a_relative_local_path_is_found_from_the_repo_root(tmp_path: Path) -> None:
