@@ -8,6 +8,8 @@ ignored): writing a file past it fails with EFBIG, and `grow` lifts the limit.
 
 from __future__ import annotations
 
+import errno
+import os
 import resource
 import signal
 import subprocess
@@ -36,6 +38,28 @@ class SmallDisk:
             command, env=python_env(**kwargs.pop("env", {})), capture_output=True, text=True,
             preexec_fn=self._limit() if self._limited else None, **kwargs,
         )  # fmt: skip
+
+    def fill(self, *, leave_blocks: int) -> None:
+        """Fills the mounted disk but for `leave_blocks` blocks, as another program would:
+        writes that need more fail with ENOSPC, and the disk stays full when they do. (The
+        file-size limit stands in for it where nothing is mounted.)"""
+        if not self.mounted:
+            return
+        block = os.statvfs(self.folder).f_frsize
+        reserved = [self.folder / f".reserved-{i}" for i in range(leave_blocks)]
+        for path in reserved:
+            path.write_bytes(b"\0" * block)
+        fd = os.open(self.folder / ".filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            while os.write(fd, b"\0" * block):
+                pass
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+        finally:
+            os.close(fd)
+        for path in reserved:
+            path.unlink()
 
     def grow(self) -> None:
         if self.mounted:

@@ -11,7 +11,8 @@ folder does, and never travels with the folder's contents). It is a small JSON o
 - The holder renews it from a heartbeat thread every HEARTBEAT_SECONDS, moving `expires` to
   now + LEASE_TTL_SECONDS, with a conditional replace on the generation it wrote last. When the
   build ends, successfully or not, it releases it: a conditional replace with a `released`
-  record (which fails if the lease was taken over), then a delete of that record.
+  record (which fails if the lease was taken over), then a delete of that record; where the
+  record finds no room (a full disk), a delete of the generation it wrote, which needs none.
 - Another process takes it over (a conditional replace of the generation it read) when it was
   released, when it has expired, or at once when its holder ran on this host and that process
   is gone (no such pid, a zombie, or a pid reused by a process started later): a crashed run is
@@ -232,9 +233,20 @@ class Lease:
             self.store.delete(self.key, generation=generation)
         except (PreconditionFailed, ObjectMissing):
             pass  # taken over after we stalled (or from the released record): not ours
+        except (OSError, StorageError):  # no room for the released record (a full disk)
+            self._delete_own()
+        self._generation = None
+
+    def _delete_own(self) -> None:
+        """Deletes the lease while it is still the generation this process wrote: a delete
+        needs no space where a released record does."""
+        assert self._generation is not None
+        try:
+            self.store.delete(self.key, generation=self._generation)
+        except (PreconditionFailed, ObjectMissing):
+            pass  # taken over after we stalled: not ours
         except (OSError, StorageError) as e:  # it goes stale with this process; say why
             log.warning("could not release the lease %s: %s", self.location, e)
-        self._generation = None
 
     def __enter__(self) -> Lease:
         return self

@@ -49,11 +49,12 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kiln import lifetime  # before the slow imports: it notes the parent process
-from kiln.artifacts import RECORD_FILE, holds
+from kiln.artifacts import RECORD_FILE, RUNNING, holds
 from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease, LeaseHeld
@@ -137,18 +138,24 @@ def _run(args: argparse.Namespace) -> int:
         else:
             assert cache is not None
             _import_command(spec, args, cache)
-    except KilnDataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        _record_failure(args.command, finished, str(e))
-        return 2
     except Exception as e:
-        failure = as_storage_error(e, getattr(args, "out", None) or args.spec)
-        if failure is None:
+        reason = _failure_line(e, getattr(args, "out", None) or args.spec)
+        if reason is None:
             raise
-        print(f"error: {failure}", file=sys.stderr)
-        _record_failure(args.command, finished, str(failure))
-        return EXIT_STORAGE
+        print(f"error: {reason}", file=sys.stderr)
+        _record_failure(args.command, finished, reason)
+        return 2 if isinstance(e, KilnDataError) else EXIT_STORAGE
     return 0
+
+
+def _failure_line(error: Exception, where: str | os.PathLike[str]) -> str | None:
+    """The one line an expected failure prints and records: bad input or damaged content in
+    Kiln's words, a storage error as `PATH: CAUSE` (`where` when the error names no path); None
+    for any other error, a bug, whose traceback is the report."""
+    if isinstance(error, KilnDataError):
+        return str(error)
+    failure = as_storage_error(error, where)
+    return None if failure is None else str(failure)
 
 
 def _record_failure(command: str, cache: str | os.PathLike[str] | None, reason: str) -> None:
@@ -301,17 +308,36 @@ def _merge_command(
         leases.enter_context(Lease.beside(args.out, what=f"merge {ref(spec)}").acquire(wait=True))
         if served(spec, cache):
             return
-        ArtifactFolder(cache, "").clear_stop_reason()  # an earlier build's failure
-        for shard in args.shards:
-            what = f"merge {ref(spec)} (shard {os.fspath(shard).rpartition('/')[2]})"
-            leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
-        record = None if args.record is None else args.record.read_bytes()
-        merge_shards(spec, shards, cache, _tokenizer(spec), artifact_record=record)
-        holds.end_build_holds(args.out)
+        folder = ArtifactFolder(cache, "")
+        with _failure_recorded(folder, args.out):
+            folder.clear_stop_reason()  # an earlier build's failure
+            # First: a disk that fills up later still has this file to overwrite with FAILED.
+            folder.write_status(RUNNING)
+            for shard in args.shards:
+                what = f"merge {ref(spec)} (shard {os.fspath(shard).rpartition('/')[2]})"
+                leases.enter_context(Lease.beside(shard, what=what).acquire(wait=True))
+            record = None if args.record is None else args.record.read_bytes()
+            merge_shards(spec, shards, cache, _tokenizer(spec), artifact_record=record)
+            holds.end_build_holds(args.out)
         print(f"{ref(spec)}: cache ready at {args.out}", file=sys.stderr)
     for staging in {shard.parent for shard in args.shards if isinstance(shard, Path)}:
         remove_dead_temporaries(staging)  # what killed builds left in .{version}.shards/
         _remove_if_empty(staging)
+
+
+@contextlib.contextmanager
+def _failure_recorded(folder: ArtifactFolder, where: str | os.PathLike[str]) -> Iterator[None]:
+    """Under the cache's lease: an expected failure of the body leaves STATUS FAILED and its
+    line in the cache before the leases are let go. Recorded afterwards, under a new lease, it
+    would find no room for that lease on a full disk."""
+    try:
+        yield
+    except Exception as e:
+        reason = _failure_line(e, where)
+        if reason is not None:
+            with contextlib.suppress(OSError, StorageError):  # as far as the store allows
+                folder.mark_failed(reason)
+        raise
 
 
 def _remove_if_empty(folder: Path) -> None:

@@ -220,3 +220,37 @@ def test_housekeeping_keeps_a_cache_from_its_first_shard_to_its_merge(tmp_path: 
     assert verify_cache(open_store(cache)).files == 1 + 5 * NUM_SHARDS
     assert sorted(p.name for p in cache.parent.iterdir()) == [VERSION]  # no hold, no lease
     assert remove(prefix, f"{NAME}/{VERSION}").done
+
+
+def test_a_disk_that_fills_during_a_merge_leaves_failed_and_no_lease(tmp_path: Path) -> None:
+    """The merge finds room for the cache's lease and its STATUS, then none for the shards'
+    leases: another program filled the disk, and it stays full (where nothing can be mounted,
+    the file-size limit stands in: EFBIG, later in the merge). One line names the cache and the
+    full disk; STATUS says FAILED (written over RUNNING in place), the reason beside it when
+    there was room; no lease and no temporary is left. Once there is room the merge succeeds."""
+    spec_path = write_spec(tmp_path, documents_per_file=300)
+    disk = SmallDisk(tmp_path / "disk", size=1 << 20, file_limit=1024)
+    try:
+        cache, shards = layout(disk.folder)
+        spec = parse_cache_spec(json.loads(spec_path.read_text()))
+        for index, shard in enumerate(shards):
+            tokenize_shard(spec, index, shard)
+        disk.fill(leave_blocks=2)
+        merge = tokenize("merge", spec_path, "--shards", *shards, "--out", cache)
+        full = disk.run(merge, timeout=300)
+        assert full.returncode == 4, full.stderr
+        [line] = full.stderr.splitlines()[-1:]
+        assert line.startswith(f"error: {disk.folder}/") and line.endswith(FULL_DISK), line
+        assert "Traceback" not in full.stderr and "could not release" not in full.stderr
+        folder = ArtifactFolder.at(cache)
+        assert folder.status() == "FAILED"
+        assert folder.stop_reason() in (None, line.removeprefix("error: "))
+        left = [p.name for p in disk.folder.rglob("*") if ".lease" in p.name or ".tmp-" in p.name]
+        assert left == []
+        disk.grow()
+        merged = disk.run(merge, timeout=300)
+        assert merged.returncode == 0, merged.stderr
+        assert folder.status() == "SUCCESS" and folder.stop_reason() is None
+        assert verify_cache(open_store(cache)).files == 1 + 5 * NUM_SHARDS
+    finally:
+        disk.close()
