@@ -59,7 +59,12 @@ from kiln.artifacts.atomic import atomic_write_bytes
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.lease import Lease, LeaseHeld
 from kiln.artifacts.locations import open_store
-from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError, as_storage_error
+from kiln.artifacts.storage_errors import (
+    EXIT_STORAGE,
+    StorageError,
+    as_storage_error,
+    refused_store_write,
+)
 from kiln.artifacts.store import ObjectStore
 from kiln.containment import OutsideRoot, within
 from kiln.data import sources
@@ -139,7 +144,7 @@ def _run(args: argparse.Namespace) -> int:
             assert cache is not None
             _import_command(spec, args, cache)
     except Exception as e:
-        reason = _failure_line(e, getattr(args, "out", None) or args.spec)
+        reason = _failure_line(e, args)
         if reason is None:
             raise
         print(f"error: {reason}", file=sys.stderr)
@@ -148,13 +153,16 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _failure_line(error: Exception, where: str | os.PathLike[str]) -> str | None:
-    """The one line an expected failure prints and records: bad input or damaged content in
-    Kiln's words, a storage error as `PATH: CAUSE` (`where` when the error names no path); None
-    for any other error, a bug, whose traceback is the report."""
+def _failure_line(error: Exception, args: argparse.Namespace) -> str | None:
+    """The one line an expected failure of the command prints and records: bad input or damaged
+    content in Kiln's words; a storage error as `PATH: CAUSE` (the command's folder when the
+    error names no path), and a store (--root) that refuses writes with what to do. None for
+    any other error, a bug, whose traceback is the report."""
     if isinstance(error, KilnDataError):
         return str(error)
-    failure = as_storage_error(error, where)
+    root = getattr(args, "root", None)
+    refused = None if root is None else refused_store_write(error, root)
+    failure = refused or as_storage_error(error, getattr(args, "out", None) or args.spec)
     return None if failure is None else str(failure)
 
 
@@ -309,7 +317,7 @@ def _merge_command(
         if served(spec, cache):
             return
         folder = ArtifactFolder(cache, "")
-        with _failure_recorded(folder, args.out):
+        with _failure_recorded(folder, args):
             folder.clear_stop_reason()  # an earlier build's failure
             # First: a disk that fills up later still has this file to overwrite with FAILED.
             folder.write_status(RUNNING)
@@ -326,14 +334,14 @@ def _merge_command(
 
 
 @contextlib.contextmanager
-def _failure_recorded(folder: ArtifactFolder, where: str | os.PathLike[str]) -> Iterator[None]:
+def _failure_recorded(folder: ArtifactFolder, args: argparse.Namespace) -> Iterator[None]:
     """Under the cache's lease: an expected failure of the body leaves STATUS FAILED and its
     line in the cache before the leases are let go. Recorded afterwards, under a new lease, it
     would find no room for that lease on a full disk."""
     try:
         yield
     except Exception as e:
-        reason = _failure_line(e, where)
+        reason = _failure_line(e, args)
         if reason is not None:
             with contextlib.suppress(OSError, StorageError):  # as far as the store allows
                 folder.mark_failed(reason)

@@ -13,7 +13,12 @@ from kiln import lifetime  # before the slow imports: it notes the parent
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.artifacts.local import LocalStore
 from kiln.artifacts.locations import UnsupportedStore, open_store
-from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
+from kiln.artifacts.storage_errors import (
+    EXIT_STORAGE,
+    StorageError,
+    as_storage_error,
+    refused_store_write,
+)
 from kiln.artifacts.store import ObjectStore
 from kiln.cluster import connection
 from kiln.cluster.errors import ClusterError
@@ -76,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             PlacementError) as e:  # fmt: skip
         print(f"kiln: error: {e}", file=sys.stderr)
         return 1
-    except StorageError as e:
-        print(f"kiln: error: {e}", file=sys.stderr)
+    except (StorageError, OSError) as e:
+        failure = _storage_failure(e, args)
+        if failure is None:
+            raise
+        print(f"kiln: error: {failure}", file=sys.stderr)
         return EXIT_STORAGE
     except KeyboardInterrupt as e:
         print(f"kiln: {step.ref} interrupted; rerun to go on", file=sys.stderr)
@@ -106,6 +114,18 @@ def _run(
     job = {"id": args.job, "max_retries": args.max_retries} if args.job else None
     return run_step(step, args.inputs, _destination(args, step), group, job,
                     force=args.force, wait=not args.no_wait)  # fmt: skip
+
+
+def _storage_failure(error: Exception, args: argparse.Namespace) -> StorageError | None:
+    """A storage failure that escaped the run's own handling (the artifact's lease, the first
+    write into the store) as one line; a local store that refuses writes is named with what to
+    do. None for an error that is no storage failure: its traceback is the report."""
+    where = args.prefix if args.output is None else args.output
+    if args.prefix is not None and not is_bucket_url(args.prefix):
+        refused = refused_store_write(error, args.prefix)
+        if refused is not None:
+            return refused
+    return as_storage_error(error, where)
 
 
 def _bundled(args: argparse.Namespace, step: StepSpec) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from kiln_testing.data import damaged_tokenizer_folder, make_spec, write_corpus
 from kiln_testing.processes import python_env
+from kiln_testing.read_only import READ_ONLY, read_only
 
 from kiln.artifacts.folder import ArtifactFolder
 from kiln.data.cache import TokenCache
@@ -146,6 +147,23 @@ def test_a_damaged_tokenizer_fails_in_one_line_and_a_store_cache_says_why(
     folder = ArtifactFolder.at(tmp_path / cache)
     assert folder.status() == "FAILED" and folder.stop_reason() == line.removeprefix("error: ")
     assert list((tmp_path / "store").rglob("*.lease")) == []
+
+
+def test_a_read_only_store_fails_in_one_line_naming_it(tmp_path: Path, monkeypatch, capsys):
+    """A store-mode shard into a store nothing may write (kiln_testing.read_only): one line
+    naming the store and what to do, and nothing written."""
+    write_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    spec = make_spec({"kind": "files", "paths": ["corpus/*.jsonl"]}, num_shards=1)
+    spec_file = _write_spec(tmp_path, spec)
+    with read_only(tmp_path / "store") as store:
+        cache = f"{store}/tokenized/test/2026.11.29"
+        shard = ["--out", f"{store}/tokenized/test/.2026.11.29.shards/shard-0", "--unless-built", cache]
+        assert main(["shard", spec_file, "--index", "0", *shard, "--root", str(store)]) == 4
+        assert list(store.iterdir()) == []
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {store}: the artifact store cannot be written here ({store}/")
+    assert any(cause in line for cause in READ_ONLY) and line.endswith("make this one writable")
 
 
 def test_offline_hf_dataset_fails_fast_without_a_traceback(tmp_path: Path):

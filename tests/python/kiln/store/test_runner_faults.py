@@ -20,6 +20,7 @@ import pytest
 import tensorstore as ts
 from kiln_testing.housekeeping import remove
 from kiln_testing.processes import python_env
+from kiln_testing.read_only import READ_ONLY, read_only
 from kiln_testing.small_disk import FULL_DISK, SmallDisk
 from kiln_testing.training import write_runner_step
 
@@ -397,3 +398,16 @@ def test_a_full_disk_ends_the_run_failed_and_it_resumes(step: Path, tmp_path: Pa
             assert "resumed from" in resumed.stderr + resumed.stdout
     finally:
         disk.close()
+
+
+def test_a_read_only_store_fails_in_one_line(step: Path, tmp_path: Path) -> None:
+    """`--prefix` a folder nothing may write (a read-only mount; without root, its mode): one
+    line naming the store and what to do, before anything is trained."""
+    with read_only(tmp_path / "store") as prefix:
+        result = run(runner(step, prefix))
+    assert result.returncode == 4, result.stderr[-3000:]
+    [line] = error_lines(result.stderr)
+    assert line.startswith(f"kiln: error: {prefix}: the artifact store cannot be written here (")
+    assert any(cause in line for cause in READ_ONLY) and line.endswith("make this one writable")
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert list(prefix.iterdir()) == []
