@@ -169,7 +169,9 @@ def _failure_line(error: Exception, args: argparse.Namespace) -> str | None:
 def _record_failure(command: str, cache: str | os.PathLike[str] | None, reason: str) -> None:
     """A shard or merge of a store-mode cache failed: STATUS FAILED and the reason in the cache's
     folder, for `plan` and the next build, under the cache's lease (another builder holding it
-    speaks for itself). A finished cache stays as it is."""
+    speaks for itself). A finished cache stays as it is. A merge has recorded its failure under
+    its own lease already; on a full disk this second record may find the room for the reason
+    that its released leases gave back."""
     if command not in ("shard", "merge", "import") or cache is None:
         return
     folder = ArtifactFolder.at(cache)

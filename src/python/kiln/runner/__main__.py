@@ -120,7 +120,9 @@ def _storage_failure(error: Exception, args: argparse.Namespace) -> StorageError
     """A storage failure that escaped the run's own handling (the artifact's lease, the first
     write into the store) as one line; a local store that refuses writes is named with what to
     do. None for an error that is no storage failure: its traceback is the report."""
-    where = args.prefix if args.output is None else args.output
+    if isinstance(error, BrokenPipeError):
+        return None  # the terminal went away: no storage failure, and no one to tell
+    where = args.output or args.prefix or args.step
     if args.prefix is not None and not is_bucket_url(args.prefix):
         refused = refused_store_write(error, args.prefix)
         if refused is not None:
