@@ -11,8 +11,9 @@ folder does, and never travels with the folder's contents). It is a small JSON o
 - The holder renews it from a heartbeat thread every HEARTBEAT_SECONDS, moving `expires` to
   now + LEASE_TTL_SECONDS, with a conditional replace on the generation it wrote last. When the
   build ends, successfully or not, it releases it: a conditional replace with a `released`
-  record (which fails if the lease was taken over), then a delete of that record; where the
-  record finds no room (a full disk), a delete of the generation it wrote, which needs none.
+  record (which fails if the lease was taken over), then a delete of that record; where a
+  directory's disk has no room for that record, a delete of the generation it wrote (which
+  needs none; a directory honours generations on delete).
 - Another process takes it over (a conditional replace of the generation it read) when it was
   released, when it has expired, or at once when its holder ran on this host and that process
   is gone (no such pid, a zombie, or a pid reused by a process started later): a crashed run is
@@ -233,19 +234,24 @@ class Lease:
             self.store.delete(self.key, generation=generation)
         except (PreconditionFailed, ObjectMissing):
             pass  # taken over after we stalled (or from the released record): not ours
-        except (OSError, StorageError):  # no room for the released record (a full disk)
-            self._delete_own()
+        except (OSError, StorageError) as e:
+            self._delete_own(e)
         self._generation = None
 
-    def _delete_own(self) -> None:
-        """Deletes the lease while it is still the generation this process wrote: a delete
-        needs no space where a released record does."""
+    def _delete_own(self, unreleased: Exception) -> None:
+        """The released record could not be written: in a directory (its disk full, say) the
+        lease is deleted while it is still the generation this process wrote, which needs no
+        space (a directory honours generations on delete); a bucket's goes stale with this
+        process."""
         assert self._generation is not None
+        if self.store.root_location.in_bucket:
+            log.warning("could not release the lease %s: %s", self.location, unreleased)
+            return
         try:
             self.store.delete(self.key, generation=self._generation)
         except (PreconditionFailed, ObjectMissing):
             pass  # taken over after we stalled: not ours
-        except (OSError, StorageError) as e:  # it goes stale with this process; say why
+        except OSError as e:
             log.warning("could not release the lease %s: %s", self.location, e)
 
     def __enter__(self) -> Lease:
