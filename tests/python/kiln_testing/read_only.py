@@ -1,8 +1,9 @@
 """A folder nothing may write, for read-only store tests.
 
 Where this process may mount file systems (root, as in CI), the folder is bind-mounted over
-itself read-only, as a user's read-only store is: writes fail with EROFS. Elsewhere its mode is
-0o555: writes fail with EACCES. Root ignores modes, so a root that may not mount skips the test.
+itself read-only, as a user's read-only store is: every write under it fails with EROFS.
+Elsewhere its mode is 0o555, so nothing can be made in it: such writes fail with EACCES. Root
+ignores modes, so a root that may not mount skips the test.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ READ_ONLY = ("Read-only file system (EROFS)", "Permission denied (EACCES)")
 
 @contextlib.contextmanager
 def read_only(folder: Path) -> Iterator[Path]:
-    """`folder` (made if missing, its files as they are) unwritable while the body runs."""
+    """`folder` (made if missing) read-only while the body runs."""
     folder.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         folder.chmod(0o555)
