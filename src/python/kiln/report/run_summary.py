@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -39,8 +39,13 @@ from kiln.train.checkpoints import CheckpointInfo
 from kiln.train.spec import TrainSpec
 from kiln.train.trainer import FinishedRun
 
+if TYPE_CHECKING:
+    from kiln.data.tokenizer import LoadedTokenizer
+
 NUM_SAMPLES = 3
 PROMPT_TOKENS = 24
+_UTF8_MAX_BYTES = 4  # a character's bytes: at most this many leading tokens hold part of one
+_REPLACEMENT = "\ufffd"  # what a decoder makes of a character's bytes cut short
 NEW_TOKENS = 40
 TEMPERATURE = 0.8
 SAMPLE_SEED = 0
@@ -181,7 +186,7 @@ def _sample_lines(run: FinishedRun) -> list[str]:
     ]
     for i, row in enumerate(tokens, 1):
         continuation = up_to_eos(row[prompts.shape[1] :], cache.tokenizer.eos_id)
-        lines.append(f"  [{i}] prompt: {tokenizer.decode(row[: prompts.shape[1]].tolist())!r}")
+        lines.append(f"  [{i}] prompt: {shown_prompt(tokenizer, row[: prompts.shape[1]])!r}")
         lines.append(f"      model:  {tokenizer.decode(continuation.tolist())!r}")
     return lines
 
@@ -196,6 +201,18 @@ def _generate(
         max_new_tokens=min(NEW_TOKENS, max_seq_len - prompts.shape[1]),
         temperature=TEMPERATURE, seed=SAMPLE_SEED, max_seq_len=max_seq_len,
     )  # fmt: skip
+
+
+def shown_prompt(tokenizer: LoadedTokenizer, prompt: np.ndarray) -> str:
+    """The prompt's text from its first whole character, after "…" when it begins inside one: a
+    prompt cut out of a document may start in the middle of a character's bytes (byte-level BPE
+    tokens), which decode to U+FFFD. The model saw every token."""
+    ids = prompt.tolist()
+    for start in range(min(len(ids), _UTF8_MAX_BYTES)):
+        text = tokenizer.decode(ids[start:])
+        if not text.startswith(_REPLACEMENT):
+            return f"…{text}" if start else text
+    return tokenizer.decode(ids)
 
 
 def up_to_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:

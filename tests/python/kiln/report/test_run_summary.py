@@ -8,17 +8,20 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 # The trainer tests' helpers: real caches with the committed tokenizer, a tiny-model spec.
+from kiln_testing.data import STDLIB_TOKENIZER
 from kiln_testing.training import build_tiny_cache, make_spec
 
 from kiln.artifacts import SUMMARY_TEXT_FILE, TRAIN_SPEC_FILE
 from kiln.artifacts.atomic import atomic_write_json
 from kiln.data.cache import TokenCache
+from kiln.data.tokenizer import load_tokenizer
 from kiln.report.baseline import unigram_baseline
 from kiln.report.plots import plot_run
-from kiln.report.run_summary import write_run_summary
+from kiln.report.run_summary import shown_prompt, write_run_summary
 from kiln.train.spec import parse_spec
 from kiln.train.trainer import FinishedRun, open_trainer
 
@@ -89,3 +92,10 @@ def test_a_missing_plot_and_unloadable_tokenizer_are_notes(
     assert "Samples: skipped (cannot load the tokenizer" in text
     assert "vs unigram" in text
 
+
+def test_a_prompt_cut_inside_a_character_is_shown_from_the_next_one() -> None:
+    tokenizer = load_tokenizer(STDLIB_TOKENIZER)
+    ids = tokenizer.hf_tokenizer.encode("点。 over body", add_special_tokens=False)
+    assert tokenizer.decode(ids[1:]).startswith("\ufffd")  # the cut this is about
+    assert shown_prompt(tokenizer, np.array(ids[1:])) == "…。 over body"
+    assert shown_prompt(tokenizer, np.array(ids)) == "点。 over body"
