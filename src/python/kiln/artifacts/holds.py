@@ -15,7 +15,8 @@ last shard process stopped renewing.
 Taking a hold and removing an artifact exclude each other through the artifact's own lease: the
 holder takes it (waiting) to check the artifact and write the hold; the remover takes it
 (without waiting), then looks for live holds before it deletes anything. So a hold taken is a
-hold seen, and an artifact removed is never held.
+hold seen, and an artifact removed is never held. (A shard does not wait for a merge or a
+whole build that holds the cache's lease: no removal can hold it meanwhile.)
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import secrets
 from collections.abc import Iterator
 
 from kiln.artifacts.folder import ArtifactFolder
-from kiln.artifacts.lease import LEASE_TTL_SECONDS, Lease, in_parent
+from kiln.artifacts.lease import LEASE_TTL_SECONDS, Lease, LeaseHeld, in_parent
 from kiln.artifacts.store import ObjectStore
 from kiln_contract.layout import HOLDS_SIBLING, sibling_key
 
 BUILD_HOLD_SECONDS = 3600.0  # a stopped cache build's shards are kept this long after its last
+REMOVAL = "remove"  # how a removal's lease names what it does (kiln.artifacts.inventory)
 
 _READ = "read"
 _BUILD = "build"
@@ -68,10 +70,7 @@ def building(cache: str | os.PathLike[str], what: str) -> Iterator[None]:
     store, key = in_parent(cache)
     folder = ArtifactFolder(store, key)
     hold = _hold(store, key, _BUILD, what, ttl=BUILD_HOLD_SECONDS, detached=True)
-    with folder.lease(f"hold {key} to {what}").acquire(wait=True):
-        built = folder.is_built()  # merged meanwhile: nothing left to hold it for
-        if not built:
-            hold.acquire(wait=False)
+    built = not _held_for_build(folder, hold, what)
     try:
         yield
     except Exception:
@@ -81,6 +80,30 @@ def building(cache: str | os.PathLike[str], what: str) -> Iterator[None]:
     finally:
         if not built:
             hold.let_expire()  # released already if it failed
+
+
+def _held_for_build(folder: ArtifactFolder, hold: Lease, what: str) -> bool:
+    """Takes the build hold unless the cache is built (merged meanwhile); whether it did. Under
+    the cache's lease, as a read hold, when that is free or a removal holds it (waited for: it
+    is short). A builder holding it (a merge, a whole build) is not waited for: a merge ends the
+    build holds once STATUS is written, so a hold taken beside it is let go when STATUS says the
+    cache is built."""
+    lease = folder.lease(f"hold {folder.key} to {what}")
+    try:
+        lease.acquire(wait=False)
+    except LeaseHeld as e:
+        if not e.holder.what.startswith(f"{REMOVAL} "):
+            hold.acquire(wait=False)
+            if folder.is_built():
+                hold.release()
+                return False
+            return True
+        lease.acquire(wait=True)
+    with lease:
+        if folder.is_built():
+            return False
+        hold.acquire(wait=False)
+        return True
 
 
 def end_build_holds(cache: str | os.PathLike[str]) -> None:

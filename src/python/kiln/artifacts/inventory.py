@@ -31,6 +31,7 @@ import time
 from collections import defaultdict
 
 from kiln.artifacts.folder import ArtifactFolder
+from kiln.artifacts.holds import REMOVAL
 from kiln.artifacts.lease import LeaseHeld, LeaseRecord, lease_key
 from kiln.artifacts.locations import run_on_store
 from kiln.artifacts.store import ListedObject, ObjectStore, read_texts
@@ -69,7 +70,7 @@ def remove_artifact(store: ObjectStore, folder: str) -> str | None:
     (a live lease: its own, or one inside it)."""
     artifact = ArtifactFolder(store, folder)
     try:
-        with artifact.lease(f"remove {folder}").acquire(wait=False):
+        with artifact.lease(f"{REMOVAL} {folder}").acquire(wait=False):
             inside = _live_leases_inside(store, folder)
             if inside:
                 return f"a run holds a lease in it: {inside[0]}"

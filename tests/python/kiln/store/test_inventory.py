@@ -199,3 +199,18 @@ def test_a_stale_hold_keeps_nothing(store: ObjectStore) -> None:
     store.write(f"{holds.holds_key(folder)}/read-0.lease", dead.to_bytes())
     assert remove_artifact(store, folder) is None
     assert store.keys("tokenized/web") == []
+
+
+def test_a_shard_takes_its_build_hold_beside_a_merge_without_waiting(store: ObjectStore) -> None:
+    """A builder holding the cache's lease (a merge) is not waited for; the hold taken beside
+    it is let go at once when the cache turns out built."""
+    folder = ArtifactFolder(store, "tokenized/big/2026.03.03")
+    with folder.lease("merge tokenized/big@2026.03.03").acquire(wait=False):
+        with holds.building(folder.location(), "tokenize tokenized/big@2026.03.03 shard 2"):
+            pass
+        assert [k for k in store.keys("tokenized/big") if ".holds/build-" in k]
+        holds.end_build_holds(folder.location())
+        folder.write_status("SUCCESS")
+        with holds.building(folder.location(), "tokenize tokenized/big@2026.03.03 shard 2"):
+            pass
+        assert not [k for k in store.keys("tokenized/big") if ".holds/" in k]
