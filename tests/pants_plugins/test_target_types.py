@@ -389,6 +389,19 @@ def test_an_empty_target_name_is_refused_where_a_given_one_is_kept(rule_runner: 
     assert rule_runner.get_target(Address("exp")).address.target_name == "exp"
 
 
+@pytest.mark.parametrize("name", [" ", " exp"])
+def test_a_target_name_with_spaces_at_its_ends_is_refused(rule_runner: RuleRunner, name: str) -> None:
+    build = checkpoint(artifact_name='"checkpoints/spaced"').replace("name='ckpt'", f"name={name!r}")
+    message = load_error(rule_runner, build, name=name)
+    assert f"has `name={name!r}`: give it a name without spaces at its ends" in message
+
+
+def test_a_huge_value_is_echoed_by_its_start_and_length(rule_runner: RuleRunner) -> None:
+    message = load_error(rule_runner, checkpoint(version=repr("x" * 10_000_000)))
+    assert "got 'xxxx" in message and "... (10,000,002 characters)" in message
+    assert "x" * 1000 not in message
+
+
 def test_a_formats_own_fields_only_with_that_format(rule_runner: RuleRunner) -> None:
     template = 'chat_template="{% generation %}x{% endgeneration %}"'
     build = CACHE.replace('version="2026.06.28"', f'version="2026.06.28", {template}')

@@ -31,6 +31,18 @@ class SpecError(ValueError):
         return SpecError(field_path(where, self.field), self.problem)
 
 
+MAX_SHOWN_CHARS = 120  # a value echoed in an error: its repr up to this many characters
+
+
+def shown(value: Any) -> str:
+    """`value` as an error message echoes it: its repr, cut to MAX_SHOWN_CHARS (a 10 MB name is
+    named by its start and its length)."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return f"{text[:MAX_SHOWN_CHARS]}... ({len(text):,} characters)"
+
+
 def field_path(where: str, key: str) -> str:
     """`config` + `seed` -> `config.seed`; `config.datasets` + `[0]` -> `config.datasets[0]`."""
     if not where or not key:
@@ -45,7 +57,7 @@ def check_int(field: str, value: Any, *, minimum: int | None = None) -> None:
     expected = "an integer" + ("" if minimum is None else f" >= {minimum}")
     # bool is an int in Python; a `true` where a count belongs is a typo, not a 1.
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(field, f"expected {expected}, got {value!r}")
+        raise SpecError(field, f"expected {expected}, got {shown(value)}")
     if minimum is not None and value < minimum:
         raise SpecError(field, f"expected {expected}, got {value}")
 
@@ -67,7 +79,7 @@ def check_number(
     ]
     expected = " ".join(["a number", " and ".join(b for b in bounds if b)]).strip()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SpecError(field, f"expected {expected}, got {value!r}")
+        raise SpecError(field, f"expected {expected}, got {shown(value)}")
     if (
         (positive and value <= 0)
         or (minimum is not None and value < minimum)
@@ -79,17 +91,17 @@ def check_number(
 
 def check_str(field: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
-        raise SpecError(field, f"expected a non-empty string, got {value!r}")
+        raise SpecError(field, f"expected a non-empty string, got {shown(value)}")
 
 
 def check_bool(field: str, value: Any) -> None:
     if not isinstance(value, bool):
-        raise SpecError(field, f"expected true or false, got {value!r}")
+        raise SpecError(field, f"expected true or false, got {shown(value)}")
 
 
 def check_choice(field: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise SpecError(field, f"expected one of {', '.join(choices)}, got {value!r}")
+        raise SpecError(field, f"expected one of {', '.join(choices)}, got {shown(value)}")
 
 
 def check_absolute_path(field: str, value: Any) -> None:
@@ -112,7 +124,7 @@ def check_relative_path(field: str, value: Any) -> None:
     check_str(field, value)
     if value.startswith("/") or any(part in ("", ".", "..") for part in value.split("/")):
         raise SpecError(
-            field, f"expected a relative path without empty, `.` or `..` parts, got {value!r}"
+            field, f"expected a relative path without empty, `.` or `..` parts, got {shown(value)}"
         )
 
 
@@ -124,7 +136,7 @@ def check_optional(check: Callable[..., None], field: str, value: Any, **bounds:
 
 def check_tuple_of(field: str, value: Any, kind: type) -> None:
     if not isinstance(value, tuple) or not all(isinstance(item, kind) for item in value):
-        raise SpecError(field, f"expected a list of {kind.__name__}, got {value!r}")
+        raise SpecError(field, f"expected a list of {kind.__name__}, got {shown(value)}")
 
 
 # --- JSON -----------------------------------------------------------------------------------------
@@ -169,7 +181,7 @@ def json_fields(
 
 def json_list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
-        raise SpecError(where, f"expected a JSON list, got {value!r}")
+        raise SpecError(where, f"expected a JSON list, got {shown(value)}")
     return value
 
 
@@ -215,4 +227,4 @@ def check_header(
     for key, expected in header.items():
         value = values.pop(key)
         if value != expected:
-            raise SpecError(field_path(where, key), f"expected {expected!r}, got {value!r}; {advice}")
+            raise SpecError(field_path(where, key), f"expected {expected!r}, got {shown(value)}; {advice}")

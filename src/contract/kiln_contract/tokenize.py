@@ -29,6 +29,7 @@ from kiln_contract.parsing import (
     json_list,
     read_json,
     scalar_json,
+    shown,
 )
 from kiln_contract.vocabulary import STDLIB_PARTS, STDLIB_SPLITS, check_address
 
@@ -135,7 +136,7 @@ class HfSource:
             check_str(f"data_files[{i}]", pattern)
         for key, value in self.where:
             if not isinstance(value, str):
-                raise SpecError(f"where.{key}", f"expected a string, got {value!r}")
+                raise SpecError(f"where.{key}", f"expected a string, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def check_cache_location(field: str, value: Any) -> None:
     check_str(field, value)
     if not (value.startswith("/") or is_bucket_url(value)):
         raise SpecError(
-            field, f"expected an absolute path, s3://BUCKET/PATH or gs://BUCKET/PATH, got {value!r}"
+            field, f"expected an absolute path, s3://BUCKET/PATH or gs://BUCKET/PATH, got {shown(value)}"
         )
 
 
@@ -192,7 +193,7 @@ def check_digest(field: str, value: Any) -> None:
         raise SpecError(
             field,
             f"expected 'sha256:' and 64 lowercase hex digits (or 'git-blob-sha1:' and 40), "
-            f"got {value!r}",
+            f"got {shown(value)}",
         )
 
 

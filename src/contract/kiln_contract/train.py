@@ -35,6 +35,7 @@ from kiln_contract.parsing import (
     json_path,
     read_json,
     scalar_json,
+    shown,
 )
 from kiln_contract.vocabulary import (
     ATTENTION_IMPLS,
@@ -412,7 +413,7 @@ class TrainConfig(Generic[Dataset]):
 def _check_instance(field: str, value: Any, kind: type | tuple[type, ...]) -> None:
     if not isinstance(value, kind):
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        raise SpecError(field, f"expected a {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
+        raise SpecError(field, f"expected a {' or '.join(k.__name__ for k in kinds)}, got {shown(value)}")
 
 
 def _check_unique_names(field: str, datasets: tuple[Any, ...]) -> None:

@@ -15,6 +15,7 @@ from kiln_contract.parsing import (
     check_number,
     check_str,
     field_path,
+    shown,
 )
 
 # How attention is computed: `auto` is pallas on GPU, xla elsewhere (kiln.model.attention).
@@ -77,7 +78,7 @@ def check_artifact_name(field: str, value: Any) -> None:
         raise SpecError(
             field,
             f"must be `/`-separated {_PARTS_RULE}, at most {MAX_NAME_CHARS} characters "
-            f"(e.g. `checkpoints/my_run`); got {value!r}",
+            f"(e.g. `checkpoints/my_run`); got {shown(value)}",
         )
 
 
@@ -93,7 +94,7 @@ def check_version(field: str, value: Any) -> None:
             field,
             "must be a calendar version like 2026.06.28 (or 2026.06.28.1), or `dev` / "
             f"`NAME-dev` with NAME made of {_PARTS_RULE}, at most {MAX_VERSION_CHARS} "
-            f"characters; got {value!r}",
+            f"characters; got {shown(value)}",
         )
 
 
@@ -136,7 +137,7 @@ def mesh_sizes(value: Any, where: str = "mesh") -> dict[str, int]:
     """The size of every mesh axis: missing axes are 1, and one axis may be -1 (all remaining
     devices)."""
     if not isinstance(value, Mapping):
-        raise SpecError(where, f"expected a JSON object of mesh axis -> size, got {value!r}")
+        raise SpecError(where, f"expected a JSON object of mesh axis -> size, got {shown(value)}")
     for axis in value:
         check_choice(where, axis, MESH_AXES)
     sizes = {axis: value.get(axis, 1) for axis in MESH_AXES}
@@ -157,7 +158,7 @@ def check_eval_name(field: str, value: Any) -> None:
     if len(value) > MAX_NAME_CHARS or not all(_PATH_PART.fullmatch(p) for p in value.split("/")):
         raise SpecError(
             field, f"expected a name of `/`-separated {_PARTS_RULE} (e.g. `paloma/c4_en`), "
-            f"got {value!r}"
+            f"got {shown(value)}"
         )  # fmt: skip
 
 
@@ -185,5 +186,5 @@ def check_hf_revision(field: str, value: Any) -> None:
     check_str(field, value)
     if not _HF_REVISION.match(value) or ".." in value:
         raise SpecError(
-            field, f"{value!r} is not a hub revision (a commit hash, branch or tag)"
+            field, f"{shown(value)} is not a hub revision (a commit hash, branch or tag)"
         )

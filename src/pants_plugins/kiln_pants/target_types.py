@@ -45,6 +45,7 @@ from kiln_contract.parsing import (
     check_int,
     check_number,
     check_str,
+    shown,
 )
 from kiln_contract.tokenize import (
     DEFAULT_DOCUMENT_FORMAT,
@@ -137,7 +138,7 @@ class FormCheckedField(Field):
         if not cls.accepts(value):
             raise InvalidFieldException(
                 f"The `{cls.alias}` field in target {address} must be {cls.expected}; "
-                f"got {value!r}."
+                f"got {shown(value)}."
             )
         return value
 
@@ -1090,8 +1091,14 @@ def _refuse_an_empty_name(target: Target) -> None:
     """`name=""`: Pants names such a target after its directory, so an artifact would be stored
     under a name nobody wrote. Pants keeps only that a name was given, so for a target named
     after its directory the BUILD file is run again to read the value its call was given,
-    however it was written (a literal, a variable, a macro's argument)."""
+    however it was written (a literal, a variable, a macro's argument). A name of whitespace,
+    or with whitespace at an end, which Pants keeps as it is, is refused as well."""
     address = target.address
+    if address.target_name != address.target_name.strip():
+        raise InvalidTargetException(
+            f"The `{target.alias}` target at {target.description_of_origin} has "
+            f"`name={shown(address.target_name)}`: give it a name without spaces at its ends."
+        )
     if not target.name_explicitly_set or address.target_name != os.path.basename(address.spec_path):
         return
     file, _, line = target.description_of_origin.rpartition(":")
