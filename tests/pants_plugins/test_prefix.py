@@ -6,7 +6,7 @@ import pytest
 from pants.engine.process import ProcessCacheScope
 
 from kiln_pants.cache_layout import CacheLayout
-from kiln_pants.subsystem import bucket_url
+from kiln_pants.subsystem import bucket_url, refuse_a_mistyped_url
 
 
 @pytest.mark.parametrize(
@@ -37,6 +37,18 @@ def test_malformed_bucket_urls_are_refused_naming_the_problem(url: str, message:
         bucket_url(url)
     assert str(refused.value).startswith(f"[kiln] prefix = {url!r}: ")
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "path, meant", [("s3:/kiln-local/kiln", "s3://kiln-local/kiln"), ("gs:/bucket/x", "gs://bucket/x")]
+)
+def test_a_url_with_a_slash_missing_is_refused_with_the_url_it_means(path: str, meant: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        refuse_a_mistyped_url(path)
+    assert str(refused.value) == (
+        f"[kiln] prefix = {path!r}: a URL needs '://' after its scheme; did you mean {meant}?"
+    )
+    refuse_a_mistyped_url("artifacts/s3:/x")  # a folder, however odd its name
 
 
 def test_store_caches_under_a_bucket_prefix_are_built_at_their_final_keys() -> None:

@@ -85,6 +85,7 @@ class KilnSubsystem(Subsystem):
     def prefix_location(self, buildroot: str) -> str:
         """The store: an absolute local path, or a bucket URL (its shape checked)."""
         if not in_bucket(self.prefix):
+            refuse_a_mistyped_url(self.prefix)
             return os.path.normpath(os.path.join(buildroot, self.prefix))
         return bucket_url(self.prefix)
 
@@ -100,6 +101,20 @@ class KilnSubsystem(Subsystem):
 
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$")
 _PATH_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._=-]*$")
+
+
+_ONE_SLASH_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):/+(?P<rest>.*)$")
+
+
+def refuse_a_mistyped_url(path: str) -> None:
+    """A local prefix that is a URL with a slash missing (`s3:/bucket/x`) would silently become a
+    folder `s3:` in the repository: ValueError instead, with the URL it means."""
+    mistyped = _ONE_SLASH_URL.match(path)
+    if mistyped and "://" not in path:
+        raise ValueError(
+            f"[kiln] prefix = {path!r}: a URL needs '://' after its scheme; did you mean "
+            f"{mistyped['scheme']}://{mistyped['rest']}?"
+        )
 
 
 def bucket_url(url: str) -> str:
