@@ -390,6 +390,7 @@ def test_plan_json_gives_ci_each_artifact_state_fingerprint_and_path(
     assert (child["checkpoint"], child["tokens"], child["refusal"]) == (
         "checkpoints/cooldown@2026.12.02", 8 * 64 * 100, None)  # fmt: skip
     assert child["init_from"]["name"] == "checkpoints/base" and child["init_from"]["data_continues"]
+    assert child["init_from"]["step"] == 100  # its parent's final step, said
     [train] = child["datasets"]
     assert (train["cache"], train["reads_tokens"], train["continues_at_sequence"]) == (
         "tokenized/train@2026.12.02", 51200, 800)  # fmt: skip
@@ -434,6 +435,15 @@ def test_plan_names_the_parent_and_what_a_child_reads_new(plan_rule_runner: Rule
     restarted = plan_rule_runner.run_goal_rule(Plan, args=args)
     assert "(weights and Adam's moments), its datasets from their beginning" in restarted.stdout
     assert "continues its parent's stream" not in restarted.stdout
+    # Its 800 sequences from the stream's beginning: the 320 its parent read are re-read.
+    assert ("reads its stream from the beginning, of which its line read 320 sequences: "
+            "30.72k new, 20.48k re-read") in restarted.stdout  # fmt: skip
+    as_json = plan_rule_runner.run_goal_rule(Plan, args=["--plan-json", *args])
+    child = json.loads(as_json.stdout)["training"][-1]
+    assert (child["init_from"]["data_continues"], child["init_from"]["step"]) == (False, 40)
+    [train] = child["datasets"]
+    assert (train["continues_at_sequence"], train["read_before_sequences"]) == (None, 320)
+    assert (train["new_tokens"], train["reread_tokens"]) == (480 * 64, 320 * 64)
 
 
 def test_an_evaluations_suite_cadence_is_no_part_of_it(rule_runner: RuleRunner) -> None:

@@ -45,10 +45,12 @@ class ComponentBudget:
     stage_sequences: tuple[int, ...] = ()  # with stages: the sequences each stage reads
     stage_starts: tuple[int, ...] = ()  # with stages: the step each starts at
     stage_weights: tuple[float, ...] = ()  # with stages: the weight in each
-    # For a run that continues its parent's data: the sequences of this cache's stream its
-    # parent (and theirs) read up to where the run starts; 0 for a cache new to the run's line.
+    # For a run started from a run of the graph: how much of this cache's stream (sequences
+    # from its beginning) its parent (and theirs) read up to where the run starts; 0 for a
+    # cache new to the run's line.
     read_before: Optional[int] = None
     continued: bool = False  # the parent's line read this cache: the run reads on in its stream
+    stream_start: int = 0  # where the run's stream of this cache starts: the parent's position
     at_most: Optional[int] = None  # unbuilt: a bound on its tokens, its files' bytes
     # A built chat or supervised cache: the share of its tokens the loss counts (masked in).
     masked_in: Optional[float] = None
@@ -126,8 +128,9 @@ class ComponentBudget:
         if self.read_before is None or self.holds is None:
             return None
         windows = max(self.holds // self.sequence_len, 1)
-        new = max(0, min(self.read_before + self.sequences, windows) - self.read_before)
-        return new * self.sequence_len
+        first_pass_end = min(self.stream_start + self.sequences, windows)
+        read = max(self.stream_start, min(self.read_before, windows))
+        return max(0, first_pass_end - read) * self.sequence_len
 
     def to_json(self) -> dict[str, Any]:
         """What `describe` says, as data (`plan --plan-json`)."""
@@ -143,7 +146,8 @@ class ComponentBudget:
             "holds_tokens": self.holds,
             "built": self.built,
             "epochs": self.epochs,
-            "continues_at_sequence": self.read_before if self.continued else None,
+            "continues_at_sequence": self.stream_start if self.continued else None,
+            "read_before_sequences": self.read_before,
             "new_tokens": new,
             "reread_tokens": None if new is None else self.reads - new,
             "problem": self.under_one_window or ("too small for its share" if self.too_small
@@ -155,9 +159,14 @@ class ComponentBudget:
         ones: the stream's first pass over the cache's windows is new, the rest repeats."""
         if self.read_before is None:
             return ""
-        start, end = self.read_before, self.read_before + self.sequences
-        where = (f"; continues its parent's stream at sequence {start}" if self.continued
-                 else "; new to its parent's line")  # fmt: skip
+        start, end = self.stream_start, self.stream_start + self.sequences
+        if self.continued:
+            where = f"; continues its parent's stream at sequence {start}"
+        elif self.read_before:
+            where = (f"; reads its stream from the beginning, of which its line read "
+                     f"{self.read_before} sequences")  # fmt: skip
+        else:
+            where = "; new to its parent's line"
         new = self.new_tokens()
         if new is None:
             return f"{where} (new while the cache holds more than {end} windows)"
@@ -183,6 +192,7 @@ class ComponentBudget:
 class MixtureBudget:
     checkpoint: Artifact
     components: tuple[ComponentBudget, ...]
+    parent_step: Optional[int] = None  # the step of its parent run it starts from, if any
 
     @property
     def tokens(self) -> int:
@@ -215,10 +225,19 @@ class MixtureBudget:
             "seq_len": identity["seq_len"],
             "num_train_steps": identity["num_train_steps"],
             "tokens": self.tokens,
-            "init_from": identity.get("init_from"),
+            "init_from": self._parent_json(),
             "datasets": [component.to_json() for component in self.components],
             "refusal": self.refusal(),
         }
+
+    def _parent_json(self) -> Optional[dict[str, Any]]:
+        """The identity's `init_from`, with what it leaves out (a false flag, the parent's final
+        step) said: `data_continues`, `optimizer_state`, `step`."""
+        parent = self.checkpoint.identity.get("init_from")
+        if not parent or "fingerprint" not in parent:  # random or published weights
+            return parent
+        flags = {key: bool(parent.get(key)) for key in ("data_continues", "optimizer_state")}
+        return {**parent, **flags, "step": self.parent_step}
 
     def refusal(self) -> Optional[str]:
         """The error for caches too small for their share or for one window, or None."""
@@ -257,7 +276,8 @@ def mixture_budget(
     by_ref = {artifact.ref: artifact for artifact in graph}
     stages = _stages(identity)
     reads = _reads(identity, stages, identity["num_train_steps"])
-    before = _read_before(checkpoint, by_ref)
+    lineage = _lineage(checkpoint, by_ref)
+    continues = bool((identity.get("init_from") or {}).get("data_continues"))
     components = []
     for dataset in identity["datasets"]:
         cache = by_ref[dataset["input"]]
@@ -279,13 +299,14 @@ def mixture_budget(
                 stage_sequences=per_stage if len(per_stage) > 1 else (),
                 stage_starts=tuple(start for start, _ in stages) if len(stages) > 1 else (),
                 stage_weights=weights if len(stages) > 1 else (),
-                read_before=None if before is None else before.get(cache.ref, 0),
-                continued=before is not None and cache.ref in before,
+                read_before=None if lineage is None else lineage.read.get(cache.ref, 0),
+                continued=continues and lineage is not None and cache.ref in lineage.ends,
+                stream_start=lineage.ends.get(cache.ref, 0) if continues and lineage else 0,
                 at_most=bounds.get(cache.ref),
                 masked_in=masked_in.get(cache.ref),
             )
         )
-    return MixtureBudget(checkpoint, tuple(components))
+    return MixtureBudget(checkpoint, tuple(components), lineage.step if lineage else None)
 
 
 def _share(identity: Mapping, stages: list[tuple[int, list]], ref: str) -> float:
@@ -331,21 +352,36 @@ def apportion(weights: Mapping[str, float], sequences: int) -> dict[str, int]:
     return counts
 
 
-def _read_before(checkpoint: Artifact, by_ref: Mapping[str, Artifact]) -> Optional[dict[str, int]]:
-    """For a run that continues its parent's data, the sequences of each cache's stream read by
-    the parent (and its own parents) up to the step the run starts from; else None."""
+@dataclass(frozen=True)
+class Lineage:
+    """What the runs a run starts from read of each cache's stream, in sequences, up to the step
+    it starts from: where its parent's stream stopped (`ends`: a continuing run reads on from
+    there) and how much of the stream, from its beginning, the line read (`read`: more than
+    `ends` where a run of the line started its datasets afresh)."""
+
+    step: int  # of the parent, where the run starts
+    ends: dict[str, int]
+    read: dict[str, int]
+
+
+def _lineage(checkpoint: Artifact, by_ref: Mapping[str, Artifact]) -> Optional[Lineage]:
+    """The lineage of a run started from a run of the graph; None for any other start."""
     parent_run = checkpoint.identity.get("init_from") or {}
-    if not parent_run.get("data_continues"):
-        return None
-    parent = by_ref.get(f"{parent_run['name']}@{parent_run['version']}")
-    if parent is None:
+    parent = by_ref.get(f"{parent_run.get('name')}@{parent_run.get('version')}")
+    if parent is None or "num_train_steps" not in parent.identity:  # no run: an export
         return None
     identity = parent.identity
     step = parent_run.get("step")
     until = identity["num_train_steps"] if step is None else step
     own = _reads(identity, _stages(identity), until)
-    earlier = _read_before(parent, by_ref) or {}
-    return {ref: earlier.get(ref, 0) + sum(n) for ref, n in own.items()}
+    earlier = _lineage(parent, by_ref)
+    continues = bool((identity.get("init_from") or {}).get("data_continues"))
+    starts = earlier.ends if earlier and continues else {}
+    ends = {ref: starts.get(ref, 0) + sum(n) for ref, n in own.items()}
+    read = dict(earlier.read) if earlier else {}
+    for ref, end in ends.items():
+        read[ref] = max(read.get(ref, 0), end)
+    return Lineage(until, ends, read)
 
 
 def built_tokens(prefix: str, artifact: Artifact) -> Optional[tuple[int, Optional[int]]]:
