@@ -160,25 +160,10 @@ def train_step_fn(
     constrained to the state's shardings."""
     optimizer = build_optimizer(adam_config, num_train_steps)
     schedule = learning_rate_schedule(adam_config, num_train_steps)
+    gradients = gradients_fn(z_loss_weight=z_loss_weight, mesh=mesh, microbatches=microbatches)
 
     def train_step(state: TrainState, batch: Mapping[str, jax.Array]):
-        num_tokens = batch_loss_tokens(batch["loss_mask"])
-
-        def loss_fn(params: nnx.State, micro: Mapping[str, jax.Array]):
-            model = nnx.merge(state.graphdef, params)
-            hidden = model.hidden_states(micro["tokens"], micro.get("segment_ids"))
-            with jax.named_scope(LOSS_SCOPE):
-                return next_token_loss(
-                    hidden, model.output_weights(), micro["tokens"], micro["loss_mask"],
-                    z_loss_weight, num_tokens,
-                )  # fmt: skip
-
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        if microbatches == 1:
-            (loss, metrics), grads = grad_fn(state.params, batch)
-        else:
-            split = split_microbatches(batch, microbatches, mesh)
-            (loss, metrics), grads = _accumulate(grad_fn, state.params, split, mesh)
+        (loss, metrics), grads = gradients(state, batch)
         with jax.named_scope(OPTIMIZER_SCOPE):
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             next_state = dataclasses.replace(
@@ -201,6 +186,33 @@ def train_step_fn(
         return next_state, metrics
 
     return train_step
+
+
+def gradients_fn(
+    *, z_loss_weight: float | None, mesh: Mesh | None, microbatches: int = 1
+) -> Callable[[TrainState, Mapping[str, jax.Array]], Any]:
+    """fn(state, batch) -> ((loss, metrics), grads): the train step's loss and its gradient with
+    respect to state.params, before the optimizer (un-jitted; trace it under the mesh)."""
+
+    def gradients(state: TrainState, batch: Mapping[str, jax.Array]) -> Any:
+        num_tokens = batch_loss_tokens(batch["loss_mask"])
+
+        def loss_fn(params: nnx.State, micro: Mapping[str, jax.Array]):
+            model = nnx.merge(state.graphdef, params)
+            hidden = model.hidden_states(micro["tokens"], micro.get("segment_ids"))
+            with jax.named_scope(LOSS_SCOPE):
+                return next_token_loss(
+                    hidden, model.output_weights(), micro["tokens"], micro["loss_mask"],
+                    z_loss_weight, num_tokens,
+                )  # fmt: skip
+
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        if microbatches == 1:
+            return grad_fn(state.params, batch)
+        split = split_microbatches(batch, microbatches, mesh)
+        return _accumulate(grad_fn, state.params, split, mesh)
+
+    return gradients
 
 
 def split_microbatches(
