@@ -8,6 +8,9 @@ import copy
 import dataclasses
 import json
 import re
+import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +19,16 @@ from typing import Any
 import pytest
 from kiln_testing.bucket_fixtures import gcs_server, s3_server
 from kiln_testing.buckets import fresh_url
-from kiln_testing.training import EXAMPLE_SPEC, build_tiny_cache
+from kiln_testing.data import STDLIB_TOKENIZER
+from kiln_testing.processes import bundle_pythonpath, python_env
+from kiln_testing.training import (
+    EVAL_TASK,
+    EXAMPLE_SPEC,
+    build_tiny_cache,
+    read_jsonl,
+    write_eval_task,
+    write_runner_step,
+)
 
 from kiln import artifacts
 from kiln.artifacts.atomic import atomic_write_json, atomic_write_text
@@ -495,34 +507,55 @@ def test_a_hostile_step_is_refused_when_parsed(
         read_step(path)
 
 
-def test_a_bundle_carries_the_step_its_inline_inputs_task_files_and_sources(
-    tmp_path: Path,
+def test_a_bundle_carries_what_the_run_reads_and_trains_and_evaluates_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`--bundle DIR`: what the runner reads elsewhere, whole or absent; a cache in this
-    machine's store folder cannot travel, and is named."""
-    spec = step_json()
-    inputs = tmp_path / "inputs-root"
-    for carried in [i["location"] for i in spec["inputs"]] + ["exp/tasks"]:
-        (inputs / carried).mkdir(parents=True)
-        (inputs / carried / "file").write_text(carried)
-    step_file = tmp_path / "step.json"
-    step_file.write_text(json.dumps(spec))
+    """`--bundle DIR`, written from the repository root as `pants run` runs: the step, its inline
+    caches, its eval task files, the local tokenizer folder its caches name relative to the root,
+    and Kiln's sources, whole or absent. With the repository gone, the runner in the folder trains,
+    evaluates (task and tokenizer from the folder) and samples. A cache in this machine's store
+    folder cannot travel, and is named."""
+    root = tmp_path / "repository"
+    shutil.copytree(STDLIB_TOKENIZER["path"], root / "tokenizers/stdlib")
+    write_eval_task(root / "tasks", data_from=root)
+    monkeypatch.chdir(root)
+    evals = {"tasks": [{"name": EVAL_TASK, "num_fewshot": 0}], "every": 4, "task_paths": ["tasks"]}
+    step_file = write_runner_step(
+        root, tokenizer={"kind": "local", "path": "tokenizers/stdlib"},
+        **{"config.num_train_steps": 4, "config.evals": evals},
+    )  # fmt: skip
     bundle = tmp_path / "bundle"
-    command = write_bundle(step_file, step(), inputs, bundle, "gs://b/kiln")
+    command = write_bundle(step_file, read_step(step_file), root, bundle, "gs://b/kiln")
     assert command == (f"cd {bundle} && PYTHONPATH=src python -m kiln.runner step.json "
                        "--inputs . --prefix gs://b/kiln")  # fmt: skip
-    assert json.loads((bundle / "step.json").read_text()) == spec
-    for carried in [i["location"] for i in spec["inputs"]] + ["exp/tasks"]:
-        assert (bundle / carried / "file").read_text() == carried
-    assert (bundle / "src/kiln_contract/step.py").is_file()
+    assert (bundle / "step.json").read_bytes() == step_file.read_bytes()
+    carried = ["tokenizers/stdlib/tokenizer.json", f"tasks/{EVAL_TASK}.yaml", "tasks/mc.jsonl",
+               "src/kiln_contract/step.py", "tokenized_a/cache.json", "tokenized_val/cache.json"]
+    assert [path for path in carried if not (bundle / path).is_file()] == []
     assert not list(bundle.rglob("__pycache__")) and not list(bundle.rglob("BUILD"))
 
+    monkeypatch.chdir(tmp_path)
+    shutil.rmtree(root)  # the other machine has the bundle alone
+    built = tmp_path / "built"
+    run = subprocess.run(
+        [sys.executable, "-m", "kiln.runner", "step.json", "--inputs", ".", "--output", str(built)],
+        cwd=bundle, env=python_env(JAX_PLATFORMS="cpu", PYTHONPATH=bundle_pythonpath()),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    scores = [r for r in read_jsonl(built / "metrics.jsonl") if f"lm_eval/{EVAL_TASK}/acc" in r]
+    assert [r["step"] for r in scores] == [4]
+    summary = (built / artifacts.SUMMARY_TEXT_FILE).read_text()
+    assert "Samples from step-4" in summary and "Samples: skipped" not in summary, summary
+
+    spec = json.loads((bundle / "step.json").read_text())
     spec["inputs"][0] = {**spec["inputs"][0], "store_path": "/data/kiln/tokenized/a/v"}
     del spec["inputs"][0]["location"]
     ref = spec["inputs"][0]["ref"]
     with pytest.raises(StepError, match=f"--bundle: {ref} is a store cache in this machine's "
                        "folder /data/kiln/tokenized/a/v.*bucket prefix"):  # fmt: skip
-        write_bundle(step_file, StepSpec.from_json(spec), inputs, tmp_path / "b2", "FOLDER")
+        write_bundle(bundle / "step.json", StepSpec.from_json(spec), tmp_path, tmp_path / "b2",
+                     "FOLDER")  # fmt: skip
     assert not (tmp_path / "b2").exists()
 
 

@@ -10,13 +10,13 @@ on every process without joining; when process 0 cannot start, no process trains
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from kiln_testing.multihost import multihost_flags, run_each
+from kiln_testing.processes import bundle_pythonpath
 from kiln_testing.steps import NUM_STEPS, write_step
 from kiln_testing.training import read_jsonl
 
@@ -36,17 +36,10 @@ def run_runners(
     flags = multihost_flags(2)
     commands = [command + flags[0], command + flags[1]]
     if bundle is not None:  # host 1: the command --bundle prints, in the bundle's folder
-        commands[1] = ["sh", "-c", f"cd {bundle} && PYTHONPATH={bundle_path()} exec "
+        commands[1] = ["sh", "-c", f"cd {bundle} && PYTHONPATH={bundle_pythonpath()} exec "
                        f"{sys.executable} -m kiln.runner step.json --inputs . --output {output} "
                        + " ".join(flags[1])]  # fmt: skip
     return run_each(commands, devices=2)
-
-
-def bundle_path() -> str:
-    """The bundle's sources, then this interpreter's packages without Kiln's checkout on them."""
-    others = [p for p in sys.path if p and not (Path(p) / "kiln").is_dir()]
-    others = [p for p in others if not (Path(p) / "kiln_contract").is_dir()]
-    return os.pathsep.join(["src", *others])
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,15 @@ def python_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **extra}
 
 
+def bundle_pythonpath() -> str:
+    """PYTHONPATH for a runner started in a bundle's folder (kiln.runner.bundle): the bundle's
+    sources, then this interpreter's packages without Kiln's checkout among them, as on a
+    machine that has only the bundle."""
+    others = [p for p in sys.path if p and not (Path(p) / "kiln").is_dir()]
+    others = [p for p in others if not (Path(p) / "kiln_contract").is_dir()]
+    return os.pathsep.join(["src", *others])
+
+
 def command_lines() -> Iterator[tuple[int, str]]:
     """(pid, command line) of every process but this one, its arguments joined by spaces."""
     for entry in Path("/proc").iterdir():

@@ -179,8 +179,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 EVAL_TASK = "kiln_trainer_mc"
 
 
-def write_eval_task(folder: Path) -> Path:
-    """A local multiple-choice lm-eval task (YAML + JSONL, no hub); returns its folder."""
+def write_eval_task(folder: Path, data_from: Path | None = None) -> Path:
+    """A local multiple-choice lm-eval task (YAML + JSONL, no hub); returns its folder. The YAML
+    names its data by absolute path, or relative to `data_from` (the working directory of the
+    run that reads it, as experiments/eval_tasks names its data relative to the repository)."""
     folder.mkdir(parents=True, exist_ok=True)
     docs = [
         {
@@ -192,9 +194,10 @@ def write_eval_task(folder: Path) -> Path:
         {"query": "Documentation of", "choices": ["step", "one", "python"], "gold": 2},
     ]
     (folder / "mc.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    named = folder if data_from is None else folder.relative_to(data_from)
     (folder / f"{EVAL_TASK}.yaml").write_text(
         f"task: {EVAL_TASK}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-        f"    test: {folder / 'mc.jsonl'}\n  cache_dir: {folder / 'hf_cache'}\n"
+        f"    test: {named / 'mc.jsonl'}\n  cache_dir: {named / 'hf_cache'}\n"
         "output_type: multiple_choice\ntest_split: test\n"
         'doc_to_text: "{{query}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{gold}}"\n'
         "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n"
@@ -203,14 +206,15 @@ def write_eval_task(folder: Path) -> Path:
     return folder
 
 
-def write_runner_step(root: Path, **overrides: Any) -> Path:
+def write_runner_step(root: Path, tokenizer: dict | None = None, **overrides: Any) -> Path:
     """A step JSON for `python -m kiln.runner`, as the Pants backend writes it (docs/step-spec.md):
     EXAMPLE_SPEC with `overrides` (dotted paths, as make_spec), its two tiny caches built under
-    root with their artifact records (as `merge --record` places them) and named by their
-    location there (`--inputs root`). Returns the step file's path."""
+    root (with `tokenizer`, default the quickstart's) with their artifact records (as
+    `merge --record` places them) and named by their location there (`--inputs root`). Returns
+    the step file's path."""
     caches = {
-        "tokenized/a": build_tiny_cache(root, "tokenized/a", 120, seed=0),
-        "tokenized/val": build_tiny_cache(root, "tokenized/val", 30, seed=2),
+        "tokenized/a": build_tiny_cache(root, "tokenized/a", 120, seed=0, tokenizer=tokenizer),
+        "tokenized/val": build_tiny_cache(root, "tokenized/val", 30, seed=2, tokenizer=tokenizer),
     }
     spec = make_spec(
         root / "unused", {"tokenized/a": caches["tokenized/a"]},
