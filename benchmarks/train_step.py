@@ -16,6 +16,13 @@ median of --steps timed steps after --warmup-steps. "1st step s" is the first ca
 compile, run); with --compile-cache, "warm 1st s" is the first call of a second, freshly traced
 step in the same process, its executable read from jax's persistent compilation cache.
 
+With --memory, each row also has the step's memory per device: "compiled GiB", the peak of the
+executable XLA compiled (memory_analysis(): arguments + outputs - aliased + temporaries, what it
+holds at once), and "1st peak GiB", the device's own peak_bytes_in_use read as soon as the first
+step's outputs are ready; a line under the row gives the compiled parts, the state's own size
+(parameters and Adam's moments) and the device's other memory_stats. "peak GiB" is
+peak_bytes_in_use read after the timed steps.
+
 With --profile DIR, each row is followed by where its step's time goes: --profile-steps more
 steps (each waited for, as timed steps are) run under jax.profiler, the trace goes to
 DIR/LAYOUT-ATTENTION, and benchmarks/step_profile.py splits the step by category (matmuls,
@@ -51,7 +58,13 @@ from kiln.kernels.block_sizes import TUNED_BLOCK_SIZES
 from kiln.model.config import LlamaConfig, flops_per_token, num_parameters
 from kiln.train.mesh import make_mesh
 from kiln.train.optimizer import AdamConfig
-from kiln.train.step import ModelOptions, init_train_state, make_train_step, shard_batch
+from kiln.train.step import (
+    ModelOptions,
+    init_train_state,
+    make_train_step,
+    shard_batch,
+    train_step_fn,
+)
 
 MODELS = {
     "tiny": LlamaConfig(
@@ -140,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     for layout in args.layouts:
         print(f"  {layout}: {describe(segment_ids(layout, batch_size, seq_len))}")
-    print_header()
+    print_header(args.memory)
     for layout in args.layouts:
         for attention in args.attention.split(","):
             try:
@@ -197,6 +210,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "step's time by category",
     )
     parser.add_argument("--profile-steps", type=int, default=3)
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="also compile the step's memory analysis and read the device's peak after the "
+        "first step (columns compiled GiB, 1st peak GiB and a line of parts)",
+    )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument(
@@ -236,6 +255,7 @@ def measure(
     batch = shard_batch(make_batch(config, layout, batch_size, seq_len), mesh)
     train_step = new_train_step()
     state, first_step_seconds = timed_step(train_step, state, batch)
+    first_step_stats = jax.devices()[0].memory_stats() or {}  # before anything is freed
     warm_first_step_seconds = None
     if args.compile_cache is not None:  # a new jit: traced again, compiled from the cache
         train_step = new_train_step()
@@ -254,6 +274,10 @@ def measure(
         except Exception as error:  # the row's numbers stand without it
             profile = {"error": f"{type(error).__name__}: {error}"}
     state, metrics = train_step(state, batch)
+    memory = None
+    if args.memory:  # the same jit of the same step: with --compile-cache, read from the cache
+        memory = {**compiled_memory(adam, num_train_steps, mesh, args, state, batch),
+                  "first_step_stats": first_step_stats}  # fmt: skip
     step_time = statistics.median(step_times)
     tokens_per_second = batch_size * seq_len / step_time
     return {
@@ -268,7 +292,27 @@ def measure(
         "warm_first_step_s": warm_first_step_seconds,
         "loss": float(metrics["loss"]),
         "profile": profile,
+        "memory": memory,
     }
+
+
+def compiled_memory(adam, num_train_steps, mesh, args, state, batch) -> dict:
+    """The step's executable as XLA compiles it for this device (make_train_step's jit): its
+    memory_analysis() in GiB per device, its peak, and the state's own size."""
+    step = train_step_fn(
+        adam, num_train_steps, z_loss_weight=1e-4, mesh=mesh, microbatches=args.microbatches
+    )
+    with jax.set_mesh(mesh):
+        analysis = jax.jit(step, donate_argnums=0).lower(state, batch).compile().memory_analysis()
+    parts = {
+        "arguments": analysis.argument_size_in_bytes / 2**30,
+        "outputs": analysis.output_size_in_bytes / 2**30,
+        "alias": analysis.alias_size_in_bytes / 2**30,
+        "temp": analysis.temp_size_in_bytes / 2**30,
+    }
+    peak = parts["arguments"] + parts["outputs"] - parts["alias"] + parts["temp"]
+    state_bytes = sum(leaf.addressable_shards[0].data.nbytes for leaf in jax.tree.leaves(state))
+    return {**parts, "peak": peak, "state": state_bytes / 2**30}
 
 
 def make_batch(config: LlamaConfig, layout: str, batch_size: int, seq_len: int) -> dict:
@@ -327,9 +371,13 @@ TABLE_HEADER = (
 )
 
 
-def print_header() -> None:
-    print(TABLE_HEADER)
-    print("-" * len(TABLE_HEADER), flush=True)
+MEMORY_HEADER = f" {'compiled GiB':>12} {'1st peak GiB':>12}"
+
+
+def print_header(memory: bool = False) -> None:
+    header = TABLE_HEADER + (MEMORY_HEADER if memory else "")
+    print(header)
+    print("-" * len(header), flush=True)
 
 
 def print_row(row: dict) -> None:
@@ -342,11 +390,31 @@ def print_row(row: dict) -> None:
         f"{row['step_ms']:>10.1f} {percent(row['mfu']):>9} {percent(row['mfu_causal']):>10} "
         f"{'-' if row['peak_gib'] is None else format(row['peak_gib'], '.2f'):>9} "
         f"{row['first_step_s']:>11.2f} {'-' if warm is None else f'{warm:.2f}':>11} "
-        f"{row['loss']:>8.4f}",
+        f"{row['loss']:>8.4f}{memory_columns(row['memory'])}",
         flush=True,
     )
+    if row["memory"] is not None:
+        print_memory(row["memory"])
     if row["profile"] is not None:
         print_profile(row["profile"])
+
+
+def memory_columns(memory: dict | None) -> str:
+    if memory is None:
+        return ""
+    first_peak = memory["first_step_stats"].get("peak_bytes_in_use")
+    first = "-" if first_peak is None else f"{first_peak / 2**30:.2f}"
+    return f" {memory['peak']:>12.2f} {first:>12}"
+
+
+def print_memory(memory: dict) -> None:
+    print(
+        f"  compiled: arguments {memory['arguments']:.2f} + outputs {memory['outputs']:.2f} - "
+        f"aliased {memory['alias']:.2f} + temporaries {memory['temp']:.2f} = "
+        f"{memory['peak']:.2f} GiB; the state (parameters, Adam's moments) {memory['state']:.2f} "
+        f"GiB; the device's memory_stats after the 1st step: {memory['first_step_stats']}",
+        flush=True,
+    )
 
 
 def print_profile(profile: dict) -> None:

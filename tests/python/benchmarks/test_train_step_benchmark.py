@@ -1,11 +1,13 @@
 """The train-step benchmark runs on CPU at a tiny size under every segment layout, with the
 persistent compilation cache and a profile per row; the docs layout packs the corpus's documents
-as training does."""
+as training does; --memory adds the compiled step's memory."""
 
 import dataclasses
 import os
+import re
 
 import numpy as np
+import pytest
 import segment_layouts
 import train_step
 
@@ -49,3 +51,22 @@ def test_docs_windows_are_the_corpus_documents_in_order():
     for row in ids:
         inner += np.diff(np.flatnonzero(np.diff(row)) + 1).tolist()
     assert inner and set(inner) <= set(lengths.tolist())  # the corpus's documents, whole
+
+
+def test_memory_columns_give_the_compiled_peak_and_its_parts(capsys):
+    train_step.main(
+        ["--model", "tiny", "--attention", "xla", "--layouts", "none", "--batch-size", "2",
+         "--seq-len", "64", "--vocab-size", "512", "--steps", "1", "--warmup-steps", "1",
+         "--memory"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("layout"))
+    assert header.endswith("compiled GiB 1st peak GiB"), out
+    [row] = [line.split() for line in out.splitlines() if line.split()[:2] == ["none", "xla"]]
+    assert float(row[-2]) > 0 and row[-1] == "-"  # a CPU reports no peak of its own
+    parts = next(line for line in out.splitlines() if line.startswith("  compiled: arguments"))
+    arguments, outputs, alias, temp, peak = (
+        float(word) for word in re.findall(r"(\d+\.\d+)", parts)[:5]
+    )
+    assert peak == pytest.approx(arguments + outputs - alias + temp, abs=0.02)
+    assert "the state (parameters, Adam's moments)" in parts, parts
