@@ -18,10 +18,13 @@ step in the same process, its executable read from jax's persistent compilation 
 
 With --memory, each row also has the step's memory per device: "compiled GiB", the peak of the
 executable XLA compiled (memory_analysis(): arguments + outputs - aliased + temporaries, what it
-holds at once), and "1st peak GiB", the device's own peak_bytes_in_use read as soon as the first
-step's outputs are ready; a line under the row gives the compiled parts, the state's own size
-(parameters and Adam's moments) and the device's other memory_stats. "peak GiB" is
-peak_bytes_in_use read after the timed steps.
+holds at once), and the device's own figures read as soon as the first step's outputs are ready:
+"in use GiB" (peak_bytes_in_use: the buffers the runtime hands out, the state, the batch and the
+outputs) and "reserved GiB" (peak_bytes_reserved: on a TPU, where an executable's temporaries
+live, apart from the buffers in use). Their sum is the device's peak. A line under the row gives
+the compiled parts, the state's own size (parameters and Adam's moments) and every memory_stats
+value. "peak GiB" is peak_bytes_in_use read after the timed steps: the buffers, without the
+temporaries.
 
 With --profile DIR, each row is followed by where its step's time goes: --profile-steps more
 steps (each waited for, as timed steps are) run under jax.profiler, the trace goes to
@@ -213,8 +216,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--memory",
         action="store_true",
-        help="also compile the step's memory analysis and read the device's peak after the "
-        "first step (columns compiled GiB, 1st peak GiB and a line of parts)",
+        help="also compile the step's memory analysis and read the device's memory after the "
+        "first step (columns compiled GiB, in use GiB, reserved GiB and a line of parts)",
     )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=2)
@@ -371,7 +374,7 @@ TABLE_HEADER = (
 )
 
 
-MEMORY_HEADER = f" {'compiled GiB':>12} {'1st peak GiB':>12}"
+MEMORY_HEADER = f" {'compiled GiB':>12} {'in use GiB':>10} {'reserved GiB':>12}"
 
 
 def print_header(memory: bool = False) -> None:
@@ -402,9 +405,11 @@ def print_row(row: dict) -> None:
 def memory_columns(memory: dict | None) -> str:
     if memory is None:
         return ""
-    first_peak = memory["first_step_stats"].get("peak_bytes_in_use")
-    first = "-" if first_peak is None else f"{first_peak / 2**30:.2f}"
-    return f" {memory['peak']:>12.2f} {first:>12}"
+    stats = memory["first_step_stats"]
+    in_use, reserved = (stats.get(key) for key in ("peak_bytes_in_use", "peak_bytes_reserved"))
+    in_use_text = "-" if in_use is None else f"{in_use / 2**30:.2f}"
+    reserved_text = "-" if reserved is None else f"{reserved / 2**30:.2f}"
+    return f" {memory['peak']:>12.2f} {in_use_text:>10} {reserved_text:>12}"
 
 
 def print_memory(memory: dict) -> None:
