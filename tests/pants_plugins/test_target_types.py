@@ -172,13 +172,18 @@ def test_a_stdlib_cache_needs_a_stdlib_split(rule_runner: RuleRunner) -> None:
          "eval_task(): `num_fewshot`: expected an integer >= 0, got nan"),
         ("gpu('H100', count=1e999)", "gpu(): `count`: expected an integer >= 1, got inf"),
         ("gpu('H100', count=0)", "gpu(): `count`: expected an integer >= 1, got 0"),
+        ("tpu('v4-129')", "tpu(): `type`: 'v4-129' is not a TPU slice type Kiln knows; write "
+         "GENERATION-SIZE"),
+        ("tpu('v5e-16')", "tpu(): `type`: 'v5e-16' is not a TPU slice type"),  # v5litepod-16
+        ("tpu('v4-12')", "tpu(): `type`: 'v4-12' has 6 chips, which do not fill hosts of 4"),
     ],
 )  # fmt: skip
 def test_non_finite_and_out_of_range_helper_values_fail_at_load(
     rule_runner: RuleRunner, helper: str, expected: str
 ) -> None:
     field = helper.split("(")[0]
-    field = {"llama": "model", "adam": "optimizer", "eval_suite": "evals", "gpu": "resources"}[field]
+    field = {"llama": "model", "adam": "optimizer", "eval_suite": "evals", "gpu": "resources",
+             "tpu": "resources"}[field]  # fmt: skip
     message = load_error(rule_runner, checkpoint(**{field: helper}))
     assert expected in message
     assert f"The `{field}` field in target exp:ckpt (exp/BUILD:" in message  # target, field, line

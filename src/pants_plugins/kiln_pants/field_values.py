@@ -24,6 +24,7 @@ from kiln_contract.evals import CORE_TASKS, DEFAULT_SEQUENCE_START, EvalSuiteCon
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
 from kiln_contract.tokenize import LevanterCacheSource, url_files
+from kiln_contract.tpu_slices import tpu_slice_shape
 from kiln_contract.train import HfModelSource, Resources
 
 T = TypeVar("T")
@@ -205,8 +206,13 @@ def gpu(type: str, count: int = 1, hosts: Optional[int] = None) -> Resources:  #
 
 
 def tpu(type: str) -> Resources:  # noqa: A002
-    if not isinstance(type, str) or "-" not in type:
+    """A TPU slice by its type, e.g. 'v4-128' (64 v4 chips): kiln_contract.tpu_slices."""
+    if not isinstance(type, str):
         raise BuildSymbolError(f"tpu(): `type` must be a slice such as 'v4-128', got {type!r}.")
+    try:
+        tpu_slice_shape(type)
+    except SpecError as e:
+        raise BuildSymbolError(f"tpu(): `type`: {e.problem}.") from None
     return Resources("tpu", type)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from kiln.cluster import host, node_runtime
 from kiln.cluster.errors import ClusterError
+from kiln_contract.parsing import SpecError
+from kiln_contract.tpu_slices import tpu_slice_shape
 from kiln_contract.train import Resources
 
 # Ray labels each GPU node with its accelerator model (`accelerator_type:H100`); asking for a
@@ -55,13 +57,6 @@ def describe(resources: Resources) -> str:
     return f"{resources.kind}({', '.join(arguments)})"
 
 
-# A slice type is GENERATION-SIZE, as Google Cloud and Ray name it (v4-128, v5litepod-16). SIZE
-# counts TensorCores: two per chip, except on v5e (`v5litepod`) and v6e, which have one.
-TPU_CORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v7x": 2, "v5litepod": 1, "v6e": 1}
-TPU_CHIPS_PER_HOST = 4  # a multi-host slice's VMs have 4 chips each
-TPU_CHIPS_ON_ONE_HOST = {"v5litepod": 8, "v6e": 8}  # v5e/v6e slices of up to 8 chips: one VM
-
-
 @dataclass(frozen=True)
 class TpuSlice:
     type: str  # v4-128
@@ -76,23 +71,11 @@ class TpuSlice:
 
 def tpu_slice(resources: Resources) -> TpuSlice:
     """The hosts of the slice `tpu(type)` names; PlacementError for a type Kiln cannot read."""
-    generation, _, size = (resources.type or "").partition("-")
-    cores_per_chip = TPU_CORES_PER_CHIP.get(generation)
-    if cores_per_chip is None or not size.isdigit() or int(size) % cores_per_chip:
-        raise PlacementError(
-            f"resources={describe(resources)}: not a TPU slice type Kiln knows; write "
-            f"GENERATION-SIZE with GENERATION one of {', '.join(TPU_CORES_PER_CHIP)} and SIZE "
-            "its TensorCores (v4-128, v5p-256) or, for v5litepod and v6e, chips (v6e-16)"
-        )
-    chips = int(size) // cores_per_chip
-    if chips <= TPU_CHIPS_ON_ONE_HOST.get(generation, TPU_CHIPS_PER_HOST):
-        return TpuSlice(resources.type or "", 1, chips)
-    if chips % TPU_CHIPS_PER_HOST:
-        raise PlacementError(
-            f"resources={describe(resources)}: {chips} chips do not fill hosts of "
-            f"{TPU_CHIPS_PER_HOST}; no such slice exists"
-        )
-    return TpuSlice(resources.type or "", chips // TPU_CHIPS_PER_HOST, TPU_CHIPS_PER_HOST)
+    try:
+        shape = tpu_slice_shape(resources.type or "")
+    except SpecError as e:
+        raise PlacementError(f"resources={describe(resources)}: {e.problem}") from None
+    return TpuSlice(resources.type or "", shape.hosts, shape.chips_per_host)
 
 
 def host_count(resources: Resources) -> int:
