@@ -61,8 +61,9 @@ def _carried(step: StepSpec) -> list[str]:
 def _local_tokenizers(step: StepSpec, inputs: Path) -> dict[str, Path]:
     """The local tokenizer folders the step's caches were tokenized with, named (as cache.json
     records them) relative to the repository root, by that name: the report's samples and the
-    evals load the tokenizer, and a folder found here is absent there. An absolute path is the
-    other machine's to provide."""
+    evals load the tokenizer, and a folder found here is absent there. A path out of the root
+    (absolute, or through `..`) is the other machine's to provide: the bundle writes only below
+    its own folder."""
     folders: dict[str, Path] = {}
     for ref, location in input_locations(step, inputs, None).items():
         info, _ = read_cache_records(open_store(location))
@@ -70,7 +71,7 @@ def _local_tokenizers(step: StepSpec, inputs: Path) -> dict[str, Path]:
         if not isinstance(spec, dict) or spec.get("kind") != "local":
             continue
         relative = Path(spec["path"])
-        if relative.is_absolute() or str(relative) in folders:
+        if relative.is_absolute() or ".." in relative.parts or str(relative) in folders:
             continue
         found = Path(resolve_tokenizer_spec(spec, [inputs])["path"])
         if not (found / "tokenizer.json").is_file():
