@@ -43,7 +43,7 @@ def test_a_run_is_priced_only_from_a_measurement_that_covers_it() -> None:
     h200 = next(m for m in MEASURED_THROUGHPUT if m.device == "H200")
     assert measurement_for("H200", "bfloat16", 3_000_000_000) == (h200, "")
     assert measurement_for("H100", "bfloat16", 2_000_000_000)[1] == (
-        "no throughput measured on H100 (measured: H200, cpu)"
+        "no throughput measured on H100 (measured: H200, cpu, v5litepod)"
     )
     assert measurement_for("H200", "float32", 2_000_000_000)[1] == (
         "no float32 throughput measured on H200"
@@ -181,3 +181,26 @@ def test_plan_says_when_no_measurement_covers_a_run(
     ) in result.stdout
     assert "2 run(s) not priced: no measurement covers them" in result.stdout
     assert "cpu device-hours" not in result.stdout
+
+
+def test_a_tpu_chip_without_a_measurement_is_priced_at_the_v5es_mfu() -> None:
+    """The v5e rows carry the MFU RESULTS reports (57.6%, 67.8%, 53.8% of 197 TFLOP/s); the
+    reference's 1.4B run on a v4-128 is priced at the 1.0B row's MFU on the v4's 275 TFLOP/s
+    peak, across its 64 chips, and says it is an estimate."""
+    v5e = [m for m in MEASURED_THROUGHPUT if m.device == "v5litepod"]
+    assert [round(m.mfu, 3) for m in v5e] == [0.576, 0.678, 0.538]
+    identity = {"model": ONE_POINT_FOUR_B.to_json(), "batch_size": 256, "seq_len": 2048,
+                "num_train_steps": 1000, "compute_dtype": "bfloat16"}  # fmt: skip
+    checkpoint = Artifact(Address("exp", target_name="dclm"), "lm_checkpoint", "checkpoints/dclm",
+                          "2026.12.07", json.dumps(identity), "f" * 16, ())  # fmt: skip
+    cost = run_cost(checkpoint, Resources(kind="tpu", type="v4-128"), 128256)
+    assert cost.estimated and cost.measurement == v5e[2] and cost.device == "v4"
+    flops = 256 * 2048 * 1000 * flops_per_token(ONE_POINT_FOUR_B, 128256, 2048)
+    assert cost.device_hours == flops / (v5e[2].mfu * 275e12) / 3600
+    assert cost.step_hours == cost.device_hours / 64
+    described = "\n".join(cost.describe({}))
+    assert f"~{cost.device_hours:.3g} v4 device-hours (steps: " in described
+    assert "an estimate: v4's peak 275 TFLOP/s bf16 at the 53.8% MFU of" in described
+    assert cost.to_json({})["estimated_from"] == "v5litepod"
+    on_v5e = run_cost(checkpoint, Resources(kind="tpu", type="v5litepod-16"), 128256)
+    assert not on_v5e.estimated and on_v5e.step_hours == on_v5e.device_hours / 16

@@ -4,10 +4,12 @@ with `[kiln] price_per_device_hour`, money (`pants plan`, docs/sweeps.md).
 FLOPs = D * (6 * N + 12 * L * T * H * Q): D tokens (batch_size x seq_len x num_train_steps), N
 the weights of the matrix multiplies (the lm head included, the embedding lookup and norms not),
 L layers, T seq_len, H heads of Q features (kiln_contract.llama.flops_per_token, the count the
-trainer's MFU uses). Device-hours come from measured throughput only (MEASURED_THROUGHPUT, the
+trainer's MFU uses). Device-hours come from measured throughput (MEASURED_THROUGHPUT, the
 rows of benchmarks/RESULTS.md "Training throughput per device"): a run is priced from a
 measurement on its device type, in its compute dtype, of a model within COVERED_RATIO of its
 parameter count, at that measurement's FLOP/s; with none, the plan says so instead of guessing.
+A TPU chip no row was measured on is priced as an estimate: its peak bf16 FLOP/s at the MFU
+measured on another TPU chip (the v5e's rows) for the nearest model.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 
 from kiln_contract.llama import LlamaArchitecture, flops_per_token, num_parameters
 from kiln_contract.location import in_bucket
+from kiln_contract.tpu_slices import TPU_PEAK_BF16_FLOPS, tpu_generation, tpu_slice_shape
 from kiln_contract.train import Resources
 from kiln_pants.artifact_graph import Artifact, TokenizerFiles, TokenizerFilesRequest
 from kiln_pants.artifact_store import artifact_path, stored_state
@@ -54,6 +57,11 @@ class Throughput:
     def flops_per_second(self) -> float:
         return self.tokens_per_second * flops_per_token(self.model, self.vocab_size, self.seq_len)
 
+    @property
+    def mfu(self) -> float:
+        """Of a TPU chip's peak bf16 FLOP/s, the share the measurement reached."""
+        return self.flops_per_second / TPU_PEAK_BF16_FLOPS[self.device]
+
     def describe(self) -> str:
         return (
             f"{count(self.tokens_per_second)} tokens/s per device measured for "
@@ -67,11 +75,25 @@ _QUICKSTART = LlamaArchitecture(max_seq_len=256, hidden_dim=128, intermediate_di
                                 num_heads=4, num_kv_heads=2, num_layers=2)  # fmt: skip
 _ONE_POINT_FOUR_B = LlamaArchitecture(max_seq_len=4096, hidden_dim=2048, intermediate_dim=8192,
                                       num_heads=16, num_kv_heads=16, num_layers=24)  # fmt: skip
+# benchmarks/train_step.py's models for one TPU v5e (a 32,000-token vocabulary).
+_V5E_150M = LlamaArchitecture(max_seq_len=2048, hidden_dim=768, intermediate_dim=3072,
+                              num_heads=6, num_kv_heads=6, num_layers=12)  # fmt: skip
+_V5E_470M = LlamaArchitecture(max_seq_len=2048, hidden_dim=1024, intermediate_dim=4096,
+                              num_heads=8, num_kv_heads=8, num_layers=24)  # fmt: skip
+_V5E_1B = LlamaArchitecture(max_seq_len=2048, hidden_dim=1536, intermediate_dim=6144,
+                            num_heads=12, num_kv_heads=12, num_layers=24)  # fmt: skip
+_V5E_SECTION = "The train step on one v5e"
 MEASURED_THROUGHPUT = (
     Throughput("cpu", _QUICKSTART, 1024, 128, "float32", 7_500, "2026-11-29", "Train step"),
     Throughput("cpu", _QUICKSTART, 8192, 128, "float32", 5_200, "2026-11-30", "Quickstart"),
     Throughput("H200", _ONE_POINT_FOUR_B, 128256, 4096, "bfloat16", 35_104, "2026-11-30",
                "1.4B train step"),
+    Throughput("v5litepod", _V5E_150M, 32000, 2048, "bfloat16", 107_754, "2026-12-06",
+               _V5E_SECTION),
+    Throughput("v5litepod", _V5E_470M, 32000, 2048, "bfloat16", 41_534, "2026-12-06",
+               _V5E_SECTION),
+    Throughput("v5litepod", _V5E_1B, 32000, 2048, "bfloat16", 15_975, "2026-12-06",
+               _V5E_SECTION),
 )  # fmt: skip
 FLOPS_FORMULA = (
     "FLOPs = D x (6 N + 12 L T H Q): D tokens, N matmul weights (lm head included), L layers, "
@@ -153,14 +175,28 @@ class RunCost:
         return self.tokens * flops_per_token(self.model, self.vocab_size, seq_len)
 
     @property
-    def device_hours(self) -> Optional[float]:
-        if self.measurement is None or self.flops is None:
+    def estimated(self) -> bool:
+        """Priced from a measurement on another TPU chip, at its MFU on this chip's peak."""
+        return self.measurement is not None and self.measurement.device != self.device
+
+    @property
+    def flops_per_second(self) -> Optional[float]:
+        """Per device, as measured, or estimated from the measurement's MFU."""
+        if self.measurement is None:
             return None
-        return self.flops / self.measurement.flops_per_second / 3600
+        if self.estimated:
+            return self.measurement.mfu * TPU_PEAK_BF16_FLOPS[self.device]
+        return self.measurement.flops_per_second
+
+    @property
+    def device_hours(self) -> Optional[float]:
+        if self.flops_per_second is None or self.flops is None:
+            return None
+        return self.flops / self.flops_per_second / 3600
 
     @property
     def step_hours(self) -> Optional[float]:
-        """The steps' time on the run's devices (None: unpriced, or a TPU slice's chips)."""
+        """The steps' time on the run's devices (None: unpriced)."""
         devices = device_count(self.resources)
         hours = self.device_hours
         return None if hours is None or not devices else hours / devices
@@ -180,7 +216,7 @@ class RunCost:
 
     def to_json(self, prices: dict[str, float]) -> dict[str, Any]:
         """What `describe` says, as data (`plan --plan-json`); None where it is not known."""
-        hours = self.device_hours
+        hours, measurement = self.device_hours, self.measurement
         price = prices.get(self.device)
         start = start_up(self.device)
         return {
@@ -190,7 +226,8 @@ class RunCost:
             "flops": self.flops,
             "device_hours": hours,
             "cost": None if hours is None or not price else hours * price,
-            "measured": None if self.measurement is None else self.measurement.section,
+            "measured": None if measurement is None else measurement.section,
+            "estimated_from": measurement.device if measurement and self.estimated else None,
             "unpriced": self.unpriced if hours is None else None,
             "input_caches": self.caches,
             "caches_seconds": self.caches_seconds,
@@ -215,11 +252,22 @@ class RunCost:
         on = f" (steps: {duration(steps)} on {devices} device(s))" if steps is not None else ""
         lines = [
             line,
-            f"    {hours:.3g} {self.device} device-hours{on}{money(hours, prices.get(self.device))}",
-            f"    at {self.measurement.describe()} (benchmarks/RESULTS.md, "
-            f"\"{self.measurement.section}\"), scaled by FLOPs per token",
+            f"    {'~' if self.estimated else ''}{hours:.3g} {self.device} device-hours{on}"
+            f"{money(hours, prices.get(self.device))}",
+            f"    {self._rate()} (benchmarks/RESULTS.md, \"{self.measurement.section}\"), "
+            "scaled by FLOPs per token",
         ]
         return lines + [f"    {line}" for line in self.wall_lines()]
+
+    def _rate(self) -> str:
+        assert self.measurement is not None
+        if not self.estimated:
+            return f"at {self.measurement.describe()}"
+        return (
+            f"an estimate: {self.device}'s peak {TPU_PEAK_BF16_FLOPS[self.device] / 1e12:g} "
+            f"TFLOP/s bf16 at the {self.measurement.mfu:.1%} MFU of "
+            f"{self.measurement.describe()}"
+        )
 
     def wall_lines(self) -> list[str]:
         """The wall time and its parts: the steps, the start to the first step, the caches."""
@@ -260,16 +308,21 @@ def money(hours: float, price: Optional[float]) -> str:
 
 
 def device_type(resources: Resources) -> str:
+    """What a device-hour is of: a GPU model, a TPU chip's generation (v4, v5litepod), cpu."""
+    if resources.kind == "tpu":
+        return tpu_generation(str(resources.type))
     return "cpu" if resources.kind == "cpu" else str(resources.type)
 
 
 def device_count(resources: Resources) -> Optional[int]:
-    """Devices of a run: GPUs per host times hosts; a jax CPU device per host; a TPU slice's
-    chips are the cluster's to count (None)."""
+    """Devices of a run: GPUs per host times hosts; a TPU slice's chips; a jax CPU device per
+    host."""
     hosts = resources.hosts or 1
     if resources.kind == "gpu":
         return (resources.count or 1) * hosts
-    return hosts if resources.kind == "cpu" else None
+    if resources.kind == "tpu":
+        return tpu_slice_shape(str(resources.type)).chips
+    return hosts
 
 
 def measurement_for(
@@ -277,6 +330,8 @@ def measurement_for(
 ) -> tuple[Optional[Throughput], str]:
     """The measurement nearest in size that covers a run, or None and why none does."""
     on_device = [m for m in MEASURED_THROUGHPUT if m.device == device]
+    if not on_device and device in TPU_PEAK_BF16_FLOPS:  # another TPU chip's MFU: an estimate
+        on_device = [m for m in MEASURED_THROUGHPUT if m.device in TPU_PEAK_BF16_FLOPS]
     if not on_device:
         measured = ", ".join(sorted({m.device for m in MEASURED_THROUGHPUT}))
         return None, f"no throughput measured on {device} (measured: {measured})"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kiln.artifacts.atomic import atomic_write_text
+from kiln_contract.tpu_slices import TPU_DEVICE_KINDS, TPU_PEAK_BF16_FLOPS
 from kiln_contract.train import WandbSpec
 from kiln_contract.vocabulary import WANDB_MODES
 
@@ -38,11 +39,7 @@ PEAK_BF16_FLOPS = (
     ("H100", 989e12),
     ("A100", 312e12),
     ("L4", 121e12),
-    ("TPU v6 lite", 918e12),
-    ("TPU v5 lite", 197e12),
-    ("TPU v5p", 459e12),
-    ("TPU v5", 459e12),
-    ("TPU v4", 275e12),
+    *((kind, TPU_PEAK_BF16_FLOPS[generation]) for kind, generation in TPU_DEVICE_KINDS),
 )
 
 
