@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 from pants.base.build_root import BuildRoot
@@ -26,7 +26,7 @@ from pants.engine.goal import Goal, GoalSubsystem
 from pants.engine.rules import Get, MultiGet, collect_rules, goal_rule
 from pants.engine.target import Target, WrappedTarget, WrappedTargetRequest
 from pants.option.global_options import GlobalOptions
-from pants.option.option_types import BoolOption
+from pants.option.option_types import BoolOption, IntOption, StrOption
 
 from kiln_contract.hf_llama import NotPlainLlama, config_fields, kiln_run_advice
 from kiln_contract.layout import RECORD_FILE
@@ -44,6 +44,7 @@ from kiln_pants.artifact_store import (
     stored_states_or_report,
 )
 from kiln_pants.cache_estimate import CacheEstimate, estimate_cache
+from kiln_pants.fit_check import FitCheck, FitCheckRequest, fit_target
 from kiln_pants.mixture_budget import local_budgets
 from kiln_pants.shard_plan import ShardPlan, ShardPlans, ShardPlansRequest
 from kiln_pants.subsystem import KilnSubsystem
@@ -74,6 +75,26 @@ class PlanSubsystem(GoalSubsystem):
         "(inputs first) its address, kind, name@version, fingerprint, path, state and why (and "
         "an unbuilt cache's estimate), and each training's data and cost; the exit code is the "
         "text plan's.",
+    )
+    fit = BoolOption(
+        default=False,
+        help="Also compile each training's step for its TPU slice, ahead of time and without "
+        "a TPU (libtpu's mock devices), and print per chip its parameters and optimizer state, "
+        "temporaries, peak, the chip's HBM, whether it fits and the compile time; when it does "
+        "not fit, the cheapest remedy that does (more microbatches, remat, mesh splits) with "
+        "the BUILD fields to change. Cached per step and slice. Exit code 1 when one does not "
+        "fit (docs/training.md, \"Fitting a run on its slice\").",
+    )
+    fit_target = StrOption(
+        default=None,
+        help="With --fit: compile every training for this TPU slice (`v4-128`, `v5litepod-16`, "
+        "`v5e-16`) or libtpu topology (`v5e:2x2`) instead of its own `resources`; the way to "
+        "check a gpu(...) training on a slice.",
+    )
+    fit_variants = IntOption(
+        default=6,
+        help="With --fit: when a step does not fit, compile up to this many remedies, cheapest "
+        "first, until one fits (0: none).",
     )
 
 
@@ -120,6 +141,72 @@ def _print_training_costs(console: Console, costs: list[RunCost], prices: dict[s
     if len(costs) > 1:
         for line in total_lines(costs, prices):
             console.print_stdout(line)
+
+
+@dataclass(frozen=True)
+class FitOutcome:
+    """A training's fit check: its report, or why it was not (or could not be) checked."""
+
+    cost: RunCost
+    target: Optional[str]
+    check: Optional[FitCheck]
+    skipped: str = ""
+
+    @property
+    def refused(self) -> bool:
+        """A step that does not fit its slice, or could not be checked for it."""
+        return self.check is not None and (bool(self.check.error) or not self.check.fits)
+
+    def to_json(self) -> dict[str, Any]:
+        """kiln.fit's report (docs/training.md), or why there is none."""
+        if self.check is None:
+            return {"skipped": self.skipped}
+        if self.check.error:
+            return {"target": {"slice": self.target}, "error": self.check.error}
+        return self.check.data() or {}
+
+    def lines(self) -> list[str]:
+        ref = self.cost.checkpoint.ref
+        if self.check is None:
+            return [f"{ref}: not checked: {self.skipped}"]
+        if self.check.error:
+            return [f"{ref} on {self.target}: could not check: {self.check.error}"]
+        return self.check.table.splitlines()
+
+
+async def _fit_checks(costs: list[RunCost], plan_subsystem: PlanSubsystem) -> list[FitOutcome]:
+    """Each training's step compiled for its slice (kiln_pants.fit_check), at once."""
+    outcomes = []
+    for cost in costs:
+        target, why = fit_target(cost.resources, plan_subsystem.fit_target)
+        if target is not None and cost.vocab_size is None:
+            target, why = None, "its tokenizer's vocabulary is not known until its caches are built"
+        outcomes.append(FitOutcome(cost, target, None, why))
+    wanted = [o for o in outcomes if o.target is not None]
+    checks = await MultiGet(
+        Get(
+            FitCheck,
+            FitCheckRequest(
+                o.cost.checkpoint.address, o.target or "", o.cost.vocab_size or 0,
+                plan_subsystem.fit_variants,
+            ),
+        )
+        for o in wanted
+    )  # fmt: skip
+    answers = iter(checks)
+    return [replace(o, check=next(answers)) if o.target is not None else o for o in outcomes]
+
+
+def _print_fit_checks(console: Console, outcomes: list[FitOutcome]) -> None:
+    if not outcomes:
+        return
+    console.print_stdout(
+        "Fit on the slice (each step compiled ahead of time for its TPU slice's mock devices; "
+        "GiB a chip):"
+    )
+    for outcome in outcomes:
+        for line in outcome.lines():
+            console.print_stdout(f"  {line}")
 
 
 def init_from_problem(target: Target) -> Optional[str]:
@@ -288,9 +375,13 @@ async def plan(
             {**budget.to_json(), "cost": cost.to_json(kiln.price_per_device_hour)}
             for budget, cost in zip(budgets, costs)
         ]
+        fits = await _fit_checks(costs, plan_subsystem) if plan_subsystem.fit else []
+        for training, outcome in zip(data["training"], fits):
+            training["fit"] = outcome.to_json()
         console.print_stdout(json.dumps(data, indent=2))
         drift = any(state.status == "drift" for state in states.values())
         refused = any(budget.refusal() for budget in budgets)
+        refused = refused or any(outcome.refused for outcome in fits)
         return Plan(exit_code=1 if drift or problems or refused else 0)
     console.print_stdout(f"Artifact store: {prefix}")
     for artifact, state in states.items():
@@ -321,6 +412,10 @@ async def plan(
         refused = True
     costs = await _training_costs(graph, prefix)
     _print_training_costs(console, costs, kiln.price_per_device_hour)
+    if plan_subsystem.fit:
+        fits = await _fit_checks(costs, plan_subsystem)
+        _print_fit_checks(console, fits)
+        refused = refused or any(outcome.refused for outcome in fits)
     return Plan(exit_code=1 if counts.get("drift") or too_small or refused else 0)
 
 

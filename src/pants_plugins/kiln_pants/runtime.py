@@ -68,7 +68,12 @@ DEP_FAILED_MARKS = EntryPoint.of(
 )
 REPORT = EntryPoint.of("kiln.report", "src/python/kiln/report/__main__.py")
 FAN_OUT = EntryPoint.of("kiln.cluster.fanout", "src/python/kiln/cluster/fanout.py")
-ENTRY_POINTS = (TOKENIZE, RUN_STEP, EXPORT, PEEK, INVENTORY, DEP_FAILED_MARKS, REPORT, FAN_OUT)
+# Compiles a step for a TPU slice on libtpu's mock devices (`plan --fit`): run with the `tpu`
+# plugins layered on, on any machine.
+FIT = EntryPoint.of("kiln.fit", "src/python/kiln/fit/__main__.py")
+ENTRY_POINTS = (
+    TOKENIZE, RUN_STEP, EXPORT, PEEK, INVENTORY, DEP_FAILED_MARKS, REPORT, FAN_OUT, FIT
+)
 RUNTIME_PEX = "kiln-runtime.pex"
 
 

@@ -23,12 +23,14 @@ ATTENTION_SCOPE = "kiln_attention"
 CUDNN_MIN_MEAN_SEGMENT_TOKENS = 32
 
 
-def resolve_attention_impl(impl: str) -> str:
-    """Validates `impl` and turns "auto" into pallas on GPU and TPU, xla elsewhere."""
+def resolve_attention_impl(impl: str, platform: str | None = None) -> str:
+    """Validates `impl` and turns "auto" into pallas on GPU and TPU, xla elsewhere. `platform`:
+    the one the step is compiled for (kiln.fit compiles for a TPU from a CPU); default jax's."""
     if impl not in ATTENTION_IMPLS:
         raise ValueError(f"attention must be one of {ATTENTION_IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "pallas" if jax.default_backend() in ("gpu", "tpu") else "xla"
+        platform = platform or jax.default_backend()
+        return "pallas" if platform in ("gpu", "cuda", "tpu") else "xla"
     return impl
 
 

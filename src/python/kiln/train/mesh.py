@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from kiln.model.partitioning import BATCH_AXES
+from kiln.train.errors import TrainingError
 from kiln_contract.vocabulary import MESH_AXES
 
 
@@ -42,6 +43,21 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def batch_parallelism(mesh: Mesh) -> int:
     """How many ways the batch dimension is split: data * fsdp."""
     return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def microbatch_count(batch_size: int, per_device_parallelism: int | None, ways: int) -> int:
+    """Gradient-accumulation steps per optimizer step (Levanter's per_device_parallelism): each
+    microbatch holds per_device_parallelism sequences on each of the `ways` batch shards."""
+    if per_device_parallelism is None:
+        return 1
+    microbatch = per_device_parallelism * ways
+    if batch_size % microbatch:
+        raise TrainingError(
+            f"runtime.per_device_parallelism={per_device_parallelism} on {ways} data-parallel "
+            f"device(s) makes microbatches of {microbatch} sequences, which do not divide "
+            f"batch_size={batch_size}; pick a per_device_parallelism that does"
+        )
+    return batch_size // microbatch
 
 
 def state_shardings(tree: Any, mesh: Mesh) -> Any:

@@ -123,21 +123,6 @@ def eval_batches(runtime: RuntimeSpec, cache: Any, cfg: TrainConfig) -> int:
     return min(whole_set, runtime.max_eval_batches or whole_set)
 
 
-def microbatch_count(batch_size: int, per_device_parallelism: int | None, ways: int) -> int:
-    """Gradient-accumulation steps per optimizer step (Levanter's per_device_parallelism): each
-    microbatch holds per_device_parallelism sequences on each of the `ways` batch shards."""
-    if per_device_parallelism is None:
-        return 1
-    microbatch = per_device_parallelism * ways
-    if batch_size % microbatch:
-        raise TrainingError(
-            f"runtime.per_device_parallelism={per_device_parallelism} on {ways} data-parallel "
-            f"device(s) makes microbatches of {microbatch} sequences, which do not divide "
-            f"batch_size={batch_size}; pick a per_device_parallelism that does"
-        )
-    return batch_size // microbatch
-
-
 def check_devices(resources: Resources) -> None:
     """The devices jax sees must be of the kind the spec asks for: a GPU run silently falling back
     to the CPU (jax without CUDA) would take months, not hours."""
@@ -205,7 +190,7 @@ class TrainerSetup:
     """Everything a run trains with, from its spec; nothing here has trained or restored."""
 
     def __init__(self, spec: TrainSpec, start: RunStart | None = None):
-        from kiln.train.mesh import batch_parallelism, make_mesh
+        from kiln.train.mesh import batch_parallelism, make_mesh, microbatch_count
         from kiln.train.step import make_eval_step, make_train_step
 
         self.spec, self.cfg, self.runtime = spec, spec.config, spec.runtime

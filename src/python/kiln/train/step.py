@@ -141,11 +141,29 @@ def make_train_step(
     gradient over that many slices of the batch (one slice's activations in memory at a time):
     the same update as one pass, up to float summation order.
     """
+    jitted = jit_train_step(
+        adam_config, num_train_steps, z_loss_weight=z_loss_weight, mesh=mesh,
+        microbatches=microbatches,
+    )  # fmt: skip
+    return _under_mesh(jitted, mesh)
+
+
+def jit_train_step(
+    adam_config: AdamConfig,
+    num_train_steps: int,
+    *,
+    z_loss_weight: float | None,
+    mesh: Mesh,
+    microbatches: int = 1,
+) -> Any:
+    """The step as training jits it (the state donated), before make_train_step runs it under
+    `mesh`: what kiln.fit lowers and compiles ahead of time for a TPU slice, inside
+    jax.set_mesh(mesh)."""
     step = train_step_fn(
         adam_config, num_train_steps, z_loss_weight=z_loss_weight, mesh=mesh,
         microbatches=microbatches,
     )  # fmt: skip
-    return _under_mesh(jax.jit(step, donate_argnums=0), mesh)
+    return jax.jit(step, donate_argnums=0)
 
 
 def train_step_fn(
