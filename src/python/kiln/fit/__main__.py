@@ -108,15 +108,19 @@ def check(step: Any, vocab_size: int, topology: Any, max_variants: int) -> dict[
         dict(runtime.mesh), runtime.per_device_parallelism, runtime.gradient_checkpointing
     )
     declared = compile_step(step, vocab_size, devices, declared_choice, hbm)
-    variants = []
-    if not declared.fits and declared.status != "error":
+    variants: list[Any] = []
+    if not declared.fits:  # also a choice the slice cannot take (per_device_parallelism)
         candidates = remedies(
             declared_choice, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
             chips=topology.chips, num_heads=cfg.model.num_heads,
             num_kv_heads=cfg.model.num_kv_heads,
         )  # fmt: skip
-        for choice in candidates[:max_variants]:
+        compiled = 0
+        for choice in candidates:
+            if compiled >= max_variants:
+                break
             variants.append(compile_step(step, vocab_size, devices, choice, hbm))
+            compiled += variants[-1].status != "error"  # refused before any compile: free
             if variants[-1].fits:
                 break
     return report_json(
