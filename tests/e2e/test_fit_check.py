@@ -1,7 +1,7 @@
 """End to end: `./pants plan --fit` compiles two trainings' steps for a 4-chip TPU v5e
 (v5e:2x2, libtpu's mock devices) on this CPU machine, through the user's path: one fits, one
 does not and is given the remedy that fits (its state sharded instead of replicated); a second
-`plan --fit` is served from Pants' cache. docs/training.md, "Fitting a run on its slice".
+`plan --fit` is served from Pants' cache. docs/fitting.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """TPU slices: by the names `tpu(...)` takes (Google Cloud's and Ray's, `v4-128`,
 `v5litepod-16`), and as libtpu's compiler names their topologies (`v4:4x4x4`), which is what
-`pants plan --fit` compiles a step for (kiln.fit, docs/training.md "Fitting a run on its slice").
+`pants plan --fit` compiles a step for (kiln.fit, docs/fitting.md).
 
 A slice type is GENERATION-SIZE. SIZE counts TensorCores: two per chip on v4 and v5p, whose two
 cores run as one device ("megacore"), one on v5e (`v5litepod`, also written `v5e`) and v6e,

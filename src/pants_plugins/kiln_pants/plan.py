@@ -6,7 +6,8 @@ what building it takes (kiln_pants.cache_estimate) and its shard plan (kiln_pant
 then, for each checkpoint, the tokens its run reads from each mixture component against what that
 cache holds (kiln_pants.mixture_budget), and what its training costs: parameters, tokens, FLOPs,
 device-hours from measured throughput and wall time (kiln_pants.training_cost), with a total over
-the runs.
+the runs; with `--fit`, whether each training's step fits its TPU slice, compiled for it here
+(kiln_pants.fit_check).
 Reads the artifact store (kiln_pants.artifact_store: a bucket by one process); builds nothing.
 """
 
@@ -83,7 +84,7 @@ class PlanSubsystem(GoalSubsystem):
         "temporaries, peak, the chip's HBM, whether it fits and the compile time; when it does "
         "not fit, the cheapest remedy that does (more microbatches, remat, mesh splits) with "
         "the BUILD fields to change. Cached per step and slice. Exit code 1 when one does not "
-        "fit (docs/training.md, \"Fitting a run on its slice\").",
+        "fit (docs/fitting.md).",
     )
     fit_target = StrOption(
         default=None,
@@ -158,7 +159,7 @@ class FitOutcome:
         return self.check is not None and (bool(self.check.error) or not self.check.fits)
 
     def to_json(self) -> dict[str, Any]:
-        """kiln.fit's report (docs/training.md), or why there is none."""
+        """kiln.fit's report (docs/fitting.md), or why there is none."""
         if self.check is None:
             return {"skipped": self.skipped}
         if self.check.error:

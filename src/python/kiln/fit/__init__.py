@@ -10,5 +10,5 @@ compiler's numbers. When it does not fit, it compiles the usual remedies (more m
 stricter remat, other mesh splits) and names the first that fits.
 
 `pants plan --fit` runs it as a cached process per training (kiln_pants.plan);
-docs/training.md, "Fitting a run on its slice", describes the output and its limits.
+docs/fitting.md ("Fitting a run on its slice") describes the output and its limits.
 """
