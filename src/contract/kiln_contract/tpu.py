@@ -1,16 +1,21 @@
-"""TPU slices: by the names `tpu(...)` takes (Google Cloud's and Ray's, `v4-128`,
-`v5litepod-16`), and as libtpu's compiler names their topologies (`v4:4x4x4`), which is what
-`pants plan --fit` compiles a step for (kiln.fit, docs/fitting.md).
+"""TPU slices and chips, as both halves read them.
 
-A slice type is GENERATION-SIZE. SIZE counts TensorCores: two per chip on v4 and v5p, whose two
-cores run as one device ("megacore"), one on v5e (`v5litepod`, also written `v5e`) and v6e,
-where it is the chip count.
+A slice type is GENERATION-SIZE, as Google Cloud and Ray name it and `tpu(type)` takes it (v4-128,
+v5litepod-16, v6e-8). SIZE counts TensorCores: two a chip on v4 and v5p, whose two cores JAX
+drives as one device ("megacore"), so a v4-128 is 64 devices; one on v5e (`v5litepod`, also
+written `v5e` where a fit check names a slice) and v6e, where it is the chip count. A BUILD file's
+`tpu(...)` is checked when it loads (`tpu_slice_shape`), a cluster run places one trainer per
+host, `plan` prices a chip by its generation, and `pants plan --fit` compiles a step for the
+slice's topology as libtpu's compiler names it (`tpu_topology`: v4:4x4x4; kiln.fit,
+docs/fitting.md).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from kiln_contract.parsing import SpecError
 
 TPU_CORES_PER_CHIP = {"v2": 2, "v3": 2, "v4": 2, "v5p": 2, "v7x": 2, "v5litepod": 1, "v6e": 1}
 # Other spellings of a generation in a slice type.
@@ -23,7 +28,53 @@ MEGACORE = frozenset({"v4", "v5p"})
 # what an executable must fit in (kiln.fit reads it from the compiler: 30.75 GiB on v4, 15.75 on
 # v5e, 95.73 on v5p, 31.24 on v6e with libtpu 0.0.48.1).
 HBM_GIB = {"v4": 32, "v5p": 95, "v5litepod": 16, "v6e": 32}
+TPU_CHIPS_PER_HOST = 4  # a multi-host slice's VMs have 4 chips each
+TPU_CHIPS_ON_ONE_HOST = {"v5litepod": 8, "v6e": 8}  # v5e/v6e slices of up to 8 chips: one VM
+# A chip's dense bf16 peak FLOP/s (Google's spec sheets): what MFU is a share of.
+TPU_PEAK_BF16_FLOPS = {
+    "v2": 45e12, "v3": 123e12, "v4": 275e12, "v5litepod": 197e12, "v5p": 459e12, "v6e": 918e12,
+}  # fmt: skip
+# jax's device_kind of each generation's chip, matched as a substring, first match wins.
+TPU_DEVICE_KINDS = (
+    ("TPU v6 lite", "v6e"), ("TPU v5 lite", "v5litepod"), ("TPU v5p", "v5p"), ("TPU v5", "v5p"),
+    ("TPU v4", "v4"), ("TPU v3", "v3"), ("TPU v2", "v2"),
+)  # fmt: skip
 _TOPOLOGY_NAME = re.compile(r"^(v4|v5p|v5e|v6e):(\d+)x(\d+)(?:x(\d+))?$")
+
+
+def tpu_generation(slice_type: str) -> str:
+    """'v4-128' -> 'v4': the chip a slice is made of."""
+    return slice_type.partition("-")[0]
+
+
+@dataclass(frozen=True)
+class TpuSliceShape:
+    chips: int  # JAX devices
+    hosts: int  # TPU VMs
+    chips_per_host: int
+
+
+def tpu_slice_shape(slice_type: str) -> TpuSliceShape:
+    """The chips and hosts of a slice type; SpecError (field "type") for one no slice has."""
+    generation, size = tpu_generation(slice_type), slice_type.partition("-")[2]
+    cores_per_chip = TPU_CORES_PER_CHIP.get(generation)
+    if cores_per_chip is None or not size.isdigit() or int(size) % cores_per_chip:
+        raise SpecError(
+            "type",
+            f"{slice_type!r} is not a TPU slice type Kiln knows; write GENERATION-SIZE with "
+            f"GENERATION one of {', '.join(TPU_CORES_PER_CHIP)} and SIZE its TensorCores "
+            "(v4-128, v5p-256) or, for v5litepod and v6e, chips (v6e-16)",
+        )
+    chips = int(size) // cores_per_chip
+    if chips <= TPU_CHIPS_ON_ONE_HOST.get(generation, TPU_CHIPS_PER_HOST):
+        return TpuSliceShape(chips, 1, chips)
+    if chips % TPU_CHIPS_PER_HOST:
+        raise SpecError(
+            "type",
+            f"{slice_type!r} has {chips} chips, which do not fill hosts of {TPU_CHIPS_PER_HOST}; "
+            "no such slice exists",
+        )
+    return TpuSliceShape(chips, chips // TPU_CHIPS_PER_HOST, TPU_CHIPS_PER_HOST)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from kiln_contract.evals import CORE_TASKS, DEFAULT_SEQUENCE_START, EvalSuiteCon
 from kiln_contract.llama import LlamaArchitecture
 from kiln_contract.parsing import SpecError
 from kiln_contract.tokenize import LevanterCacheSource, url_files
-from kiln_contract.tpu_slices import tpu_slice_shape
+from kiln_contract.tpu import tpu_slice_shape
 from kiln_contract.train import HfModelSource, Resources
 
 T = TypeVar("T")
@@ -206,7 +206,7 @@ def gpu(type: str, count: int = 1, hosts: Optional[int] = None) -> Resources:  #
 
 
 def tpu(type: str) -> Resources:  # noqa: A002
-    """A TPU slice by its type, e.g. 'v4-128' (64 v4 chips): kiln_contract.tpu_slices."""
+    """A TPU slice by its type, e.g. 'v4-128' (64 v4 chips): kiln_contract.tpu."""
     if not isinstance(type, str):
         raise BuildSymbolError(f"tpu(): `type` must be a slice such as 'v4-128', got {type!r}.")
     try:

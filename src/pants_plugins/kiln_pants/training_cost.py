@@ -27,7 +27,7 @@ from pants.engine.target import WrappedTarget, WrappedTargetRequest
 
 from kiln_contract.llama import LlamaArchitecture, flops_per_token, num_parameters
 from kiln_contract.location import in_bucket
-from kiln_contract.tpu_slices import TPU_PEAK_BF16_FLOPS, tpu_generation, tpu_slice_shape
+from kiln_contract.tpu import TPU_PEAK_BF16_FLOPS, tpu_generation, tpu_slice_shape
 from kiln_contract.train import Resources
 from kiln_pants.artifact_graph import Artifact, TokenizerFiles, TokenizerFilesRequest
 from kiln_pants.artifact_store import artifact_path, stored_state

@@ -20,7 +20,7 @@ from typing import Any
 from kiln.cluster import host, node_runtime
 from kiln.cluster.errors import ClusterError
 from kiln_contract.parsing import SpecError
-from kiln_contract.tpu_slices import tpu_slice_shape
+from kiln_contract.tpu import tpu_slice_shape
 from kiln_contract.train import Resources
 
 # Ray labels each GPU node with its accelerator model (`accelerator_type:H100`); asking for a

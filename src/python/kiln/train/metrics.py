@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from kiln.artifacts.atomic import atomic_write_text
-from kiln_contract.tpu_slices import TPU_DEVICE_KINDS, TPU_PEAK_BF16_FLOPS
+from kiln_contract.tpu import TPU_DEVICE_KINDS, TPU_PEAK_BF16_FLOPS
 from kiln_contract.train import WandbSpec
 from kiln_contract.vocabulary import WANDB_MODES
 
