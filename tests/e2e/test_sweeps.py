@@ -1,7 +1,8 @@
 """End to end: a 4-run sweep of ci_tiny-sized models through real ./pants in the e2e tests'
 workspace (conftest.py): `build` of the sweep's target trains its runs over their shared cache while an unrelated
 cache is held back (its merge waits for a lease this test holds: the pipeline trains the sweep
-anyway), then `compare` prints the table and writes the CSV and the plot.
+anyway, and `./pants --concurrent store` lists the store beside the running build), then
+`compare` prints the table and writes the CSV and the plot.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def test_a_sweep_builds_past_a_held_cache_and_compares(workspace: Path) -> None:
     try:
         trained = wait_for_runs(store, built, deadline=time.monotonic() + 900)
         assert not (store / "tokenized/held/2026.11.29/STATUS").exists()  # still held back
+        listed_beside_the_build(repo)
     finally:
         held.release()
     stdout, stderr = built.communicate(timeout=900)
@@ -74,6 +76,18 @@ def test_a_sweep_builds_past_a_held_cache_and_compares(workspace: Path) -> None:
     assert (store / "tokenized/held/2026.11.29/STATUS").read_text().strip() == "SUCCESS"
     assert "6 step(s) built or served." in stderr  # the 4 runs and the 2 caches
     compare_sweep(repo)
+
+
+def listed_beside_the_build(repo: Path) -> None:
+    """`pants store` beside a running `build` of the same checkout, as docs/artifacts.md says:
+    `./pants --concurrent store`. The held cache is listed with the lease that holds it."""
+    listed = subprocess.run(pants_command("--concurrent", "store", daemon=False), cwd=repo,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert listed.returncode == 0, listed.stdout[-3000:] + listed.stderr[-3000:]
+    lines = listed.stdout.splitlines()
+    [row] = [i for i, line in enumerate(lines) if "tokenized/held@2026.11.29" in line]
+    assert "experiments/sweep_ci:held" in lines[row], listed.stdout
+    assert lines[row + 1].strip().startswith("leased: a test (host "), listed.stdout
 
 
 def wait_for_runs(store: Path, build: subprocess.Popen, deadline: float) -> bool:
