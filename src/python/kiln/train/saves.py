@@ -105,16 +105,21 @@ class Saves:
         the run's last checkpoint the one before, and nothing said)."""
         while self._unstored:
             checkpoint, line = self._unstored[0]
-            if not (self._wait_for_store(checkpoint) if wait else self.in_store(checkpoint.path)):
-                return
+            stored = self._wait_for_store(checkpoint) if wait else self.in_store(checkpoint.path)
+            if not stored and checkpoint.path.exists():
+                return  # not in the store yet (or, waited for, not in time)
             self._unstored.pop(0)
-            self.last = checkpoint
-            self.progress.message(line)
+            if stored:
+                self.last = checkpoint
+                self.progress.message(line)
+            # else pruned here before it reached the store: a newer checkpoint supersedes it
 
     def _wait_for_store(self, checkpoint: CheckpointInfo) -> bool:
+        """Whether the store holds it, once it does; False after IN_STORE_WAIT_SECONDS, or at
+        once when the trainer has pruned it (it never will)."""
         deadline = time.monotonic() + IN_STORE_WAIT_SECONDS
         while not self.in_store(checkpoint.path):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or not checkpoint.path.exists():
                 return False
             time.sleep(_IN_STORE_POLL_SECONDS)
         return True
