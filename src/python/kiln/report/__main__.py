@@ -18,6 +18,7 @@ from kiln.artifacts.storage_errors import EXIT_STORAGE, StorageError
 from kiln.report.compare import (
     CSV_FILE,
     RunRow,
+    columns_note,
     csv_text,
     format_table,
     in_grid_order,
@@ -68,6 +69,9 @@ def compare(argv: list[str]) -> int:
     rows = in_grid_order(rows)
     header, cells = table(rows)
     print(format_table(header, cells), end="")
+    note = columns_note(rows)
+    if note:
+        print(note)
     atomic_write_bytes(args.out / CSV_FILE, csv_text(header, cells).encode())
     metric = args.metric or _default_metric(rows)
     shown = plot_comparison(rows, metric, args.out)

@@ -206,6 +206,25 @@ def metric_keys(rows: list[RunRow]) -> list[str]:
     return validation + sorted(k for k in keys if k.startswith("lm_eval/"))
 
 
+def started_from_each_other(rows: list[RunRow]) -> bool:
+    """Whether some run started from another of the rows (a family: a run, its cooldowns, their
+    fine-tunings), rather than each from its own start (a sweep)."""
+    names = {row.name for row in rows}
+    return any(
+        f"{parent.get('name')}@{parent.get('version')}" in names
+        for row in rows
+        if (parent := row.identity.get("init_from") or {}).get("kind") == "lm_checkpoint"
+    )
+
+
+def columns_note(rows: list[RunRow]) -> str | None:
+    """What a family's tokens and FLOPs columns count, which differ there: None for a sweep."""
+    if not started_from_each_other(rows):
+        return None
+    return ("tokens: each run's own training tokens; FLOPs: its own and its parents' up to where "
+            "it left them")  # fmt: skip
+
+
 def table(rows: list[RunRow]) -> tuple[list[str], list[list[str]]]:
     """The header and the cells of the comparison."""
     varied = varied_fields(rows)

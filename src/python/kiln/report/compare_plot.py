@@ -2,7 +2,9 @@
 L(C) = a * C^(-b) + c when the runs differ in compute, else loss against the field they vary.
 
 The power law is fitted to the compute frontier (the lowest loss at each FLOPs value: a
-learning-rate sweep at each size keeps its best run), which needs three FLOPs values or more.
+learning-rate sweep at each size keeps its best run), which needs three FLOPs values or more,
+and only across runs that each start on their own: runs started from each other (a family)
+share their parents' FLOPs, and are drawn without a law.
 For a given floor c the law is a line in log-log space, so the fit scans c below the lowest loss
 and solves each line by least squares, keeping the c whose curve fits the losses best.
 """
@@ -20,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from kiln.artifacts.atomic import atomic_write_bytes
-from kiln.report.compare import RunRow, flat, varied_fields
+from kiln.report.compare import RunRow, flat, started_from_each_other, varied_fields
 
 PLOT_FILE = "compare.png"
 _FLOOR_STEPS = 400
@@ -92,6 +94,9 @@ def _against_compute(axes: Axes, rows: list[RunRow], metric: str) -> str:
     axes.margins(x=0.15)
     axes.set_xscale("log")
     axes.set_xlabel("training FLOPs")
+    if started_from_each_other(rows):  # a parent's FLOPs are in its children's: no scaling law
+        return (f"{metric} against training FLOPs; no power law: the runs started from each "
+                "other (a family, not a sweep)")  # fmt: skip
     best = frontier(points)
     law = fit_power_law([x for x, _ in best], [y for _, y in best])
     if law is None:

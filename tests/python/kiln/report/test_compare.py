@@ -6,6 +6,7 @@ runs that `pants build` trained."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,13 +21,15 @@ from kiln.artifacts.content import copy_folder_into
 from kiln.artifacts.locations import open_store
 from kiln.report.compare import (
     FamilyStart,
+    columns_note,
     family_start,
     format_table,
     read_run,
+    started_from_each_other,
     table,
     varied_fields,
 )
-from kiln.report.compare_plot import fit_power_law, frontier
+from kiln.report.compare_plot import fit_power_law, frontier, plot_comparison
 from kiln_contract.llama import LlamaArchitecture, flops_per_token
 
 VOCAB = 8192
@@ -202,6 +205,16 @@ def test_a_family_is_drawn_and_counted_from_where_each_run_left_its_parent(tmp_p
     assert (cooldown.start.step, cooldown.start.tokens) == (40, 40 * 256)
     assert cooldown.flops == pytest.approx((40 * 256 + 20 * 512) * per_token)
     assert (child.start.step, child.start.tokens) == (50, 40 * 256 + 10 * 512)
+    # A family: no scaling law through a parent and its children, and the columns say what
+    # they count; a sweep (no run from another of its runs) has no note.
+    family = [dataclasses.replace(r, summary={"eval/val/loss": loss})
+              for r, loss in ((base, 3.0), (cooldown, 2.5), (child, 2.4))]  # fmt: skip
+    assert started_from_each_other(family) and not started_from_each_other([base, child])
+    assert "tokens: each run's own training tokens; FLOPs: its own and its parents'" in (
+        columns_note(family) or "")  # fmt: skip
+    assert columns_note([base]) is None
+    shown = plot_comparison(family, "eval/val/loss", tmp_path)
+    assert shown.endswith("no power law: the runs started from each other (a family, not a sweep)")
     hf = {**child.identity, "init_from": {"kind": "hf_model", "name": "hf/x", "version": "v1"}}
     assert family_start(child.folder, child.name, hf) == FamilyStart()
     missing = {**child.identity, "init_from": parent("c/gone", None)}
