@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("data", "model", "control"),
     ("eval",),
     ("train",),
-    ("report", "interop", "cluster"),
+    ("report", "interop", "cluster", "fit"),
     ("runner",),
 )
 LAYER_OF = {unit: level for level, units in enumerate(LAYERS) for unit in units}
