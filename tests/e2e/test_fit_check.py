@@ -56,8 +56,8 @@ def test_plan_fit_compiles_for_a_four_chip_slice(workspace: Path) -> None:
     (repo / "experiments/fit_ci").mkdir()
     (repo / "experiments/fit_ci/BUILD").write_text(TARGETS)
 
+    # Compiled here, or served by Pants' cache from an earlier run of these same inputs.
     fitting = pants(repo, "plan", "--fit", "experiments/fit_ci:fits")
-    assert "Compiling experiments/fit_ci:fits's step for v5litepod-4" in fitting.stderr
     text = fitting.stdout
     assert "on v5litepod-4: v5e:2x2, 4 x TPU v5 lite, 15.75 GiB HBM a chip" in text
     assert "declared: fsdp=4, 2 seq a pass x 1, remat none" in text
